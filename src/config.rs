@@ -1,0 +1,421 @@
+//! Fail-closed configuration.
+//!
+//! An [`EngineConfig`] can only be obtained from [`EngineConfigBuilder::build`],
+//! which refuses any deployment whose KV pool cannot hold its context window.
+//! There is no switch to turn that check off: the incident this crate exists
+//! to prevent began with a 1,048,576-token window served from a 681,280-token
+//! prefill pool.
+
+use crate::http::HttpStatus;
+
+/// Element type of KV storage. Attention always accumulates in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl KvDtype {
+    /// Bytes per stored element.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::BF16 => 2,
+        }
+    }
+
+    /// Parses `f32`, `f16` or `bf16`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(KvDtype::F32),
+            "f16" => Some(KvDtype::F16),
+            "bf16" => Some(KvDtype::BF16),
+            _ => None,
+        }
+    }
+}
+
+/// The shape of one token's KV across the whole model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvGeometry {
+    /// Transformer layers; every layer stores K and V for every token.
+    pub n_layers: usize,
+    /// Key/value heads (grouped-query attention: fewer than query heads).
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Storage element type.
+    pub dtype: KvDtype,
+}
+
+impl KvGeometry {
+    /// Elements of K (or of V) for one token in one layer.
+    pub const fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Bytes of KV (K and V, all layers) one token occupies.
+    pub const fn bytes_per_token(&self) -> usize {
+        self.n_layers * 2 * self.kv_dim() * self.dtype.size_bytes()
+    }
+
+    /// Checks that no size is zero and that the sizes do not overflow.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            ("n_layers", self.n_layers),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero { field: name });
+            }
+        }
+        self.n_layers
+            .checked_mul(2)
+            .and_then(|x| x.checked_mul(self.n_kv_heads))
+            .and_then(|x| x.checked_mul(self.head_dim))
+            .and_then(|x| x.checked_mul(self.dtype.size_bytes()))
+            .map(|_| ())
+            .ok_or(ConfigError::Overflow {
+                what: "bytes per token",
+            })
+    }
+}
+
+/// What a worker does, which decides how much pool it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Prefill and decode in one engine, one pool.
+    Colocated,
+    /// Computes prompts' KV and sends it to a decode worker.
+    Prefill,
+    /// Receives verified KV and generates from it.
+    Decode,
+}
+
+/// Required pool size as a multiple of the context window, for roles that
+/// prefill. The remediation's default is 2x, so that the longest valid prompt
+/// always fits while others are in flight; the minimum is 1x.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Headroom(f64);
+
+impl Headroom {
+    /// The default: twice the context window.
+    pub const DEFAULT: Headroom = Headroom(2.0);
+    /// The least allowed: exactly one context window.
+    pub const MIN: Headroom = Headroom(1.0);
+
+    /// A headroom factor; refused below 1.0 or when not finite.
+    pub fn new(factor: f64) -> Result<Self, ConfigError> {
+        if factor.is_finite() && factor >= 1.0 {
+            Ok(Headroom(factor))
+        } else {
+            Err(ConfigError::HeadroomBelowOne { factor })
+        }
+    }
+
+    /// The factor.
+    pub fn factor(self) -> f64 {
+        self.0
+    }
+
+    fn required_tokens(self, max_context: usize) -> usize {
+        (self.0 * max_context as f64).ceil() as usize
+    }
+}
+
+impl Default for Headroom {
+    fn default() -> Self {
+        Headroom::DEFAULT
+    }
+}
+
+/// A validated configuration for one worker. Fields are private: the only
+/// way to get one is [`EngineConfig::builder`] then `build`, which refuses
+/// every configuration whose pool cannot hold its context window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    geometry: KvGeometry,
+    role: Role,
+    max_context: usize,
+    page_size: usize,
+    pool_pages: usize,
+    headroom: Headroom,
+}
+
+impl EngineConfig {
+    /// Starts a builder for `role` with the given KV geometry.
+    pub fn builder(role: Role, geometry: KvGeometry) -> EngineConfigBuilder {
+        EngineConfigBuilder {
+            geometry,
+            role,
+            max_context: None,
+            page_size: 16,
+            pool_tokens: None,
+            headroom: Headroom::DEFAULT,
+        }
+    }
+
+    pub fn geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// The context window: prompt plus generated tokens never exceed it.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+    /// Token slots per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    /// Pages in this worker's pool.
+    pub fn pool_pages(&self) -> usize {
+        self.pool_pages
+    }
+    /// Token slots in this worker's pool (`pool_pages * page_size`).
+    pub fn pool_tokens(&self) -> usize {
+        self.pool_pages * self.page_size
+    }
+    pub fn headroom(&self) -> Headroom {
+        self.headroom
+    }
+    /// Pages one sequence of `tokens` tokens occupies.
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.page_size)
+    }
+    /// Bytes of one page (all layers, K and V).
+    pub fn bytes_per_page(&self) -> usize {
+        self.geometry.bytes_per_token() * self.page_size
+    }
+    /// Bytes of the whole pool.
+    pub fn pool_bytes(&self) -> u128 {
+        self.bytes_per_page() as u128 * self.pool_pages as u128
+    }
+    /// How many maximum-length sequences the pool holds at once.
+    pub fn max_length_sequences(&self) -> usize {
+        self.pool_pages / self.pages_for(self.max_context)
+    }
+    /// Pool configuration to build this worker's [`crate::KvPool`] with.
+    pub fn pool_config(&self) -> crate::kv::PoolConfig {
+        crate::kv::PoolConfig::new(self.geometry, self.page_size, self.pool_pages)
+    }
+}
+
+/// Builder for [`EngineConfig`]; see [`EngineConfig::builder`].
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct EngineConfigBuilder {
+    geometry: KvGeometry,
+    role: Role,
+    max_context: Option<usize>,
+    page_size: usize,
+    pool_tokens: Option<usize>,
+    headroom: Headroom,
+}
+
+impl EngineConfigBuilder {
+    /// The context window in tokens (required).
+    pub fn max_context(mut self, tokens: usize) -> Self {
+        self.max_context = Some(tokens);
+        self
+    }
+    /// Token slots per page; a power of two. Default 16.
+    pub fn page_size(mut self, tokens: usize) -> Self {
+        self.page_size = tokens;
+        self
+    }
+    /// Pool capacity in token slots (required). Rounded down to whole pages.
+    pub fn pool_tokens(mut self, tokens: usize) -> Self {
+        self.pool_tokens = Some(tokens);
+        self
+    }
+    /// Required headroom for roles that prefill (default 2x, min 1x).
+    pub fn headroom(mut self, headroom: Headroom) -> Self {
+        self.headroom = headroom;
+        self
+    }
+
+    /// Validates and builds. Refuses a pool that cannot hold the context
+    /// window (times the headroom for roles that prefill).
+    pub fn build(self) -> Result<EngineConfig, ConfigError> {
+        self.geometry.validate()?;
+        let max_context = self.max_context.ok_or(ConfigError::Missing {
+            field: "max_context",
+        })?;
+        let pool_tokens = self.pool_tokens.ok_or(ConfigError::Missing {
+            field: "pool_tokens",
+        })?;
+        if max_context == 0 {
+            return Err(ConfigError::Zero {
+                field: "max_context",
+            });
+        }
+        if self.page_size == 0 || !self.page_size.is_power_of_two() {
+            return Err(ConfigError::PageSizeNotPowerOfTwo {
+                page_size: self.page_size,
+            });
+        }
+        if self.page_size > max_context {
+            return Err(ConfigError::PageLargerThanWindow {
+                page_size: self.page_size,
+                max_context,
+            });
+        }
+        if u32::try_from(pool_tokens / self.page_size).is_err() {
+            return Err(ConfigError::Overflow {
+                what: "page count (at most u32::MAX pages)",
+            });
+        }
+        let pool_pages = pool_tokens / self.page_size;
+        let headroom = match self.role {
+            Role::Colocated | Role::Prefill => self.headroom,
+            Role::Decode => Headroom::MIN,
+        };
+        // Whole pages: a window of N tokens needs ceil(N / page_size) pages.
+        let required_pages = headroom
+            .required_tokens(max_context)
+            .div_ceil(self.page_size);
+        if pool_pages < required_pages {
+            return Err(ConfigError::PoolCannotHoldWindow {
+                role: self.role,
+                pool_tokens,
+                max_context,
+                headroom: headroom.factor(),
+                required_tokens: required_pages * self.page_size,
+            });
+        }
+        pool_pages
+            .checked_mul(self.geometry.bytes_per_token() * self.page_size)
+            .ok_or(ConfigError::Overflow { what: "pool bytes" })?;
+        Ok(EngineConfig {
+            geometry: self.geometry,
+            role: self.role,
+            max_context,
+            page_size: self.page_size,
+            pool_pages,
+            headroom,
+        })
+    }
+}
+
+/// Why a configuration was refused. Every variant names the numbers and the
+/// fix; none of them can be bypassed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "{role:?} KV pool of {pool_tokens} tokens cannot hold a context window of {max_context} tokens \
+         (needs {headroom}x = {required_tokens} tokens): enlarge the pool to at least {required_tokens} \
+         tokens or lower max_context to at most {max_fit} tokens",
+        max_fit = (*pool_tokens as f64 / headroom).floor() as usize
+    )]
+    PoolCannotHoldWindow {
+        role: Role,
+        pool_tokens: usize,
+        max_context: usize,
+        headroom: f64,
+        required_tokens: usize,
+    },
+    #[error("{field} must be set: call the builder's {field}() before build()")]
+    Missing { field: &'static str },
+    #[error("{field} is zero: every size must be at least 1")]
+    Zero { field: &'static str },
+    #[error("page_size {page_size} is not a power of two: use 1, 2, 4, ... 16, 64, ...")]
+    PageSizeNotPowerOfTwo { page_size: usize },
+    #[error(
+        "page_size {page_size} is larger than the context window {max_context}: use a smaller page"
+    )]
+    PageLargerThanWindow {
+        page_size: usize,
+        max_context: usize,
+    },
+    #[error("headroom {factor} is below 1x: the pool must hold at least one full context window")]
+    HeadroomBelowOne { factor: f64 },
+    #[error("{what} overflows: the configuration is too large for this machine")]
+    Overflow { what: &'static str },
+    #[error("model geometry is inconsistent: {0}")]
+    Geometry(String),
+}
+
+impl HttpStatus for ConfigError {
+    fn http_status(&self) -> u16 {
+        // A refused deployment is the operator's error; a server built on it
+        // must not start, so any request reaching it is a 503.
+        503
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom() -> KvGeometry {
+        KvGeometry {
+            n_layers: 2,
+            n_kv_heads: 2,
+            head_dim: 4,
+            dtype: KvDtype::F32,
+        }
+    }
+
+    #[test]
+    fn decode_needs_one_window_prefill_two() {
+        let ok = EngineConfig::builder(Role::Decode, geom())
+            .max_context(64)
+            .pool_tokens(64)
+            .build();
+        assert!(ok.is_ok());
+        let refused = EngineConfig::builder(Role::Prefill, geom())
+            .max_context(64)
+            .pool_tokens(64)
+            .build();
+        assert!(matches!(
+            refused,
+            Err(ConfigError::PoolCannotHoldWindow {
+                required_tokens: 128,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn headroom_below_one_is_refused() {
+        assert!(Headroom::new(0.99).is_err());
+        assert!(Headroom::new(f64::NAN).is_err());
+        assert!(Headroom::new(1.0).is_ok());
+    }
+
+    #[test]
+    fn rounds_to_whole_pages() {
+        // 100-token window with 16-token pages needs 7 pages = 112 slots.
+        let r = EngineConfig::builder(Role::Decode, geom())
+            .max_context(100)
+            .page_size(16)
+            .pool_tokens(111)
+            .build();
+        assert!(matches!(
+            r,
+            Err(ConfigError::PoolCannotHoldWindow {
+                required_tokens: 112,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn bad_page_sizes_are_refused() {
+        for ps in [0, 3, 24] {
+            let r = EngineConfig::builder(Role::Decode, geom())
+                .max_context(1024)
+                .page_size(ps)
+                .pool_tokens(4096)
+                .build();
+            assert!(
+                matches!(r, Err(ConfigError::PageSizeNotPowerOfTwo { .. })),
+                "{ps}"
+            );
+        }
+    }
+}

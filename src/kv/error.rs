@@ -1,0 +1,79 @@
+use crate::http::HttpStatus;
+use crate::ids::RequestId;
+use crate::kv::PageId;
+
+/// Errors of the KV layer. None of them ever comes with data: a read that
+/// would be stale, foreign or out of range is refused, not served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    #[error(
+        "KV pool exhausted: {requested} pages requested, {free} free of {capacity}; \
+         wait for running requests to finish or enlarge the pool"
+    )]
+    Exhausted {
+        requested: usize,
+        free: usize,
+        capacity: usize,
+    },
+    #[error(
+        "{tokens} tokens can never fit a pool of {capacity_tokens} token slots: reject the request"
+    )]
+    NeverFits {
+        tokens: usize,
+        capacity_tokens: usize,
+    },
+    #[error(
+        "write beyond reservation in layer {layer}: {written} written + {adding} new > {reserved} reserved; \
+         grow the sequence before appending"
+    )]
+    BeyondReservation {
+        layer: usize,
+        written: usize,
+        adding: usize,
+        reserved: usize,
+    },
+    #[error(
+        "stale page {page:?}: its current generation is {current}; the handle no longer owns it"
+    )]
+    StalePage { page: PageId, current: u64 },
+    #[error("page {page:?} does not belong to this pool")]
+    ForeignPage { page: PageId },
+    #[error("page {page:?} is not in use (it is free or held): nothing may read or write it")]
+    PageNotInUse { page: PageId },
+    #[error("layer {layer} out of range: the model has {n_layers} layers")]
+    LayerOutOfRange { layer: usize, n_layers: usize },
+    #[error("shape mismatch: {what}: expected {expected}, got {got}")]
+    Shape {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error(
+        "KV incomplete: layer {layer} has {written} tokens, {expected} expected; it cannot be used for decode"
+    )]
+    Incomplete {
+        layer: usize,
+        written: usize,
+        expected: usize,
+    },
+    #[error(
+        "isolation violation: {reader} read layer {layer} slot {slot} of page {page} written by {writer:?}"
+    )]
+    IsolationViolation {
+        reader: RequestId,
+        writer: Option<RequestId>,
+        page: u32,
+        layer: usize,
+        slot: usize,
+    },
+}
+
+impl HttpStatus for KvError {
+    fn http_status(&self) -> u16 {
+        match self {
+            KvError::Exhausted { .. } => 503,
+            KvError::NeverFits { .. } => 413,
+            _ => 500,
+        }
+    }
+}

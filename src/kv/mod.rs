@@ -1,0 +1,22 @@
+//! Paged KV storage whose handles cannot go stale.
+//!
+//! - [`KvPool`]: fixed capacity, O(1) page allocation and release, page
+//!   generations, accounting `free + in_use + held == capacity`.
+//! - [`KvSeq`]: the owning handle of one sequence's pages, with its protocol
+//!   state as a type parameter ([`Filling`], [`Received`], [`Ready`], [`Held`]).
+//! - [`KvReader`] / [`SeqView`] / [`LayerView`]: validated reads of written
+//!   positions only, checked against the audit trail when it is on.
+
+mod error;
+mod page;
+mod pool;
+mod seq;
+mod storage;
+mod view;
+
+pub use error::KvError;
+pub use page::{PageId, PoolId};
+pub use pool::{KvPool, PoolConfig, PoolStats, ScrubPolicy};
+pub use seq::{Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Writable};
+pub use storage::{KvElem, KvSlice};
+pub use view::{KvReader, LayerView, SeqView};

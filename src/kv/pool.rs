@@ -1,0 +1,355 @@
+//! The page pool: fixed capacity, O(1) allocation and release, generations,
+//! and the accounting invariant `free + in_use + held == capacity`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::KvGeometry;
+use crate::ids::RequestId;
+use crate::kv::page::{PageState, PoolId};
+use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
+use crate::kv::storage::Storage;
+use crate::kv::{KvError, KvReader, PageId};
+
+/// What happens to a page's bytes when it returns to the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScrubPolicy {
+    /// Zero the page (default).
+    #[default]
+    Zero,
+    /// Fill with a poison pattern (NaN) so that any stale read is loud.
+    /// For debugging and for GPU backends that cannot audit every read.
+    Poison,
+    /// Leave the bytes. Reads are still limited to written positions, so this
+    /// is safe by construction, but loses the defence in depth: choose it only
+    /// when the scrub's cost (see benches/kv_pool.rs) matters more.
+    AcceptStaleBytes,
+}
+
+/// Shape and size of a pool. Usually obtained from
+/// [`crate::EngineConfig::pool_config`], which has checked it against the
+/// context window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    geometry: KvGeometry,
+    page_size: usize,
+    pages: usize,
+    scrub: ScrubPolicy,
+}
+
+impl PoolConfig {
+    /// A pool of `pages` pages of `page_size` token slots each.
+    pub fn new(geometry: KvGeometry, page_size: usize, pages: usize) -> Self {
+        PoolConfig {
+            geometry,
+            page_size,
+            pages,
+            scrub: ScrubPolicy::default(),
+        }
+    }
+    /// Sets the scrub policy for released pages.
+    #[must_use]
+    pub fn scrub(mut self, policy: ScrubPolicy) -> Self {
+        self.scrub = policy;
+        self
+    }
+    pub fn geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+    pub fn scrub_policy(&self) -> ScrubPolicy {
+        self.scrub
+    }
+}
+
+/// A snapshot of pool accounting. `free + in_use + held == capacity` always.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolStats {
+    pub capacity: usize,
+    pub free: usize,
+    pub in_use: usize,
+    /// Pages out of use that a write may still land in (deferred release).
+    pub held: usize,
+    /// Isolation violations detected by the audit trail (always 0 without
+    /// the `audit` feature, which does not check).
+    pub isolation_violations: u64,
+}
+
+impl PoolStats {
+    /// True when every page is free and nothing is held.
+    pub fn is_full(&self) -> bool {
+        self.free == self.capacity && self.in_use == 0 && self.held == 0
+    }
+    /// True when the accounting invariant holds.
+    pub fn balanced(&self) -> bool {
+        self.free + self.in_use + self.held == self.capacity
+    }
+}
+
+pub(crate) struct Meta {
+    free: Vec<u32>,
+    generation: Vec<u64>,
+    state: Vec<PageState>,
+    in_use: usize,
+    held: usize,
+}
+
+pub(crate) struct Shared {
+    pub(crate) id: PoolId,
+    pub(crate) cfg: PoolConfig,
+    pub(crate) meta: Mutex<Meta>,
+    pub(crate) storage: RwLock<Storage>,
+    pub(crate) violations: AtomicU64,
+}
+
+/// A fixed-capacity pool of KV pages. Cheap to clone (a shared handle).
+///
+/// Pages are handed out inside a [`KvSeq`], which owns them until it is
+/// dropped or released; no other API gives access to page bytes.
+#[derive(Clone)]
+pub struct KvPool {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for KvPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool")
+            .field("config", &self.shared.cfg)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl KvPool {
+    /// Builds a pool. Storage is allocated lazily by the OS (zeroed pages).
+    pub fn new(cfg: PoolConfig) -> Result<Self, crate::config::ConfigError> {
+        use crate::config::ConfigError;
+        cfg.geometry.validate()?;
+        if cfg.page_size == 0 || !cfg.page_size.is_power_of_two() {
+            return Err(ConfigError::PageSizeNotPowerOfTwo {
+                page_size: cfg.page_size,
+            });
+        }
+        if cfg.pages == 0 {
+            return Err(ConfigError::Zero { field: "pages" });
+        }
+        if u32::try_from(cfg.pages).is_err() {
+            return Err(ConfigError::Overflow {
+                what: "page count (at most u32::MAX pages)",
+            });
+        }
+        crate::kv::storage::page_stride(&cfg.geometry, cfg.page_size)
+            .checked_mul(cfg.pages)
+            .ok_or(ConfigError::Overflow { what: "pool size" })?;
+        // Free list popped from the end: hand out low indices first.
+        let free: Vec<u32> = (0..cfg.pages as u32).rev().collect();
+        Ok(KvPool {
+            shared: Arc::new(Shared {
+                id: PoolId::fresh(),
+                meta: Mutex::new(Meta {
+                    free,
+                    generation: vec![0; cfg.pages],
+                    state: vec![PageState::Free; cfg.pages],
+                    in_use: 0,
+                    held: 0,
+                }),
+                storage: RwLock::new(Storage::new(cfg.geometry, cfg.page_size, cfg.pages)),
+                violations: AtomicU64::new(0),
+                cfg,
+            }),
+        })
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.cfg
+    }
+
+    /// Token slots per page.
+    pub fn page_size(&self) -> usize {
+        self.shared.cfg.page_size
+    }
+
+    /// Total pages.
+    pub fn capacity(&self) -> usize {
+        self.shared.cfg.pages
+    }
+
+    /// Pages a sequence of `tokens` tokens needs.
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.page_size())
+    }
+
+    /// A consistent snapshot of the accounting.
+    pub fn stats(&self) -> PoolStats {
+        let m = self.shared.meta.lock();
+        PoolStats {
+            capacity: self.shared.cfg.pages,
+            free: m.free.len(),
+            in_use: m.in_use,
+            held: m.held,
+            isolation_violations: self.shared.violations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Reserves room for `tokens` tokens (all layers) for `owner`. Fails with
+    /// [`KvError::NeverFits`] when the pool could never hold that many, and
+    /// [`KvError::Exhausted`] when it cannot now; nothing is allocated then.
+    pub fn reserve(&self, owner: RequestId, tokens: usize) -> Result<KvSeq<Filling>, KvError> {
+        self.reserve_in_state(owner, tokens)
+    }
+
+    /// Reserves destination pages for KV that a peer will write. Only the
+    /// transfer verifier can turn the result into readable KV.
+    #[allow(dead_code)] // used by the transfer layer
+    pub(crate) fn reserve_for_receive(
+        &self,
+        owner: RequestId,
+        tokens: usize,
+    ) -> Result<KvSeq<Received>, KvError> {
+        self.reserve_in_state(owner, tokens)
+    }
+
+    fn reserve_in_state<S: SeqState>(
+        &self,
+        owner: RequestId,
+        tokens: usize,
+    ) -> Result<KvSeq<S>, KvError> {
+        let pages = self.alloc_pages(self.pages_for(tokens))?;
+        Ok(KvSeq::new(self.clone(), owner, pages))
+    }
+
+    /// Takes `n` pages off the free list, bumping each page's generation.
+    pub(crate) fn alloc_pages(&self, n: usize) -> Result<Vec<PageId>, KvError> {
+        let capacity = self.shared.cfg.pages;
+        if n > capacity {
+            return Err(KvError::NeverFits {
+                tokens: n * self.page_size(),
+                capacity_tokens: capacity * self.page_size(),
+            });
+        }
+        let mut m = self.shared.meta.lock();
+        if n > m.free.len() {
+            return Err(KvError::Exhausted {
+                requested: n,
+                free: m.free.len(),
+                capacity,
+            });
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            // Checked above: n <= free.len().
+            let Some(index) = m.free.pop() else { break };
+            let i = index as usize;
+            m.generation[i] += 1;
+            m.state[i] = PageState::InUse;
+            out.push(PageId {
+                pool: self.shared.id,
+                index,
+                generation: m.generation[i],
+            });
+        }
+        m.in_use += out.len();
+        Ok(out)
+    }
+
+    /// Scrubs (per policy) and frees pages that were in `from` state.
+    pub(crate) fn free_pages(&self, pages: &[PageId], from: PageState) {
+        if pages.is_empty() {
+            return;
+        }
+        {
+            let mut st = self.shared.storage.write();
+            for p in pages {
+                match self.shared.cfg.scrub {
+                    ScrubPolicy::Zero => st.fill_page(p.index, false),
+                    ScrubPolicy::Poison => st.fill_page(p.index, true),
+                    ScrubPolicy::AcceptStaleBytes => {}
+                }
+                #[cfg(feature = "audit")]
+                st.clear_writers(p.index);
+            }
+        }
+        let mut m = self.shared.meta.lock();
+        for p in pages {
+            let i = p.index as usize;
+            debug_assert_eq!(m.state[i], from);
+            debug_assert_eq!(m.generation[i], p.generation);
+            m.state[i] = PageState::Free;
+            m.free.push(p.index);
+        }
+        match from {
+            PageState::InUse => m.in_use -= pages.len(),
+            PageState::Held => m.held -= pages.len(),
+            PageState::Free => {}
+        }
+    }
+
+    /// Moves pages between in-use and held.
+    pub(crate) fn set_held(&self, pages: &[PageId], held: bool) {
+        let mut m = self.shared.meta.lock();
+        let (from, to) = if held {
+            (PageState::InUse, PageState::Held)
+        } else {
+            (PageState::Held, PageState::InUse)
+        };
+        for p in pages {
+            debug_assert_eq!(m.state[p.index as usize], from);
+            m.state[p.index as usize] = to;
+        }
+        if held {
+            m.in_use -= pages.len();
+            m.held += pages.len();
+        } else {
+            m.held -= pages.len();
+            m.in_use += pages.len();
+        }
+    }
+
+    /// Checks that `page` belongs to this pool, is at its current generation
+    /// and in the expected state.
+    pub(crate) fn check_page(&self, page: PageId, held: bool) -> Result<(), KvError> {
+        if page.pool != self.shared.id || page.index as usize >= self.shared.cfg.pages {
+            return Err(KvError::ForeignPage { page });
+        }
+        let m = self.shared.meta.lock();
+        let i = page.index as usize;
+        if m.generation[i] != page.generation {
+            return Err(KvError::StalePage {
+                page,
+                current: m.generation[i],
+            });
+        }
+        let want = if held {
+            PageState::Held
+        } else {
+            PageState::InUse
+        };
+        if m.state[i] != want {
+            return Err(KvError::PageNotInUse { page });
+        }
+        Ok(())
+    }
+
+    /// Takes a read lock on the pool's storage for a batch of reads.
+    pub fn reader(&self) -> KvReader<'_> {
+        KvReader::new(self)
+    }
+
+    /// True when both handles refer to the same pool.
+    pub fn same_pool(&self, other: &KvPool) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    #[cfg_attr(not(feature = "audit"), allow(dead_code))]
+    pub(crate) fn record_violation(&self) {
+        self.shared.violations.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,382 @@
+//! [`KvSeq`]: the owning handle of one sequence's pages, with its protocol
+//! state in the type.
+//!
+//! | state        | written by          | readable | becomes                      |
+//! |--------------|---------------------|----------|------------------------------|
+//! | [`Filling`]  | this worker         | yes      | `Ready` via [`KvSeq::seal`]  |
+//! | [`Received`] | a remote peer       | **no**   | `Ready` only via the verifier |
+//! | [`Ready`]    | decode appends      | yes      | -                            |
+//! | [`Held`]     | nobody (read-only)  | yes      | free on drop                 |
+//!
+//! A handle is not `Clone`; dropping it (or [`KvSeq::release`], which takes
+//! it by value) scrubs its pages per the pool's policy and frees them.
+
+use std::marker::PhantomData;
+
+use crate::config::KvGeometry;
+use crate::ids::RequestId;
+use crate::kv::page::PageState;
+use crate::kv::{KvError, KvPool, PageId};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A protocol state of a [`KvSeq`].
+pub trait SeqState: sealed::Sealed + Send + Sync + 'static {
+    #[doc(hidden)]
+    const HELD: bool;
+}
+/// States whose KV may be read by attention.
+pub trait Readable: SeqState {}
+/// States whose KV may be appended to.
+pub trait Writable: SeqState {}
+
+/// Being written by this worker (prefill). Readable: causal attention over
+/// the sequence's own positions during prefill.
+#[derive(Debug)]
+pub struct Filling;
+/// Destination of a transfer: a peer writes it; nothing may read it until the
+/// transfer verifier has checked the receipt.
+#[derive(Debug)]
+pub struct Received;
+/// Complete, verified KV: decode reads it and appends new tokens.
+#[derive(Debug)]
+pub struct Ready;
+/// Out of use but not free (deferred release): readable by a sender, never
+/// written, freed on drop.
+#[derive(Debug)]
+pub struct Held;
+
+impl sealed::Sealed for Filling {}
+impl sealed::Sealed for Received {}
+impl sealed::Sealed for Ready {}
+impl sealed::Sealed for Held {}
+impl SeqState for Filling {
+    const HELD: bool = false;
+}
+impl SeqState for Received {
+    const HELD: bool = false;
+}
+impl SeqState for Ready {
+    const HELD: bool = false;
+}
+impl SeqState for Held {
+    const HELD: bool = true;
+}
+impl Readable for Filling {}
+impl Readable for Ready {}
+impl Readable for Held {}
+impl Writable for Filling {}
+impl Writable for Received {}
+impl Writable for Ready {}
+
+/// The owning handle of one sequence's KV pages.
+///
+/// Misuse that the type system can express does not compile. Decode needs
+/// complete KV, so an unsealed handle is refused:
+///
+/// ```compile_fail
+/// use handoff::kv::{KvSeq, Filling, Ready};
+/// fn decode(_: &KvSeq<Ready>) {}
+/// fn misuse(seq: KvSeq<Filling>) { decode(&seq) }
+/// ```
+///
+/// A released handle cannot be used again:
+///
+/// ```compile_fail
+/// use handoff::kv::{KvSeq, Ready};
+/// fn misuse(seq: KvSeq<Ready>) {
+///     seq.release();
+///     let _ = seq.owner();
+/// }
+/// ```
+///
+/// And KV written by a peer cannot be read before verification:
+///
+/// ```compile_fail
+/// use handoff::kv::{KvSeq, Received};
+/// fn misuse(pool: &handoff::KvPool, seq: &KvSeq<Received>) {
+///     let reader = pool.reader();
+///     let _ = reader.seq(seq);
+/// }
+/// ```
+#[must_use = "dropping a KvSeq frees its pages"]
+pub struct KvSeq<S: SeqState> {
+    pool: KvPool,
+    owner: RequestId,
+    pages: Vec<PageId>,
+    /// Tokens written so far, per layer.
+    written: Vec<usize>,
+    _state: PhantomData<S>,
+}
+
+impl<S: SeqState> std::fmt::Debug for KvSeq<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvSeq")
+            .field("state", &std::any::type_name::<S>())
+            .field("owner", &self.owner)
+            .field("pages", &self.pages.len())
+            .field("written", &self.written)
+            .finish()
+    }
+}
+
+impl<S: SeqState> KvSeq<S> {
+    pub(crate) fn new(pool: KvPool, owner: RequestId, pages: Vec<PageId>) -> Self {
+        let n_layers = pool.config().geometry().n_layers;
+        KvSeq {
+            pool,
+            owner,
+            pages,
+            written: vec![0; n_layers],
+            _state: PhantomData,
+        }
+    }
+
+    /// The request that owns these pages.
+    pub fn owner(&self) -> RequestId {
+        self.owner
+    }
+    /// The pages, in position order, at the generation this handle owns.
+    pub fn pages(&self) -> &[PageId] {
+        &self.pages
+    }
+    /// The pool the pages belong to.
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+    /// Tokens this handle may hold without growing.
+    pub fn reserved_tokens(&self) -> usize {
+        self.pages.len() * self.pool.page_size()
+    }
+    /// Tokens written to `layer` (0 for an out-of-range layer).
+    pub fn written(&self, layer: usize) -> usize {
+        self.written.get(layer).copied().unwrap_or(0)
+    }
+    /// Tokens written, per layer.
+    pub fn written_per_layer(&self) -> &[usize] {
+        &self.written
+    }
+    /// The sequence length when every layer holds the same number of tokens.
+    pub fn complete_len(&self) -> Option<usize> {
+        let first = *self.written.first()?;
+        self.written.iter().all(|&w| w == first).then_some(first)
+    }
+
+    /// Frees the pages (scrubbed per the pool's policy). Same as dropping.
+    pub fn release(self) {
+        drop(self)
+    }
+
+    /// Moves the pages to the held state: counted as held, readable, never
+    /// written, freed when the returned handle is dropped.
+    pub fn hold(self) -> KvSeq<Held> {
+        if !S::HELD {
+            self.pool.set_held(&self.pages, true);
+        }
+        self.into_state()
+    }
+
+    fn into_state<T: SeqState>(mut self) -> KvSeq<T> {
+        // Move the pages out; the emptied husk's drop frees nothing.
+        let next = KvSeq {
+            pool: self.pool.clone(),
+            owner: self.owner,
+            pages: std::mem::take(&mut self.pages),
+            written: std::mem::take(&mut self.written),
+            _state: PhantomData,
+        };
+        drop(self);
+        next
+    }
+
+    fn geometry(&self) -> KvGeometry {
+        self.pool.config().geometry()
+    }
+}
+
+impl<S: Writable> KvSeq<S> {
+    /// Reserves room for `tokens` more tokens (all layers).
+    pub fn grow(&mut self, tokens: usize) -> Result<(), KvError> {
+        let max_written = self.written.iter().copied().max().unwrap_or(0);
+        let needed = self
+            .pool
+            .pages_for(max_written.max(self.reserved_tokens()) + tokens);
+        let extra = needed.saturating_sub(self.pages.len());
+        if extra > 0 {
+            let more = self.pool.alloc_pages(extra)?;
+            self.pages.extend(more);
+        }
+        Ok(())
+    }
+
+    /// Makes sure the sequence can hold `total` tokens, growing if needed.
+    pub fn ensure_capacity(&mut self, total: usize) -> Result<(), KvError> {
+        let have = self.reserved_tokens();
+        if total > have {
+            let extra = self.pool.pages_for(total) - self.pages.len();
+            let more = self.pool.alloc_pages(extra)?;
+            self.pages.extend(more);
+        }
+        Ok(())
+    }
+
+    /// Appends `n` tokens' K and V (f32, converted to the storage dtype) to
+    /// `layer`. `k` and `v` are `[n, n_kv_heads * head_dim]`.
+    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let n = self.check_append(layer, k.len(), v.len())?;
+        let kvd = self.geometry().kv_dim();
+        let mut st = self.pool.shared.storage.write();
+        self.for_each_run(layer, n, |page, slot, done, run| {
+            let ko = st.offset(page, layer, 0, slot);
+            st.store_f32(ko, &k[done * kvd..(done + run) * kvd]);
+            let vo = st.offset(page, layer, 1, slot);
+            st.store_f32(vo, &v[done * kvd..(done + run) * kvd]);
+        });
+        #[cfg(feature = "audit")]
+        self.record_writers(&mut st, layer, n, self.owner);
+        drop(st);
+        self.written[layer] += n;
+        Ok(())
+    }
+
+    /// Appends `n` tokens given as raw bytes of the storage dtype (what a
+    /// transfer carries). `k` and `v` are `[n, kv_dim]` elements each.
+    pub fn append_bytes(&mut self, layer: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        let esz = self.geometry().dtype.size_bytes();
+        if !k.len().is_multiple_of(esz) || !v.len().is_multiple_of(esz) {
+            return Err(KvError::Shape {
+                what: "KV bytes (multiple of the element size)",
+                expected: esz,
+                got: k.len(),
+            });
+        }
+        let n = self.check_append(layer, k.len() / esz, v.len() / esz)?;
+        let row = self.geometry().kv_dim() * esz;
+        let mut st = self.pool.shared.storage.write();
+        self.for_each_run(layer, n, |page, slot, done, run| {
+            let ko = st.offset(page, layer, 0, slot);
+            st.store_bytes(ko, &k[done * row..(done + run) * row]);
+            let vo = st.offset(page, layer, 1, slot);
+            st.store_bytes(vo, &v[done * row..(done + run) * row]);
+        });
+        #[cfg(feature = "audit")]
+        self.record_writers(&mut st, layer, n, self.owner);
+        drop(st);
+        self.written[layer] += n;
+        Ok(())
+    }
+
+    /// Validates an append of `k_elems`/`v_elems` elements; returns tokens.
+    fn check_append(&self, layer: usize, k_elems: usize, v_elems: usize) -> Result<usize, KvError> {
+        let g = self.geometry();
+        if layer >= g.n_layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                n_layers: g.n_layers,
+            });
+        }
+        if k_elems != v_elems {
+            return Err(KvError::Shape {
+                what: "V elements (must equal K elements)",
+                expected: k_elems,
+                got: v_elems,
+            });
+        }
+        if !k_elems.is_multiple_of(g.kv_dim()) {
+            return Err(KvError::Shape {
+                what: "K elements (multiple of n_kv_heads * head_dim)",
+                expected: g.kv_dim(),
+                got: k_elems,
+            });
+        }
+        let n = k_elems / g.kv_dim();
+        let written = self.written[layer];
+        if written + n > self.reserved_tokens() {
+            return Err(KvError::BeyondReservation {
+                layer,
+                written,
+                adding: n,
+                reserved: self.reserved_tokens(),
+            });
+        }
+        Ok(n)
+    }
+
+    /// Calls `f(page_index, first_slot, tokens_done, run_len)` for each run
+    /// of consecutive slots in one page covered by appending `n` tokens.
+    fn for_each_run(&self, layer: usize, n: usize, mut f: impl FnMut(u32, usize, usize, usize)) {
+        let ps = self.pool.page_size();
+        let mut pos = self.written[layer];
+        let mut done = 0;
+        while done < n {
+            let slot = pos % ps;
+            let run = (ps - slot).min(n - done);
+            f(self.pages[pos / ps].index, slot, done, run);
+            pos += run;
+            done += run;
+        }
+    }
+
+    #[cfg(feature = "audit")]
+    fn record_writers(
+        &self,
+        st: &mut crate::kv::storage::Storage,
+        layer: usize,
+        n: usize,
+        writer: RequestId,
+    ) {
+        let ps = self.pool.page_size();
+        let start = self.written[layer];
+        for pos in start..start + n {
+            let i = st.writer_index(self.pages[pos / ps].index, layer, pos % ps);
+            st.writers[i] = writer.0 + 1;
+        }
+    }
+}
+
+/// Why sealing failed, with the handle given back.
+#[derive(Debug)]
+pub struct SealError {
+    /// The unsealed handle, unchanged.
+    pub seq: KvSeq<Filling>,
+    /// What was incomplete.
+    pub error: KvError,
+}
+
+impl KvSeq<Filling> {
+    /// Declares the sequence complete at `len` tokens. Refused unless every
+    /// layer holds exactly `len` tokens.
+    pub fn seal(self, len: usize) -> Result<KvSeq<Ready>, Box<SealError>> {
+        if let Some(layer) = self.written.iter().position(|&w| w != len) {
+            let error = KvError::Incomplete {
+                layer,
+                written: self.written[layer],
+                expected: len,
+            };
+            return Err(Box::new(SealError { seq: self, error }));
+        }
+        Ok(self.into_state())
+    }
+}
+
+impl KvSeq<Received> {
+    /// Only the transfer verifier calls this, after checking the receipt
+    /// against the plan and the bytes that landed.
+    #[allow(dead_code)] // used by the transfer layer
+    pub(crate) fn into_verified(self) -> KvSeq<Ready> {
+        self.into_state()
+    }
+}
+
+impl<S: SeqState> Drop for KvSeq<S> {
+    fn drop(&mut self) {
+        let from = if S::HELD {
+            PageState::Held
+        } else {
+            PageState::InUse
+        };
+        self.pool.free_pages(&self.pages, from);
+    }
+}

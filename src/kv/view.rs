@@ -1,0 +1,172 @@
+//! Read access to KV for attention: validated once per sequence per step.
+
+use parking_lot::RwLockReadGuard;
+
+use crate::kv::seq::{KvSeq, Readable};
+use crate::kv::storage::{KvSlice, Storage};
+use crate::kv::{KvError, KvPool, PageId};
+
+/// A read lock on a pool's storage. Take one per batched read phase and drop
+/// it before appending (appends take the write lock).
+pub struct KvReader<'p> {
+    pool: &'p KvPool,
+    storage: RwLockReadGuard<'p, Storage>,
+}
+
+impl<'p> KvReader<'p> {
+    pub(crate) fn new(pool: &'p KvPool) -> Self {
+        KvReader {
+            pool,
+            storage: pool.shared.storage.read(),
+        }
+    }
+
+    /// Validates that every page of `seq` belongs to this pool at its
+    /// current generation and returns a view of its written positions.
+    pub fn seq<'a, S: Readable>(&'a self, seq: &'a KvSeq<S>) -> Result<SeqView<'a>, KvError> {
+        if !seq.pool().same_pool(self.pool) {
+            return Err(match seq.pages().first() {
+                Some(&page) => KvError::ForeignPage { page },
+                None => KvError::Shape {
+                    what: "sequence from another pool",
+                    expected: 0,
+                    got: 0,
+                },
+            });
+        }
+        for &p in seq.pages() {
+            self.pool.check_page(p, S::HELD)?;
+        }
+        Ok(SeqView {
+            reader: self,
+            pages: seq.pages(),
+            written: seq.written_per_layer(),
+            owner: seq.owner(),
+        })
+    }
+}
+
+/// A validated sequence inside a [`KvReader`].
+pub struct SeqView<'a> {
+    reader: &'a KvReader<'a>,
+    pages: &'a [PageId],
+    written: &'a [usize],
+    owner: crate::RequestId,
+}
+
+impl<'a> SeqView<'a> {
+    /// The written positions of `layer`. With the `audit` feature, checks
+    /// that every slot read was written by this sequence's owner; a mismatch
+    /// is an [`KvError::IsolationViolation`], counted in the pool's stats.
+    pub fn layer(&self, layer: usize) -> Result<LayerView<'a>, KvError> {
+        let n_layers = self.written.len();
+        let len = *self
+            .written
+            .get(layer)
+            .ok_or(KvError::LayerOutOfRange { layer, n_layers })?;
+        let st: &'a Storage = &self.reader.storage;
+        let ps = self.reader.pool.page_size();
+        #[cfg(feature = "audit")]
+        for pos in 0..len {
+            let page = self.pages[pos / ps].index;
+            let w = st.writers[st.writer_index(page, layer, pos % ps)];
+            if w != self.owner.0 + 1 {
+                self.reader.pool.record_violation();
+                return Err(KvError::IsolationViolation {
+                    reader: self.owner,
+                    writer: w.checked_sub(1).map(crate::RequestId),
+                    page,
+                    layer,
+                    slot: pos % ps,
+                });
+            }
+        }
+        Ok(LayerView {
+            storage: st,
+            pages: self.pages,
+            layer,
+            len,
+            page_size: ps,
+            kv_dim: self.reader.pool.config().geometry().kv_dim(),
+        })
+    }
+
+    /// The owner of the sequence.
+    pub fn owner(&self) -> crate::RequestId {
+        self.owner
+    }
+}
+
+/// The written K/V rows of one layer of one sequence.
+#[derive(Clone, Copy)]
+pub struct LayerView<'a> {
+    storage: &'a Storage,
+    pages: &'a [PageId],
+    layer: usize,
+    len: usize,
+    page_size: usize,
+    kv_dim: usize,
+}
+
+impl<'a> LayerView<'a> {
+    /// Written tokens.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Elements per row (n_kv_heads * head_dim).
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+    /// Token slots per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    /// Pages holding written tokens.
+    pub fn n_pages(&self) -> usize {
+        self.len.div_ceil(self.page_size)
+    }
+    /// Pool indices of the pages holding written tokens (a page table).
+    pub fn page_table(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pages[..self.n_pages()].iter().map(|p| p.index)
+    }
+    /// Written tokens in page `i` of this sequence.
+    pub fn tokens_in_page(&self, i: usize) -> usize {
+        self.len
+            .saturating_sub(i * self.page_size)
+            .min(self.page_size)
+    }
+    fn rows(&self, i: usize, kv: usize) -> KvSlice<'a> {
+        let n = self.tokens_in_page(i);
+        let off = self.storage.offset(self.pages[i].index, self.layer, kv, 0);
+        self.storage.slice(off, n * self.kv_dim)
+    }
+    /// K rows `[tokens_in_page(i), kv_dim]` of page `i`.
+    pub fn keys(&self, i: usize) -> KvSlice<'a> {
+        self.rows(i, 0)
+    }
+    /// V rows `[tokens_in_page(i), kv_dim]` of page `i`.
+    pub fn values(&self, i: usize) -> KvSlice<'a> {
+        self.rows(i, 1)
+    }
+    /// K row of position `pos` (`pos < len`), or `None`.
+    pub fn key(&self, pos: usize) -> Option<KvSlice<'a>> {
+        self.row(pos, 0)
+    }
+    /// V row of position `pos` (`pos < len`), or `None`.
+    pub fn value(&self, pos: usize) -> Option<KvSlice<'a>> {
+        self.row(pos, 1)
+    }
+    fn row(&self, pos: usize, kv: usize) -> Option<KvSlice<'a>> {
+        if pos >= self.len {
+            return None;
+        }
+        let ps = self.page_size;
+        let off = self
+            .storage
+            .offset(self.pages[pos / ps].index, self.layer, kv, pos % ps);
+        Some(self.storage.slice(off, self.kv_dim))
+    }
+}

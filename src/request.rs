@@ -1,0 +1,92 @@
+//! What a client asks for.
+
+use crate::ids::{RequestId, TenantId};
+
+/// How the next token is chosen. Greedy when `temperature == 0`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax); otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens (None: all).
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches `p`.
+    pub top_p: Option<f32>,
+    /// Seed of the request's own random stream: same seed, same output.
+    pub seed: u64,
+    /// Generation stops after emitting any of these.
+    pub stop_ids: Vec<u32>,
+}
+
+impl SamplingParams {
+    /// Argmax decoding.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+            stop_ids: Vec::new(),
+        }
+    }
+
+    /// True when sampling is deterministic argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+/// Scheduling priority: higher is served first; FIFO within one priority.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Priority(pub u8);
+
+/// A generation request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub id: RequestId,
+    pub tenant: TenantId,
+    /// Prompt token ids. Never truncated, never replaced.
+    pub prompt: Vec<u32>,
+    /// Upper bound on generated tokens (at least 1).
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub priority: Priority,
+}
+
+impl Request {
+    /// A greedy request with default priority.
+    pub fn new(id: RequestId, tenant: TenantId, prompt: Vec<u32>, max_new_tokens: usize) -> Self {
+        Request {
+            id,
+            tenant,
+            prompt,
+            max_new_tokens,
+            sampling: SamplingParams::greedy(),
+            priority: Priority::default(),
+        }
+    }
+
+    /// Sets the sampling parameters.
+    #[must_use]
+    pub fn with_sampling(mut self, sampling: SamplingParams) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// Sets the priority.
+    #[must_use]
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Prompt plus the most tokens it may generate.
+    pub fn max_total_tokens(&self) -> usize {
+        self.prompt.len().saturating_add(self.max_new_tokens)
+    }
+}

@@ -1,0 +1,133 @@
+use crate::config::EngineConfig;
+use crate::request::Request;
+use crate::sched::Rejection;
+
+/// The limits admission checks a request against. Normally derived from a
+/// validated [`EngineConfig`]; tests that need a deployment the config would
+/// refuse may build one directly, and admission still protects the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    max_context: usize,
+    pool_pages: usize,
+    page_size: usize,
+    vocab_size: Option<usize>,
+    max_queue: usize,
+}
+
+impl AdmissionLimits {
+    /// Limits for a pool of `pool_pages` pages of `page_size` tokens.
+    pub fn new(max_context: usize, pool_pages: usize, page_size: usize) -> Self {
+        AdmissionLimits {
+            max_context,
+            pool_pages,
+            page_size: page_size.max(1),
+            vocab_size: None,
+            max_queue: 65_536,
+        }
+    }
+    /// Limits of a validated configuration.
+    pub fn from_config(cfg: &EngineConfig) -> Self {
+        Self::new(cfg.max_context(), cfg.pool_pages(), cfg.page_size())
+    }
+    /// Rejects token ids `>= vocab`.
+    #[must_use]
+    pub fn vocab(mut self, vocab: usize) -> Self {
+        self.vocab_size = Some(vocab);
+        self
+    }
+    /// Waiting requests beyond this are refused with 429.
+    #[must_use]
+    pub fn max_queue(mut self, n: usize) -> Self {
+        self.max_queue = n;
+        self
+    }
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+    pub fn pool_tokens(&self) -> usize {
+        self.pool_pages * self.page_size
+    }
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    pub fn queue_limit(&self) -> usize {
+        self.max_queue
+    }
+    pub fn vocab_size(&self) -> Option<usize> {
+        self.vocab_size
+    }
+
+    /// Checks a request that could ever be served here. Pure: looks at
+    /// nothing but the request and the limits, allocates nothing.
+    pub fn check(&self, req: &Request) -> Result<(), Rejection> {
+        let id = req.id;
+        let prompt = req.prompt.len();
+        if prompt == 0 {
+            return Err(Rejection::EmptyPrompt { id });
+        }
+        if req.max_new_tokens == 0 {
+            return Err(Rejection::ZeroMaxNewTokens { id });
+        }
+        // Pool first: a prompt the pool can never hold is the incident's
+        // failure and must be named as such even if the window is larger.
+        let pool_tokens = self.pool_tokens();
+        if prompt > pool_tokens {
+            return Err(Rejection::ExceedsPool {
+                id,
+                tokens: prompt,
+                pool_tokens,
+            });
+        }
+        if prompt > self.max_context {
+            return Err(Rejection::PromptTooLong {
+                id,
+                prompt,
+                max_context: self.max_context,
+            });
+        }
+        if req.max_total_tokens() > self.max_context {
+            return Err(Rejection::ExceedsWindow {
+                id,
+                prompt,
+                max_new: req.max_new_tokens,
+                max_context: self.max_context,
+            });
+        }
+        let total = req.max_total_tokens();
+        if total.div_ceil(self.page_size) > self.pool_pages {
+            return Err(Rejection::ExceedsPool {
+                id,
+                tokens: total,
+                pool_tokens,
+            });
+        }
+        if let Some(vocab) = self.vocab_size
+            && let Some((index, &token)) = req
+                .prompt
+                .iter()
+                .enumerate()
+                .find(|&(_, &t)| t as usize >= vocab)
+        {
+            return Err(Rejection::InvalidToken {
+                id,
+                index,
+                token,
+                vocab,
+            });
+        }
+        let s = &req.sampling;
+        let reason = if !s.temperature.is_finite() || s.temperature < 0.0 {
+            Some("temperature must be finite and >= 0")
+        } else if s.top_k == Some(0) {
+            Some("top_k must be >= 1")
+        } else if s.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+            Some("top_p must be in (0, 1]")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(Rejection::InvalidSampling { id, reason });
+        }
+        Ok(())
+    }
+}

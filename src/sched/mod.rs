@@ -1,0 +1,207 @@
+//! Admission and queueing. The scheduler does no IO and knows no backend: it
+//! decides, the engine carries out.
+
+mod admission;
+mod rejection;
+
+pub use admission::AdmissionLimits;
+pub use rejection::Rejection;
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+
+use crate::ids::RequestId;
+use crate::request::{Priority, Request};
+
+/// Proof that a request passed admission and is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a ticket identifies the queued request; keep it to cancel or track it"]
+pub struct Ticket {
+    id: RequestId,
+}
+
+impl Ticket {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+}
+
+/// Admission control plus a priority queue (FIFO within a priority).
+///
+/// [`Scheduler::submit`] answers at once with a [`Ticket`] or a typed
+/// [`Rejection`]; nothing is allocated either way. A request that fits the
+/// configuration but not the pages free right now waits; it is never
+/// rejected for that, and never truncated.
+#[derive(Debug)]
+pub struct Scheduler {
+    limits: AdmissionLimits,
+    waiting: BTreeMap<std::cmp::Reverse<Priority>, VecDeque<Request>>,
+    /// Ids queued or running (until [`Scheduler::finish`]).
+    live: HashSet<RequestId>,
+    queued: usize,
+    closed: bool,
+}
+
+impl Scheduler {
+    /// A scheduler admitting against `limits`.
+    pub fn new(limits: AdmissionLimits) -> Self {
+        Scheduler {
+            limits,
+            waiting: BTreeMap::new(),
+            live: HashSet::new(),
+            queued: 0,
+            closed: false,
+        }
+    }
+
+    /// The admission limits.
+    pub fn limits(&self) -> &AdmissionLimits {
+        &self.limits
+    }
+
+    /// Admits or rejects `req` at once.
+    pub fn submit(&mut self, req: Request) -> Result<Ticket, Rejection> {
+        let id = req.id;
+        if self.closed {
+            return Err(Rejection::ShuttingDown { id });
+        }
+        self.limits.check(&req)?;
+        if self.live.contains(&id) {
+            return Err(Rejection::DuplicateId { id });
+        }
+        if self.queued >= self.limits.queue_limit() {
+            return Err(Rejection::QueueFull {
+                id,
+                limit: self.limits.queue_limit(),
+            });
+        }
+        self.live.insert(id);
+        self.queued += 1;
+        self.waiting
+            .entry(std::cmp::Reverse(req.priority))
+            .or_default()
+            .push_back(req);
+        Ok(Ticket { id })
+    }
+
+    /// The next waiting request in priority-then-FIFO order, without
+    /// removing it.
+    pub fn peek(&self) -> Option<&Request> {
+        self.waiting.values().find_map(|q| q.front())
+    }
+
+    /// Removes and returns the head of the queue if `fits(head)` says it can
+    /// start now. Strict order: a head that does not fit blocks those behind
+    /// it, so a large request is not starved by a stream of small ones.
+    pub fn pop_if(&mut self, fits: impl FnOnce(&Request) -> bool) -> Option<Request> {
+        let (&key, q) = self.waiting.iter_mut().find(|(_, q)| !q.is_empty())?;
+        if !fits(q.front()?) {
+            return None;
+        }
+        let req = q.pop_front()?;
+        if q.is_empty() {
+            self.waiting.remove(&key);
+        }
+        self.queued -= 1;
+        Some(req)
+    }
+
+    /// Puts a running request back at the front of its priority (after a
+    /// preemption: its pages were released, it will be recomputed).
+    pub fn requeue_front(&mut self, req: Request) {
+        self.queued += 1;
+        self.waiting
+            .entry(std::cmp::Reverse(req.priority))
+            .or_default()
+            .push_front(req);
+    }
+
+    /// Removes a waiting request (cancel before it started). Returns it if
+    /// it was waiting. The id stays live until [`Scheduler::finish`].
+    pub fn remove_waiting(&mut self, id: RequestId) -> Option<Request> {
+        let mut found = None;
+        for q in self.waiting.values_mut() {
+            if let Some(i) = q.iter().position(|r| r.id == id) {
+                found = q.remove(i);
+                break;
+            }
+        }
+        if found.is_some() {
+            self.queued -= 1;
+            self.waiting.retain(|_, q| !q.is_empty());
+        }
+        found
+    }
+
+    /// Forgets a request that has ended, so its id may be reused.
+    pub fn finish(&mut self, id: RequestId) {
+        self.live.remove(&id);
+    }
+
+    /// Requests waiting for pages.
+    pub fn waiting(&self) -> usize {
+        self.queued
+    }
+
+    /// Requests admitted and not yet finished (waiting or running).
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Refuses every later submission with [`Rejection::ShuttingDown`].
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::TenantId;
+
+    fn req(id: u64, len: usize, new: usize) -> Request {
+        Request::new(RequestId(id), TenantId(1), vec![1; len], new)
+    }
+
+    #[test]
+    fn fifo_within_priority_higher_first() {
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
+        for i in 0..3 {
+            let _ = s.submit(req(i, 4, 4)).unwrap();
+        }
+        let _ = s.submit(req(9, 4, 4).with_priority(Priority(5))).unwrap();
+        let order: Vec<u64> = std::iter::from_fn(|| s.pop_if(|_| true).map(|r| r.id.0)).collect();
+        assert_eq!(order, vec![9, 0, 1, 2]);
+        assert_eq!(s.waiting(), 0);
+    }
+
+    #[test]
+    fn head_that_does_not_fit_waits_and_is_not_rejected() {
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
+        let _ = s.submit(req(1, 60, 4)).unwrap();
+        assert!(s.pop_if(|r| r.prompt.len() < 10).is_none());
+        assert_eq!(s.waiting(), 1);
+        assert_eq!(s.pop_if(|_| true).map(|r| r.prompt.len()), Some(60));
+    }
+
+    #[test]
+    fn duplicate_ids_are_refused_until_finished() {
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
+        let _ = s.submit(req(1, 4, 4)).unwrap();
+        assert!(matches!(
+            s.submit(req(1, 4, 4)),
+            Err(Rejection::DuplicateId { .. })
+        ));
+        let _ = s.pop_if(|_| true);
+        s.finish(RequestId(1));
+        assert!(s.submit(req(1, 4, 4)).is_ok());
+    }
+
+    #[test]
+    fn queue_limit_is_429() {
+        use crate::HttpStatus;
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16).max_queue(1));
+        let _ = s.submit(req(1, 4, 4)).unwrap();
+        let r = s.submit(req(2, 4, 4)).unwrap_err();
+        assert_eq!(r.http_status(), 429);
+    }
+}
