@@ -57,6 +57,7 @@ pub mod config;
 pub mod http;
 pub mod ids;
 pub mod kv;
+pub mod model;
 pub mod request;
 pub mod sched;
 

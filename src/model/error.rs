@@ -1,0 +1,44 @@
+use crate::http::HttpStatus;
+
+/// Errors loading or validating a model. Each names what was wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read model file {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bad header: {0}")]
+    BadHeader(String),
+    #[error("file truncated: tensor {tensor} needs {expected} bytes, {available} remain")]
+    Truncated {
+        tensor: String,
+        expected: usize,
+        available: usize,
+    },
+    #[error("tensor {tensor} is missing")]
+    MissingTensor { tensor: String },
+    #[error("tensor {tensor} has shape {got:?}, expected {expected:?}")]
+    Shape {
+        tensor: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("tensor {tensor} has unsupported dtype {dtype}: use f32, f16 or bf16")]
+    Dtype { tensor: String, dtype: String },
+    #[error("tensor {tensor} contains a non-finite value at index {index}")]
+    NonFinite { tensor: String, index: usize },
+    #[error(
+        "unsupported architecture {0}: handoff serves Llama-family models (Llama, Mistral, Qwen2)"
+    )]
+    UnsupportedArchitecture(String),
+    #[error("invalid model config: {0}")]
+    InvalidConfig(String),
+}
+
+impl HttpStatus for ModelError {
+    fn http_status(&self) -> u16 {
+        500
+    }
+}
