@@ -54,13 +54,13 @@ impl ModelConfig {
                 return bad(format!("{name} is 0"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "n_kv_heads {} does not divide n_heads {}",
                 self.n_kv_heads, self.n_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} is odd: RoPE needs pairs",
                 self.head_dim
