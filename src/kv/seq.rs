@@ -228,14 +228,14 @@ impl<S: Writable> KvSeq<S> {
         let n = self.check_append(layer, k.len(), v.len())?;
         let kvd = self.geometry().kv_dim();
         let mut st = self.pool.shared.storage.write();
+        let writer = self.owner.0;
         self.for_each_run(layer, n, |page, slot, done, run| {
             let ko = st.offset(page, layer, 0, slot);
             st.store_f32(ko, &k[done * kvd..(done + run) * kvd]);
             let vo = st.offset(page, layer, 1, slot);
             st.store_f32(vo, &v[done * kvd..(done + run) * kvd]);
+            st.record_writers(page, layer, slot, run, writer);
         });
-        #[cfg(feature = "audit")]
-        self.record_writers(&mut st, layer, n, self.owner);
         drop(st);
         self.written[layer] += n;
         Ok(())
@@ -255,14 +255,14 @@ impl<S: Writable> KvSeq<S> {
         let n = self.check_append(layer, k.len() / esz, v.len() / esz)?;
         let row = self.geometry().kv_dim() * esz;
         let mut st = self.pool.shared.storage.write();
+        let writer = self.owner.0;
         self.for_each_run(layer, n, |page, slot, done, run| {
             let ko = st.offset(page, layer, 0, slot);
             st.store_bytes(ko, &k[done * row..(done + run) * row]);
             let vo = st.offset(page, layer, 1, slot);
             st.store_bytes(vo, &v[done * row..(done + run) * row]);
+            st.record_writers(page, layer, slot, run, writer);
         });
-        #[cfg(feature = "audit")]
-        self.record_writers(&mut st, layer, n, self.owner);
         drop(st);
         self.written[layer] += n;
         Ok(())
@@ -316,22 +316,6 @@ impl<S: Writable> KvSeq<S> {
             f(self.pages[pos / ps].index, slot, done, run);
             pos += run;
             done += run;
-        }
-    }
-
-    #[cfg(feature = "audit")]
-    fn record_writers(
-        &self,
-        st: &mut crate::kv::storage::Storage,
-        layer: usize,
-        n: usize,
-        writer: RequestId,
-    ) {
-        let ps = self.pool.page_size();
-        let start = self.written[layer];
-        for pos in start..start + n {
-            let i = st.writer_index(self.pages[pos / ps].index, layer, pos % ps);
-            st.writers[i] = writer.0 + 1;
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Read access to KV for attention: validated once per sequence per step.
 
-use parking_lot::RwLockReadGuard;
+use crate::sync::RwLockReadGuard;
 
 use crate::kv::seq::{KvSeq, Readable};
 use crate::kv::storage::{KvSlice, Storage};
@@ -66,10 +66,11 @@ impl<'a> SeqView<'a> {
             .ok_or(KvError::LayerOutOfRange { layer, n_layers })?;
         let st: &'a Storage = &self.reader.storage;
         let ps = self.reader.pool.page_size();
-        #[cfg(feature = "audit")]
         for pos in 0..len {
             let page = self.pages[pos / ps].index;
-            let w = st.writers[st.writer_index(page, layer, pos % ps)];
+            let Some(w) = st.writer(page, layer, pos % ps) else {
+                break; // audit trail off
+            };
             if w != self.owner.0 + 1 {
                 self.reader.pool.record_violation();
                 return Err(KvError::IsolationViolation {
