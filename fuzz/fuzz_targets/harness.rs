@@ -30,10 +30,10 @@ pub fn kv_ops(data: &[u8]) {
         match op % 5 {
             0 => {
                 next += 1;
-                if let Ok(s) = pool.reserve(RequestId(next), arg % 24) {
-                    if live.len() < 8 {
-                        live.push(s);
-                    }
+                if let Ok(s) = pool.reserve(RequestId(next), arg % 24)
+                    && live.len() < 8
+                {
+                    live.push(s);
                 }
             }
             1 if !live.is_empty() => {
