@@ -2,8 +2,10 @@
 
 mod config;
 mod error;
+mod hf;
 mod weights;
 
 pub use config::{ModelConfig, RopeStyle};
 pub use error::ModelError;
+pub use hf::{load_hf, load_hf_bytes};
 pub use weights::{LayerWeights, ModelWeights};
