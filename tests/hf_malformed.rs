@@ -461,3 +461,41 @@ fn the_same_tensor_in_two_shards_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn random_corruption_of_header_or_config_never_panics() {
+    let config = fs::read(Path::new(FIXTURE).join("config.json")).unwrap();
+    let weights = fs::read(Path::new(FIXTURE).join("model.safetensors")).unwrap();
+    let header_end = 8 + SafeTensors::read_metadata(&weights).unwrap().0;
+    // xorshift64: deterministic, no extra dependency.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    for _ in 0..400 {
+        let (mut c, mut w) = (config.clone(), weights.clone());
+        for _ in 0..1 + next() % 4 {
+            let r = next();
+            // Mostly the header (where structure lives), sometimes config.json.
+            let (buf, len) = if r % 4 == 0 {
+                (&mut c, config.len())
+            } else {
+                (&mut w, header_end)
+            };
+            buf[(r >> 8) as usize % len] = (r >> 40) as u8;
+        }
+        match load_hf_bytes(&c, &[("model.safetensors", &w)]) {
+            Ok(_) => loaded += 1,
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                refused += 1;
+            }
+        }
+    }
+    // Most single-byte damage to structure is caught.
+    assert!(refused > loaded, "refused {refused}, loaded {loaded}");
+}
