@@ -499,3 +499,54 @@ fn random_corruption_of_header_or_config_never_panics() {
     // Most single-byte damage to structure is caught.
     assert!(refused > loaded, "refused {refused}, loaded {loaded}");
 }
+
+#[test]
+fn qwen2_needs_its_attention_biases_and_mistral_reads_like_llama() {
+    let qwen =
+        |c: &mut serde_json::Value| c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+    // The Llama fixture has no q/k/v biases: as a Qwen2 it is incomplete.
+    let missing = Folder::with_config(qwen);
+    assert!(matches!(
+        missing.load().unwrap_err(),
+        ModelError::MissingTensor { tensor } if tensor == "model.layers.0.self_attn.q_proj.bias (expected shape [64])"
+    ));
+    // With them it loads, and each bias lands on its own projection.
+    let mut t = fixture_tensors();
+    for l in 0..2 {
+        for (proj, n, v) in [
+            ("q_proj", 64, 0.25f32),
+            ("k_proj", 32, 0.5),
+            ("v_proj", 32, 0.75),
+        ] {
+            t.insert(
+                format!("model.layers.{l}.self_attn.{proj}.bias"),
+                (Dtype::F32, vec![n], f32_bytes(&vec![v + l as f32; n])),
+            );
+        }
+    }
+    let mut c = fixture_config();
+    qwen(&mut c);
+    let w = Folder::new(&c, &serialize(&t)).load().unwrap();
+    assert!(w.config.attention_bias);
+    assert_eq!(w.layers[1].bq.as_deref(), Some(&[1.25f32; 64][..]));
+    assert_eq!(w.layers[1].bk.as_deref(), Some(&[1.5f32; 32][..]));
+    assert_eq!(w.layers[0].bv.as_deref(), Some(&[0.75f32; 32][..]));
+    // The same biases in a Llama folder are weights the config does not explain.
+    let err = Folder::new(&fixture_config(), &serialize(&t))
+        .load()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::InvalidConfig(m) if m.contains(".bias")),
+        "{err}"
+    );
+
+    let mut c = fixture_config();
+    c["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    c["sliding_window"] = 64.into();
+    let m = Folder::with_config(|x| *x = c).load().unwrap();
+    assert_eq!(
+        m.config.max_seq_len, 64,
+        "context capped at the sliding window"
+    );
+    assert_eq!(m.layers, load_hf(Path::new(FIXTURE)).unwrap().layers);
+}
