@@ -53,12 +53,15 @@
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod backend;
 pub mod config;
 pub mod http;
 pub mod ids;
 pub mod kv;
 pub mod model;
 pub mod request;
+mod rng;
+pub mod sampling;
 pub mod sched;
 
 pub use config::{
