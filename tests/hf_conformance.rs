@@ -11,13 +11,17 @@
 //! 2. those weights, through an independent naive f64 forward pass
 //!    (tests/naive_llama), reproduce transformers' logits: the loader's
 //!    mapping (names, layouts, rotate-half RoPE) is right;
-//! 3. handoff's own forward pass reproduces them too.
+//! 3. handoff's own forward pass reproduces them too (logits within 1e-4
+//!    at every position; greedy tokens exactly, through paged prefill+decode).
 
 mod naive_llama;
 
 use std::path::Path;
 
-use handoff::model::{ModelWeights, RopeStyle, load_hf};
+use handoff::kv::{KvSeq, Ready};
+use handoff::model::{Model, ModelWeights, RopeStyle, load_hf};
+use handoff::sampling::argmax;
+use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 use naive_llama::{NaiveLayer, NaiveModel, NaiveRope, argmax_gap, to_f64};
 use safetensors::SafeTensors;
 
@@ -193,4 +197,62 @@ fn loaded_weights_reproduce_transformers_through_an_independent_forward_pass() {
         assert!(min_gap > 100.0 * LOGIT_TOL, "greedy gap {min_gap}");
         assert_eq!(argmax_gap(case.logits.last().unwrap()).0, greedy[0]);
     }
+}
+
+#[test]
+fn handoff_logits_match_transformers_at_every_position() {
+    let model = Model::cpu(weights()).unwrap();
+    for case in expected() {
+        let ours: Vec<Vec<f64>> = model
+            .logits_for_prompt(&case.prompt)
+            .unwrap()
+            .iter()
+            .map(|row| to_f64(row))
+            .collect();
+        let (d, pos, tok) = max_diff(&ours, &case.logits);
+        assert!(
+            d <= LOGIT_TOL,
+            "prompt {:?}: handoff differs from transformers by {d:e} at position {pos}, token {tok}",
+            case.prompt
+        );
+    }
+}
+
+/// Greedy decoding through handoff's serving path: paged prefill of the
+/// prompt, then one paged decode step per token.
+fn handoff_greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let pool = KvPool::new(PoolConfig::new(model.kv_geometry(KvDtype::F32), 4, 16)).unwrap();
+    let mut scratch = model.scratch();
+    let mut seq = pool.reserve(RequestId(1), prompt.len() + n).unwrap();
+    let logits = model
+        .prefill(&mut scratch, &mut [&mut seq], &[prompt])
+        .unwrap();
+    let mut out = vec![argmax(logits.row(0)).unwrap()];
+    let mut seq: KvSeq<Ready> = seq.seal(prompt.len()).unwrap();
+    while out.len() < n {
+        let last = *out.last().unwrap();
+        let logits = model
+            .decode(&mut scratch, &mut [&mut seq], &[last])
+            .unwrap();
+        out.push(argmax(logits.row(0)).unwrap());
+    }
+    drop(seq);
+    assert!(pool.stats().is_full(), "pages back after generation");
+    out
+}
+
+#[test]
+fn handoff_greedy_tokens_equal_transformers() {
+    let model = Model::cpu(weights()).unwrap();
+    for case in expected() {
+        let ours = handoff_greedy(&model, &case.prompt, case.greedy.len());
+        assert_eq!(ours, case.greedy, "prompt {:?}", case.prompt);
+    }
+    // The sharded copy of the same checkpoint serves the same tokens.
+    let sharded = Model::cpu(load_hf(&Path::new(FIXTURE).join("sharded")).unwrap()).unwrap();
+    let case = &expected()[1];
+    assert_eq!(
+        handoff_greedy(&sharded, &case.prompt, case.greedy.len()),
+        case.greedy
+    );
 }
