@@ -60,6 +60,7 @@ pub mod kv;
 pub mod model;
 pub mod request;
 pub mod sched;
+pub mod transfer;
 
 pub use config::{
     ConfigError, EngineConfig, EngineConfigBuilder, Headroom, KvDtype, KvGeometry, Role,
