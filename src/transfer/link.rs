@@ -16,8 +16,8 @@ use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
 /// A way to connect a prefill worker with a decode worker.
 pub trait Transfer {
-    type Prefill: PrefillLink;
-    type Decode: DecodeLink;
+    type Prefill: PrefillLink + 'static;
+    type Decode: DecodeLink + 'static;
     /// A short name for reports ("in-process", "tcp").
     fn name(&self) -> &'static str;
     /// Connects the two ends (in one process; transports that span two

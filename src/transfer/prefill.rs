@@ -348,12 +348,18 @@ impl<L: PrefillLink> PrefillSide<L> {
         }
     }
 
+    /// Handles every message that arrives within `wait`, then every one
+    /// already queued, so a plan and its cancel are seen together.
     fn receive(&mut self, wait: Duration) {
-        match self.link.recv(wait) {
-            Ok(Some(ToPrefill::Plan(plan))) => self.on_plan(plan),
-            Ok(Some(ToPrefill::Answer(a))) => self.on_answer(a),
-            Ok(None) => {}
-            Err(e) => self.link_lost(e),
+        let mut wait = wait;
+        while self.link_error.is_none() {
+            match self.link.recv(wait) {
+                Ok(Some(ToPrefill::Plan(plan))) => self.on_plan(plan),
+                Ok(Some(ToPrefill::Answer(a))) => self.on_answer(a),
+                Ok(None) => return,
+                Err(e) => self.link_lost(e),
+            }
+            wait = Duration::ZERO;
         }
     }
 
