@@ -65,6 +65,7 @@ mod rng;
 pub mod sampling;
 pub mod sched;
 mod sync;
+pub mod transfer;
 
 pub use config::{
     ConfigError, EngineConfig, EngineConfigBuilder, Headroom, KvDtype, KvGeometry, Role,
