@@ -53,6 +53,7 @@
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod backend;
 pub mod config;
 pub mod http;
 pub mod ids;
