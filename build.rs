@@ -27,7 +27,9 @@ const NVCC_FLAGS: &[&str] = &[
     "--fatbin",
     "-O3",
     "-std=c++17",
-    "-lineinfo",
+    // Compressed images (the driver inflates them at load): the kernels
+    // are embedded in every binary, and a GPU bundle must stay small.
+    "-Xfatbin=-compress-all",
     "-gencode",
     "arch=compute_80,code=sm_80",
     "-gencode",
