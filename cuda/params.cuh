@@ -169,4 +169,28 @@ struct ArgmaxParams {
 };
 static_assert(sizeof(ArgmaxParams) == 32, "ArgmaxParams drifted from params.rs");
 
+// out = x · wᵀ (f32). Each output element sums k in ascending order, the
+// same whatever m is, so a row's result does not depend on its batch.
+// grid (ceil(n/16), ceil(m/16)); block (16, 16).
+struct LinearParams {
+    const float* x;  // [m, k] f32
+    const float* w;  // [n, k] f32
+    float* out;      // [m, n] f32
+    uint32_t m;
+    uint32_t n;
+    uint32_t k;
+    uint32_t pad0;
+};
+static_assert(sizeof(LinearParams) == 40, "LinearParams drifted from params.rs");
+
+// x[i] += y[i % period] (period = n: add; period = cols: bias per row).
+// grid-stride over n.
+struct AddParams {
+    float* x;        // [n] f32, in place
+    const float* y;  // [period] f32
+    uint64_t n;
+    uint64_t period;
+};
+static_assert(sizeof(AddParams) == 32, "AddParams drifted from params.rs");
+
 }  // namespace handoff

@@ -307,8 +307,9 @@ const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
 fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
-    // merge, scrub, rms_norm, rope, swiglu, embedding, argmax.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7);
+    // merge, scrub, rms_norm, rope, swiglu, embedding, argmax;
+    // linear, add_periodic.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2);
 }
 
 // ----------------------------------------------------------------- decode
@@ -770,13 +771,8 @@ fn swiglu_matches_reference() {
     let n = 10_007;
     let gate = rng.vec(n, 8.0);
     let up = rng.vec(n, 2.0);
-    let mut out = dev.zeros::<f32>(n).unwrap();
-    dev.swiglu(
-        &dev.upload(&gate).unwrap(),
-        &dev.upload(&up).unwrap(),
-        &mut out,
-    )
-    .unwrap();
+    let mut out = dev.upload(&gate).unwrap();
+    dev.swiglu(&mut out, &dev.upload(&up).unwrap()).unwrap();
     let want: Vec<f64> = gate
         .iter()
         .zip(&up)
@@ -848,4 +844,54 @@ fn argmax_takes_the_lowest_index_on_ties_and_refuses_nan_rows() {
         dev.argmax(&dev.upload(&logits).unwrap(), vocab),
         Err(CudaError::NanLogits { row: 2, nans: 1 })
     );
+}
+
+#[test]
+fn matmul_and_adds_match_reference_whatever_the_batch() {
+    let dev = gpu!("matmul_and_adds_match_reference_whatever_the_batch");
+    let mut rng = Rng(14);
+    for (n, k) in [(1, 1), (17, 64), (512, 64), (33, 1000)] {
+        let w = rng.vec(n * k, 1.0);
+        let w_dev = dev.upload(&w).unwrap();
+        // The same first row alone and inside batches of 5 and 40 rows must
+        // give bit-identical results (batch invariance).
+        let x = rng.vec(40 * k, 1.0);
+        let mut first_row: Option<Vec<f32>> = None;
+        for m in [1, 5, 40] {
+            let mut out = dev.zeros::<f32>(m * n).unwrap();
+            dev.linear(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
+                .unwrap();
+            let got = dev.download(&out).unwrap();
+            let want: Vec<f64> = (0..m * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    (0..k)
+                        .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
+                        .sum()
+                })
+                .collect();
+            assert_close(&format!("linear {m}x{k} * {n}x{k}"), &got, &want, RTOL);
+            match &first_row {
+                None => first_row = Some(got[..n].to_vec()),
+                Some(r) => assert_eq!(&got[..n], &r[..], "row 0 changed with batch size {m}"),
+            }
+        }
+    }
+    let x = rng.vec(12, 1.0);
+    let bias = rng.vec(4, 1.0);
+    let mut x_dev = dev.upload(&x).unwrap();
+    dev.add_assign(&mut x_dev, &dev.upload(&bias).unwrap())
+        .unwrap();
+    dev.add_assign(&mut x_dev, &dev.upload(&x).unwrap())
+        .unwrap();
+    let want: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v + bias[i % 4]) + v)
+        .collect();
+    assert_eq!(dev.download(&x_dev).unwrap(), want);
+    assert!(matches!(
+        dev.add_assign(&mut x_dev, &dev.upload(&bias[..3]).unwrap()),
+        Err(CudaError::Shape { .. })
+    ));
 }

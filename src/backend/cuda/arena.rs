@@ -140,6 +140,39 @@ impl DeviceKvArena {
             .map_err(CudaError::driver("copying a page to the device"))
     }
 
+    /// Copies rows `[n, kv_dim]` (raw dtype bytes) into slots `slot..slot + n`
+    /// of `layer`, K (`kv == 0`) or V, of `page`.
+    pub fn write_rows(
+        &mut self,
+        dev: &CudaDevice,
+        page: u32,
+        layer: usize,
+        kv: usize,
+        slot: usize,
+        bytes: &[u8],
+    ) -> Result<(), CudaError> {
+        let page_range = self.check_page(page)?;
+        let row = self.geometry.kv_dim() * self.geometry.dtype.size_bytes();
+        let n = bytes.len() / row;
+        if layer >= self.geometry.n_layers
+            || kv > 1
+            || !bytes.len().is_multiple_of(row)
+            || slot + n > self.page_size
+        {
+            return Err(CudaError::Shape {
+                what: "rows inside one page's layer (slot + rows <= page_size)",
+                expected: self.page_size,
+                got: slot + n,
+            });
+        }
+        let start = page_range.start + ((layer * 2 + kv) * self.page_size + slot) * row;
+        let mut dst = self.data.slice_mut(start..start + bytes.len());
+        dev.inner
+            .stream
+            .memcpy_htod(bytes, &mut dst)
+            .map_err(CudaError::driver("copying KV rows to the device"))
+    }
+
     /// Copies one whole page back to the host.
     pub fn read_page(&self, dev: &CudaDevice, page: u32) -> Result<Vec<u8>, CudaError> {
         let range = self.check_page(page)?;

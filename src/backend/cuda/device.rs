@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -165,8 +165,8 @@ impl CudaDevice {
             .map_err(CudaError::driver("allocating device memory"))
     }
 
-    /// Copies a device buffer to the host (waits for queued work).
-    pub fn download<T: DeviceRepr>(&self, src: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+    /// Copies a device buffer or view to the host (waits for queued work).
+    pub fn download<T: DeviceRepr>(&self, src: &impl DevicePtr<T>) -> Result<Vec<T>, CudaError> {
         self.inner
             .stream
             .clone_dtoh(src)

@@ -53,6 +53,10 @@ unsafe impl DeviceRepr for SwigluParams {}
 unsafe impl DeviceRepr for EmbeddingParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for ArgmaxParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for LinearParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AddParams {}
 
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
@@ -110,6 +114,8 @@ pub(super) fn kernel_specs() -> Vec<KernelSpec> {
         "swiglu",
         "embedding",
         "argmax",
+        "linear",
+        "add_periodic",
     ] {
         v.push(plain(n.to_string()));
     }
@@ -247,8 +253,8 @@ impl CudaDevice {
         layer: usize,
         tables: &PageTables,
         n_heads: usize,
-        q: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
+        q: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
         ws: &mut DecodeWorkspace,
         split: Split,
     ) -> Result<usize, CudaError> {
@@ -396,8 +402,8 @@ impl CudaDevice {
         layer: usize,
         tables: &PageTables,
         n_heads: usize,
-        q: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
+        q: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
         let s = attn_shape(arena, tables, layer, n_heads)?;
         if s.group > PREFILL_MAX_GROUP {
@@ -467,8 +473,8 @@ impl CudaDevice {
         arena: &mut DeviceKvArena,
         layer: usize,
         slots: &SlotMap,
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
+        k: &impl DevicePtr<f32>,
+        v: &impl DevicePtr<f32>,
     ) -> Result<(), CudaError> {
         if slots.arena_id != arena.id {
             return Err(CudaError::ForeignArena);
@@ -573,9 +579,9 @@ impl CudaDevice {
     /// `out = x / sqrt(mean(x^2) + eps) * w` for each row of `dim` elements.
     pub fn rms_norm(
         &self,
-        x: &CudaSlice<f32>,
-        w: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
         eps: f32,
     ) -> Result<(), CudaError> {
         let dim = w.len();
@@ -619,8 +625,8 @@ impl CudaDevice {
     /// Rotary embedding in place on `x` `[positions.len(), n_heads, head_dim]`.
     pub fn rope(
         &self,
-        x: &mut CudaSlice<f32>,
-        positions: &CudaSlice<u32>,
+        x: &mut impl DevicePtrMut<f32>,
+        positions: &impl DevicePtr<u32>,
         n_heads: usize,
         head_dim: usize,
         theta: f64,
@@ -658,41 +664,138 @@ impl CudaDevice {
             .map_err(CudaError::driver("launching RoPE"))
     }
 
-    /// `out = silu(gate) * up`, elementwise.
+    /// `gate = silu(gate) * up`, elementwise, in place.
     pub fn swiglu(
         &self,
-        gate: &CudaSlice<f32>,
-        up: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
+        gate: &mut impl DevicePtrMut<f32>,
+        up: &impl DevicePtr<f32>,
     ) -> Result<(), CudaError> {
         shape("SwiGLU up elements", gate.len(), up.len())?;
-        shape("SwiGLU out elements", gate.len(), out.len())?;
+        let n = gate.len();
         let stream = &self.inner.stream;
-        let (g_ptr, _g1) = gate.device_ptr(stream);
         let (u_ptr, _g2) = up.device_ptr(stream);
-        let (o_ptr, _g3) = out.device_ptr_mut(stream);
+        let (g_ptr, _g1) = gate.device_ptr_mut(stream);
         let p = SwigluParams {
             gate: g_ptr,
             up: u_ptr,
-            out: o_ptr,
-            n: gate.len() as u64,
+            out: g_ptr,
+            n: n as u64,
         };
         let mut b = stream.launch_builder(self.kernel("swiglu")?);
         b.arg(&p);
-        // SAFETY: gate, up and out hold n f32 each (checked); grid-stride loop.
-        unsafe { b.launch(grid_stride(gate.len())) }
+        // SAFETY: gate and up hold n f32 each (checked); out is gate, which the
+        // kernel reads and writes at the same index only.
+        unsafe { b.launch(grid_stride(n)) }
             .map(drop)
             .map_err(CudaError::driver("launching SwiGLU"))
+    }
+
+    /// `out = x · wᵀ` for `x` `[m, k]` and `w` `[n, k]`; `out` is `[m, n]`.
+    pub fn linear(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        if n == 0 || !w.len().is_multiple_of(n) || w.is_empty() {
+            return Err(CudaError::Shape {
+                what: "weight (a non-empty multiple of its output rows)",
+                expected: n,
+                got: w.len(),
+            });
+        }
+        let k = w.len() / n;
+        if !x.len().is_multiple_of(k) {
+            return Err(CudaError::Shape {
+                what: "matmul input (a multiple of the weight's columns)",
+                expected: k,
+                got: x.len(),
+            });
+        }
+        let m = x.len() / k;
+        shape("matmul output elements", m * n, out.len())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let stream = &self.inner.stream;
+        let (x_ptr, _g1) = x.device_ptr(stream);
+        let (w_ptr, _g2) = w.device_ptr(stream);
+        let (o_ptr, _g3) = out.device_ptr_mut(stream);
+        let p = LinearParams {
+            x: x_ptr,
+            w: w_ptr,
+            out: o_ptr,
+            m: to_u32("matmul rows", m)?,
+            n: to_u32("matmul columns", n)?,
+            k: to_u32("matmul depth", k)?,
+            pad0: 0,
+        };
+        let grid_y = to_u32("matmul row tiles", m.div_ceil(16))?;
+        if grid_y > 65_535 {
+            return Err(CudaError::Unsupported {
+                what: "matmul rows",
+                detail: format!("{m} (at most 65535 * 16)"),
+            });
+        }
+        let mut b = stream.launch_builder(self.kernel("linear")?);
+        b.arg(&p);
+        // SAFETY: x holds m*k, w n*k and out m*n f32 (checked); grid covers
+        // (n, m) in 16x16 tiles and the kernel bounds every access by m, n, k.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (to_u32("matmul column tiles", n.div_ceil(16))?, grid_y, 1),
+                block_dim: (16, 16, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map(drop)
+        .map_err(CudaError::driver("launching matmul"))
+    }
+
+    /// `x[i] += y[i % y.len()]`: a residual add when the lengths match, a
+    /// per-row bias when `y` is one row.
+    pub fn add_assign(
+        &self,
+        x: &mut impl DevicePtrMut<f32>,
+        y: &impl DevicePtr<f32>,
+    ) -> Result<(), CudaError> {
+        if y.is_empty() || !x.len().is_multiple_of(y.len()) {
+            return Err(CudaError::Shape {
+                what: "addend (a divisor of the destination's length)",
+                expected: x.len(),
+                got: y.len(),
+            });
+        }
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let stream = &self.inner.stream;
+        let (y_ptr, _g2) = y.device_ptr(stream);
+        let (x_ptr, _g1) = x.device_ptr_mut(stream);
+        let p = AddParams {
+            x: x_ptr,
+            y: y_ptr,
+            n: n as u64,
+            period: y.len() as u64,
+        };
+        let mut b = stream.launch_builder(self.kernel("add_periodic")?);
+        b.arg(&p);
+        // SAFETY: x holds n f32 and y holds period f32, period > 0 (checked).
+        unsafe { b.launch(grid_stride(n)) }
+            .map(drop)
+            .map_err(CudaError::driver("launching an add"))
     }
 
     /// Gathers rows of `table` `[vocab, dim]` for `tokens` into `out`
     /// `[tokens.len(), dim]`. Tokens outside the vocabulary are refused.
     pub fn embedding(
         &self,
-        table: &CudaSlice<f32>,
+        table: &impl DevicePtr<f32>,
         dim: usize,
         tokens: &[u32],
-        out: &mut CudaSlice<f32>,
+        out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
         if dim == 0 || !table.len().is_multiple_of(dim) {
             return Err(CudaError::Shape {
@@ -736,7 +839,11 @@ impl CudaDevice {
     /// Greedy argmax of each row of `logits` `[n_rows, vocab]` (lowest index
     /// on ties). A row holding any NaN fails with [`CudaError::NanLogits`]:
     /// poisoned or corrupt data never becomes a token.
-    pub fn argmax(&self, logits: &CudaSlice<f32>, vocab: usize) -> Result<Vec<u32>, CudaError> {
+    pub fn argmax(
+        &self,
+        logits: &impl DevicePtr<f32>,
+        vocab: usize,
+    ) -> Result<Vec<u32>, CudaError> {
         if vocab == 0 || !logits.len().is_multiple_of(vocab) || logits.is_empty() {
             return Err(CudaError::Shape {
                 what: "logits (a non-empty multiple of vocab)",

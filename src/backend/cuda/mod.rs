@@ -1,6 +1,8 @@
 //! CUDA backend (feature `cuda`): hand-written kernels in `cuda/`, compiled
 //! by build.rs into an embedded fatbin and launched through cudarc.
 //!
+//! - [`CudaBackend`]: the [`crate::backend::Backend`] trait on the GPU, with
+//!   KV pages mirrored from the host pool (see `backend.rs`).
 //! - [`CudaDevice`]: context, stream and loaded kernels; the kernel
 //!   operations are its methods (see `launch.rs`, the one module with
 //!   `unsafe` launches).
@@ -9,12 +11,14 @@
 //!   against the arena before they can reach a kernel.
 
 mod arena;
+mod backend;
 mod device;
 mod error;
 mod launch;
 mod params;
 
 pub use arena::{DeviceKvArena, PageTables, SeqPages, SlotMap};
+pub use backend::{CudaBackend, CudaBuf, CudaMat};
 pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;

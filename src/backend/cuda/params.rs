@@ -163,3 +163,28 @@ pub(crate) struct ArgmaxParams {
     pub vocab: u32,
 }
 const _: () = assert!(size_of::<ArgmaxParams>() == 32);
+
+/// Dense `x · wᵀ`. See `LinearParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LinearParams {
+    pub x: u64,   // [m, k] f32
+    pub w: u64,   // [n, k] f32
+    pub out: u64, // [m, n] f32
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub pad0: u32,
+}
+const _: () = assert!(size_of::<LinearParams>() == 40);
+
+/// `x[i] += y[i % period]`. See `AddParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AddParams {
+    pub x: u64, // [n] f32
+    pub y: u64, // [period] f32
+    pub n: u64,
+    pub period: u64,
+}
+const _: () = assert!(size_of::<AddParams>() == 32);
