@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::ids::RequestId;
 use crate::kv::{Filling, Held, KvPool, KvSeq};
 use crate::sched::AdmissionLimits;
-use crate::transfer::checksum::{RegionHasher, RegionHashes};
+use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::{LinkError, TransferError, Wait};
 use crate::transfer::gate::at_release;
@@ -287,11 +287,17 @@ impl<L: PrefillLink> PrefillSide<L> {
             batch_tokens
         };
         let mut regions = RegionHashes::new(plan.pages.len(), g.n_layers);
-        for layer in 0..g.n_layers {
-            let mut cursor = [RegionHasher::new(), RegionHasher::new()];
-            let mut start = 0;
-            while start < tokens {
-                let n = batch_tokens.min(tokens - start);
+        let mut cursors: Vec<[RegionHasher; 2]> = (0..g.n_layers)
+            .map(|_| [RegionHasher::new(), RegionHasher::new()])
+            .collect();
+        // Group-major, layer-minor: each group of positions is sent for
+        // every layer before the next group, so source and destination
+        // pages are walked nearly in address order and a group's bytes are
+        // still in cache when they are hashed.
+        let mut start = 0;
+        while start < tokens {
+            let n = batch_tokens.min(tokens - start);
+            for (layer, cursor) in cursors.iter_mut().enumerate() {
                 self.link.write_kv(
                     WriteBatch {
                         request: plan.request,
@@ -305,9 +311,11 @@ impl<L: PrefillLink> PrefillSide<L> {
                 for (kv, hasher) in cursor.iter_mut().enumerate() {
                     hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
                 }
-                start += n;
             }
-            if !tokens.is_multiple_of(dest_ps) {
+            start += n;
+        }
+        if !tokens.is_multiple_of(dest_ps) {
+            for (layer, cursor) in cursors.iter().enumerate() {
                 for (kv, hasher) in cursor.iter().enumerate() {
                     regions.set(tokens / dest_ps, layer, kv, hasher.digest());
                 }
@@ -535,12 +543,20 @@ fn hash_rows(
             if take == 0 {
                 break;
             }
-            hasher.update(&bytes[..take * row]);
-            bytes = &bytes[take * row..];
+            let (chunk, rest) = bytes.split_at(take * row);
+            let whole = pos.is_multiple_of(dest_ps) && take == dest_ps;
+            bytes = rest;
             pos += take;
-            if pos.is_multiple_of(dest_ps) {
-                regions.set(pos / dest_ps - 1, layer, kv, hasher.digest());
-                *hasher = RegionHasher::new();
+            if whole {
+                // The common case: a whole region in one piece, hashed in
+                // one shot (twice as fast as streaming).
+                regions.set(pos / dest_ps - 1, layer, kv, region_hash(chunk));
+            } else {
+                hasher.update(chunk);
+                if pos.is_multiple_of(dest_ps) {
+                    regions.set(pos / dest_ps - 1, layer, kv, hasher.digest());
+                    *hasher = RegionHasher::new();
+                }
             }
         }
     });
