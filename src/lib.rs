@@ -53,20 +53,28 @@
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod backend;
 pub mod config;
+pub mod engine;
 pub mod http;
 pub mod ids;
 pub mod kv;
 pub mod model;
 pub mod request;
+mod rng;
+pub mod sampling;
 pub mod sched;
 pub mod transfer;
 
 pub use config::{
     ConfigError, EngineConfig, EngineConfigBuilder, Headroom, KvDtype, KvGeometry, Role,
 };
+pub use engine::{
+    Canceller, Engine, EngineError, EngineOptions, Event, FinishReason, Outcome, RequestHandle,
+    StepReport,
+};
 pub use http::HttpStatus;
 pub use ids::{RequestId, TenantId};
 pub use kv::{KvError, KvPool, KvSeq, PoolConfig, PoolStats, ScrubPolicy};
 pub use request::{Priority, Request, SamplingParams};
-pub use sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
+pub use sched::{AdmissionLimits, BatchLimits, Rejection, Scheduler, Ticket};

@@ -351,4 +351,87 @@ impl KvPool {
     pub(crate) fn record_violation(&self) {
         self.shared.violations.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Audit check for tests: true when free page `index` holds exactly what
+    /// the scrub policy leaves (zeros, poison, or anything when unscrubbed)
+    /// and no writer is recorded for any of its slots. A page never handed
+    /// out is all zeros.
+    #[cfg(feature = "audit")]
+    pub fn audit_page_matches_scrub(&self, index: u32) -> bool {
+        let generation = {
+            let m = self.shared.meta.lock();
+            match m.generation.get(index as usize) {
+                Some(&g) if m.state[index as usize] == PageState::Free => g,
+                _ => return false,
+            }
+        };
+        let st = self.shared.storage.read();
+        let stride = st.page_stride();
+        let page = st.slice(index as usize * stride, stride);
+        let mut vals = vec![0f32; stride];
+        page.to_f32_into(&mut vals);
+        let no_writers = (0..self.shared.cfg.geometry.n_layers).all(|l| {
+            (0..self.shared.cfg.page_size).all(|s| st.writers[st.writer_index(index, l, s)] == 0)
+        });
+        let bytes_ok = match (generation, self.shared.cfg.scrub) {
+            (0, _) | (_, ScrubPolicy::Zero) => vals.iter().all(|&x| x == 0.0),
+            (_, ScrubPolicy::Poison) => vals.iter().all(|x| x.is_nan()),
+            (_, ScrubPolicy::AcceptStaleBytes) => true,
+        };
+        no_writers && bytes_ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KvDtype;
+
+    fn pool() -> KvPool {
+        let g = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            dtype: KvDtype::F32,
+        };
+        KvPool::new(PoolConfig::new(g, 2, 4)).unwrap()
+    }
+
+    #[test]
+    fn a_kept_page_id_is_stale_after_reuse() {
+        let pool = pool();
+        let a = pool.reserve(RequestId(1), 8).unwrap();
+        let kept = a.pages()[0];
+        assert!(pool.check_page(kept, false).is_ok());
+        a.release();
+        assert!(matches!(
+            pool.check_page(kept, false),
+            Err(KvError::PageNotInUse { .. })
+        ));
+        let _b = pool.reserve(RequestId(2), 8).unwrap();
+        assert!(matches!(
+            pool.check_page(kept, false),
+            Err(KvError::StalePage { current: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn a_page_id_from_another_pool_is_foreign() {
+        let (p1, p2) = (pool(), pool());
+        let a = p1.reserve(RequestId(1), 2).unwrap();
+        assert!(matches!(
+            p2.check_page(a.pages()[0], false),
+            Err(KvError::ForeignPage { .. })
+        ));
+    }
+
+    #[test]
+    fn generations_change_on_every_hand_out() {
+        let pool = pool();
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..10 {
+            let s = pool.reserve(RequestId(i), 2).unwrap();
+            assert!(seen.insert(s.pages()[0]), "an id was reissued");
+        }
+    }
 }

@@ -1,9 +1,18 @@
 //! Llama-family models: configuration, weights, loaders, forward pass.
 
+mod check;
 mod config;
 mod error;
+mod forward;
+mod hf;
+mod llama2c;
+mod random;
 mod weights;
 
 pub use config::{ModelConfig, RopeStyle};
 pub use error::ModelError;
+pub use forward::{ForwardError, Logits, Model, Scratch};
+pub use hf::{load_hf, load_hf_bytes};
+pub use llama2c::{load_llama2c, parse_llama2c, write_llama2c};
+pub use random::random_weights;
 pub use weights::{LayerWeights, ModelWeights};

@@ -1,0 +1,462 @@
+//! The CPU backend: f32 compute, KV read straight from the pool's pages.
+//!
+//! Small ops run on the calling thread (no pool hand-off, no allocation once
+//! the buffers have grown); matmuls and attention big enough to pay for it
+//! are split over a private rayon pool.
+
+mod attention;
+pub(crate) mod matmul;
+mod ops;
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::backend::{AttnShape, Backend, BackendError, Rope, SeqSpan};
+use crate::kv::{KvSeq, LayerView, Writable};
+
+/// Multiply-adds below which an op stays on the calling thread.
+const PAR_MIN_WORK: usize = 1 << 17;
+
+/// A weight tensor in host memory.
+#[derive(Debug, Clone)]
+pub struct CpuMat {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuMat {
+    /// The row-major elements.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+/// The CPU backend. Cheap to share (`&CpuBackend` is `Sync`).
+pub struct CpuBackend {
+    pool: Option<rayon::ThreadPool>,
+    threads: usize,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+thread_local! {
+    static TRANSPOSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl CpuBackend {
+    /// A backend using every available core.
+    pub fn new() -> Self {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_threads(n)
+    }
+
+    /// A backend using `threads` threads (1: everything on the caller's
+    /// thread). Falls back to one thread if a pool cannot be built.
+    pub fn with_threads(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = if threads > 1 {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("handoff-cpu-{i}"))
+                .build()
+                .ok()
+        } else {
+            None
+        };
+        let threads = if pool.is_some() { threads } else { 1 };
+        CpuBackend { pool, threads }
+    }
+
+    /// Threads used for large ops.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The pool, when `work` multiply-adds are worth splitting.
+    fn par_pool(&self, work: usize) -> Option<&rayon::ThreadPool> {
+        self.pool.as_ref().filter(|_| work >= PAR_MIN_WORK)
+    }
+}
+
+fn shape_err(op: &'static str, what: &'static str, expected: usize, got: usize) -> BackendError {
+    BackendError::Shape {
+        op,
+        what,
+        expected,
+        got,
+    }
+}
+
+/// Rows of `buf` given `cols`; errors unless `buf.len()` is a multiple.
+fn rows_of(op: &'static str, buf: &[f32], cols: usize) -> Result<usize, BackendError> {
+    if cols == 0 || !buf.len().is_multiple_of(cols) {
+        return Err(shape_err(
+            op,
+            "buffer length (multiple of the row width)",
+            cols,
+            buf.len(),
+        ));
+    }
+    Ok(buf.len() / cols)
+}
+
+fn resize(buf: &mut Vec<f32>, len: usize) {
+    // Grow-only capacity: shrinking the length keeps the allocation.
+    buf.resize(len, 0.0);
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Mat = CpuMat;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CpuMat, BackendError> {
+        let want =
+            rows.checked_mul(cols)
+                .ok_or(shape_err("upload", "rows * cols overflows", 0, 0))?;
+        if data.len() != want {
+            return Err(shape_err("upload", "rows * cols", want, data.len()));
+        }
+        Ok(CpuMat { data, rows, cols })
+    }
+
+    fn shape(&self, m: &CpuMat) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn to_host(&self, buf: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        out.clear();
+        out.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn embed(
+        &self,
+        table: &CpuMat,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let d = table.cols;
+        resize(out, tokens.len() * d);
+        for (i, &t) in tokens.iter().enumerate() {
+            let r = t as usize;
+            if r >= table.rows {
+                return Err(BackendError::TokenOutOfRange {
+                    token: t,
+                    vocab: table.rows,
+                });
+            }
+            out[i * d..(i + 1) * d].copy_from_slice(&table.data[r * d..(r + 1) * d]);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        weight: &CpuMat,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let d = weight.data.len();
+        rows_of("rms_norm", x, d)?;
+        resize(out, x.len());
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            ops::rms_norm_row(xr, &weight.data, eps, or);
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, x: &Vec<f32>, w: &CpuMat, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        let (n, k) = (w.rows, w.cols);
+        let m = rows_of("matmul", x, k)?;
+        resize(out, m * n);
+        let work = m.saturating_mul(n).saturating_mul(k);
+        let Some(pool) = self.par_pool(work) else {
+            matmul::matmul_cols(x, m, k, &w.data, 0..n, out, n, 1);
+            return Ok(());
+        };
+        // Split the weight rows over threads: each weight byte is read once
+        // for all activation rows. Blocks write a transposed [n, m] buffer
+        // (contiguous per block), transposed back afterwards.
+        let blocks = self.threads * 4;
+        let nb = n.div_ceil(blocks).next_multiple_of(4).max(4);
+        if m == 1 {
+            pool.install(|| {
+                out.par_chunks_mut(nb).enumerate().for_each(|(b, o)| {
+                    let j0 = b * nb;
+                    matmul::matmul_cols(x, 1, k, &w.data, j0..j0 + o.len(), o, 0, 1);
+                })
+            });
+            return Ok(());
+        }
+        TRANSPOSED.with(|t| {
+            let mut t = t.borrow_mut();
+            resize(&mut t, n * m);
+            let t: &mut [f32] = &mut t;
+            pool.install(|| {
+                t.par_chunks_mut(nb * m).enumerate().for_each(|(b, o)| {
+                    let j0 = b * nb;
+                    let cols = j0..j0 + o.len() / m;
+                    matmul::matmul_cols(x, m, k, &w.data, cols, o, 1, m);
+                })
+            });
+            for (j, col) in t.chunks_exact(m).enumerate() {
+                for (i, &v) in col.iter().enumerate() {
+                    out[i * n + j] = v;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &CpuMat) -> Result<(), BackendError> {
+        let d = bias.data.len();
+        rows_of("add_bias", x, d)?;
+        for r in x.chunks_exact_mut(d) {
+            for (v, b) in r.iter_mut().zip(&bias.data) {
+                *v += b;
+            }
+        }
+        Ok(())
+    }
+
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), BackendError> {
+        if x.len() != y.len() {
+            return Err(shape_err("add_assign", "lengths", x.len(), y.len()));
+        }
+        for (a, b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, positions: &[usize], rope: Rope) -> Result<(), BackendError> {
+        let width = rope.n_heads * rope.head_dim;
+        if !rope.head_dim.is_multiple_of(2) {
+            return Err(shape_err("rope", "even head_dim", 2, rope.head_dim));
+        }
+        let rows = rows_of("rope", x, width)?;
+        if rows != positions.len() {
+            return Err(shape_err(
+                "rope",
+                "one position per row",
+                rows,
+                positions.len(),
+            ));
+        }
+        for (row, &pos) in x.chunks_exact_mut(width).zip(positions) {
+            ops::rope_row(row, pos, rope);
+        }
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<(), BackendError> {
+        if gate.len() != up.len() {
+            return Err(shape_err("swiglu", "lengths", gate.len(), up.len()));
+        }
+        ops::swiglu(gate, up);
+        Ok(())
+    }
+
+    fn gather_rows(
+        &self,
+        x: &Vec<f32>,
+        cols: usize,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let n = rows_of("gather_rows", x, cols)?;
+        resize(out, rows.len() * cols);
+        for (i, &r) in rows.iter().enumerate() {
+            if r >= n {
+                return Err(shape_err("gather_rows", "row index below", n, r));
+            }
+            out[i * cols..(i + 1) * cols].copy_from_slice(&x[r * cols..(r + 1) * cols]);
+        }
+        Ok(())
+    }
+
+    fn kv_append<S: Writable>(
+        &self,
+        seq: &mut KvSeq<S>,
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        rows: Range<usize>,
+    ) -> Result<(), BackendError> {
+        let kvd = seq.pool().config().geometry().kv_dim();
+        let n = rows_of("kv_append", k, kvd)?;
+        if v.len() != k.len() {
+            return Err(shape_err(
+                "kv_append",
+                "V length (= K length)",
+                k.len(),
+                v.len(),
+            ));
+        }
+        if rows.start > rows.end || rows.end > n {
+            return Err(shape_err("kv_append", "row range within", n, rows.end));
+        }
+        let r = rows.start * kvd..rows.end * kvd;
+        seq.append(layer, &k[r.clone()], &v[r])?;
+        Ok(())
+    }
+
+    fn attention_prefill(
+        &self,
+        q: &Vec<f32>,
+        kv: &[LayerView<'_>],
+        spans: &[SeqSpan],
+        shape: AttnShape,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        shape.check()?;
+        let qd = shape.q_dim();
+        let rows = rows_of("attention_prefill", q, qd)?;
+        if kv.len() != spans.len() {
+            return Err(shape_err(
+                "attention_prefill",
+                "one KV view per span",
+                spans.len(),
+                kv.len(),
+            ));
+        }
+        let mut next_row = 0;
+        for (s, (span, view)) in spans.iter().zip(kv).enumerate() {
+            if span.first_row != next_row {
+                return Err(shape_err(
+                    "attention_prefill",
+                    "spans contiguous from row 0",
+                    next_row,
+                    span.first_row,
+                ));
+            }
+            next_row += span.rows;
+            check_view(view, shape, s, span.end_pos())?;
+        }
+        if next_row != rows {
+            return Err(shape_err(
+                "attention_prefill",
+                "rows covered by spans",
+                rows,
+                next_row,
+            ));
+        }
+        resize(out, q.len());
+        let work: usize = spans
+            .iter()
+            .map(|s| s.rows * s.end_pos())
+            .sum::<usize>()
+            .saturating_mul(2 * qd);
+        let row = |r: usize, o: &mut [f32]| {
+            // Spans are contiguous and sorted by first_row.
+            let s = spans.partition_point(|sp| sp.first_row + sp.rows <= r);
+            let sp = spans[s];
+            let pos = sp.first_pos + (r - sp.first_row);
+            attention::attend_row(&q[r * qd..(r + 1) * qd], &kv[s], pos + 1, shape, o);
+        };
+        match self.par_pool(work) {
+            Some(pool) => pool.install(|| {
+                out.par_chunks_mut(qd)
+                    .enumerate()
+                    .for_each(|(r, o)| row(r, o))
+            }),
+            None => out
+                .chunks_exact_mut(qd)
+                .enumerate()
+                .for_each(|(r, o)| row(r, o)),
+        }
+        Ok(())
+    }
+
+    fn attention_decode(
+        &self,
+        q: &Vec<f32>,
+        kv: &[LayerView<'_>],
+        shape: AttnShape,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        shape.check()?;
+        let qd = shape.q_dim();
+        let rows = rows_of("attention_decode", q, qd)?;
+        if kv.len() != rows {
+            return Err(shape_err(
+                "attention_decode",
+                "one KV view per query row",
+                rows,
+                kv.len(),
+            ));
+        }
+        for (s, view) in kv.iter().enumerate() {
+            check_view(view, shape, s, 1)?;
+        }
+        resize(out, q.len());
+        let work = kv
+            .iter()
+            .map(|v| v.len())
+            .sum::<usize>()
+            .saturating_mul(2 * qd);
+        let row = |r: usize, o: &mut [f32]| {
+            attention::attend_row(&q[r * qd..(r + 1) * qd], &kv[r], kv[r].len(), shape, o);
+        };
+        match self.par_pool(work) {
+            Some(pool) => pool.install(|| {
+                out.par_chunks_mut(qd)
+                    .enumerate()
+                    .for_each(|(r, o)| row(r, o))
+            }),
+            None => out
+                .chunks_exact_mut(qd)
+                .enumerate()
+                .for_each(|(r, o)| row(r, o)),
+        }
+        Ok(())
+    }
+}
+
+fn check_view(
+    view: &LayerView<'_>,
+    shape: AttnShape,
+    span: usize,
+    needed: usize,
+) -> Result<(), BackendError> {
+    if view.kv_dim() != shape.kv_dim() {
+        return Err(shape_err(
+            "attention",
+            "KV row width (n_kv_heads * head_dim)",
+            shape.kv_dim(),
+            view.kv_dim(),
+        ));
+    }
+    if view.len() < needed {
+        return Err(BackendError::KvNotWritten {
+            span,
+            needed,
+            written: view.len(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! The compute boundary: every operation a Llama forward pass needs, over
+//! activations the backend owns and KV pages the [`crate::kv`] module owns.
+//!
+//! The model code ([`crate::model::Model`]) is written once against
+//! [`Backend`]; [`CpuBackend`] implements it now, a CUDA backend later.
+//! KV is reached only through the kv module's validated handles and views
+//! ([`KvSeq`] to append, [`LayerView`] — a page table plus a written length —
+//! to read), so a backend can neither read positions a sequence did not write
+//! nor pages it does not own at their current generation.
+//!
+//! Shapes: activations are row-major f32 `[rows, cols]`, one row per token;
+//! weight matrices are row-major `[out, in]` and `matmul` computes
+//! `x · Wᵀ`. Every op checks the shapes it is given and answers a typed
+//! [`BackendError`], never a panic.
+
+pub mod cpu;
+mod error;
+
+use std::ops::Range;
+
+pub use cpu::CpuBackend;
+pub use error::BackendError;
+
+use crate::kv::{KvSeq, LayerView, Writable};
+use crate::model::RopeStyle;
+
+/// The queries of one sequence inside a batched activation buffer: rows
+/// `first_row .. first_row + rows` hold positions `first_pos ..`, and each
+/// query attends causally to its own sequence's positions `0 ..= pos`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpan {
+    pub first_row: usize,
+    pub rows: usize,
+    pub first_pos: usize,
+}
+
+impl SeqSpan {
+    /// Rows of this span in the batched buffer.
+    pub fn row_range(&self) -> Range<usize> {
+        self.first_row..self.first_row + self.rows
+    }
+    /// One past the last position this span's queries attend to.
+    pub fn end_pos(&self) -> usize {
+        self.first_pos + self.rows
+    }
+}
+
+/// Head layout of attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (divides `n_heads`).
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    /// Width of a query row.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    /// Width of a K (or V) row.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+    fn check(&self) -> Result<(), BackendError> {
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || self.head_dim == 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
+        {
+            return Err(BackendError::Shape {
+                op: "attention",
+                what: "n_kv_heads must be non-zero and divide n_heads",
+                expected: self.n_heads,
+                got: self.n_kv_heads,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Rotary embedding parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub theta: f32,
+    pub style: RopeStyle,
+}
+
+/// The operations of a Llama forward pass.
+///
+/// Output buffers are sized by the op (grow-only: a reused buffer does not
+/// reallocate once it is large enough). Nothing here schedules, allocates KV
+/// pages or knows about requests; the orchestration lives above.
+pub trait Backend: Send + Sync + 'static {
+    /// An activation buffer: f32 `[rows, cols]`, where the backend computes.
+    type Buf: Default + Send;
+    /// A weight tensor placed on the backend: a matrix `[rows, cols]` or a
+    /// vector (`rows == 1`).
+    type Mat: Send + Sync;
+
+    /// A short name for logs.
+    fn name(&self) -> &'static str;
+
+    /// Places a weight tensor (row-major `[rows, cols]`).
+    fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Mat, BackendError>;
+
+    /// `(rows, cols)` of a placed tensor.
+    fn shape(&self, m: &Self::Mat) -> (usize, usize);
+
+    /// Elements in an activation buffer.
+    fn len(&self, buf: &Self::Buf) -> usize;
+
+    /// Copies an activation buffer to host memory (`out` is resized).
+    fn to_host(&self, buf: &Self::Buf, out: &mut Vec<f32>) -> Result<(), BackendError>;
+
+    /// `out[i] = table[tokens[i]]`: `[tokens.len(), cols]`.
+    fn embed(
+        &self,
+        table: &Self::Mat,
+        tokens: &[u32],
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError>;
+
+    /// Row-wise RMSNorm: `out = x / sqrt(mean(x²) + eps) ⊙ weight`, with
+    /// `cols = weight.len()`.
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        weight: &Self::Mat,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError>;
+
+    /// `out = x · Wᵀ` for `x: [rows, in]`, `W: [out, in]`. Each output
+    /// element is computed the same way whatever the number of rows, so a
+    /// sequence's result does not depend on what it is batched with.
+    fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf)
+    -> Result<(), BackendError>;
+
+    /// `x[r] += bias` for every row.
+    fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Mat) -> Result<(), BackendError>;
+
+    /// `x += y` (the residual connection).
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), BackendError>;
+
+    /// Rotary embedding of `x: [positions.len(), n_heads * head_dim]`, row
+    /// `i` rotated for position `positions[i]`.
+    fn rope(&self, x: &mut Self::Buf, positions: &[usize], rope: Rope) -> Result<(), BackendError>;
+
+    /// SwiGLU: `gate = silu(gate) ⊙ up`.
+    fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf) -> Result<(), BackendError>;
+
+    /// `out[i] = x[rows[i]]` for `x: [_, cols]`.
+    fn gather_rows(
+        &self,
+        x: &Self::Buf,
+        cols: usize,
+        rows: &[usize],
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError>;
+
+    /// Appends rows `rows` of `k` and `v` (`[_, kv_dim]`) to `layer` of `seq`,
+    /// at its next positions. Bounded by the sequence's reservation.
+    fn kv_append<S: Writable>(
+        &self,
+        seq: &mut KvSeq<S>,
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        rows: Range<usize>,
+    ) -> Result<(), BackendError>;
+
+    /// Causal attention for many query positions per sequence (prefill):
+    /// `q: [rows, q_dim]`, span `s` reads `kv[s]`, which must already hold
+    /// every position up to `spans[s].end_pos()`. `out: [rows, q_dim]`.
+    fn attention_prefill(
+        &self,
+        q: &Self::Buf,
+        kv: &[LayerView<'_>],
+        spans: &[SeqSpan],
+        shape: AttnShape,
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError>;
+
+    /// Attention for one query per sequence (decode), batched over
+    /// sequences: row `i` of `q` is the newest position of `kv[i]` and
+    /// attends to all of its written positions.
+    fn attention_decode(
+        &self,
+        q: &Self::Buf,
+        kv: &[LayerView<'_>],
+        shape: AttnShape,
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError>;
+
+    /// Output logits of selected rows: `rms_norm(x[rows]) · Wᵀ`, `[rows.len(),
+    /// vocab]`. `tmp` and `tmp2` are scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn logits(
+        &self,
+        x: &Self::Buf,
+        rows: &[usize],
+        norm: &Self::Mat,
+        eps: f32,
+        output: &Self::Mat,
+        tmp: &mut Self::Buf,
+        tmp2: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        let cols = self.shape(norm).1;
+        self.gather_rows(x, cols, rows, tmp)?;
+        self.rms_norm(tmp, norm, eps, tmp2)?;
+        self.matmul(tmp2, output, out)
+    }
+}

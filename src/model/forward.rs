@@ -1,0 +1,543 @@
+//! The Llama forward pass over paged KV, written once against [`Backend`].
+//!
+//! One pass serves a batch of sequences: their new tokens are stacked into
+//! one activation buffer so every weight matrix is read once per step, each
+//! sequence's K/V rows are appended to its own pages, and attention reads
+//! each sequence's own pages through validated views. The pass does not own
+//! a pool or a scheduler: callers (the colocated [`crate::Engine`], prefill
+//! and decode workers) hand it the `KvSeq` handles to fill.
+
+use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, Rope, SeqSpan};
+use crate::config::{KvDtype, KvGeometry};
+use crate::http::HttpStatus;
+use crate::ids::RequestId;
+use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Writable};
+use crate::model::{ModelConfig, ModelError, ModelWeights};
+
+/// Why a forward pass failed. Variants with an `index` name the sequence
+/// (position in the batch) at fault; the others concern the whole batch.
+///
+/// A pass that fails may have appended KV for some layers of some
+/// sequences: callers must not seal or decode from those handles, but
+/// release them (and recompute the requests that were not at fault).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("the batch is empty")]
+    EmptyBatch,
+    #[error("the batch has {seqs} sequences but {inputs} inputs: pass one input per sequence")]
+    BatchMismatch { seqs: usize, inputs: usize },
+    #[error("sequence {index} has no input tokens")]
+    NoTokens { index: usize },
+    #[error("sequence {index}: token {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        index: usize,
+        token: u32,
+        vocab: usize,
+    },
+    #[error(
+        "sequence {index} ({owner}): layers hold different token counts {written:?}: the KV is \
+         incomplete; release it"
+    )]
+    IncompleteKv {
+        index: usize,
+        owner: RequestId,
+        written: Vec<usize>,
+    },
+    #[error(
+        "sequence {index} ({owner}): {needed} tokens needed, {reserved} reserved: grow the \
+         sequence before the pass"
+    )]
+    Reservation {
+        index: usize,
+        owner: RequestId,
+        needed: usize,
+        reserved: usize,
+    },
+    #[error("sequence {index} belongs to another KV pool than sequence 0: batch per pool")]
+    ForeignPool { index: usize },
+    #[error(
+        "the KV pool stores {pool_layers} layers x {pool_kv_dim} per token, the model needs \
+         {model_layers} x {model_kv_dim}: build the pool from the model's kv_geometry"
+    )]
+    Geometry {
+        pool_layers: usize,
+        pool_kv_dim: usize,
+        model_layers: usize,
+        model_kv_dim: usize,
+    },
+    #[error("sequence {index} ({owner}): {source}")]
+    Kv {
+        index: usize,
+        owner: RequestId,
+        #[source]
+        source: KvError,
+    },
+    #[error("backend: {0}")]
+    Backend(#[from] BackendError),
+    #[error("cannot build a private KV pool: {0}")]
+    PrivatePool(String),
+}
+
+impl ForwardError {
+    /// The batch position of the sequence at fault, when one is.
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            ForwardError::NoTokens { index }
+            | ForwardError::TokenOutOfRange { index, .. }
+            | ForwardError::IncompleteKv { index, .. }
+            | ForwardError::Reservation { index, .. }
+            | ForwardError::ForeignPool { index }
+            | ForwardError::Kv { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+}
+
+impl HttpStatus for ForwardError {
+    fn http_status(&self) -> u16 {
+        match self {
+            ForwardError::TokenOutOfRange { .. } | ForwardError::NoTokens { .. } => 400,
+            ForwardError::Kv { source, .. } => source.http_status(),
+            ForwardError::Backend(e) => e.http_status(),
+            _ => 500,
+        }
+    }
+}
+
+struct Layer<B: Backend> {
+    attn_norm: B::Mat,
+    wq: B::Mat,
+    wk: B::Mat,
+    wv: B::Mat,
+    wo: B::Mat,
+    bq: Option<B::Mat>,
+    bk: Option<B::Mat>,
+    bv: Option<B::Mat>,
+    ffn_norm: B::Mat,
+    w1: B::Mat,
+    w2: B::Mat,
+    w3: B::Mat,
+}
+
+/// A model's weights placed on a backend.
+pub struct Model<B: Backend = CpuBackend> {
+    backend: B,
+    config: ModelConfig,
+    embedding: B::Mat,
+    lm_head: Option<B::Mat>,
+    final_norm: B::Mat,
+    layers: Vec<Layer<B>>,
+}
+
+impl<B: Backend> std::fmt::Debug for Model<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("backend", &self.backend.name())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Reusable buffers of forward passes. Keep one per worker thread: after the
+/// first passes have grown it, a step allocates nothing proportional to the
+/// model.
+pub struct Scratch<B: Backend> {
+    x: B::Buf,
+    xn: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    att: B::Buf,
+    proj: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    tmp: B::Buf,
+    tmp2: B::Buf,
+    logits_dev: B::Buf,
+    logits: Vec<f32>,
+    tokens: Vec<u32>,
+    positions: Vec<usize>,
+    spans: Vec<SeqSpan>,
+    out_rows: Vec<usize>,
+}
+
+impl<B: Backend> Default for Scratch<B> {
+    fn default() -> Self {
+        Scratch {
+            x: B::Buf::default(),
+            xn: B::Buf::default(),
+            q: B::Buf::default(),
+            k: B::Buf::default(),
+            v: B::Buf::default(),
+            att: B::Buf::default(),
+            proj: B::Buf::default(),
+            gate: B::Buf::default(),
+            up: B::Buf::default(),
+            tmp: B::Buf::default(),
+            tmp2: B::Buf::default(),
+            logits_dev: B::Buf::default(),
+            logits: Vec::new(),
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            spans: Vec::new(),
+            out_rows: Vec::new(),
+        }
+    }
+}
+
+/// Logits of a pass, `[rows, vocab]`, borrowed from the scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct Logits<'a> {
+    data: &'a [f32],
+    vocab: usize,
+}
+
+impl<'a> Logits<'a> {
+    /// Rows (one per sequence, or one per position for
+    /// [`Model::logits_for_prompt`]).
+    pub fn len(&self) -> usize {
+        self.data.len() / self.vocab
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+    /// Every row.
+    pub fn rows(&self) -> impl Iterator<Item = &'a [f32]> + 'a {
+        self.data.chunks_exact(self.vocab)
+    }
+    /// Copies into owned rows.
+    pub fn to_vecs(&self) -> Vec<Vec<f32>> {
+        self.rows().map(<[f32]>::to_vec).collect()
+    }
+}
+
+/// Which rows of the pass produce logits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    LastOfEachSequence,
+    Every,
+}
+
+impl Model<CpuBackend> {
+    /// Places `weights` on a [`CpuBackend`] using every core.
+    pub fn cpu(weights: ModelWeights) -> Result<Self, ModelError> {
+        Model::new(CpuBackend::new(), weights)
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Checks `weights` and places them on `backend`.
+    pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
+        weights.check_shapes()?;
+        let ModelWeights {
+            config: c,
+            embedding,
+            layers,
+            final_norm,
+            lm_head,
+        } = weights;
+        let (d, h) = (c.dim, c.hidden_dim);
+        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let up = |name: &str, v: Vec<f32>, rows: usize, cols: usize| {
+            backend
+                .upload(v, rows, cols)
+                .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
+        };
+        let vec = |name: &str, v: Vec<f32>| {
+            let n = v.len();
+            up(name, v, 1, n)
+        };
+        let mut placed = Vec::with_capacity(layers.len());
+        for l in layers {
+            placed.push(Layer::<B> {
+                attn_norm: vec("attn_norm", l.attn_norm)?,
+                wq: up("wq", l.wq, qd, d)?,
+                wk: up("wk", l.wk, kvd, d)?,
+                wv: up("wv", l.wv, kvd, d)?,
+                wo: up("wo", l.wo, d, qd)?,
+                bq: l.bq.map(|b| vec("bq", b)).transpose()?,
+                bk: l.bk.map(|b| vec("bk", b)).transpose()?,
+                bv: l.bv.map(|b| vec("bv", b)).transpose()?,
+                ffn_norm: vec("ffn_norm", l.ffn_norm)?,
+                w1: up("w1", l.w1, h, d)?,
+                w2: up("w2", l.w2, d, h)?,
+                w3: up("w3", l.w3, h, d)?,
+            });
+        }
+        Ok(Model {
+            embedding: up("embedding", embedding, c.vocab_size, d)?,
+            lm_head: lm_head
+                .map(|w| up("lm_head", w, c.vocab_size, d))
+                .transpose()?,
+            final_norm: vec("final_norm", final_norm)?,
+            layers: placed,
+            config: c,
+            backend,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The KV geometry a pool serving this model must have.
+    pub fn kv_geometry(&self, dtype: KvDtype) -> KvGeometry {
+        self.config.kv_geometry(dtype)
+    }
+
+    /// Fresh reusable buffers for passes of this model.
+    pub fn scratch(&self) -> Scratch<B> {
+        Scratch::default()
+    }
+
+    /// Prefill: appends the KV of `prompts[i]` to `seqs[i]` (after whatever
+    /// it already holds, so a prompt may be fed in chunks) and returns the
+    /// logits of each sequence's last position.
+    pub fn prefill<'s>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<Filling>],
+        prompts: &[&[u32]],
+    ) -> Result<Logits<'s>, ForwardError> {
+        if seqs.len() != prompts.len() {
+            return Err(ForwardError::BatchMismatch {
+                seqs: seqs.len(),
+                inputs: prompts.len(),
+            });
+        }
+        self.pass(
+            scratch,
+            seqs,
+            |i| prompts[i],
+            Want::LastOfEachSequence,
+            false,
+        )
+    }
+
+    /// One decode step: appends `tokens[i]` to `seqs[i]` and returns the
+    /// logits of the next position of every sequence.
+    pub fn decode<'s>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<Ready>],
+        tokens: &[u32],
+    ) -> Result<Logits<'s>, ForwardError> {
+        if seqs.len() != tokens.len() {
+            return Err(ForwardError::BatchMismatch {
+                seqs: seqs.len(),
+                inputs: tokens.len(),
+            });
+        }
+        self.pass(
+            scratch,
+            seqs,
+            |i| std::slice::from_ref(&tokens[i]),
+            Want::LastOfEachSequence,
+            true,
+        )
+    }
+
+    /// Logits at every position of `tokens`, computed on a private pool
+    /// (for conformance tests and scoring).
+    pub fn logits_for_prompt(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ForwardError> {
+        if tokens.is_empty() {
+            return Err(ForwardError::NoTokens { index: 0 });
+        }
+        let page_size = 16;
+        let pool = KvPool::new(PoolConfig::new(
+            self.kv_geometry(KvDtype::F32),
+            page_size,
+            tokens.len().div_ceil(page_size),
+        ))
+        .map_err(|e| ForwardError::PrivatePool(e.to_string()))?;
+        let mut seq = pool
+            .reserve(RequestId(0), tokens.len())
+            .map_err(|e| ForwardError::PrivatePool(e.to_string()))?;
+        let mut scratch = self.scratch();
+        let logits = self.pass(
+            &mut scratch,
+            &mut [&mut seq],
+            |_| tokens,
+            Want::Every,
+            false,
+        )?;
+        Ok(logits.to_vecs())
+    }
+
+    /// Validates the batch and lays out tokens, positions and spans.
+    fn prepare<'t, S: Writable + Readable>(
+        &self,
+        scratch: &mut Scratch<B>,
+        seqs: &[&mut KvSeq<S>],
+        input: impl Fn(usize) -> &'t [u32],
+    ) -> Result<(), ForwardError> {
+        let first = seqs.first().ok_or(ForwardError::EmptyBatch)?;
+        let g = first.pool().config().geometry();
+        let c = &self.config;
+        if g.n_layers != c.n_layers || g.kv_dim() != c.n_kv_heads * c.head_dim {
+            return Err(ForwardError::Geometry {
+                pool_layers: g.n_layers,
+                pool_kv_dim: g.kv_dim(),
+                model_layers: c.n_layers,
+                model_kv_dim: c.n_kv_heads * c.head_dim,
+            });
+        }
+        let s = scratch;
+        s.tokens.clear();
+        s.positions.clear();
+        s.spans.clear();
+        for (index, seq) in seqs.iter().enumerate() {
+            if !seq.pool().same_pool(first.pool()) {
+                return Err(ForwardError::ForeignPool { index });
+            }
+            let owner = seq.owner();
+            let start = seq
+                .complete_len()
+                .ok_or_else(|| ForwardError::IncompleteKv {
+                    index,
+                    owner,
+                    written: seq.written_per_layer().to_vec(),
+                })?;
+            let toks = input(index);
+            if toks.is_empty() {
+                return Err(ForwardError::NoTokens { index });
+            }
+            if let Some(&token) = toks.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ForwardError::TokenOutOfRange {
+                    index,
+                    token,
+                    vocab: c.vocab_size,
+                });
+            }
+            let needed = start + toks.len();
+            if needed > seq.reserved_tokens() {
+                return Err(ForwardError::Reservation {
+                    index,
+                    owner,
+                    needed,
+                    reserved: seq.reserved_tokens(),
+                });
+            }
+            s.spans.push(SeqSpan {
+                first_row: s.tokens.len(),
+                rows: toks.len(),
+                first_pos: start,
+            });
+            s.tokens.extend_from_slice(toks);
+            s.positions.extend(start..needed);
+        }
+        Ok(())
+    }
+
+    fn pass<'s, 't, S: Writable + Readable>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<S>],
+        input: impl Fn(usize) -> &'t [u32],
+        want: Want,
+        decode: bool,
+    ) -> Result<Logits<'s>, ForwardError> {
+        self.prepare(scratch, seqs, input)?;
+        let b = &self.backend;
+        let c = &self.config;
+        let eps = c.norm_eps;
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let rope = |n_heads| Rope {
+            n_heads,
+            head_dim: c.head_dim,
+            theta: c.rope_theta,
+            style: c.rope_style,
+        };
+        let s = &mut *scratch;
+        let kv_err = |index: usize, owner: RequestId| {
+            move |e: KvError| ForwardError::Kv {
+                index,
+                owner,
+                source: e,
+            }
+        };
+        b.embed(&self.embedding, &s.tokens, &mut s.x)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
+            b.matmul(&s.xn, &layer.wq, &mut s.q)?;
+            b.matmul(&s.xn, &layer.wk, &mut s.k)?;
+            b.matmul(&s.xn, &layer.wv, &mut s.v)?;
+            if let Some(bq) = &layer.bq {
+                b.add_bias(&mut s.q, bq)?;
+            }
+            if let Some(bk) = &layer.bk {
+                b.add_bias(&mut s.k, bk)?;
+            }
+            if let Some(bv) = &layer.bv {
+                b.add_bias(&mut s.v, bv)?;
+            }
+            b.rope(&mut s.q, &s.positions, rope(c.n_heads))?;
+            b.rope(&mut s.k, &s.positions, rope(c.n_kv_heads))?;
+            for (i, seq) in seqs.iter_mut().enumerate() {
+                let owner = seq.owner();
+                b.kv_append(&mut **seq, li, &s.k, &s.v, s.spans[i].row_range())
+                    .map_err(|e| match e {
+                        BackendError::Kv(k) => kv_err(i, owner)(k),
+                        other => ForwardError::Backend(other),
+                    })?;
+            }
+            {
+                let pool = seqs[0].pool();
+                let reader = pool.reader();
+                let mut views = Vec::with_capacity(seqs.len());
+                for (i, seq) in seqs.iter().enumerate() {
+                    let sv = reader.seq(&**seq).map_err(kv_err(i, seq.owner()))?;
+                    views.push(sv.layer(li).map_err(kv_err(i, seq.owner()))?);
+                }
+                if decode {
+                    b.attention_decode(&s.q, &views, shape, &mut s.att)?;
+                } else {
+                    b.attention_prefill(&s.q, &views, &s.spans, shape, &mut s.att)?;
+                }
+            }
+            b.matmul(&s.att, &layer.wo, &mut s.proj)?;
+            b.add_assign(&mut s.x, &s.proj)?;
+            b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
+            b.matmul(&s.xn, &layer.w1, &mut s.gate)?;
+            b.matmul(&s.xn, &layer.w3, &mut s.up)?;
+            b.swiglu(&mut s.gate, &s.up)?;
+            b.matmul(&s.gate, &layer.w2, &mut s.proj)?;
+            b.add_assign(&mut s.x, &s.proj)?;
+        }
+        s.out_rows.clear();
+        match want {
+            Want::LastOfEachSequence => s
+                .out_rows
+                .extend(s.spans.iter().map(|sp| sp.first_row + sp.rows - 1)),
+            Want::Every => s.out_rows.extend(0..s.tokens.len()),
+        }
+        let output = self.lm_head.as_ref().unwrap_or(&self.embedding);
+        b.logits(
+            &s.x,
+            &s.out_rows,
+            &self.final_norm,
+            eps,
+            output,
+            &mut s.tmp,
+            &mut s.tmp2,
+            &mut s.logits_dev,
+        )?;
+        b.to_host(&s.logits_dev, &mut s.logits)?;
+        Ok(Logits {
+            data: &scratch.logits,
+            vocab: c.vocab_size,
+        })
+    }
+}

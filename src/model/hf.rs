@@ -1,0 +1,119 @@
+//! Hugging Face checkpoints: a folder with `config.json` and one or more
+//! `*.safetensors` files (sharded ones listed in
+//! `model.safetensors.index.json`). Llama, Mistral and Qwen2 map onto the
+//! Llama forward pass with rotate-half RoPE ([`RopeStyle::Half`]); f32, f16
+//! and bf16 tensors are converted to f32.
+//!
+//! Every malformed input is a typed [`ModelError`] naming the file or tensor
+//! and, for tensors, the expected shape: never a panic, never a partially
+//! loaded model.
+//!
+//! [`RopeStyle::Half`]: crate::model::RopeStyle::Half
+
+mod config;
+mod folder;
+mod shard;
+mod tensors;
+
+use std::path::Path;
+
+use crate::model::{LayerWeights, ModelError, ModelWeights};
+use config::HfConfig;
+use shard::Shard;
+use tensors::TensorSet;
+
+/// Loads a Hugging Face model folder (`config.json` + `*.safetensors`).
+///
+/// ```no_run
+/// let weights = handoff::model::load_hf(std::path::Path::new("models/tiny-llama"))?;
+/// println!("{} layers", weights.config.n_layers);
+/// # Ok::<(), handoff::model::ModelError>(())
+/// ```
+pub fn load_hf(dir: &Path) -> Result<ModelWeights, ModelError> {
+    folder::load(dir)
+}
+
+/// Loads a checkpoint from in-memory parts: `config.json`'s bytes and each
+/// safetensors file as `(file name, bytes)`. The same checks as [`load_hf`]
+/// apply; this is the entry point for fuzzing and for hosts that fetch
+/// weights themselves.
+pub fn load_hf_bytes(
+    config_json: &[u8],
+    files: &[(&str, &[u8])],
+) -> Result<ModelWeights, ModelError> {
+    let shards = files
+        .iter()
+        .map(|(name, bytes)| Shard::parse(name, bytes))
+        .collect::<Result<Vec<_>, _>>()?;
+    assemble(
+        &HfConfig::parse(config_json)?,
+        TensorSet::new(shards, None)?,
+    )
+}
+
+fn assemble(cfg: &HfConfig, mut t: TensorSet<'_>) -> Result<ModelWeights, ModelError> {
+    let c = &cfg.model;
+    // Products were checked for overflow when the config was parsed.
+    let (dim, hidden) = (c.dim, c.hidden_dim);
+    let q_dim = c.n_heads * c.head_dim;
+    let kv_dim = c.n_kv_heads * c.head_dim;
+
+    let embedding = t.take("model.embed_tokens.weight", &[c.vocab_size, dim])?;
+    let mut layers = Vec::with_capacity(c.n_layers.min(4096));
+    for l in 0..c.n_layers {
+        let p = format!("model.layers.{l}");
+        let mut bias = |name: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            if c.attention_bias {
+                t.take(&format!("{p}.self_attn.{name}.bias"), &[n])
+                    .map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (bq, bk, bv) = (
+            bias("q_proj", q_dim)?,
+            bias("k_proj", kv_dim)?,
+            bias("v_proj", kv_dim)?,
+        );
+        layers.push(LayerWeights {
+            attn_norm: t.take(&format!("{p}.input_layernorm.weight"), &[dim])?,
+            wq: t.take(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, dim])?,
+            wk: t.take(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, dim])?,
+            wv: t.take(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, dim])?,
+            wo: t.take(&format!("{p}.self_attn.o_proj.weight"), &[dim, q_dim])?,
+            bq,
+            bk,
+            bv,
+            ffn_norm: t.take(&format!("{p}.post_attention_layernorm.weight"), &[dim])?,
+            w1: t.take(&format!("{p}.mlp.gate_proj.weight"), &[hidden, dim])?,
+            w2: t.take(&format!("{p}.mlp.down_proj.weight"), &[dim, hidden])?,
+            w3: t.take(&format!("{p}.mlp.up_proj.weight"), &[hidden, dim])?,
+        });
+    }
+    let final_norm = t.take("model.norm.weight", &[dim])?;
+    // transformers ties by pointing lm_head at the embedding, so a stored
+    // lm_head of a tied checkpoint is never used.
+    let lm_head = if c.tied_embeddings {
+        None
+    } else {
+        Some(t.take("lm_head.weight", &[c.vocab_size, dim])?)
+    };
+
+    let tied = c.tied_embeddings;
+    let ignorable =
+        |n: &str| n.ends_with(".rotary_emb.inv_freq") || (tied && n == "lm_head.weight");
+    if let Some(extra) = t.first_unused(ignorable) {
+        return Err(ModelError::InvalidConfig(format!(
+            "tensor {extra} is not part of a {} with this config.json: \
+             config and weights disagree (or the checkpoint has weights handoff would ignore)",
+            cfg.arch.class_name()
+        )));
+    }
+    Ok(ModelWeights {
+        config: c.clone(),
+        embedding,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}

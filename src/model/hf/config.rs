@@ -1,0 +1,389 @@
+//! `config.json` of a Hugging Face checkpoint -> [`ModelConfig`].
+//!
+//! Field spellings differ across transformers versions; everything the
+//! forward pass would silently get wrong (RoPE scaling, other activations,
+//! output-projection biases) is refused rather than ignored.
+
+use serde_json::{Map, Value};
+
+use crate::model::{ModelConfig, ModelError, RopeStyle};
+
+/// Architectures whose checkpoints this loader maps onto the Llama forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
+impl Arch {
+    fn from_class(name: &str) -> Option<Self> {
+        match name {
+            "LlamaForCausalLM" => Some(Self::Llama),
+            "MistralForCausalLM" => Some(Self::Mistral),
+            "Qwen2ForCausalLM" => Some(Self::Qwen2),
+            _ => None,
+        }
+    }
+
+    fn from_model_type(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Self::Llama),
+            "mistral" => Some(Self::Mistral),
+            "qwen2" => Some(Self::Qwen2),
+            _ => None,
+        }
+    }
+
+    pub(super) fn class_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+
+    /// transformers' default `max_position_embeddings` for the class.
+    fn default_max_positions(self) -> usize {
+        match self {
+            Self::Llama => 2048,
+            Self::Mistral => 4096 * 32,
+            Self::Qwen2 => 32768,
+        }
+    }
+}
+
+/// A parsed and validated `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct HfConfig {
+    pub(super) arch: Arch,
+    pub(super) model: ModelConfig,
+}
+
+fn invalid(msg: impl Into<String>) -> ModelError {
+    ModelError::InvalidConfig(format!("config.json: {}", msg.into()))
+}
+
+/// A field that is absent and a field that is `null` mean the same in
+/// transformers' configs.
+fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ModelError> {
+    let Some(v) = field(obj, key) else {
+        return Ok(None);
+    };
+    v.as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| invalid(format!("{key} = {v} is not a non-negative integer")))
+}
+
+fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize, ModelError> {
+    opt_usize(obj, key)?.ok_or_else(|| invalid(format!("{key} is missing")))
+}
+
+fn opt_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, ModelError> {
+    let Some(v) = field(obj, key) else {
+        return Ok(None);
+    };
+    let x = v
+        .as_f64()
+        .ok_or_else(|| invalid(format!("{key} = {v} is not a number")))? as f32;
+    if !x.is_finite() {
+        return Err(invalid(format!("{key} = {v} does not fit in f32")));
+    }
+    Ok(Some(x))
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ModelError> {
+    let Some(v) = field(obj, key) else {
+        return Ok(None);
+    };
+    v.as_bool()
+        .map(Some)
+        .ok_or_else(|| invalid(format!("{key} = {v} is not true/false")))
+}
+
+fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, ModelError> {
+    let Some(v) = field(obj, key) else {
+        return Ok(None);
+    };
+    v.as_str()
+        .map(Some)
+        .ok_or_else(|| invalid(format!("{key} = {v} is not a string")))
+}
+
+fn arch(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
+    if let Some(v) = field(obj, "architectures") {
+        let first = v
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid(format!("architectures = {v} is not a list of names")))?;
+        return Arch::from_class(first)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(first.to_string()));
+    }
+    match opt_str(obj, "model_type")? {
+        Some(t) => Arch::from_model_type(t)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(format!("model_type {t}"))),
+        None => Err(ModelError::UnsupportedArchitecture(
+            "(config.json names neither architectures nor model_type)".to_string(),
+        )),
+    }
+}
+
+/// Rotary base from either spelling; refuses any RoPE scaling, which the
+/// forward pass does not implement (it would silently change every position).
+fn rope_theta(obj: &Map<String, Value>) -> Result<f32, ModelError> {
+    let mut theta = None;
+    if let Some(p) = field(obj, "rope_parameters") {
+        let p = p
+            .as_object()
+            .ok_or_else(|| invalid(format!("rope_parameters = {p} is not an object")))?;
+        check_rope_type(p, "rope_parameters")?;
+        theta = opt_f32(p, "rope_theta")?;
+    }
+    if let Some(s) = field(obj, "rope_scaling") {
+        let s = s
+            .as_object()
+            .ok_or_else(|| invalid(format!("rope_scaling = {s} is not an object")))?;
+        check_rope_type(s, "rope_scaling")?;
+    }
+    match theta {
+        Some(t) => Ok(t),
+        None => Ok(opt_f32(obj, "rope_theta")?.unwrap_or(10_000.0)),
+    }
+}
+
+fn check_rope_type(p: &Map<String, Value>, what: &str) -> Result<(), ModelError> {
+    let kind = match opt_str(p, "rope_type")? {
+        Some(k) => Some(k),
+        None => opt_str(p, "type")?,
+    };
+    match kind {
+        None | Some("default") => Ok(()),
+        Some(k) => Err(invalid(format!(
+            "{what} asks for RoPE scaling {k:?}; handoff implements unscaled RoPE only"
+        ))),
+    }
+}
+
+impl HfConfig {
+    /// Parses and validates `config.json`'s bytes.
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, ModelError> {
+        let root: Value =
+            serde_json::from_slice(bytes).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+        let obj = root
+            .as_object()
+            .ok_or_else(|| invalid("top level is not an object"))?;
+        let arch = arch(obj)?;
+
+        if let Some(act) = opt_str(obj, "hidden_act")?
+            && act != "silu"
+        {
+            return Err(invalid(format!(
+                "hidden_act {act:?}: handoff's MLP is SwiGLU (silu)"
+            )));
+        }
+        if opt_bool(obj, "mlp_bias")? == Some(true) {
+            return Err(invalid("mlp_bias = true: MLP biases are not supported"));
+        }
+        // Llama's attention_bias adds an o_proj bias the forward pass lacks;
+        // Qwen2 always has q/k/v biases and never an o_proj bias.
+        if arch != Arch::Qwen2 && opt_bool(obj, "attention_bias")? == Some(true) {
+            return Err(invalid(
+                "attention_bias = true (with an o_proj bias) is not supported",
+            ));
+        }
+
+        let dim = req_usize(obj, "hidden_size")?;
+        let hidden_dim = req_usize(obj, "intermediate_size")?;
+        let n_layers = req_usize(obj, "num_hidden_layers")?;
+        let n_heads = req_usize(obj, "num_attention_heads")?;
+        let vocab_size = req_usize(obj, "vocab_size")?;
+        if n_heads == 0 {
+            return Err(invalid("num_attention_heads is 0"));
+        }
+        let n_kv_heads = opt_usize(obj, "num_key_value_heads")?.unwrap_or(n_heads);
+        let head_dim = match opt_usize(obj, "head_dim")? {
+            Some(h) => h,
+            None if dim.is_multiple_of(n_heads) => dim / n_heads,
+            None => {
+                return Err(invalid(format!(
+                    "head_dim is absent and hidden_size {dim} is not a multiple of num_attention_heads {n_heads}"
+                )));
+            }
+        };
+        let mut max_seq_len =
+            opt_usize(obj, "max_position_embeddings")?.unwrap_or(arch.default_max_positions());
+        // Within its window, sliding-window attention equals full attention:
+        // serve only that far rather than attend to positions the model never would.
+        let sliding = match arch {
+            Arch::Llama => None,
+            Arch::Mistral => opt_usize(obj, "sliding_window")?,
+            Arch::Qwen2 if opt_bool(obj, "use_sliding_window")? == Some(true) => {
+                opt_usize(obj, "sliding_window")?
+            }
+            Arch::Qwen2 => None,
+        };
+        if let Some(w) = sliding {
+            max_seq_len = max_seq_len.min(w);
+        }
+
+        let model = ModelConfig {
+            dim,
+            hidden_dim,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            max_seq_len,
+            rope_theta: rope_theta(obj)?,
+            rope_style: RopeStyle::Half,
+            norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
+            tied_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+            attention_bias: arch == Arch::Qwen2,
+        };
+        model.validate()?;
+        for (what, a, b) in [
+            ("num_attention_heads * head_dim", n_heads, head_dim),
+            ("num_key_value_heads * head_dim", n_kv_heads, head_dim),
+            ("vocab_size * hidden_size", vocab_size, dim),
+            ("intermediate_size * hidden_size", hidden_dim, dim),
+        ] {
+            if a.checked_mul(b).is_none_or(|n| n > isize::MAX as usize / 4) {
+                return Err(invalid(format!("{what} overflows")));
+            }
+        }
+        Ok(Self { arch, model })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<HfConfig, ModelError> {
+        HfConfig::parse(json.as_bytes())
+    }
+
+    const BASE: &str = r#""hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 100"#;
+
+    fn with(arch: &str, extra: &str) -> String {
+        format!(r#"{{"architectures": ["{arch}"], {BASE}{extra}}}"#)
+    }
+
+    #[test]
+    fn older_llama_spelling_with_defaults() {
+        let c = parse(&with("LlamaForCausalLM", "")).unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        let m = c.model;
+        assert_eq!((m.n_kv_heads, m.head_dim), (4, 16));
+        assert_eq!(m.rope_theta, 10_000.0);
+        assert_eq!(m.rope_style, RopeStyle::Half);
+        assert_eq!(m.norm_eps, 1e-6);
+        assert_eq!(m.max_seq_len, 2048);
+        assert!(!m.tied_embeddings && !m.attention_bias);
+    }
+
+    #[test]
+    fn newer_rope_parameters_spelling_wins_over_top_level() {
+        let c = parse(&with(
+            "LlamaForCausalLM",
+            r#", "rope_theta": 1.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+               "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-5,
+               "max_position_embeddings": 128, "tie_word_embeddings": true"#,
+        ))
+        .unwrap();
+        let m = c.model;
+        assert_eq!(m.rope_theta, 500_000.0);
+        assert_eq!((m.n_kv_heads, m.head_dim), (2, 32));
+        assert_eq!((m.norm_eps, m.max_seq_len), (1e-5, 128));
+        assert!(m.tied_embeddings);
+    }
+
+    #[test]
+    fn qwen2_has_attention_bias_and_mistral_window_caps_context() {
+        let q = parse(&with(
+            "Qwen2ForCausalLM",
+            r#", "sliding_window": 16, "use_sliding_window": false"#,
+        ))
+        .unwrap();
+        assert!(q.model.attention_bias);
+        assert_eq!(q.model.max_seq_len, 32768);
+        let m = parse(&with(
+            "MistralForCausalLM",
+            r#", "sliding_window": 4096, "max_position_embeddings": 32768"#,
+        ))
+        .unwrap();
+        assert_eq!(m.model.max_seq_len, 4096);
+        assert!(!m.model.attention_bias);
+    }
+
+    #[test]
+    fn model_type_is_the_fallback_for_architectures() {
+        let c = parse(&format!(r#"{{"model_type": "mistral", {BASE}}}"#)).unwrap();
+        assert_eq!(c.arch, Arch::Mistral);
+    }
+
+    #[test]
+    fn refusals_are_typed() {
+        let cases: &[(String, &str)] = &[
+            (with("GPT2LMHeadModel", ""), "unsupported architecture"),
+            (format!("{{{BASE}}}"), "neither architectures"),
+            ("[1, 2]".to_string(), "not an object"),
+            ("{\"hidden_size\": ".to_string(), "not valid JSON"),
+            (
+                r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}"#.to_string(),
+                "intermediate_size is missing",
+            ),
+            (
+                with("LlamaForCausalLM", r#", "num_key_value_heads": 3"#),
+                "does not divide",
+            ),
+            (
+                with("LlamaForCausalLM", r#", "num_key_value_heads": -1"#),
+                "not a non-negative integer",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_scaling": {"rope_type": "llama3"}"#,
+                ),
+                "RoPE scaling",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}"#,
+                ),
+                "RoPE scaling",
+            ),
+            (
+                with("LlamaForCausalLM", r#", "hidden_act": "gelu""#),
+                "hidden_act",
+            ),
+            (
+                with("LlamaForCausalLM", r#", "attention_bias": true"#),
+                "attention_bias",
+            ),
+            (with("LlamaForCausalLM", r#", "rope_theta": 1e300"#), "f32"),
+            (
+                with("LlamaForCausalLM", r#", "rms_norm_eps": "x""#),
+                "number",
+            ),
+            (
+                with("LlamaForCausalLM", r#", "head_dim": 9223372036854775808"#),
+                "overflows",
+            ),
+        ];
+        for (json, needle) in cases {
+            let err = parse(json).unwrap_err().to_string();
+            assert!(err.contains(needle), "{json}\n -> {err}\n lacks {needle:?}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The file-system side of a Hugging Face folder: which files make up the
+//! checkpoint, mapped read-only for the duration of the load.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::path::{Component, Path};
+
+use memmap2::Mmap;
+
+use crate::model::hf::config::HfConfig;
+use crate::model::hf::shard::Shard;
+use crate::model::hf::tensors::TensorSet;
+use crate::model::{ModelError, ModelWeights};
+
+const INDEX: &str = "model.safetensors.index.json";
+
+fn io_err(path: &Path, source: io::Error) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// A file's bytes: mapped, or empty (a zero-length file cannot be mapped).
+enum Bytes {
+    Mapped(Mmap),
+    Empty,
+}
+
+impl Bytes {
+    fn open(path: &Path) -> Result<Self, ModelError> {
+        let file = File::open(path).map_err(|e| io_err(path, e))?;
+        let len = file.metadata().map_err(|e| io_err(path, e))?.len();
+        if len == 0 {
+            return Ok(Self::Empty);
+        }
+        // SAFETY: the map is read-only and lives only while this load copies
+        // the tensors out into owned f32 buffers. Mapping is sound as long as
+        // no other process truncates or rewrites the file meanwhile; model
+        // folders are read-only inputs, and the alternative (reading whole
+        // multi-GB files into memory) is what the mapping exists to avoid.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
+        Ok(Self::Mapped(map))
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Mapped(m) => m,
+            Self::Empty => &[],
+        }
+    }
+}
+
+/// `weight_map` of the shard index, with every file name checked to be a
+/// plain name inside the folder (no path may escape it).
+fn read_index(path: &Path) -> Result<BTreeMap<String, String>, ModelError> {
+    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bad = |m: String| ModelError::BadHeader(format!("{INDEX}: {m}"));
+    let root: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let map = root
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("weight_map is missing or not an object".to_string()))?;
+    let mut out = BTreeMap::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor}] = {file} is not a file name")))?;
+        let mut parts = Path::new(file).components();
+        let plain = matches!(
+            (parts.next(), parts.next()),
+            (Some(Component::Normal(_)), None)
+        );
+        if !plain {
+            return Err(bad(format!(
+                "weight_map[{tensor}] = {file:?} is not a plain file name in the model folder"
+            )));
+        }
+        out.insert(tensor.clone(), file.to_string());
+    }
+    Ok(out)
+}
+
+/// All `*.safetensors` file names in `dir`, sorted.
+fn list_safetensors(dir: &Path) -> Result<Vec<String>, ModelError> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
+        let entry = entry.map_err(|e| io_err(dir, e))?;
+        if let Some(name) = entry.file_name().to_str()
+            && name.ends_with(".safetensors")
+        {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        return Err(io_err(
+            dir,
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no *.safetensors file in the folder",
+            ),
+        ));
+    }
+    Ok(names)
+}
+
+pub(super) fn load(dir: &Path) -> Result<ModelWeights, ModelError> {
+    let cfg_path = dir.join("config.json");
+    let cfg = HfConfig::parse(&std::fs::read(&cfg_path).map_err(|e| io_err(&cfg_path, e))?)?;
+
+    let index_path = dir.join(INDEX);
+    let weight_map = if index_path.is_file() {
+        Some(read_index(&index_path)?)
+    } else {
+        None
+    };
+    let names: Vec<String> = match &weight_map {
+        Some(map) => {
+            let mut files: Vec<String> = map.values().cloned().collect();
+            files.sort();
+            files.dedup();
+            files
+        }
+        None => list_safetensors(dir)?,
+    };
+    let files = names
+        .iter()
+        .map(|n| Bytes::open(&dir.join(n)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shards = names
+        .iter()
+        .zip(&files)
+        .map(|(n, b)| Shard::parse(n, b.as_slice()))
+        .collect::<Result<Vec<_>, _>>()?;
+    super::assemble(&cfg, TensorSet::new(shards, weight_map.as_ref())?)
+}

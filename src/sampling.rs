@@ -1,0 +1,228 @@
+//! Choosing the next token from logits: greedy, temperature, top-k, top-p,
+//! each request with its own seeded random stream.
+//!
+//! A [`Sampler`] belongs to one request and lives as long as it does (also
+//! across a preemption and recompute), so the same seed gives the same
+//! output whatever else the engine is serving.
+
+use crate::http::HttpStatus;
+use crate::request::SamplingParams;
+use crate::rng::SplitMix64;
+
+/// Why no token could be chosen. The request fails; nothing is emitted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    #[error("no logits to sample from")]
+    Empty,
+    #[error("logit {index} is {value}: the forward pass produced a non-finite value")]
+    NonFinite { index: usize, value: f32 },
+    #[error("invalid sampling parameters: {0}")]
+    InvalidParams(&'static str),
+}
+
+impl HttpStatus for SamplingError {
+    fn http_status(&self) -> u16 {
+        match self {
+            SamplingError::InvalidParams(_) => 400,
+            _ => 500,
+        }
+    }
+}
+
+/// The index of the largest logit (the first on ties).
+pub fn argmax(logits: &[f32]) -> Result<u32, SamplingError> {
+    check_finite(logits)?;
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    Ok(best as u32)
+}
+
+fn check_finite(logits: &[f32]) -> Result<(), SamplingError> {
+    if logits.is_empty() {
+        return Err(SamplingError::Empty);
+    }
+    match logits.iter().position(|x| !x.is_finite()) {
+        Some(index) => Err(SamplingError::NonFinite {
+            index,
+            value: logits[index],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// One request's token chooser.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: SplitMix64,
+    /// Candidate (logit, token) pairs, reused across tokens.
+    cand: Vec<(f32, u32)>,
+}
+
+impl Sampler {
+    /// A sampler for `params`, its stream seeded by `params.seed`.
+    pub fn new(params: &SamplingParams) -> Result<Self, SamplingError> {
+        if !params.temperature.is_finite() || params.temperature < 0.0 {
+            return Err(SamplingError::InvalidParams(
+                "temperature must be finite and >= 0",
+            ));
+        }
+        if params.top_k == Some(0) {
+            return Err(SamplingError::InvalidParams("top_k must be >= 1"));
+        }
+        if params.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+            return Err(SamplingError::InvalidParams("top_p must be in (0, 1]"));
+        }
+        Ok(Sampler {
+            params: params.clone(),
+            rng: SplitMix64::new(params.seed),
+            cand: Vec::new(),
+        })
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// True when `token` ends generation.
+    pub fn is_stop(&self, token: u32) -> bool {
+        self.params.stop_ids.contains(&token)
+    }
+
+    /// Chooses the next token.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        check_finite(logits)?;
+        let t = self.params.temperature;
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+        // Highest logit first; lower token id first among equals.
+        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if let Some(k) = self.params.top_k.filter(|&k| k < cand.len()) {
+            cand.select_nth_unstable_by(k - 1, order);
+            cand.truncate(k);
+        }
+        let sorted = self.params.top_p.is_some_and(|p| p < 1.0);
+        if sorted {
+            cand.sort_unstable_by(order);
+        }
+        let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0f64;
+        for c in cand.iter_mut() {
+            c.0 = ((c.0 - max) / t).exp();
+            total += c.0 as f64;
+        }
+        if let (true, Some(p)) = (sorted, self.params.top_p) {
+            // The smallest prefix whose probability reaches p.
+            let mut acc = 0f64;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += c.0 as f64 / total;
+                if acc >= p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep);
+            total = cand.iter().map(|c| c.0 as f64).sum();
+        }
+        let u = self.rng.next_f64() * total;
+        let mut acc = 0f64;
+        for c in cand.iter() {
+            acc += c.0 as f64;
+            if u < acc {
+                return Ok(c.1);
+            }
+        }
+        // Rounding left u at the very top: the last candidate.
+        cand.last().map(|c| c.1).ok_or(SamplingError::Empty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32, k: Option<usize>, p: Option<f32>, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            seed,
+            stop_ids: vec![],
+        }
+    }
+
+    fn draw(p: &SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(p).unwrap();
+        (0..n).map(|_| s.sample(logits).unwrap()).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        assert_eq!(argmax(&[0.0, 3.0, 3.0, -1.0]).unwrap(), 1);
+        let mut s = Sampler::new(&SamplingParams::greedy()).unwrap();
+        assert_eq!(s.sample(&[0.0, 1.0, 5.0]).unwrap(), 2);
+    }
+
+    #[test]
+    fn non_finite_logits_are_an_error_not_a_token() {
+        assert!(matches!(
+            argmax(&[0.0, f32::NAN]),
+            Err(SamplingError::NonFinite { index: 1, .. })
+        ));
+        let mut s = Sampler::new(&params(1.0, None, None, 1)).unwrap();
+        assert!(s.sample(&[f32::INFINITY]).is_err());
+        assert!(s.sample(&[]).is_err());
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_different_tokens() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let a = draw(&params(1.0, None, None, 42), &logits, 64);
+        assert_eq!(a, draw(&params(1.0, None, None, 42), &logits, 64));
+        assert_ne!(a, draw(&params(1.0, None, None, 43), &logits, 64));
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_candidates() {
+        let logits = [5.0, 4.9, 4.8, 0.0, -1.0, 4.7];
+        let k2 = draw(&params(10.0, Some(2), None, 3), &logits, 300);
+        assert!(k2.iter().all(|&t| t == 0 || t == 1));
+        assert!(k2.contains(&0) && k2.contains(&1));
+        // Probabilities ~[.33,.30,.27,0,0,.1] at t=1 for logits shifted; p=0.5
+        // keeps the two most likely.
+        let p = draw(&params(1.0, None, Some(0.5), 4), &logits, 300);
+        assert!(p.iter().all(|&t| t == 0 || t == 1), "{p:?}");
+        // Top-p of 1.0 and no top-k can pick anything with mass.
+        let all = draw(&params(1.0, None, None, 5), &logits, 2000);
+        assert!(all.contains(&5));
+    }
+
+    #[test]
+    fn frequencies_follow_the_softmax() {
+        let logits = [0.0f32, (3.0f32).ln()];
+        let n = 20_000;
+        let ones = draw(&params(1.0, None, None, 9), &logits, n)
+            .iter()
+            .filter(|&&t| t == 1)
+            .count();
+        let frac = ones as f64 / n as f64;
+        assert!((frac - 0.75).abs() < 0.02, "{frac}");
+    }
+
+    #[test]
+    fn invalid_params_are_refused() {
+        assert!(Sampler::new(&params(-1.0, None, None, 0)).is_err());
+        assert!(Sampler::new(&params(1.0, Some(0), None, 0)).is_err());
+        assert!(Sampler::new(&params(1.0, None, Some(1.5), 0)).is_err());
+    }
+}

@@ -1,0 +1,310 @@
+//! Isolation, by construction: a sequence reads only positions it wrote, in
+//! pages it owns at their current generation. Random interleavings of
+//! reserve, write, read, hold and release across many requests never show
+//! another request's bytes, never break accounting, and leave released
+//! pages scrubbed.
+
+use std::collections::HashMap;
+
+use handoff::kv::{Filling, KvSeq, Ready};
+use handoff::{KvDtype, KvError, KvGeometry, KvPool, PoolConfig, RequestId, ScrubPolicy};
+use proptest::prelude::*;
+
+fn geometry(dtype: KvDtype) -> KvGeometry {
+    KvGeometry {
+        n_layers: 3,
+        n_kv_heads: 2,
+        head_dim: 4,
+        dtype,
+    }
+}
+
+/// The value request `r` writes at (layer, pos, element, k|v): distinct per
+/// owner, exactly representable in bf16.
+fn value(r: u64, layer: usize, pos: usize, e: usize, kv: usize) -> f32 {
+    ((r % 61) * 4 + (layer as u64 % 2) * 2 + kv as u64) as f32
+        + (pos % 8) as f32 * 0.5
+        + e as f32 * 0.0
+}
+
+fn rows(r: u64, layer: usize, start: usize, n: usize, kvd: usize, kv: usize) -> Vec<f32> {
+    (start..start + n)
+        .flat_map(|p| (0..kvd).map(move |e| value(r, layer, p, e, kv)))
+        .collect()
+}
+
+fn append_all(seq: &mut KvSeq<Filling>, n: usize, kvd: usize) -> Result<(), KvError> {
+    for layer in 0..3 {
+        let start = seq.written(layer);
+        let r = seq.owner().0;
+        seq.append(
+            layer,
+            &rows(r, layer, start, n, kvd, 0),
+            &rows(r, layer, start, n, kvd, 1),
+        )?;
+    }
+    Ok(())
+}
+
+fn check_reads<S: handoff::kv::Readable>(pool: &KvPool, seq: &KvSeq<S>) {
+    let kvd = pool.config().geometry().kv_dim();
+    let reader = pool.reader();
+    let sv = reader.seq(seq).expect("own pages are readable");
+    for layer in 0..3 {
+        let lv = sv.layer(layer).expect("no isolation violation");
+        assert_eq!(lv.len(), seq.written(layer));
+        let mut buf = vec![0f32; kvd];
+        for pos in 0..lv.len() {
+            lv.key(pos).unwrap().to_f32_into(&mut buf);
+            assert_eq!(buf, rows(seq.owner().0, layer, pos, 1, kvd, 0));
+            lv.value(pos).unwrap().to_f32_into(&mut buf);
+            assert_eq!(buf, rows(seq.owner().0, layer, pos, 1, kvd, 1));
+        }
+        assert!(
+            lv.key(lv.len()).is_none(),
+            "unwritten positions are never served"
+        );
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve { tokens: usize },
+    Write { who: usize, tokens: usize },
+    Read { who: usize },
+    Seal { who: usize },
+    Hold { who: usize },
+    Release { who: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1usize..40).prop_map(|tokens| Op::Reserve { tokens }),
+        (any::<usize>(), 1usize..20).prop_map(|(who, tokens)| Op::Write { who, tokens }),
+        any::<usize>().prop_map(|who| Op::Read { who }),
+        any::<usize>().prop_map(|who| Op::Seal { who }),
+        any::<usize>().prop_map(|who| Op::Hold { who }),
+        any::<usize>().prop_map(|who| Op::Release { who }),
+    ]
+}
+
+enum Live {
+    Filling(KvSeq<Filling>),
+    Ready(KvSeq<Ready>),
+    Held(KvSeq<handoff::kv::Held>),
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn random_interleavings_never_leak(
+        ops in proptest::collection::vec(op(), 1..120),
+        page_size in prop_oneof![Just(1usize), Just(4), Just(16)],
+        dtype in prop_oneof![Just(KvDtype::F32), Just(KvDtype::F16), Just(KvDtype::BF16)],
+        policy in prop_oneof![Just(ScrubPolicy::Zero), Just(ScrubPolicy::Poison), Just(ScrubPolicy::AcceptStaleBytes)],
+    ) {
+        let pool = KvPool::new(PoolConfig::new(geometry(dtype), page_size, 32).scrub(policy)).unwrap();
+        let kvd = geometry(dtype).kv_dim();
+        let mut live: Vec<Live> = Vec::new();
+        let mut next = 0u64;
+        let mut reserved: HashMap<u64, usize> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Reserve { tokens } => {
+                    next += 1;
+                    let before = pool.stats();
+                    match pool.reserve(RequestId(next), tokens) {
+                        Ok(seq) => { reserved.insert(next, tokens); live.push(Live::Filling(seq)) }
+                        Err(KvError::Exhausted { .. }) | Err(KvError::NeverFits { .. }) => {
+                            // A refused reservation allocates nothing.
+                            prop_assert_eq!(pool.stats(), before);
+                        }
+                        Err(e) => prop_assert!(false, "unexpected {e}"),
+                    }
+                }
+                Op::Write { who, tokens } if !live.is_empty() => {
+                    let i = who % live.len();
+                    if let Live::Filling(seq) = &mut live[i] {
+                        let room = seq.reserved_tokens() - seq.written(0);
+                        match append_all(seq, tokens, kvd) {
+                            Ok(()) => prop_assert!(tokens <= room),
+                            Err(KvError::BeyondReservation { .. }) => prop_assert!(tokens > room),
+                            Err(e) => prop_assert!(false, "unexpected {e}"),
+                        }
+                    }
+                }
+                Op::Read { who } if !live.is_empty() => {
+                    match &live[who % live.len()] {
+                        Live::Filling(s) => check_reads(&pool, s),
+                        Live::Ready(s) => check_reads(&pool, s),
+                        Live::Held(s) => check_reads(&pool, s),
+                    }
+                }
+                Op::Seal { who } if !live.is_empty() => {
+                    let i = who % live.len();
+                    if let Live::Filling(seq) = live.swap_remove(i) {
+                        let len = seq.written(0);
+                        live.push(match seq.seal(len) {
+                            Ok(s) => Live::Ready(s),
+                            Err(e) => Live::Filling(e.seq),
+                        });
+                    } else {
+                        // put nothing back: swap_remove of a non-Filling drops it
+                    }
+                }
+                Op::Hold { who } if !live.is_empty() => {
+                    let i = who % live.len();
+                    let l = live.swap_remove(i);
+                    live.push(match l {
+                        Live::Filling(s) => Live::Held(s.hold()),
+                        Live::Ready(s) => Live::Held(s.hold()),
+                        Live::Held(s) => Live::Held(s),
+                    });
+                }
+                Op::Release { who } if !live.is_empty() => {
+                    let i = who % live.len();
+                    drop(live.swap_remove(i));
+                }
+                _ => {}
+            }
+            let st = pool.stats();
+            prop_assert!(st.balanced(), "{st:?}");
+            prop_assert_eq!(st.isolation_violations, 0);
+            let held_pages: usize = live.iter().map(|l| match l { Live::Held(s) => s.pages().len(), _ => 0 }).sum();
+            prop_assert_eq!(st.held, held_pages);
+        }
+        drop(live);
+        let st = pool.stats();
+        prop_assert!(st.is_full(), "{st:?}");
+        // Released pages are scrubbed per the policy.
+        for page in 0..pool.capacity() as u32 {
+            let scrubbed = pool.audit_page_matches_scrub(page);
+            prop_assert!(scrubbed, "page {page} not scrubbed under {policy:?}");
+        }
+    }
+}
+
+#[test]
+fn a_new_owner_never_sees_the_previous_owners_bytes() {
+    let pool = KvPool::new(
+        PoolConfig::new(geometry(KvDtype::F32), 4, 2).scrub(ScrubPolicy::AcceptStaleBytes),
+    )
+    .unwrap();
+    let kvd = geometry(KvDtype::F32).kv_dim();
+    let mut a = pool.reserve(RequestId(1), 8).unwrap();
+    append_all(&mut a, 8, kvd).unwrap();
+    let old_pages: Vec<_> = a.pages().to_vec();
+    a.release();
+    // Same physical pages, new generation; even unscrubbed, B sees nothing.
+    let b = pool.reserve(RequestId(2), 8).unwrap();
+    assert_eq!(
+        b.pages()
+            .iter()
+            .map(|p| p.index())
+            .collect::<std::collections::BTreeSet<_>>(),
+        old_pages.iter().map(|p| p.index()).collect()
+    );
+    for (new, old) in b.pages().iter().zip(&old_pages) {
+        if new.index() == old.index() {
+            assert!(new.generation() > old.generation());
+        }
+    }
+    let reader = pool.reader();
+    let sv = reader.seq(&b).unwrap();
+    for layer in 0..3 {
+        let lv = sv.layer(layer).unwrap();
+        assert_eq!(lv.len(), 0);
+        assert!(lv.key(0).is_none());
+    }
+}
+
+#[test]
+fn writes_beyond_the_reservation_are_refused_and_change_nothing() {
+    let pool = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 4)).unwrap();
+    let kvd = geometry(KvDtype::F32).kv_dim();
+    let mut s = pool.reserve(RequestId(1), 4).unwrap();
+    let err = s
+        .append(0, &vec![1.0; 5 * kvd], &vec![1.0; 5 * kvd])
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        KvError::BeyondReservation {
+            reserved: 4,
+            adding: 5,
+            ..
+        }
+    ));
+    assert_eq!(s.written(0), 0);
+    // Growing makes room.
+    s.grow(1).unwrap();
+    s.append(0, &vec![1.0; 5 * kvd], &vec![1.0; 5 * kvd])
+        .unwrap();
+    assert_eq!(s.written(0), 5);
+}
+
+#[test]
+fn incomplete_kv_cannot_be_sealed_for_decode() {
+    let pool = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 4)).unwrap();
+    let kvd = geometry(KvDtype::F32).kv_dim();
+    let mut s = pool.reserve(RequestId(1), 4).unwrap();
+    // Two of three layers written: the incident's "one layer short".
+    for layer in 0..2 {
+        s.append(layer, &vec![1.0; 4 * kvd], &vec![1.0; 4 * kvd])
+            .unwrap();
+    }
+    let err = s.seal(4).unwrap_err();
+    assert_eq!(
+        err.error,
+        KvError::Incomplete {
+            layer: 2,
+            written: 0,
+            expected: 4
+        }
+    );
+    let mut s = err.seq;
+    s.append(2, &vec![1.0; 4 * kvd], &vec![1.0; 4 * kvd])
+        .unwrap();
+    let ready = s.seal(4).unwrap();
+    assert_eq!(ready.complete_len(), Some(4));
+}
+
+#[test]
+fn held_pages_are_counted_and_freed_on_drop() {
+    let pool = KvPool::new(PoolConfig::new(geometry(KvDtype::BF16), 4, 8)).unwrap();
+    let s = pool.reserve(RequestId(1), 10).unwrap();
+    assert_eq!(pool.stats().in_use, 3);
+    let held = s.hold();
+    let st = pool.stats();
+    assert_eq!((st.free, st.in_use, st.held), (5, 0, 3));
+    drop(held);
+    assert!(pool.stats().is_full());
+}
+
+#[test]
+fn a_sequence_from_another_pool_is_refused() {
+    let p1 = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 4)).unwrap();
+    let p2 = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 4)).unwrap();
+    let s = p1.reserve(RequestId(1), 4).unwrap();
+    let reader = p2.reader();
+    assert!(matches!(reader.seq(&s), Err(KvError::ForeignPage { .. })));
+}
+
+#[test]
+fn exhaustion_is_typed_and_allocates_nothing() {
+    let pool = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 4)).unwrap();
+    let a = pool.reserve(RequestId(1), 12).unwrap();
+    let err = pool.reserve(RequestId(2), 8).unwrap_err();
+    assert_eq!(
+        err,
+        KvError::Exhausted {
+            requested: 2,
+            free: 1,
+            capacity: 4
+        }
+    );
+    use handoff::HttpStatus;
+    assert_eq!(err.http_status(), 503);
+    drop(a);
+    assert!(pool.stats().is_full());
+}
