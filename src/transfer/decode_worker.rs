@@ -287,15 +287,16 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     }
 
     fn end(&mut self, id: RequestId, outcome: Outcome) {
+        let Some(c) = self.clients.remove(&id) else {
+            return;
+        };
         match &outcome {
             Outcome::Finished(_) => self.tally.finished += 1,
             Outcome::Rejected(_) => self.tally.rejected += 1,
             Outcome::Cancelled => self.tally.cancelled += 1,
             Outcome::Failed(_) => self.tally.failed += 1,
         }
-        if let Some(c) = self.clients.remove(&id) {
-            let _ = c.tx.send(Event::Done(outcome));
-        }
+        let _ = c.tx.send(Event::Done(outcome));
     }
 }
 

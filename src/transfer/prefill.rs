@@ -68,6 +68,8 @@ pub struct PrefillStats {
     pub ack_timeouts: u64,
     /// Answers for unknown or finished transfers: ignored.
     pub ignored_answers: u64,
+    /// Plans received again while being served: ignored.
+    pub duplicate_plans: u64,
 }
 
 #[derive(Debug)]
@@ -373,6 +375,15 @@ impl<L: PrefillLink> PrefillSide<L> {
 
     fn on_plan(&mut self, plan: Plan) {
         self.stats.plans += 1;
+        let n = plan.nonce;
+        if self.out.contains(&n)
+            || self.held.contains_key(&n)
+            || self.pending.iter().any(|p| p.nonce == n)
+        {
+            // A duplicate of a plan being served: the original goes on.
+            self.stats.duplicate_plans += 1;
+            return;
+        }
         match self.check(&plan) {
             Ok(()) => self.pending.push_back(plan),
             Err(reason) => self.abort(&plan, reason),
@@ -383,17 +394,11 @@ impl<L: PrefillLink> PrefillSide<L> {
     fn check(&self, plan: &Plan) -> Result<(), AbortReason> {
         let tokens = plan.tokens as usize;
         let page_size = plan.page_size as usize;
-        let known = |n: &Nonce| {
-            self.out.contains(n)
-                || self.held.contains_key(n)
-                || self.pending.iter().any(|p| p.nonce == *n)
-        };
         if plan.prompt.len() != tokens
             || plan.geometry != self.pool.config().geometry()
             || page_size == 0
             || !page_size.is_power_of_two()
             || plan.pages.len() != tokens.div_ceil(page_size)
-            || known(&plan.nonce)
         {
             return Err(AbortReason::MalformedPlan);
         }
