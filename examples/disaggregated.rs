@@ -106,6 +106,8 @@ fn config(w: &ModelWeights, role: Role) -> Result<EngineConfig, String> {
         .max_context(win)
         .page_size(16)
         .pool_tokens(pool)
+        // The audit line below counts violations only if the trail is kept.
+        .audit(true)
         .build()
         .map_err(|e| e.to_string())
 }
@@ -247,6 +249,7 @@ fn colocated(w: ModelWeights, reqs: &[Request]) -> Result<Vec<Vec<u32>>, String>
             .max_context(cfg.max_context())
             .page_size(cfg.page_size())
             .pool_tokens(4 * cfg.max_context())
+            .audit(true)
             .build()
             .map_err(|e| e.to_string())?;
     }
