@@ -157,9 +157,13 @@ mod tests {
         // Checksums travel in receipts: a peer built with the previous hash
         // crate (xxhash-rust) must compute the same values, whatever code
         // path the length or the CPU selects.
-        let buf: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let buf: Vec<u8> = (0..70_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         assert_eq!(region_hash(&[]), 0x2D06_8005_38D3_94C2);
-        for len in [1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 32_768, 65_537] {
+        for len in [
+            1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 32_768, 65_537,
+        ] {
             let want = xxhash_rust::xxh3::xxh3_64(&buf[..len]);
             assert_eq!(region_hash(&buf[..len]), want, "len {len}");
             let mut h = RegionHasher::new();
