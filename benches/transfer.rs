@@ -1,16 +1,22 @@
 //! Transfer throughput of Llama-3-8B-shaped KV (32 layers, 8 KV heads of
 //! 128, bf16: 128 KiB per token) for 1k/8k/32k-token prompts, side by side
-//! with the plain baselines of the same bytes:
+//! with plain baselines moving the same bytes from memory to memory:
 //!
-//! - in-process transfer (plan to verified KV) vs one `memcpy`;
-//! - TCP transfer on loopback vs a plain socket copy (1 MiB writes, one
-//!   reader thread);
-//! - checksum cost: xxh3 over the same bytes (the sender hashes every
-//!   region once, the verifier once more over the landed bytes), as a share
-//!   of the transfer's wall time.
+//! - in-process transfer (plan to verified KV) vs one `memcpy` of the same
+//!   bytes between two buffers touched beforehand;
+//! - TCP transfer on loopback vs a plain socket copy of the same bytes: 1 MiB
+//!   writes from a source buffer, one reader thread reading straight into a
+//!   destination buffer (both touched beforehand, like the pools' pages);
+//! - checksum cost: the time xxh3 adds to copying the same bytes region by
+//!   region (32 KiB: one page of one layer of K or V), single-threaded, as
+//!   a share of the transfer's wall time, for two layouts: `passes` (a hash
+//!   pass over the whole source, the copy, a hash pass over the whole
+//!   destination: the design before landing-time hashing) and `fused` (each
+//!   region hashed right before it is copied and right after it landed).
 //!
-//! Configurations: TCP with `TransferConfig::default()` (1 MiB batches,
-//! 64 MiB in flight); in-process with 256 KiB batches and 2 MiB in flight.
+//! Configurations: in-process with 256 KiB batches and 2 MiB in flight; TCP
+//! with `TransferConfig::default()` (1 MiB batches, 64 MiB in flight), or
+//! batches of `HANDOFF_BENCH_TCP_BATCH` bytes.
 //!
 //! Goals: >= 0.8 of memcpy in-process, >= 0.8 of the plain socket over TCP,
 //! checksums < 10% of transfer time. Run: `cargo bench --bench transfer`
@@ -27,7 +33,7 @@ use handoff::{
     AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId,
 };
 
-const REPS: usize = 5;
+const REPS: usize = 9;
 const PAGE: usize = 16;
 
 fn geometry() -> KvGeometry {
@@ -67,48 +73,70 @@ fn memcpy_once(src: &[u8], dst: &mut [u8]) -> Duration {
     t.elapsed()
 }
 
-fn socket_once(bytes: usize) -> Duration {
-    let chunk = vec![0x5au8; 1 << 20];
+/// A plain loopback socket copy of `src` into `dst` (1 MiB writes, one
+/// reader thread reading straight into `dst`): the same bytes, from memory
+/// to memory, as a transfer moves from source pages to destination pages.
+fn socket_once(src: &[u8], dst: &mut [u8]) -> Duration {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     let addr = listener.local_addr().expect("addr");
-    let reader = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().expect("accept");
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0;
-        while got < bytes {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got += n,
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut got = 0;
+            while got < dst.len() {
+                match s.read(&mut dst[got..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
             }
+            Instant::now()
+        });
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        let t = Instant::now();
+        for chunk in src.chunks(1 << 20) {
+            s.write_all(chunk).expect("write");
         }
-        Instant::now()
-    });
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_nodelay(true).expect("nodelay");
-    let t = Instant::now();
-    let mut sent = 0;
-    while sent < bytes {
-        let n = chunk.len().min(bytes - sent);
-        s.write_all(&chunk[..n]).expect("write");
-        sent += n;
-    }
-    let end = reader.join().expect("reader");
-    end - t
+        let end = reader.join().expect("reader");
+        end - t
+    })
 }
 
-/// Sender plus verifier hashing of the same bytes, region by region
-/// (one page of one layer of K or V at a time), from cold memory.
-fn checksum_once(data: &[u8]) -> Duration {
+/// What checksums add to copying the same bytes region by region (one
+/// page of one layer of K or V, 32 KiB), single-threaded, over `src` into
+/// `dst`: returns (copy alone, copy with separate hash passes over the
+/// whole source before and the whole destination after, copy with each
+/// region hashed right before it is copied and right after it landed).
+fn checksum_once(src: &[u8], dst: &mut [u8]) -> (Duration, Duration, Duration) {
     let region = PAGE * geometry().kv_dim() * 2;
+    let hash = twox_hash::XxHash3_64::oneshot;
     let t = Instant::now();
-    for _pass in 0..2 {
-        let mut acc = 0u64;
-        for r in data.chunks(region) {
-            acc ^= xxhash_rust::xxh3::xxh3_64(r);
-        }
-        black_box(acc);
+    for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
+        d.copy_from_slice(s);
     }
-    t.elapsed()
+    black_box(&dst);
+    let copy = t.elapsed();
+    let t = Instant::now();
+    let mut acc = 0u64;
+    for s in src.chunks(region) {
+        acc ^= hash(s);
+    }
+    for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
+        d.copy_from_slice(s);
+    }
+    for d in dst.chunks(region) {
+        acc ^= hash(d);
+    }
+    let passes = t.elapsed();
+    let t = Instant::now();
+    for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
+        acc ^= hash(s);
+        d.copy_from_slice(s);
+        acc ^= hash(d);
+    }
+    let fused = t.elapsed();
+    black_box(acc);
+    (copy, passes, fused)
 }
 
 /// In-process: small batches and a small window keep the sender's hashing
@@ -118,6 +146,18 @@ fn inproc_config() -> TransferConfig {
     TransferConfig::default()
         .with_max_batch_bytes(256 << 10)
         .with_max_in_flight_bytes(2 << 20)
+}
+
+/// TCP: `TransferConfig::default()`, or batches of
+/// `HANDOFF_BENCH_TCP_BATCH` bytes.
+fn tcp_config() -> TransferConfig {
+    let batch = std::env::var("HANDOFF_BENCH_TCP_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    match batch {
+        Some(b) => TransferConfig::default().with_max_batch_bytes(b),
+        None => TransferConfig::default(),
+    }
 }
 
 struct Pools {
@@ -188,6 +228,43 @@ impl<T: Transfer> Pair<T> {
     }
 }
 
+/// Per-rep figures: throughputs, ratios to the baselines, and the time
+/// checksums add (separate passes, fused) as a share of each transfer.
+#[derive(Default)]
+struct Rates {
+    memcpy: Vec<f64>,
+    inproc: Vec<f64>,
+    socket: Vec<f64>,
+    tcp: Vec<f64>,
+    ratio_inproc: Vec<f64>,
+    ratio_tcp: Vec<f64>,
+    passes_inproc: Vec<f64>,
+    passes_tcp: Vec<f64>,
+    fused_inproc: Vec<f64>,
+    fused_tcp: Vec<f64>,
+}
+
+impl Rates {
+    fn push(
+        &mut self,
+        bytes: usize,
+        [dm, di, ds, dt]: [Duration; 4],
+        [passes, fused]: [Duration; 2],
+    ) {
+        let secs = |d: Duration| d.as_secs_f64();
+        self.memcpy.push(gbps(bytes, dm));
+        self.inproc.push(gbps(bytes, di));
+        self.socket.push(gbps(bytes, ds));
+        self.tcp.push(gbps(bytes, dt));
+        self.ratio_inproc.push(secs(dm) / secs(di));
+        self.ratio_tcp.push(secs(ds) / secs(dt));
+        self.passes_inproc.push(100.0 * secs(passes) / secs(di));
+        self.passes_tcp.push(100.0 * secs(passes) / secs(dt));
+        self.fused_inproc.push(100.0 * secs(fused) / secs(di));
+        self.fused_tcp.push(100.0 * secs(fused) / secs(dt));
+    }
+}
+
 fn mem_available() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -202,11 +279,11 @@ fn main() {
     };
     let g = geometry();
     println!(
-        "transfer of Llama-3-8B-shaped KV ({} B/token), medians of {REPS} interleaved reps (3 above 1 GiB)",
+        "transfer of Llama-3-8B-shaped KV ({} B/token), medians of {REPS} interleaved reps (3 above 1 GiB), ratios per rep",
         g.bytes_per_token()
     );
     println!(
-        "{:>7} {:>9} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6} | {:>9} {:>9}",
+        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>12} {:>12}",
         "tokens",
         "MiB",
         "memcpy",
@@ -215,8 +292,8 @@ fn main() {
         "socket",
         "tcp",
         "ratio",
-        "cksum/ip",
-        "cksum/tcp"
+        "passes ip/tcp",
+        "fused ip/tcp"
     );
     for tokens in sizes {
         let bytes = tokens * g.bytes_per_token();
@@ -239,42 +316,40 @@ fn main() {
         let mut src = vec![0u8; tokens * g.kv_dim() * 2 * 2];
         random_bytes(&mut src, tokens as u64);
         let mut inproc = Pair::new(InProcess, inproc_config(), tokens, &pools);
-        let mut tcp = Pair::new(Tcp, TransferConfig::default(), tokens, &pools);
+        let mut tcp = Pair::new(Tcp, tcp_config(), tokens, &pools);
         // Warm-up: every page touched once.
         let _ = inproc.once(&src);
         let _ = tcp.once(&src);
         // Interleaved reps: a machine that speeds up or slows down affects
         // a transfer and its baseline alike; ratios are per rep.
         let reps = if bytes > (1 << 30) { 3 } else { REPS };
-        let (mut m, mut i, mut s, mut t, mut c) = (vec![], vec![], vec![], vec![], vec![]);
-        let (mut ri, mut rt, mut ci, mut ct) = (vec![], vec![], vec![], vec![]);
+        let mut m = Rates::default();
         for _ in 0..reps {
             let dm = memcpy_once(&copy_src, &mut copy_dst);
             let di = inproc.once(&src);
-            let ds = socket_once(bytes);
+            let ds = socket_once(&copy_src, &mut copy_dst);
             let dt = tcp.once(&src);
-            let dc = checksum_once(&copy_src);
-            for (v, d) in [(&mut m, dm), (&mut i, di), (&mut s, ds), (&mut t, dt)] {
-                v.push(gbps(bytes, d));
-            }
-            c.push(dc.as_secs_f64());
-            ri.push(dm.as_secs_f64() / di.as_secs_f64());
-            rt.push(ds.as_secs_f64() / dt.as_secs_f64());
-            ci.push(100.0 * dc.as_secs_f64() / di.as_secs_f64());
-            ct.push(100.0 * dc.as_secs_f64() / dt.as_secs_f64());
+            let (copy, passes, fused) = checksum_once(&copy_src, &mut copy_dst);
+            m.push(
+                bytes,
+                [dm, di, ds, dt],
+                [passes.saturating_sub(copy), fused.saturating_sub(copy)],
+            );
         }
         println!(
-            "{:>7} {:>9} | {:>7.2}GB/s {:>7.2}GB/s {:>6.2} | {:>7.2}GB/s {:>7.2}GB/s {:>6.2} | {:>8.1}% {:>8.1}%",
+            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
             tokens,
             bytes >> 20,
-            median(m),
-            median(i),
-            median(ri),
-            median(s),
-            median(t),
-            median(rt),
-            median(ci),
-            median(ct),
+            median(m.memcpy),
+            median(m.inproc),
+            median(m.ratio_inproc),
+            median(m.socket),
+            median(m.tcp),
+            median(m.ratio_tcp),
+            median(m.passes_inproc),
+            median(m.passes_tcp),
+            median(m.fused_inproc),
+            median(m.fused_tcp),
         );
     }
 }

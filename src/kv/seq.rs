@@ -371,22 +371,38 @@ impl KvSeq<Received> {
     /// Appends `n` tokens to `layer` on behalf of a peer: `fill(kv, done,
     /// dst)` writes the raw storage-dtype bytes of K (`kv == 0`) or V
     /// (`kv == 1`) rows `[done, done + dst_rows)` of the batch into `dst`,
-    /// one run of consecutive slots of one page at a time. The slots get no
-    /// writer in the audit trail until [`KvSeq::into_verified`].
+    /// one run of consecutive slots of one page at a time. Right after each
+    /// run is written, `landed(page, kv, rows)` is called with the bytes of
+    /// that page's rows `[0, end)` of `layer` as they now are in the pool
+    /// (`page` is the position in [`KvSeq::pages`], `end` the slot after the
+    /// run), still under the storage lock that wrote them: the transfer
+    /// verifier hashes them there, cache-hot. The slots get no writer in
+    /// the audit trail until [`KvSeq::into_verified`].
     pub(crate) fn receive_rows(
         &mut self,
         layer: usize,
         n: usize,
         mut fill: impl FnMut(usize, usize, &mut [u8]),
+        mut landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let kvd = self.geometry().kv_dim();
         self.check_append(layer, n * kvd, n * kvd)?;
+        let ps = self.pool.page_size();
+        let first = self.written[layer] / ps;
         let mut st = self.pool.shared.storage.write();
+        let mut at = 0;
         self.for_each_run(layer, n, |page, slot, done, run| {
             for kv in 0..2 {
                 let off = st.offset(page, layer, kv, slot);
                 fill(kv, done, st.bytes_mut(off, run * kvd));
+                let start = st.offset(page, layer, kv, 0);
+                landed(
+                    first + at,
+                    kv,
+                    st.slice(start, (slot + run) * kvd).as_bytes(),
+                );
             }
+            at += 1;
         });
         drop(st);
         self.written[layer] += n;

@@ -300,6 +300,11 @@ impl<L: PrefillLink> PrefillSide<L> {
         while start < tokens {
             let n = batch_tokens.min(tokens - start);
             for (layer, cursor) in cursors.iter_mut().enumerate() {
+                // Hash first: the hash reads the rows from memory and leaves
+                // them in cache for the transport's copy right after.
+                for (kv, hasher) in cursor.iter_mut().enumerate() {
+                    hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
+                }
                 self.link.write_kv(
                     WriteBatch {
                         request: plan.request,
@@ -310,9 +315,6 @@ impl<L: PrefillLink> PrefillSide<L> {
                     },
                     src,
                 )?;
-                for (kv, hasher) in cursor.iter_mut().enumerate() {
-                    hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
-                }
             }
             start += n;
         }
