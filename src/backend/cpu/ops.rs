@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 
 use crate::backend::Rope;
+use crate::backend::cpu::fastmath;
 use crate::backend::cpu::matmul::dot;
 use crate::model::RopeStyle;
 
@@ -50,6 +51,6 @@ pub(crate) fn rope_row(x: &mut [f32], pos: usize, r: Rope) {
 pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let v = *g;
-        *g = v / (1.0 + (-v).exp()) * u;
+        *g = v / (1.0 + fastmath::exp(-v)) * u;
     }
 }
