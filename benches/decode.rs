@@ -54,21 +54,31 @@ fn prompt(len: usize, salt: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// CPU time consumed so far by every thread of this process (Linux
-/// schedstat), so figures can be read on a machine shared with other jobs.
-fn cpu_time() -> Duration {
-    let mut ns = 0u64;
+/// CPU time used by each live thread of this process (Linux schedstat), so
+/// figures can be read on a machine shared with other jobs.
+fn cpu_times() -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
     if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
         for t in dir.flatten() {
             if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                ns += s
+                let ns = s
                     .split_whitespace()
                     .next()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
+                out.insert(t.file_name().to_string_lossy().into_owned(), ns);
             }
         }
     }
+    out
+}
+
+/// CPU time all threads used since `before` was taken.
+fn cpu_since(before: &std::collections::HashMap<String, u64>) -> Duration {
+    let ns: u64 = cpu_times()
+        .iter()
+        .map(|(tid, &now)| now.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+        .sum();
     Duration::from_nanos(ns)
 }
 
@@ -90,15 +100,21 @@ fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> Rate
     .unwrap();
     let mut s = m.scratch();
     let vocab = m.config().vocab_size;
-    let mut seqs: Vec<KvSeq<Ready>> = Vec::new();
-    let mut next = Vec::new();
-    for b in 0..batch {
-        let p = prompt(prompt_len, b, vocab);
-        let mut seq = pool.reserve(RequestId(b as u64), total).unwrap();
-        let l = m.prefill(&mut s, &mut [&mut seq], &[&p]).unwrap();
-        next.push(argmax(l.row(0)).unwrap());
-        seqs.push(seq.seal(prompt_len).unwrap());
-    }
+    // One batched prefill for all sequences.
+    let prompts: Vec<Vec<u32>> = (0..batch).map(|b| prompt(prompt_len, b, vocab)).collect();
+    let mut filling: Vec<_> = (0..batch)
+        .map(|b| pool.reserve(RequestId(b as u64), total).unwrap())
+        .collect();
+    let mut next = {
+        let mut refs: Vec<_> = filling.iter_mut().collect();
+        let ps: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let l = m.prefill(&mut s, &mut refs, &ps).unwrap();
+        l.rows().map(|r| argmax(r).unwrap()).collect::<Vec<u32>>()
+    };
+    let mut seqs: Vec<KvSeq<Ready>> = filling
+        .into_iter()
+        .map(|f| f.seal(prompt_len).unwrap())
+        .collect();
     // Warm-up step (buffers grow once), then the timed steps.
     let mut step = |seqs: &mut Vec<KvSeq<Ready>>, next: &mut Vec<u32>| {
         let mut refs: Vec<&mut KvSeq<Ready>> = seqs.iter_mut().collect();
@@ -108,14 +124,14 @@ fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> Rate
         }
     };
     step(&mut seqs, &mut next);
-    let (t, c) = (Instant::now(), cpu_time());
+    let (t, c) = (Instant::now(), cpu_times());
     for _ in 1..steps {
         step(&mut seqs, &mut next);
     }
     let n = (batch * (steps - 1)) as f64;
     Rate {
         wall: n / t.elapsed().as_secs_f64(),
-        cpu: n / (cpu_time() - c).as_secs_f64(),
+        cpu: n / cpu_since(&c).as_secs_f64(),
     }
 }
 
@@ -224,8 +240,19 @@ fn bench(w: ModelWeights, plan: &Plan) {
         c.head_dim,
         c.vocab_size
     ));
-    let m = Model::new(backend(), w.clone()).unwrap();
-    say(format!("threads: {}", m.backend().threads()));
+    for &b in plan.engine_batches {
+        let (r, first) = engine_rate(&w, b, plan.prompt_len, plan.engine_new);
+        say(format!(
+            "engine batch {b:>3}: {r:>10.1} tokens/s end to end ({} new tokens each, first token after {first:.2?})",
+            plan.engine_new
+        ));
+    }
+    let m = Model::new(backend(), w).unwrap();
+    say(format!(
+        "threads: {}, kernels: {:?}",
+        m.backend().threads(),
+        m.backend().isa()
+    ));
     let single = decode_rate(&m, 1, plan.prompt_len, (plan.steps)(1));
     say(format!(
         "decode batch   1: {:>10.1} tokens/s wall | {:>10.1} tokens per CPU-second",
@@ -239,13 +266,6 @@ fn bench(w: ModelWeights, plan: &Plan) {
             r.wall / single.wall,
             r.cpu,
             r.cpu / single.cpu
-        ));
-    }
-    for &b in plan.engine_batches {
-        let (r, first) = engine_rate(&w, b, plan.prompt_len, plan.engine_new);
-        say(format!(
-            "engine batch {b:>3}: {r:>10.1} tokens/s end to end ({} new tokens each, first token after {first:.2?})",
-            plan.engine_new
         ));
     }
     for &n in plan.ttft {

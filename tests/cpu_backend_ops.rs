@@ -241,11 +241,20 @@ fn geometry(shape: AttnShape, dtype: KvDtype) -> KvGeometry {
 
 #[test]
 fn kv_append_and_paged_attention_match_dense_attention() {
-    let shape = AttnShape {
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 8,
-    };
+    // Head layouts that take every kernel path: fewer than eight heads,
+    // blocks of eight, a remainder, MQA, and head dims that are not a
+    // multiple of eight.
+    for (h, kvh, hd) in [(4, 2, 8), (8, 4, 8), (12, 4, 16), (16, 1, 12), (8, 8, 4)] {
+        let shape = AttnShape {
+            n_heads: h,
+            n_kv_heads: kvh,
+            head_dim: hd,
+        };
+        attention_matches_dense(shape);
+    }
+}
+
+fn attention_matches_dense(shape: AttnShape) {
     for dtype in [KvDtype::F32, KvDtype::F16] {
         for b in backends() {
             let pool = KvPool::new(PoolConfig::new(geometry(shape, dtype), 4, 64)).unwrap();

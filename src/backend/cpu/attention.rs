@@ -102,42 +102,17 @@ pub(crate) fn attend_row_with<K: Kernel>(
         let t0 = p * ps;
         let tn = (n_keys - t0).min(ps);
         let keys = as_f32(kv.keys(p), conv);
-        for t in 0..tn {
-            let row = &keys[t * kvd..(t + 1) * kvd];
-            K::scores(
-                qs,
-                row,
-                koff,
-                hd,
-                &mut scores[(t0 + t) * nh..(t0 + t + 1) * nh],
-            );
-        }
+        K::scores(
+            qs,
+            keys,
+            tn,
+            kvd,
+            koff,
+            hd,
+            &mut scores[t0 * nh..(t0 + tn) * nh],
+        );
     }
-    // Softmax per head, over positions in order.
-    head.clear();
-    head.resize(nh, f32::NEG_INFINITY);
-    for sc in scores.chunks_exact(nh) {
-        for (m, &x) in head.iter_mut().zip(sc) {
-            *m = m.max(x);
-        }
-    }
-    for sc in scores.chunks_exact_mut(nh) {
-        for (x, &m) in sc.iter_mut().zip(head.iter()) {
-            *x -= m;
-        }
-    }
-    for x in scores.iter_mut() {
-        *x = fastmath::exp(*x);
-    }
-    head.fill(0.0);
-    for sc in scores.chunks_exact(nh) {
-        for (sum, &x) in head.iter_mut().zip(sc) {
-            *sum += x;
-        }
-    }
-    for sum in head.iter_mut() {
-        *sum = 1.0 / *sum;
-    }
+    softmax_columns(scores, nh, head);
 
     out.fill(0.0);
     for p in 0..n_pages {
@@ -151,5 +126,52 @@ pub(crate) fn attend_row_with<K: Kernel>(
         for x in o {
             *x *= inv;
         }
+    }
+}
+
+/// Per head (column of `scores: [n_keys][nh]`): subtracts the max, takes
+/// `exp`, and leaves `1 / sum` in `inv_sum[h]`. Sums run over positions in
+/// order. Heads go eight at a time in fixed-size blocks the compiler keeps
+/// in registers; a remainder of fewer than eight heads goes one by one.
+#[inline(always)]
+fn softmax_columns(scores: &mut [f32], nh: usize, inv_sum: &mut Vec<f32>) {
+    const B: usize = 8;
+    inv_sum.clear();
+    inv_sum.resize(nh, 0.0);
+    let n = scores.len() / nh;
+    let blocks = nh / B;
+    for hb in 0..blocks {
+        let col = |t: usize| t * nh + hb * B;
+        let mut m = [f32::NEG_INFINITY; B];
+        for t in 0..n {
+            let x = &scores[col(t)..col(t) + B];
+            for l in 0..B {
+                m[l] = if x[l] > m[l] { x[l] } else { m[l] };
+            }
+        }
+        let mut sum = [0f32; B];
+        for t in 0..n {
+            let x = &mut scores[col(t)..col(t) + B];
+            for l in 0..B {
+                x[l] = fastmath::exp(x[l] - m[l]);
+                sum[l] += x[l];
+            }
+        }
+        for l in 0..B {
+            inv_sum[hb * B + l] = 1.0 / sum[l];
+        }
+    }
+    for h in blocks * B..nh {
+        let mut m = f32::NEG_INFINITY;
+        for t in 0..n {
+            m = m.max(scores[t * nh + h]);
+        }
+        let mut sum = 0f32;
+        for t in 0..n {
+            let x = &mut scores[t * nh + h];
+            *x = fastmath::exp(*x - m);
+            sum += *x;
+        }
+        inv_sum[h] = 1.0 / sum;
     }
 }

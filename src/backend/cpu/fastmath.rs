@@ -13,7 +13,11 @@ const ROUND: f32 = 12_582_912.0;
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.3);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let big = x * LOG2E + ROUND;
+    // The rounded integer sits in the low mantissa bits of `big`: integer
+    // arithmetic on the bits (a float-to-int cast would not vectorise).
+    let ni = big.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let n = big - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
@@ -22,7 +26,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    e * f32::from_bits(((ni + 127) as u32) << 23)
 }
 
 #[cfg(test)]

@@ -44,13 +44,26 @@ pub(crate) trait Kernel {
         Self::tile::<1, 1>(a.len().min(b.len()), [a], [b])[0][0]
     }
 
-    /// Attention scores of one key row against every query head:
-    /// `out[h] = q[h] · row[koff[h] .. koff[h] + hd]`.
+    /// Attention scores of `tn` key rows (`keys: [tn, kvd]`) against every
+    /// query head: `out[t * nh + h] = q[h] · keys[t][koff[h] .. koff[h] +
+    /// hd]`, `nh = koff.len()`.
     #[inline(always)]
-    fn scores(q: &[f32], row: &[f32], koff: &[usize], hd: usize, out: &mut [f32]) {
-        // Index arithmetic, not chunks_exact: that divides on every call.
-        for (h, (o, &ko)) in out.iter_mut().zip(koff).enumerate() {
-            *o = Self::dot(&q[h * hd..(h + 1) * hd], &row[ko..ko + hd]);
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        q: &[f32],
+        keys: &[f32],
+        tn: usize,
+        kvd: usize,
+        koff: &[usize],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        let nh = koff.len();
+        for t in 0..tn {
+            let row = &keys[t * kvd..(t + 1) * kvd];
+            for (h, &ko) in koff.iter().enumerate() {
+                out[t * nh + h] = Self::dot(&q[h * hd..(h + 1) * hd], &row[ko..ko + hd]);
+            }
         }
     }
 

@@ -19,8 +19,10 @@ use rayon::prelude::*;
 use crate::backend::{AttnShape, Backend, BackendError, Rope, SeqSpan};
 use crate::kv::{KvSeq, LayerView, Writable};
 
-/// Multiply-adds below which an op stays on the calling thread.
-const PAR_MIN_WORK: usize = 1 << 17;
+/// Multiply-adds below which an op stays on the calling thread by default:
+/// handing work to the pool and joining costs tens of microseconds on a
+/// busy machine.
+pub const DEFAULT_PARALLEL_WORK: usize = 1 << 18;
 
 /// A weight tensor in host memory.
 #[derive(Debug, Clone)]
@@ -77,6 +79,7 @@ pub struct CpuBackend {
     threads: usize,
     /// Validated against the CPU: `Avx2Fma` only when it is supported.
     isa: Isa,
+    min_parallel_work: usize,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -134,7 +137,12 @@ impl CpuBackend {
             None
         };
         let threads = if pool.is_some() { threads } else { 1 };
-        CpuBackend { pool, threads, isa }
+        CpuBackend {
+            pool,
+            threads,
+            isa,
+            min_parallel_work: DEFAULT_PARALLEL_WORK,
+        }
     }
 
     /// The instruction set of the kernels.
@@ -149,7 +157,17 @@ impl CpuBackend {
 
     /// The pool, when `work` multiply-adds are worth splitting.
     fn par_pool(&self, work: usize) -> Option<&rayon::ThreadPool> {
-        self.pool.as_ref().filter(|_| work >= PAR_MIN_WORK)
+        self.pool
+            .as_ref()
+            .filter(|_| work >= self.min_parallel_work)
+    }
+
+    /// Ops with fewer multiply-adds than this run on the calling thread
+    /// (default [`DEFAULT_PARALLEL_WORK`]).
+    #[must_use]
+    pub fn min_parallel_work(mut self, macs: usize) -> Self {
+        self.min_parallel_work = macs.max(1);
+        self
     }
 }
 

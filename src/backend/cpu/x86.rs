@@ -106,48 +106,101 @@ impl Kernel for Avx2 {
     }
 
     #[inline(always)]
-    fn scores(q: &[f32], row: &[f32], koff: &[usize], hd: usize, out: &mut [f32]) {
-        let nh = out.len();
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        q: &[f32],
+        keys: &[f32],
+        tn: usize,
+        kvd: usize,
+        koff: &[usize],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        let nh = koff.len();
         let chunks = hd / LANES;
-        let mut h = 0;
-        // Eight heads at a time: one reduction for all eight.
-        while h + 8 <= nh && chunks > 0 {
-            let qs: [&[f32]; 8] = std::array::from_fn(|j| &q[(h + j) * hd..(h + j + 1) * hd]);
-            let ks: [&[f32]; 8] = std::array::from_fn(|j| &row[koff[h + j]..koff[h + j] + hd]);
-            // SAFETY: AVX2 + FMA as for `tile`; loads read `[c * 8, c * 8 +
-            // 8)` with `c < hd / 8` of slices of length `hd`; the store
-            // writes 8 floats to an 8-float local.
-            let sums = unsafe {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for c in 0..chunks {
-                    let o = c * LANES;
-                    for j in 0..8 {
-                        acc[j] = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(qs[j].as_ptr().add(o)),
-                            _mm256_loadu_ps(ks[j].as_ptr().add(o)),
-                            acc[j],
-                        );
+        let blocks = if chunks > 0 { nh / 8 } else { 0 };
+        let fits = q.len() >= nh * hd
+            && keys.len() >= tn * kvd
+            && out.len() >= tn * nh
+            && koff.iter().all(|&k| k + hd <= kvd);
+        if !fits {
+            // Not reachable from the backend (shapes are checked); stay safe.
+            for t in 0..tn {
+                let row = &keys[t * kvd..(t + 1) * kvd];
+                for (h, &ko) in koff.iter().enumerate() {
+                    out[t * nh + h] = Self::dot(&q[h * hd..(h + 1) * hd], &row[ko..ko + hd]);
+                }
+            }
+            return;
+        }
+        for hb in 0..blocks {
+            let h0 = hb * 8;
+            // SAFETY: AVX2 + FMA as for `tile`. `fits` checked above that q
+            // holds nh * hd floats, keys tn rows of kvd, out tn rows of nh,
+            // and every head's K slice `koff[h] .. koff[h] + hd` lies in a
+            // row; loads read `[c * 8, c * 8 + 8)` with `c < hd / 8` inside
+            // those slices, the store writes heads `h0 .. h0 + 8 <= nh` of
+            // row `t < tn`.
+            unsafe {
+                let qp = q.as_ptr().add(h0 * hd);
+                let ko: [usize; 8] = std::array::from_fn(|j| koff[h0 + j]);
+                if chunks == 1 {
+                    // One register per head: keep the queries loaded.
+                    let qv: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(qp.add(j * hd)));
+                    for t in 0..tn {
+                        let kp = keys.as_ptr().add(t * kvd);
+                        let acc: [__m256; 8] = std::array::from_fn(|j| {
+                            _mm256_fmadd_ps(
+                                qv[j],
+                                _mm256_loadu_ps(kp.add(ko[j])),
+                                _mm256_setzero_ps(),
+                            )
+                        });
+                        _mm256_storeu_ps(out.as_mut_ptr().add(t * nh + h0), reduce8(&acc));
+                    }
+                } else {
+                    for t in 0..tn {
+                        let kp = keys.as_ptr().add(t * kvd);
+                        let mut acc = [_mm256_setzero_ps(); 8];
+                        for c in 0..chunks {
+                            let o = c * LANES;
+                            for j in 0..8 {
+                                acc[j] = _mm256_fmadd_ps(
+                                    _mm256_loadu_ps(qp.add(j * hd + o)),
+                                    _mm256_loadu_ps(kp.add(ko[j] + o)),
+                                    acc[j],
+                                );
+                            }
+                        }
+                        _mm256_storeu_ps(out.as_mut_ptr().add(t * nh + h0), reduce8(&acc));
                     }
                 }
-                let mut sums = [0f32; 8];
-                _mm256_storeu_ps(sums.as_mut_ptr(), reduce8(&acc));
-                sums
-            };
-            for j in 0..8 {
-                let mut s = sums[j];
-                for t in chunks * LANES..hd {
-                    s = qs[j][t].mul_add(ks[j][t], s);
-                }
-                out[h + j] = s;
             }
-            h += 8;
+            if !hd.is_multiple_of(LANES) {
+                for t in 0..tn {
+                    let row = &keys[t * kvd..(t + 1) * kvd];
+                    for j in 0..8 {
+                        let (qh, kh) = (
+                            &q[(h0 + j) * hd..(h0 + j + 1) * hd],
+                            &row[koff[h0 + j]..koff[h0 + j] + hd],
+                        );
+                        let o = &mut out[t * nh + h0 + j];
+                        for i in chunks * LANES..hd {
+                            *o = qh[i].mul_add(kh[i], *o);
+                        }
+                    }
+                }
+            }
         }
-        for j in h..nh {
-            out[j] = Self::tile::<1, 1>(
-                hd,
-                [&q[j * hd..(j + 1) * hd]],
-                [&row[koff[j]..koff[j] + hd]],
-            )[0][0];
+        for t in 0..tn {
+            let row = &keys[t * kvd..(t + 1) * kvd];
+            for h in blocks * 8..nh {
+                out[t * nh + h] = Self::tile::<1, 1>(
+                    hd,
+                    [&q[h * hd..(h + 1) * hd]],
+                    [&row[koff[h]..koff[h] + hd]],
+                )[0][0];
+            }
         }
     }
 
@@ -229,21 +282,40 @@ impl AvBlock<'_> {
         let src: [usize; B] =
             std::array::from_fn(|j| self.koff[head[j]] + (self.first + j) * LANES % self.hd);
         let o = &mut self.out[self.first * LANES..(self.first + B) * LANES];
-        // SAFETY: AVX2 + FMA as for `tile`. Every pointer comes from a
-        // bounds-checked slice of exactly 8 floats.
-        unsafe {
-            let mut acc: [__m256; B] =
-                std::array::from_fn(|j| _mm256_loadu_ps(o[j * LANES..(j + 1) * LANES].as_ptr()));
+        let fits = self.vals.len() >= self.tn * self.kvd
+            && self.w.len() >= self.tn * self.nh
+            && (0..B).all(|j| src[j] + LANES <= self.kvd && head[j] < self.nh);
+        if !fits {
+            // Not reachable from the backend (shapes are checked); stay
+            // correct with bounds-checked scalar code.
             for t in 0..self.tn {
-                let row = &self.vals[t * self.kvd..(t + 1) * self.kvd];
-                let wt = &self.w[t * self.nh..(t + 1) * self.nh];
                 for j in 0..B {
-                    let v = _mm256_loadu_ps(row[src[j]..src[j] + LANES].as_ptr());
-                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(wt[head[j]]), v, acc[j]);
+                    let w = self.w[t * self.nh + head[j]];
+                    let v = &self.vals[t * self.kvd + src[j]..t * self.kvd + src[j] + LANES];
+                    for (o, &x) in o[j * LANES..(j + 1) * LANES].iter_mut().zip(v) {
+                        *o = w.mul_add(x, *o);
+                    }
                 }
             }
-            for j in 0..B {
-                _mm256_storeu_ps(o[j * LANES..(j + 1) * LANES].as_mut_ptr(), acc[j]);
+            return;
+        }
+        // SAFETY: AVX2 + FMA as for `tile`. `o` is exactly B * 8 floats;
+        // `fits` checked that vals holds tn rows of kvd and w tn rows of nh,
+        // that each unit's 8 source floats lie inside a row and its head
+        // inside a w row; t < tn.
+        unsafe {
+            let mut acc: [__m256; B] =
+                std::array::from_fn(|j| _mm256_loadu_ps(o.as_ptr().add(j * LANES)));
+            for t in 0..self.tn {
+                let row = self.vals.as_ptr().add(t * self.kvd);
+                let wt = self.w.as_ptr().add(t * self.nh);
+                for j in 0..B {
+                    let v = _mm256_loadu_ps(row.add(src[j]));
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(*wt.add(head[j])), v, acc[j]);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(j * LANES), *a);
             }
         }
     }
