@@ -337,7 +337,7 @@ pub(crate) fn matmul_cols(
     if m == 1 {
         matmul_cols_k::<Avx2, 1, 8>(x, m, k, w, cols, out, row_stride, col_stride)
     } else {
-        matmul_cols_k::<Avx2, 2, 4>(x, m, k, w, cols, out, row_stride, col_stride)
+        matmul_cols_k::<Avx2, 4, 3>(x, m, k, w, cols, out, row_stride, col_stride)
     }
 }
 
