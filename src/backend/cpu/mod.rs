@@ -345,9 +345,7 @@ impl Backend for CpuBackend {
                 positions.len(),
             ));
         }
-        for (row, &pos) in x.chunks_exact_mut(width).zip(positions) {
-            ops::rope_row(row, pos, rope);
-        }
+        ops::rope_rows(x, positions, rope);
         Ok(())
     }
 
