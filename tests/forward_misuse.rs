@@ -104,22 +104,3 @@ fn incomplete_kv_and_foreign_pools_are_refused() {
         })
     ));
 }
-
-#[test]
-fn the_culprit_is_named_in_the_whole_batch_even_when_it_is_split() {
-    let (m, pool) = setup();
-    let mut s = m.scratch();
-    let mut seqs: Vec<_> = (0..8)
-        .map(|i| pool.reserve(RequestId(i), 8).unwrap())
-        .collect();
-    let mut refs: Vec<_> = seqs.iter_mut().collect();
-    let long = [1u32; 9];
-    let prompts: Vec<&[u32]> = (0..8)
-        .map(|i| if i == 6 { &long[..] } else { &long[..2] })
-        .collect();
-    let err = m.prefill(&mut s, &mut refs, &prompts).unwrap_err();
-    assert!(
-        matches!(err, ForwardError::Reservation { index: 6, .. }),
-        "{err:?}"
-    );
-}

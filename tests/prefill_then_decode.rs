@@ -123,33 +123,3 @@ fn chunked_prefill_equals_one_prefill_and_logits_for_prompt_matches() {
     drop(seq);
     assert!(pool.stats().is_full());
 }
-
-#[test]
-fn a_batch_split_over_threads_gives_the_numbers_of_one_pass() {
-    let w = random_weights(&ModelConfig::tiny_gqa(), 11);
-    // One thread: one pass. Two threads: the small model's batch is split
-    // into one group per thread.
-    let one = Model::new(CpuBackend::with_threads(1), w.clone()).unwrap();
-    let two = Model::new(CpuBackend::with_threads(2), w).unwrap();
-    let run = |m: &Model| {
-        let pool = KvPool::new(PoolConfig::new(m.kv_geometry(KvDtype::F32), 16, 64)).unwrap();
-        let prompts: Vec<Vec<u32>> = (0..9).map(|i| prompt(3 + 5 * i, i as u32)).collect();
-        let mut seqs: Vec<_> = (0..9)
-            .map(|i| pool.reserve(RequestId(i), 64).unwrap())
-            .collect();
-        let mut s = m.scratch();
-        let mut refs: Vec<_> = seqs.iter_mut().collect();
-        let ps: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
-        let first = m.prefill(&mut s, &mut refs, &ps).unwrap().to_vecs();
-        let mut ready: Vec<KvSeq<Ready>> = seqs
-            .into_iter()
-            .zip(&prompts)
-            .map(|(q, p)| q.seal(p.len()).unwrap())
-            .collect();
-        let mut refs: Vec<_> = ready.iter_mut().collect();
-        let next: Vec<u32> = first.iter().map(|l| argmax(l).unwrap()).collect();
-        let second = m.decode(&mut s, &mut refs, &next).unwrap().to_vecs();
-        (first, second)
-    };
-    assert_eq!(run(&one), run(&two));
-}

@@ -197,25 +197,6 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> Result<(), BackendError>;
 
-    /// Into how many groups a decode/prefill batch of `seqs` sequences over
-    /// `weight_bytes` of weights should be split, the groups running
-    /// concurrently through [`Backend::for_each_group`]. 1 (the default):
-    /// one pass for the whole batch, so each weight is read once per step —
-    /// what large models need. A backend whose per-op parallelism does not
-    /// pay for small models may split them instead.
-    fn batch_groups(&self, weight_bytes: usize, seqs: usize) -> usize {
-        let _ = (weight_bytes, seqs);
-        1
-    }
-
-    /// Runs `f(i, &mut items[i])` for every item, concurrently where the
-    /// backend can. The default runs them in order on the caller's thread.
-    fn for_each_group<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
-        for (i, t) in items.iter_mut().enumerate() {
-            f(i, t);
-        }
-    }
-
     /// Output logits of selected rows: `rms_norm(x[rows]) · Wᵀ`, `[rows.len(),
     /// vocab]`. `tmp` and `tmp2` are scratch.
     #[allow(clippy::too_many_arguments)]

@@ -4,38 +4,6 @@
 use crate::model::{ModelError, ModelWeights};
 
 impl ModelWeights {
-    /// Number of weights (f32 elements) in all tensors.
-    pub fn parameter_count(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [
-                    &l.attn_norm,
-                    &l.wq,
-                    &l.wk,
-                    &l.wv,
-                    &l.wo,
-                    &l.ffn_norm,
-                    &l.w1,
-                    &l.w2,
-                    &l.w3,
-                ]
-                .iter()
-                .map(|v| v.len())
-                .sum::<usize>()
-                    + [&l.bq, &l.bk, &l.bv]
-                        .iter()
-                        .map(|b| b.as_ref().map_or(0, Vec::len))
-                        .sum::<usize>()
-            })
-            .sum();
-        self.embedding.len()
-            + layers
-            + self.final_norm.len()
-            + self.lm_head.as_ref().map_or(0, Vec::len)
-    }
-
     /// Checks the config and that every tensor has the length its shape
     /// needs. A mismatch names the tensor and the expected shape.
     pub fn check_shapes(&self) -> Result<(), ModelError> {

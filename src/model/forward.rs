@@ -93,57 +93,6 @@ impl ForwardError {
     }
 }
 
-impl ForwardError {
-    /// The same error with sequence indices moved by `by` (a group's error
-    /// reported in the whole batch's numbering).
-    fn shifted(self, by: usize) -> Self {
-        use ForwardError::*;
-        match self {
-            NoTokens { index } => NoTokens { index: index + by },
-            TokenOutOfRange {
-                index,
-                token,
-                vocab,
-            } => TokenOutOfRange {
-                index: index + by,
-                token,
-                vocab,
-            },
-            IncompleteKv {
-                index,
-                owner,
-                written,
-            } => IncompleteKv {
-                index: index + by,
-                owner,
-                written,
-            },
-            Reservation {
-                index,
-                owner,
-                needed,
-                reserved,
-            } => Reservation {
-                index: index + by,
-                owner,
-                needed,
-                reserved,
-            },
-            ForeignPool { index } => ForeignPool { index: index + by },
-            Kv {
-                index,
-                owner,
-                source,
-            } => Kv {
-                index: index + by,
-                owner,
-                source,
-            },
-            other => other,
-        }
-    }
-}
-
 impl HttpStatus for ForwardError {
     fn http_status(&self) -> u16 {
         match self {
@@ -178,8 +127,6 @@ pub struct Model<B: Backend = CpuBackend> {
     lm_head: Option<B::Mat>,
     final_norm: B::Mat,
     layers: Vec<Layer<B>>,
-    /// Bytes of all weights (for the backend's batch-splitting choice).
-    weight_bytes: usize,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -212,8 +159,6 @@ pub struct Scratch<B: Backend> {
     positions: Vec<usize>,
     spans: Vec<SeqSpan>,
     out_rows: Vec<usize>,
-    /// Scratch of each group when the backend splits a batch.
-    groups: Vec<Scratch<B>>,
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -236,7 +181,6 @@ impl<B: Backend> Default for Scratch<B> {
             positions: Vec::new(),
             spans: Vec::new(),
             out_rows: Vec::new(),
-            groups: Vec::new(),
         }
     }
 }
@@ -271,15 +215,6 @@ impl<'a> Logits<'a> {
     }
 }
 
-/// One group of a split batch: index of its first sequence, its sequences,
-/// its scratch, its result.
-type Group<'a, 'b, S, B> = (
-    usize,
-    &'a mut [&'b mut KvSeq<S>],
-    &'a mut Scratch<B>,
-    Result<(), ForwardError>,
-);
-
 /// Which rows of the pass produce logits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Want {
@@ -298,7 +233,6 @@ impl<B: Backend> Model<B> {
     /// Checks `weights` and places them on `backend`.
     pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
         weights.check_shapes()?;
-        let weight_bytes = 4 * weights.parameter_count();
         let ModelWeights {
             config: c,
             embedding,
@@ -343,7 +277,6 @@ impl<B: Backend> Model<B> {
             layers: placed,
             config: c,
             backend,
-            weight_bytes,
         })
     }
 
@@ -444,7 +377,7 @@ impl<B: Backend> Model<B> {
         &self,
         scratch: &mut Scratch<B>,
         seqs: &[&mut KvSeq<S>],
-        input: &impl Fn(usize) -> &'t [u32],
+        input: impl Fn(usize) -> &'t [u32],
     ) -> Result<(), ForwardError> {
         let first = seqs.first().ok_or(ForwardError::EmptyBatch)?;
         let g = first.pool().config().geometry();
@@ -504,62 +437,7 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// One batched pass, or, when the backend prefers it for this model, one
-    /// pass per group of sequences run concurrently. Each sequence's numbers
-    /// are the same either way.
     fn pass<'s, 't, S: Writable + Readable>(
-        &self,
-        scratch: &'s mut Scratch<B>,
-        seqs: &mut [&mut KvSeq<S>],
-        input: impl Fn(usize) -> &'t [u32] + Sync,
-        want: Want,
-        decode: bool,
-    ) -> Result<Logits<'s>, ForwardError> {
-        let n = seqs.len();
-        let groups = match want {
-            Want::Every => 1,
-            Want::LastOfEachSequence => self.backend.batch_groups(self.weight_bytes, n),
-        };
-        if groups <= 1 || n < 2 {
-            return self.pass_one(scratch, seqs, input, want, decode);
-        }
-        // The whole batch is validated before any group computes, so a
-        // refused batch has written nothing.
-        self.prepare(scratch, seqs, &input)?;
-        let per = n.div_ceil(groups);
-        let mut subs = std::mem::take(&mut scratch.groups);
-        subs.resize_with(n.div_ceil(per), Scratch::default);
-        let mut items: Vec<Group<'_, '_, S, B>> = seqs
-            .chunks_mut(per)
-            .zip(subs.iter_mut())
-            .enumerate()
-            .map(|(g, (sq, sc))| (g * per, sq, sc, Ok(())))
-            .collect();
-        self.backend
-            .for_each_group(&mut items, |_, (first, sq, sc, res)| {
-                let first = *first;
-                *res = self
-                    .pass_one(sc, sq, |i| input(first + i), want, decode)
-                    .map(|_| ())
-                    .map_err(|e| e.shifted(first));
-            });
-        let mut result = Ok(());
-        scratch.logits.clear();
-        for (_, _, sc, res) in items {
-            if result.is_ok() {
-                result = res;
-            }
-            scratch.logits.extend_from_slice(&sc.logits);
-        }
-        scratch.groups = subs;
-        result?;
-        Ok(Logits {
-            data: &scratch.logits,
-            vocab: self.config.vocab_size,
-        })
-    }
-
-    fn pass_one<'s, 't, S: Writable + Readable>(
         &self,
         scratch: &'s mut Scratch<B>,
         seqs: &mut [&mut KvSeq<S>],
@@ -567,7 +445,7 @@ impl<B: Backend> Model<B> {
         want: Want,
         decode: bool,
     ) -> Result<Logits<'s>, ForwardError> {
-        self.prepare(scratch, seqs, &input)?;
+        self.prepare(scratch, seqs, input)?;
         let b = &self.backend;
         let c = &self.config;
         let eps = c.norm_eps;

@@ -24,10 +24,6 @@ use crate::kv::{KvSeq, LayerView, Writable};
 /// busy machine.
 pub const DEFAULT_PARALLEL_WORK: usize = 1 << 18;
 
-/// Models with at most this many bytes of weights run a batch as one group
-/// of sequences per thread (see `Backend::batch_groups`).
-const SPLIT_BATCH_MAX_WEIGHTS: usize = 16 << 20;
-
 /// A weight tensor in host memory.
 #[derive(Debug, Clone)]
 pub struct CpuMat {
@@ -226,30 +222,6 @@ impl Backend for CpuBackend {
 
     fn len(&self, buf: &Vec<f32>) -> usize {
         buf.len()
-    }
-
-    fn batch_groups(&self, weight_bytes: usize, seqs: usize) -> usize {
-        // Weights that stay in cache make each op too short to split across
-        // threads (the hand-off costs more); split the batch instead, one
-        // group per thread, at least two sequences each.
-        if self.pool.is_some() && weight_bytes <= SPLIT_BATCH_MAX_WEIGHTS {
-            self.threads.min(seqs / 2).max(1)
-        } else {
-            1
-        }
-    }
-
-    fn for_each_group<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
-        match &self.pool {
-            Some(pool) if items.len() > 1 => {
-                pool.install(|| items.par_iter_mut().enumerate().for_each(|(i, t)| f(i, t)))
-            }
-            _ => {
-                for (i, t) in items.iter_mut().enumerate() {
-                    f(i, t);
-                }
-            }
-        }
     }
 
     fn to_host(&self, buf: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
