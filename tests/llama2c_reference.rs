@@ -13,6 +13,10 @@ mod naive_llama;
 use std::io::Write;
 use std::path::Path;
 
+use handoff::kv::{KvSeq, Ready};
+use handoff::model::{Model, load_llama2c};
+use handoff::sampling::argmax;
+use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 use naive_llama::{NaiveLayer, NaiveModel, NaiveRope};
 
 const MODEL: &str = concat!(
@@ -176,4 +180,129 @@ fn the_reference_rope_angles_match_the_tables_stored_in_the_file() {
     // The tables are f32 (measured worst 2.3e-6, from f32 angles); a wrong
     // base or exponent is off by O(1) within a few positions.
     assert!(worst < 1e-5, "RoPE tables differ by {worst}");
+}
+
+/// handoff (f32, its own loader, paged batched kernels) against the f64
+/// reference, as the largest absolute logit difference.
+///
+/// Why 5e-4: both sides compute the same function, so the difference is
+/// f32 rounding in handoff. Measured: 8e-6 at position 0, growing slowly to
+/// a worst of 5.4e-5 over 301 positions, with logits up to |19.4|. The bound
+/// leaves 10x headroom for other summation orders (thread counts, SIMD) and
+/// is still ~1000x below what a convention error costs (checked below: the
+/// rotate-half convention moves logits by more than 0.5).
+const TOL: f64 = 5e-4;
+
+/// A deterministic prompt: BOS then `n` pseudo-random token ids.
+fn prompt(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    let mut out = vec![1];
+    for _ in 0..n {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        out.push(((s >> 33) % 512) as u32);
+    }
+    out
+}
+
+fn max_abs_diff(reference: &[Vec<f64>], ours: &[Vec<f32>]) -> (f64, usize) {
+    assert_eq!(reference.len(), ours.len(), "positions");
+    let mut worst = (0.0, 0);
+    for (p, (r, o)) in reference.iter().zip(ours).enumerate() {
+        assert_eq!(r.len(), o.len(), "vocab at position {p}");
+        for (a, b) in r.iter().zip(o) {
+            let d = (a - f64::from(*b)).abs();
+            if d.is_nan() || d > worst.0 {
+                worst = (d, p);
+            }
+        }
+    }
+    worst
+}
+
+fn handoff_model() -> Model {
+    Model::cpu(load_llama2c(Path::new(MODEL)).unwrap()).unwrap()
+}
+
+#[test]
+fn handoff_logits_match_the_reference_at_every_position() {
+    let Some(bytes) = model_bytes() else { return };
+    let reference = parse(&bytes).model;
+    let model = handoff_model();
+    for (n, seed) in [(0, 0), (40, 7), (300, 12345)] {
+        let p = prompt(n, seed);
+        let (d, pos) = max_abs_diff(
+            &reference.logits_for_prompt(&p),
+            &model.logits_for_prompt(&p).unwrap(),
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "{} tokens: max |logit diff| {d:e} (at position {pos})",
+            p.len()
+        );
+        assert!(
+            d <= TOL,
+            "{} tokens: differs by {d:e} at position {pos}",
+            p.len()
+        );
+    }
+}
+
+#[test]
+fn the_tolerance_tells_rope_conventions_apart() {
+    let Some(bytes) = model_bytes() else { return };
+    let mut wrong = parse(&bytes).model;
+    wrong.rope = NaiveRope::RotateHalf;
+    let p = prompt(40, 7);
+    let (d, _) = max_abs_diff(
+        &wrong.logits_for_prompt(&p),
+        &handoff_model().logits_for_prompt(&p).unwrap(),
+    );
+    assert!(d > 1000.0 * TOL, "rotate-half differs by only {d:e}");
+}
+
+/// Greedy through handoff's serving path: paged prefill, then paged decode.
+fn handoff_greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let pool = KvPool::new(PoolConfig::new(model.kv_geometry(KvDtype::F32), 16, 16)).unwrap();
+    let mut scratch = model.scratch();
+    let mut seq = pool.reserve(RequestId(1), prompt.len() + n).unwrap();
+    let logits = model
+        .prefill(&mut scratch, &mut [&mut seq], &[prompt])
+        .unwrap();
+    let mut out = vec![argmax(logits.row(0)).unwrap()];
+    let mut seq: KvSeq<Ready> = seq.seal(prompt.len()).unwrap();
+    while out.len() < n {
+        let last = *out.last().unwrap();
+        let logits = model
+            .decode(&mut scratch, &mut [&mut seq], &[last])
+            .unwrap();
+        out.push(argmax(logits.row(0)).unwrap());
+    }
+    out
+}
+
+#[test]
+fn handoff_greedy_tokens_equal_the_reference() {
+    let Some(bytes) = model_bytes() else { return };
+    let reference = parse(&bytes).model;
+    let model = handoff_model();
+    // Prompts whose greedy paths stay clear of near-ties (this small model has
+    // many: e.g. prompt(40, 7) meets a 1.7e-4 gap, below what rounding allows).
+    for (p, n) in [(prompt(0, 0), 64), (prompt(40, 1), 32), (prompt(40, 3), 32)] {
+        let (expected, gaps) = reference.greedy(&p, n);
+        // Equality is only meaningful where no choice is within rounding of a tie.
+        let min_gap = gaps.iter().cloned().fold(f64::INFINITY, f64::min);
+        assert!(
+            min_gap > 2.0 * TOL,
+            "prompt of {}: top-2 gap {min_gap:e}",
+            p.len()
+        );
+        assert_eq!(
+            handoff_greedy(&model, &p, n),
+            expected,
+            "prompt of {}",
+            p.len()
+        );
+    }
 }

@@ -1,10 +1,9 @@
 //! The page pool: fixed capacity, O(1) allocation and release, generations,
 //! and the accounting invariant `free + in_use + held == capacity`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Arc, Mutex, RwLock};
 
 use crate::config::KvGeometry;
 use crate::ids::RequestId;
@@ -37,6 +36,7 @@ pub struct PoolConfig {
     page_size: usize,
     pages: usize,
     scrub: ScrubPolicy,
+    audit: bool,
 }
 
 impl PoolConfig {
@@ -47,7 +47,20 @@ impl PoolConfig {
             page_size,
             pages,
             scrub: ScrubPolicy::default(),
+            audit: cfg!(any(debug_assertions, feature = "audit")),
         }
+    }
+    /// Turns the audit trail on or off. Default: on in debug builds (so in
+    /// `cargo test`) and with the `audit` feature, off otherwise. When on,
+    /// every slot records its writer and every read checks it.
+    #[must_use]
+    pub fn audit(mut self, on: bool) -> Self {
+        self.audit = on;
+        self
+    }
+    /// True when the audit trail is on.
+    pub fn audit_enabled(&self) -> bool {
+        self.audit
     }
     /// Sets the scrub policy for released pages.
     #[must_use]
@@ -160,7 +173,12 @@ impl KvPool {
                     in_use: 0,
                     held: 0,
                 }),
-                storage: RwLock::new(Storage::new(cfg.geometry, cfg.page_size, cfg.pages)),
+                storage: RwLock::new(Storage::new(
+                    cfg.geometry,
+                    cfg.page_size,
+                    cfg.pages,
+                    cfg.audit,
+                )),
                 violations: AtomicU64::new(0),
                 cfg,
             }),
@@ -208,7 +226,6 @@ impl KvPool {
 
     /// Reserves destination pages for KV that a peer will write. Only the
     /// transfer verifier can turn the result into readable KV.
-    #[allow(dead_code)] // used by the transfer layer
     pub(crate) fn reserve_for_receive(
         &self,
         owner: RequestId,
@@ -273,7 +290,6 @@ impl KvPool {
                     ScrubPolicy::Poison => st.fill_page(p.index, true),
                     ScrubPolicy::AcceptStaleBytes => {}
                 }
-                #[cfg(feature = "audit")]
                 st.clear_writers(p.index);
             }
         }
@@ -348,7 +364,6 @@ impl KvPool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
-    #[cfg_attr(not(feature = "audit"), allow(dead_code))]
     pub(crate) fn record_violation(&self) {
         self.shared.violations.fetch_add(1, Ordering::Relaxed);
     }
@@ -357,7 +372,6 @@ impl KvPool {
     /// the scrub policy leaves (zeros, poison, or anything when unscrubbed)
     /// and no writer is recorded for any of its slots. A page never handed
     /// out is all zeros.
-    #[cfg(feature = "audit")]
     pub fn audit_page_matches_scrub(&self, index: u32) -> bool {
         let generation = {
             let m = self.shared.meta.lock();
@@ -372,7 +386,7 @@ impl KvPool {
         let mut vals = vec![0f32; stride];
         page.to_f32_into(&mut vals);
         let no_writers = (0..self.shared.cfg.geometry.n_layers).all(|l| {
-            (0..self.shared.cfg.page_size).all(|s| st.writers[st.writer_index(index, l, s)] == 0)
+            (0..self.shared.cfg.page_size).all(|s| st.writer(index, l, s).unwrap_or(0) == 0)
         });
         let bytes_ok = match (generation, self.shared.cfg.scrub) {
             (0, _) | (_, ScrubPolicy::Zero) => vals.iter().all(|&x| x == 0.0),
@@ -424,6 +438,31 @@ mod tests {
             p2.check_page(a.pages()[0], false),
             Err(KvError::ForeignPage { .. })
         ));
+    }
+
+    #[test]
+    fn the_audit_trail_reports_a_slot_written_by_someone_else() {
+        let pool = pool();
+        assert!(pool.config().audit_enabled(), "tests run with the audit on");
+        let mut a = pool.reserve(RequestId(1), 2).unwrap();
+        a.append(0, &[1.0, 2.0], &[3.0, 4.0]).unwrap();
+        // Simulate a bookkeeping bug: slot 0 claims another writer.
+        pool.shared
+            .storage
+            .write()
+            .record_writers(a.pages()[0].index, 0, 0, 1, 99);
+        let reader = pool.reader();
+        let err = reader.seq(&a).unwrap().layer(0).err();
+        assert!(matches!(
+            err,
+            Some(KvError::IsolationViolation {
+                reader: RequestId(1),
+                writer: Some(RequestId(99)),
+                ..
+            })
+        ));
+        drop(reader);
+        assert_eq!(pool.stats().isolation_violations, 1);
     }
 
     #[test]

@@ -114,14 +114,13 @@ pub(crate) struct Storage {
     pub(crate) data: Data,
     geometry: KvGeometry,
     page_size: usize,
-    /// Per (page, layer, slot): 0 = never written since the page was handed
-    /// out, otherwise `RequestId + 1` of the writer.
-    #[cfg(feature = "audit")]
-    pub(crate) writers: Vec<u64>,
+    /// The audit trail, when on: per (page, layer, slot), 0 = never written
+    /// since the page was handed out, otherwise `RequestId + 1` of the writer.
+    pub(crate) writers: Option<Vec<u64>>,
 }
 
 impl Storage {
-    pub(crate) fn new(geometry: KvGeometry, page_size: usize, pages: usize) -> Self {
+    pub(crate) fn new(geometry: KvGeometry, page_size: usize, pages: usize, audit: bool) -> Self {
         let n = pages * page_stride(&geometry, page_size);
         // vec![0; n] is calloc'd: untouched pages cost no resident memory.
         let data = match geometry.dtype {
@@ -133,8 +132,7 @@ impl Storage {
             data,
             geometry,
             page_size,
-            #[cfg(feature = "audit")]
-            writers: vec![0; pages * geometry.n_layers * page_size],
+            writers: audit.then(|| vec![0; pages * geometry.n_layers * page_size]),
         }
     }
 
@@ -184,6 +182,17 @@ impl Storage {
         bytes[start * esz..start * esz + src.len()].copy_from_slice(src);
     }
 
+    /// Elements `[start, start + len)` as raw bytes, for writing.
+    pub(crate) fn bytes_mut(&mut self, start: usize, len: usize) -> &mut [u8] {
+        let esz = self.geometry.dtype.size_bytes();
+        let bytes: &mut [u8] = match &mut self.data {
+            Data::F32(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
+            Data::F16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
+            Data::BF16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
+        };
+        &mut bytes[start * esz..(start + len) * esz]
+    }
+
     /// Overwrites a whole page with `fill` (zero or poison).
     pub(crate) fn fill_page(&mut self, page: u32, poison: bool) {
         let stride = self.page_stride();
@@ -198,17 +207,39 @@ impl Storage {
         }
     }
 
-    #[cfg(feature = "audit")]
     #[inline]
     pub(crate) fn writer_index(&self, page: u32, layer: usize, slot: usize) -> usize {
         (page as usize * self.geometry.n_layers + layer) * self.page_size + slot
     }
 
-    #[cfg(feature = "audit")]
     pub(crate) fn clear_writers(&mut self, page: u32) {
         let n = self.geometry.n_layers * self.page_size;
         let s = page as usize * n;
-        self.writers[s..s + n].fill(0);
+        if let Some(w) = &mut self.writers {
+            w[s..s + n].fill(0);
+        }
+    }
+
+    /// Records `writer` for `n` consecutive slots of one page and layer.
+    pub(crate) fn record_writers(
+        &mut self,
+        page: u32,
+        layer: usize,
+        slot: usize,
+        n: usize,
+        writer: u64,
+    ) {
+        let i = self.writer_index(page, layer, slot);
+        if let Some(w) = &mut self.writers {
+            w[i..i + n].fill(writer + 1);
+        }
+    }
+
+    /// The recorded writer of a slot: `None` when the audit trail is off,
+    /// `Some(0)` for never written, else `RequestId + 1`.
+    pub(crate) fn writer(&self, page: u32, layer: usize, slot: usize) -> Option<u64> {
+        let i = self.writer_index(page, layer, slot);
+        self.writers.as_ref().map(|w| w[i])
     }
 }
 

@@ -1,6 +1,6 @@
 //! Read access to KV for attention: validated once per sequence per step.
 
-use parking_lot::RwLockReadGuard;
+use crate::sync::RwLockReadGuard;
 
 use crate::kv::seq::{KvSeq, Readable};
 use crate::kv::storage::{KvSlice, Storage};
@@ -67,20 +67,21 @@ impl<'a> SeqView<'a> {
         let st: &'a Storage = &self.reader.storage;
         let ps = self.reader.pool.page_size();
         // Page by page: a page's writer slots for one layer are contiguous.
-        #[cfg(feature = "audit")]
-        for (i, p) in self.pages.iter().enumerate().take(len.div_ceil(ps)) {
-            let n = (len - i * ps).min(ps);
-            let first = st.writer_index(p.index, layer, 0);
-            let slots = &st.writers[first..first + n];
-            if let Some(slot) = slots.iter().position(|&w| w != self.owner.0 + 1) {
-                self.reader.pool.record_violation();
-                return Err(KvError::IsolationViolation {
-                    reader: self.owner,
-                    writer: slots[slot].checked_sub(1).map(crate::RequestId),
-                    page: p.index,
-                    layer,
-                    slot,
-                });
+        if let Some(writers) = &st.writers {
+            for (i, p) in self.pages.iter().enumerate().take(len.div_ceil(ps)) {
+                let n = (len - i * ps).min(ps);
+                let first = st.writer_index(p.index, layer, 0);
+                let slots = &writers[first..first + n];
+                if let Some(slot) = slots.iter().position(|&w| w != self.owner.0 + 1) {
+                    self.reader.pool.record_violation();
+                    return Err(KvError::IsolationViolation {
+                        reader: self.owner,
+                        writer: slots[slot].checked_sub(1).map(crate::RequestId),
+                        page: p.index,
+                        layer,
+                        slot,
+                    });
+                }
             }
         }
         Ok(LayerView {
@@ -133,6 +134,18 @@ impl<'a> LayerView<'a> {
     /// Pool indices of the pages holding written tokens (a page table).
     pub fn page_table(&self) -> impl Iterator<Item = u32> + '_ {
         self.pages[..self.n_pages()].iter().map(|p| p.index)
+    }
+    /// The pages holding written tokens, with their generations: a backend
+    /// that mirrors page bytes elsewhere (GPU) knows from these when a page
+    /// changed hands and its mirror is stale.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn page_ids(&self) -> &'a [PageId] {
+        &self.pages[..self.n_pages()]
+    }
+    /// The layer this view reads.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn layer_index(&self) -> usize {
+        self.layer
     }
     /// Written tokens in page `i` of this sequence.
     pub fn tokens_in_page(&self, i: usize) -> usize {

@@ -6,6 +6,7 @@ mod error;
 mod forward;
 mod hf;
 mod llama2c;
+mod load;
 mod random;
 mod weights;
 
@@ -14,5 +15,6 @@ pub use error::ModelError;
 pub use forward::{ForwardError, Logits, Model, Scratch};
 pub use hf::{load_hf, load_hf_bytes};
 pub use llama2c::{load_llama2c, parse_llama2c, write_llama2c};
+pub use load::load_model;
 pub use random::random_weights;
 pub use weights::{LayerWeights, ModelWeights};

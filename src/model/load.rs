@@ -1,0 +1,59 @@
+//! One entry point for every model format: a Hugging Face folder or a
+//! llama2.c `.bin` file, told apart by what the path is.
+
+use std::path::Path;
+
+use crate::model::{ModelError, ModelWeights, load_hf, load_llama2c};
+
+/// Loads the model at `path`: a directory is a Hugging Face checkpoint
+/// (`config.json` + `*.safetensors`), a file is a llama2.c `.bin`.
+///
+/// ```no_run
+/// let weights = handoff::model::load_model(std::path::Path::new("stories260K.bin"))?;
+/// println!("{} layers", weights.config.n_layers);
+/// # Ok::<(), handoff::model::ModelError>(())
+/// ```
+pub fn load_model(path: &Path) -> Result<ModelWeights, ModelError> {
+    let meta = std::fs::metadata(path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    if meta.is_dir() {
+        load_hf(path)
+    } else {
+        load_llama2c(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_read_as_hugging_face_and_a_file_as_llama2c() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let hf = load_model(&root.join("tests/fixtures/hf_tiny_llama")).unwrap();
+        assert_eq!(hf.config.rope_style, crate::model::RopeStyle::Half);
+
+        // A file with a Hugging Face config inside is still a llama2.c file
+        // to this dispatcher, and fails as one.
+        let err = load_model(&root.join("tests/fixtures/hf_tiny_llama/config.json")).unwrap_err();
+        assert!(matches!(err, ModelError::BadHeader(_)), "{err}");
+
+        let missing = load_model(&root.join("no/such/model")).unwrap_err();
+        assert!(matches!(missing, ModelError::Io { .. }));
+
+        let bin = root.join("../shared/models/stories260K.bin");
+        if bin.exists() {
+            let l2c = load_model(&bin).unwrap();
+            assert_eq!(l2c.config.rope_style, crate::model::RopeStyle::Interleaved);
+        } else {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipping the llama2.c half: {} is absent",
+                bin.display()
+            );
+        }
+    }
+}
