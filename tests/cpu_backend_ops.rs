@@ -2,7 +2,7 @@
 //! definition (f64 where it matters), and refuses inconsistent shapes with a
 //! typed error instead of computing on them.
 
-use handoff::backend::{AttnShape, Backend, BackendError, CpuBackend, Rope, SeqSpan};
+use handoff::backend::{AttnShape, Backend, BackendError, CpuBackend, Isa, Rope, SeqSpan};
 use handoff::kv::{Filling, KvSeq};
 use handoff::model::RopeStyle;
 use handoff::{KvDtype, KvGeometry, KvPool, PoolConfig, RequestId};
@@ -27,8 +27,12 @@ fn close(a: &[f32], b: &[f32], tol: f32) {
     }
 }
 
-fn backends() -> [CpuBackend; 2] {
-    [CpuBackend::with_threads(1), CpuBackend::with_threads(2)]
+/// Every instruction set this CPU has, single- and multi-threaded.
+fn backends() -> Vec<CpuBackend> {
+    Isa::available()
+        .into_iter()
+        .flat_map(|isa| [1, 2].map(|t| CpuBackend::with_isa(t, isa).unwrap()))
+        .collect()
 }
 
 #[test]
@@ -56,17 +60,18 @@ fn matmul_matches_the_definition_serial_and_parallel() {
 
 #[test]
 fn matmul_rows_are_bit_identical_alone_or_batched() {
-    let b = CpuBackend::with_threads(2);
-    let (m, k, n) = (40, 128, 300);
-    let x = data(m * k, 3);
-    let w = b.upload(data(n * k, 4), n, k).unwrap();
-    let mut all = Vec::new();
-    b.matmul(&x, &w, &mut all).unwrap();
-    for i in [0, 17, 39] {
-        let mut one = Vec::new();
-        b.matmul(&x[i * k..(i + 1) * k].to_vec(), &w, &mut one)
-            .unwrap();
-        assert_eq!(one, all[i * n..(i + 1) * n]);
+    for b in backends() {
+        let (m, k, n) = (40, 128, 300);
+        let x = data(m * k, 3);
+        let w = b.upload(data(n * k, 4), n, k).unwrap();
+        let mut all = Vec::new();
+        b.matmul(&x, &w, &mut all).unwrap();
+        for i in [0, 17, 39] {
+            let mut one = Vec::new();
+            b.matmul(&x[i * k..(i + 1) * k].to_vec(), &w, &mut one)
+                .unwrap();
+            assert_eq!(one, all[i * n..(i + 1) * n]);
+        }
     }
 }
 
@@ -236,11 +241,20 @@ fn geometry(shape: AttnShape, dtype: KvDtype) -> KvGeometry {
 
 #[test]
 fn kv_append_and_paged_attention_match_dense_attention() {
-    let shape = AttnShape {
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 8,
-    };
+    // Head layouts that take every kernel path: fewer than eight heads,
+    // blocks of eight, a remainder, MQA, and head dims that are not a
+    // multiple of eight.
+    for (h, kvh, hd) in [(4, 2, 8), (8, 4, 8), (12, 4, 16), (16, 1, 12), (8, 8, 4)] {
+        let shape = AttnShape {
+            n_heads: h,
+            n_kv_heads: kvh,
+            head_dim: hd,
+        };
+        attention_matches_dense(shape);
+    }
+}
+
+fn attention_matches_dense(shape: AttnShape) {
     for dtype in [KvDtype::F32, KvDtype::F16] {
         for b in backends() {
             let pool = KvPool::new(PoolConfig::new(geometry(shape, dtype), 4, 64)).unwrap();

@@ -242,3 +242,21 @@ fn an_engine_refuses_a_configuration_that_does_not_fit_the_model() {
         })
     ));
 }
+
+#[test]
+fn an_engine_runs_on_its_own_thread_while_clients_wait() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Engine>();
+    let mut e = engine();
+    let handles: Vec<_> = (0..4).map(|i| e.submit(req(i, 9)).unwrap()).collect();
+    let worker = std::thread::spawn(move || {
+        e.run_until_idle();
+        e.pool_stats()
+    });
+    for h in handles {
+        let (tokens, outcome) = h.wait();
+        assert_eq!(tokens.len(), 9);
+        assert_eq!(outcome, Outcome::Finished(FinishReason::Length));
+    }
+    assert!(worker.join().unwrap().is_full());
+}

@@ -104,3 +104,23 @@ fn incomplete_kv_and_foreign_pools_are_refused() {
         })
     ));
 }
+
+#[test]
+fn in_a_larger_batch_the_culprit_keeps_its_position_and_nobody_is_written() {
+    let (m, pool) = setup();
+    let mut s = m.scratch();
+    let mut seqs: Vec<_> = (0..8)
+        .map(|i| pool.reserve(RequestId(i), 8).unwrap())
+        .collect();
+    let mut refs: Vec<_> = seqs.iter_mut().collect();
+    let long = [1u32; 9];
+    let prompts: Vec<&[u32]> = (0..8)
+        .map(|i| if i == 6 { &long[..] } else { &long[..2] })
+        .collect();
+    let err = m.prefill(&mut s, &mut refs, &prompts).unwrap_err();
+    assert!(
+        matches!(err, ForwardError::Reservation { index: 6, .. }),
+        "{err:?}"
+    );
+    assert!(seqs.iter().all(|q| q.written_per_layer() == [0, 0, 0]));
+}

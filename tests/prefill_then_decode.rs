@@ -4,6 +4,7 @@
 //! size. A decode node that receives prefilled KV therefore continues
 //! exactly where a colocated engine would.
 
+use handoff::backend::{CpuBackend, Isa};
 use handoff::kv::{KvSeq, Ready};
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::sampling::argmax;
@@ -11,6 +12,17 @@ use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 
 fn model() -> Model {
     Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 11)).unwrap()
+}
+
+/// The model on every instruction set this CPU has.
+fn models() -> Vec<Model> {
+    Isa::available()
+        .into_iter()
+        .map(|isa| {
+            let b = CpuBackend::with_isa(2, isa).unwrap();
+            Model::new(b, random_weights(&ModelConfig::tiny_gqa(), 11)).unwrap()
+        })
+        .collect()
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
@@ -64,24 +76,25 @@ fn token_by_token(m: &Model, pool: &KvPool, p: &[u32], n_new: usize) -> (Vec<f32
 
 #[test]
 fn prefill_then_decode_equals_token_by_token_decode() {
-    let m = model();
-    for page_size in [1, 16, 64] {
-        let pool = KvPool::new(PoolConfig::new(
-            m.kv_geometry(KvDtype::F32),
-            page_size,
-            4096 / page_size,
-        ))
-        .unwrap();
-        for (n, salt) in [(1, 0), (7, 1), (33, 2), (100, 3)] {
-            let p = prompt(n, salt);
-            let (la, a) = via_prefill(&m, &pool, &p, 24);
-            let (lb, b) = token_by_token(&m, &pool, &p, 24);
-            assert_eq!(
-                la, lb,
-                "page {page_size}, prompt {n}: last-position logits differ"
-            );
-            assert_eq!(a, b, "page {page_size}, prompt {n}: continuations differ");
-            assert!(pool.stats().is_full());
+    for m in models() {
+        for page_size in [1, 16, 64] {
+            let pool = KvPool::new(PoolConfig::new(
+                m.kv_geometry(KvDtype::F32),
+                page_size,
+                4096 / page_size,
+            ))
+            .unwrap();
+            for (n, salt) in [(1, 0), (7, 1), (33, 2), (100, 3)] {
+                let p = prompt(n, salt);
+                let (la, a) = via_prefill(&m, &pool, &p, 24);
+                let (lb, b) = token_by_token(&m, &pool, &p, 24);
+                assert_eq!(
+                    la, lb,
+                    "page {page_size}, prompt {n}: last-position logits differ"
+                );
+                assert_eq!(a, b, "page {page_size}, prompt {n}: continuations differ");
+                assert!(pool.stats().is_full());
+            }
         }
     }
 }

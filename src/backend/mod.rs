@@ -20,7 +20,7 @@ mod error;
 
 use std::ops::Range;
 
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, Isa};
 pub use error::BackendError;
 
 use crate::kv::{KvSeq, LayerView, Writable};

@@ -66,20 +66,22 @@ impl<'a> SeqView<'a> {
             .ok_or(KvError::LayerOutOfRange { layer, n_layers })?;
         let st: &'a Storage = &self.reader.storage;
         let ps = self.reader.pool.page_size();
-        for pos in 0..len {
-            let page = self.pages[pos / ps].index;
-            let Some(w) = st.writer(page, layer, pos % ps) else {
-                break; // audit trail off
-            };
-            if w != self.owner.0 + 1 {
-                self.reader.pool.record_violation();
-                return Err(KvError::IsolationViolation {
-                    reader: self.owner,
-                    writer: w.checked_sub(1).map(crate::RequestId),
-                    page,
-                    layer,
-                    slot: pos % ps,
-                });
+        // Page by page: a page's writer slots for one layer are contiguous.
+        if let Some(writers) = &st.writers {
+            for (i, p) in self.pages.iter().enumerate().take(len.div_ceil(ps)) {
+                let n = (len - i * ps).min(ps);
+                let first = st.writer_index(p.index, layer, 0);
+                let slots = &writers[first..first + n];
+                if let Some(slot) = slots.iter().position(|&w| w != self.owner.0 + 1) {
+                    self.reader.pool.record_violation();
+                    return Err(KvError::IsolationViolation {
+                        reader: self.owner,
+                        writer: slots[slot].checked_sub(1).map(crate::RequestId),
+                        page: p.index,
+                        layer,
+                        slot,
+                    });
+                }
             }
         }
         Ok(LayerView {

@@ -8,13 +8,22 @@
 use std::cell::RefCell;
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::matmul::dot;
+use crate::backend::cpu::Isa;
+use crate::backend::cpu::fastmath;
+use crate::backend::cpu::matmul::{Kernel, Portable};
 use crate::kv::{KvSlice, LayerView};
 
 /// Per-thread buffers, reused across calls (no allocation per token).
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
+    /// `[n_keys][n_heads]`: one position's scores for all heads together.
     scores: Vec<f32>,
+    /// Per-head running max, then per-head 1/sum.
+    head: Vec<f32>,
+    /// The query, pre-scaled by 1/sqrt(head_dim).
+    q: Vec<f32>,
+    /// Per query head, the offset of its KV head in a K/V row.
+    koff: Vec<usize>,
     conv: Vec<f32>,
 }
 
@@ -37,6 +46,7 @@ fn as_f32<'a>(s: KvSlice<'a>, conv: &'a mut Vec<f32>) -> &'a [f32] {
 /// `out[h] = softmax(q[h] · K[0..n_keys]ᵀ / sqrt(d)) · V[0..n_keys]` for
 /// every query head `h`, with K/V of the head's group.
 pub(crate) fn attend_row(
+    isa: Isa,
     q: &[f32],
     kv: &LayerView<'_>,
     n_keys: usize,
@@ -45,74 +55,123 @@ pub(crate) fn attend_row(
 ) {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
-        let Scratch { scores, conv } = &mut *s;
-        attend_row_with(q, kv, n_keys, shape, out, scores, conv);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Fma => {
+                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+                // CPU reported AVX2 and FMA (see `Isa::detect`).
+                unsafe { crate::backend::cpu::x86::attend_row(q, kv, n_keys, shape, out, &mut s) }
+            }
+            _ => attend_row_with::<Portable>(q, kv, n_keys, shape, out, &mut s),
+        }
     })
 }
 
-fn attend_row_with(
+#[inline(always)]
+pub(crate) fn attend_row_with<K: Kernel>(
     q: &[f32],
     kv: &LayerView<'_>,
     n_keys: usize,
     shape: AttnShape,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
-    conv: &mut Vec<f32>,
+    s: &mut Scratch,
 ) {
+    let Scratch {
+        scores,
+        head,
+        q: qs,
+        koff,
+        conv,
+    } = s;
+    let nh = shape.n_heads;
     let hd = shape.head_dim;
     let kvd = shape.kv_dim();
-    let group = shape.n_heads / shape.n_kv_heads;
+    let group = nh / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let ps = kv.page_size();
     let n_pages = n_keys.div_ceil(ps);
+    qs.clear();
+    qs.extend(q.iter().map(|&x| x * scale));
+    // Where each query head's KV head starts in a K row.
+    koff.clear();
+    koff.extend((0..nh).map(|h| (h / group) * hd));
     scores.clear();
-    scores.resize(shape.n_heads * n_keys, 0.0);
+    scores.resize(n_keys * nh, 0.0);
 
     for p in 0..n_pages {
         let t0 = p * ps;
         let tn = (n_keys - t0).min(ps);
         let keys = as_f32(kv.keys(p), conv);
-        for t in 0..tn {
-            let row = &keys[t * kvd..(t + 1) * kvd];
-            for h in 0..shape.n_heads {
-                let kh = h / group;
-                scores[h * n_keys + t0 + t] =
-                    dot(&q[h * hd..(h + 1) * hd], &row[kh * hd..(kh + 1) * hd]) * scale;
-            }
-        }
+        K::scores(
+            qs,
+            keys,
+            tn,
+            kvd,
+            koff,
+            hd,
+            &mut scores[t0 * nh..(t0 + tn) * nh],
+        );
     }
-    for h in 0..shape.n_heads {
-        softmax(&mut scores[h * n_keys..(h + 1) * n_keys]);
-    }
+    softmax_columns(scores, nh, head);
+
     out.fill(0.0);
     for p in 0..n_pages {
         let t0 = p * ps;
         let tn = (n_keys - t0).min(ps);
         let vals = as_f32(kv.values(p), conv);
-        for t in 0..tn {
-            let row = &vals[t * kvd..(t + 1) * kvd];
-            for h in 0..shape.n_heads {
-                let kh = h / group;
-                let w = scores[h * n_keys + t0 + t];
-                let o = &mut out[h * hd..(h + 1) * hd];
-                for (o, v) in o.iter_mut().zip(&row[kh * hd..(kh + 1) * hd]) {
-                    *o += w * v;
-                }
-            }
+        let w = &scores[t0 * nh..(t0 + tn) * nh];
+        K::weighted_add(out, w, vals, tn, nh, kvd, koff, hd);
+    }
+    for (o, &inv) in out.chunks_exact_mut(hd).zip(head.iter()) {
+        for x in o {
+            *x *= inv;
         }
     }
 }
 
-/// In-place softmax in f32, max-subtracted.
-pub(crate) fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+/// Per head (column of `scores: [n_keys][nh]`): subtracts the max, takes
+/// `exp`, and leaves `1 / sum` in `inv_sum[h]`. Sums run over positions in
+/// order. Heads go eight at a time in fixed-size blocks the compiler keeps
+/// in registers; a remainder of fewer than eight heads goes one by one.
+#[inline(always)]
+fn softmax_columns(scores: &mut [f32], nh: usize, inv_sum: &mut Vec<f32>) {
+    const B: usize = 8;
+    inv_sum.clear();
+    inv_sum.resize(nh, 0.0);
+    let n = scores.len() / nh;
+    let blocks = nh / B;
+    for hb in 0..blocks {
+        let col = |t: usize| t * nh + hb * B;
+        let mut m = [f32::NEG_INFINITY; B];
+        for t in 0..n {
+            let x = &scores[col(t)..col(t) + B];
+            for l in 0..B {
+                m[l] = if x[l] > m[l] { x[l] } else { m[l] };
+            }
+        }
+        let mut sum = [0f32; B];
+        for t in 0..n {
+            let x = &mut scores[col(t)..col(t) + B];
+            for l in 0..B {
+                x[l] = fastmath::exp(x[l] - m[l]);
+                sum[l] += x[l];
+            }
+        }
+        for l in 0..B {
+            inv_sum[hb * B + l] = 1.0 / sum[l];
+        }
     }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
+    for h in blocks * B..nh {
+        let mut m = f32::NEG_INFINITY;
+        for t in 0..n {
+            m = m.max(scores[t * nh + h]);
+        }
+        let mut sum = 0f32;
+        for t in 0..n {
+            let x = &mut scores[t * nh + h];
+            *x = fastmath::exp(*x - m);
+            sum += *x;
+        }
+        inv_sum[h] = 1.0 / sum;
     }
 }

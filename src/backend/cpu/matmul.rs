@@ -8,60 +8,157 @@
 //!
 //! Tiles reuse each loaded weight chunk for several activation rows: one
 //! pass over the weights serves every sequence of a step.
+//!
+//! Two instruction sets, chosen once per backend ([`Isa`]): portable code
+//! (SSE2 on x86-64), and AVX2 with fused multiply-add where the CPU has it.
+//! The FMA variant rounds once per multiply-add, so its numbers differ from
+//! the portable ones in the last bits; a backend never mixes the two.
+
+use crate::backend::cpu::Isa;
 
 /// Lane accumulators per dot product. Fixed: it defines the summation order.
 pub(crate) const LANES: usize = 8;
 
 #[inline(always)]
-fn reduce(acc: &[f32; LANES]) -> f32 {
+pub(crate) fn reduce(acc: &[f32; LANES]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// The dot product every matmul element and attention score uses.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let out = tile::<1, 1>([a], [b]);
-    out[0][0]
+/// The arithmetic of one instruction set. Every element of every op is
+/// computed by `tile` (or `axpy`), so the order of operations is the same
+/// whatever the tile shape.
+pub(crate) trait Kernel {
+    /// Whether multiply-adds are fused (rounded once).
+    const FMA: bool;
+
+    /// Dot products of `M` activation rows with `N` weight rows, each of at
+    /// least `k` elements, over their first `k` elements: `[M][N]`.
+    fn tile<const M: usize, const N: usize>(
+        k: usize,
+        x: [&[f32]; M],
+        w: [&[f32]; N],
+    ) -> [[f32; N]; M];
+
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        Self::tile::<1, 1>(a.len().min(b.len()), [a], [b])[0][0]
+    }
+
+    /// Attention scores of `tn` key rows (`keys: [tn, kvd]`) against every
+    /// query head: `out[t * nh + h] = q[h] · keys[t][koff[h] .. koff[h] +
+    /// hd]`, `nh = koff.len()`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        q: &[f32],
+        keys: &[f32],
+        tn: usize,
+        kvd: usize,
+        koff: &[usize],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        let nh = koff.len();
+        for t in 0..tn {
+            let row = &keys[t * kvd..(t + 1) * kvd];
+            for (h, &ko) in koff.iter().enumerate() {
+                out[t * nh + h] = Self::dot(&q[h * hd..(h + 1) * hd], &row[ko..ko + hd]);
+            }
+        }
+    }
+
+    /// For each of `tn` positions `t` in order, every head `h`:
+    /// `out[h] += w[t][h] * vals[t][koff[h] .. koff[h] + hd]`, with `w`
+    /// `[tn, nh]` and `vals` `[tn, kvd]`. One fused (or not) multiply-add
+    /// per element and position, in position order.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn weighted_add(
+        out: &mut [f32],
+        w: &[f32],
+        vals: &[f32],
+        tn: usize,
+        nh: usize,
+        kvd: usize,
+        koff: &[usize],
+        hd: usize,
+    ) {
+        for t in 0..tn {
+            let row = &vals[t * kvd..(t + 1) * kvd];
+            for (h, &ko) in koff.iter().enumerate().take(nh) {
+                Self::axpy(
+                    &mut out[h * hd..(h + 1) * hd],
+                    w[t * nh + h],
+                    &row[ko..ko + hd],
+                );
+            }
+        }
+    }
+
+    /// `o += w * v`.
+    #[inline(always)]
+    fn axpy(o: &mut [f32], w: f32, v: &[f32]) {
+        for (o, &x) in o.iter_mut().zip(v) {
+            *o = if Self::FMA {
+                w.mul_add(x, *o)
+            } else {
+                *o + w * x
+            };
+        }
+    }
 }
 
-/// Dot products of `M` activation rows with `N` weight rows (all of equal
-/// length), `[M][N]`.
-#[inline(always)]
-fn tile<const M: usize, const N: usize>(x: [&[f32]; M], w: [&[f32]; N]) -> [[f32; N]; M] {
-    let k = x[0].len();
-    let chunks = k / LANES;
-    let xc: [&[[f32; LANES]]; M] = x.map(|r| &r.as_chunks::<LANES>().0[..chunks]);
-    let wc: [&[[f32; LANES]]; N] = w.map(|r| &r.as_chunks::<LANES>().0[..chunks]);
-    let mut acc = [[[0f32; LANES]; N]; M];
-    for c in 0..chunks {
-        let wv: [[f32; LANES]; N] = std::array::from_fn(|j| wc[j][c]);
-        for i in 0..M {
-            let xv = xc[i][c];
-            for j in 0..N {
-                for l in 0..LANES {
-                    acc[i][j][l] += xv[l] * wv[j][l];
+/// Baseline code: separate multiply and add.
+pub(crate) struct Portable;
+
+impl Kernel for Portable {
+    const FMA: bool = false;
+
+    #[inline(always)]
+    fn tile<const M: usize, const N: usize>(
+        k: usize,
+        x: [&[f32]; M],
+        w: [&[f32]; N],
+    ) -> [[f32; N]; M] {
+        let chunks = k / LANES;
+        let xc: [&[[f32; LANES]]; M] = x.map(|r| &r[..k].as_chunks::<LANES>().0[..chunks]);
+        let wc: [&[[f32; LANES]]; N] = w.map(|r| &r[..k].as_chunks::<LANES>().0[..chunks]);
+        let mut acc = [[[0f32; LANES]; N]; M];
+        for c in 0..chunks {
+            for i in 0..M {
+                for j in 0..N {
+                    for l in 0..LANES {
+                        acc[i][j][l] += xc[i][c][l] * wc[j][c][l];
+                    }
                 }
             }
         }
-    }
-    let mut out = [[0f32; N]; M];
-    for i in 0..M {
-        for j in 0..N {
-            let mut s = reduce(&acc[i][j]);
-            for t in chunks * LANES..k {
-                s += x[i][t] * w[j][t];
+        let mut out = [[0f32; N]; M];
+        for i in 0..M {
+            for j in 0..N {
+                let mut s = reduce(&acc[i][j]);
+                for t in chunks * LANES..k {
+                    s += x[i][t] * w[j][t];
+                }
+                out[i][j] = s;
             }
-            out[i][j] = s;
         }
+        out
     }
-    out
 }
 
-/// Computes output columns `cols` (weight rows) for all `m` rows of `x`.
-/// Element `(i, j)` is stored at `out[i * row_stride + (j - cols.start) *
-/// col_stride]`.
+/// The portable dot product (norms use it on every backend).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    Portable::dot(a, b)
+}
+
+/// Computes output columns `cols` (weight rows) for all `m` rows of `x`
+/// with `MR x NR` tiles. Element `(i, j)` is stored at
+/// `out[i * row_stride + (j - cols.start) * col_stride]`.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_cols(
+pub(crate) fn matmul_cols_k<K: Kernel, const MR: usize, const NR: usize>(
     x: &[f32],
     m: usize,
     k: usize,
@@ -71,38 +168,69 @@ pub(crate) fn matmul_cols(
     row_stride: usize,
     col_stride: usize,
 ) {
-    const NW: usize = 4;
     let xr = |i: usize| &x[i * k..(i + 1) * k];
     let wr = |j: usize| &w[j * k..(j + 1) * k];
+    let c0 = cols.start;
     let mut j = cols.start;
-    let mut store = |i: usize, jj: usize, v: f32| {
-        out[i * row_stride + (jj - cols.start) * col_stride] = v;
-    };
     while j < cols.end {
-        if j + NW <= cols.end {
-            let ws: [&[f32]; NW] = std::array::from_fn(|t| wr(j + t));
+        if j + NR <= cols.end {
+            let ws: [&[f32]; NR] = std::array::from_fn(|t| wr(j + t));
             let mut i = 0;
-            while i + 2 <= m {
-                let r = tile::<2, NW>([xr(i), xr(i + 1)], ws);
+            while i + MR <= m {
+                let r = K::tile::<MR, NR>(k, std::array::from_fn(|a| xr(i + a)), ws);
                 for (a, row) in r.iter().enumerate() {
                     for (b, &v) in row.iter().enumerate() {
-                        store(i + a, j + b, v);
+                        out[(i + a) * row_stride + (j + b - c0) * col_stride] = v;
                     }
                 }
-                i += 2;
+                i += MR;
             }
-            if i < m {
-                let r = tile::<1, NW>([xr(i)], ws);
+            while i < m {
+                let r = K::tile::<1, NR>(k, [xr(i)], ws);
                 for (b, &v) in r[0].iter().enumerate() {
-                    store(i, j + b, v);
+                    out[i * row_stride + (j + b - c0) * col_stride] = v;
                 }
+                i += 1;
             }
-            j += NW;
+            j += NR;
         } else {
             for i in 0..m {
-                store(i, j, tile::<1, 1>([xr(i)], [wr(j)])[0][0]);
+                out[i * row_stride + (j - c0) * col_stride] =
+                    K::tile::<1, 1>(k, [xr(i)], [wr(j)])[0][0];
             }
             j += 1;
+        }
+    }
+}
+
+/// `matmul_cols_k` for the backend's instruction set.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_cols(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => {
+            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+            // reported AVX2 and FMA (`CpuBackend::build` validates it).
+            unsafe {
+                crate::backend::cpu::x86::matmul_cols(x, m, k, w, cols, out, row_stride, col_stride)
+            }
+        }
+        _ => {
+            if m == 1 {
+                matmul_cols_k::<Portable, 1, 4>(x, m, k, w, cols, out, row_stride, col_stride)
+            } else {
+                matmul_cols_k::<Portable, 2, 2>(x, m, k, w, cols, out, row_stride, col_stride)
+            }
         }
     }
 }
@@ -134,21 +262,23 @@ mod tests {
     }
 
     #[test]
-    fn matches_naive_for_odd_shapes_and_is_batch_invariant() {
-        for (m, k, n) in [(1, 1, 1), (3, 7, 5), (5, 17, 9), (2, 64, 8), (7, 33, 13)] {
-            let x = data(m * k, 1);
-            let w = data(n * k, 2);
-            let mut out = vec![0f32; m * n];
-            matmul_cols(&x, m, k, &w, 0..n, &mut out, n, 1);
-            let want = naive(&x, m, k, &w, n);
-            for (a, b) in out.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-4, "{m}x{k}x{n}: {a} vs {b}");
-            }
-            // Each row alone gives bit-identical numbers.
-            for i in 0..m {
-                let mut one = vec![0f32; n];
-                matmul_cols(&x[i * k..(i + 1) * k], 1, k, &w, 0..n, &mut one, n, 1);
-                assert_eq!(one, out[i * n..(i + 1) * n]);
+    fn matches_naive_for_odd_shapes_and_is_batch_invariant_on_every_isa() {
+        for isa in Isa::available() {
+            for (m, k, n) in [(1, 1, 1), (3, 7, 5), (5, 17, 9), (2, 64, 8), (7, 33, 13)] {
+                let x = data(m * k, 1);
+                let w = data(n * k, 2);
+                let mut out = vec![0f32; m * n];
+                matmul_cols(isa, &x, m, k, &w, 0..n, &mut out, n, 1);
+                let want = naive(&x, m, k, &w, n);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-4, "{isa:?} {m}x{k}x{n}: {a} vs {b}");
+                }
+                // Each row alone gives bit-identical numbers.
+                for i in 0..m {
+                    let mut one = vec![0f32; n];
+                    matmul_cols(isa, &x[i * k..(i + 1) * k], 1, k, &w, 0..n, &mut one, n, 1);
+                    assert_eq!(one, out[i * n..(i + 1) * n]);
+                }
             }
         }
     }

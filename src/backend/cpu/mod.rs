@@ -5,8 +5,11 @@
 //! are split over a private rayon pool.
 
 mod attention;
+mod fastmath;
 pub(crate) mod matmul;
 mod ops;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -16,8 +19,10 @@ use rayon::prelude::*;
 use crate::backend::{AttnShape, Backend, BackendError, Rope, SeqSpan};
 use crate::kv::{KvSeq, LayerView, Writable};
 
-/// Multiply-adds below which an op stays on the calling thread.
-const PAR_MIN_WORK: usize = 1 << 17;
+/// Multiply-adds below which an op stays on the calling thread by default:
+/// handing work to the pool and joining costs tens of microseconds on a
+/// busy machine.
+pub const DEFAULT_PARALLEL_WORK: usize = 1 << 18;
 
 /// A weight tensor in host memory.
 #[derive(Debug, Clone)]
@@ -34,16 +39,54 @@ impl CpuMat {
     }
 }
 
+/// The instruction set the CPU kernels are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Baseline code for the target (SSE2 on x86-64).
+    Portable,
+    /// AVX2 with fused multiply-add (x86-64 CPUs since ~2013).
+    Avx2Fma,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Isa::Avx2Fma;
+        }
+        Isa::Portable
+    }
+
+    /// Every instruction set this CPU supports.
+    pub fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        if Isa::detect() == Isa::Avx2Fma {
+            v.push(Isa::Avx2Fma);
+        }
+        v
+    }
+}
+
 /// The CPU backend. Cheap to share (`&CpuBackend` is `Sync`).
+///
+/// All of its ops use one instruction set for its whole life, so results are
+/// reproducible for a backend; the portable and AVX2+FMA sets round
+/// differently in the last bits.
 pub struct CpuBackend {
     pool: Option<rayon::ThreadPool>,
     threads: usize,
+    /// Validated against the CPU: `Avx2Fma` only when it is supported.
+    isa: Isa,
+    min_parallel_work: usize,
 }
 
 impl std::fmt::Debug for CpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CpuBackend")
             .field("threads", &self.threads)
+            .field("isa", &self.isa)
             .finish()
     }
 }
@@ -66,8 +109,23 @@ impl CpuBackend {
     }
 
     /// A backend using `threads` threads (1: everything on the caller's
-    /// thread). Falls back to one thread if a pool cannot be built.
+    /// thread) and the best instruction set of this CPU. Falls back to one
+    /// thread if a pool cannot be built.
     pub fn with_threads(threads: usize) -> Self {
+        Self::build(threads, Isa::detect())
+    }
+
+    /// A backend using `isa`, refused when this CPU lacks it.
+    pub fn with_isa(threads: usize, isa: Isa) -> Result<Self, BackendError> {
+        if !Isa::available().contains(&isa) {
+            return Err(BackendError::Device(format!(
+                "this CPU does not support {isa:?}"
+            )));
+        }
+        Ok(Self::build(threads, isa))
+    }
+
+    fn build(threads: usize, isa: Isa) -> Self {
         let threads = threads.max(1);
         let pool = if threads > 1 {
             rayon::ThreadPoolBuilder::new()
@@ -79,7 +137,17 @@ impl CpuBackend {
             None
         };
         let threads = if pool.is_some() { threads } else { 1 };
-        CpuBackend { pool, threads }
+        CpuBackend {
+            pool,
+            threads,
+            isa,
+            min_parallel_work: DEFAULT_PARALLEL_WORK,
+        }
+    }
+
+    /// The instruction set of the kernels.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// Threads used for large ops.
@@ -89,7 +157,17 @@ impl CpuBackend {
 
     /// The pool, when `work` multiply-adds are worth splitting.
     fn par_pool(&self, work: usize) -> Option<&rayon::ThreadPool> {
-        self.pool.as_ref().filter(|_| work >= PAR_MIN_WORK)
+        self.pool
+            .as_ref()
+            .filter(|_| work >= self.min_parallel_work)
+    }
+
+    /// Ops with fewer multiply-adds than this run on the calling thread
+    /// (default [`DEFAULT_PARALLEL_WORK`]).
+    #[must_use]
+    pub fn min_parallel_work(mut self, macs: usize) -> Self {
+        self.min_parallel_work = macs.max(1);
+        self
     }
 }
 
@@ -195,7 +273,7 @@ impl Backend for CpuBackend {
         resize(out, m * n);
         let work = m.saturating_mul(n).saturating_mul(k);
         let Some(pool) = self.par_pool(work) else {
-            matmul::matmul_cols(x, m, k, &w.data, 0..n, out, n, 1);
+            matmul::matmul_cols(self.isa, x, m, k, &w.data, 0..n, out, n, 1);
             return Ok(());
         };
         // Split the weight rows over threads: each weight byte is read once
@@ -207,7 +285,7 @@ impl Backend for CpuBackend {
             pool.install(|| {
                 out.par_chunks_mut(nb).enumerate().for_each(|(b, o)| {
                     let j0 = b * nb;
-                    matmul::matmul_cols(x, 1, k, &w.data, j0..j0 + o.len(), o, 0, 1);
+                    matmul::matmul_cols(self.isa, x, 1, k, &w.data, j0..j0 + o.len(), o, 0, 1);
                 })
             });
             return Ok(());
@@ -220,7 +298,7 @@ impl Backend for CpuBackend {
                 t.par_chunks_mut(nb * m).enumerate().for_each(|(b, o)| {
                     let j0 = b * nb;
                     let cols = j0..j0 + o.len() / m;
-                    matmul::matmul_cols(x, m, k, &w.data, cols, o, 1, m);
+                    matmul::matmul_cols(self.isa, x, m, k, &w.data, cols, o, 1, m);
                 })
             });
             for (j, col) in t.chunks_exact(m).enumerate() {
@@ -267,9 +345,7 @@ impl Backend for CpuBackend {
                 positions.len(),
             ));
         }
-        for (row, &pos) in x.chunks_exact_mut(width).zip(positions) {
-            ops::rope_row(row, pos, rope);
-        }
+        ops::rope_rows(x, positions, rope);
         Ok(())
     }
 
@@ -376,7 +452,14 @@ impl Backend for CpuBackend {
             let s = spans.partition_point(|sp| sp.first_row + sp.rows <= r);
             let sp = spans[s];
             let pos = sp.first_pos + (r - sp.first_row);
-            attention::attend_row(&q[r * qd..(r + 1) * qd], &kv[s], pos + 1, shape, o);
+            attention::attend_row(
+                self.isa,
+                &q[r * qd..(r + 1) * qd],
+                &kv[s],
+                pos + 1,
+                shape,
+                o,
+            );
         };
         match self.par_pool(work) {
             Some(pool) => pool.install(|| {
@@ -420,7 +503,14 @@ impl Backend for CpuBackend {
             .sum::<usize>()
             .saturating_mul(2 * qd);
         let row = |r: usize, o: &mut [f32]| {
-            attention::attend_row(&q[r * qd..(r + 1) * qd], &kv[r], kv[r].len(), shape, o);
+            attention::attend_row(
+                self.isa,
+                &q[r * qd..(r + 1) * qd],
+                &kv[r],
+                kv[r].len(),
+                shape,
+                o,
+            );
         };
         match self.par_pool(work) {
             Some(pool) => pool.install(|| {

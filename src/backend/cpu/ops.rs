@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 
 use crate::backend::Rope;
+use crate::backend::cpu::fastmath;
 use crate::backend::cpu::matmul::dot;
 use crate::model::RopeStyle;
 
@@ -15,32 +16,58 @@ pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-thread_local! {
-    static ROPE: RefCell<Vec<(f32, f32)>> = const { RefCell::new(Vec::new()) };
+/// The cos/sin table of the last positions rotated on this thread: a pass
+/// rotates q and k of every layer at the same positions, so the table is
+/// computed once per pass, not `2 * n_layers` times.
+#[derive(Default)]
+struct RopeTable {
+    theta: f32,
+    head_dim: usize,
+    positions: Vec<usize>,
+    /// `[positions.len()][head_dim / 2]` of `(cos, sin)`.
+    cs: Vec<(f32, f32)>,
 }
 
-/// Rotates every head of one row for position `pos`.
-pub(crate) fn rope_row(x: &mut [f32], pos: usize, r: Rope) {
+thread_local! {
+    static ROPE: RefCell<RopeTable> = RefCell::new(RopeTable::default());
+}
+
+/// Rotates every head of row `i` of `x` (`[positions.len(), n_heads *
+/// head_dim]`) for position `positions[i]`.
+pub(crate) fn rope_rows(x: &mut [f32], positions: &[usize], r: Rope) {
     let half = r.head_dim / 2;
+    let width = r.n_heads * r.head_dim;
     ROPE.with(|t| {
         let mut t = t.borrow_mut();
-        t.clear();
-        // Angles in f64: at long positions an f32 product drifts.
-        for i in 0..half {
-            let freq = (r.theta as f64).powf(-((2 * i) as f64) / r.head_dim as f64);
-            let (s, c) = (pos as f64 * freq).sin_cos();
-            t.push((c as f32, s as f32));
+        if t.theta != r.theta || t.head_dim != r.head_dim || t.positions != positions {
+            t.theta = r.theta;
+            t.head_dim = r.head_dim;
+            t.positions.clear();
+            t.positions.extend_from_slice(positions);
+            t.cs.clear();
+            for &pos in positions {
+                // Angles in f64: at long positions an f32 product drifts.
+                for i in 0..half {
+                    let freq = (r.theta as f64).powf(-((2 * i) as f64) / r.head_dim as f64);
+                    let (s, c) = (pos as f64 * freq).sin_cos();
+                    t.cs.push((c as f32, s as f32));
+                }
+            }
         }
-        for h in 0..r.n_heads {
-            let head = &mut x[h * r.head_dim..(h + 1) * r.head_dim];
-            for (i, &(c, s)) in t.iter().enumerate() {
-                let (a, b) = match r.style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::Half => (i, i + half),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+        for (row, cs) in x
+            .chunks_exact_mut(width)
+            .zip(t.cs.chunks_exact(half.max(1)))
+        {
+            for head in row.chunks_exact_mut(r.head_dim) {
+                for (i, &(c, s)) in cs.iter().enumerate() {
+                    let (a, b) = match r.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Half => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
             }
         }
     })
@@ -50,6 +77,6 @@ pub(crate) fn rope_row(x: &mut [f32], pos: usize, r: Rope) {
 pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let v = *g;
-        *g = v / (1.0 + (-v).exp()) * u;
+        *g = v / (1.0 + fastmath::exp(-v)) * u;
     }
 }

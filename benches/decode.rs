@@ -1,0 +1,323 @@
+//! Decode and prefill figures, printed side by side in one run:
+//!
+//! - single-stream decode tokens/s;
+//! - aggregate decode tokens/s at batch 8, 32 and 128 (one batched pass per
+//!   step: each weight matrix is read once for all sequences);
+//! - the same through the colocated `Engine` (scheduling, sampling and
+//!   streaming included);
+//! - time to first token for 128- and 512-token prompts.
+//!
+//! On stories260K (skipped when absent) and on a random model of
+//! Llama-3.2-1B shape with fewer layers (`HANDOFF_BENCH_LAYERS`, default 4;
+//! `HANDOFF_BENCH_BIG=0` skips it).
+//!
+//! ```sh
+//! cargo bench --bench decode
+//! ```
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use handoff::backend::CpuBackend;
+use handoff::kv::{KvSeq, Ready};
+use handoff::model::{Model, ModelConfig, ModelWeights, load_llama2c, random_weights};
+use handoff::sampling::argmax;
+use handoff::{
+    BatchLimits, Engine, EngineConfig, EngineOptions, KvDtype, KvPool, PoolConfig, Request,
+    RequestId, Role, TenantId,
+};
+
+const STORIES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/models/stories260K.bin"
+);
+
+fn say(s: String) {
+    let _ = writeln!(std::io::stdout(), "{s}");
+}
+
+struct Plan {
+    name: &'static str,
+    /// Decode steps timed per batch size.
+    steps: fn(usize) -> usize,
+    prompt_len: usize,
+    batches: &'static [usize],
+    ttft: &'static [usize],
+    engine_batches: &'static [usize],
+    engine_new: usize,
+}
+
+fn prompt(len: usize, salt: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|j| ((salt * 131 + j * 17 + 1) % vocab) as u32)
+        .collect()
+}
+
+/// CPU time used by each live thread of this process (Linux schedstat), so
+/// figures can be read on a machine shared with other jobs.
+fn cpu_times() -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                let ns = s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                out.insert(t.file_name().to_string_lossy().into_owned(), ns);
+            }
+        }
+    }
+    out
+}
+
+/// CPU time all threads used since `before` was taken.
+fn cpu_since(before: &std::collections::HashMap<String, u64>) -> Duration {
+    let ns: u64 = cpu_times()
+        .iter()
+        .map(|(tid, &now)| now.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+/// Tokens per second of wall time and per second of CPU time.
+#[derive(Clone, Copy)]
+struct Rate {
+    wall: f64,
+    cpu: f64,
+}
+
+/// Prefills `batch` sequences, then times `steps` batched decode steps.
+fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> Rate {
+    let total = prompt_len + steps + 1;
+    let pool = KvPool::new(PoolConfig::new(
+        m.kv_geometry(KvDtype::F32),
+        16,
+        batch * total.div_ceil(16),
+    ))
+    .unwrap();
+    let mut s = m.scratch();
+    let vocab = m.config().vocab_size;
+    // One batched prefill for all sequences.
+    let prompts: Vec<Vec<u32>> = (0..batch).map(|b| prompt(prompt_len, b, vocab)).collect();
+    let mut filling: Vec<_> = (0..batch)
+        .map(|b| pool.reserve(RequestId(b as u64), total).unwrap())
+        .collect();
+    let mut next = {
+        let mut refs: Vec<_> = filling.iter_mut().collect();
+        let ps: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let l = m.prefill(&mut s, &mut refs, &ps).unwrap();
+        l.rows().map(|r| argmax(r).unwrap()).collect::<Vec<u32>>()
+    };
+    let mut seqs: Vec<KvSeq<Ready>> = filling
+        .into_iter()
+        .map(|f| f.seal(prompt_len).unwrap())
+        .collect();
+    // Warm-up step (buffers grow once), then the timed steps.
+    let mut step = |seqs: &mut Vec<KvSeq<Ready>>, next: &mut Vec<u32>| {
+        let mut refs: Vec<&mut KvSeq<Ready>> = seqs.iter_mut().collect();
+        let l = m.decode(&mut s, &mut refs, next).unwrap();
+        for (i, t) in next.iter_mut().enumerate() {
+            *t = argmax(l.row(i)).unwrap();
+        }
+    };
+    step(&mut seqs, &mut next);
+    let (t, c) = (Instant::now(), cpu_times());
+    for _ in 1..steps {
+        step(&mut seqs, &mut next);
+    }
+    let n = (batch * (steps - 1)) as f64;
+    Rate {
+        wall: n / t.elapsed().as_secs_f64(),
+        cpu: n / cpu_since(&c).as_secs_f64(),
+    }
+}
+
+/// Prefill of an `n`-token prompt to its first sampled token.
+fn ttft(m: &Model, n: usize) -> Duration {
+    let pool = KvPool::new(PoolConfig::new(
+        m.kv_geometry(KvDtype::F32),
+        16,
+        n.div_ceil(16) + 1,
+    ))
+    .unwrap();
+    let p = prompt(n, 7, m.config().vocab_size);
+    let mut s = m.scratch();
+    let mut best = Duration::MAX;
+    for _ in 0..2 {
+        let mut seq = pool.reserve(RequestId(1), n + 1).unwrap();
+        let t = Instant::now();
+        let l = m.prefill(&mut s, &mut [&mut seq], &[&p]).unwrap();
+        let _ = argmax(l.row(0)).unwrap();
+        best = best.min(t.elapsed());
+    }
+    best
+}
+
+/// End to end through the engine: `batch` requests submitted together.
+fn engine_rate(w: &ModelWeights, batch: usize, prompt_len: usize, new: usize) -> (f64, Duration) {
+    let model = Model::new(backend(), w.clone()).unwrap();
+    let max_context = (prompt_len + new).next_multiple_of(16);
+    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(KvDtype::F32))
+        .max_context(max_context)
+        .page_size(16)
+        .pool_tokens(max_context * batch.max(2))
+        .build()
+        .unwrap();
+    let opts = EngineOptions {
+        limits: BatchLimits {
+            max_running: batch,
+            max_prefill_tokens: 1 << 20,
+        },
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::with_options(model, cfg, opts).unwrap();
+    let vocab = w.config.vocab_size;
+    let t = Instant::now();
+    let handles: Vec<_> = (0..batch)
+        .map(|b| {
+            e.submit(Request::new(
+                RequestId(b as u64),
+                TenantId(0),
+                prompt(prompt_len, b, vocab),
+                new,
+            ))
+            .unwrap()
+        })
+        .collect();
+    let mut first = None;
+    while !e.is_idle() {
+        e.step();
+        if first.is_none() && !handles[0].events().is_empty() {
+            first = Some(t.elapsed());
+        }
+    }
+    let elapsed = t.elapsed();
+    let tokens: usize = handles.iter().map(|h| h.try_collect().0.len()).sum();
+    (
+        tokens as f64 / elapsed.as_secs_f64(),
+        first.unwrap_or_default(),
+    )
+}
+
+/// All cores, or `HANDOFF_BENCH_THREADS`.
+fn backend() -> CpuBackend {
+    match std::env::var("HANDOFF_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(n) => CpuBackend::with_threads(n),
+        None => CpuBackend::new(),
+    }
+}
+
+fn bench(w: ModelWeights, plan: &Plan) {
+    // HANDOFF_BENCH_CASE=B runs only the decode case at batch B (for
+    // profiling with perf).
+    if let Some(b) = std::env::var("HANDOFF_BENCH_CASE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let m = Model::new(backend(), w).unwrap();
+        let r = decode_rate(&m, b, plan.prompt_len, (plan.steps)(b));
+        say(format!(
+            "{}: decode batch {b}: {:.1} tokens/s wall, {:.1} per CPU-second",
+            plan.name, r.wall, r.cpu
+        ));
+        return;
+    }
+    let c = w.config.clone();
+    say(format!(
+        "\n## {}: dim {}, hidden {}, {} layers, {}/{} heads of {}, vocab {}",
+        plan.name,
+        c.dim,
+        c.hidden_dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        c.vocab_size
+    ));
+    for &b in plan.engine_batches {
+        let (r, first) = engine_rate(&w, b, plan.prompt_len, plan.engine_new);
+        say(format!(
+            "engine batch {b:>3}: {r:>10.1} tokens/s end to end ({} new tokens each, first token after {first:.2?})",
+            plan.engine_new
+        ));
+    }
+    let m = Model::new(backend(), w).unwrap();
+    say(format!(
+        "threads: {}, kernels: {:?}",
+        m.backend().threads(),
+        m.backend().isa()
+    ));
+    let single = decode_rate(&m, 1, plan.prompt_len, (plan.steps)(1));
+    say(format!(
+        "decode batch   1: {:>10.1} tokens/s wall | {:>10.1} tokens per CPU-second",
+        single.wall, single.cpu
+    ));
+    for &b in plan.batches {
+        let r = decode_rate(&m, b, plan.prompt_len, (plan.steps)(b));
+        say(format!(
+            "decode batch {b:>3}: {:>10.1} tokens/s wall ({:.1}x single-stream) | {:>10.1} per CPU-second ({:.1}x)",
+            r.wall,
+            r.wall / single.wall,
+            r.cpu,
+            r.cpu / single.cpu
+        ));
+    }
+    for &n in plan.ttft {
+        say(format!(
+            "time to first token, {n}-token prompt: {:.2?}",
+            ttft(&m, n)
+        ));
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; nothing to parse.
+    if Path::new(STORIES).exists() {
+        let w = load_llama2c(Path::new(STORIES)).unwrap();
+        bench(
+            w,
+            &Plan {
+                name: "stories260K",
+                steps: |b| if b <= 8 { 256 } else { 128 },
+                prompt_len: 8,
+                batches: &[8, 32, 128],
+                ttft: &[128, 512],
+                engine_batches: &[1, 32],
+                engine_new: 128,
+            },
+        );
+    } else {
+        say(format!("stories260K skipped: {STORIES} is absent"));
+    }
+    if std::env::var("HANDOFF_BENCH_BIG").as_deref() == Ok("0") {
+        return;
+    }
+    let layers = std::env::var("HANDOFF_BENCH_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let t = Instant::now();
+    let w = random_weights(&ModelConfig::llama_3_2_1b_shape(layers), 1);
+    say(format!(
+        "\n(random Llama-3.2-1B-shaped weights, {layers} layers, made in {:.2?})",
+        t.elapsed()
+    ));
+    bench(
+        w,
+        &Plan {
+            name: "Llama-3.2-1B shape (random weights)",
+            steps: |b| if b <= 8 { 6 } else { 3 },
+            prompt_len: 8,
+            batches: &[8, 32, 128],
+            ttft: &[128, 512],
+            engine_batches: &[],
+            engine_new: 0,
+        },
+    );
+}
