@@ -269,6 +269,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             geometry: self.pool.config().geometry(),
             page_size: u32::try_from(self.pool.page_size()).unwrap_or(u32::MAX),
             pages: pages.clone(),
+            sampling: req.sampling.clone(),
         };
         self.link.landing().register(
             nonce,
