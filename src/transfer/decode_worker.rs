@@ -18,7 +18,7 @@ use crate::sampling::Sampler;
 use crate::sched::{AdmissionLimits, Rejection};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::decode::{DecodeOutcome, DecodeSide};
-use crate::transfer::error::{IntegrityError, TransferError};
+use crate::transfer::error::{IntegrityError, LinkError, TransferError};
 use crate::transfer::link::DecodeLink;
 
 /// Requests by how they ended, so far.
@@ -148,6 +148,12 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     /// nothing is generating), and decodes one token for every running
     /// sequence.
     pub fn step(&mut self, wait: Duration) {
+        // Clients an injected fault cancelled (fault injection only).
+        for id in self.side.requested_cancels() {
+            if let Some(c) = self.clients.get(&id) {
+                c.cancel.cancel();
+            }
+        }
         let cancelled: Vec<RequestId> = self
             .clients
             .iter()
@@ -164,6 +170,15 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         };
         for o in self.side.poll(wait) {
             self.land(o);
+        }
+        if self.side.link_error() == Some(&LinkError::Killed) {
+            // The worker crashed (an injected kill): what it was generating
+            // is lost with it.
+            for r in std::mem::take(&mut self.running) {
+                r.seq.release();
+                let e = EngineError::Transfer(TransferError::Link(LinkError::Killed));
+                self.end(r.id, Outcome::Failed(e));
+            }
         }
         self.decode();
     }
@@ -194,7 +209,8 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
             Ok(v) => v,
             Err(e) => {
                 let outcome = match &e {
-                    TransferError::Aborted { request, reason } => {
+                    TransferError::Aborted { request, reason }
+                    | TransferError::Refused { request, reason } => {
                         match reason.to_rejection(*request) {
                             Some(r) => Outcome::Rejected(r),
                             None => Outcome::Failed(EngineError::Transfer(e)),
