@@ -81,6 +81,33 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         })
     }
 
+    /// A worker over a `pool` and admission `limits` that no configuration
+    /// has validated, to replay a misconfigured deployment in tests
+    /// (fault-injection builds only; [`DecodeWorker::new`] refuses such a
+    /// pool). Admission still protects the pool. The model must match the
+    /// pool's KV geometry and cover the window of `limits`.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn with_unvalidated_pool(
+        link: L,
+        model: Model<B>,
+        pool: KvPool,
+        limits: AdmissionLimits,
+        transfer: TransferConfig,
+    ) -> Result<Self, EngineError> {
+        let window = limits.max_context();
+        crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
+        let limits = limits.vocab(model.config().vocab_size);
+        Ok(DecodeWorker {
+            side: DecodeSide::new(link, pool, limits, transfer),
+            scratch: model.scratch(),
+            model,
+            clients: HashMap::new(),
+            running: Vec::new(),
+            tokens: Vec::new(),
+            tally: DecodeTally::default(),
+        })
+    }
+
     /// The protocol side (counters, landing zone).
     pub fn side(&self) -> &DecodeSide<L> {
         &self.side

@@ -61,10 +61,15 @@ pub fn engine_config(w: &ModelWeights, role: Role) -> EngineConfig {
 
 /// What the colocated engine generates for each request (greedy).
 pub fn reference(w: &ModelWeights, reqs: &[Request]) -> Vec<Vec<u32>> {
+    reference_in_window(w, reqs, WINDOW)
+}
+
+/// [`reference`] with another context window.
+pub fn reference_in_window(w: &ModelWeights, reqs: &[Request], window: usize) -> Vec<Vec<u32>> {
     let cfg = EngineConfig::builder(Role::Colocated, w.config.kv_geometry(KvDtype::F32))
-        .max_context(WINDOW)
+        .max_context(window)
         .page_size(PAGE)
-        .pool_tokens(2 * WINDOW * reqs.len().max(1))
+        .pool_tokens(2 * window * reqs.len().max(1))
         .build()
         .unwrap();
     let mut engine = Engine::new(Model::cpu(w.clone()).unwrap(), cfg).unwrap();
@@ -92,6 +97,19 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// A request as submitted: its handle, or its admission rejection.
+    pub fn new(req: Request, submitted: Result<RequestHandle, handoff::Rejection>) -> Self {
+        let (handle, outcome) = match submitted {
+            Ok(h) => (Some(h), None),
+            Err(r) => (None, Some(Outcome::Rejected(r))),
+        };
+        Tracked {
+            req,
+            tokens: Vec::new(),
+            outcome,
+            handle,
+        }
+    }
     pub fn done(&self) -> bool {
         self.outcome.is_some()
     }
@@ -204,20 +222,8 @@ impl<T: Transfer> Pair<T> {
     }
 
     pub fn submit(&mut self, req: Request) -> Tracked {
-        match self.decode.submit(req.clone()) {
-            Ok(h) => Tracked {
-                req,
-                tokens: Vec::new(),
-                outcome: None,
-                handle: Some(h),
-            },
-            Err(r) => Tracked {
-                req,
-                tokens: Vec::new(),
-                outcome: Some(Outcome::Rejected(r)),
-                handle: None,
-            },
-        }
+        let submitted = self.decode.submit(req.clone());
+        Tracked::new(req, submitted)
     }
 
     /// Steps decode until `done()` or the deadline; false on the deadline.
