@@ -557,6 +557,9 @@ impl<L: DecodeLink> DecodeSide<L> {
         if self.link_error.is_none() {
             self.link_error = Some(e.clone());
         }
+        // A side whose link has ended serves nothing more: pages taken by
+        // an injected exhausted-pool fault go back now.
+        self.hog = PoolHog::default();
         self.sched.close();
         for (id, live) in std::mem::take(&mut self.live) {
             self.fence_and_release(&live);

@@ -573,6 +573,9 @@ impl<L: PrefillLink> PrefillSide<L> {
         if self.link_error.is_none() {
             self.link_error = Some(e);
         }
+        // A side whose link has ended serves nothing more: pages taken by
+        // an injected exhausted-pool fault go back now.
+        self.hog = PoolHog::default();
         self.link.close();
         // Nothing more can be written: the transfers are abandoned, and
         // closing the link drained or discarded what was in flight.
