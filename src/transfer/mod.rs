@@ -59,6 +59,9 @@ mod gate;
 mod inproc;
 mod landing;
 mod link;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api;
 mod prefill;
 mod prefill_worker;
 pub mod protocol;
