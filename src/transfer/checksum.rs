@@ -26,6 +26,11 @@ impl RegionHashes {
         }
     }
 
+    /// Region hashes already computed, as `[page][layer][K, V]`.
+    pub(crate) fn from_hashes(n_layers: usize, hashes: Vec<u64>) -> Self {
+        RegionHashes { n_layers, hashes }
+    }
+
     /// Sets the hash of page `page`, layer `layer`, K (`kv == 0`) or V.
     pub(crate) fn set(&mut self, page: usize, layer: usize, kv: usize, hash: u64) {
         if let Some(h) = self.hashes.get_mut((page * self.n_layers + layer) * 2 + kv) {

@@ -711,21 +711,18 @@ fn verify(
         );
     }
     let n_pages = live.pages.len();
-    let mut regions = RegionHashes::new(n_pages, n_layers);
-    dest.seq.for_each_received_region(|i, layer, k, v| {
-        if i < n_pages {
-            regions.set(i, layer, 0, region_hash(k));
-            regions.set(i, layer, 1, region_hash(v));
-        }
-    });
+    let regions = RegionHashes::from_hashes(
+        n_layers,
+        dest.seq.received_region_hashes(n_pages, region_hash),
+    );
     let actual = regions.finish();
-    if let Some(position) = (0..n_pages).find(|&i| actual[i] != r.page_checksums[i]) {
+    if let Some(position) = (0..n_pages).find(|&i| actual.get(i) != r.page_checksums.get(i)) {
         return fail(
             IntegrityError::ChecksumMismatch {
                 request,
                 position,
-                claimed: r.page_checksums[position],
-                actual: actual[position],
+                claimed: r.page_checksums.get(position).copied().unwrap_or_default(),
+                actual: actual.get(position).copied().unwrap_or_default(),
             },
             Some(dest),
         );
