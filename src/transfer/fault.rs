@@ -14,6 +14,7 @@
 //!   batch) and [`Step::ReceiptSent`], and whichever side releases pages for
 //!   [`Step::Release`].
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -168,10 +169,24 @@ impl FaultRule {
     }
 }
 
+type SourceFn = dyn Fn(Step, RequestId) -> Option<Fault> + Send + Sync;
+
+/// A function choosing faults, for plans too large to list as rules.
+struct Source(Box<SourceFn>);
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Source(..)")
+    }
+}
+
 /// The faults to inject into one link (shared by its two ends).
 #[derive(Debug, Default)]
 pub struct FaultPlan {
     rules: Mutex<Vec<FaultRule>>,
+    source: Option<Source>,
+    /// (step, request) pairs the source has fired at.
+    sourced: Mutex<HashSet<(Step, RequestId)>>,
     slow_receiver: Mutex<Option<Duration>>,
     cancels: Mutex<Vec<RequestId>>,
     fired: AtomicU64,
@@ -186,6 +201,19 @@ impl FaultPlan {
     #[must_use]
     pub fn with(self, rule: FaultRule) -> Self {
         self.rules.lock().push(rule);
+        self
+    }
+    /// Adds a fault source: where no rule matches, `f(step, request)` names
+    /// the fault to inject, if any. Each (step, request) fires at most once
+    /// (at the first message or worker step of that request at that step),
+    /// so a deterministic `f` can drive long runs (a soak) where both ends
+    /// of a link, even in two processes, agree on the faults.
+    #[must_use]
+    pub fn with_source(
+        mut self,
+        f: impl Fn(Step, RequestId) -> Option<Fault> + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Source(Box::new(f)));
         self
     }
     /// Adds a rule to a plan already in use (rules added later apply to
@@ -237,12 +265,15 @@ impl FaultPlan {
 
     fn take_where(&self, step: Step, request: RequestId, worker: bool) -> Option<Fault> {
         let mut rules = self.rules.lock();
-        let i = rules.iter().position(|r| {
+        let Some(i) = rules.iter().position(|r| {
             r.step == step
                 && r.times > 0
                 && r.fault.is_worker_fault() == worker
                 && r.request.is_none_or(|q| q == request)
-        })?;
+        }) else {
+            drop(rules);
+            return self.take_sourced(step, request, worker);
+        };
         let rule = &mut rules[i];
         if rule.skip > 0 {
             rule.skip -= 1;
@@ -253,6 +284,15 @@ impl FaultPlan {
         if rule.times == 0 {
             // Spent rules go, so that long runs with many rules stay fast.
             rules.remove(i);
+        }
+        self.fired.fetch_add(1, Ordering::Relaxed);
+        Some(fault)
+    }
+
+    fn take_sourced(&self, step: Step, request: RequestId, worker: bool) -> Option<Fault> {
+        let fault = (self.source.as_ref()?.0)(step, request)?;
+        if fault.is_worker_fault() != worker || !self.sourced.lock().insert((step, request)) {
+            return None;
         }
         self.fired.fetch_add(1, Ordering::Relaxed);
         Some(fault)
