@@ -2,18 +2,22 @@
 //! against real prefill and decode workers running a model.
 //!
 //! Each cell starts a prefill worker and a decode worker (a tiny random
-//! model), injects one fault at one protocol step of one target request
-//! (tenant 1), and serves it beside a request of tenant 2 and a canary of
-//! tenant 3, then a late request of tenant 2 submitted once the target has
-//! ended (so faults at release time meet a request that comes after them).
+//! model), injects one fault at one protocol step, and serves a target
+//! request (tenant 1) beside a request of tenant 2 and a canary of tenant
+//! 3, then a late request of tenant 2 submitted once the target has ended
+//! (so faults at release time meet a request that comes after them). Two
+//! scopes: the fault strikes the target's first message at that step (its
+//! second write batch for KV writing), or every message of every request
+//! at that step.
 //! The faults: every message fault (drop, delay, duplicate, reorder,
 //! truncate, corrupt, disconnect) and every worker fault (kill the worker,
 //! cancel the client, exhaust the pool, make admission reject). Per cell:
 //! 1. zero isolation violations in either pool;
 //! 2. every request ends either finished with exactly the fault-free
 //!    output, or with a typed error (HTTP 4xx/5xx) or a cancel after a
-//!    prefix of it: never a wrong token; the canary finishes intact
-//!    whenever the fault cannot take the link or a worker down;
+//!    prefix of it: never a wrong token; when only the target is struck,
+//!    the canary finishes intact whenever the fault cannot take the link
+//!    or a worker down;
 //! 3. once every request has ended, both pools return to full capacity
 //!    with nothing held, while both workers still run;
 //! 4. no panic and no hang: every cell runs under a watchdog.
@@ -86,22 +90,33 @@ fn may_take_others_down(f: &Fault) -> bool {
     )
 }
 
+/// Which messages a cell's fault strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// The target's first message at the step (second write batch).
+    Target,
+    /// Every message of every request at the step.
+    Every,
+}
+
 /// Runs one cell; returns each request's result code.
 fn cell<T: Transfer + Copy + Send + 'static>(
     t: T,
     step: Step,
     fault: Option<Fault>,
+    scope: Scope,
 ) -> Result<Vec<String>, String> {
     let s = shared();
     let plan = FaultPlan::new();
-    let contained = !fault.as_ref().is_some_and(may_take_others_down);
-    let plan = match fault {
+    let contained = scope == Scope::Target && !fault.as_ref().is_some_and(may_take_others_down);
+    let plan = match (fault, scope) {
         // The second write batch: the first has landed by then.
-        Some(f) if step == Step::KvWriting => {
+        (Some(f), Scope::Target) if step == Step::KvWriting => {
             plan.with(FaultRule::at(step, f).for_request(TARGET).skip(1))
         }
-        Some(f) => plan.with(FaultRule::at(step, f).for_request(TARGET)),
-        None => plan,
+        (Some(f), Scope::Target) => plan.with(FaultRule::at(step, f).for_request(TARGET)),
+        (Some(f), Scope::Every) => plan.with(FaultRule::at(step, f).times(usize::MAX)),
+        (None, _) => plan,
     };
     let plan = Arc::new(plan);
     let cfg = TransferConfig::default()
@@ -154,7 +169,7 @@ fn matrix<T: Transfer + Copy + Send + 'static>(t: T) {
     let mut tally = Tally::default();
     // The fault-free run: every request finishes with the reference output.
     let base = pd::watchdog("fault-free", CELL_LIMIT, move || {
-        cell(t, Step::PlanSent, None)
+        cell(t, Step::PlanSent, None, Scope::Target)
     })
     .and_then(|r| r);
     assert_eq!(
@@ -164,14 +179,17 @@ fn matrix<T: Transfer + Copy + Send + 'static>(t: T) {
         t.name()
     );
     let mut grid = String::new();
-    for fault in faults() {
-        let mut row = format!("  {:<18}", format!("{fault:?}"));
+    for (scope, fault) in [Scope::Target, Scope::Every]
+        .into_iter()
+        .flat_map(|scope| faults().into_iter().map(move |f| (scope, f)))
+    {
+        let mut row = format!("  {:<7}{:<19}", format!("{scope:?}"), format!("{fault:?}"));
         for step in Step::ALL {
-            let name = format!("{} {step:?} {fault:?}", t.name());
+            let name = format!("{} {scope:?} {step:?} {fault:?}", t.name());
             let f = fault.clone();
             tally.cells += 1;
-            let result =
-                pd::watchdog(&name, CELL_LIMIT, move || cell(t, step, Some(f))).and_then(|r| r);
+            let result = pd::watchdog(&name, CELL_LIMIT, move || cell(t, step, Some(f), scope))
+                .and_then(|r| r);
             match result {
                 Ok(codes) => {
                     tally.passed += 1;
@@ -195,8 +213,8 @@ fn matrix<T: Transfer + Copy + Send + 'static>(t: T) {
         .collect();
     let _ = writeln!(
         std::io::stderr(),
-        "fault matrix, {} transport: {} cells ({} faults x {} steps), {} passed, in {:.1?}\n\
-         target request's outcome per cell (ok = equal to the fault-free run):\n  {:<18}{steps}\n{grid}\
+        "fault matrix, {} transport: {} cells (2 scopes x {} faults x {} steps), {} passed, in {:.1?}\n\
+         target request's outcome per cell (ok = equal to the fault-free run):\n  {:<26}{steps}\n{grid}\
          all requests: {:?} (4 per cell; codes are HTTP statuses)",
         t.name(),
         tally.cells,
@@ -214,7 +232,7 @@ fn matrix<T: Transfer + Copy + Send + 'static>(t: T) {
         tally.cells,
         tally.failures.join("\n")
     );
-    assert_eq!(tally.cells, faults().len() * Step::ALL.len());
+    assert_eq!(tally.cells, 2 * faults().len() * Step::ALL.len());
 }
 
 #[test]
