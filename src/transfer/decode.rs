@@ -11,11 +11,14 @@ use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
 use crate::transfer::checksum::{RegionHashes, region_hash};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::{IntegrityError, LinkError, TransferError, Wait};
-use crate::transfer::gate::at_release;
+use crate::transfer::gate::{
+    PoolHog, Step, WorkerFault, at_release, requested_cancels, worker_fault,
+};
 use crate::transfer::landing::{Destination, LandingZone};
 use crate::transfer::link::DecodeLink;
 use crate::transfer::protocol::{
-    Abort, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill, Verdict,
+    Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
+    Verdict,
 };
 
 /// KV that passed verification for its request: the only way to obtain a
@@ -86,6 +89,8 @@ pub struct DecodeStats {
     pub ignored_receipts: u64,
     /// Aborts for unknown, finished or cancelled requests: ignored.
     pub ignored_aborts: u64,
+    /// Requests this side turned away after admitting them (draining).
+    pub refused: u64,
 }
 
 #[derive(Debug)]
@@ -114,6 +119,10 @@ pub struct DecodeSide<L: DecodeLink> {
     by_nonce: HashMap<Nonce, RequestId>,
     outcomes: Vec<DecodeOutcome>,
     stats: DecodeStats,
+    /// Pages taken by an injected exhausted-pool fault.
+    hog: PoolHog,
+    /// An injected fault asks to turn the next transfer away.
+    reject_next: bool,
 }
 
 impl<L: DecodeLink> DecodeSide<L> {
@@ -131,6 +140,8 @@ impl<L: DecodeLink> DecodeSide<L> {
             by_nonce: HashMap::new(),
             outcomes: Vec::new(),
             stats: DecodeStats::default(),
+            hog: PoolHog::default(),
+            reject_next: false,
         }
     }
 
@@ -157,6 +168,12 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// The error that ended the link, if it has ended.
     pub fn link_error(&self) -> Option<&LinkError> {
         self.link_error.as_ref()
+    }
+
+    /// Requests whose client an injected fault cancelled (fault injection
+    /// only; empty otherwise).
+    pub(crate) fn requested_cancels(&self) -> Vec<RequestId> {
+        requested_cancels(&self.cfg)
     }
 
     /// Admits `req` (or rejects it at once, allocating nothing) and starts
@@ -198,7 +215,12 @@ impl<L: DecodeLink> DecodeSide<L> {
             }
             let now = Instant::now();
             let wait = if self.outcomes.is_empty() {
-                let next = self.live.values().map(|l| l.deadline).min();
+                let next = self
+                    .live
+                    .values()
+                    .map(|l| l.deadline)
+                    .chain(self.hog.next_deadline())
+                    .min();
                 next.map_or(until, |d| d.min(until))
                     .saturating_duration_since(now)
             } else {
@@ -282,6 +304,17 @@ impl<L: DecodeLink> DecodeSide<L> {
             deadline: Instant::now() + self.cfg.receipt_timeout(),
         };
         self.stats.planned += 1;
+        let fault = self.worker_step(Step::PlanSent, id);
+        if fault == Some(WorkerFault::Kill) {
+            self.by_nonce.insert(nonce, id);
+            self.live.insert(id, live);
+            self.link_lost(LinkError::Killed);
+            return;
+        }
+        if fault == Some(WorkerFault::Reject) || std::mem::take(&mut self.reject_next) {
+            self.refuse(&live, None);
+            return;
+        }
         match self.link.send(ToPrefill::Plan(plan)) {
             Ok(()) => {
                 self.by_nonce.insert(nonce, id);
@@ -365,21 +398,37 @@ impl<L: DecodeLink> DecodeSide<L> {
         let verdict = verify(&self.pool, &live, &r, dest);
         self.sched.finish(id);
         let result = match verdict {
-            Ok(seq) => {
-                self.stats.verified += 1;
-                self.answer(&live, Verdict::Ack);
-                Ok(VerifiedKv {
-                    request: live.request,
-                    seq,
-                    first_token: r.first_token,
-                })
-            }
+            Ok(seq) => match self.worker_step(Step::AckSent, id) {
+                Some(WorkerFault::Kill) => {
+                    // A crash before the ack: the verified KV is lost with
+                    // the worker.
+                    drop(seq);
+                    self.outcomes.push(DecodeOutcome {
+                        request: id,
+                        tenant,
+                        result: Err(TransferError::Link(LinkError::Killed)),
+                    });
+                    self.link_lost(LinkError::Killed);
+                    return;
+                }
+                Some(WorkerFault::Reject) => {
+                    drop(seq);
+                    self.refuse(&live, Some(FailReason::Cancelled));
+                    return;
+                }
+                _ => {
+                    self.stats.verified += 1;
+                    self.answer(&live, Verdict::Ack);
+                    Ok(VerifiedKv {
+                        request: live.request,
+                        seq,
+                        first_token: r.first_token,
+                    })
+                }
+            },
             Err(refused) => {
                 let (e, dest) = *refused;
-                if at_release(&self.cfg, id) {
-                    self.link.close();
-                }
-                drop(dest);
+                self.release_dest(id, dest);
                 self.stats.integrity_failures += 1;
                 self.answer(&live, Verdict::Fail(FailReason::Integrity));
                 Err(TransferError::Integrity(e))
@@ -404,19 +453,75 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// Fences the transfer, scrubs and frees its destination pages.
     fn fence_and_release(&mut self, live: &Live) {
         let dest = self.link.landing().take(live.nonce);
-        if at_release(&self.cfg, live.request.id) {
+        self.release_dest(live.request.id, dest);
+    }
+
+    /// Scrubs and frees a fenced destination.
+    fn release_dest(&mut self, id: RequestId, dest: Option<Destination>) {
+        if at_release(&self.cfg, id) {
             self.link.close();
         }
         drop(dest);
+        if self.link_error.is_none() {
+            match self.worker_step(Step::Release, id) {
+                Some(WorkerFault::Kill) => self.link_lost(LinkError::Killed),
+                Some(WorkerFault::Reject) => self.reject_next = true,
+                _ => {}
+            }
+        }
     }
 
     fn end_failed(&mut self, live: &Live, why: FailReason) {
         self.fence_and_release(live);
-        self.answer(live, Verdict::Fail(why));
         self.sched.finish(live.request.id);
+        if self.link_error.is_none()
+            && self.worker_step(Step::AckSent, live.request.id) == Some(WorkerFault::Kill)
+        {
+            // The worker dies before telling prefill: prefill's ack timeout
+            // or the closed link releases the source pages.
+            self.link_lost(LinkError::Killed);
+            return;
+        }
+        self.answer(live, Verdict::Fail(why));
+    }
+
+    /// Turns an admitted request away while draining (an injected
+    /// rejection): its destination is fenced and freed, prefill is told
+    /// (`answer`) if it was planned, and the request ends with a typed
+    /// `ShuttingDown` rejection.
+    fn refuse(&mut self, live: &Live, answer: Option<FailReason>) {
+        let id = live.request.id;
+        self.fence_and_release(live);
+        self.sched.finish(id);
+        if let Some(why) = answer {
+            self.answer(live, Verdict::Fail(why));
+        }
+        self.stats.refused += 1;
+        self.outcomes.push(DecodeOutcome {
+            request: id,
+            tenant: live.request.tenant,
+            result: Err(TransferError::Refused {
+                request: id,
+                reason: AbortReason::ShuttingDown,
+            }),
+        });
+    }
+
+    /// Takes the worker fault injected at `step` for `id`: an exhausted
+    /// pool is applied here, a kill or a rejection is returned to the
+    /// caller, which knows how to carry it out at that point.
+    fn worker_step(&mut self, step: Step, id: RequestId) -> Option<WorkerFault> {
+        match worker_fault(&self.cfg, step, id)? {
+            WorkerFault::ExhaustPool(hold) => {
+                self.hog.exhaust(&self.pool, hold);
+                None
+            }
+            f => Some(f),
+        }
     }
 
     fn expire(&mut self) {
+        self.hog.expire();
         let now = Instant::now();
         let expired: Vec<RequestId> = self
             .live
@@ -446,6 +551,9 @@ impl<L: DecodeLink> DecodeSide<L> {
         if self.link_error.is_none() {
             self.link_error = Some(e.clone());
         }
+        // A side whose link has ended serves nothing more: pages taken by
+        // an injected exhausted-pool fault go back now.
+        self.hog = PoolHog::default();
         self.sched.close();
         for (id, live) in std::mem::take(&mut self.live) {
             self.fence_and_release(&live);

@@ -18,7 +18,7 @@ use crate::sampling::Sampler;
 use crate::sched::{AdmissionLimits, Rejection};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::decode::{DecodeOutcome, DecodeSide};
-use crate::transfer::error::{IntegrityError, TransferError};
+use crate::transfer::error::{IntegrityError, LinkError, TransferError};
 use crate::transfer::link::DecodeLink;
 
 /// Requests by how they ended, so far.
@@ -70,6 +70,33 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         crate::transfer::worker_config::check(&model, cfg, Role::Decode)?;
         let pool = KvPool::new(cfg.pool_config())?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
+        Ok(DecodeWorker {
+            side: DecodeSide::new(link, pool, limits, transfer),
+            scratch: model.scratch(),
+            model,
+            clients: HashMap::new(),
+            running: Vec::new(),
+            tokens: Vec::new(),
+            tally: DecodeTally::default(),
+        })
+    }
+
+    /// A worker over a `pool` and admission `limits` that no configuration
+    /// has validated, to replay a misconfigured deployment in tests
+    /// (fault-injection builds only; [`DecodeWorker::new`] refuses such a
+    /// pool). Admission still protects the pool. The model must match the
+    /// pool's KV geometry and cover the window of `limits`.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn with_unvalidated_pool(
+        link: L,
+        model: Model<B>,
+        pool: KvPool,
+        limits: AdmissionLimits,
+        transfer: TransferConfig,
+    ) -> Result<Self, EngineError> {
+        let window = limits.max_context();
+        crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
+        let limits = limits.vocab(model.config().vocab_size);
         Ok(DecodeWorker {
             side: DecodeSide::new(link, pool, limits, transfer),
             scratch: model.scratch(),
@@ -148,6 +175,12 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     /// nothing is generating), and decodes one token for every running
     /// sequence.
     pub fn step(&mut self, wait: Duration) {
+        // Clients an injected fault cancelled (fault injection only).
+        for id in self.side.requested_cancels() {
+            if let Some(c) = self.clients.get(&id) {
+                c.cancel.cancel();
+            }
+        }
         let cancelled: Vec<RequestId> = self
             .clients
             .iter()
@@ -164,6 +197,15 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         };
         for o in self.side.poll(wait) {
             self.land(o);
+        }
+        if self.side.link_error() == Some(&LinkError::Killed) {
+            // The worker crashed (an injected kill): what it was generating
+            // is lost with it.
+            for r in std::mem::take(&mut self.running) {
+                r.seq.release();
+                let e = EngineError::Transfer(TransferError::Link(LinkError::Killed));
+                self.end(r.id, Outcome::Failed(e));
+            }
         }
         self.decode();
     }
@@ -194,7 +236,8 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
             Ok(v) => v,
             Err(e) => {
                 let outcome = match &e {
-                    TransferError::Aborted { request, reason } => {
+                    TransferError::Aborted { request, reason }
+                    | TransferError::Refused { request, reason } => {
                         match reason.to_rejection(*request) {
                             Some(r) => Outcome::Rejected(r),
                             None => Outcome::Failed(EngineError::Transfer(e)),

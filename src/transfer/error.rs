@@ -80,6 +80,10 @@ pub enum LinkError {
     NotLoopback { addr: String },
     #[error("invalid transfer configuration: {what}")]
     Config { what: &'static str },
+    #[error(
+        "the worker at this end was killed (fault injection): its transfers are lost; restart it"
+    )]
+    Killed,
 }
 
 impl From<std::io::Error> for LinkError {
@@ -229,13 +233,19 @@ pub enum TransferError {
     Link(#[from] LinkError),
     #[error("KV pool: {0}")]
     Kv(#[from] KvError),
+    #[error("{request}: the decode worker turned the request away: {reason}")]
+    Refused {
+        request: RequestId,
+        reason: AbortReason,
+    },
 }
 
 impl HttpStatus for TransferError {
     fn http_status(&self) -> u16 {
         match self {
             TransferError::Integrity(_) => 500,
-            TransferError::Aborted { request, reason } => match reason.to_rejection(*request) {
+            TransferError::Aborted { request, reason }
+            | TransferError::Refused { request, reason } => match reason.to_rejection(*request) {
                 Some(r) => r.http_status(),
                 None => 500,
             },

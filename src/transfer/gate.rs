@@ -1,8 +1,12 @@
-//! Where the links apply injected faults. Without the `fault-injection`
-//! feature (and outside tests) the gate holds nothing and passes every
-//! message through unchanged.
+//! Where the links apply injected faults, and where the sides take the
+//! worker faults. Without the `fault-injection` feature (and outside tests)
+//! the gate holds nothing and passes every message through unchanged, and
+//! no worker fault is ever returned.
+
+use std::time::{Duration, Instant};
 
 use crate::ids::RequestId;
+use crate::kv::{Filling, KvPool, KvSeq};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
@@ -198,6 +202,10 @@ impl<M: Faultable> Gate<M> {
                 msg.edit_receipt(&*f);
                 msgs.push(msg);
             }
+            // Worker faults are taken by the sides, never here.
+            Some(
+                Fault::Kill | Fault::CancelClient | Fault::ExhaustPool(_) | Fault::RejectAdmission,
+            ) => msgs.push(msg),
         }
         // A message held back by an earlier Reorder goes after this one.
         if let Some(held) = self.stash.take() {
@@ -239,5 +247,99 @@ pub(crate) fn receiver_delay(cfg: &TransferConfig) -> Option<std::time::Duration
     #[cfg(not(any(test, feature = "fault-injection")))]
     {
         None
+    }
+}
+
+/// A worker fault, as the side carrying out a step acts on it
+/// ([`crate::transfer::Fault::CancelClient`] is handed to the decode worker
+/// through the plan instead).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(any(test, feature = "fault-injection")), allow(dead_code))]
+pub(crate) enum WorkerFault {
+    Kill,
+    ExhaustPool(Duration),
+    Reject,
+}
+
+/// The worker fault planned for `request` at `step`, if any.
+#[cfg(any(test, feature = "fault-injection"))]
+pub(crate) fn worker_fault(
+    cfg: &TransferConfig,
+    step: Step,
+    request: RequestId,
+) -> Option<WorkerFault> {
+    use crate::transfer::fault::Fault;
+    let plan = cfg.faults()?;
+    match plan.take_worker(step, request)? {
+        Fault::Kill => Some(WorkerFault::Kill),
+        Fault::CancelClient => {
+            plan.request_cancel(request);
+            None
+        }
+        Fault::ExhaustPool(d) => Some(WorkerFault::ExhaustPool(d)),
+        Fault::RejectAdmission => Some(WorkerFault::Reject),
+        _ => None,
+    }
+}
+
+/// The worker fault planned for a step (none without fault injection).
+#[cfg(not(any(test, feature = "fault-injection")))]
+pub(crate) fn worker_fault(
+    _cfg: &TransferConfig,
+    _step: Step,
+    _request: RequestId,
+) -> Option<WorkerFault> {
+    None
+}
+
+/// Requests whose client an injected fault has cancelled.
+pub(crate) fn requested_cancels(cfg: &TransferConfig) -> Vec<RequestId> {
+    let _ = cfg;
+    #[cfg(any(test, feature = "fault-injection"))]
+    {
+        cfg.faults().map(|p| p.take_cancels()).unwrap_or_default()
+    }
+    #[cfg(not(any(test, feature = "fault-injection")))]
+    {
+        Vec::new()
+    }
+}
+
+/// The owner recorded on pages taken by an exhausted-pool fault.
+const HOG: RequestId = RequestId(u64::MAX);
+
+/// Pages taken by [`WorkerFault::ExhaustPool`], each batch given back at
+/// its deadline (or when the side is dropped).
+#[derive(Debug, Default)]
+pub(crate) struct PoolHog {
+    taken: Vec<(KvSeq<Filling>, Instant)>,
+}
+
+impl PoolHog {
+    /// Takes every page free in `pool` now, for `hold`.
+    pub(crate) fn exhaust(&mut self, pool: &KvPool, hold: Duration) {
+        let free = pool.stats().free;
+        if free == 0 {
+            return;
+        }
+        // Another thread may have taken pages meanwhile: then the pool is
+        // exhausted anyway.
+        if let Ok(seq) = pool.reserve(HOG, free * pool.page_size()) {
+            self.taken.push((seq, Instant::now() + hold));
+        }
+    }
+
+    /// Gives back the pages whose hold has run out.
+    pub(crate) fn expire(&mut self) {
+        if self.taken.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        self.taken.retain(|(_, until)| *until > now);
+    }
+
+    /// When the next pages come back.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.taken.iter().map(|(_, until)| *until).min()
     }
 }

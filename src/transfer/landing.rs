@@ -8,9 +8,9 @@
 //! under the same lock, so once taken, no write can land in its pages.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ids::RequestId;
 use crate::kv::{KvPool, KvSeq, Received};

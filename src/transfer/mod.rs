@@ -16,7 +16,9 @@
 //!   with the same request handles as the colocated [`crate::Engine`].
 //! - `fault` (tests and the `fault-injection` feature): a [`FaultPlan`] that
 //!   drops, delays, duplicates, reorders, truncates or corrupts messages and
-//!   KV bytes, or disconnects the peer, at any protocol step.
+//!   KV bytes, or disconnects the peer, and kills a worker, cancels a
+//!   client, exhausts a pool or makes admission reject, at any protocol
+//!   step (see RELIABILITY.md).
 //!
 //! ```
 //! use std::time::Duration;
@@ -59,6 +61,9 @@ mod gate;
 mod inproc;
 mod landing;
 mod link;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api;
 mod prefill;
 mod prefill_worker;
 pub mod protocol;

@@ -12,7 +12,7 @@ use crate::sched::AdmissionLimits;
 use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::{LinkError, TransferError, Wait};
-use crate::transfer::gate::at_release;
+use crate::transfer::gate::{PoolHog, Step, WorkerFault, at_release, worker_fault};
 use crate::transfer::link::PrefillLink;
 use crate::transfer::protocol::{
     Abort, AbortReason, Answer, Nonce, Plan, Receipt, ToDecode, ToPrefill, WriteBatch, WriterRun,
@@ -92,6 +92,17 @@ pub struct PrefillSide<L: PrefillLink> {
     cancelled: HashSet<Nonce>,
     held: HashMap<Nonce, HeldTransfer>,
     stats: PrefillStats,
+    /// Pages taken by an injected exhausted-pool fault.
+    hog: PoolHog,
+    /// An injected fault asks to turn the next plan away.
+    reject_next: bool,
+}
+
+/// Why sending a job's KV stopped early.
+enum SendStop {
+    Link(LinkError),
+    /// An injected rejection: abort instead of the rest.
+    Refuse,
 }
 
 impl<L: PrefillLink> PrefillSide<L> {
@@ -109,6 +120,8 @@ impl<L: PrefillLink> PrefillSide<L> {
             cancelled: HashSet::new(),
             held: HashMap::new(),
             stats: PrefillStats::default(),
+            hog: PoolHog::default(),
+            reject_next: false,
         }
     }
 
@@ -158,8 +171,8 @@ impl<L: PrefillLink> PrefillSide<L> {
                     waiting_for: Wait::Plan,
                 });
             }
-            let next = self.held.values().map(|h| h.deadline).min();
-            let wait = next
+            let wait = self
+                .next_deadline()
                 .map_or(until, |d| d.min(until))
                 .saturating_duration_since(now);
             self.receive(wait);
@@ -179,7 +192,7 @@ impl<L: PrefillLink> PrefillSide<L> {
             if now >= until {
                 return Ok(());
             }
-            let next = self.held.values().map(|h| h.deadline).min();
+            let next = self.next_deadline();
             self.receive(
                 next.map_or(until, |d| d.min(until))
                     .saturating_duration_since(now),
@@ -222,10 +235,11 @@ impl<L: PrefillLink> PrefillSide<L> {
         let held = Arc::new(held);
         let checksums = match self.send_kv(&plan, &held) {
             Ok(c) => c,
-            Err(e) => {
+            Err(SendStop::Link(e)) => {
                 self.link_lost(e.clone());
                 return Err(TransferError::Link(e));
             }
+            Err(SendStop::Refuse) => return Err(self.refuse(&plan)),
         };
         let n_layers = plan.geometry.n_layers;
         let receipt = Receipt {
@@ -244,6 +258,14 @@ impl<L: PrefillLink> PrefillSide<L> {
                 .collect(),
             first_token,
         };
+        match self.worker_step(Step::ReceiptSent, plan.request) {
+            Some(WorkerFault::Kill) => {
+                self.link_lost(LinkError::Killed);
+                return Err(TransferError::Link(LinkError::Killed));
+            }
+            Some(WorkerFault::Reject) => return Err(self.refuse(&plan)),
+            _ => {}
+        }
         self.held.insert(
             plan.nonce,
             HeldTransfer {
@@ -276,7 +298,7 @@ impl<L: PrefillLink> PrefillSide<L> {
 
     /// Writes every layer's rows in batches, hashing each destination
     /// page's regions as they go; returns the per-page checksums.
-    fn send_kv(&mut self, plan: &Plan, src: &Arc<KvSeq<Held>>) -> Result<Vec<u64>, LinkError> {
+    fn send_kv(&mut self, plan: &Plan, src: &Arc<KvSeq<Held>>) -> Result<Vec<u64>, SendStop> {
         let g = plan.geometry;
         let row = g.kv_dim() * g.dtype.size_bytes();
         let tokens = plan.tokens as usize;
@@ -300,21 +322,28 @@ impl<L: PrefillLink> PrefillSide<L> {
         while start < tokens {
             let n = batch_tokens.min(tokens - start);
             for (layer, cursor) in cursors.iter_mut().enumerate() {
+                match self.worker_step(Step::KvWriting, plan.request) {
+                    Some(WorkerFault::Kill) => return Err(SendStop::Link(LinkError::Killed)),
+                    Some(WorkerFault::Reject) => return Err(SendStop::Refuse),
+                    _ => {}
+                }
                 // Hash first: the hash reads the rows from memory and leaves
                 // them in cache for the transport's copy right after.
                 for (kv, hasher) in cursor.iter_mut().enumerate() {
                     hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
                 }
-                self.link.write_kv(
-                    WriteBatch {
-                        request: plan.request,
-                        nonce: plan.nonce,
-                        layer: layer as u32,
-                        start: start as u32,
-                        tokens: n as u32,
-                    },
-                    src,
-                )?;
+                self.link
+                    .write_kv(
+                        WriteBatch {
+                            request: plan.request,
+                            nonce: plan.nonce,
+                            layer: layer as u32,
+                            start: start as u32,
+                            tokens: n as u32,
+                        },
+                        src,
+                    )
+                    .map_err(SendStop::Link)?;
             }
             start += n;
         }
@@ -326,6 +355,39 @@ impl<L: PrefillLink> PrefillSide<L> {
             }
         }
         Ok(regions.finish())
+    }
+
+    /// Turns a job away while draining (an injected rejection): decode
+    /// gets an abort instead of the rest of the KV or the receipt. Writes
+    /// already sent hold their own reference to the source pages.
+    fn refuse(&mut self, plan: &Plan) -> TransferError {
+        self.abort(plan, AbortReason::ShuttingDown);
+        TransferError::Aborted {
+            request: plan.request,
+            reason: AbortReason::ShuttingDown,
+        }
+    }
+
+    /// Takes the worker fault injected at `step` for `request`: an
+    /// exhausted pool is applied here, a kill or a rejection is returned.
+    fn worker_step(&mut self, step: Step, request: RequestId) -> Option<WorkerFault> {
+        match worker_fault(&self.cfg, step, request)? {
+            WorkerFault::ExhaustPool(hold) => {
+                self.hog.exhaust(&self.pool, hold);
+                None
+            }
+            f => Some(f),
+        }
+    }
+
+    /// The next moment something held comes due (an ack timeout, pages
+    /// taken by an injected fault).
+    fn next_deadline(&self) -> Option<Instant> {
+        self.held
+            .values()
+            .map(|h| h.deadline)
+            .chain(self.hog.next_deadline())
+            .min()
     }
 
     fn abort(&mut self, plan: &Plan, reason: AbortReason) {
@@ -384,6 +446,10 @@ impl<L: PrefillLink> PrefillSide<L> {
         {
             // A duplicate of a plan being served: the original goes on.
             self.stats.duplicate_plans += 1;
+            return;
+        }
+        if std::mem::take(&mut self.reject_next) {
+            self.abort(&plan, AbortReason::ShuttingDown);
             return;
         }
         match self.check(&plan) {
@@ -474,13 +540,22 @@ impl<L: PrefillLink> PrefillSide<L> {
     /// flight keep their own reference; the pages are freed once the last
     /// one is delivered or discarded (drained).
     fn release(&mut self, h: HeldTransfer) {
-        if at_release(&self.cfg, h.request) {
+        let request = h.request;
+        if at_release(&self.cfg, request) {
             self.link_lost(LinkError::Disconnected);
         }
         drop(h.seq);
+        if self.link_error.is_none() {
+            match self.worker_step(Step::Release, request) {
+                Some(WorkerFault::Kill) => self.link_lost(LinkError::Killed),
+                Some(WorkerFault::Reject) => self.reject_next = true,
+                _ => {}
+            }
+        }
     }
 
     fn expire(&mut self) {
+        self.hog.expire();
         let now = Instant::now();
         let expired: Vec<Nonce> = self
             .held
@@ -500,6 +575,9 @@ impl<L: PrefillLink> PrefillSide<L> {
         if self.link_error.is_none() {
             self.link_error = Some(e);
         }
+        // A side whose link has ended serves nothing more: pages taken by
+        // an injected exhausted-pool fault go back now.
+        self.hog = PoolHog::default();
         self.link.close();
         // Nothing more can be written: the transfers are abandoned, and
         // closing the link drained or discarded what was in flight.

@@ -45,6 +45,30 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         })
     }
 
+    /// A worker over a `pool` and admission `limits` that no configuration
+    /// has validated, to replay a misconfigured deployment in tests
+    /// (fault-injection builds only; [`PrefillWorker::new`] refuses such a
+    /// pool). Admission still protects the pool. The model must match the
+    /// pool's KV geometry and cover the window of `limits`.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn with_unvalidated_pool(
+        link: L,
+        model: Model<B>,
+        pool: KvPool,
+        limits: AdmissionLimits,
+        transfer: TransferConfig,
+    ) -> Result<Self, EngineError> {
+        let window = limits.max_context();
+        crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
+        let limits = limits.vocab(model.config().vocab_size);
+        Ok(PrefillWorker {
+            side: PrefillSide::new(link, pool, limits, transfer),
+            scratch: model.scratch(),
+            model,
+            max_batch_tokens: window.max(1),
+        })
+    }
+
     /// Caps the prompt tokens prefilled in one batched pass (default: the
     /// context window).
     #[must_use]

@@ -15,7 +15,16 @@ pub(crate) fn check<B: Backend>(
     if cfg.role() != role {
         return Err(EngineError::Role(cfg.role()));
     }
-    let g = cfg.geometry();
+    check_model(model, cfg.geometry(), cfg.max_context())
+}
+
+/// Refuses a model whose KV geometry is not `g` or whose trained length is
+/// below the context window.
+pub(crate) fn check_model<B: Backend>(
+    model: &Model<B>,
+    g: crate::config::KvGeometry,
+    max_context: usize,
+) -> Result<(), EngineError> {
     let mc = model.config();
     if (g.n_layers, g.n_kv_heads, g.head_dim) != (mc.n_layers, mc.n_kv_heads, mc.head_dim) {
         return Err(EngineError::Geometry {
@@ -27,9 +36,9 @@ pub(crate) fn check<B: Backend>(
             model_head_dim: mc.head_dim,
         });
     }
-    if cfg.max_context() > mc.max_seq_len {
+    if max_context > mc.max_seq_len {
         return Err(EngineError::ContextBeyondModel {
-            max_context: cfg.max_context(),
+            max_context,
             model_max: mc.max_seq_len,
         });
     }
