@@ -59,15 +59,8 @@ impl Landing {
         tokens: usize,
     ) -> Result<(), KvError> {
         let seq = pool.reserve_for_receive(request, tokens)?;
-        self.0.register(
-            nonce,
-            Destination {
-                request,
-                tokens,
-                seq,
-                refused: None,
-            },
-        );
+        self.0
+            .register(nonce, Destination::new(request, tokens, seq));
         Ok(())
     }
     /// Lands `batch`, carrying `bytes_each` bytes of K and of V, every byte
