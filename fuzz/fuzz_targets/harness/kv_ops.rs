@@ -1,8 +1,4 @@
-//! Fuzz harness bodies, shared by the libFuzzer targets in this folder and by
-//! `tests/fuzz_regressions.rs`, which replays every saved input under plain
-//! `cargo test`. Each body panics only on a broken invariant.
-
-#![allow(dead_code)]
+//! `kv_ops`: byte programs of pool operations.
 
 use handoff::{KvDtype, KvGeometry, KvPool, PoolConfig, RequestId, ScrubPolicy};
 
