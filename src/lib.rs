@@ -55,6 +55,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod engine;
 pub mod http;
 pub mod ids;
 pub mod kv;
@@ -64,12 +65,17 @@ mod rng;
 pub mod sampling;
 pub mod sched;
 mod sync;
+pub mod transfer;
 
 pub use config::{
     ConfigError, EngineConfig, EngineConfigBuilder, Headroom, KvDtype, KvGeometry, Role,
+};
+pub use engine::{
+    Canceller, Engine, EngineError, EngineOptions, Event, FinishReason, Outcome, RequestHandle,
+    StepReport,
 };
 pub use http::HttpStatus;
 pub use ids::{RequestId, TenantId};
 pub use kv::{KvError, KvPool, KvSeq, PoolConfig, PoolStats, ScrubPolicy};
 pub use request::{Priority, Request, SamplingParams};
-pub use sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
+pub use sched::{AdmissionLimits, BatchLimits, Rejection, Scheduler, Ticket};

@@ -226,7 +226,6 @@ impl KvPool {
 
     /// Reserves destination pages for KV that a peer will write. Only the
     /// transfer verifier can turn the result into readable KV.
-    #[allow(dead_code)] // used by the transfer layer
     pub(crate) fn reserve_for_receive(
         &self,
         owner: RequestId,

@@ -347,10 +347,113 @@ impl KvSeq<Filling> {
 
 impl KvSeq<Received> {
     /// Only the transfer verifier calls this, after checking the receipt
-    /// against the plan and the bytes that landed.
-    #[allow(dead_code)] // used by the transfer layer
+    /// against the plan and the bytes that landed. With the audit trail on,
+    /// the verified slots are recorded as written by this sequence's owner
+    /// (the verifier has checked the receipt's writer ids say so); until
+    /// then, peer-written slots have no trusted writer.
     pub(crate) fn into_verified(self) -> KvSeq<Ready> {
+        if self.pool.config().audit_enabled() {
+            let mut st = self.pool.shared.storage.write();
+            let ps = self.pool.page_size();
+            for (layer, &n) in self.written.iter().enumerate() {
+                let mut pos = 0;
+                while pos < n {
+                    let slot = pos % ps;
+                    let run = (ps - slot).min(n - pos);
+                    st.record_writers(self.pages[pos / ps].index, layer, slot, run, self.owner.0);
+                    pos += run;
+                }
+            }
+        }
         self.into_state()
+    }
+
+    /// Appends `n` tokens to `layer` on behalf of a peer: `fill(kv, done,
+    /// dst)` writes the raw storage-dtype bytes of K (`kv == 0`) or V
+    /// (`kv == 1`) rows `[done, done + dst_rows)` of the batch into `dst`,
+    /// one run of consecutive slots of one page at a time. The slots get no
+    /// writer in the audit trail until [`KvSeq::into_verified`].
+    pub(crate) fn receive_rows(
+        &mut self,
+        layer: usize,
+        n: usize,
+        mut fill: impl FnMut(usize, usize, &mut [u8]),
+    ) -> Result<(), KvError> {
+        let kvd = self.geometry().kv_dim();
+        self.check_append(layer, n * kvd, n * kvd)?;
+        let mut st = self.pool.shared.storage.write();
+        self.for_each_run(layer, n, |page, slot, done, run| {
+            for kv in 0..2 {
+                let off = st.offset(page, layer, kv, slot);
+                fill(kv, done, st.bytes_mut(off, run * kvd));
+            }
+        });
+        drop(st);
+        self.written[layer] += n;
+        Ok(())
+    }
+
+    /// Calls `f(i, layer, k, v)` with the raw bytes of the written K and V
+    /// rows of every layer of page `i`, page by page, for the transfer
+    /// verifier to recompute checksums over what actually landed.
+    pub(crate) fn for_each_received_region(&self, mut f: impl FnMut(usize, usize, &[u8], &[u8])) {
+        let st = self.pool.shared.storage.read();
+        let ps = self.pool.page_size();
+        let kvd = self.geometry().kv_dim();
+        for (i, page) in self.pages.iter().enumerate() {
+            for (layer, &w) in self.written.iter().enumerate() {
+                let t = w.saturating_sub(i * ps).min(ps);
+                let k = st.slice(st.offset(page.index, layer, 0, 0), t * kvd);
+                let v = st.slice(st.offset(page.index, layer, 1, 0), t * kvd);
+                f(i, layer, k.as_bytes(), v.as_bytes());
+            }
+        }
+    }
+}
+
+impl KvSeq<Held> {
+    /// Calls `f(done, bytes)` with the raw bytes of K (`kv == 0`) or V rows
+    /// `[start, start + n)` of `layer`, one run of consecutive slots of one
+    /// page at a time. For the transfer sender, which audits the whole
+    /// sequence once through [`crate::kv::KvReader`] before sending, so that
+    /// each batch does not re-scan the audit trail.
+    pub(crate) fn read_rows(
+        &self,
+        layer: usize,
+        kv: usize,
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(usize, &[u8]),
+    ) -> Result<(), KvError> {
+        let g = self.geometry();
+        if layer >= g.n_layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                n_layers: g.n_layers,
+            });
+        }
+        let written = self.written[layer];
+        if start.checked_add(n).is_none_or(|end| end > written) {
+            return Err(KvError::Incomplete {
+                layer,
+                written,
+                expected: start.saturating_add(n),
+            });
+        }
+        let ps = self.pool.page_size();
+        let kvd = g.kv_dim();
+        let st = self.pool.shared.storage.read();
+        let (mut pos, mut done) = (start, 0);
+        while done < n {
+            let page = self.pages[pos / ps];
+            self.pool.check_page(page, true)?;
+            let run = (ps - pos % ps).min(n - done);
+            let s = st.slice(st.offset(page.index, layer, kv, pos % ps), run * kvd);
+            f(done, s.as_bytes());
+            pos += run;
+            done += run;
+        }
+        Ok(())
     }
 }
 

@@ -182,6 +182,17 @@ impl Storage {
         bytes[start * esz..start * esz + src.len()].copy_from_slice(src);
     }
 
+    /// Elements `[start, start + len)` as raw bytes, for writing.
+    pub(crate) fn bytes_mut(&mut self, start: usize, len: usize) -> &mut [u8] {
+        let esz = self.geometry.dtype.size_bytes();
+        let bytes: &mut [u8] = match &mut self.data {
+            Data::F32(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
+            Data::F16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
+            Data::BF16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
+        };
+        &mut bytes[start * esz..(start + len) * esz]
+    }
+
     /// Overwrites a whole page with `fill` (zero or poison).
     pub(crate) fn fill_page(&mut self, page: u32, poison: bool) {
         let stride = self.page_stride();

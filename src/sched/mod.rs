@@ -2,9 +2,11 @@
 //! decides, the engine carries out.
 
 mod admission;
+mod batch;
 mod rejection;
 
 pub use admission::AdmissionLimits;
+pub use batch::{BatchLimits, RunningSeq, StartCost, StepPlan};
 pub use rejection::Rejection;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};

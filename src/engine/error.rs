@@ -1,0 +1,62 @@
+use crate::config::{ConfigError, Role};
+use crate::http::HttpStatus;
+use crate::kv::KvError;
+use crate::model::ForwardError;
+use crate::sampling::SamplingError;
+
+/// Errors of the engine: refusing to build, or failing one request. A
+/// request that fails produces no further tokens; other requests go on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("configuration refused: {0}")]
+    Config(#[from] ConfigError),
+    #[error("a colocated engine needs a Colocated configuration, got {0:?}")]
+    Role(Role),
+    #[error(
+        "the configuration's KV geometry ({cfg_layers} layers, {cfg_kv_heads} KV heads of \
+         {cfg_head_dim}) does not match the model's ({model_layers}, {model_kv_heads}, \
+         {model_head_dim}): build it from model.kv_geometry()"
+    )]
+    Geometry {
+        cfg_layers: usize,
+        cfg_kv_heads: usize,
+        cfg_head_dim: usize,
+        model_layers: usize,
+        model_kv_heads: usize,
+        model_head_dim: usize,
+    },
+    #[error(
+        "max_context {max_context} exceeds the model's trained length {model_max}: lower \
+         max_context"
+    )]
+    ContextBeyondModel {
+        max_context: usize,
+        model_max: usize,
+    },
+    #[error("batch limits must allow at least one running sequence and one prefill token")]
+    Limits,
+    #[error("forward pass failed: {0}")]
+    Forward(#[from] ForwardError),
+    #[error("KV pages: {0}")]
+    Kv(#[from] KvError),
+    #[error("sampling failed: {0}")]
+    Sampling(#[from] SamplingError),
+    #[error("the engine shut down before the request finished: resubmit it")]
+    Shutdown,
+}
+
+impl HttpStatus for EngineError {
+    fn http_status(&self) -> u16 {
+        match self {
+            EngineError::Config(e) => e.http_status(),
+            EngineError::Forward(e) => e.http_status(),
+            EngineError::Kv(e) => e.http_status(),
+            EngineError::Sampling(e) => e.http_status(),
+            EngineError::Shutdown => 503,
+            EngineError::Role(_)
+            | EngineError::Geometry { .. }
+            | EngineError::ContextBeyondModel { .. }
+            | EngineError::Limits => 500,
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Timeouts and limits of a prefill/decode link.
+
+use std::time::Duration;
+
+use crate::transfer::error::LinkError;
+
+/// Timeouts on every wait and the bound on KV bytes in flight. Obtained
+/// from [`TransferConfig::default`] and adjusted with the `with_*` methods;
+/// [`TransferConfig::validate`] (called by every transport) refuses
+/// inconsistent limits.
+#[derive(Clone, Debug)]
+pub struct TransferConfig {
+    plan_timeout: Duration,
+    receipt_timeout: Duration,
+    ack_timeout: Duration,
+    write_timeout: Duration,
+    max_in_flight_bytes: usize,
+    max_batch_bytes: usize,
+    max_frame_bytes: usize,
+    #[cfg(any(test, feature = "fault-injection"))]
+    faults: Option<std::sync::Arc<crate::transfer::fault::FaultPlan>>,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig {
+            plan_timeout: Duration::from_secs(30),
+            receipt_timeout: Duration::from_secs(30),
+            ack_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_in_flight_bytes: 64 << 20,
+            max_batch_bytes: 1 << 20,
+            max_frame_bytes: 16 << 20,
+            #[cfg(any(test, feature = "fault-injection"))]
+            faults: None,
+        }
+    }
+}
+
+impl TransferConfig {
+    /// How long prefill waits for a plan before reporting
+    /// [`crate::transfer::Wait::Plan`].
+    #[must_use]
+    pub fn with_plan_timeout(mut self, d: Duration) -> Self {
+        self.plan_timeout = d;
+        self
+    }
+    /// How long decode waits for a plan's receipt (from sending the plan).
+    #[must_use]
+    pub fn with_receipt_timeout(mut self, d: Duration) -> Self {
+        self.receipt_timeout = d;
+        self
+    }
+    /// How long prefill holds source pages waiting for decode's answer.
+    #[must_use]
+    pub fn with_ack_timeout(mut self, d: Duration) -> Self {
+        self.ack_timeout = d;
+        self
+    }
+    /// How long a sender waits for room under the in-flight cap.
+    #[must_use]
+    pub fn with_write_timeout(mut self, d: Duration) -> Self {
+        self.write_timeout = d;
+        self
+    }
+    /// Cap on KV bytes written but not yet landed, per worker pair.
+    #[must_use]
+    pub fn with_max_in_flight_bytes(mut self, bytes: usize) -> Self {
+        self.max_in_flight_bytes = bytes;
+        self
+    }
+    /// Upper bound on the KV bytes (K and V) of one write batch.
+    #[must_use]
+    pub fn with_max_batch_bytes(mut self, bytes: usize) -> Self {
+        self.max_batch_bytes = bytes;
+        self
+    }
+    /// Largest TCP frame accepted (larger ones close the connection).
+    #[must_use]
+    pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
+        self.max_frame_bytes = bytes;
+        self
+    }
+    /// Injects the faults of `plan` at the protocol steps it names.
+    #[cfg(any(test, feature = "fault-injection"))]
+    #[must_use]
+    pub fn with_faults(mut self, plan: std::sync::Arc<crate::transfer::fault::FaultPlan>) -> Self {
+        self.faults = Some(plan);
+        self
+    }
+
+    pub fn plan_timeout(&self) -> Duration {
+        self.plan_timeout
+    }
+    pub fn receipt_timeout(&self) -> Duration {
+        self.receipt_timeout
+    }
+    pub fn ack_timeout(&self) -> Duration {
+        self.ack_timeout
+    }
+    pub fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+    pub fn max_in_flight_bytes(&self) -> usize {
+        self.max_in_flight_bytes
+    }
+    pub fn max_batch_bytes(&self) -> usize {
+        self.max_batch_bytes
+    }
+    pub fn max_frame_bytes(&self) -> usize {
+        self.max_frame_bytes
+    }
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) fn faults(&self) -> Option<&std::sync::Arc<crate::transfer::fault::FaultPlan>> {
+        self.faults.as_ref()
+    }
+
+    /// Refuses limits that cannot work together.
+    pub fn validate(&self) -> Result<(), LinkError> {
+        if self.max_batch_bytes == 0 {
+            return Err(LinkError::Config {
+                what: "max_batch_bytes must be > 0",
+            });
+        }
+        if self.max_in_flight_bytes < self.max_batch_bytes {
+            return Err(LinkError::Config {
+                what: "max_in_flight_bytes must be >= max_batch_bytes",
+            });
+        }
+        if self.max_frame_bytes < self.max_batch_bytes + 4096 {
+            return Err(LinkError::Config {
+                what: "max_frame_bytes must exceed max_batch_bytes by at least 4096",
+            });
+        }
+        if u32::try_from(self.max_frame_bytes).is_err() {
+            return Err(LinkError::Config {
+                what: "max_frame_bytes must fit in 32 bits",
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! The cap on KV bytes in flight between one prefill and one decode worker:
+//! a sender takes credit before a write leaves and the receiver gives it
+//! back once the write has landed (or been refused). At the cap, senders
+//! wait (backpressure), at most the configured write timeout.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::transfer::error::LinkError;
+
+/// Figures of a link's in-flight accounting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlightStats {
+    /// The configured cap.
+    pub cap: usize,
+    /// Bytes in flight now.
+    pub current: usize,
+    /// The most bytes ever in flight at once (never above `cap`).
+    pub peak: usize,
+    /// Times a sender had to wait for credit.
+    pub waits: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    stats: InFlightStats,
+    closed: bool,
+}
+
+/// Byte credits shared by the two ends of a link.
+#[derive(Debug)]
+pub(crate) struct Credits {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Credits {
+    pub(crate) fn new(cap: usize) -> Self {
+        Credits {
+            state: Mutex::new(State {
+                stats: InFlightStats {
+                    cap,
+                    ..InFlightStats::default()
+                },
+                closed: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Takes `bytes` of credit, waiting at most `timeout` for room.
+    pub(crate) fn acquire(&self, bytes: usize, timeout: Duration) -> Result<(), LinkError> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut st = self.state.lock();
+        let cap = st.stats.cap;
+        if bytes > cap {
+            return Err(LinkError::Config {
+                what: "a write batch larger than the in-flight cap",
+            });
+        }
+        let mut waited = false;
+        loop {
+            if st.closed {
+                return Err(LinkError::Disconnected);
+            }
+            if st.stats.current + bytes <= cap {
+                st.stats.current += bytes;
+                st.stats.peak = st.stats.peak.max(st.stats.current);
+                return Ok(());
+            }
+            if !waited {
+                waited = true;
+                st.stats.waits += 1;
+            }
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return Err(LinkError::BackpressureTimeout {
+                    bytes,
+                    in_flight: st.stats.current,
+                    cap,
+                    waited_ms: start.elapsed().as_millis(),
+                });
+            }
+        }
+    }
+
+    /// Gives back `bytes` of credit.
+    pub(crate) fn release(&self, bytes: usize) {
+        let mut st = self.state.lock();
+        st.stats.current = st.stats.current.saturating_sub(bytes);
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Wakes every waiter with [`LinkError::Disconnected`].
+    pub(crate) fn close(&self) {
+        self.state.lock().closed = true;
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn stats(&self) -> InFlightStats {
+        self.state.lock().stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_at_the_cap_and_times_out_with_a_typed_error() {
+        let c = Credits::new(100);
+        c.acquire(60, Duration::from_millis(1)).unwrap();
+        let e = c.acquire(60, Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(
+            e,
+            LinkError::BackpressureTimeout {
+                in_flight: 60,
+                cap: 100,
+                ..
+            }
+        ));
+        c.release(60);
+        c.acquire(100, Duration::from_millis(1)).unwrap();
+        assert_eq!(c.stats().peak, 100);
+        c.close();
+        c.release(100);
+        assert_eq!(
+            c.acquire(1, Duration::from_millis(1)).unwrap_err(),
+            LinkError::Disconnected
+        );
+    }
+}

@@ -1,0 +1,652 @@
+//! The decode side of a transfer: admission, destination pages, plans, and
+//! the verifier, the only code that turns received KV into KV decode reads.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::ids::{RequestId, TenantId};
+use crate::kv::{KvPool, KvSeq, Ready};
+use crate::request::Request;
+use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
+use crate::transfer::checksum::{RegionHashes, region_hash};
+use crate::transfer::config::TransferConfig;
+use crate::transfer::error::{IntegrityError, LinkError, TransferError, Wait};
+use crate::transfer::gate::at_release;
+use crate::transfer::landing::{Destination, LandingZone};
+use crate::transfer::link::DecodeLink;
+use crate::transfer::protocol::{
+    Abort, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill, Verdict,
+};
+
+/// KV that passed verification for its request: the only way to obtain a
+/// `KvSeq<Ready>` from a transfer.
+#[derive(Debug)]
+#[must_use = "dropping verified KV releases its pages"]
+pub struct VerifiedKv {
+    request: Request,
+    seq: KvSeq<Ready>,
+    first_token: Option<u32>,
+}
+
+impl VerifiedKv {
+    /// The request the KV belongs to.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+    /// The verified KV (prompt positions), ready for decode.
+    pub fn seq(&self) -> &KvSeq<Ready> {
+        &self.seq
+    }
+    /// The first generated token, sampled by prefill, if it ran a model.
+    pub fn first_token(&self) -> Option<u32> {
+        self.first_token
+    }
+    /// The parts, for the decode loop.
+    pub fn into_parts(self) -> (Request, KvSeq<Ready>, Option<u32>) {
+        (self.request, self.seq, self.first_token)
+    }
+}
+
+/// How one transfer ended.
+#[derive(Debug)]
+#[must_use = "an outcome carries either verified KV or the request's error"]
+pub struct DecodeOutcome {
+    pub request: RequestId,
+    pub tenant: TenantId,
+    pub result: Result<VerifiedKv, TransferError>,
+}
+
+/// What a cancel did. Cancel is idempotent and valid at every step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The request was waiting for pages; it is removed, nothing was held.
+    Dequeued,
+    /// The transfer was in flight: it is fenced (no write can land any
+    /// more), its destination pages are scrubbed and released, and prefill
+    /// is told to release its source pages.
+    Fenced,
+    /// Not waiting or in flight here: unknown, already verified (the
+    /// [`VerifiedKv`] owner releases its pages by dropping it), failed or
+    /// cancelled before.
+    NotLive,
+}
+
+/// Counters of a decode side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeStats {
+    pub planned: u64,
+    pub verified: u64,
+    pub integrity_failures: u64,
+    pub aborted: u64,
+    pub cancelled: u64,
+    pub timed_out: u64,
+    pub link_failures: u64,
+    /// Receipts for unknown, finished or cancelled requests, and duplicates:
+    /// ignored, never applied.
+    pub ignored_receipts: u64,
+    /// Aborts for unknown, finished or cancelled requests: ignored.
+    pub ignored_aborts: u64,
+}
+
+#[derive(Debug)]
+struct Live {
+    request: Request,
+    nonce: Nonce,
+    tokens: u32,
+    pages: Vec<PlannedPage>,
+    deadline: Instant,
+}
+
+/// The decode worker's half of the protocol over one link.
+///
+/// Drive it from one thread: [`DecodeSide::submit`] admits (a typed
+/// [`Rejection`] if the request can never fit this pool; otherwise it waits
+/// until pages are free), reserves destination pages and sends the plan;
+/// [`DecodeSide::poll`] lands receipts and aborts and reports each
+/// transfer's [`DecodeOutcome`]; [`DecodeSide::cancel`] stops one.
+pub struct DecodeSide<L: DecodeLink> {
+    link: L,
+    link_error: Option<LinkError>,
+    pool: KvPool,
+    sched: Scheduler,
+    cfg: TransferConfig,
+    live: HashMap<RequestId, Live>,
+    by_nonce: HashMap<Nonce, RequestId>,
+    outcomes: Vec<DecodeOutcome>,
+    stats: DecodeStats,
+}
+
+impl<L: DecodeLink> DecodeSide<L> {
+    /// A decode side admitting against `limits` (which should require the
+    /// pool to hold prompt plus max new tokens of every request it accepts,
+    /// as [`AdmissionLimits::from_config`] of a decode config does).
+    pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
+        DecodeSide {
+            link,
+            link_error: None,
+            pool,
+            sched: Scheduler::new(limits),
+            cfg,
+            live: HashMap::new(),
+            by_nonce: HashMap::new(),
+            outcomes: Vec::new(),
+            stats: DecodeStats::default(),
+        }
+    }
+
+    /// The destination pool.
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+    /// Counters.
+    pub fn stats(&self) -> DecodeStats {
+        self.stats
+    }
+    /// The link's landing zone (stray and refused write counters).
+    pub fn landing(&self) -> &LandingZone {
+        self.link.landing()
+    }
+    /// Transfers in flight (planned, not yet ended).
+    pub fn in_flight(&self) -> usize {
+        self.live.len()
+    }
+    /// Requests waiting for destination pages.
+    pub fn waiting(&self) -> usize {
+        self.sched.waiting()
+    }
+    /// The error that ended the link, if it has ended.
+    pub fn link_error(&self) -> Option<&LinkError> {
+        self.link_error.as_ref()
+    }
+
+    /// Admits `req` (or rejects it at once, allocating nothing) and starts
+    /// its transfer as soon as its pages are free.
+    pub fn submit(&mut self, req: Request) -> Result<Ticket, Rejection> {
+        let ticket = self.sched.submit(req)?;
+        self.pump();
+        Ok(ticket)
+    }
+
+    /// Cancels `id` (client cancel or disconnect). Never frees pages that a
+    /// write may still target: the transfer is fenced first.
+    pub fn cancel(&mut self, id: RequestId) -> CancelOutcome {
+        if self.sched.remove_waiting(id).is_some() {
+            self.sched.finish(id);
+            self.stats.cancelled += 1;
+            return CancelOutcome::Dequeued;
+        }
+        let Some(live) = self.live.remove(&id) else {
+            return CancelOutcome::NotLive;
+        };
+        self.by_nonce.remove(&live.nonce);
+        self.end_failed(&live, FailReason::Cancelled);
+        self.stats.cancelled += 1;
+        self.pump();
+        CancelOutcome::Fenced
+    }
+
+    /// Waits up to `timeout` for transfers to end; returns those that did
+    /// (verified, failed, aborted, timed out). Returns early once something
+    /// ended.
+    pub fn poll(&mut self, timeout: Duration) -> Vec<DecodeOutcome> {
+        let until = Instant::now() + timeout;
+        loop {
+            self.expire();
+            self.pump();
+            if self.link_error.is_some() {
+                break;
+            }
+            let now = Instant::now();
+            let wait = if self.outcomes.is_empty() {
+                let next = self.live.values().map(|l| l.deadline).min();
+                next.map_or(until, |d| d.min(until))
+                    .saturating_duration_since(now)
+            } else {
+                Duration::ZERO
+            };
+            match self.link.recv(wait) {
+                Ok(Some(msg)) => self.handle(msg),
+                Ok(None) => {
+                    if !self.outcomes.is_empty() || Instant::now() >= until {
+                        break;
+                    }
+                }
+                Err(e) => self.link_lost(e),
+            }
+        }
+        self.expire();
+        std::mem::take(&mut self.outcomes)
+    }
+
+    /// Fails every transfer and waiting request, and closes the link.
+    pub fn shutdown(&mut self) -> Vec<DecodeOutcome> {
+        self.link_lost(LinkError::Disconnected);
+        std::mem::take(&mut self.outcomes)
+    }
+
+    /// Starts the transfers of waiting requests whose pages are free now.
+    fn pump(&mut self) {
+        while self.link_error.is_none() {
+            let free = self.pool.stats().free;
+            let pool = &self.pool;
+            let Some(req) = self
+                .sched
+                .pop_if(|r| pool.pages_for(r.max_total_tokens()) <= free)
+            else {
+                break;
+            };
+            self.start(req);
+        }
+    }
+
+    fn start(&mut self, req: Request) {
+        let id = req.id;
+        // Pages for prompt and every token it may generate: decode never
+        // runs out mid-generation.
+        let seq = match self.pool.reserve_for_receive(id, req.max_total_tokens()) {
+            Ok(seq) => seq,
+            Err(e) => {
+                self.sched.finish(id);
+                self.outcomes.push(DecodeOutcome {
+                    request: id,
+                    tenant: req.tenant,
+                    result: Err(TransferError::Kv(e)),
+                });
+                return;
+            }
+        };
+        let tokens = req.prompt.len();
+        let n_pages = self.pool.pages_for(tokens);
+        let pages: Vec<PlannedPage> = seq.pages()[..n_pages].iter().map(|&p| p.into()).collect();
+        let nonce = Nonce::fresh();
+        let plan = Plan {
+            request: id,
+            tenant: req.tenant,
+            nonce,
+            prompt: req.prompt.clone(),
+            // Admission bounded the prompt by the pool, itself u32-indexed.
+            tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+            geometry: self.pool.config().geometry(),
+            page_size: u32::try_from(self.pool.page_size()).unwrap_or(u32::MAX),
+            pages: pages.clone(),
+        };
+        self.link.landing().register(
+            nonce,
+            Destination {
+                request: id,
+                tokens,
+                seq,
+                refused: None,
+            },
+        );
+        let live = Live {
+            tokens: plan.tokens,
+            request: req,
+            nonce,
+            pages,
+            deadline: Instant::now() + self.cfg.receipt_timeout(),
+        };
+        self.stats.planned += 1;
+        match self.link.send(ToPrefill::Plan(plan)) {
+            Ok(()) => {
+                self.by_nonce.insert(nonce, id);
+                self.live.insert(id, live);
+            }
+            Err(e) => {
+                self.fence_and_release(&live);
+                self.sched.finish(id);
+                self.stats.link_failures += 1;
+                self.outcomes.push(DecodeOutcome {
+                    request: id,
+                    tenant: live.request.tenant,
+                    result: Err(TransferError::Link(e.clone())),
+                });
+                self.link_lost(e);
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: ToDecode) {
+        match msg {
+            ToDecode::Receipt(r) => self.on_receipt(r),
+            ToDecode::Abort(a) => self.on_abort(a),
+        }
+    }
+
+    /// Finds the transfer a message belongs to: by nonce, else (for a
+    /// nonce mismatch) by the request it names while that request is live.
+    fn route(&self, nonce: Nonce, request: RequestId) -> Option<RequestId> {
+        self.by_nonce
+            .get(&nonce)
+            .copied()
+            .or_else(|| self.live.contains_key(&request).then_some(request))
+    }
+
+    fn on_abort(&mut self, a: Abort) {
+        let Some(id) = self.route(a.nonce, a.request) else {
+            self.stats.ignored_aborts += 1;
+            return;
+        };
+        let Some(live) = self.live.get(&id) else {
+            self.stats.ignored_aborts += 1;
+            return;
+        };
+        if live.nonce != a.nonce || live.request.id != a.request {
+            // A garbled abort does not end someone else's transfer.
+            self.stats.ignored_aborts += 1;
+            return;
+        }
+        let Some(live) = self.live.remove(&id) else {
+            return;
+        };
+        self.by_nonce.remove(&live.nonce);
+        // Prefill sends no receipt after an abort and releases on its own.
+        self.fence_and_release(&live);
+        self.sched.finish(id);
+        self.stats.aborted += 1;
+        self.outcomes.push(DecodeOutcome {
+            request: id,
+            tenant: live.request.tenant,
+            result: Err(TransferError::Aborted {
+                request: id,
+                reason: a.reason,
+            }),
+        });
+    }
+
+    fn on_receipt(&mut self, r: Receipt) {
+        let Some(id) = self.route(r.nonce, r.request) else {
+            self.stats.ignored_receipts += 1;
+            return;
+        };
+        let Some(live) = self.live.remove(&id) else {
+            self.stats.ignored_receipts += 1;
+            return;
+        };
+        self.by_nonce.remove(&live.nonce);
+        // Fence first: from here no write can land in these pages.
+        let dest = self.link.landing().take(live.nonce);
+        let tenant = live.request.tenant;
+        let verdict = verify(&self.pool, &live, &r, dest);
+        self.sched.finish(id);
+        let result = match verdict {
+            Ok(seq) => {
+                self.stats.verified += 1;
+                self.answer(&live, Verdict::Ack);
+                Ok(VerifiedKv {
+                    request: live.request,
+                    seq,
+                    first_token: r.first_token,
+                })
+            }
+            Err(refused) => {
+                let (e, dest) = *refused;
+                if at_release(&self.cfg, id) {
+                    self.link.close();
+                }
+                drop(dest);
+                self.stats.integrity_failures += 1;
+                self.answer(&live, Verdict::Fail(FailReason::Integrity));
+                Err(TransferError::Integrity(e))
+            }
+        };
+        self.outcomes.push(DecodeOutcome {
+            request: id,
+            tenant,
+            result,
+        });
+    }
+
+    fn answer(&mut self, live: &Live, verdict: Verdict) {
+        // A lost answer only delays prefill's release until its ack timeout.
+        let _ = self.link.send(ToPrefill::Answer(Answer {
+            request: live.request.id,
+            nonce: live.nonce,
+            verdict,
+        }));
+    }
+
+    /// Fences the transfer, scrubs and frees its destination pages.
+    fn fence_and_release(&mut self, live: &Live) {
+        let dest = self.link.landing().take(live.nonce);
+        if at_release(&self.cfg, live.request.id) {
+            self.link.close();
+        }
+        drop(dest);
+    }
+
+    fn end_failed(&mut self, live: &Live, why: FailReason) {
+        self.fence_and_release(live);
+        self.answer(live, Verdict::Fail(why));
+        self.sched.finish(live.request.id);
+    }
+
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<RequestId> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in expired {
+            let Some(live) = self.live.remove(&id) else {
+                continue;
+            };
+            self.by_nonce.remove(&live.nonce);
+            self.end_failed(&live, FailReason::Timeout);
+            self.stats.timed_out += 1;
+            self.outcomes.push(DecodeOutcome {
+                request: id,
+                tenant: live.request.tenant,
+                result: Err(TransferError::Timeout {
+                    request: Some(id),
+                    waiting_for: Wait::Receipt,
+                }),
+            });
+        }
+    }
+
+    fn link_lost(&mut self, e: LinkError) {
+        if self.link_error.is_none() {
+            self.link_error = Some(e.clone());
+        }
+        self.sched.close();
+        for (id, live) in std::mem::take(&mut self.live) {
+            self.fence_and_release(&live);
+            self.sched.finish(id);
+            self.stats.link_failures += 1;
+            self.outcomes.push(DecodeOutcome {
+                request: id,
+                tenant: live.request.tenant,
+                result: Err(TransferError::Link(e.clone())),
+            });
+        }
+        self.by_nonce.clear();
+        while let Some(req) = self.sched.pop_if(|_| true) {
+            self.sched.finish(req.id);
+            self.stats.link_failures += 1;
+            self.outcomes.push(DecodeOutcome {
+                request: req.id,
+                tenant: req.tenant,
+                result: Err(TransferError::Link(e.clone())),
+            });
+        }
+        self.link.close();
+    }
+}
+
+impl<L: DecodeLink> Drop for DecodeSide<L> {
+    fn drop(&mut self) {
+        // Fence every transfer before its pages go back to the pool.
+        self.link.close();
+        for live in std::mem::take(&mut self.live).into_values() {
+            drop(self.link.landing().take(live.nonce));
+        }
+    }
+}
+
+type Refused = Box<(IntegrityError, Option<Destination>)>;
+
+/// Checks a receipt against the plan and the bytes that landed, in order;
+/// the first broken rule fails the transfer.
+fn verify(
+    pool: &KvPool,
+    live: &Live,
+    r: &Receipt,
+    dest: Option<Destination>,
+) -> Result<KvSeq<Ready>, Refused> {
+    let request = live.request.id;
+    let fail = |e: IntegrityError, dest: Option<Destination>| Err(Box::new((e, dest)));
+    if r.nonce != live.nonce {
+        return fail(
+            IntegrityError::NonceMismatch {
+                request,
+                planned: live.nonce,
+                got: r.nonce,
+            },
+            dest,
+        );
+    }
+    if r.request != request {
+        return fail(
+            IntegrityError::RequestMismatch {
+                planned: request,
+                got: r.request,
+                nonce: live.nonce,
+            },
+            dest,
+        );
+    }
+    let n_layers = pool.config().geometry().n_layers;
+    if r.layer_tokens.len() != n_layers {
+        return fail(
+            IntegrityError::LayerCountLen {
+                request,
+                planned: n_layers,
+                got: r.layer_tokens.len(),
+            },
+            dest,
+        );
+    }
+    if let Some((layer, &claimed)) = r
+        .layer_tokens
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t != live.tokens)
+    {
+        return fail(
+            IntegrityError::LayerTokens {
+                request,
+                layer,
+                claimed,
+                planned: live.tokens,
+            },
+            dest,
+        );
+    }
+    let n = live.pages.len().max(r.pages.len());
+    if let Some(position) = (0..n).find(|&i| live.pages.get(i) != r.pages.get(i)) {
+        return fail(
+            IntegrityError::PageMismatch {
+                request,
+                position,
+                planned: live.pages.get(position).copied(),
+                got: r.pages.get(position).copied(),
+            },
+            dest,
+        );
+    }
+    let Some(dest) = dest else {
+        return fail(
+            IntegrityError::Destination {
+                request,
+                error: crate::kv::KvError::Shape {
+                    what: "registered destination (missing)",
+                    expected: 1,
+                    got: 0,
+                },
+            },
+            None,
+        );
+    };
+    if let Some(reason) = dest.refused.clone() {
+        return fail(IntegrityError::WriteRefused { request, reason }, Some(dest));
+    }
+    let planned = live.tokens as usize;
+    if let Some((layer, &landed)) = dest
+        .seq
+        .written_per_layer()
+        .iter()
+        .enumerate()
+        .find(|&(_, &w)| w != planned)
+    {
+        return fail(
+            IntegrityError::Incomplete {
+                request,
+                layer,
+                landed,
+                planned,
+            },
+            Some(dest),
+        );
+    }
+    if r.page_checksums.len() != live.pages.len() {
+        return fail(
+            IntegrityError::ChecksumCount {
+                request,
+                planned: live.pages.len(),
+                got: r.page_checksums.len(),
+            },
+            Some(dest),
+        );
+    }
+    let n_pages = live.pages.len();
+    let mut regions = RegionHashes::new(n_pages, n_layers);
+    dest.seq.for_each_received_region(|i, layer, k, v| {
+        if i < n_pages {
+            regions.set(i, layer, 0, region_hash(k));
+            regions.set(i, layer, 1, region_hash(v));
+        }
+    });
+    let actual = regions.finish();
+    if let Some(position) = (0..n_pages).find(|&i| actual[i] != r.page_checksums[i]) {
+        return fail(
+            IntegrityError::ChecksumMismatch {
+                request,
+                position,
+                claimed: r.page_checksums[position],
+                actual: actual[position],
+            },
+            Some(dest),
+        );
+    }
+    if !writers_cover(r, request, n_layers, live.tokens) {
+        return fail(IntegrityError::WriterMismatch { request }, Some(dest));
+    }
+    for &p in dest.seq.pages() {
+        if let Err(error) = pool.check_page(p, false) {
+            return fail(IntegrityError::Destination { request, error }, Some(dest));
+        }
+    }
+    Ok(dest.seq.into_verified())
+}
+
+/// True when the receipt's writer runs say that `request`, and nobody else,
+/// wrote positions `0..tokens` of every layer.
+fn writers_cover(r: &Receipt, request: RequestId, n_layers: usize, tokens: u32) -> bool {
+    let mut next = vec![0u32; n_layers];
+    for w in &r.writers {
+        let Some(n) = next.get_mut(w.layer as usize) else {
+            return false;
+        };
+        if w.writer != request || w.start != *n {
+            return false;
+        }
+        let Some(end) = n.checked_add(w.len) else {
+            return false;
+        };
+        *n = end;
+    }
+    next.iter().all(|&n| n == tokens)
+}

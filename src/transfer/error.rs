@@ -1,0 +1,262 @@
+//! Errors of the transfer layer. A transfer that fails for any reason ends
+//! its request with one of these; nothing is generated from its KV.
+
+use crate::http::HttpStatus;
+use crate::ids::RequestId;
+use crate::kv::KvError;
+use crate::transfer::protocol::{AbortReason, Nonce, PlannedPage};
+
+/// What a side was waiting for when its timeout expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Prefill, for the next plan.
+    Plan,
+    /// Decode, for the receipt of a plan it sent.
+    Receipt,
+    /// Prefill, for decode's answer to a receipt it sent.
+    Ack,
+    /// Prefill, for room under the cap on KV bytes in flight.
+    WriteCredit,
+}
+
+/// A frame on the TCP link that cannot be accepted. The connection is
+/// closed at once; no pool is touched by the offending frame.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error(
+        "bad magic {got:02x?}: the peer does not speak the handoff protocol; check the address"
+    )]
+    BadMagic { got: [u8; 4] },
+    #[error(
+        "protocol version {got} not supported (this build speaks {supported}): upgrade one side"
+    )]
+    UnsupportedVersion { got: u16, supported: u16 },
+    #[error("unknown frame kind {kind}: the peer is newer or broken")]
+    UnknownKind { kind: u8 },
+    #[error("reserved header flags {flags:#04x} set: the peer is newer or broken")]
+    BadFlags { flags: u8 },
+    #[error("frame of {len} bytes exceeds the limit of {max}: raise max_frame_bytes on both sides")]
+    Oversized { len: u64, max: u64 },
+    #[error("frame payload truncated while reading {what}")]
+    Truncated { what: &'static str },
+    #[error("{extra} unexpected bytes after a {kind} frame")]
+    TrailingBytes { kind: &'static str, extra: usize },
+    #[error("invalid frame: {what}")]
+    Invalid { what: &'static str },
+    #[error("frame out of order: sequence {got}, expected {expected}")]
+    OutOfOrder { expected: u32, got: u32 },
+    #[error("a {kind} frame is not valid {context}")]
+    Unexpected {
+        kind: &'static str,
+        context: &'static str,
+    },
+}
+
+/// A failure of the link between a prefill and a decode worker.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("the peer disconnected: transfers in flight on this link fail; reconnect")]
+    Disconnected,
+    #[error("link I/O error ({kind:?}): {message}")]
+    Io {
+        kind: std::io::ErrorKind,
+        message: String,
+    },
+    #[error("protocol violation by the peer, connection closed: {0}")]
+    Wire(#[from] WireError),
+    #[error(
+        "no room for {bytes} KV bytes within {waited_ms} ms ({in_flight} of {cap} bytes in flight): \
+         the receiver is too slow or stuck"
+    )]
+    BackpressureTimeout {
+        bytes: usize,
+        in_flight: usize,
+        cap: usize,
+        waited_ms: u128,
+    },
+    #[error(
+        "{addr} is not a loopback address: the TCP transport has no authentication, use 127.0.0.1"
+    )]
+    NotLoopback { addr: String },
+    #[error("invalid transfer configuration: {what}")]
+    Config { what: &'static str },
+}
+
+impl From<std::io::Error> for LinkError {
+    fn from(e: std::io::Error) -> Self {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | NotConnected => {
+                LinkError::Disconnected
+            }
+            kind => LinkError::Io {
+                kind,
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// A receipt, or the writes before it, disagree with the plan or with the
+/// bytes that landed. The request fails, its destination pages are scrubbed
+/// and released, and nothing is generated.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IntegrityError {
+    #[error("{request}: receipt carries {got}, the plan was {planned}")]
+    NonceMismatch {
+        request: RequestId,
+        planned: Nonce,
+        got: Nonce,
+    },
+    #[error("receipt for {planned}'s transfer ({nonce}) names {got}")]
+    RequestMismatch {
+        planned: RequestId,
+        got: RequestId,
+        nonce: Nonce,
+    },
+    #[error("{request}: receipt counts {got} layers, the model has {planned}")]
+    LayerCountLen {
+        request: RequestId,
+        planned: usize,
+        got: usize,
+    },
+    #[error("{request}: receipt says layer {layer} holds {claimed} tokens, the plan is {planned}")]
+    LayerTokens {
+        request: RequestId,
+        layer: usize,
+        claimed: u32,
+        planned: u32,
+    },
+    #[error("{request}: receipt page {position} is {got:?}, the plan reserved {planned:?}")]
+    PageMismatch {
+        request: RequestId,
+        position: usize,
+        planned: Option<PlannedPage>,
+        got: Option<PlannedPage>,
+    },
+    #[error("{request}: layer {layer} received {landed} tokens, the plan is {planned}")]
+    Incomplete {
+        request: RequestId,
+        layer: usize,
+        landed: usize,
+        planned: usize,
+    },
+    #[error("{request}: a KV write was refused: {reason}")]
+    WriteRefused {
+        request: RequestId,
+        reason: WriteRefusal,
+    },
+    #[error("{request}: receipt carries {got} page checksums for {planned} pages")]
+    ChecksumCount {
+        request: RequestId,
+        planned: usize,
+        got: usize,
+    },
+    #[error(
+        "{request}: checksum of page {position} is {actual:016x} over the landed bytes, \
+         the receipt claims {claimed:016x}"
+    )]
+    ChecksumMismatch {
+        request: RequestId,
+        position: usize,
+        claimed: u64,
+        actual: u64,
+    },
+    #[error("{request}: the receipt's audit trail does not show every position written by it")]
+    WriterMismatch { request: RequestId },
+    #[error("{request}: a destination page is no longer owned at its planned generation: {error}")]
+    Destination { request: RequestId, error: KvError },
+}
+
+/// Why a KV write batch was refused at the destination (recorded, then
+/// reported when the receipt is verified).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriteRefusal {
+    #[error("batch names {got}, the plan is for {planned}")]
+    WrongRequest { planned: RequestId, got: RequestId },
+    #[error("layer {layer} out of range ({n_layers} layers)")]
+    LayerOutOfRange { layer: u32, n_layers: usize },
+    #[error(
+        "layer {layer} batch starts at {start}, {expected} tokens have landed (reordered, duplicated or lost write)"
+    )]
+    OutOfOrder {
+        layer: u32,
+        start: u32,
+        expected: usize,
+    },
+    #[error("layer {layer} batch ends at {end}, past the planned {planned} tokens")]
+    PastPlan {
+        layer: u32,
+        end: u64,
+        planned: usize,
+    },
+    #[error("batch of {tokens} tokens carries {got} bytes per K/V, {expected} expected")]
+    BadLength {
+        tokens: u32,
+        expected: usize,
+        got: usize,
+    },
+    #[error("the write could not be stored: {0}")]
+    Kv(KvError),
+}
+
+/// Why a transfer (and so its request) failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransferError {
+    #[error("transfer integrity failure, request failed and nothing generated: {0}")]
+    Integrity(#[from] IntegrityError),
+    #[error("{request}: prefill refused the request: {reason}")]
+    Aborted {
+        request: RequestId,
+        reason: AbortReason,
+    },
+    #[error("timed out waiting for {waiting_for:?}{}: the peer is slow or dead; retry", request.map(|r| format!(" ({r})")).unwrap_or_default())]
+    Timeout {
+        request: Option<RequestId>,
+        waiting_for: Wait,
+    },
+    #[error("{request}: cancelled by the client")]
+    Cancelled { request: RequestId },
+    #[error("link failure: {0}")]
+    Link(#[from] LinkError),
+    #[error("KV pool: {0}")]
+    Kv(#[from] KvError),
+}
+
+impl HttpStatus for TransferError {
+    fn http_status(&self) -> u16 {
+        match self {
+            TransferError::Integrity(_) => 500,
+            TransferError::Aborted { request, reason } => match reason.to_rejection(*request) {
+                Some(r) => r.http_status(),
+                None => 500,
+            },
+            TransferError::Timeout { .. } => 504,
+            // Client closed request (nginx convention).
+            TransferError::Cancelled { .. } => 499,
+            TransferError::Link(_) => 502,
+            TransferError::Kv(e) => e.http_status(),
+        }
+    }
+}
+
+impl HttpStatus for IntegrityError {
+    fn http_status(&self) -> u16 {
+        500
+    }
+}
+
+impl HttpStatus for LinkError {
+    fn http_status(&self) -> u16 {
+        match self {
+            LinkError::BackpressureTimeout { .. } => 503,
+            _ => 502,
+        }
+    }
+}
+
+impl HttpStatus for WireError {
+    fn http_status(&self) -> u16 {
+        502
+    }
+}

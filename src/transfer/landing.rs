@@ -1,0 +1,168 @@
+//! The decode side's landing zone: where KV writes from the peer land.
+//!
+//! Each planned transfer registers its destination handle here under its
+//! nonce. A write is applied only to the entry its nonce names, only in
+//! order, only within the plan; anything else is refused (recorded against
+//! the entry) or, for an unknown nonce, ignored and counted. Taking an entry
+//! out ([`LandingZone::take`]) is the fence: the copy of a write happens
+//! under the same lock, so once taken, no write can land in its pages.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::ids::RequestId;
+use crate::kv::{KvPool, KvSeq, Received};
+use crate::transfer::error::WriteRefusal;
+use crate::transfer::protocol::{Nonce, WriteBatch};
+
+/// A registered destination.
+#[derive(Debug)]
+pub(crate) struct Destination {
+    pub(crate) request: RequestId,
+    pub(crate) tokens: usize,
+    pub(crate) seq: KvSeq<Received>,
+    /// The first refused write, reported when the receipt is verified.
+    pub(crate) refused: Option<WriteRefusal>,
+}
+
+/// Outcome of one write.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Landed {
+    Applied,
+    /// Refused and recorded against the transfer (it will fail).
+    Refused,
+    /// No transfer with that nonce: ignored, counted.
+    Stray,
+}
+
+/// Destinations of the transfers in flight on one decode worker's link.
+#[derive(Debug, Default)]
+pub struct LandingZone {
+    entries: Mutex<HashMap<Nonce, Destination>>,
+    stray_writes: AtomicU64,
+    refused_writes: AtomicU64,
+}
+
+impl LandingZone {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes for unknown, finished or cancelled transfers, ignored.
+    pub fn stray_writes(&self) -> u64 {
+        self.stray_writes.load(Ordering::Relaxed)
+    }
+
+    /// Writes refused for breaking order or the plan's bounds.
+    pub fn refused_writes(&self) -> u64 {
+        self.refused_writes.load(Ordering::Relaxed)
+    }
+
+    /// Transfers registered now.
+    pub fn open_transfers(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    pub(crate) fn register(&self, nonce: Nonce, dest: Destination) {
+        self.entries.lock().insert(nonce, dest);
+    }
+
+    /// Removes the entry: from now on, no write can land in its pages.
+    pub(crate) fn take(&self, nonce: Nonce) -> Option<Destination> {
+        self.entries.lock().remove(&nonce)
+    }
+
+    /// Applies one write batch whose K and V each carry `bytes_each` bytes;
+    /// `fill(kv, done, dst)` copies rows `[done, done + rows)` of K or V of
+    /// the batch into `dst`. `source` is the pool the bytes come from, if
+    /// any (writes from a pool into itself are refused).
+    pub(crate) fn apply(
+        &self,
+        batch: &WriteBatch,
+        bytes_each: usize,
+        source: Option<&KvPool>,
+        fill: impl FnMut(usize, usize, &mut [u8]),
+    ) -> Landed {
+        let mut entries = self.entries.lock();
+        let Some(dest) = entries.get_mut(&batch.nonce) else {
+            self.stray_writes.fetch_add(1, Ordering::Relaxed);
+            return Landed::Stray;
+        };
+        match Self::check(dest, batch, bytes_each, source) {
+            Ok(()) => match dest
+                .seq
+                .receive_rows(batch.layer as usize, batch.tokens as usize, fill)
+            {
+                Ok(()) => Landed::Applied,
+                Err(e) => {
+                    self.refuse(dest, WriteRefusal::Kv(e));
+                    Landed::Refused
+                }
+            },
+            Err(r) => {
+                self.refuse(dest, r);
+                Landed::Refused
+            }
+        }
+    }
+
+    fn refuse(&self, dest: &mut Destination, r: WriteRefusal) {
+        self.refused_writes.fetch_add(1, Ordering::Relaxed);
+        dest.refused.get_or_insert(r);
+    }
+
+    fn check(
+        dest: &Destination,
+        b: &WriteBatch,
+        bytes_each: usize,
+        source: Option<&KvPool>,
+    ) -> Result<(), WriteRefusal> {
+        if b.request != dest.request {
+            return Err(WriteRefusal::WrongRequest {
+                planned: dest.request,
+                got: b.request,
+            });
+        }
+        let g = dest.seq.pool().config().geometry();
+        if source.is_some_and(|p| p.same_pool(dest.seq.pool())) {
+            return Err(WriteRefusal::Kv(crate::kv::KvError::Shape {
+                what: "source pool (must differ from the destination pool)",
+                expected: 0,
+                got: 0,
+            }));
+        }
+        if b.layer as usize >= g.n_layers {
+            return Err(WriteRefusal::LayerOutOfRange {
+                layer: b.layer,
+                n_layers: g.n_layers,
+            });
+        }
+        let landed = dest.seq.written(b.layer as usize);
+        if b.start as usize != landed {
+            return Err(WriteRefusal::OutOfOrder {
+                layer: b.layer,
+                start: b.start,
+                expected: landed,
+            });
+        }
+        let end = u64::from(b.start) + u64::from(b.tokens);
+        if end > dest.tokens as u64 {
+            return Err(WriteRefusal::PastPlan {
+                layer: b.layer,
+                end,
+                planned: dest.tokens,
+            });
+        }
+        let expected = b.tokens as usize * g.kv_dim() * g.dtype.size_bytes();
+        if bytes_each != expected {
+            return Err(WriteRefusal::BadLength {
+                tokens: b.tokens,
+                expected,
+                got: bytes_each,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,81 @@
+//! The transport abstraction: one link joins one prefill worker and one
+//! decode worker. Transports move messages and KV bytes; the protocol (what
+//! is sent when, and what is verified) lives in the sides, so a new
+//! transport (CUDA device copies, NCCL) adds a `Transfer` implementation and
+//! changes no protocol type.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::kv::{Held, KvSeq};
+use crate::transfer::config::TransferConfig;
+use crate::transfer::credits::InFlightStats;
+use crate::transfer::error::LinkError;
+use crate::transfer::landing::LandingZone;
+use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
+
+/// A way to connect a prefill worker with a decode worker.
+pub trait Transfer {
+    type Prefill: PrefillLink + 'static;
+    type Decode: DecodeLink + 'static;
+    /// A short name for reports ("in-process", "tcp").
+    fn name(&self) -> &'static str;
+    /// Connects the two ends (in one process; transports that span two
+    /// processes also offer per-end constructors).
+    fn connect(&self, cfg: &TransferConfig) -> Result<(Self::Prefill, Self::Decode), LinkError>;
+}
+
+/// The prefill worker's end of a link.
+pub trait PrefillLink: Send {
+    /// The next message from decode, waiting at most `timeout`; `None` when
+    /// nothing came in time.
+    fn recv(&mut self, timeout: Duration) -> Result<Option<ToPrefill>, LinkError>;
+    /// Sends rows `[batch.start, batch.start + batch.tokens)` of
+    /// `batch.layer` of `src` to the destination the batch names. Waits
+    /// while the cap on KV bytes in flight is reached (backpressure), at
+    /// most the configured write timeout. `src` stays held until every write
+    /// that reads it has been delivered or discarded.
+    fn write_kv(&mut self, batch: WriteBatch, src: &Arc<KvSeq<Held>>) -> Result<(), LinkError>;
+    /// Sends a receipt or an abort, after every write sent before it.
+    fn send(&mut self, msg: ToDecode) -> Result<(), LinkError>;
+    /// The link's in-flight accounting.
+    fn in_flight(&self) -> InFlightStats;
+    /// Closes the link; the peer sees a disconnect. Idempotent.
+    fn close(&mut self);
+}
+
+/// The decode worker's end of a link. KV writes land in its
+/// [`LandingZone`] as they arrive; receipts and aborts come out of
+/// [`DecodeLink::recv`] only after every write sent before them has landed.
+pub trait DecodeLink: Send {
+    /// Where this link lands KV writes.
+    fn landing(&self) -> &Arc<LandingZone>;
+    /// Sends a plan or an answer.
+    fn send(&mut self, msg: ToPrefill) -> Result<(), LinkError>;
+    /// The next receipt or abort, waiting at most `timeout`; `None` when
+    /// nothing came in time.
+    fn recv(&mut self, timeout: Duration) -> Result<Option<ToDecode>, LinkError>;
+    /// Closes the link; the peer sees a disconnect. Idempotent.
+    fn close(&mut self);
+}
+
+/// Copies rows `[start + done, start + done + dst.len() / row)` of K or V of
+/// `layer` of `src` into `dst`.
+pub(crate) fn copy_rows(
+    src: &KvSeq<Held>,
+    layer: usize,
+    kv: usize,
+    first: usize,
+    row_bytes: usize,
+    dst: &mut [u8],
+) {
+    let n = dst.len() / row_bytes.max(1);
+    // A source that cannot be read leaves the destination as it was; the
+    // receipt's checksums then fail verification.
+    let _ = src.read_rows(layer, kv, first, n, |done, bytes| {
+        let at = done * row_bytes;
+        if let Some(d) = dst.get_mut(at..at + bytes.len()) {
+            d.copy_from_slice(bytes);
+        }
+    });
+}

@@ -1,0 +1,79 @@
+//! Disaggregated prefill/decode: the handoff of a prompt's KV from the
+//! worker that computed it to the worker that decodes from it, which is the
+//! security boundary this crate exists for.
+//!
+//! - [`protocol`]: the messages (plan, write batch, receipt, abort, answer).
+//! - [`DecodeSide`]: admits, reserves destination pages, plans, and
+//!   verifies every receipt against its plan and the bytes that landed.
+//!   Only the verifier produces [`VerifiedKv`], the only source of a
+//!   `KvSeq<Ready>` from a transfer.
+//! - [`PrefillSide`]: refuses plans beyond its limits with a typed abort (no
+//!   receipt, no placeholder), computes, sends, and holds the source pages
+//!   until decode answers or the transfer is abandoned and drained.
+//! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy) and
+//!   [`Tcp`] (loopback, framed, bounded), with a cap on KV bytes in flight.
+//! - `fault` (tests and the `fault-injection` feature): a [`FaultPlan`] that
+//!   drops, delays, duplicates, reorders, truncates or corrupts messages and
+//!   KV bytes, or disconnects the peer, at any protocol step.
+//!
+//! ```
+//! use std::time::Duration;
+//! use handoff::transfer::{synthetic, DecodeSide, InProcess, PrefillSide, Transfer, TransferConfig};
+//! use handoff::{AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId};
+//!
+//! let g = KvGeometry { n_layers: 2, n_kv_heads: 2, head_dim: 4, dtype: KvDtype::BF16 };
+//! let prefill_pool = KvPool::new(PoolConfig::new(g, 16, 8))?;
+//! let decode_pool = KvPool::new(PoolConfig::new(g, 16, 8))?;
+//! let cfg = TransferConfig::default();
+//! let (p_link, d_link) = InProcess.connect(&cfg)?;
+//! let mut prefill = PrefillSide::new(p_link, prefill_pool, AdmissionLimits::new(64, 8, 16), cfg.clone());
+//! let mut decode = DecodeSide::new(d_link, decode_pool.clone(), AdmissionLimits::new(64, 8, 16), cfg);
+//!
+//! let id = RequestId(1);
+//! let _ticket = decode.submit(Request::new(id, TenantId(7), vec![1; 20], 4))?;
+//! let mut job = prefill.next_job()?;
+//! synthetic::fill(job.seq_mut(), id, 20)?;
+//! prefill.complete(job, None)?;
+//!
+//! let outcome = decode.poll(Duration::from_secs(5)).pop().unwrap();
+//! let verified = outcome.result?;
+//! assert_eq!(verified.seq().complete_len(), Some(20));
+//! assert_eq!(synthetic::check(&decode_pool, verified.seq(), id)?, Ok(()));
+//! drop(verified);
+//! prefill.poll(Duration::from_millis(100))?; // the ack releases the source pages
+//! assert!(decode_pool.stats().is_full() && prefill.pool().stats().is_full());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod checksum;
+mod config;
+mod credits;
+mod decode;
+mod error;
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod fault;
+mod gate;
+mod inproc;
+mod landing;
+mod link;
+mod prefill;
+pub mod protocol;
+pub mod synthetic;
+pub mod tcp;
+
+pub use config::TransferConfig;
+pub use credits::InFlightStats;
+pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, VerifiedKv};
+pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
+#[cfg(any(test, feature = "fault-injection"))]
+pub use fault::{Fault, FaultPlan, FaultRule};
+pub use gate::Step;
+pub use inproc::{InProcess, InProcessDecode, InProcessPrefill};
+pub use landing::LandingZone;
+pub use link::{DecodeLink, PrefillLink, Transfer};
+pub use prefill::{PrefillJob, PrefillSide, PrefillStats};
+pub use protocol::{
+    Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
+    Verdict, WriteBatch, WriterRun,
+};
+pub use tcp::{Tcp, TcpDecode, TcpDecodeListener, TcpPrefill};

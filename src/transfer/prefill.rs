@@ -1,0 +1,547 @@
+//! The prefill side of a transfer: checks each plan against its own limits,
+//! hands out jobs to compute, sends the KV and the receipt, and holds the
+//! source pages until decode answers or the transfer is abandoned.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::ids::RequestId;
+use crate::kv::{Filling, Held, KvPool, KvSeq};
+use crate::sched::AdmissionLimits;
+use crate::transfer::checksum::{RegionHasher, RegionHashes};
+use crate::transfer::config::TransferConfig;
+use crate::transfer::error::{LinkError, TransferError, Wait};
+use crate::transfer::gate::at_release;
+use crate::transfer::link::PrefillLink;
+use crate::transfer::protocol::{
+    Abort, AbortReason, Answer, Nonce, Plan, Receipt, ToDecode, ToPrefill, WriteBatch, WriterRun,
+};
+
+/// A plan accepted by prefill, with the source pages to compute its KV
+/// into. Compute every layer's KV for the whole prompt, then hand it back
+/// to [`PrefillSide::complete`] (or [`PrefillSide::fail`]).
+#[derive(Debug)]
+#[must_use = "a job holds source pages; complete or fail it"]
+pub struct PrefillJob {
+    plan: Plan,
+    seq: KvSeq<Filling>,
+}
+
+impl PrefillJob {
+    /// The plan (request, tenant, prompt, destination).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+    /// The prompt to compute.
+    pub fn prompt(&self) -> &[u32] {
+        &self.plan.prompt
+    }
+    /// The request.
+    pub fn request(&self) -> RequestId {
+        self.plan.request
+    }
+    /// The source pages to write the KV into.
+    pub fn seq(&self) -> &KvSeq<Filling> {
+        &self.seq
+    }
+    /// The source pages to write the KV into.
+    pub fn seq_mut(&mut self) -> &mut KvSeq<Filling> {
+        &mut self.seq
+    }
+}
+
+/// Counters of a prefill side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillStats {
+    pub plans: u64,
+    /// Plans refused with an abort (no receipt).
+    pub aborted: u64,
+    /// Receipts sent.
+    pub sent: u64,
+    pub acked: u64,
+    /// Transfers decode failed, timed out or cancelled.
+    pub failed_by_decode: u64,
+    /// Jobs dropped because decode gave up before they completed.
+    pub cancelled_jobs: u64,
+    /// Held transfers abandoned after the ack timeout.
+    pub ack_timeouts: u64,
+    /// Answers for unknown or finished transfers: ignored.
+    pub ignored_answers: u64,
+}
+
+#[derive(Debug)]
+struct HeldTransfer {
+    request: RequestId,
+    seq: Arc<KvSeq<Held>>,
+    deadline: Instant,
+}
+
+/// The prefill worker's half of the protocol over one link. Drive it from
+/// one thread: [`PrefillSide::next_job`], compute, [`PrefillSide::complete`].
+pub struct PrefillSide<L: PrefillLink> {
+    link: L,
+    link_error: Option<LinkError>,
+    pool: KvPool,
+    limits: AdmissionLimits,
+    cfg: TransferConfig,
+    pending: VecDeque<Plan>,
+    out: HashSet<Nonce>,
+    cancelled: HashSet<Nonce>,
+    held: HashMap<Nonce, HeldTransfer>,
+    stats: PrefillStats,
+}
+
+impl<L: PrefillLink> PrefillSide<L> {
+    /// A prefill side computing into `pool`, refusing plans beyond `limits`
+    /// (context window, vocabulary) or beyond what the pool can ever hold.
+    pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
+        PrefillSide {
+            link,
+            link_error: None,
+            pool,
+            limits,
+            cfg,
+            pending: VecDeque::new(),
+            out: HashSet::new(),
+            cancelled: HashSet::new(),
+            held: HashMap::new(),
+            stats: PrefillStats::default(),
+        }
+    }
+
+    /// The source pool.
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+    /// Counters.
+    pub fn stats(&self) -> PrefillStats {
+        self.stats
+    }
+    /// Transfers whose source pages are held, waiting for decode's answer.
+    pub fn held_transfers(&self) -> usize {
+        self.held.len()
+    }
+    /// The link's in-flight accounting.
+    pub fn in_flight(&self) -> crate::transfer::InFlightStats {
+        self.link.in_flight()
+    }
+    /// The error that ended the link, if it has ended.
+    pub fn link_error(&self) -> Option<&LinkError> {
+        self.link_error.as_ref()
+    }
+
+    /// The next accepted plan whose source pages could be reserved, waiting
+    /// at most the configured plan timeout ([`Wait::Plan`]). Answers and
+    /// refusals are handled meanwhile.
+    pub fn next_job(&mut self) -> Result<PrefillJob, TransferError> {
+        self.next_job_within(self.cfg.plan_timeout())
+    }
+
+    /// [`PrefillSide::next_job`] with an explicit wait.
+    pub fn next_job_within(&mut self, timeout: Duration) -> Result<PrefillJob, TransferError> {
+        let until = Instant::now() + timeout;
+        loop {
+            self.expire();
+            if let Some(e) = &self.link_error {
+                return Err(TransferError::Link(e.clone()));
+            }
+            if let Some(job) = self.try_start() {
+                return Ok(job);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err(TransferError::Timeout {
+                    request: None,
+                    waiting_for: Wait::Plan,
+                });
+            }
+            let next = self.held.values().map(|h| h.deadline).min();
+            let wait = next
+                .map_or(until, |d| d.min(until))
+                .saturating_duration_since(now);
+            self.receive(wait);
+        }
+    }
+
+    /// Handles answers and expiries for up to `timeout` without starting a
+    /// job. Returns the link error once the link has ended.
+    pub fn poll(&mut self, timeout: Duration) -> Result<(), TransferError> {
+        let until = Instant::now() + timeout;
+        loop {
+            self.expire();
+            if let Some(e) = &self.link_error {
+                return Err(TransferError::Link(e.clone()));
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ok(());
+            }
+            let next = self.held.values().map(|h| h.deadline).min();
+            self.receive(
+                next.map_or(until, |d| d.min(until))
+                    .saturating_duration_since(now),
+            );
+        }
+    }
+
+    /// Sends a computed job's KV and its receipt; the source pages stay held
+    /// until decode answers or the ack timeout abandons the transfer.
+    /// `first_token` is the token sampled from the prompt's last logits.
+    pub fn complete(
+        &mut self,
+        job: PrefillJob,
+        first_token: Option<u32>,
+    ) -> Result<(), TransferError> {
+        let PrefillJob { plan, seq } = job;
+        self.out.remove(&plan.nonce);
+        if self.cancelled.remove(&plan.nonce) {
+            self.stats.cancelled_jobs += 1;
+            return Err(TransferError::Cancelled {
+                request: plan.request,
+            });
+        }
+        if let Some(e) = &self.link_error {
+            return Err(TransferError::Link(e.clone()));
+        }
+        let ready = match seq.seal(plan.tokens as usize) {
+            Ok(ready) => ready,
+            Err(e) => {
+                self.abort(&plan, AbortReason::ComputeFailed);
+                return Err(TransferError::Kv(e.error));
+            }
+        };
+        let held = ready.hold();
+        // Audit the source once: every slot must be this request's own.
+        if let Err(e) = audit_source(&self.pool, &held) {
+            self.abort(&plan, AbortReason::IsolationViolation);
+            return Err(TransferError::Kv(e));
+        }
+        let held = Arc::new(held);
+        let checksums = match self.send_kv(&plan, &held) {
+            Ok(c) => c,
+            Err(e) => {
+                self.link_lost(e.clone());
+                return Err(TransferError::Link(e));
+            }
+        };
+        let n_layers = plan.geometry.n_layers;
+        let receipt = Receipt {
+            request: plan.request,
+            nonce: plan.nonce,
+            layer_tokens: vec![plan.tokens; n_layers],
+            pages: plan.pages.clone(),
+            page_checksums: checksums,
+            writers: (0..n_layers as u32)
+                .map(|layer| WriterRun {
+                    layer,
+                    start: 0,
+                    len: plan.tokens,
+                    writer: plan.request,
+                })
+                .collect(),
+            first_token,
+        };
+        self.held.insert(
+            plan.nonce,
+            HeldTransfer {
+                request: plan.request,
+                seq: held,
+                deadline: Instant::now() + self.cfg.ack_timeout(),
+            },
+        );
+        if let Err(e) = self.link.send(ToDecode::Receipt(receipt)) {
+            self.link_lost(e.clone());
+            return Err(TransferError::Link(e));
+        }
+        self.stats.sent += 1;
+        Ok(())
+    }
+
+    /// Gives up on a job whose KV could not be computed: decode gets an
+    /// abort, no receipt.
+    pub fn fail(&mut self, job: PrefillJob, reason: AbortReason) {
+        self.out.remove(&job.plan.nonce);
+        if !self.cancelled.remove(&job.plan.nonce) {
+            self.abort(&job.plan, reason);
+        }
+    }
+
+    /// Closes the link and releases everything held.
+    pub fn shutdown(&mut self) {
+        self.link_lost(LinkError::Disconnected);
+    }
+
+    /// Writes every layer's rows in batches, hashing each destination
+    /// page's regions as they go; returns the per-page checksums.
+    fn send_kv(&mut self, plan: &Plan, src: &Arc<KvSeq<Held>>) -> Result<Vec<u64>, LinkError> {
+        let g = plan.geometry;
+        let row = g.kv_dim() * g.dtype.size_bytes();
+        let tokens = plan.tokens as usize;
+        let dest_ps = plan.page_size as usize;
+        let batch_tokens = (self.cfg.max_batch_bytes() / (2 * row)).max(1);
+        // Whole destination pages per batch when they fit.
+        let batch_tokens = if batch_tokens >= dest_ps {
+            batch_tokens / dest_ps * dest_ps
+        } else {
+            batch_tokens
+        };
+        let mut regions = RegionHashes::new(plan.pages.len(), g.n_layers);
+        for layer in 0..g.n_layers {
+            let mut cursor = [RegionHasher::new(), RegionHasher::new()];
+            let mut start = 0;
+            while start < tokens {
+                let n = batch_tokens.min(tokens - start);
+                self.link.write_kv(
+                    WriteBatch {
+                        request: plan.request,
+                        nonce: plan.nonce,
+                        layer: layer as u32,
+                        start: start as u32,
+                        tokens: n as u32,
+                    },
+                    src,
+                )?;
+                for (kv, hasher) in cursor.iter_mut().enumerate() {
+                    hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
+                }
+                start += n;
+            }
+            if !tokens.is_multiple_of(dest_ps) {
+                for (kv, hasher) in cursor.iter().enumerate() {
+                    regions.set(tokens / dest_ps, layer, kv, hasher.digest());
+                }
+            }
+        }
+        Ok(regions.finish())
+    }
+
+    fn abort(&mut self, plan: &Plan, reason: AbortReason) {
+        self.stats.aborted += 1;
+        let msg = ToDecode::Abort(Abort {
+            request: plan.request,
+            nonce: plan.nonce,
+            reason,
+        });
+        if let Err(e) = self.link.send(msg) {
+            self.link_lost(e);
+        }
+    }
+
+    /// Starts the first pending plan if the pool has room for it now.
+    fn try_start(&mut self) -> Option<PrefillJob> {
+        let plan = self.pending.front()?;
+        let need = self.pool.pages_for(plan.tokens as usize);
+        if need > self.pool.stats().free {
+            return None;
+        }
+        let plan = self.pending.pop_front()?;
+        match self.pool.reserve(plan.request, plan.tokens as usize) {
+            Ok(seq) => {
+                self.out.insert(plan.nonce);
+                Some(PrefillJob { plan, seq })
+            }
+            Err(_) => {
+                self.pending.push_front(plan);
+                None
+            }
+        }
+    }
+
+    /// Handles every message that arrives within `wait`, then every one
+    /// already queued, so a plan and its cancel are seen together.
+    fn receive(&mut self, wait: Duration) {
+        let mut wait = wait;
+        while self.link_error.is_none() {
+            match self.link.recv(wait) {
+                Ok(Some(ToPrefill::Plan(plan))) => self.on_plan(plan),
+                Ok(Some(ToPrefill::Answer(a))) => self.on_answer(a),
+                Ok(None) => return,
+                Err(e) => self.link_lost(e),
+            }
+            wait = Duration::ZERO;
+        }
+    }
+
+    fn on_plan(&mut self, plan: Plan) {
+        self.stats.plans += 1;
+        match self.check(&plan) {
+            Ok(()) => self.pending.push_back(plan),
+            Err(reason) => self.abort(&plan, reason),
+        }
+    }
+
+    /// Prefill's own admission: before any allocation.
+    fn check(&self, plan: &Plan) -> Result<(), AbortReason> {
+        let tokens = plan.tokens as usize;
+        let page_size = plan.page_size as usize;
+        let known = |n: &Nonce| {
+            self.out.contains(n)
+                || self.held.contains_key(n)
+                || self.pending.iter().any(|p| p.nonce == *n)
+        };
+        if plan.prompt.len() != tokens
+            || plan.geometry != self.pool.config().geometry()
+            || page_size == 0
+            || !page_size.is_power_of_two()
+            || plan.pages.len() != tokens.div_ceil(page_size)
+            || known(&plan.nonce)
+        {
+            return Err(AbortReason::MalformedPlan);
+        }
+        if tokens == 0 {
+            return Err(AbortReason::EmptyPrompt);
+        }
+        let pool_tokens = self.pool.capacity() * self.pool.page_size();
+        if tokens > pool_tokens {
+            return Err(AbortReason::ExceedsPool {
+                tokens: tokens as u64,
+                pool_tokens: pool_tokens as u64,
+            });
+        }
+        if tokens > self.limits.max_context() {
+            return Err(AbortReason::PromptTooLong {
+                prompt: tokens as u64,
+                max_context: self.limits.max_context() as u64,
+            });
+        }
+        if let Some(vocab) = self.limits.vocab_size()
+            && let Some((index, &token)) = plan
+                .prompt
+                .iter()
+                .enumerate()
+                .find(|&(_, &t)| t as usize >= vocab)
+        {
+            return Err(AbortReason::InvalidToken {
+                index: index as u64,
+                token,
+                vocab: vocab as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn on_answer(&mut self, a: Answer) {
+        match self.held.get(&a.nonce) {
+            Some(h) if h.request == a.request => {
+                if let Some(h) = self.held.remove(&a.nonce) {
+                    match a.verdict {
+                        crate::transfer::protocol::Verdict::Ack => self.stats.acked += 1,
+                        crate::transfer::protocol::Verdict::Fail(_) => {
+                            self.stats.failed_by_decode += 1
+                        }
+                    }
+                    self.release(h);
+                }
+            }
+            _ if self.out.contains(&a.nonce) => {
+                // Decode gave up while the job is computing: drop it on
+                // completion, send nothing.
+                self.cancelled.insert(a.nonce);
+                self.stats.failed_by_decode += 1;
+            }
+            _ => {
+                if let Some(i) = self
+                    .pending
+                    .iter()
+                    .position(|p| p.nonce == a.nonce && p.request == a.request)
+                {
+                    self.pending.remove(i);
+                    self.stats.failed_by_decode += 1;
+                } else {
+                    self.stats.ignored_answers += 1;
+                }
+            }
+        }
+    }
+
+    /// Drops the sender's reference to held source pages. Writes still in
+    /// flight keep their own reference; the pages are freed once the last
+    /// one is delivered or discarded (drained).
+    fn release(&mut self, h: HeldTransfer) {
+        if at_release(&self.cfg, h.request) {
+            self.link_lost(LinkError::Disconnected);
+        }
+        drop(h.seq);
+    }
+
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<Nonce> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.deadline <= now)
+            .map(|(&n, _)| n)
+            .collect();
+        for n in expired {
+            if let Some(h) = self.held.remove(&n) {
+                self.stats.ack_timeouts += 1;
+                self.release(h);
+            }
+        }
+    }
+
+    fn link_lost(&mut self, e: LinkError) {
+        if self.link_error.is_none() {
+            self.link_error = Some(e);
+        }
+        self.link.close();
+        // Nothing more can be written: the transfers are abandoned, and
+        // closing the link drained or discarded what was in flight.
+        self.pending.clear();
+        self.cancelled.extend(self.out.iter().copied());
+        for (_, h) in std::mem::take(&mut self.held) {
+            drop(h.seq);
+        }
+    }
+}
+
+impl<L: PrefillLink> Drop for PrefillSide<L> {
+    fn drop(&mut self) {
+        self.link.close();
+    }
+}
+
+/// Reads every layer through the audited reader once: a slot not written by
+/// the sequence's owner is an isolation violation and nothing is sent.
+fn audit_source(pool: &KvPool, seq: &KvSeq<Held>) -> Result<(), crate::kv::KvError> {
+    let reader = pool.reader();
+    let view = reader.seq(seq)?;
+    for layer in 0..pool.config().geometry().n_layers {
+        view.layer(layer)?;
+    }
+    Ok(())
+}
+
+/// Feeds K or V rows `[start, start + n)` of `layer` into the running
+/// region hash, closing a destination page's region at each page boundary.
+#[allow(clippy::too_many_arguments)]
+fn hash_rows(
+    src: &KvSeq<Held>,
+    layer: usize,
+    kv: usize,
+    start: usize,
+    n: usize,
+    dest_ps: usize,
+    row: usize,
+    hasher: &mut RegionHasher,
+    regions: &mut RegionHashes,
+) {
+    let _ = src.read_rows(layer, kv, start, n, |done, mut bytes| {
+        let mut pos = start + done;
+        while !bytes.is_empty() {
+            let room = dest_ps - pos % dest_ps;
+            let take = room.min(bytes.len() / row);
+            if take == 0 {
+                break;
+            }
+            hasher.update(&bytes[..take * row]);
+            bytes = &bytes[take * row..];
+            pos += take;
+            if pos.is_multiple_of(dest_ps) {
+                regions.set(pos / dest_ps - 1, layer, kv, hasher.digest());
+                *hasher = RegionHasher::new();
+            }
+        }
+    });
+}

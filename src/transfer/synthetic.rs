@@ -1,0 +1,76 @@
+//! Synthetic KV for exercising transfers without a model: every element is
+//! a deterministic function of (request, layer, position, K|V, index), so a
+//! byte that lands in the wrong request's pages, layer or position is
+//! detected. Values are multiples of 1/8 below 32 in magnitude, exact in
+//! every storage dtype.
+
+use crate::ids::RequestId;
+use crate::kv::{KvError, KvPool, KvSeq, Readable, Writable};
+
+/// The element `j` of K (`kv == 0`) or V of `request` at `layer`, `pos`.
+pub fn value(request: RequestId, layer: usize, pos: usize, kv: usize, j: usize) -> f32 {
+    let h = request
+        .0
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((layer as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .wrapping_add((pos as u64).wrapping_mul(0x94D0_49BB_1331_11EB))
+        .wrapping_add((kv as u64) << 32)
+        .wrapping_add(j as u64);
+    let h = (h ^ (h >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let h = h ^ (h >> 32);
+    ((h % 251) as f32 - 125.0) / 8.0
+}
+
+/// Appends positions `[seq.written(l), seq.written(l) + tokens)` of every
+/// layer with `request`'s synthetic KV.
+pub fn fill<S: Writable>(
+    seq: &mut KvSeq<S>,
+    request: RequestId,
+    tokens: usize,
+) -> Result<(), KvError> {
+    let g = seq.pool().config().geometry();
+    let kvd = g.kv_dim();
+    for layer in 0..g.n_layers {
+        let from = seq.written(layer);
+        let mut k = vec![0.0f32; tokens * kvd];
+        let mut v = vec![0.0f32; tokens * kvd];
+        for t in 0..tokens {
+            for j in 0..kvd {
+                k[t * kvd + j] = value(request, layer, from + t, 0, j);
+                v[t * kvd + j] = value(request, layer, from + t, 1, j);
+            }
+        }
+        seq.append(layer, &k, &v)?;
+    }
+    Ok(())
+}
+
+/// Checks that every written position of `seq` holds `request`'s synthetic
+/// KV; returns the first mismatch as (layer, position).
+pub fn check<S: Readable>(
+    pool: &KvPool,
+    seq: &KvSeq<S>,
+    request: RequestId,
+) -> Result<Result<(), (usize, usize)>, KvError> {
+    let g = pool.config().geometry();
+    let kvd = g.kv_dim();
+    let reader = pool.reader();
+    let view = reader.seq(seq)?;
+    let mut row = vec![0.0f32; kvd];
+    for layer in 0..g.n_layers {
+        let lv = view.layer(layer)?;
+        for pos in 0..lv.len() {
+            for kv in 0..2 {
+                let r = if kv == 0 { lv.key(pos) } else { lv.value(pos) };
+                let Some(r) = r else {
+                    return Ok(Err((layer, pos)));
+                };
+                r.to_f32_into(&mut row);
+                if (0..kvd).any(|j| row[j] != value(request, layer, pos, kv, j)) {
+                    return Ok(Err((layer, pos)));
+                }
+            }
+        }
+    }
+    Ok(Ok(()))
+}
