@@ -65,3 +65,13 @@ fn hf_seeds_load_or_are_refused_as_named() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny_llama");
     seeds_behave(harness::seeds::hf(&fixture), harness::hf_outcome);
 }
+
+#[test]
+fn tcp_frames_corpus() {
+    replay("tcp_frames", harness::tcp_frames);
+}
+
+#[test]
+fn receipt_verify_corpus() {
+    replay("receipt_verify", harness::receipt_verify);
+}

@@ -10,9 +10,13 @@ mod hf;
 mod kv_ops;
 mod llama2c;
 mod loaded;
+mod receipt_verify;
 pub mod seeds;
+mod tcp_frames;
 
 pub use hf::{HfInput, hf, hf_outcome};
 pub use kv_ops::kv_ops;
 pub use llama2c::{llama2c, llama2c_outcome};
 pub use loaded::Outcome;
+pub use receipt_verify::receipt_verify;
+pub use tcp_frames::tcp_frames;
