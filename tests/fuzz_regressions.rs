@@ -75,3 +75,23 @@ fn tcp_frames_corpus() {
 fn receipt_verify_corpus() {
     replay("receipt_verify", harness::receipt_verify);
 }
+
+#[test]
+fn tcp_seed_streams_decode_to_their_last_byte() {
+    let seeds = harness::seeds::tcp_frames();
+    for (name, bytes) in &seeds {
+        let s = harness::tcp_frames_stream(bytes);
+        assert!(s.clean_end && s.frames >= 1, "seed {name}: {s:?}");
+    }
+    let (_, stream) = seeds.last().unwrap();
+    assert_eq!(harness::tcp_frames_stream(stream).frames, 7);
+}
+
+/// The honest programs assert inside the harness that the transfer is
+/// verified; the others that whatever is verified is the request's own.
+#[test]
+fn receipt_verify_seeds_hold_the_properties() {
+    for (_, bytes) in harness::seeds::receipt_verify() {
+        harness::receipt_verify(&bytes);
+    }
+}

@@ -1,4 +1,4 @@
-//! Writes the seed inputs of the model-file targets into `corpus/<target>/`:
+//! Writes the seed inputs of the targets into `corpus/<target>/`:
 //! `cargo run --example seed_corpus` from `fuzz/`, before the first run.
 
 #[path = "../fuzz_targets/harness/mod.rs"]
@@ -12,6 +12,8 @@ fn main() -> std::io::Result<()> {
     for (target, seeds) in [
         ("llama2c", harness::seeds::llama2c()),
         ("hf", harness::seeds::hf(&fixture)),
+        ("tcp_frames", harness::seeds::tcp_frames()),
+        ("receipt_verify", harness::seeds::receipt_verify()),
     ] {
         let dir = root.join("corpus").join(target);
         std::fs::create_dir_all(&dir)?;

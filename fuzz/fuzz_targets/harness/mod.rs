@@ -19,4 +19,4 @@ pub use kv_ops::kv_ops;
 pub use llama2c::{llama2c, llama2c_outcome};
 pub use loaded::Outcome;
 pub use receipt_verify::receipt_verify;
-pub use tcp_frames::tcp_frames;
+pub use tcp_frames::{Stream, tcp_frames, tcp_frames_stream};

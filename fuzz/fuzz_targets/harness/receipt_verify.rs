@@ -292,8 +292,8 @@ pub fn receipt_verify(data: &[u8]) {
         head_dim: 2 + 2 * inp.below(2),
         dtype,
     };
-    let page_size = 1 + inp.below(4);
-    let src_page_size = 1 + inp.below(4);
+    let page_size = 1 << inp.below(4);
+    let src_page_size = 1 << inp.below(4);
     let tokens = 1 + inp.below(MAX_TOKENS);
     let by_tokens = 1 + inp.below(MAX_TOKENS);
     let bystander_first = inp.flag();

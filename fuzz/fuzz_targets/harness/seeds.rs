@@ -323,3 +323,139 @@ pub fn hf(fixture_dir: &Path) -> Vec<Seed> {
     out.push(("nan".into(), HfInput::join(small_cfg.as_bytes(), &[&nan])));
     out
 }
+
+/// A plan as decode really sends it (two layers, three pages).
+fn real_plan() -> handoff::transfer::Plan {
+    use handoff::transfer::{DecodeSide, InProcess, PrefillLink, ToPrefill, Transfer};
+    use handoff::{
+        AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId,
+    };
+    let g = KvGeometry {
+        n_layers: 2,
+        n_kv_heads: 1,
+        head_dim: 2,
+        dtype: KvDtype::BF16,
+    };
+    let pool = KvPool::new(PoolConfig::new(g, 4, 4)).unwrap();
+    let cfg = handoff::transfer::TransferConfig::default();
+    let (mut p, d) = InProcess.connect(&cfg).unwrap();
+    let mut decode = DecodeSide::new(d, pool, AdmissionLimits::new(16, 4, 4), cfg);
+    let _ticket = decode
+        .submit(Request::new(
+            RequestId(7),
+            TenantId(3),
+            vec![5, 6, 7, 8, 9, 10, 11, 12, 13],
+            2,
+        ))
+        .unwrap();
+    match p.recv(std::time::Duration::from_secs(5)).unwrap() {
+        Some(ToPrefill::Plan(plan)) => plan,
+        other => panic!("expected a plan, got {other:?}"),
+    }
+}
+
+/// TCP streams: each frame kind alone, then all of them in one stream.
+/// Every seed is a whole, valid stream.
+pub fn tcp_frames() -> Vec<Seed> {
+    use handoff::transfer::tcp::frame::{Frame, Role, encode_frame};
+    use handoff::transfer::{
+        Abort, AbortReason, Answer, FailReason, Receipt, ToDecode, ToPrefill, Verdict, WriteBatch,
+        WriterRun,
+    };
+    let plan = real_plan();
+    let receipt = Receipt {
+        request: plan.request,
+        nonce: plan.nonce,
+        layer_tokens: vec![plan.tokens; 2],
+        pages: plan.pages.clone(),
+        page_checksums: vec![0x1234_5678_9abc_def0; plan.pages.len()],
+        writers: (0..2)
+            .map(|layer| WriterRun {
+                layer,
+                start: 0,
+                len: plan.tokens,
+                writer: plan.request,
+            })
+            .collect(),
+        first_token: Some(42),
+    };
+    let kv = [7u8; 16];
+    let frames: Vec<(&str, Frame<'_>)> = vec![
+        ("hello", Frame::Hello(Role::Decode)),
+        ("plan", Frame::ToPrefill(ToPrefill::Plan(plan.clone()))),
+        (
+            "answer",
+            Frame::ToPrefill(ToPrefill::Answer(Answer {
+                request: plan.request,
+                nonce: plan.nonce,
+                verdict: Verdict::Fail(FailReason::Integrity),
+            })),
+        ),
+        ("credit", Frame::Credit(4096)),
+        (
+            "write",
+            Frame::Write(
+                WriteBatch {
+                    request: plan.request,
+                    nonce: plan.nonce,
+                    layer: 1,
+                    start: 4,
+                    tokens: 2,
+                },
+                &kv,
+            ),
+        ),
+        ("receipt", Frame::ToDecode(ToDecode::Receipt(receipt))),
+        (
+            "abort",
+            Frame::ToDecode(ToDecode::Abort(Abort {
+                request: plan.request,
+                nonce: plan.nonce,
+                reason: AbortReason::InvalidToken {
+                    index: 3,
+                    token: 99_999,
+                    vocab: 32_000,
+                },
+            })),
+        ),
+    ];
+    let mut out = Vec::new();
+    let mut stream = Vec::new();
+    for (seq, (name, frame)) in frames.iter().enumerate() {
+        let mut one = Vec::new();
+        encode_frame(&mut one, 0, frame);
+        out.push((format!("valid-{name}"), one));
+        encode_frame(&mut stream, seq as u32, frame);
+    }
+    out.push(("valid-stream".into(), stream));
+    out
+}
+
+/// receipt_verify programs: the honest transfer in each dtype and a few
+/// shapes, then one of each receipt edit and one write from each source.
+/// Byte order is the harness's: dtype, layers, kv heads, head_dim, page
+/// size, source page size, tokens, bystander tokens, bystander first,
+/// changed position, write ops, (ops), skip rest, edits, (edits), duplicate.
+pub fn receipt_verify() -> Vec<Seed> {
+    let mut out = Vec::new();
+    for dtype in 0..3u8 {
+        out.push((
+            format!("honest-{dtype}"),
+            vec![dtype, 2, 1, 1, 3, 2, 9, 5, dtype & 1],
+        ));
+    }
+    for kind in 0..12u8 {
+        out.push((
+            format!("edit-{kind}"),
+            vec![0, 1, 0, 0, 1, 2, 6, 4, 1, 2, 0, 0, 1, kind, 1, 1, 1],
+        ));
+    }
+    for src in 0..3u8 {
+        // One write op at layer 0 from `src`, from the landed position.
+        out.push((
+            format!("write-from-{src}"),
+            vec![2, 1, 1, 0, 2, 3, 7, 3, 0, 4, 1, src, 0, 1, 3, 1, 1, 0, 0],
+        ));
+    }
+    out
+}

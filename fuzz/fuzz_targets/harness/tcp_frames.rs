@@ -32,7 +32,21 @@ fn typed(e: &WireError) {
 /// or an incomplete tail whose header (if whole) is valid. Then decodes the
 /// whole input as a payload of every kind: a frame or a typed error.
 pub fn tcp_frames(data: &[u8]) {
+    let _ = tcp_frames_stream(data);
+}
+
+/// What the stream decoding of one input came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    pub frames: usize,
+    /// The input ended exactly at a frame boundary.
+    pub clean_end: bool,
+}
+
+/// [`tcp_frames`], reporting how the stream decoding ended.
+pub fn tcp_frames_stream(data: &[u8]) -> Stream {
     let mut rest = data;
+    let mut frames = 0;
     loop {
         match decode_frame(rest, MAX_PAYLOAD) {
             Ok(Some((header, frame, used))) => {
@@ -47,6 +61,7 @@ pub fn tcp_frames(data: &[u8]) {
                 encode_frame(&mut again, header.seq, &frame);
                 assert!(again == rest[..used], "{frame:?} re-encodes differently");
                 rest = &rest[used..];
+                frames += 1;
             }
             Ok(None) => {
                 if let Some(h) = rest.get(..HEADER_LEN) {
@@ -67,5 +82,9 @@ pub fn tcp_frames(data: &[u8]) {
             Ok(frame) => assert_eq!(frame.kind(), kind),
             Err(e) => typed(&e),
         }
+    }
+    Stream {
+        frames,
+        clean_end: rest.is_empty(),
     }
 }
