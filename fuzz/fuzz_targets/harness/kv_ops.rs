@@ -2,6 +2,14 @@
 
 use handoff::{KvDtype, KvGeometry, KvPool, PoolConfig, RequestId, ScrubPolicy};
 
+/// The row every append of `owner` writes: its id in base 256, two digits
+/// exact in bf16 (8 significant bits), so no two owners below 65,536 (more
+/// than one input can reserve) write the same row. Writing the id itself
+/// made owners above 256 round to a neighbour's value in bf16.
+fn row_of(owner: RequestId) -> [f32; 2] {
+    [(owner.0 % 256) as f32, ((owner.0 / 256) % 256) as f32]
+}
+
 /// Interprets bytes as a program of pool operations over up to 8 live
 /// sequences and checks, after every step, balanced accounting, that every
 /// read returns what its owner wrote, and, at the end, a full pool.
@@ -36,10 +44,9 @@ pub fn kv_ops(data: &[u8]) {
                 let i = arg % live.len();
                 let s = &mut live[i];
                 let n = 1 + arg % 3;
-                let val = s.owner().0 as f32;
+                let rows: Vec<f32> = (0..n).flat_map(|_| row_of(s.owner())).collect();
                 for layer in 0..2 {
-                    let row = vec![val; n * 2];
-                    let _ = s.append(layer, &row, &row);
+                    let _ = s.append(layer, &rows, &rows);
                 }
             }
             2 if !live.is_empty() => {
@@ -51,7 +58,7 @@ pub fn kv_ops(data: &[u8]) {
                     let mut buf = [0f32; 2];
                     for pos in 0..lv.len() {
                         lv.key(pos).expect("written").to_f32_into(&mut buf);
-                        assert_eq!(buf, [s.owner().0 as f32; 2], "foreign or stale bytes");
+                        assert_eq!(buf, row_of(s.owner()), "foreign or stale bytes");
                     }
                 }
             }
