@@ -451,10 +451,11 @@ pub fn receipt_verify() -> Vec<Seed> {
         ));
     }
     for src in 0..3u8 {
-        // One write op at layer 0 from `src`, from the landed position.
+        // One write op: layer 0, from the landed position (0), 4 tokens
+        // from `src`, right request and nonce; then the rest honestly.
         out.push((
             format!("write-from-{src}"),
-            vec![2, 1, 1, 0, 2, 3, 7, 3, 0, 4, 1, src, 0, 1, 3, 1, 1, 0, 0],
+            vec![2, 1, 1, 0, 2, 3, 7, 3, 0, 4, 1, src, 0, 1, 3, 1, 2, 0, 0, 0],
         ));
     }
     out
