@@ -142,6 +142,7 @@ pub struct EngineConfig {
     page_size: usize,
     pool_pages: usize,
     headroom: Headroom,
+    audit: bool,
 }
 
 impl EngineConfig {
@@ -154,6 +155,7 @@ impl EngineConfig {
             page_size: 16,
             pool_tokens: None,
             headroom: Headroom::DEFAULT,
+            audit: None,
         }
     }
 
@@ -198,9 +200,14 @@ impl EngineConfig {
     pub fn max_length_sequences(&self) -> usize {
         self.pool_pages / self.pages_for(self.max_context)
     }
+    /// True when this worker's pool keeps the audit trail (see
+    /// [`crate::kv::PoolConfig::audit`]).
+    pub fn audit(&self) -> bool {
+        self.audit
+    }
     /// Pool configuration to build this worker's [`crate::KvPool`] with.
     pub fn pool_config(&self) -> crate::kv::PoolConfig {
-        crate::kv::PoolConfig::new(self.geometry, self.page_size, self.pool_pages)
+        crate::kv::PoolConfig::new(self.geometry, self.page_size, self.pool_pages).audit(self.audit)
     }
 }
 
@@ -214,6 +221,7 @@ pub struct EngineConfigBuilder {
     page_size: usize,
     pool_tokens: Option<usize>,
     headroom: Headroom,
+    audit: Option<bool>,
 }
 
 impl EngineConfigBuilder {
@@ -235,6 +243,13 @@ impl EngineConfigBuilder {
     /// Required headroom for roles that prefill (default 2x, min 1x).
     pub fn headroom(mut self, headroom: Headroom) -> Self {
         self.headroom = headroom;
+        self
+    }
+
+    /// Keeps the audit trail (every KV slot records its writer, every read
+    /// checks it). Default: on in debug builds and with the `audit` feature.
+    pub fn audit(mut self, on: bool) -> Self {
+        self.audit = Some(on);
         self
     }
 
@@ -297,6 +312,9 @@ impl EngineConfigBuilder {
             page_size: self.page_size,
             pool_pages,
             headroom,
+            audit: self
+                .audit
+                .unwrap_or(cfg!(any(debug_assertions, feature = "audit"))),
         })
     }
 }

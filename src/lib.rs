@@ -4,52 +4,70 @@
 //! batching and disaggregated prefill/decode, built so that a request can
 //! never read another request's KV.
 //!
-//! The life cycle of a request, as the types enforce it:
+//! The whole handoff, as the types enforce it: a prefill worker computes a
+//! prompt's KV and sends it with a receipt; the decode worker admits the
+//! request, reserves destination pages, verifies the receipt against its
+//! plan and the bytes that landed, and only then decodes.
 //!
 //! ```
-//! use handoff::{
-//!     EngineConfig, KvDtype, KvGeometry, KvPool, Request, RequestId, Role, Scheduler,
-//!     AdmissionLimits, TenantId, HttpStatus,
-//! };
+//! use std::sync::atomic::{AtomicBool, Ordering};
+//! use std::sync::Arc;
+//! use handoff::model::{Model, ModelConfig, random_weights};
+//! use handoff::transfer::{DecodeWorker, InProcess, PrefillWorker, Transfer, TransferConfig};
+//! use handoff::{EngineConfig, HttpStatus, KvDtype, Outcome, Request, RequestId, Role, TenantId};
 //!
-//! let geometry = KvGeometry { n_layers: 2, n_kv_heads: 2, head_dim: 4, dtype: KvDtype::F32 };
+//! let model_cfg = ModelConfig::tiny_gqa();
+//! let geometry = model_cfg.kv_geometry(KvDtype::BF16);
 //!
-//! // 1. Fail closed: a pool that cannot hold the window (2x for prefill) is refused.
+//! // 1. Fail closed: a pool that cannot hold the window does not build
+//! //    (2x the window for prefill, as the incident's remediation asks).
 //! assert!(EngineConfig::builder(Role::Prefill, geometry)
 //!     .max_context(1_048_576).pool_tokens(681_280).build().is_err());
-//! let cfg = EngineConfig::builder(Role::Colocated, geometry)
-//!     .max_context(64).page_size(16).pool_tokens(128).build()?;
+//! let prefill_cfg = EngineConfig::builder(Role::Prefill, geometry)
+//!     .max_context(128).pool_tokens(256).build()?;
+//! let decode_cfg = EngineConfig::builder(Role::Decode, geometry)
+//!     .max_context(128).pool_tokens(256).build()?;
 //!
-//! // 2. Admission answers at once, before anything is allocated.
-//! let mut sched = Scheduler::new(AdmissionLimits::from_config(&cfg));
-//! let too_long = Request::new(RequestId(1), TenantId(7), vec![1; 65], 1);
-//! assert_eq!(sched.submit(too_long).unwrap_err().http_status(), 413);
-//! let ticket = sched.submit(Request::new(RequestId(2), TenantId(7), vec![1, 2, 3], 4))?;
+//! // 2. Two workers joined by a transport (InProcess here; Tcp for two processes).
+//! let transfer = TransferConfig::default();
+//! let (to_decode, to_prefill) = InProcess.connect(&transfer)?;
+//! let mut prefill = PrefillWorker::new(
+//!     to_decode, Model::cpu(random_weights(&model_cfg, 1))?, &prefill_cfg, transfer.clone())?;
+//! let mut decode = DecodeWorker::new(
+//!     to_prefill, Model::cpu(random_weights(&model_cfg, 1))?, &decode_cfg, transfer)?;
+//! let stop = Arc::new(AtomicBool::new(false));
+//! let prefill_thread = {
+//!     let stop = stop.clone();
+//!     std::thread::spawn(move || { let _ = prefill.run(&stop); prefill.shutdown(); prefill })
+//! };
 //!
-//! // 3. Pages come inside an owning handle; writes are bounded by the reservation.
-//! let pool = KvPool::new(cfg.pool_config())?;
-//! let req = sched.pop_if(|r| pool.stats().free >= pool.pages_for(r.max_total_tokens())).unwrap();
-//! let mut seq = pool.reserve(ticket.id(), req.max_total_tokens())?;
-//! let row = vec![0.5f32; geometry.kv_dim() * req.prompt.len()];
-//! for layer in 0..geometry.n_layers {
-//!     seq.append(layer, &row, &row)?;
-//! }
+//! // 3. Admission answers at once: an oversized prompt is refused with a typed
+//! //    error before a page is allocated; nothing is truncated or replaced.
+//! let refused = decode.submit(Request::new(RequestId(1), TenantId(7), vec![1; 300], 4));
+//! assert_eq!(refused.unwrap_err().http_status(), 413);
+//! let handle = decode.submit(Request::new(RequestId(2), TenantId(7), vec![1, 5, 9, 2], 6))?;
 //!
-//! // 4. Only complete KV becomes `Ready` for decode; reads cover written positions only.
-//! let seq = seq.seal(req.prompt.len()).map_err(|e| e.error)?;
-//! {
-//!     let reader = pool.reader();
-//!     let view = reader.seq(&seq)?.layer(0)?;
-//!     assert_eq!(view.len(), 3);
-//!     assert!(view.key(3).is_none());
-//! }
+//! // 4. Decode plans, prefill computes and sends, decode verifies the receipt
+//! //    (request, nonce, per-layer counts, pages, checksums of the landed bytes)
+//! //    and only then generates.
+//! decode.run_until_idle();
+//! let (tokens, outcome) = handle.try_collect();
+//! assert_eq!(tokens.len(), 6);
+//! assert!(matches!(outcome, Some(Outcome::Finished(_))));
 //!
-//! // 5. Dropping the handle scrubs and frees its pages; accounting returns to full.
-//! seq.release();
-//! sched.finish(ticket.id());
-//! assert!(pool.stats().is_full());
+//! // 5. Every page is back on both sides; the audit trail saw no cross read.
+//! stop.store(true, Ordering::Release);
+//! let prefill = prefill_thread.join().unwrap();
+//! assert!(decode.pool().stats().is_full() && prefill.pool().stats().is_full());
+//! assert_eq!(decode.pool().stats().isolation_violations, 0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Underneath, [`KvPool`] hands out pages only inside a [`KvSeq`] whose type
+//! carries its protocol state: `Filling` (written locally), `Received`
+//! (written by a peer: unreadable), `Ready` (complete or verified: decode
+//! reads it), `Held` (out of use until no write can land). See
+//! [`kv`] for the handle rules and ARCHITECTURE.md for the map.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -79,3 +97,8 @@ pub use ids::{RequestId, TenantId};
 pub use kv::{KvError, KvPool, KvSeq, PoolConfig, PoolStats, ScrubPolicy};
 pub use request::{Priority, Request, SamplingParams};
 pub use sched::{AdmissionLimits, BatchLimits, Rejection, Scheduler, Ticket};
+
+/// The README's examples, compiled and run as doctests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

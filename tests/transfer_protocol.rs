@@ -193,22 +193,50 @@ fn corrupted_receipt_checksum<T: Transfer>(t: T) {
     );
 }
 
-fn reordered_writes<T: Transfer>(t: T) {
-    // 16-token batches (16 rows x 16 elements x 2 bytes, K and V): the
-    // first batch of layer 0 arrives after the second.
-    let cfg = TransferConfig::default().with_max_batch_bytes(1024);
-    let rule = FaultRule::at(Step::KvWriting, Fault::Reorder).for_request(TARGET);
-    let (e, _) = break_with(t, cfg, rule);
+fn duplicated_write<T: Transfer>(t: T) {
+    // The second copy of a batch starts where the first ended: refused, and
+    // the transfer fails rather than trusting either.
+    let rule = FaultRule::at(Step::KvWriting, Fault::Duplicate).for_request(TARGET);
+    let (e, _) = break_one_rule(t, rule);
     assert!(
         matches!(
             e,
             IntegrityError::WriteRefused {
-                reason: WriteRefusal::OutOfOrder { .. },
+                reason: WriteRefusal::OutOfOrder {
+                    layer: 0,
+                    start: 0,
+                    expected: PROMPT
+                },
                 ..
             }
         ),
         "{e}"
     );
+}
+
+fn reordered_across_layers<T: Transfer>(t: T) {
+    // Batches of different layers are independent: swapping two of them
+    // breaks no rule, and the KV that lands is exactly the request's own.
+    let cfg = TransferConfig::default()
+        .with_max_batch_bytes(1024)
+        .with_faults(Arc::new(
+            FaultPlan::new().with(
+                FaultRule::at(Step::KvWriting, Fault::Reorder)
+                    .for_request(TARGET)
+                    .times(3),
+            ),
+        ));
+    let mut rig = rig(&t, cfg, RigSpec::default());
+    let _ = rig.decode.submit(request(TARGET.0, 1, PROMPT)).unwrap();
+    rig.serve_one().unwrap();
+    let (o, _) = outcome_of(rig.outcomes(1), TARGET);
+    let v = o.result.unwrap();
+    assert_eq!(
+        synthetic::check(&rig.decode_pool, v.seq(), TARGET).unwrap(),
+        Ok(())
+    );
+    drop(v);
+    rig.assert_clean();
 }
 
 fn forged_writer_trail<T: Transfer>(t: T) {
@@ -349,7 +377,8 @@ on_both_transports! {
     wrong_page_generation_fails => wrong_page_generation;
     corrupted_kv_bytes_fail_the_checksum => corrupted_kv_bytes;
     corrupted_receipt_checksum_fails => corrupted_receipt_checksum;
-    reordered_writes_are_refused => reordered_writes;
+    duplicated_write_is_refused => duplicated_write;
+    reordered_writes_across_layers_still_verify => reordered_across_layers;
     forged_writer_trail_fails => forged_writer_trail;
     duplicate_receipt_is_ignored_and_counted => duplicate_receipt;
     receipt_after_cancel_is_ignored_and_counted => receipt_after_cancel;

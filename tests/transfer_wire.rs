@@ -206,6 +206,13 @@ fn sample_frames() -> Vec<Frame<'static>> {
                 index: 4,
                 generation: 9,
             }],
+            sampling: handoff::SamplingParams {
+                temperature: 0.7,
+                top_k: Some(40),
+                top_p: Some(0.9),
+                seed: 99,
+                stop_ids: vec![1, 2],
+            },
         })),
         Frame::ToPrefill(ToPrefill::Answer(Answer {
             request: RequestId(7),

@@ -14,6 +14,8 @@
 //! [`BackendError`], never a panic.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 
 use std::ops::Range;

@@ -43,6 +43,8 @@ pub enum EngineError {
     Sampling(#[from] SamplingError),
     #[error("the engine shut down before the request finished: resubmit it")]
     Shutdown,
+    #[error("KV transfer failed: {0}")]
+    Transfer(#[from] crate::transfer::TransferError),
 }
 
 impl HttpStatus for EngineError {
@@ -53,6 +55,7 @@ impl HttpStatus for EngineError {
             EngineError::Kv(e) => e.http_status(),
             EngineError::Sampling(e) => e.http_status(),
             EngineError::Shutdown => 503,
+            EngineError::Transfer(e) => e.http_status(),
             EngineError::Role(_)
             | EngineError::Geometry { .. }
             | EngineError::ContextBeyondModel { .. }

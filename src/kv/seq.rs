@@ -371,43 +371,77 @@ impl KvSeq<Received> {
     /// Appends `n` tokens to `layer` on behalf of a peer: `fill(kv, done,
     /// dst)` writes the raw storage-dtype bytes of K (`kv == 0`) or V
     /// (`kv == 1`) rows `[done, done + dst_rows)` of the batch into `dst`,
-    /// one run of consecutive slots of one page at a time. The slots get no
-    /// writer in the audit trail until [`KvSeq::into_verified`].
+    /// one run of consecutive slots of one page at a time. Right after each
+    /// run is written, `landed(page, kv, rows)` is called with the bytes of
+    /// that page's rows `[0, end)` of `layer` as they now are in the pool
+    /// (`page` is the position in [`KvSeq::pages`], `end` the slot after the
+    /// run), still under the storage lock that wrote them: the transfer
+    /// verifier hashes them there, cache-hot. The slots get no writer in
+    /// the audit trail until [`KvSeq::into_verified`].
     pub(crate) fn receive_rows(
         &mut self,
         layer: usize,
         n: usize,
         mut fill: impl FnMut(usize, usize, &mut [u8]),
+        mut landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let kvd = self.geometry().kv_dim();
         self.check_append(layer, n * kvd, n * kvd)?;
+        let ps = self.pool.page_size();
+        let first = self.written[layer] / ps;
         let mut st = self.pool.shared.storage.write();
+        let mut at = 0;
         self.for_each_run(layer, n, |page, slot, done, run| {
             for kv in 0..2 {
                 let off = st.offset(page, layer, kv, slot);
                 fill(kv, done, st.bytes_mut(off, run * kvd));
+                let start = st.offset(page, layer, kv, 0);
+                landed(
+                    first + at,
+                    kv,
+                    st.slice(start, (slot + run) * kvd).as_bytes(),
+                );
             }
+            at += 1;
         });
         drop(st);
         self.written[layer] += n;
         Ok(())
     }
 
-    /// Calls `f(i, layer, k, v)` with the raw bytes of the written K and V
-    /// rows of every layer of page `i`, page by page, for the transfer
-    /// verifier to recompute checksums over what actually landed.
-    pub(crate) fn for_each_received_region(&self, mut f: impl FnMut(usize, usize, &[u8], &[u8])) {
+    /// Hashes, with `hash`, the written K and V rows of every layer of each
+    /// of the first `n_pages` pages, in parallel over pages; returns them
+    /// as `[page][layer][K, V]`. For the transfer verifier, which recomputes
+    /// checksums over what actually landed.
+    pub(crate) fn received_region_hashes(
+        &self,
+        n_pages: usize,
+        hash: impl Fn(&[u8]) -> u64 + Sync,
+    ) -> Vec<u64> {
+        use rayon::prelude::*;
         let st = self.pool.shared.storage.read();
+        let st: &crate::kv::storage::Storage = &st;
         let ps = self.pool.page_size();
         let kvd = self.geometry().kv_dim();
-        for (i, page) in self.pages.iter().enumerate() {
-            for (layer, &w) in self.written.iter().enumerate() {
+        let written = &self.written;
+        let pages = &self.pages[..n_pages.min(self.pages.len())];
+        let per_page = |(i, page): (usize, &PageId)| -> Vec<u64> {
+            let mut out = Vec::with_capacity(2 * written.len());
+            for (layer, &w) in written.iter().enumerate() {
                 let t = w.saturating_sub(i * ps).min(ps);
-                let k = st.slice(st.offset(page.index, layer, 0, 0), t * kvd);
-                let v = st.slice(st.offset(page.index, layer, 1, 0), t * kvd);
-                f(i, layer, k.as_bytes(), v.as_bytes());
+                for kv in 0..2 {
+                    let s = st.slice(st.offset(page.index, layer, kv, 0), t * kvd);
+                    out.push(hash(s.as_bytes()));
+                }
             }
-        }
+            out
+        };
+        pages
+            .par_iter()
+            .enumerate()
+            .with_min_len(4)
+            .flat_map_iter(per_page)
+            .collect()
     }
 }
 

@@ -133,6 +133,18 @@ impl<'a> LayerView<'a> {
     pub fn page_table(&self) -> impl Iterator<Item = u32> + '_ {
         self.pages[..self.n_pages()].iter().map(|p| p.index)
     }
+    /// The pages holding written tokens, with their generations: a backend
+    /// that mirrors page bytes elsewhere (GPU) knows from these when a page
+    /// changed hands and its mirror is stale.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn page_ids(&self) -> &'a [PageId] {
+        &self.pages[..self.n_pages()]
+    }
+    /// The layer this view reads.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn layer_index(&self) -> usize {
+        self.layer
+    }
     /// Written tokens in page `i` of this sequence.
     pub fn tokens_in_page(&self, i: usize) -> usize {
         self.len

@@ -269,16 +269,11 @@ impl<L: DecodeLink> DecodeSide<L> {
             geometry: self.pool.config().geometry(),
             page_size: u32::try_from(self.pool.page_size()).unwrap_or(u32::MAX),
             pages: pages.clone(),
+            sampling: req.sampling.clone(),
         };
-        self.link.landing().register(
-            nonce,
-            Destination {
-                request: id,
-                tokens,
-                seq,
-                refused: None,
-            },
-        );
+        self.link
+            .landing()
+            .register(nonce, Destination::new(id, tokens, seq));
         let live = Live {
             tokens: plan.tokens,
             request: req,
@@ -601,25 +596,45 @@ fn verify(
             Some(dest),
         );
     }
+    // The checksums recomputed over the bytes that landed, region by region
+    // as each was completed in the destination pages (see LandedHashes).
     let n_pages = live.pages.len();
-    let mut regions = RegionHashes::new(n_pages, n_layers);
-    dest.seq.for_each_received_region(|i, layer, k, v| {
-        if i < n_pages {
-            regions.set(i, layer, 0, region_hash(k));
-            regions.set(i, layer, 1, region_hash(v));
-        }
-    });
-    let actual = regions.finish();
-    if let Some(position) = (0..n_pages).find(|&i| actual[i] != r.page_checksums[i]) {
+    let actual = dest.landed.finish();
+    if let Some(position) =
+        (0..n_pages).find(|&i| actual.get(i).copied().flatten() != r.page_checksums.get(i).copied())
+    {
         return fail(
             IntegrityError::ChecksumMismatch {
                 request,
                 position,
-                claimed: r.page_checksums[position],
-                actual: actual[position],
+                claimed: r.page_checksums.get(position).copied().unwrap_or_default(),
+                actual: actual.get(position).copied().flatten().unwrap_or_default(),
             },
             Some(dest),
         );
+    }
+    // With the audit trail on (debug builds, tests, audited pools), read
+    // every landed byte back once more: the pages must still hold what was
+    // hashed as it landed.
+    if pool.config().audit_enabled() {
+        let again = RegionHashes::from_hashes(
+            n_layers,
+            dest.seq.received_region_hashes(n_pages, region_hash),
+        )
+        .finish();
+        if let Some(position) =
+            (0..n_pages).find(|&i| actual.get(i).copied().flatten() != again.get(i).copied())
+        {
+            return fail(
+                IntegrityError::ChecksumMismatch {
+                    request,
+                    position,
+                    claimed: r.page_checksums.get(position).copied().unwrap_or_default(),
+                    actual: again.get(position).copied().unwrap_or_default(),
+                },
+                Some(dest),
+            );
+        }
     }
     if !writers_cover(r, request, n_layers, live.tokens) {
         return fail(IntegrityError::WriterMismatch { request }, Some(dest));

@@ -164,6 +164,14 @@ pub enum IntegrityError {
     },
     #[error("{request}: the receipt's audit trail does not show every position written by it")]
     WriterMismatch { request: RequestId },
+    #[error(
+        "{request}: the receipt's first token {token:?} is missing or outside the vocabulary of {vocab}"
+    )]
+    FirstToken {
+        request: RequestId,
+        token: Option<u32>,
+        vocab: usize,
+    },
     #[error("{request}: a destination page is no longer owned at its planned generation: {error}")]
     Destination { request: RequestId, error: KvError },
 }

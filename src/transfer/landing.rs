@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::ids::RequestId;
 use crate::kv::{KvPool, KvSeq, Received};
+use crate::transfer::checksum::LandedHashes;
 use crate::transfer::error::WriteRefusal;
 use crate::transfer::protocol::{Nonce, WriteBatch};
 
@@ -25,6 +26,28 @@ pub(crate) struct Destination {
     pub(crate) seq: KvSeq<Received>,
     /// The first refused write, reported when the receipt is verified.
     pub(crate) refused: Option<WriteRefusal>,
+    /// Region hashes recomputed over the destination bytes as they land.
+    pub(crate) landed: LandedHashes,
+}
+
+impl Destination {
+    /// `tokens` tokens of `request` to land in `seq`.
+    pub(crate) fn new(request: RequestId, tokens: usize, seq: KvSeq<Received>) -> Self {
+        let g = seq.pool().config().geometry();
+        let landed = LandedHashes::new(
+            tokens,
+            seq.pool().page_size(),
+            g.n_layers,
+            g.kv_dim() * g.dtype.size_bytes(),
+        );
+        Destination {
+            request,
+            tokens,
+            seq,
+            refused: None,
+            landed,
+        }
+    }
 }
 
 /// Outcome of one write.
@@ -91,10 +114,12 @@ impl LandingZone {
             return Landed::Stray;
         };
         match Self::check(dest, batch, bytes_each, source) {
-            Ok(()) => match dest
-                .seq
-                .receive_rows(batch.layer as usize, batch.tokens as usize, fill)
-            {
+            Ok(()) => match dest.seq.receive_rows(
+                batch.layer as usize,
+                batch.tokens as usize,
+                fill,
+                |page, kv, rows| dest.landed.landed(page, batch.layer as usize, kv, rows),
+            ) {
                 Ok(()) => Landed::Applied,
                 Err(e) => {
                     self.refuse(dest, WriteRefusal::Kv(e));

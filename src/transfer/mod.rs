@@ -12,6 +12,8 @@
 //!   until decode answers or the transfer is abandoned and drained.
 //! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy) and
 //!   [`Tcp`] (loopback, framed, bounded), with a cap on KV bytes in flight.
+//! - [`PrefillWorker`] / [`DecodeWorker`]: the two halves running the model,
+//!   with the same request handles as the colocated [`crate::Engine`].
 //! - `fault` (tests and the `fault-injection` feature): a [`FaultPlan`] that
 //!   drops, delays, duplicates, reorders, truncates or corrupts messages and
 //!   KV bytes, or disconnects the peer, at any protocol step.
@@ -49,6 +51,7 @@ pub mod checksum;
 mod config;
 mod credits;
 mod decode;
+mod decode_worker;
 mod error;
 #[cfg(any(test, feature = "fault-injection"))]
 pub mod fault;
@@ -57,13 +60,16 @@ mod inproc;
 mod landing;
 mod link;
 mod prefill;
+mod prefill_worker;
 pub mod protocol;
 pub mod synthetic;
 pub mod tcp;
+mod worker_config;
 
 pub use config::TransferConfig;
 pub use credits::InFlightStats;
 pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, VerifiedKv};
+pub use decode_worker::{DecodeTally, DecodeWorker};
 pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::{Fault, FaultPlan, FaultRule};
@@ -72,6 +78,7 @@ pub use inproc::{InProcess, InProcessDecode, InProcessPrefill};
 pub use landing::LandingZone;
 pub use link::{DecodeLink, PrefillLink, Transfer};
 pub use prefill::{PrefillJob, PrefillSide, PrefillStats};
+pub use prefill_worker::PrefillWorker;
 pub use protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
     Verdict, WriteBatch, WriterRun,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::ids::RequestId;
 use crate::kv::{Filling, Held, KvPool, KvSeq};
 use crate::sched::AdmissionLimits;
-use crate::transfer::checksum::{RegionHasher, RegionHashes};
+use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::{LinkError, TransferError, Wait};
 use crate::transfer::gate::at_release;
@@ -68,6 +68,8 @@ pub struct PrefillStats {
     pub ack_timeouts: u64,
     /// Answers for unknown or finished transfers: ignored.
     pub ignored_answers: u64,
+    /// Plans received again while being served: ignored.
+    pub duplicate_plans: u64,
 }
 
 #[derive(Debug)]
@@ -287,11 +289,22 @@ impl<L: PrefillLink> PrefillSide<L> {
             batch_tokens
         };
         let mut regions = RegionHashes::new(plan.pages.len(), g.n_layers);
-        for layer in 0..g.n_layers {
-            let mut cursor = [RegionHasher::new(), RegionHasher::new()];
-            let mut start = 0;
-            while start < tokens {
-                let n = batch_tokens.min(tokens - start);
+        let mut cursors: Vec<[RegionHasher; 2]> = (0..g.n_layers)
+            .map(|_| [RegionHasher::new(), RegionHasher::new()])
+            .collect();
+        // Group-major, layer-minor: each group of positions is sent for
+        // every layer before the next group, so source and destination
+        // pages are walked nearly in address order and a group's bytes are
+        // still in cache when they are hashed.
+        let mut start = 0;
+        while start < tokens {
+            let n = batch_tokens.min(tokens - start);
+            for (layer, cursor) in cursors.iter_mut().enumerate() {
+                // Hash first: the hash reads the rows from memory and leaves
+                // them in cache for the transport's copy right after.
+                for (kv, hasher) in cursor.iter_mut().enumerate() {
+                    hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
+                }
                 self.link.write_kv(
                     WriteBatch {
                         request: plan.request,
@@ -302,12 +315,11 @@ impl<L: PrefillLink> PrefillSide<L> {
                     },
                     src,
                 )?;
-                for (kv, hasher) in cursor.iter_mut().enumerate() {
-                    hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
-                }
-                start += n;
             }
-            if !tokens.is_multiple_of(dest_ps) {
+            start += n;
+        }
+        if !tokens.is_multiple_of(dest_ps) {
+            for (layer, cursor) in cursors.iter().enumerate() {
                 for (kv, hasher) in cursor.iter().enumerate() {
                     regions.set(tokens / dest_ps, layer, kv, hasher.digest());
                 }
@@ -365,6 +377,15 @@ impl<L: PrefillLink> PrefillSide<L> {
 
     fn on_plan(&mut self, plan: Plan) {
         self.stats.plans += 1;
+        let n = plan.nonce;
+        if self.out.contains(&n)
+            || self.held.contains_key(&n)
+            || self.pending.iter().any(|p| p.nonce == n)
+        {
+            // A duplicate of a plan being served: the original goes on.
+            self.stats.duplicate_plans += 1;
+            return;
+        }
         match self.check(&plan) {
             Ok(()) => self.pending.push_back(plan),
             Err(reason) => self.abort(&plan, reason),
@@ -375,17 +396,11 @@ impl<L: PrefillLink> PrefillSide<L> {
     fn check(&self, plan: &Plan) -> Result<(), AbortReason> {
         let tokens = plan.tokens as usize;
         let page_size = plan.page_size as usize;
-        let known = |n: &Nonce| {
-            self.out.contains(n)
-                || self.held.contains_key(n)
-                || self.pending.iter().any(|p| p.nonce == *n)
-        };
         if plan.prompt.len() != tokens
             || plan.geometry != self.pool.config().geometry()
             || page_size == 0
             || !page_size.is_power_of_two()
             || plan.pages.len() != tokens.div_ceil(page_size)
-            || known(&plan.nonce)
         {
             return Err(AbortReason::MalformedPlan);
         }
@@ -535,12 +550,20 @@ fn hash_rows(
             if take == 0 {
                 break;
             }
-            hasher.update(&bytes[..take * row]);
-            bytes = &bytes[take * row..];
+            let (chunk, rest) = bytes.split_at(take * row);
+            let whole = pos.is_multiple_of(dest_ps) && take == dest_ps;
+            bytes = rest;
             pos += take;
-            if pos.is_multiple_of(dest_ps) {
-                regions.set(pos / dest_ps - 1, layer, kv, hasher.digest());
-                *hasher = RegionHasher::new();
+            if whole {
+                // The common case: a whole region in one piece, hashed in
+                // one shot (twice as fast as streaming).
+                regions.set(pos / dest_ps - 1, layer, kv, region_hash(chunk));
+            } else {
+                hasher.update(chunk);
+                if pos.is_multiple_of(dest_ps) {
+                    regions.set(pos / dest_ps - 1, layer, kv, hasher.digest());
+                    *hasher = RegionHasher::new();
+                }
             }
         }
     });

@@ -25,6 +25,7 @@ use std::fmt;
 use crate::config::KvGeometry;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::PageId;
+use crate::request::SamplingParams;
 
 /// A fresh random value per plan: a receipt is matched to the plan that
 /// asked for it, not just to a request id that could be reused.
@@ -84,6 +85,9 @@ pub struct Plan {
     pub page_size: u32,
     /// Destination pages, in position order, with their generations.
     pub pages: Vec<PlannedPage>,
+    /// How to choose the first token from the prompt's last logits (prefill
+    /// samples it, decode continues the same stream).
+    pub sampling: SamplingParams,
 }
 
 /// One batch of KV rows: `tokens` positions from `start` of one layer, K

@@ -16,6 +16,7 @@
 
 use crate::config::{KvDtype, KvGeometry};
 use crate::ids::{RequestId, TenantId};
+use crate::request::SamplingParams;
 use crate::transfer::error::WireError;
 use crate::transfer::protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
@@ -245,6 +246,7 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
     let n = r.count("prompt", 4)?;
     let prompt = (0..n).map(|_| r.u32("prompt")).collect::<Result<_, _>>()?;
     let pages = read_pages(r)?;
+    let sampling = read_sampling(r)?;
     Ok(Plan {
         request,
         tenant,
@@ -254,6 +256,30 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
         geometry,
         page_size,
         pages,
+        sampling,
+    })
+}
+
+fn read_sampling(r: &mut Rd<'_>) -> Result<SamplingParams, WireError> {
+    let temperature = f32::from_bits(r.u32("temperature")?);
+    let top_k = match r.u64("top_k")? {
+        0 => None,
+        k => Some(usize::try_from(k).map_err(|_| WireError::Invalid { what: "top_k" })?),
+    };
+    let top_p = match r.u8("top_p flag")? {
+        0 => None,
+        1 => Some(f32::from_bits(r.u32("top_p")?)),
+        _ => return Err(WireError::Invalid { what: "top_p flag" }),
+    };
+    let seed = r.u64("seed")?;
+    let n = r.count("stop ids", 4)?;
+    let stop_ids = (0..n).map(|_| r.u32("stop id")).collect::<Result<_, _>>()?;
+    Ok(SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        stop_ids,
     })
 }
 
@@ -424,6 +450,21 @@ fn write_plan(w: &mut Wr<'_>, p: &Plan) {
         w.u32(t);
     }
     write_pages(w, &p.pages);
+    let s = &p.sampling;
+    w.u32(s.temperature.to_bits());
+    w.u64(s.top_k.map_or(0, |k| k as u64));
+    match s.top_p {
+        None => w.u8(0),
+        Some(x) => {
+            w.u8(1);
+            w.u32(x.to_bits());
+        }
+    }
+    w.u64(s.seed);
+    w.u32(s.stop_ids.len() as u32);
+    for &t in &s.stop_ids {
+        w.u32(t);
+    }
 }
 
 fn write_pages(w: &mut Wr<'_>, pages: &[PlannedPage]) {

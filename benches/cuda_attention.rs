@@ -1,0 +1,194 @@
+//! Decode and prefill attention figures on the GPU (prints tables; no
+//! timing assertions). Without a GPU it prints a SKIP line and exits 0.
+//!
+//! Decode: achieved bandwidth = KV bytes read / kernel time, as a share of
+//! a device-to-device copy ((read + write) bytes / time) measured in the
+//! same process. GQA 32:4, head_dim 128, bf16 KV, one layer, page 16 vs 64,
+//! batch {1, 8, 64, 256} x context {1k, 8k, 32k, 128k}; cells whose arena
+//! would exceed HANDOFF_BENCH_MAX_GIB (default 40) are reported as skipped.
+//!
+//! Prefill: causal, head_dim 128, 32:8 heads, bf16 KV, TFLOP/s at 1k-8k.
+//! cuBLAS is not linked (the GPU machine has no libcublas to load), so the
+//! figure is also given against the H200's dense bf16 peak (989 TFLOP/s).
+#![cfg_attr(not(feature = "cuda"), allow(unused))]
+
+#[cfg(not(feature = "cuda"))]
+fn main() {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIP cuda_attention: built without --features cuda"
+    );
+}
+
+#[cfg(feature = "cuda")]
+fn main() {
+    if let Err(e) = gpu::run() {
+        eprintln!("cuda_attention failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use handoff::backend::cuda::{
+        CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, SeqPages, Split,
+        device_for_test,
+    };
+    use handoff::{KvDtype, KvGeometry};
+
+    type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+    /// Milliseconds per call of `f`, by device events around `iters` calls.
+    fn time_ms(
+        dev: &CudaDevice,
+        iters: usize,
+        mut f: impl FnMut() -> Result<(), CudaError>,
+    ) -> R<f64> {
+        for _ in 0..3 {
+            f()?;
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = dev.stream().record_event(flags)?;
+        for _ in 0..iters {
+            f()?;
+        }
+        let end = dev.stream().record_event(flags)?;
+        end.synchronize()?;
+        dev.synchronize()?;
+        Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
+    }
+
+    fn copy_gbps(dev: &CudaDevice) -> R<f64> {
+        let n = 1usize << 30;
+        let src = dev.zeros::<u8>(n)?;
+        let mut dst = dev.zeros::<u8>(n)?;
+        let ms = time_ms(dev, 20, || {
+            dev.stream()
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(|e| CudaError::Driver {
+                    during: "copy",
+                    detail: e.to_string(),
+                })
+        })?;
+        Ok(2.0 * n as f64 / (ms * 1e-3) / 1e9)
+    }
+
+    pub fn run() -> R<()> {
+        let Some(dev) = device_for_test("cuda_attention") else {
+            return Ok(());
+        };
+        let max_gib: f64 = std::env::var("HANDOFF_BENCH_MAX_GIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40.0);
+        println!(
+            "# cuda_attention on {} ({} SMs)\n",
+            dev.name(),
+            dev.sm_count()
+        );
+        let copy = copy_gbps(&dev)?;
+        println!("device-to-device copy: {copy:.0} GB/s (read + write)\n");
+
+        let (n_heads, n_kv, hd) = (32usize, 4usize, 128usize);
+        let g = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            dtype: KvDtype::BF16,
+        };
+        println!("## Decode attention, GQA 32:4, head_dim 128, bf16 KV: GB/s (share of copy)\n");
+        println!("| batch | context | page 16 | page 64 | p16/p64 | splits |");
+        println!("|---|---|---|---|---|---|");
+        for batch in [1usize, 8, 64, 256] {
+            for ctx in [1024usize, 8192, 32768, 131072] {
+                let kv_bytes = batch * ctx * g.bytes_per_token();
+                if kv_bytes as f64 > max_gib * (1u64 << 30) as f64 {
+                    println!(
+                        "| {batch} | {ctx} | skipped: {:.0} GiB > {max_gib} GiB | | | |",
+                        kv_bytes as f64 / (1u64 << 30) as f64
+                    );
+                    continue;
+                }
+                let mut cells = Vec::new();
+                let mut splits = 0;
+                for ps in [16usize, 64] {
+                    let per_seq = ctx / ps;
+                    let arena = DeviceKvArena::new(&dev, g, ps, batch * per_seq)?;
+                    // Interleave sequences' pages (page i of seq b at i * batch + b).
+                    let tables: Vec<Vec<u32>> = (0..batch)
+                        .map(|b| (0..per_seq).map(|i| (i * batch + b) as u32).collect())
+                        .collect();
+                    let seqs: Vec<SeqPages> = tables
+                        .iter()
+                        .map(|p| SeqPages {
+                            pages: p,
+                            kv_len: ctx,
+                            q_len: 1,
+                        })
+                        .collect();
+                    let pt = PageTables::new(&dev, &arena, &seqs)?;
+                    let q = dev.zeros::<f32>(batch * n_heads * hd)?;
+                    let mut out = dev.zeros::<f32>(batch * n_heads * hd)?;
+                    let mut ws = DecodeWorkspace::default();
+                    let ms = time_ms(&dev, 20, || {
+                        splits = dev.decode_attention(
+                            &arena,
+                            0,
+                            &pt,
+                            n_heads,
+                            &q,
+                            &mut out,
+                            &mut ws,
+                            Split::Auto,
+                        )?;
+                        Ok(())
+                    })?;
+                    cells.push(kv_bytes as f64 / (ms * 1e-3) / 1e9);
+                }
+                println!(
+                    "| {batch} | {ctx} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2} | {splits} |",
+                    cells[0],
+                    cells[0] / copy,
+                    cells[1],
+                    cells[1] / copy,
+                    cells[0] / cells[1]
+                );
+            }
+        }
+
+        println!("\n## Prefill attention, causal, 32:8 heads, head_dim 128, bf16 KV, page 16\n");
+        println!("| prompt | ms | TFLOP/s | share of 989 TFLOP/s bf16 peak |");
+        println!("|---|---|---|---|");
+        let g = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: 8,
+            head_dim: hd,
+            dtype: KvDtype::BF16,
+        };
+        for len in [1024usize, 4096, 8192] {
+            let ps = 16;
+            let arena = DeviceKvArena::new(&dev, g, ps, len / ps)?;
+            let pages: Vec<u32> = (0..(len / ps) as u32).collect();
+            let pt = PageTables::new(
+                &dev,
+                &arena,
+                &[SeqPages {
+                    pages: &pages,
+                    kv_len: len,
+                    q_len: len,
+                }],
+            )?;
+            let q = dev.zeros::<f32>(len * n_heads * hd)?;
+            let mut out = dev.zeros::<f32>(len * n_heads * hd)?;
+            let ms = time_ms(&dev, 3, || {
+                dev.prefill_attention(&arena, 0, &pt, n_heads, &q, &mut out)
+            })?;
+            // QK^T and PV over the causal triangle: 2 * 2 * heads * hd * L(L+1)/2.
+            let flops = 4.0 * n_heads as f64 * hd as f64 * (len * (len + 1) / 2) as f64;
+            let tflops = flops / (ms * 1e-3) / 1e12;
+            println!("| {len} | {ms:.2} | {tflops:.1} | {:.3} |", tflops / 989.0);
+        }
+        Ok(())
+    }
+}

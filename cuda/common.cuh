@@ -1,0 +1,77 @@
+// Helpers shared by the kernels: KV element conversion, vector loads, warp
+// and block reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace handoff {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Round to nearest even, as the host's `half` crate does.
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// N elements of T as raw 16-byte words (N * sizeof(T) is a multiple of 16;
+// the address is 16-byte aligned: see the callers).
+template <typename T, int N>
+struct Raw {
+    static constexpr int WORDS = N * (int)sizeof(T) / 16;
+    static_assert(N * sizeof(T) % 16 == 0, "vector loads are whole 16-byte words");
+    uint4 w[WORDS];
+
+    __device__ __forceinline__ void load(const T* __restrict__ p) {
+        const uint4* src = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+        for (int i = 0; i < WORDS; ++i) w[i] = src[i];
+    }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < WORDS; ++i) w[i] = make_uint4(0, 0, 0, 0);
+    }
+    __device__ __forceinline__ float get(int i) const {
+        return to_float(reinterpret_cast<const T*>(w)[i]);
+    }
+};
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024). Every
+// thread gets the result. Uses 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float x) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    x = warp_sum(x);
+    __syncthreads();  // partial may still be read by a previous call
+    if (lane == 0) partial[warp] = x;
+    __syncthreads();
+    const int n_warps = blockDim.x >> 5;
+    float y = lane < n_warps ? partial[lane] : 0.0f;
+    return warp_sum(y);
+}
+
+// Element offset of (page, layer, k|v, slot 0) in the arena; see params.cuh.
+__device__ __forceinline__ uint64_t kv_page_offset(uint64_t page, uint64_t page_stride,
+                                                   uint32_t layer, uint32_t kv,
+                                                   uint32_t page_size_log2, uint32_t kv_dim) {
+    return page * page_stride + ((uint64_t)(layer * 2 + kv) << page_size_log2) * kv_dim;
+}
+
+}  // namespace handoff

@@ -1,0 +1,196 @@
+// Kernel parameter structs. Each one is mirrored, field for field, by a
+// #[repr(C)] struct in src/backend/cuda/params.rs; both sides assert the
+// size so that a drifted field fails the build, not a launch.
+//
+// Conventions:
+// - Pointers are device addresses. Every pointer's shape is commented.
+// - The KV arena is the host arena's layout, page after page:
+//     kv: [n_pages][n_layers][2 (k=0, v=1)][page_size][kv_dim]   (KV dtype)
+//   with kv_dim = n_kv_heads * head_dim; the element of
+//   (page, layer, k|v, slot, e) sits at
+//     page * page_stride + ((layer * 2 + kv) * page_size + slot) * kv_dim + e
+//   where page_stride = n_layers * 2 * page_size * kv_dim (elements).
+// - Page tables are CSR: page_indptr[b]..page_indptr[b+1] index page_table,
+//   which lists sequence b's pages in position order. Position t of
+//   sequence b lives in page page_table[page_indptr[b] + (t >> page_size_log2)],
+//   slot t & (page_size - 1). The host validates every page index against
+//   the arena and every length against the pages given before a launch.
+#pragma once
+#include <stdint.h>
+
+namespace handoff {
+
+// Paged decode attention: one query token per sequence.
+// grid (num_splits, n_kv_heads, batch); block DECODE_THREADS.
+struct DecodeParams {
+    const float* q;               // [batch, n_heads, head_dim] f32
+    const void* kv;               // KV arena (see above), KV dtype
+    const uint32_t* page_table;   // [page_indptr[batch]] page indices
+    const uint32_t* page_indptr;  // [batch + 1]
+    const uint32_t* kv_len;       // [batch] positions attended (>= 1)
+    float* out;                   // [batch, n_heads, head_dim] f32 (num_splits == 1)
+    float* part_o;                // [batch, n_heads, num_splits, head_dim] f32 (num_splits > 1)
+    float* part_lse;              // [batch, n_heads, num_splits] f32, log2 domain (num_splits > 1)
+    uint64_t page_stride;         // elements per page
+    uint32_t batch;
+    uint32_t n_heads;             // query heads
+    uint32_t n_kv_heads;
+    uint32_t group;               // n_heads / n_kv_heads, <= the kernel's GROUP
+    uint32_t layer;
+    uint32_t page_size_log2;
+    uint32_t num_splits;          // KV chunks per sequence (grid.x)
+    uint32_t chunk_tokens;        // positions per chunk
+    float sm_scale_log2;          // log2(e) / sqrt(head_dim)
+    uint32_t pad0;
+};
+static_assert(sizeof(DecodeParams) == 112, "DecodeParams drifted from params.rs");
+
+// Second pass of split-KV decode: merges the chunks' partial outputs.
+// grid (n_heads, batch); block 128.
+struct MergeParams {
+    const float* part_o;    // [batch, n_heads, num_splits, head_dim] f32
+    const float* part_lse;  // [batch, n_heads, num_splits] f32, log2 domain
+    float* out;             // [batch, n_heads, head_dim] f32
+    uint32_t batch;
+    uint32_t n_heads;
+    uint32_t head_dim;
+    uint32_t num_splits;
+};
+static_assert(sizeof(MergeParams) == 40, "MergeParams drifted from params.rs");
+
+// Paged causal prefill attention: q_len new positions per sequence, whose KV
+// is already appended, against all kv_len positions of the sequence. Query
+// i (0-based within the sequence's new positions) is at absolute position
+// kv_len - q_len + i and attends positions 0 ..= kv_len - q_len + i.
+// grid (q_tiles, n_kv_heads, batch); block PREFILL_THREADS; dynamic smem.
+struct PrefillParams {
+    const float* q;               // [q_indptr[batch], n_heads, head_dim] f32
+    const void* kv;               // KV arena, KV dtype
+    const uint32_t* page_table;   // [page_indptr[batch]]
+    const uint32_t* page_indptr;  // [batch + 1]
+    const uint32_t* q_indptr;     // [batch + 1] first query row of each sequence
+    const uint32_t* kv_len;       // [batch] positions in the sequence (>= its q_len)
+    float* out;                   // [q_indptr[batch], n_heads, head_dim] f32
+    uint64_t page_stride;
+    uint32_t batch;
+    uint32_t n_heads;
+    uint32_t n_kv_heads;
+    uint32_t group;               // n_heads / n_kv_heads, <= PREFILL_ROWS
+    uint32_t layer;
+    uint32_t page_size_log2;
+    float sm_scale_log2;
+    uint32_t pad0;
+};
+static_assert(sizeof(PrefillParams) == 96, "PrefillParams drifted from params.rs");
+
+// Writes new K/V rows into page slots (converting f32 to the KV dtype).
+// grid-stride over n_tokens * kv_dim.
+struct KvAppendParams {
+    const float* k;             // [n_tokens, kv_dim] f32
+    const float* v;             // [n_tokens, kv_dim] f32
+    const uint32_t* dst_page;   // [n_tokens] arena page of each token
+    const uint32_t* dst_slot;   // [n_tokens] slot within that page (< page_size)
+    void* kv;                   // KV arena, KV dtype
+    uint64_t page_stride;
+    uint32_t n_tokens;
+    uint32_t kv_dim;
+    uint32_t layer;
+    uint32_t page_size_log2;
+};
+static_assert(sizeof(KvAppendParams) == 64, "KvAppendParams drifted from params.rs");
+
+// Overwrites whole pages with a 32-bit pattern (zero or the dtype's NaN).
+// grid (n_pages); block 256.
+struct ScrubParams {
+    void* kv;                 // KV arena, viewed as uint4 [n_pages_arena, page_vec16]
+    const uint32_t* pages;    // [n_pages] arena pages to fill
+    uint64_t page_vec16;      // 16-byte words per page
+    uint32_t n_pages;
+    uint32_t fill;            // pattern, repeated over every 32-bit word
+};
+static_assert(sizeof(ScrubParams) == 32, "ScrubParams drifted from params.rs");
+
+// out = x / sqrt(mean(x^2) + eps) * w, per row. grid (n_rows); block 256.
+struct RmsNormParams {
+    const float* x;   // [n_rows, dim] f32
+    const float* w;   // [dim] f32
+    float* out;       // [n_rows, dim] f32 (may equal x)
+    uint32_t n_rows;
+    uint32_t dim;
+    float eps;
+    uint32_t pad0;
+};
+static_assert(sizeof(RmsNormParams) == 40, "RmsNormParams drifted from params.rs");
+
+// Rotary position embedding, in place. Pair i (0 <= i < head_dim/2) rotates
+// by pos * theta^(-2i/head_dim); style 0 pairs (2i, 2i+1) (Meta/llama2.c),
+// style 1 pairs (i, i + head_dim/2) (rotate-half, Hugging Face).
+// grid-stride over n_tokens * n_heads * head_dim/2.
+struct RopeParams {
+    float* x;                   // [n_tokens, n_heads, head_dim] f32, in place
+    const uint32_t* positions;  // [n_tokens] absolute position of each token
+    double theta;
+    uint32_t n_tokens;
+    uint32_t n_heads;
+    uint32_t head_dim;          // even
+    uint32_t style;             // 0 interleaved, 1 rotate-half
+};
+static_assert(sizeof(RopeParams) == 40, "RopeParams drifted from params.rs");
+
+// out = silu(gate) * up, elementwise. grid-stride over n.
+struct SwigluParams {
+    const float* gate;  // [n] f32
+    const float* up;    // [n] f32
+    float* out;         // [n] f32
+    uint64_t n;
+};
+static_assert(sizeof(SwigluParams) == 32, "SwigluParams drifted from params.rs");
+
+// out[t] = table[tokens[t]]. grid-stride over n_tokens * dim.
+struct EmbeddingParams {
+    const float* table;       // [vocab, dim] f32
+    const uint32_t* tokens;   // [n_tokens] (< vocab; checked on the host)
+    float* out;               // [n_tokens, dim] f32
+    uint32_t n_tokens;
+    uint32_t dim;
+    uint32_t vocab;
+    uint32_t pad0;
+};
+static_assert(sizeof(EmbeddingParams) == 40, "EmbeddingParams drifted from params.rs");
+
+// Greedy argmax per row; the lowest index wins ties. NaNs never win; each
+// row also reports how many it saw. grid (n_rows); block 256.
+struct ArgmaxParams {
+    const float* logits;  // [n_rows, vocab] f32
+    uint32_t* out_index;  // [n_rows]
+    uint32_t* out_nans;   // [n_rows] count of NaN logits in the row
+    uint32_t n_rows;
+    uint32_t vocab;
+};
+static_assert(sizeof(ArgmaxParams) == 32, "ArgmaxParams drifted from params.rs");
+
+// out = x · wᵀ (f32). Each output element sums k in ascending order, the
+// same whatever m is, so a row's result does not depend on its batch.
+// grid (ceil(n/16), ceil(m/16)); block (16, 16).
+struct LinearParams {
+    const float* x;  // [m, k] f32
+    const float* w;  // [n, k] f32
+    float* out;      // [m, n] f32
+    uint32_t m;
+    uint32_t n;
+    uint32_t k;
+    uint32_t pad0;
+};
+static_assert(sizeof(LinearParams) == 40, "LinearParams drifted from params.rs");
+
+// x[i] += y[i % period] (period = n: add; period = cols: bias per row).
+// grid-stride over n.
+struct AddParams {
+    float* x;        // [n] f32, in place
+    const float* y;  // [period] f32
+    uint64_t n;
+    uint64_t period;
+};
+static_assert(sizeof(AddParams) == 32, "AddParams drifted from params.rs");
+
+}  // namespace handoff

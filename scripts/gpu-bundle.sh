@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds the GPU checks here (no GPU needed) into gpu-bundle/ (git-ignored),
+# to be carried to a GPU machine that has a driver but no Rust:
+#   gpu-bundle/tests/*        release test binaries with --features cuda
+#   gpu-bundle/benches/*      the kernel benchmark
+#   gpu-bundle/stories260K.bin (for the end-to-end test, when present)
+#   gpu-bundle/run.sh         runs them all with HANDOFF_REQUIRE_GPU=1,
+#                             writing logs and figures under $OUT
+# Binaries are stripped; the whole folder stays well under 64 MiB.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+eval "$(scripts/install-nvcc.sh)"
+bundle=gpu-bundle
+rm -rf "$bundle"
+mkdir -p "$bundle/tests" "$bundle/benches"
+
+# Test binaries that exercise the GPU: every tests/cuda_*.rs.
+cargo test --release --features cuda --no-run --message-format=json \
+  $(for f in tests/cuda_*.rs; do n=$(basename "$f" .rs); printf -- '--test %s ' "$n"; done) \
+  > target/gpu-bundle-tests.json
+cargo bench --features cuda --no-run --message-format=json --bench cuda_attention \
+  > target/gpu-bundle-benches.json
+
+pick() { # json file, destination dir
+  python3 - "$1" "$2" <<'PY'
+import json, shutil, sys, os
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe:
+        dst = os.path.join(sys.argv[2], m["target"]["name"])
+        shutil.copy(exe, dst)
+        print(dst)
+PY
+}
+for f in $(pick target/gpu-bundle-tests.json "$bundle/tests") $(pick target/gpu-bundle-benches.json "$bundle/benches"); do
+  strip "$f"
+done
+model=../shared/models/stories260K.bin
+[[ -f "$model" ]] && cp "$model" "$bundle/stories260K.bin"
+
+cat > "$bundle/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the GPU checks; results under $OUT (default: ./out next to this file).
+# Budget: tests 4 min at most, benchmark 3 min at most.
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${OUT:-$here/out}"
+mkdir -p "$out"
+export HANDOFF_REQUIRE_GPU=1
+[[ -f "$here/stories260K.bin" ]] && export HANDOFF_STORIES260K="$here/stories260K.bin"
+(nvidia-smi || true) > "$out/nvidia-smi.txt" 2>&1
+status=0
+for t in "$here"/tests/*; do
+  name="$(basename "$t")"
+  start=$SECONDS
+  timeout 240 "$t" --test-threads=1 > "$out/$name.log" 2>&1
+  rc=$?
+  echo "== $name: exit $rc in $((SECONDS - start))s"
+  grep -E "^test .* (FAILED|ok)$|panicked|test result" "$out/$name.log" | tail -40
+  [[ $rc -eq 0 ]] || status=1
+done
+start=$SECONDS
+timeout 180 "$here/benches/cuda_attention" > "$out/cuda_attention.md" 2> "$out/cuda_attention.err"
+rc=$?
+echo "== cuda_attention: exit $rc in $((SECONDS - start))s"
+cat "$out/cuda_attention.md" "$out/cuda_attention.err"
+[[ $rc -eq 0 ]] || status=1
+exit $status
+RUN
+chmod +x "$bundle/run.sh"
+du -sh "$bundle"
+ls -la "$bundle" "$bundle/tests" "$bundle/benches"

@@ -1,0 +1,648 @@
+//! [`CudaBackend`]: the [`Backend`] trait on the GPU.
+//!
+//! KV ownership stays where it is: the host [`crate::KvPool`] keeps page
+//! accounting, generations, the audit trail and a full copy of every byte
+//! (so the transfer layer and the CPU-side checks keep working unchanged).
+//! The backend mirrors page bytes in a [`DeviceKvArena`] of the same shape
+//! and treats it as a cache keyed by (page, generation, layer, slots):
+//!
+//! - `kv_append` writes through: host first (`KvSeq::append`, which checks
+//!   the reservation and records the writer), then the device, from rows
+//!   already on the device.
+//! - A page seen at a new generation changed hands: its device copy is
+//!   scrubbed per the pool's policy (poison: NaN) before anything else, and
+//!   nothing of it counts as synced.
+//! - Attention takes the host's validated [`LayerView`]s; any written slot
+//!   the device has not seen at the page's current generation (KV that
+//!   arrived by transfer, for example) is uploaded from the view first. The
+//!   page tables uploaded per step come from those views and are validated
+//!   against the arena again before launch.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+use super::{
+    CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, SeqPages, SlotMap, Split,
+};
+use crate::backend::{AttnShape, Backend, BackendError, Rope, SeqSpan};
+use crate::kv::{KvPool, KvSeq, LayerView, PageId, PoolId, ScrubPolicy, Writable};
+
+/// An activation buffer in device memory (grow-only).
+#[derive(Default)]
+pub struct CudaBuf {
+    data: Option<CudaSlice<f32>>,
+    len: usize,
+}
+
+impl std::fmt::Debug for CudaBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBuf").field("len", &self.len).finish()
+    }
+}
+
+impl CudaBuf {
+    /// Sets the length to `len`, reallocating (contents lost) when it grows
+    /// past the capacity.
+    fn ensure(&mut self, dev: &CudaDevice, len: usize) -> Result<(), BackendError> {
+        if self.data.as_ref().is_none_or(|d| d.len() < len.max(1)) {
+            self.data = Some(dev.zeros(len.max(1)).map_err(dev_err)?);
+        }
+        self.len = len;
+        Ok(())
+    }
+    fn view(&self) -> Result<CudaView<'_, f32>, BackendError> {
+        self.data
+            .as_ref()
+            .map(|d| d.slice(0..self.len))
+            .ok_or_else(|| shape_err("buffer", "an initialised buffer", 1, 0))
+    }
+    fn view_mut(&mut self) -> Result<CudaViewMut<'_, f32>, BackendError> {
+        let len = self.len;
+        self.data
+            .as_mut()
+            .map(|d| d.slice_mut(0..len))
+            .ok_or_else(|| shape_err("buffer", "an initialised buffer", 1, 0))
+    }
+}
+
+/// A weight tensor in device memory.
+pub struct CudaMat {
+    data: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl std::fmt::Debug for CudaMat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaMat")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+/// The device copy of one pool's pages, and what of it is current.
+struct KvMirror {
+    pool: PoolId,
+    scrub: ScrubPolicy,
+    arena: DeviceKvArena,
+    n_layers: usize,
+    /// Generation each page was last seen at (0: never).
+    generation: Vec<u64>,
+    /// Per (page, layer): slots `0..synced` hold the page's current bytes.
+    synced: Vec<u32>,
+}
+
+impl KvMirror {
+    fn new(dev: &CudaDevice, pool: &KvPool) -> Result<Self, CudaError> {
+        let cfg = pool.config();
+        let g = cfg.geometry();
+        Ok(KvMirror {
+            pool: pool.shared.id,
+            scrub: cfg.scrub_policy(),
+            arena: DeviceKvArena::new(dev, g, cfg.page_size(), cfg.pages())?,
+            n_layers: g.n_layers,
+            generation: vec![0; cfg.pages()],
+            synced: vec![0; cfg.pages() * g.n_layers],
+        })
+    }
+
+    /// Brings the mirror's knowledge of `page` to its current generation:
+    /// a page that changed hands is scrubbed on the device and unsynced.
+    fn refresh(&mut self, dev: &CudaDevice, page: PageId) -> Result<(), CudaError> {
+        let i = page.index() as usize;
+        if i >= self.generation.len() {
+            return Err(CudaError::PageOutOfRange {
+                page: page.index(),
+                pages: self.generation.len(),
+            });
+        }
+        if self.generation[i] != page.generation() {
+            match self.scrub {
+                ScrubPolicy::Zero => dev.scrub_pages(&mut self.arena, &[page.index()], false)?,
+                ScrubPolicy::Poison => dev.scrub_pages(&mut self.arena, &[page.index()], true)?,
+                ScrubPolicy::AcceptStaleBytes => {}
+            }
+            self.generation[i] = page.generation();
+            self.synced[i * self.n_layers..(i + 1) * self.n_layers].fill(0);
+        }
+        Ok(())
+    }
+
+    /// Makes every written slot of `view` below `upto` current on the device.
+    fn sync_view(
+        &mut self,
+        dev: &CudaDevice,
+        view: &LayerView<'_>,
+        upto: usize,
+    ) -> Result<(), CudaError> {
+        let ps = self.arena.page_size();
+        let layer = view.layer_index();
+        for (i, &page) in view.page_ids().iter().enumerate() {
+            if i * ps >= upto {
+                break;
+            }
+            self.refresh(dev, page)?;
+            let have = view.tokens_in_page(i);
+            let s = page.index() as usize * self.n_layers + layer;
+            if (self.synced[s] as usize) < have.min(upto - i * ps) {
+                self.arena
+                    .write_rows(dev, page.index(), layer, 0, 0, view.keys(i).as_bytes())?;
+                self.arena
+                    .write_rows(dev, page.index(), layer, 1, 0, view.values(i).as_bytes())?;
+                self.synced[s] = have as u32;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA backend: activations and weights in device memory, KV mirrored
+/// from the host pool (see the module docs).
+pub struct CudaBackend {
+    dev: CudaDevice,
+    kv: Mutex<Option<KvMirror>>,
+    workspace: Mutex<DecodeWorkspace>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.dev)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// A backend on an opened device.
+    pub fn new(dev: CudaDevice) -> Self {
+        CudaBackend {
+            dev,
+            kv: Mutex::new(None),
+            workspace: Mutex::new(DecodeWorkspace::default()),
+        }
+    }
+
+    /// Opens device `ordinal` (see [`CudaDevice::open`]).
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        CudaDevice::open(ordinal).map(Self::new)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    fn mirror(&self) -> Result<std::sync::MutexGuard<'_, Option<KvMirror>>, BackendError> {
+        self.kv
+            .lock()
+            .map_err(|_| BackendError::Device("KV mirror lock poisoned by a panic".into()))
+    }
+
+    /// Checks the views against the mirrored pool and the attention shape,
+    /// syncs what they need, and builds validated page tables.
+    fn tables(
+        &self,
+        mirror: &mut KvMirror,
+        kv: &[LayerView<'_>],
+        lens: &[(usize, usize)],
+        shape: AttnShape,
+    ) -> Result<PageTables, BackendError> {
+        let g = mirror.arena.geometry();
+        if shape.n_kv_heads != g.n_kv_heads || shape.head_dim != g.head_dim {
+            return Err(shape_err(
+                "attention",
+                "KV heads x head_dim of the pool",
+                g.kv_dim(),
+                shape.kv_dim(),
+            ));
+        }
+        let mut page_lists = Vec::with_capacity(kv.len());
+        for (view, &(kv_len, _)) in kv.iter().zip(lens) {
+            if view.page_ids().iter().any(|p| p.pool != mirror.pool) {
+                return Err(BackendError::Device(
+                    "attention over a KV pool this backend has not appended to: append first"
+                        .into(),
+                ));
+            }
+            mirror.sync_view(&self.dev, view, kv_len).map_err(dev_err)?;
+            page_lists.push(view.page_table().collect::<Vec<u32>>());
+        }
+        let seqs: Vec<SeqPages<'_>> = page_lists
+            .iter()
+            .zip(lens)
+            .map(|(pages, &(kv_len, q_len))| SeqPages {
+                pages,
+                kv_len,
+                q_len,
+            })
+            .collect();
+        PageTables::new(&self.dev, &mirror.arena, &seqs).map_err(dev_err)
+    }
+}
+
+fn dev_err(e: CudaError) -> BackendError {
+    match e {
+        CudaError::TokenOutOfRange { token, vocab } => {
+            BackendError::TokenOutOfRange { token, vocab }
+        }
+        other => BackendError::Device(other.to_string()),
+    }
+}
+
+fn shape_err(op: &'static str, what: &'static str, expected: usize, got: usize) -> BackendError {
+    BackendError::Shape {
+        op,
+        what,
+        expected,
+        got,
+    }
+}
+
+fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize, BackendError> {
+    if cols == 0 || !len.is_multiple_of(cols) {
+        return Err(shape_err(
+            op,
+            "buffer length (multiple of the row width)",
+            cols,
+            len,
+        ));
+    }
+    Ok(len / cols)
+}
+
+fn check_view(
+    view: &LayerView<'_>,
+    shape: AttnShape,
+    span: usize,
+    needed: usize,
+) -> Result<(), BackendError> {
+    if view.kv_dim() != shape.kv_dim() {
+        return Err(shape_err(
+            "attention",
+            "KV row width of the pool",
+            shape.kv_dim(),
+            view.kv_dim(),
+        ));
+    }
+    if view.len() < needed {
+        return Err(BackendError::KvNotWritten {
+            span,
+            needed,
+            written: view.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Mat = CudaMat;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CudaMat, BackendError> {
+        let want =
+            rows.checked_mul(cols)
+                .ok_or(shape_err("upload", "rows * cols overflows", 0, 0))?;
+        if data.len() != want || want == 0 {
+            return Err(shape_err(
+                "upload",
+                "rows * cols (non-zero)",
+                want,
+                data.len(),
+            ));
+        }
+        Ok(CudaMat {
+            data: self.dev.upload(&data).map_err(dev_err)?,
+            rows,
+            cols,
+        })
+    }
+
+    fn shape(&self, m: &CudaMat) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn len(&self, buf: &CudaBuf) -> usize {
+        buf.len
+    }
+
+    fn to_host(&self, buf: &CudaBuf, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        out.clear();
+        if buf.len > 0 {
+            out.extend(self.dev.download(&buf.view()?).map_err(dev_err)?);
+        }
+        Ok(())
+    }
+
+    fn embed(
+        &self,
+        table: &CudaMat,
+        tokens: &[u32],
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        out.ensure(&self.dev, tokens.len() * table.cols)?;
+        self.dev
+            .embedding(&table.data, table.cols, tokens, &mut out.view_mut()?)
+            .map_err(dev_err)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaBuf,
+        weight: &CudaMat,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        rows_of("rms_norm", x.len, weight.data.len())?;
+        out.ensure(&self.dev, x.len)?;
+        self.dev
+            .rms_norm(&x.view()?, &weight.data, &mut out.view_mut()?, eps)
+            .map_err(dev_err)
+    }
+
+    fn matmul(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf) -> Result<(), BackendError> {
+        let m = rows_of("matmul", x.len, w.cols)?;
+        out.ensure(&self.dev, m * w.rows)?;
+        self.dev
+            .linear(&x.view()?, &w.data, w.rows, &mut out.view_mut()?)
+            .map_err(dev_err)
+    }
+
+    fn add_bias(&self, x: &mut CudaBuf, bias: &CudaMat) -> Result<(), BackendError> {
+        rows_of("add_bias", x.len, bias.data.len())?;
+        self.dev
+            .add_assign(&mut x.view_mut()?, &bias.data)
+            .map_err(dev_err)
+    }
+
+    fn add_assign(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<(), BackendError> {
+        if x.len != y.len {
+            return Err(shape_err("add_assign", "lengths", x.len, y.len));
+        }
+        self.dev
+            .add_assign(&mut x.view_mut()?, &y.view()?)
+            .map_err(dev_err)
+    }
+
+    fn rope(&self, x: &mut CudaBuf, positions: &[usize], rope: Rope) -> Result<(), BackendError> {
+        let rows = rows_of("rope", x.len, rope.n_heads * rope.head_dim)?;
+        if rows != positions.len() {
+            return Err(shape_err(
+                "rope",
+                "one position per row",
+                rows,
+                positions.len(),
+            ));
+        }
+        let pos: Vec<u32> = positions
+            .iter()
+            .map(|&p| u32::try_from(p).map_err(|_| shape_err("rope", "position below 2^32", 0, p)))
+            .collect::<Result<_, _>>()?;
+        let pos = self.dev.upload(&pos).map_err(dev_err)?;
+        self.dev
+            .rope(
+                &mut x.view_mut()?,
+                &pos,
+                rope.n_heads,
+                rope.head_dim,
+                rope.theta as f64,
+                rope.style,
+            )
+            .map_err(dev_err)
+    }
+
+    fn swiglu(&self, gate: &mut CudaBuf, up: &CudaBuf) -> Result<(), BackendError> {
+        if gate.len != up.len {
+            return Err(shape_err("swiglu", "lengths", gate.len, up.len));
+        }
+        self.dev
+            .swiglu(&mut gate.view_mut()?, &up.view()?)
+            .map_err(dev_err)
+    }
+
+    fn gather_rows(
+        &self,
+        x: &CudaBuf,
+        cols: usize,
+        rows: &[usize],
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let n = rows_of("gather_rows", x.len, cols)?;
+        let ids: Vec<u32> = rows
+            .iter()
+            .map(|&r| {
+                u32::try_from(r)
+                    .ok()
+                    .filter(|&r| (r as usize) < n)
+                    .ok_or(shape_err("gather_rows", "row index below", n, r))
+            })
+            .collect::<Result<_, _>>()?;
+        out.ensure(&self.dev, rows.len() * cols)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.dev
+            .embedding(&x.view()?, cols, &ids, &mut out.view_mut()?)
+            .map_err(dev_err)
+    }
+
+    fn kv_append<S: Writable>(
+        &self,
+        seq: &mut KvSeq<S>,
+        layer: usize,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        rows: Range<usize>,
+    ) -> Result<(), BackendError> {
+        let pool = seq.pool().clone();
+        let kvd = pool.config().geometry().kv_dim();
+        let n = rows_of("kv_append", k.len, kvd)?;
+        if v.len != k.len {
+            return Err(shape_err(
+                "kv_append",
+                "V length (= K length)",
+                k.len,
+                v.len,
+            ));
+        }
+        if rows.start > rows.end || rows.end > n {
+            return Err(shape_err("kv_append", "row range within", n, rows.end));
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let elems = rows.start * kvd..rows.end * kvd;
+        let k_rows = k.view()?.slice(elems.clone());
+        let v_rows = v.view()?.slice(elems);
+        // Host first: reservation check, accounting, audit trail, host bytes.
+        let k_host = self.dev.download(&k_rows).map_err(dev_err)?;
+        let v_host = self.dev.download(&v_rows).map_err(dev_err)?;
+        let w0 = seq.written(layer);
+        seq.append(layer, &k_host, &v_host)?;
+        let w1 = w0 + rows.len();
+
+        // Then the device mirror.
+        let mut guard = self.mirror()?;
+        if guard.as_ref().is_none_or(|m| m.pool != pool.shared.id) {
+            *guard = Some(KvMirror::new(&self.dev, &pool).map_err(dev_err)?);
+        }
+        let Some(mirror) = guard.as_mut() else {
+            return Err(BackendError::Device("KV mirror missing".into()));
+        };
+        let ps = mirror.arena.page_size();
+        let pages = seq.pages();
+        let mut slots = Vec::with_capacity(rows.len());
+        for pos in w0..w1 {
+            let page = pages[pos / ps];
+            if pos % ps == 0 || pos == w0 {
+                mirror.refresh(&self.dev, page).map_err(dev_err)?;
+            }
+            slots.push((page.index(), (pos % ps) as u32));
+        }
+        let map = SlotMap::new(&self.dev, &mirror.arena, &slots).map_err(dev_err)?;
+        self.dev
+            .kv_append(&mut mirror.arena, layer, &map, &k_rows, &v_rows)
+            .map_err(dev_err)?;
+        // Slots 0..synced of a page stay contiguous: extend only from the end.
+        let touched = pages
+            .iter()
+            .enumerate()
+            .take((w1 - 1) / ps + 1)
+            .skip(w0 / ps);
+        for (pi, page) in touched {
+            let s = page.index() as usize * mirror.n_layers + layer;
+            let lo = w0.saturating_sub(pi * ps);
+            let hi = (w1 - pi * ps).min(ps);
+            if mirror.synced[s] as usize >= lo {
+                mirror.synced[s] = mirror.synced[s].max(hi as u32);
+            }
+        }
+        Ok(())
+    }
+
+    fn attention_prefill(
+        &self,
+        q: &CudaBuf,
+        kv: &[LayerView<'_>],
+        spans: &[SeqSpan],
+        shape: AttnShape,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let rows = rows_of("attention_prefill", q.len, shape.q_dim())?;
+        if kv.len() != spans.len() || spans.is_empty() {
+            return Err(shape_err(
+                "attention_prefill",
+                "one KV view per span (at least one)",
+                spans.len(),
+                kv.len(),
+            ));
+        }
+        if kv.iter().any(|v| v.layer_index() != kv[0].layer_index()) {
+            return Err(shape_err(
+                "attention_prefill",
+                "views of one layer",
+                kv[0].layer_index(),
+                0,
+            ));
+        }
+        let mut next_row = 0;
+        let mut lens = Vec::with_capacity(spans.len());
+        for (s, (span, view)) in spans.iter().zip(kv).enumerate() {
+            if span.first_row != next_row || span.rows == 0 {
+                return Err(shape_err(
+                    "attention_prefill",
+                    "non-empty spans contiguous from row 0",
+                    next_row,
+                    span.first_row,
+                ));
+            }
+            next_row += span.rows;
+            check_view(view, shape, s, span.end_pos())?;
+            lens.push((span.end_pos(), span.rows));
+        }
+        if next_row != rows {
+            return Err(shape_err(
+                "attention_prefill",
+                "rows covered by spans",
+                rows,
+                next_row,
+            ));
+        }
+        let mut guard = self.mirror()?;
+        let mirror = guard.as_mut().ok_or_else(|| {
+            BackendError::Device("attention before any KV append on this backend".into())
+        })?;
+        let tables = self.tables(mirror, kv, &lens, shape)?;
+        out.ensure(&self.dev, q.len)?;
+        self.dev
+            .prefill_attention(
+                &mirror.arena,
+                kv[0].layer_index(),
+                &tables,
+                shape.n_heads,
+                &q.view()?,
+                &mut out.view_mut()?,
+            )
+            .map_err(dev_err)
+    }
+
+    fn attention_decode(
+        &self,
+        q: &CudaBuf,
+        kv: &[LayerView<'_>],
+        shape: AttnShape,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let rows = rows_of("attention_decode", q.len, shape.q_dim())?;
+        if kv.len() != rows || rows == 0 {
+            return Err(shape_err(
+                "attention_decode",
+                "one KV view per query row",
+                rows,
+                kv.len(),
+            ));
+        }
+        let mut lens = Vec::with_capacity(rows);
+        for (s, view) in kv.iter().enumerate() {
+            check_view(view, shape, s, 1)?;
+            lens.push((view.len(), 1));
+        }
+        if kv.iter().any(|v| v.layer_index() != kv[0].layer_index()) {
+            return Err(shape_err(
+                "attention_decode",
+                "views of one layer",
+                kv[0].layer_index(),
+                0,
+            ));
+        }
+        let mut guard = self.mirror()?;
+        let mirror = guard.as_mut().ok_or_else(|| {
+            BackendError::Device("attention before any KV append on this backend".into())
+        })?;
+        let tables = self.tables(mirror, kv, &lens, shape)?;
+        out.ensure(&self.dev, q.len)?;
+        let mut ws = self
+            .workspace
+            .lock()
+            .map_err(|_| BackendError::Device("decode workspace lock poisoned".into()))?;
+        self.dev
+            .decode_attention(
+                &mirror.arena,
+                kv[0].layer_index(),
+                &tables,
+                shape.n_heads,
+                &q.view()?,
+                &mut out.view_mut()?,
+                &mut ws,
+                Split::Auto,
+            )
+            .map(drop)
+            .map_err(dev_err)
+    }
+}

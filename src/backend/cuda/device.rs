@@ -1,0 +1,197 @@
+//! The device: context, stream, and the kernels loaded from the fatbins
+//! that build.rs embedded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+
+use super::CudaError;
+use super::launch;
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// One CUDA device with its kernels loaded. Cheap to clone (shared).
+///
+/// Every operation is queued on one stream, in call order; results are
+/// visible to the host after [`CudaDevice::download`] or
+/// [`CudaDevice::synchronize`].
+#[derive(Clone)]
+pub struct CudaDevice {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) kernels: HashMap<String, CudaFunction>,
+    pub(super) sm_count: u32,
+    name: String,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.inner.name)
+            .field("sm_count", &self.inner.sm_count)
+            .field("kernels", &self.inner.kernels.len())
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal` and loads every kernel. Fails with
+    /// [`CudaError::NoDriver`] where libcuda is absent (checked first:
+    /// creating a context without it would panic), [`CudaError::NoDevice`]
+    /// where the ordinal does not exist, and [`CudaError::MissingKernel`]
+    /// where the fatbin lacks a kernel the dispatch tables name.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        if !launch::driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        cudarc::driver::result::init().map_err(CudaError::driver("initialising the driver"))?;
+        let count = cudarc::driver::result::device::get_count()
+            .map_err(CudaError::driver("counting devices"))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver("creating a context"))?;
+        let name = ctx
+            .name()
+            .map_err(CudaError::driver("reading the device name"))?;
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(CudaError::driver("reading the SM count"))?;
+        let mut modules = Vec::new();
+        for (stem, image) in embedded::FATBINS {
+            // from_binary takes cubin/fatbin bytes (not PTX text) by value.
+            let module = ctx
+                .load_module(Ptx::from_binary(image.to_vec()))
+                .map_err(|e| CudaError::Driver {
+                    during: "loading a kernel module",
+                    detail: format!("cuda/{stem}.cu: {e}"),
+                })?;
+            modules.push(module);
+        }
+        let mut kernels = HashMap::new();
+        for spec in launch::kernel_specs() {
+            let func = modules
+                .iter()
+                .find_map(|m| m.load_function(&spec.name).ok())
+                .ok_or_else(|| CudaError::MissingKernel {
+                    name: spec.name.clone(),
+                })?;
+            if spec.dynamic_smem > 48 * 1024 {
+                func.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    spec.dynamic_smem as i32,
+                )
+                .map_err(CudaError::driver("raising a kernel's shared memory limit"))?;
+            }
+            kernels.insert(spec.name, func);
+        }
+        Ok(CudaDevice {
+            inner: Arc::new(Inner {
+                stream: ctx.default_stream(),
+                kernels,
+                sm_count: sm_count.max(1) as u32,
+                name,
+            }),
+        })
+    }
+
+    /// The device's name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Streaming multiprocessors (used to size split-KV decode).
+    pub fn sm_count(&self) -> u32 {
+        self.inner.sm_count
+    }
+
+    /// Number of kernels loaded.
+    pub fn kernel_count(&self) -> usize {
+        self.inner.kernels.len()
+    }
+
+    /// The stream every operation is queued on (for timing with events).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// Copies `host` into a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        self.inner
+            .stream
+            .clone_htod(host)
+            .map_err(CudaError::driver("copying to the device"))
+    }
+
+    /// Copies `host` into `dst`, which must have the same length.
+    pub fn write<T: DeviceRepr>(
+        &self,
+        host: &[T],
+        dst: &mut CudaSlice<T>,
+    ) -> Result<(), CudaError> {
+        if host.len() != dst.len() {
+            return Err(CudaError::Shape {
+                what: "host data for a device buffer",
+                expected: dst.len(),
+                got: host.len(),
+            });
+        }
+        self.inner
+            .stream
+            .memcpy_htod(host, dst)
+            .map_err(CudaError::driver("copying to the device"))
+    }
+
+    /// A new zeroed device buffer of `len` elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
+        self.inner
+            .stream
+            .alloc_zeros(len)
+            .map_err(CudaError::driver("allocating device memory"))
+    }
+
+    /// Copies a device buffer or view to the host (waits for queued work).
+    pub fn download<T: DeviceRepr>(&self, src: &impl DevicePtr<T>) -> Result<Vec<T>, CudaError> {
+        self.inner
+            .stream
+            .clone_dtoh(src)
+            .map_err(CudaError::driver("copying from the device"))
+    }
+
+    /// Waits for every queued operation; reports a failed kernel.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(CudaError::driver("waiting for the device"))?;
+        self.inner
+            .stream
+            .context()
+            .check_err()
+            .map_err(CudaError::driver("a deferred device operation"))
+    }
+
+    pub(super) fn kernel(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.inner
+            .kernels
+            .get(name)
+            .ok_or_else(|| CudaError::MissingKernel {
+                name: name.to_string(),
+            })
+    }
+}

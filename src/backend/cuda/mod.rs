@@ -1,0 +1,45 @@
+//! CUDA backend (feature `cuda`): hand-written kernels in `cuda/`, compiled
+//! by build.rs into an embedded fatbin and launched through cudarc.
+//!
+//! - [`CudaBackend`]: the [`crate::backend::Backend`] trait on the GPU, with
+//!   KV pages mirrored from the host pool (see `backend.rs`).
+//! - [`CudaDevice`]: context, stream and loaded kernels; the kernel
+//!   operations are its methods (see `launch.rs`, the one module with
+//!   `unsafe` launches).
+//! - [`DeviceKvArena`]: KV pages in device memory, the host arena's layout.
+//! - [`PageTables`] / [`SlotMap`]: page tables and append slots, validated
+//!   against the arena before they can reach a kernel.
+
+mod arena;
+mod backend;
+mod device;
+mod error;
+mod launch;
+mod params;
+
+pub use arena::{DeviceKvArena, PageTables, SeqPages, SlotMap};
+pub use backend::{CudaBackend, CudaBuf, CudaMat};
+pub use cudarc::driver::CudaSlice;
+pub use device::CudaDevice;
+pub use error::CudaError;
+pub use launch::{DECODE_GROUPS, DecodeWorkspace, HEAD_DIMS, PREFILL_MAX_GROUP, Split};
+
+/// Opens device 0 for a test or benchmark, or says why not.
+///
+/// Returns `None` after writing `SKIP <name>: <reason>` to stderr when no
+/// GPU is usable, unless `HANDOFF_REQUIRE_GPU=1`, in which case it panics
+/// (a GPU run must not pass by skipping).
+#[doc(hidden)]
+pub fn device_for_test(name: &str) -> Option<CudaDevice> {
+    use std::io::Write;
+    match CudaDevice::open(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            if std::env::var("HANDOFF_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{name}: HANDOFF_REQUIRE_GPU=1 but the GPU is unusable: {e}");
+            }
+            let _ = writeln!(std::io::stderr(), "SKIP {name}: {e}");
+            None
+        }
+    }
+}

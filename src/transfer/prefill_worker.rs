@@ -1,0 +1,140 @@
+//! A prefill worker running the model: takes plans, prefills them in
+//! batches, samples each request's first token, sends KV and receipts.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::backend::{Backend, CpuBackend};
+use crate::config::{EngineConfig, Role};
+use crate::engine::EngineError;
+use crate::kv::{Filling, KvPool, KvSeq};
+use crate::model::{Model, Scratch};
+use crate::sampling::Sampler;
+use crate::sched::AdmissionLimits;
+use crate::transfer::config::TransferConfig;
+use crate::transfer::error::{TransferError, Wait};
+use crate::transfer::link::PrefillLink;
+use crate::transfer::prefill::{PrefillJob, PrefillSide};
+use crate::transfer::protocol::AbortReason;
+
+/// The prefill half of a disaggregated deployment.
+pub struct PrefillWorker<L: PrefillLink, B: Backend = CpuBackend> {
+    side: PrefillSide<L>,
+    model: Model<B>,
+    scratch: Scratch<B>,
+    max_batch_tokens: usize,
+}
+
+impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
+    /// A worker for `model` under a `Prefill` configuration (whose pool
+    /// holds twice the window by default), sending over `link`.
+    pub fn new(
+        link: L,
+        model: Model<B>,
+        cfg: &EngineConfig,
+        transfer: TransferConfig,
+    ) -> Result<Self, EngineError> {
+        crate::transfer::worker_config::check(&model, cfg, Role::Prefill)?;
+        let pool = KvPool::new(cfg.pool_config())?;
+        let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
+        Ok(PrefillWorker {
+            side: PrefillSide::new(link, pool, limits, transfer),
+            scratch: model.scratch(),
+            model,
+            max_batch_tokens: cfg.max_context(),
+        })
+    }
+
+    /// Caps the prompt tokens prefilled in one batched pass (default: the
+    /// context window).
+    #[must_use]
+    pub fn with_max_batch_tokens(mut self, tokens: usize) -> Self {
+        self.max_batch_tokens = tokens.max(1);
+        self
+    }
+
+    /// The protocol side (counters, held transfers).
+    pub fn side(&self) -> &PrefillSide<L> {
+        &self.side
+    }
+    /// The prefill pool.
+    pub fn pool(&self) -> &KvPool {
+        self.side.pool()
+    }
+
+    /// Waits up to `wait` for plans, prefills every job available in one
+    /// batched pass, and sends each job's KV and receipt. Returns the jobs
+    /// handled; a link failure ends the worker with its error.
+    pub fn step(&mut self, wait: Duration) -> Result<usize, TransferError> {
+        let mut jobs = match self.side.next_job_within(wait) {
+            Ok(job) => vec![job],
+            Err(TransferError::Timeout {
+                waiting_for: Wait::Plan,
+                ..
+            }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut tokens = jobs[0].prompt().len();
+        while tokens < self.max_batch_tokens {
+            match self.side.next_job_within(Duration::ZERO) {
+                Ok(job) => {
+                    tokens += job.prompt().len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let n = jobs.len();
+        let firsts = self.compute(&mut jobs);
+        for (job, first) in jobs.into_iter().zip(firsts) {
+            match first {
+                Some(token) => match self.side.complete(job, Some(token)) {
+                    Ok(()) | Err(TransferError::Cancelled { .. }) => {}
+                    Err(TransferError::Link(e)) => return Err(TransferError::Link(e)),
+                    // Incomplete KV or an isolation violation: the side
+                    // has already aborted the transfer with its reason.
+                    Err(_) => {}
+                },
+                None => self.side.fail(job, AbortReason::ComputeFailed),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Runs until `stop` is set or the link ends.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), TransferError> {
+        while !stop.load(Ordering::Acquire) {
+            self.step(Duration::from_millis(20))?;
+        }
+        Ok(())
+    }
+
+    /// Closes the link; held source pages are released.
+    pub fn shutdown(&mut self) {
+        self.side.shutdown();
+    }
+
+    /// Prefills the jobs in one pass; returns each one's first token, or
+    /// `None` where the pass or sampling failed (the whole batch fails on a
+    /// pass error: its KV may be half-written).
+    fn compute(&mut self, jobs: &mut [PrefillJob]) -> Vec<Option<u32>> {
+        let prompts: Vec<Vec<u32>> = jobs.iter().map(|j| j.prompt().to_vec()).collect();
+        let samplers: Vec<Option<Sampler>> = jobs
+            .iter()
+            .map(|j| Sampler::new(&j.plan().sampling).ok())
+            .collect();
+        let mut refs: Vec<&mut KvSeq<Filling>> = jobs.iter_mut().map(|j| j.seq_mut()).collect();
+        let prompt_refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        match self
+            .model
+            .prefill(&mut self.scratch, &mut refs, &prompt_refs)
+        {
+            Ok(logits) => samplers
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| s.and_then(|mut s| s.sample(logits.row(i)).ok()))
+                .collect(),
+            Err(_) => vec![None; jobs.len()],
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The whole forward pass on the GPU, against the CPU backend.
+//!
+//! 1. stories260K (a real trained llama2.c model, GQA 8:4, head_dim 8)
+//!    decodes greedily to the same tokens on the CUDA backend as on the CPU
+//!    backend, alone and batched with another sequence, at page sizes 1 and
+//!    16.
+//! 2. In poison mode, a workload with cancelled requests, refused requests
+//!    and abandoned half-written KV reuses their pages for new requests; no
+//!    logit of any request is ever NaN (a stale read on the device would
+//!    read the poison the freed pages were filled with), the uninterrupted
+//!    request generates exactly what it generates alone, and the pool is
+//!    full again at the end.
+//!
+//! Skips (printing SKIP) without a GPU or without the shared model file.
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use handoff::backend::cuda::{CudaBackend, device_for_test};
+use handoff::kv::{Filling, KvSeq, Ready};
+use handoff::model::{ForwardError, Model, ModelWeights, load_llama2c};
+use handoff::sampling::argmax;
+use handoff::{KvDtype, KvPool, PoolConfig, RequestId, ScrubPolicy};
+
+const MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/models/stories260K.bin"
+);
+
+/// The model's weights, or None after printing why the test skips. The GPU
+/// bundle sets HANDOFF_STORIES260K to the copy it carries.
+fn weights(test: &str) -> Option<ModelWeights> {
+    let path = std::env::var_os("HANDOFF_STORIES260K")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(MODEL));
+    if !path.exists() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP {test}: {} is absent (the shared stories260K model)",
+            path.display()
+        );
+        return None;
+    }
+    Some(load_llama2c(&path).expect("stories260K loads"))
+}
+
+fn models(test: &str) -> Option<(Model, Model<CudaBackend>)> {
+    let dev = device_for_test(test)?;
+    let w = weights(test)?;
+    let cpu = Model::cpu(w.clone()).expect("places on CPU");
+    let gpu = Model::new(CudaBackend::new(dev), w).expect("places on the GPU");
+    Some((cpu, gpu))
+}
+
+fn pool<B: handoff::backend::Backend>(
+    m: &Model<B>,
+    page_size: usize,
+    pages: usize,
+    scrub: ScrubPolicy,
+) -> KvPool {
+    KvPool::new(PoolConfig::new(m.kv_geometry(KvDtype::F32), page_size, pages).scrub(scrub))
+        .unwrap()
+}
+
+/// Greedy generation of `steps` tokens for each prompt, all batched
+/// together (prefill in one pass, then one decode pass per step). Every
+/// logit seen is checked finite.
+fn greedy<B: handoff::backend::Backend>(
+    m: &Model<B>,
+    pool: &KvPool,
+    first_id: u64,
+    prompts: &[&[u32]],
+    steps: usize,
+) -> Vec<Vec<u32>> {
+    let mut scratch = m.scratch();
+    let mut seqs: Vec<KvSeq<Filling>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            pool.reserve(RequestId(first_id + i as u64), p.len() + steps)
+                .unwrap()
+        })
+        .collect();
+    let mut refs: Vec<&mut KvSeq<Filling>> = seqs.iter_mut().collect();
+    let logits = m.prefill(&mut scratch, &mut refs, prompts).unwrap();
+    let mut out: Vec<Vec<u32>> = logits
+        .rows()
+        .map(|r| {
+            assert!(r.iter().all(|x| x.is_finite()), "NaN in prefill logits");
+            vec![argmax(r).unwrap()]
+        })
+        .collect();
+    let mut ready: Vec<KvSeq<Ready>> = seqs
+        .into_iter()
+        .zip(prompts)
+        .map(|(s, p)| s.seal(p.len()).map_err(|e| e.error).unwrap())
+        .collect();
+    for _ in 1..steps {
+        let last: Vec<u32> = out.iter().map(|o| *o.last().unwrap()).collect();
+        let mut refs: Vec<&mut KvSeq<Ready>> = ready.iter_mut().collect();
+        let logits = m.decode(&mut scratch, &mut refs, &last).unwrap();
+        for (o, r) in out.iter_mut().zip(logits.rows()) {
+            assert!(r.iter().all(|x| x.is_finite()), "NaN in decode logits");
+            o.push(argmax(r).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn stories260k_greedy_tokens_on_cuda_equal_the_cpu_backends() {
+    let test = "stories260k_greedy_tokens_on_cuda_equal_the_cpu_backends";
+    let Some((cpu, gpu)) = models(test) else {
+        return;
+    };
+    let a: &[u32] = &[1];
+    let b: &[u32] = &[
+        1, 403, 407, 261, 378, 426, 271, 385, 280, 264, 280, 261, 300,
+    ];
+    for ps in [1, 16] {
+        let (pc, pg) = (
+            pool(&cpu, ps, 4096 / ps, ScrubPolicy::Zero),
+            pool(&gpu, ps, 4096 / ps, ScrubPolicy::Poison),
+        );
+        let want = greedy(&cpu, &pc, 1, &[a], 120);
+        let got = greedy(&gpu, &pg, 1, &[a], 120);
+        let _ = writeln!(std::io::stderr(), "page {ps}: cpu {:?}", want[0]);
+        assert_eq!(got, want, "page size {ps}: alone");
+        // Batched with a second, longer prompt (ragged prefill and decode).
+        let want = greedy(&cpu, &pc, 10, &[a, b], 80);
+        let got = greedy(&gpu, &pg, 10, &[a, b], 80);
+        assert_eq!(got, want, "page size {ps}: batched");
+        assert!(pc.stats().is_full() && pg.stats().is_full());
+    }
+}
+
+#[test]
+fn poison_mode_no_nan_reaches_logits_after_cancels_and_failures() {
+    let test = "poison_mode_no_nan_reaches_logits_after_cancels_and_failures";
+    let Some((cpu, gpu)) = models(test) else {
+        return;
+    };
+    // What request A generates alone, undisturbed, on the CPU.
+    let prompt_a: &[u32] = &[1, 403, 407, 261];
+    let cpu_pool = pool(&cpu, 16, 64, ScrubPolicy::Zero);
+    let want_a = greedy(&cpu, &cpu_pool, 1, &[prompt_a], 60).remove(0);
+
+    // A small poisoned pool, so that freed pages are handed out again.
+    let pool = pool(&gpu, 16, 24, ScrubPolicy::Poison);
+    let mut scratch = gpu.scratch();
+    let finite = |rows: &mut dyn Iterator<Item = &[f32]>, when: &str| {
+        for r in rows {
+            assert!(
+                r.iter().all(|x| x.is_finite()),
+                "{when}: NaN reached the logits: a stale (poisoned) slot was read"
+            );
+        }
+    };
+
+    let mut a = pool.reserve(RequestId(1), 64).unwrap();
+    let mut b = pool.reserve(RequestId(2), 100).unwrap();
+    let prompt_b: &[u32] = &[
+        1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311, 312, 313, 314, 315, 316, 317,
+    ];
+    let logits = gpu
+        .prefill(&mut scratch, &mut [&mut a, &mut b], &[prompt_a, prompt_b])
+        .unwrap();
+    finite(&mut logits.rows(), "prefill A+B");
+    let mut toks_a = vec![argmax(logits.row(0)).unwrap()];
+    let mut tok_b = argmax(logits.row(1)).unwrap();
+    let mut a: KvSeq<Ready> = a.seal(prompt_a.len()).map_err(|e| e.error).unwrap();
+    let mut b: KvSeq<Ready> = b.seal(prompt_b.len()).map_err(|e| e.error).unwrap();
+    for _ in 0..10 {
+        let logits = gpu
+            .decode(
+                &mut scratch,
+                &mut [&mut a, &mut b],
+                &[*toks_a.last().unwrap(), tok_b],
+            )
+            .unwrap();
+        finite(&mut logits.rows(), "decode A+B");
+        toks_a.push(argmax(logits.row(0)).unwrap());
+        tok_b = argmax(logits.row(1)).unwrap();
+    }
+
+    // B is cancelled mid-generation: its pages are poisoned and freed.
+    b.release();
+
+    // C is refused (a token outside the vocabulary): nothing is written.
+    let mut c = pool.reserve(RequestId(3), 20).unwrap();
+    let refused = gpu.prefill(&mut scratch, &mut [&mut c], &[&[1, 9999]]);
+    assert!(matches!(refused, Err(ForwardError::TokenOutOfRange { .. })));
+    drop(c);
+
+    // D fails after writing half its prompt's KV (the caller abandons it).
+    let mut d = pool.reserve(RequestId(4), 40).unwrap();
+    let logits = gpu
+        .prefill(
+            &mut scratch,
+            &mut [&mut d],
+            &[&[
+                1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+            ]],
+        )
+        .unwrap();
+    finite(&mut logits.rows(), "prefill D");
+    drop(d);
+
+    // E and F take the poisoned pages (short prompts leave most slots of
+    // their pages unwritten) and generate alongside A.
+    let mut e = pool.reserve(RequestId(5), 40).unwrap();
+    let mut f = pool.reserve(RequestId(6), 40).unwrap();
+    let logits = gpu
+        .prefill(&mut scratch, &mut [&mut e, &mut f], &[&[1, 42], &[1]])
+        .unwrap();
+    finite(&mut logits.rows(), "prefill E+F");
+    let mut tok_e = argmax(logits.row(0)).unwrap();
+    let mut tok_f = argmax(logits.row(1)).unwrap();
+    let mut e: KvSeq<Ready> = e.seal(2).map_err(|e| e.error).unwrap();
+    let mut f: KvSeq<Ready> = f.seal(1).map_err(|e| e.error).unwrap();
+    while toks_a.len() < 60 {
+        let logits = gpu
+            .decode(
+                &mut scratch,
+                &mut [&mut a, &mut e, &mut f],
+                &[*toks_a.last().unwrap(), tok_e, tok_f],
+            )
+            .unwrap();
+        finite(&mut logits.rows(), "decode A+E+F");
+        toks_a.push(argmax(logits.row(0)).unwrap());
+        tok_e = argmax(logits.row(1)).unwrap();
+        tok_f = argmax(logits.row(2)).unwrap();
+    }
+    assert_eq!(
+        toks_a, want_a,
+        "A was harmed by the others' cancels and failures"
+    );
+    drop((a, e, f));
+    let stats = pool.stats();
+    assert!(stats.is_full(), "pages leaked: {stats:?}");
+    assert_eq!(stats.isolation_violations, 0);
+}

@@ -1,0 +1,897 @@
+//! The CUDA kernels against definition-level CPU references.
+//!
+//! The incident this crate exists for was a decode that read KV slots its
+//! request had not written. Every attention test here therefore builds an
+//! arena where everything a sequence was not given is NaN: pages of other
+//! sequences interleaved with its own, pages nobody owns, and the unwritten
+//! tail slots of its last page. A kernel that touches one such slot turns
+//! its output NaN and the test fails.
+//!
+//! References are computed in f64 from the exact values stored in the arena
+//! (after rounding to the KV dtype), so the only difference left is the
+//! kernel's f32 arithmetic. Tolerance: |got - want| <= 1e-5 * (|want| + s),
+//! where s is the RMS of the reference tensor (so that elements near zero
+//! are judged on the tensor's scale). This holds for f16/bf16 KV too: the
+//! inputs are identical, and the kernels accumulate in f32 whatever the
+//! storage type; storage rounding itself is checked bit for bit by the
+//! append test against the host's conversion.
+//!
+//! Without a GPU every test prints `SKIP <test>: <reason>` and passes; with
+//! `HANDOFF_REQUIRE_GPU=1` a missing GPU fails them instead.
+#![cfg(feature = "cuda")]
+
+use half::{bf16, f16};
+use handoff::backend::cuda::{
+    CudaDevice, CudaError, CudaSlice, DecodeWorkspace, DeviceKvArena, HEAD_DIMS, PageTables,
+    SeqPages, SlotMap, Split, device_for_test,
+};
+use handoff::model::RopeStyle;
+use handoff::{KvDtype, KvGeometry};
+
+macro_rules! gpu {
+    ($name:expr) => {
+        match device_for_test($name) {
+            Some(dev) => dev,
+            None => return,
+        }
+    };
+}
+
+// ---------------------------------------------------------------- helpers
+
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        // SplitMix64.
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+fn esize(d: KvDtype) -> usize {
+    d.size_bytes()
+}
+
+fn encode(d: KvDtype, x: f32) -> Vec<u8> {
+    match d {
+        KvDtype::F32 => x.to_le_bytes().to_vec(),
+        KvDtype::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
+        KvDtype::BF16 => bf16::from_f32(x).to_le_bytes().to_vec(),
+    }
+}
+
+fn decode_elem(d: KvDtype, b: &[u8]) -> f32 {
+    match d {
+        KvDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        KvDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        KvDtype::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+    }
+}
+
+fn nan_bytes(d: KvDtype) -> Vec<u8> {
+    encode(d, f32::NAN)
+}
+
+/// A host copy of the device arena, poisoned everywhere until written.
+struct HostArena {
+    g: KvGeometry,
+    ps: usize,
+    pages: usize,
+    bytes: Vec<u8>,
+}
+
+impl HostArena {
+    fn poisoned(g: KvGeometry, ps: usize, pages: usize) -> Self {
+        let nan = nan_bytes(g.dtype);
+        let total = g.bytes_per_token() * ps * pages;
+        let bytes = nan.iter().copied().cycle().take(total).collect();
+        HostArena {
+            g,
+            ps,
+            pages,
+            bytes,
+        }
+    }
+    fn page_bytes(&self) -> usize {
+        self.g.bytes_per_token() * self.ps
+    }
+    /// Byte offset of (page, layer, kv, slot, element).
+    fn offset(&self, page: u32, layer: usize, kv: usize, slot: usize, e: usize) -> usize {
+        let kvd = self.g.kv_dim();
+        (page as usize * self.page_bytes() / esize(self.g.dtype)
+            + ((layer * 2 + kv) * self.ps + slot) * kvd
+            + e)
+            * esize(self.g.dtype)
+    }
+    fn put(&mut self, page: u32, layer: usize, kv: usize, slot: usize, row: &[f32]) {
+        let es = esize(self.g.dtype);
+        for (e, &x) in row.iter().enumerate() {
+            let o = self.offset(page, layer, kv, slot, e);
+            self.bytes[o..o + es].copy_from_slice(&encode(self.g.dtype, x));
+        }
+    }
+    /// The stored (rounded) row.
+    fn get(&self, page: u32, layer: usize, kv: usize, slot: usize) -> Vec<f32> {
+        let es = esize(self.g.dtype);
+        (0..self.g.kv_dim())
+            .map(|e| {
+                let o = self.offset(page, layer, kv, slot, e);
+                decode_elem(self.g.dtype, &self.bytes[o..o + es])
+            })
+            .collect()
+    }
+    fn upload(&self, dev: &CudaDevice) -> DeviceKvArena {
+        let mut arena = DeviceKvArena::new(dev, self.g, self.ps, self.pages).unwrap();
+        let pb = self.page_bytes();
+        for p in 0..self.pages {
+            arena
+                .write_page(dev, p as u32, &self.bytes[p * pb..(p + 1) * pb])
+                .unwrap();
+        }
+        arena
+    }
+}
+
+/// A batch of sequences whose pages are dealt round-robin from a shuffled
+/// pool, so that each sequence's pages are scattered and interleaved with
+/// other sequences' pages; a few pages belong to nobody. Only positions
+/// below each kv_len are written (all layers); everything else stays NaN.
+struct Scenario {
+    arena: HostArena,
+    seq_pages: Vec<Vec<u32>>,
+    kv_lens: Vec<usize>,
+    /// The stored values as f32, per sequence, layer, k|v: `[kv_len, kv_dim]`.
+    stored: Vec<Vec<[Vec<f32>; 2]>>,
+}
+
+impl Scenario {
+    fn new(rng: &mut Rng, g: KvGeometry, ps: usize, kv_lens: &[usize]) -> Self {
+        let need: Vec<usize> = kv_lens.iter().map(|l| l.div_ceil(ps)).collect();
+        let total: usize = need.iter().sum::<usize>() + 3;
+        let mut free: Vec<u32> = (0..total as u32).collect();
+        rng.shuffle(&mut free);
+        let mut seq_pages = vec![Vec::new(); kv_lens.len()];
+        let mut next = free.into_iter();
+        let max_need = need.iter().copied().max().unwrap_or(0);
+        for round in 0..max_need {
+            for (s, &n) in need.iter().enumerate() {
+                if round < n {
+                    seq_pages[s].push(next.next().unwrap());
+                }
+            }
+        }
+        let mut arena = HostArena::poisoned(g, ps, total);
+        for (s, &len) in kv_lens.iter().enumerate() {
+            for pos in 0..len {
+                let page = seq_pages[s][pos / ps];
+                for layer in 0..g.n_layers {
+                    for kv in 0..2 {
+                        let row = rng.vec(g.kv_dim(), 1.0);
+                        arena.put(page, layer, kv, pos % ps, &row);
+                    }
+                }
+            }
+        }
+        let stored = kv_lens
+            .iter()
+            .enumerate()
+            .map(|(s, &len)| {
+                (0..g.n_layers)
+                    .map(|layer| {
+                        [0, 1].map(|kv| {
+                            (0..len)
+                                .flat_map(|pos| {
+                                    arena.get(seq_pages[s][pos / ps], layer, kv, pos % ps)
+                                })
+                                .collect()
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        Scenario {
+            arena,
+            seq_pages,
+            kv_lens: kv_lens.to_vec(),
+            stored,
+        }
+    }
+
+    fn seqs(&self, q_lens: &[usize]) -> Vec<SeqPages<'_>> {
+        self.seq_pages
+            .iter()
+            .zip(&self.kv_lens)
+            .zip(q_lens)
+            .map(|((pages, &kv_len), &q_len)| SeqPages {
+                pages,
+                kv_len,
+                q_len,
+            })
+            .collect()
+    }
+
+    /// Reference causal attention in f64 for query `q` (`[head_dim]`) of head
+    /// `h` attending positions `0..n` of sequence `s` in `layer`.
+    fn attend(
+        &self,
+        s: usize,
+        layer: usize,
+        h: usize,
+        group: usize,
+        q: &[f32],
+        n: usize,
+    ) -> Vec<f64> {
+        let hd = self.arena.g.head_dim;
+        let kvd = self.arena.g.kv_dim();
+        let kvh = h / group;
+        let [k, v] = &self.stored[s][layer];
+        fn head(rows: &[f32], pos: usize, kvd: usize, kvh: usize, hd: usize) -> &[f32] {
+            let o = pos * kvd + kvh * hd;
+            &rows[o..o + hd]
+        }
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores: Vec<f64> = (0..n)
+            .map(|pos| {
+                let kr = head(k, pos, kvd, kvh, hd);
+                (0..hd).map(|d| q[d] as f64 * kr[d] as f64).sum::<f64>() * scale
+            })
+            .collect();
+        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        let mut out = vec![0f64; hd];
+        for (pos, w) in w.iter().enumerate() {
+            for (o, &x) in out.iter_mut().zip(head(v, pos, kvd, kvh, hd)) {
+                *o += w * x as f64;
+            }
+        }
+        out.iter().map(|o| o / z).collect()
+    }
+}
+
+/// Asserts |got - want| <= rtol * (|want| + rms(want)) elementwise, and that
+/// nothing is NaN.
+#[track_caller]
+fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: element {i} is {g}: the kernel read a slot it was not given"
+        );
+        let err = (g as f64 - w).abs();
+        assert!(
+            err <= rtol * (w.abs() + rms),
+            "{what}: element {i}: got {g}, want {w}, error {err:e} > {rtol:e} * ({} + {rms})",
+            w.abs()
+        );
+    }
+}
+
+const RTOL: f64 = 1e-5;
+
+fn geometry(dtype: KvDtype, n_kv_heads: usize, head_dim: usize) -> KvGeometry {
+    KvGeometry {
+        n_layers: 2,
+        n_kv_heads,
+        head_dim,
+        dtype,
+    }
+}
+
+const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
+
+// ------------------------------------------------------------------ setup
+
+#[test]
+fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
+    let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
+    // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
+    // merge, scrub, rms_norm, rope, swiglu, embedding, argmax;
+    // linear, add_periodic.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2);
+}
+
+// ----------------------------------------------------------------- decode
+
+/// Runs decode attention on `sc` for `n_heads` query heads and compares
+/// every head of every sequence with the reference.
+fn check_decode(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    sc: &Scenario,
+    n_heads: usize,
+    split: Split,
+    what: &str,
+) -> usize {
+    let g = sc.arena.g;
+    let hd = g.head_dim;
+    let group = n_heads / g.n_kv_heads;
+    let arena = sc.arena.upload(dev);
+    let ones = vec![1; sc.kv_lens.len()];
+    let tables = PageTables::new(dev, &arena, &sc.seqs(&ones)).unwrap();
+    let batch = sc.kv_lens.len();
+    let q = rng.vec(batch * n_heads * hd, 2.0);
+    let q_dev = dev.upload(&q).unwrap();
+    let mut out = dev.upload(&vec![f32::NAN; batch * n_heads * hd]).unwrap();
+    let mut ws = DecodeWorkspace::default();
+    let mut splits = 0;
+    for layer in 0..g.n_layers {
+        splits = dev
+            .decode_attention(
+                &arena, layer, &tables, n_heads, &q_dev, &mut out, &mut ws, split,
+            )
+            .unwrap();
+        let got = dev.download(&out).unwrap();
+        let mut want = Vec::with_capacity(got.len());
+        for (s, &len) in sc.kv_lens.iter().enumerate() {
+            for h in 0..n_heads {
+                let qh = &q[(s * n_heads + h) * hd..(s * n_heads + h + 1) * hd];
+                want.extend(sc.attend(s, layer, h, group, qh, len));
+            }
+        }
+        assert_close(&format!("{what} layer {layer}"), &got, &want, RTOL);
+    }
+    splits
+}
+
+#[test]
+fn decode_matches_reference_for_every_dtype_head_dim_group_and_page_size() {
+    let dev = gpu!("decode_matches_reference_for_every_dtype_head_dim_group_and_page_size");
+    let mut rng = Rng(1);
+    // Ragged: a single position, a page boundary, a partial last page, longer.
+    let lens = [1, 16, 37, 130, 64];
+    for dtype in DTYPES {
+        for hd in HEAD_DIMS {
+            for ps in [1, 16, 64] {
+                let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &lens);
+                for group in [1, 2, 4, 8] {
+                    check_decode(
+                        &dev,
+                        &mut rng,
+                        &sc,
+                        2 * group,
+                        Split::Auto,
+                        &format!("decode {dtype:?} hd {hd} page {ps} group {group}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_split_kv_merges_to_the_same_answer_for_any_chunking() {
+    let dev = gpu!("decode_split_kv_merges_to_the_same_answer_for_any_chunking");
+    let mut rng = Rng(2);
+    let lens = [1, 700, 33, 1500, 256];
+    for dtype in DTYPES {
+        for (hd, ps) in [(128, 16), (64, 64), (8, 1)] {
+            let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &lens);
+            // Chunks shorter than a page, not a multiple of anything, one
+            // whole page, and longer than every sequence.
+            for chunk in [1, 7, 16, 100, 512, 4096] {
+                let splits = check_decode(
+                    &dev,
+                    &mut rng,
+                    &sc,
+                    2 * 8,
+                    Split::ChunkTokens(chunk),
+                    &format!("decode {dtype:?} hd {hd} page {ps} chunk {chunk}"),
+                );
+                assert_eq!(splits, 1500usize.div_ceil(chunk.min(1500)));
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_handles_group_ratios_between_compiled_ones() {
+    // 3, 5, 6 and 7 query heads per KV head run on the next larger
+    // instantiation; its padding heads must not overwrite real heads.
+    let dev = gpu!("decode_handles_group_ratios_between_compiled_ones");
+    let mut rng = Rng(3);
+    for group in [3, 5, 6, 7] {
+        let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 3, 64), 16, &[5, 40, 17]);
+        check_decode(
+            &dev,
+            &mut rng,
+            &sc,
+            3 * group,
+            Split::ChunkTokens(16),
+            &format!("decode group {group}"),
+        );
+    }
+}
+
+#[test]
+fn decode_refuses_what_it_cannot_do_before_launching() {
+    let dev = gpu!("decode_refuses_what_it_cannot_do_before_launching");
+    let mut rng = Rng(4);
+    let sc = Scenario::new(&mut rng, geometry(KvDtype::F16, 2, 64), 16, &[20, 3]);
+    let arena = sc.arena.upload(&dev);
+    let other = sc.arena.upload(&dev);
+    let tables = PageTables::new(&dev, &arena, &sc.seqs(&[1, 1])).unwrap();
+    let q = dev.zeros::<f32>(2 * 4 * 64).unwrap();
+    let mut out = dev.zeros::<f32>(2 * 4 * 64).unwrap();
+    let mut ws = DecodeWorkspace::default();
+    let run = |arena: &DeviceKvArena,
+               n_heads: usize,
+               layer: usize,
+               out: &mut CudaSlice<f32>,
+               ws: &mut DecodeWorkspace| {
+        dev.decode_attention(arena, layer, &tables, n_heads, &q, out, ws, Split::Auto)
+    };
+    assert_eq!(
+        run(&other, 4, 0, &mut out, &mut ws).unwrap_err(),
+        CudaError::ForeignArena
+    );
+    assert!(matches!(
+        run(&arena, 4, 2, &mut out, &mut ws),
+        Err(CudaError::Shape { .. })
+    ));
+    assert!(matches!(
+        run(&arena, 32, 0, &mut out, &mut ws),
+        Err(CudaError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        run(&arena, 2, 0, &mut out, &mut ws),
+        Err(CudaError::Shape { .. })
+    ));
+
+    // Page tables are checked when built: a page outside the arena, a
+    // length beyond the pages given, a query longer than its context.
+    let outside = [sc.seq_pages[0][0], arena.pages() as u32];
+    let bad = |pages: &[u32], kv_len, q_len| {
+        PageTables::new(
+            &dev,
+            &arena,
+            &[SeqPages {
+                pages,
+                kv_len,
+                q_len,
+            }],
+        )
+        .err()
+    };
+    assert!(matches!(
+        bad(&outside, 20, 1),
+        Some(CudaError::PageOutOfRange { .. })
+    ));
+    assert!(matches!(
+        bad(&sc.seq_pages[1], 17, 1),
+        Some(CudaError::BadPageTable { .. })
+    ));
+    assert!(matches!(
+        bad(&sc.seq_pages[0], 3, 4),
+        Some(CudaError::BadPageTable { .. })
+    ));
+    assert!(matches!(
+        bad(&sc.seq_pages[0], 0, 1),
+        Some(CudaError::BadPageTable { .. })
+    ));
+}
+
+// ---------------------------------------------------------------- prefill
+
+fn check_prefill(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    sc: &Scenario,
+    q_lens: &[usize],
+    n_heads: usize,
+    what: &str,
+) {
+    let g = sc.arena.g;
+    let hd = g.head_dim;
+    let group = n_heads / g.n_kv_heads;
+    let arena = sc.arena.upload(dev);
+    let tables = PageTables::new(dev, &arena, &sc.seqs(q_lens)).unwrap();
+    let total_q: usize = q_lens.iter().sum();
+    let q = rng.vec(total_q * n_heads * hd, 2.0);
+    let q_dev = dev.upload(&q).unwrap();
+    let mut out = dev.upload(&vec![f32::NAN; q.len()]).unwrap();
+    for layer in 0..g.n_layers {
+        dev.prefill_attention(&arena, layer, &tables, n_heads, &q_dev, &mut out)
+            .unwrap();
+        let got = dev.download(&out).unwrap();
+        let mut want = Vec::with_capacity(got.len());
+        let mut row = 0;
+        for (s, (&kv_len, &q_len)) in sc.kv_lens.iter().zip(q_lens).enumerate() {
+            for i in 0..q_len {
+                let pos = kv_len - q_len + i;
+                for h in 0..n_heads {
+                    let qh = &q[(row * n_heads + h) * hd..(row * n_heads + h + 1) * hd];
+                    want.extend(sc.attend(s, layer, h, group, qh, pos + 1));
+                }
+                row += 1;
+            }
+        }
+        assert_close(&format!("{what} layer {layer}"), &got, &want, RTOL);
+    }
+}
+
+#[test]
+fn prefill_matches_reference_for_every_dtype_head_dim_group_and_page_size() {
+    let dev = gpu!("prefill_matches_reference_for_every_dtype_head_dim_group_and_page_size");
+    let mut rng = Rng(5);
+    // (kv_len, q_len): a whole prompt, chunked prefill after earlier
+    // positions, a single position, a prompt longer than one row tile.
+    let kv_lens = [19, 80, 1, 70];
+    let q_lens = [19, 33, 1, 70];
+    for dtype in DTYPES {
+        for hd in HEAD_DIMS {
+            for ps in [1, 16, 64] {
+                let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &kv_lens);
+                for group in [1, 2, 4, 8] {
+                    check_prefill(
+                        &dev,
+                        &mut rng,
+                        &sc,
+                        &q_lens,
+                        2 * group,
+                        &format!("prefill {dtype:?} hd {hd} page {ps} group {group}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_handles_odd_groups_and_long_prompts() {
+    let dev = gpu!("prefill_handles_odd_groups_and_long_prompts");
+    let mut rng = Rng(6);
+    for (group, kv_len, q_len) in [(3, 300, 300), (5, 517, 200), (32, 40, 40), (7, 1, 1)] {
+        let sc = Scenario::new(&mut rng, geometry(KvDtype::F16, 2, 64), 16, &[kv_len, 9]);
+        check_prefill(
+            &dev,
+            &mut rng,
+            &sc,
+            &[q_len, 9],
+            2 * group,
+            &format!("prefill group {group} kv {kv_len} q {q_len}"),
+        );
+    }
+}
+
+// -------------------------------------------------------------- KV append
+
+#[test]
+fn kv_append_writes_exactly_the_given_slots_with_host_rounding() {
+    let dev = gpu!("kv_append_writes_exactly_the_given_slots_with_host_rounding");
+    let mut rng = Rng(7);
+    for dtype in DTYPES {
+        for ps in [1, 16, 64] {
+            let g = geometry(dtype, 2, 8);
+            let mut host = HostArena::poisoned(g, ps, 6);
+            let mut arena = host.upload(&dev);
+            // A sequence on pages 4, 1, 5 (scattered) appends positions 3.. of
+            // a decode-then-prefill pattern; neighbours must stay poisoned.
+            let pages = [4u32, 1, 5];
+            let kv_len = (2 * ps + 1).min(3 * ps);
+            let q_len = kv_len.min(3);
+            let seq = [SeqPages {
+                pages: &pages,
+                kv_len,
+                q_len,
+            }];
+            let slots = SlotMap::for_new_positions(&dev, &arena, &seq).unwrap();
+            assert_eq!(slots.len(), q_len);
+            for layer in 0..g.n_layers {
+                let k = rng.vec(q_len * g.kv_dim(), 3.0);
+                let v = rng.vec(q_len * g.kv_dim(), 3.0);
+                dev.kv_append(
+                    &mut arena,
+                    layer,
+                    &slots,
+                    &dev.upload(&k).unwrap(),
+                    &dev.upload(&v).unwrap(),
+                )
+                .unwrap();
+                for i in 0..q_len {
+                    let pos = kv_len - q_len + i;
+                    let row = i * g.kv_dim()..(i + 1) * g.kv_dim();
+                    host.put(pages[pos / ps], layer, 0, pos % ps, &k[row.clone()]);
+                    host.put(pages[pos / ps], layer, 1, pos % ps, &v[row]);
+                }
+            }
+            for p in 0..6u32 {
+                let got = arena.read_page(&dev, p).unwrap();
+                let pb = host.page_bytes();
+                assert!(
+                    got == host.bytes[p as usize * pb..(p as usize + 1) * pb],
+                    "{dtype:?} page size {ps}: page {p} differs from the host's append"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn slot_maps_refuse_slots_outside_the_arena_or_written_twice() {
+    let dev = gpu!("slot_maps_refuse_slots_outside_the_arena_or_written_twice");
+    let arena = DeviceKvArena::new(&dev, geometry(KvDtype::F32, 1, 8), 4, 2).unwrap();
+    assert!(matches!(
+        SlotMap::new(&dev, &arena, &[(2, 0)]),
+        Err(CudaError::PageOutOfRange { page: 2, .. })
+    ));
+    assert!(matches!(
+        SlotMap::new(&dev, &arena, &[(1, 4)]),
+        Err(CudaError::BadPageTable { .. })
+    ));
+    assert!(matches!(
+        SlotMap::new(&dev, &arena, &[(1, 3), (0, 0), (1, 3)]),
+        Err(CudaError::BadPageTable { .. })
+    ));
+}
+
+// ------------------------------------------------------------------ scrub
+
+#[test]
+fn scrub_fills_only_the_listed_pages_bit_identical_to_the_host_pool() {
+    let dev = gpu!("scrub_fills_only_the_listed_pages_bit_identical_to_the_host_pool");
+    let mut rng = Rng(8);
+    for dtype in DTYPES {
+        let g = geometry(dtype, 2, 16);
+        let sc = Scenario::new(&mut rng, g, 16, &[40, 40]);
+        let mut arena = sc.arena.upload(&dev);
+        let before: Vec<Vec<u8>> = (0..arena.pages() as u32)
+            .map(|p| arena.read_page(&dev, p).unwrap())
+            .collect();
+        let poisoned = sc.seq_pages[0].clone();
+        let zeroed = sc.seq_pages[1][..1].to_vec();
+        dev.scrub_pages(&mut arena, &poisoned, true).unwrap();
+        dev.scrub_pages(&mut arena, &zeroed, false).unwrap();
+        let nan = nan_bytes(dtype);
+        let outside = arena.pages() as u32;
+        for p in 0..arena.pages() as u32 {
+            let got = arena.read_page(&dev, p).unwrap();
+            if poisoned.contains(&p) {
+                assert!(
+                    got.chunks(nan.len()).all(|c| c == nan),
+                    "{dtype:?} page {p}"
+                );
+            } else if zeroed.contains(&p) {
+                assert!(got.iter().all(|&b| b == 0), "{dtype:?} page {p}");
+            } else {
+                assert!(got == before[p as usize], "{dtype:?} page {p} was touched");
+            }
+        }
+        assert!(matches!(
+            dev.scrub_pages(&mut arena, &[outside], true),
+            Err(CudaError::PageOutOfRange { .. })
+        ));
+    }
+}
+
+// ------------------------------------------------------- dense small ops
+
+#[test]
+fn rms_norm_matches_reference() {
+    let dev = gpu!("rms_norm_matches_reference");
+    let mut rng = Rng(9);
+    for (rows, dim) in [(1, 8), (5, 64), (3, 4096), (2, 1000)] {
+        let x = rng.vec(rows * dim, 4.0);
+        let w = rng.vec(dim, 1.5);
+        let eps = 1e-5f32;
+        let mut out = dev.zeros::<f32>(rows * dim).unwrap();
+        dev.rms_norm(
+            &dev.upload(&x).unwrap(),
+            &dev.upload(&w).unwrap(),
+            &mut out,
+            eps,
+        )
+        .unwrap();
+        let mut want = Vec::new();
+        for r in x.chunks(dim) {
+            let ms = r.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            want.extend(r.iter().zip(&w).map(|(&v, &w)| v as f64 * inv * w as f64));
+        }
+        assert_close(
+            &format!("rms_norm {rows}x{dim}"),
+            &dev.download(&out).unwrap(),
+            &want,
+            RTOL,
+        );
+    }
+}
+
+#[test]
+fn rope_matches_reference_for_both_conventions() {
+    let dev = gpu!("rope_matches_reference_for_both_conventions");
+    let mut rng = Rng(10);
+    for style in [RopeStyle::Interleaved, RopeStyle::Half] {
+        for (hd, theta) in [(8, 10_000.0), (128, 500_000.0), (64, 10_000.0)] {
+            let n_heads = 3;
+            let positions: Vec<u32> = vec![0, 1, 2, 511, 4097, 131_071];
+            let x = rng.vec(positions.len() * n_heads * hd, 2.0);
+            let mut x_dev = dev.upload(&x).unwrap();
+            dev.rope(
+                &mut x_dev,
+                &dev.upload(&positions).unwrap(),
+                n_heads,
+                hd,
+                theta,
+                style,
+            )
+            .unwrap();
+            let mut want = vec![0f64; x.len()];
+            for (t, &pos) in positions.iter().enumerate() {
+                for h in 0..n_heads {
+                    let base = (t * n_heads + h) * hd;
+                    for i in 0..hd / 2 {
+                        let (a, b) = match style {
+                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                            RopeStyle::Half => (i, i + hd / 2),
+                        };
+                        let ang = pos as f64 * theta.powf(-2.0 * i as f64 / hd as f64);
+                        let (s, c) = ang.sin_cos();
+                        let (x0, x1) = (x[base + a] as f64, x[base + b] as f64);
+                        want[base + a] = x0 * c - x1 * s;
+                        want[base + b] = x0 * s + x1 * c;
+                    }
+                }
+            }
+            assert_close(
+                &format!("rope {style:?} hd {hd}"),
+                &dev.download(&x_dev).unwrap(),
+                &want,
+                RTOL,
+            );
+        }
+    }
+}
+
+#[test]
+fn swiglu_matches_reference() {
+    let dev = gpu!("swiglu_matches_reference");
+    let mut rng = Rng(11);
+    let n = 10_007;
+    let gate = rng.vec(n, 8.0);
+    let up = rng.vec(n, 2.0);
+    let mut out = dev.upload(&gate).unwrap();
+    dev.swiglu(&mut out, &dev.upload(&up).unwrap()).unwrap();
+    let want: Vec<f64> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
+        .collect();
+    assert_close("swiglu", &dev.download(&out).unwrap(), &want, RTOL);
+}
+
+#[test]
+fn embedding_gathers_rows_and_refuses_tokens_outside_the_vocabulary() {
+    let dev = gpu!("embedding_gathers_rows_and_refuses_tokens_outside_the_vocabulary");
+    let mut rng = Rng(12);
+    let (vocab, dim) = (50, 24);
+    let table = rng.vec(vocab * dim, 1.0);
+    let table_dev = dev.upload(&table).unwrap();
+    let tokens = [3u32, 0, 49, 3];
+    let mut out = dev.zeros::<f32>(tokens.len() * dim).unwrap();
+    dev.embedding(&table_dev, dim, &tokens, &mut out).unwrap();
+    let want: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].to_vec())
+        .collect();
+    assert_eq!(dev.download(&out).unwrap(), want);
+    assert_eq!(
+        dev.embedding(&table_dev, dim, &[1, 50], &mut out),
+        Err(CudaError::TokenOutOfRange {
+            token: 50,
+            vocab: 50
+        })
+    );
+}
+
+#[test]
+fn argmax_takes_the_lowest_index_on_ties_and_refuses_nan_rows() {
+    let dev = gpu!("argmax_takes_the_lowest_index_on_ties_and_refuses_nan_rows");
+    let mut rng = Rng(13);
+    let vocab = 32_000;
+    let mut logits = rng.vec(4 * vocab, 10.0);
+    // Row 0: a tie between 7 and 31_999 at the maximum -> 7.
+    logits[7] = 50.0;
+    logits[31_999] = 50.0;
+    // Row 1: all -inf but one.
+    for x in &mut logits[vocab..2 * vocab] {
+        *x = f32::NEG_INFINITY;
+    }
+    logits[vocab + 12_345] = -1e30;
+    // Row 2: maximum in the last element; row 3: random.
+    logits[3 * vocab - 1] = 1e9;
+    let got = dev.argmax(&dev.upload(&logits).unwrap(), vocab).unwrap();
+    let want: Vec<u32> = logits
+        .chunks(vocab)
+        .map(|r| {
+            let mut best = 0;
+            for (i, &x) in r.iter().enumerate() {
+                if x > r[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(got[0], 7);
+    assert_eq!(got[1], 12_345);
+
+    // A poisoned value anywhere fails the step instead of choosing a token.
+    logits[2 * vocab + 5] = f32::NAN;
+    assert_eq!(
+        dev.argmax(&dev.upload(&logits).unwrap(), vocab),
+        Err(CudaError::NanLogits { row: 2, nans: 1 })
+    );
+}
+
+#[test]
+fn matmul_and_adds_match_reference_whatever_the_batch() {
+    let dev = gpu!("matmul_and_adds_match_reference_whatever_the_batch");
+    let mut rng = Rng(14);
+    for (n, k) in [(1, 1), (17, 64), (512, 64), (33, 1000)] {
+        let w = rng.vec(n * k, 1.0);
+        let w_dev = dev.upload(&w).unwrap();
+        // The same first row alone and inside batches of 5 and 40 rows must
+        // give bit-identical results (batch invariance).
+        let x = rng.vec(40 * k, 1.0);
+        let mut first_row: Option<Vec<f32>> = None;
+        for m in [1, 5, 40] {
+            let mut out = dev.zeros::<f32>(m * n).unwrap();
+            dev.linear(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
+                .unwrap();
+            let got = dev.download(&out).unwrap();
+            let want: Vec<f64> = (0..m * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    (0..k)
+                        .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
+                        .sum()
+                })
+                .collect();
+            assert_close(&format!("linear {m}x{k} * {n}x{k}"), &got, &want, RTOL);
+            match &first_row {
+                None => first_row = Some(got[..n].to_vec()),
+                Some(r) => assert_eq!(&got[..n], &r[..], "row 0 changed with batch size {m}"),
+            }
+        }
+    }
+    let x = rng.vec(12, 1.0);
+    let bias = rng.vec(4, 1.0);
+    let mut x_dev = dev.upload(&x).unwrap();
+    dev.add_assign(&mut x_dev, &dev.upload(&bias).unwrap())
+        .unwrap();
+    dev.add_assign(&mut x_dev, &dev.upload(&x).unwrap())
+        .unwrap();
+    let want: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v + bias[i % 4]) + v)
+        .collect();
+    assert_eq!(dev.download(&x_dev).unwrap(), want);
+    assert!(matches!(
+        dev.add_assign(&mut x_dev, &dev.upload(&bias[..3]).unwrap()),
+        Err(CudaError::Shape { .. })
+    ));
+}
