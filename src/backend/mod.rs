@@ -219,3 +219,58 @@ pub trait Backend: Send + Sync + 'static {
         self.matmul(tmp2, output, out)
     }
 }
+
+/// A shape error of `op`.
+pub(crate) fn shape_err(
+    op: &'static str,
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> BackendError {
+    BackendError::Shape {
+        op,
+        what,
+        expected,
+        got,
+    }
+}
+
+/// Rows of a buffer of `len` elements given `cols`; errors unless `len` is a
+/// multiple of `cols`.
+pub(crate) fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize, BackendError> {
+    if cols == 0 || !len.is_multiple_of(cols) {
+        return Err(shape_err(
+            op,
+            "buffer length (multiple of the row width)",
+            cols,
+            len,
+        ));
+    }
+    Ok(len / cols)
+}
+
+/// Checks that `view` has the attention's KV row width and holds at least
+/// `needed` written positions (span `span` of the batch).
+pub(crate) fn check_view(
+    view: &LayerView<'_>,
+    shape: AttnShape,
+    span: usize,
+    needed: usize,
+) -> Result<(), BackendError> {
+    if view.kv_dim() != shape.kv_dim() {
+        return Err(shape_err(
+            "attention",
+            "KV row width (n_kv_heads * head_dim)",
+            shape.kv_dim(),
+            view.kv_dim(),
+        ));
+    }
+    if view.len() < needed {
+        return Err(BackendError::KvNotWritten {
+            span,
+            needed,
+            written: view.len(),
+        });
+    }
+    Ok(())
+}

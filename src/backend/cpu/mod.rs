@@ -16,7 +16,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::backend::{AttnShape, Backend, BackendError, Rope, SeqSpan};
+use crate::backend::{
+    AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
+};
 use crate::kv::{KvSeq, LayerView, Writable};
 
 /// Multiply-adds below which an op stays on the calling thread by default:
@@ -171,28 +173,6 @@ impl CpuBackend {
     }
 }
 
-fn shape_err(op: &'static str, what: &'static str, expected: usize, got: usize) -> BackendError {
-    BackendError::Shape {
-        op,
-        what,
-        expected,
-        got,
-    }
-}
-
-/// Rows of `buf` given `cols`; errors unless `buf.len()` is a multiple.
-fn rows_of(op: &'static str, buf: &[f32], cols: usize) -> Result<usize, BackendError> {
-    if cols == 0 || !buf.len().is_multiple_of(cols) {
-        return Err(shape_err(
-            op,
-            "buffer length (multiple of the row width)",
-            cols,
-            buf.len(),
-        ));
-    }
-    Ok(buf.len() / cols)
-}
-
 fn resize(buf: &mut Vec<f32>, len: usize) {
     // Grow-only capacity: shrinking the length keeps the allocation.
     buf.resize(len, 0.0);
@@ -259,7 +239,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         let d = weight.data.len();
-        rows_of("rms_norm", x, d)?;
+        rows_of("rms_norm", x.len(), d)?;
         resize(out, x.len());
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             ops::rms_norm_row(xr, &weight.data, eps, or);
@@ -269,7 +249,7 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, x: &Vec<f32>, w: &CpuMat, out: &mut Vec<f32>) -> Result<(), BackendError> {
         let (n, k) = (w.rows, w.cols);
-        let m = rows_of("matmul", x, k)?;
+        let m = rows_of("matmul", x.len(), k)?;
         resize(out, m * n);
         let work = m.saturating_mul(n).saturating_mul(k);
         let Some(pool) = self.par_pool(work) else {
@@ -312,7 +292,7 @@ impl Backend for CpuBackend {
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &CpuMat) -> Result<(), BackendError> {
         let d = bias.data.len();
-        rows_of("add_bias", x, d)?;
+        rows_of("add_bias", x.len(), d)?;
         for r in x.chunks_exact_mut(d) {
             for (v, b) in r.iter_mut().zip(&bias.data) {
                 *v += b;
@@ -336,7 +316,7 @@ impl Backend for CpuBackend {
         if !rope.head_dim.is_multiple_of(2) {
             return Err(shape_err("rope", "even head_dim", 2, rope.head_dim));
         }
-        let rows = rows_of("rope", x, width)?;
+        let rows = rows_of("rope", x.len(), width)?;
         if rows != positions.len() {
             return Err(shape_err(
                 "rope",
@@ -364,7 +344,7 @@ impl Backend for CpuBackend {
         rows: &[usize],
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
-        let n = rows_of("gather_rows", x, cols)?;
+        let n = rows_of("gather_rows", x.len(), cols)?;
         resize(out, rows.len() * cols);
         for (i, &r) in rows.iter().enumerate() {
             if r >= n {
@@ -384,7 +364,7 @@ impl Backend for CpuBackend {
         rows: Range<usize>,
     ) -> Result<(), BackendError> {
         let kvd = seq.pool().config().geometry().kv_dim();
-        let n = rows_of("kv_append", k, kvd)?;
+        let n = rows_of("kv_append", k.len(), kvd)?;
         if v.len() != k.len() {
             return Err(shape_err(
                 "kv_append",
@@ -411,7 +391,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         shape.check()?;
         let qd = shape.q_dim();
-        let rows = rows_of("attention_prefill", q, qd)?;
+        let rows = rows_of("attention_prefill", q.len(), qd)?;
         if kv.len() != spans.len() {
             return Err(shape_err(
                 "attention_prefill",
@@ -484,7 +464,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         shape.check()?;
         let qd = shape.q_dim();
-        let rows = rows_of("attention_decode", q, qd)?;
+        let rows = rows_of("attention_decode", q.len(), qd)?;
         if kv.len() != rows {
             return Err(shape_err(
                 "attention_decode",
@@ -525,28 +505,4 @@ impl Backend for CpuBackend {
         }
         Ok(())
     }
-}
-
-fn check_view(
-    view: &LayerView<'_>,
-    shape: AttnShape,
-    span: usize,
-    needed: usize,
-) -> Result<(), BackendError> {
-    if view.kv_dim() != shape.kv_dim() {
-        return Err(shape_err(
-            "attention",
-            "KV row width (n_kv_heads * head_dim)",
-            shape.kv_dim(),
-            view.kv_dim(),
-        ));
-    }
-    if view.len() < needed {
-        return Err(BackendError::KvNotWritten {
-            span,
-            needed,
-            written: view.len(),
-        });
-    }
-    Ok(())
 }

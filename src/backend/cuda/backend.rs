@@ -26,7 +26,9 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use super::{
     CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, SeqPages, SlotMap, Split,
 };
-use crate::backend::{AttnShape, Backend, BackendError, Rope, SeqSpan};
+use crate::backend::{
+    AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
+};
 use crate::kv::{KvPool, KvSeq, LayerView, PageId, PoolId, ScrubPolicy, Writable};
 
 /// An activation buffer in device memory (grow-only).
@@ -250,51 +252,6 @@ fn dev_err(e: CudaError) -> BackendError {
         }
         other => BackendError::Device(other.to_string()),
     }
-}
-
-fn shape_err(op: &'static str, what: &'static str, expected: usize, got: usize) -> BackendError {
-    BackendError::Shape {
-        op,
-        what,
-        expected,
-        got,
-    }
-}
-
-fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize, BackendError> {
-    if cols == 0 || !len.is_multiple_of(cols) {
-        return Err(shape_err(
-            op,
-            "buffer length (multiple of the row width)",
-            cols,
-            len,
-        ));
-    }
-    Ok(len / cols)
-}
-
-fn check_view(
-    view: &LayerView<'_>,
-    shape: AttnShape,
-    span: usize,
-    needed: usize,
-) -> Result<(), BackendError> {
-    if view.kv_dim() != shape.kv_dim() {
-        return Err(shape_err(
-            "attention",
-            "KV row width of the pool",
-            shape.kv_dim(),
-            view.kv_dim(),
-        ));
-    }
-    if view.len() < needed {
-        return Err(BackendError::KvNotWritten {
-            span,
-            needed,
-            written: view.len(),
-        });
-    }
-    Ok(())
 }
 
 impl Backend for CudaBackend {
