@@ -64,6 +64,18 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// The sampler of a request being admitted: invalid parameters are the
+    /// client's fault, a typed [`crate::Rejection`] (400).
+    pub fn for_request(req: &crate::Request) -> Result<Self, crate::Rejection> {
+        Sampler::new(&req.sampling).map_err(|e| crate::Rejection::InvalidSampling {
+            id: req.id,
+            reason: match e {
+                SamplingError::InvalidParams(r) => r,
+                _ => "invalid sampling parameters",
+            },
+        })
+    }
+
     /// A sampler for `params`, its stream seeded by `params.seed`.
     pub fn new(params: &SamplingParams) -> Result<Self, SamplingError> {
         if !params.temperature.is_finite() || params.temperature < 0.0 {

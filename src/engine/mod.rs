@@ -185,13 +185,7 @@ impl<B: Backend> Engine<B> {
     pub fn submit(&mut self, req: Request) -> Result<RequestHandle, Rejection> {
         let id = req.id;
         let max_new = req.max_new_tokens;
-        let sampler = Sampler::new(&req.sampling).map_err(|e| Rejection::InvalidSampling {
-            id,
-            reason: match e {
-                crate::sampling::SamplingError::InvalidParams(r) => r,
-                _ => "invalid sampling parameters",
-            },
-        })?;
+        let sampler = Sampler::for_request(&req)?;
         let _ticket = self.sched.submit(req)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let cancel = Canceller::default();

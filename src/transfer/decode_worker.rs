@@ -129,13 +129,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     pub fn submit(&mut self, req: Request) -> Result<RequestHandle, Rejection> {
         let id = req.id;
         let max_new = req.max_new_tokens;
-        let sampler = Sampler::new(&req.sampling).map_err(|e| Rejection::InvalidSampling {
-            id,
-            reason: match e {
-                crate::sampling::SamplingError::InvalidParams(r) => r,
-                _ => "invalid sampling parameters",
-            },
-        })?;
+        let sampler = Sampler::for_request(&req)?;
         if let Err(r) = self.side.submit(req) {
             self.tally.rejected += 1;
             return Err(r);
