@@ -15,15 +15,14 @@
 //!    at every position; greedy tokens exactly, through paged prefill+decode).
 
 mod naive_llama;
+mod serving_path;
 
 use std::path::Path;
 
-use handoff::kv::{KvSeq, Ready};
 use handoff::model::{Model, ModelWeights, RopeStyle, load_hf};
-use handoff::sampling::argmax;
-use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 use naive_llama::{NaiveLayer, NaiveModel, NaiveRope, argmax_gap, to_f64};
 use safetensors::SafeTensors;
+use serving_path::handoff_greedy;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_tiny_llama");
 
@@ -218,41 +217,18 @@ fn handoff_logits_match_transformers_at_every_position() {
     }
 }
 
-/// Greedy decoding through handoff's serving path: paged prefill of the
-/// prompt, then one paged decode step per token.
-fn handoff_greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let pool = KvPool::new(PoolConfig::new(model.kv_geometry(KvDtype::F32), 4, 16)).unwrap();
-    let mut scratch = model.scratch();
-    let mut seq = pool.reserve(RequestId(1), prompt.len() + n).unwrap();
-    let logits = model
-        .prefill(&mut scratch, &mut [&mut seq], &[prompt])
-        .unwrap();
-    let mut out = vec![argmax(logits.row(0)).unwrap()];
-    let mut seq: KvSeq<Ready> = seq.seal(prompt.len()).unwrap();
-    while out.len() < n {
-        let last = *out.last().unwrap();
-        let logits = model
-            .decode(&mut scratch, &mut [&mut seq], &[last])
-            .unwrap();
-        out.push(argmax(logits.row(0)).unwrap());
-    }
-    drop(seq);
-    assert!(pool.stats().is_full(), "pages back after generation");
-    out
-}
-
 #[test]
 fn handoff_greedy_tokens_equal_transformers() {
     let model = Model::cpu(weights()).unwrap();
     for case in expected() {
-        let ours = handoff_greedy(&model, &case.prompt, case.greedy.len());
+        let ours = handoff_greedy(&model, &case.prompt, case.greedy.len(), 4);
         assert_eq!(ours, case.greedy, "prompt {:?}", case.prompt);
     }
     // The sharded copy of the same checkpoint serves the same tokens.
     let sharded = Model::cpu(load_hf(&Path::new(FIXTURE).join("sharded")).unwrap()).unwrap();
     let case = &expected()[1];
     assert_eq!(
-        handoff_greedy(&sharded, &case.prompt, case.greedy.len()),
+        handoff_greedy(&sharded, &case.prompt, case.greedy.len(), 4),
         case.greedy
     );
 }

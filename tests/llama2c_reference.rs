@@ -9,15 +9,14 @@
 //! skips with a message when it is absent.
 
 mod naive_llama;
+mod serving_path;
 
 use std::io::Write;
 use std::path::Path;
 
-use handoff::kv::{KvSeq, Ready};
 use handoff::model::{Model, load_llama2c};
-use handoff::sampling::argmax;
-use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 use naive_llama::{NaiveLayer, NaiveModel, NaiveRope};
+use serving_path::handoff_greedy;
 
 const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -262,26 +261,6 @@ fn the_tolerance_tells_rope_conventions_apart() {
     assert!(d > 1000.0 * TOL, "rotate-half differs by only {d:e}");
 }
 
-/// Greedy through handoff's serving path: paged prefill, then paged decode.
-fn handoff_greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let pool = KvPool::new(PoolConfig::new(model.kv_geometry(KvDtype::F32), 16, 16)).unwrap();
-    let mut scratch = model.scratch();
-    let mut seq = pool.reserve(RequestId(1), prompt.len() + n).unwrap();
-    let logits = model
-        .prefill(&mut scratch, &mut [&mut seq], &[prompt])
-        .unwrap();
-    let mut out = vec![argmax(logits.row(0)).unwrap()];
-    let mut seq: KvSeq<Ready> = seq.seal(prompt.len()).unwrap();
-    while out.len() < n {
-        let last = *out.last().unwrap();
-        let logits = model
-            .decode(&mut scratch, &mut [&mut seq], &[last])
-            .unwrap();
-        out.push(argmax(logits.row(0)).unwrap());
-    }
-    out
-}
-
 #[test]
 fn handoff_greedy_tokens_equal_the_reference() {
     let Some(bytes) = model_bytes() else { return };
@@ -299,7 +278,7 @@ fn handoff_greedy_tokens_equal_the_reference() {
             p.len()
         );
         assert_eq!(
-            handoff_greedy(&model, &p, n),
+            handoff_greedy(&model, &p, n, 16),
             expected,
             "prompt of {}",
             p.len()
