@@ -20,7 +20,7 @@ mod error;
 
 use std::ops::Range;
 
-pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, Isa};
+pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, GROUP_WEIGHT_BYTES, Isa};
 pub use error::BackendError;
 
 use crate::kv::{KvSeq, LayerView, Writable};
@@ -45,6 +45,20 @@ impl SeqSpan {
     pub fn end_pos(&self) -> usize {
         self.first_pos + self.rows
     }
+}
+
+/// How the model runs one forward pass on a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassPlan {
+    /// On the calling thread; ops may still split their own work.
+    Here,
+    /// The whole pass through [`Backend::run_pass`].
+    OnWorkers,
+    /// The batch's sequences split into this many groups of about equal
+    /// rows, each a whole pass of its own, through [`Backend::run_groups`]:
+    /// for models whose weights sit in cache, where one pass per thread
+    /// beats splitting every small op.
+    Groups(usize),
 }
 
 /// Head layout of attention.
@@ -106,6 +120,27 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A short name for logs.
     fn name(&self) -> &'static str;
+
+    /// How to run a forward pass of `rows` token rows through a model of
+    /// `weights` weight elements (see [`PassPlan`]). Default: here.
+    fn plan_pass(&self, rows: usize, weights: usize) -> PassPlan {
+        let _ = (rows, weights);
+        PassPlan::Here
+    }
+
+    /// Runs one whole pass, `f`, for [`PassPlan::OnWorkers`]: a backend with
+    /// worker threads runs it on one of them, so the parallel ops inside
+    /// hand work between threads that are already awake. Default: here.
+    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
+    /// Runs the group passes of [`PassPlan::Groups`], concurrently where the
+    /// backend can, and returns their results in order. Default: one after
+    /// the other.
+    fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
+        tasks.into_iter().map(|f| f()).collect()
+    }
 
     /// Places a weight tensor (row-major `[rows, cols]`).
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Mat, BackendError>;

@@ -7,7 +7,7 @@
 //! a pool or a scheduler: callers (the colocated [`crate::Engine`], prefill
 //! and decode workers) hand it the `KvSeq` handles to fill.
 
-use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, Rope, SeqSpan};
+use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, PassPlan, Rope, SeqSpan};
 use crate::config::{KvDtype, KvGeometry};
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
@@ -79,6 +79,21 @@ pub enum ForwardError {
 }
 
 impl ForwardError {
+    /// The same error with its batch position moved by `by` (a group pass
+    /// reports positions within its group).
+    fn shifted(mut self, by: usize) -> Self {
+        match &mut self {
+            ForwardError::NoTokens { index }
+            | ForwardError::TokenOutOfRange { index, .. }
+            | ForwardError::IncompleteKv { index, .. }
+            | ForwardError::Reservation { index, .. }
+            | ForwardError::ForeignPool { index }
+            | ForwardError::Kv { index, .. } => *index += by,
+            _ => {}
+        }
+        self
+    }
+
     /// The batch position of the sequence at fault, when one is.
     pub fn culprit(&self) -> Option<usize> {
         match self {
@@ -127,6 +142,8 @@ pub struct Model<B: Backend = CpuBackend> {
     lm_head: Option<B::Mat>,
     final_norm: B::Mat,
     layers: Vec<Layer<B>>,
+    /// Weight elements a token's pass reads (for [`Backend::plan_pass`]).
+    weight_elems: usize,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -159,6 +176,8 @@ pub struct Scratch<B: Backend> {
     positions: Vec<usize>,
     spans: Vec<SeqSpan>,
     out_rows: Vec<usize>,
+    /// One scratch per group of a [`PassPlan::Groups`] pass.
+    groups: Vec<Scratch<B>>,
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -181,6 +200,7 @@ impl<B: Backend> Default for Scratch<B> {
             positions: Vec::new(),
             spans: Vec::new(),
             out_rows: Vec::new(),
+            groups: Vec::new(),
         }
     }
 }
@@ -251,6 +271,7 @@ impl<B: Backend> Model<B> {
             let n = v.len();
             up(name, v, 1, n)
         };
+        let weight_elems = layers.len() * (2 * qd * d + 2 * kvd * d + 3 * h * d) + c.vocab_size * d;
         let mut placed = Vec::with_capacity(layers.len());
         for l in layers {
             placed.push(Layer::<B> {
@@ -277,6 +298,7 @@ impl<B: Backend> Model<B> {
             layers: placed,
             config: c,
             backend,
+            weight_elems,
         })
     }
 
@@ -438,6 +460,89 @@ impl<B: Backend> Model<B> {
     }
 
     fn pass<'s, 't, S: Writable + Readable>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<S>],
+        input: impl Fn(usize) -> &'t [u32] + Sync,
+        want: Want,
+        decode: bool,
+    ) -> Result<Logits<'s>, ForwardError> {
+        let rows: usize = (0..seqs.len()).map(|i| input(i).len()).sum();
+        match self.backend.plan_pass(rows, self.weight_elems) {
+            PassPlan::Here => self.pass_here(scratch, seqs, input, want, decode),
+            PassPlan::Groups(g)
+                if g >= 2 && seqs.len() >= 2 && want == Want::LastOfEachSequence =>
+            {
+                self.pass_groups(g, scratch, seqs, &input, decode)
+            }
+            PassPlan::OnWorkers | PassPlan::Groups(_) => self
+                .backend
+                .run_pass(|| self.pass_here(scratch, seqs, &input, want, decode)),
+        }
+    }
+
+    /// The batch split at sequence boundaries into `groups` runs of about
+    /// equal rows, each run a whole pass of its own (own scratch, own
+    /// sequences, so no two groups touch the same pages), concurrently.
+    /// Every row's numbers are the same as in one pass: ops are
+    /// batch-invariant.
+    fn pass_groups<'s, 't, S: Writable + Readable>(
+        &self,
+        groups: usize,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<S>],
+        input: &(impl Fn(usize) -> &'t [u32] + Sync),
+        decode: bool,
+    ) -> Result<Logits<'s>, ForwardError> {
+        // Validate the whole batch first: errors name batch positions and
+        // nothing is appended for a batch that cannot run.
+        self.prepare(scratch, seqs, input)?;
+        let total = scratch.tokens.len();
+        let mut bounds = vec![0];
+        let mut acc = 0;
+        for (i, sp) in scratch.spans.iter().enumerate().take(seqs.len() - 1) {
+            acc += sp.rows;
+            if bounds.len() < groups && acc * groups >= total * bounds.len() {
+                bounds.push(i + 1);
+            }
+        }
+        bounds.push(seqs.len());
+        let n = bounds.len() - 1;
+        if scratch.groups.len() < n {
+            scratch.groups.resize_with(n, Scratch::default);
+        }
+        let mut rest = seqs;
+        let mut tasks = Vec::with_capacity(n);
+        for (w, gs) in bounds.windows(2).zip(scratch.groups.iter_mut()) {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(w[1] - w[0]);
+            rest = tail;
+            let off = w[0];
+            tasks.push(move || {
+                self.pass_here(
+                    gs,
+                    head,
+                    |i| input(off + i),
+                    Want::LastOfEachSequence,
+                    decode,
+                )
+                .map(|_| ())
+                .map_err(|e| e.shifted(off))
+            });
+        }
+        for r in self.backend.run_groups(tasks) {
+            r?;
+        }
+        scratch.logits.clear();
+        for gs in &scratch.groups[..n] {
+            scratch.logits.extend_from_slice(&gs.logits);
+        }
+        Ok(Logits {
+            data: &scratch.logits,
+            vocab: self.config.vocab_size,
+        })
+    }
+
+    fn pass_here<'s, 't, S: Writable + Readable>(
         &self,
         scratch: &'s mut Scratch<B>,
         seqs: &mut [&mut KvSeq<S>],

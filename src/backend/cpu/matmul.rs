@@ -153,12 +153,14 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     Portable::dot(a, b)
 }
 
-/// Computes output columns `cols` (weight rows) for all `m` rows of `x`
-/// with `MR x NR` tiles. Element `(i, j)` is stored at
+/// Computes output columns `cols` (weight rows) for all `m` rows of `x`:
+/// rows in blocks of `MR` with `MR x NR` tiles, the rows left over one at a
+/// time with `1 x NR1` tiles (so a kernel can pick, for each, a tile whose
+/// accumulators reduce together). Element `(i, j)` is stored at
 /// `out[i * row_stride + (j - cols.start) * col_stride]`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_cols_k<K: Kernel, const MR: usize, const NR: usize>(
+pub(crate) fn matmul_cols_k<K: Kernel, const MR: usize, const NR: usize, const NR1: usize>(
     x: &[f32],
     m: usize,
     k: usize,
@@ -168,37 +170,62 @@ pub(crate) fn matmul_cols_k<K: Kernel, const MR: usize, const NR: usize>(
     row_stride: usize,
     col_stride: usize,
 ) {
-    let xr = |i: usize| &x[i * k..(i + 1) * k];
-    let wr = |j: usize| &w[j * k..(j + 1) * k];
-    let c0 = cols.start;
-    let mut j = cols.start;
-    while j < cols.end {
-        if j + NR <= cols.end {
+    let blocked = m - m % MR;
+    let g = Grid {
+        x,
+        k,
+        w,
+        c0: cols.start,
+        row_stride,
+        col_stride,
+    };
+    g.pass::<K, MR, NR>(0..blocked, cols.clone(), out);
+    g.pass::<K, 1, NR1>(blocked..m, cols, out);
+}
+
+/// The operands of one `matmul_cols_k` call.
+struct Grid<'a> {
+    x: &'a [f32],
+    k: usize,
+    w: &'a [f32],
+    c0: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl Grid<'_> {
+    /// Rows `rows` (a multiple of `MR` long) by columns `cols`, in `MR x NR`
+    /// tiles; columns left over by `NR` one by one.
+    #[inline(always)]
+    fn pass<K: Kernel, const MR: usize, const NR: usize>(
+        &self,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let k = self.k;
+        let xr = |i: usize| &self.x[i * k..(i + 1) * k];
+        let wr = |j: usize| &self.w[j * k..(j + 1) * k];
+        let at = |i: usize, j: usize| i * self.row_stride + (j - self.c0) * self.col_stride;
+        let mut j = cols.start;
+        while j + NR <= cols.end {
             let ws: [&[f32]; NR] = std::array::from_fn(|t| wr(j + t));
-            let mut i = 0;
-            while i + MR <= m {
+            let mut i = rows.start;
+            while i + MR <= rows.end {
                 let r = K::tile::<MR, NR>(k, std::array::from_fn(|a| xr(i + a)), ws);
                 for (a, row) in r.iter().enumerate() {
                     for (b, &v) in row.iter().enumerate() {
-                        out[(i + a) * row_stride + (j + b - c0) * col_stride] = v;
+                        out[at(i + a, j + b)] = v;
                     }
                 }
                 i += MR;
             }
-            while i < m {
-                let r = K::tile::<1, NR>(k, [xr(i)], ws);
-                for (b, &v) in r[0].iter().enumerate() {
-                    out[i * row_stride + (j + b - c0) * col_stride] = v;
-                }
-                i += 1;
-            }
             j += NR;
-        } else {
-            for i in 0..m {
-                out[i * row_stride + (j - c0) * col_stride] =
-                    K::tile::<1, 1>(k, [xr(i)], [wr(j)])[0][0];
+        }
+        for j in j..cols.end {
+            for i in rows.clone() {
+                out[at(i, j)] = K::tile::<1, 1>(k, [xr(i)], [wr(j)])[0][0];
             }
-            j += 1;
         }
     }
 }
@@ -225,13 +252,7 @@ pub(crate) fn matmul_cols(
                 crate::backend::cpu::x86::matmul_cols(x, m, k, w, cols, out, row_stride, col_stride)
             }
         }
-        _ => {
-            if m == 1 {
-                matmul_cols_k::<Portable, 1, 4>(x, m, k, w, cols, out, row_stride, col_stride)
-            } else {
-                matmul_cols_k::<Portable, 2, 2>(x, m, k, w, cols, out, row_stride, col_stride)
-            }
-        }
+        _ => matmul_cols_k::<Portable, 2, 2, 4>(x, m, k, w, cols, out, row_stride, col_stride),
     }
 }
 

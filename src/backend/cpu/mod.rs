@@ -17,7 +17,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::backend::{
-    AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
+    AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
 use crate::kv::{KvSeq, LayerView, Writable};
 
@@ -25,6 +25,16 @@ use crate::kv::{KvSeq, LayerView, Writable};
 /// handing work to the pool and joining costs tens of microseconds on a
 /// busy machine.
 pub const DEFAULT_PARALLEL_WORK: usize = 1 << 18;
+
+/// Models with at most this many bytes of f32 weights run a batch as one
+/// whole pass per thread ([`PassPlan::Groups`]): their weights stay in cache,
+/// so each thread reading all of them costs little, while splitting each
+/// small op would pay a hand-off per op. Larger models split each op's
+/// weight rows over the threads instead, so each weight is read once.
+pub const GROUP_WEIGHT_BYTES: usize = 8 << 20;
+
+/// Fewest token rows worth a group of their own.
+const MIN_GROUP_ROWS: usize = 4;
 
 /// A weight tensor in host memory.
 #[derive(Debug, Clone)]
@@ -82,6 +92,7 @@ pub struct CpuBackend {
     /// Validated against the CPU: `Avx2Fma` only when it is supported.
     isa: Isa,
     min_parallel_work: usize,
+    group_weight_bytes: usize,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -144,6 +155,7 @@ impl CpuBackend {
             threads,
             isa,
             min_parallel_work: DEFAULT_PARALLEL_WORK,
+            group_weight_bytes: GROUP_WEIGHT_BYTES,
         }
     }
 
@@ -171,6 +183,15 @@ impl CpuBackend {
         self.min_parallel_work = macs.max(1);
         self
     }
+
+    /// Models with at most this many bytes of f32 weights run batches as
+    /// one pass per thread, larger ones split each op (default
+    /// [`GROUP_WEIGHT_BYTES`]; 0: always split ops).
+    #[must_use]
+    pub fn group_weight_bytes(mut self, bytes: usize) -> Self {
+        self.group_weight_bytes = bytes;
+        self
+    }
 }
 
 fn resize(buf: &mut Vec<f32>, len: usize) {
@@ -184,6 +205,32 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn plan_pass(&self, rows: usize, weights: usize) -> PassPlan {
+        if self.pool.is_none() || rows.saturating_mul(weights) < 4 * self.min_parallel_work {
+            // Too small for any op to pay for another thread.
+            return PassPlan::Here;
+        }
+        if weights.saturating_mul(4) <= self.group_weight_bytes && rows >= 2 * MIN_GROUP_ROWS {
+            PassPlan::Groups(self.threads.min(rows / MIN_GROUP_ROWS))
+        } else {
+            PassPlan::OnWorkers
+        }
+    }
+
+    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+
+    fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
+        match &self.pool {
+            Some(pool) => pool.install(|| tasks.into_par_iter().map(|f| f()).collect()),
+            None => tasks.into_iter().map(|f| f()).collect(),
+        }
     }
 
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CpuMat, BackendError> {

@@ -334,11 +334,8 @@ pub(crate) fn matmul_cols(
     row_stride: usize,
     col_stride: usize,
 ) {
-    if m == 1 {
-        matmul_cols_k::<Avx2, 1, 8>(x, m, k, w, cols, out, row_stride, col_stride)
-    } else {
-        matmul_cols_k::<Avx2, 4, 3>(x, m, k, w, cols, out, row_stride, col_stride)
-    }
+    // 4 x 2 and 1 x 8 tiles: eight accumulators each, reduced together.
+    matmul_cols_k::<Avx2, 4, 2, 8>(x, m, k, w, cols, out, row_stride, col_stride)
 }
 
 /// See `attention::attend_row`.
