@@ -39,8 +39,12 @@ fn say(s: String) {
 
 struct Plan {
     name: &'static str,
-    /// Decode steps timed per batch size.
-    steps: fn(usize) -> usize,
+    /// Decode steps per sequence, the same for every batch size so every
+    /// batch attends over the same contexts.
+    steps: usize,
+    /// Repetitions per batch size (small batches repeat to time enough
+    /// tokens).
+    reps: fn(usize) -> usize,
     prompt_len: usize,
     batches: &'static [usize],
     ttft: &'static [usize],
@@ -89,8 +93,24 @@ struct Rate {
     cpu: f64,
 }
 
-/// Prefills `batch` sequences, then times `steps` batched decode steps.
-fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> Rate {
+/// `reps` times: prefills `batch` sequences, runs one untimed warm-up
+/// step, then times `steps` batched decode steps.
+fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize, reps: usize) -> Rate {
+    let (mut wall, mut cpu, mut n) = (Duration::ZERO, Duration::ZERO, 0usize);
+    for _ in 0..reps {
+        let (w, c) = decode_once(m, batch, prompt_len, steps);
+        wall += w;
+        cpu += c;
+        n += batch * steps;
+    }
+    Rate {
+        wall: n as f64 / wall.as_secs_f64(),
+        cpu: n as f64 / cpu.as_secs_f64(),
+    }
+}
+
+/// One prefill, one warm-up step, then `steps` timed steps: (wall, CPU).
+fn decode_once(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> (Duration, Duration) {
     let total = prompt_len + steps + 1;
     let pool = KvPool::new(PoolConfig::new(
         m.kv_geometry(KvDtype::F32),
@@ -125,14 +145,60 @@ fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> Rate
     };
     step(&mut seqs, &mut next);
     let (t, c) = (Instant::now(), cpu_times());
-    for _ in 1..steps {
+    for _ in 0..steps {
         step(&mut seqs, &mut next);
     }
-    let n = (batch * (steps - 1)) as f64;
-    Rate {
-        wall: n / t.elapsed().as_secs_f64(),
-        cpu: n / cpu_since(&c).as_secs_f64(),
+    (t.elapsed(), cpu_since(&c))
+}
+
+/// One layer of decode attention alone (one thread): `batch` sequences of
+/// `ctx` positions, the model's head layout; nanoseconds per (position,
+/// query head).
+fn attention_ns(m: &Model, batch: usize, ctx: usize) -> f64 {
+    use handoff::backend::{AttnShape, Backend};
+    let c = m.config();
+    let shape = AttnShape {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+    };
+    let geometry = handoff::KvGeometry {
+        n_layers: 1,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+        dtype: KvDtype::F32,
+    };
+    let pool = KvPool::new(PoolConfig::new(geometry, 16, batch * ctx.div_ceil(16))).unwrap();
+    let kvd = shape.kv_dim();
+    let val = |i: usize| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5;
+    let seqs: Vec<_> = (0..batch)
+        .map(|b| {
+            let mut s = pool.reserve(RequestId(b as u64), ctx).unwrap();
+            let k: Vec<f32> = (0..ctx * kvd).map(|i| val(i + b)).collect();
+            let v: Vec<f32> = (0..ctx * kvd).map(|i| val(i * 3 + b)).collect();
+            s.append(0, &k, &v).unwrap();
+            s
+        })
+        .collect();
+    let q: Vec<f32> = (0..batch * shape.q_dim()).map(|i| val(i * 7)).collect();
+    let mut out = Vec::new();
+    let backend = CpuBackend::with_threads(1);
+    let reader = pool.reader();
+    let views: Vec<_> = seqs
+        .iter()
+        .map(|s| reader.seq(s).unwrap().layer(0).unwrap())
+        .collect();
+    backend
+        .attention_decode(&q, &views, shape, &mut out)
+        .unwrap();
+    let reps = 200;
+    let t = Instant::now();
+    for _ in 0..reps {
+        backend
+            .attention_decode(&q, &views, shape, &mut out)
+            .unwrap();
     }
+    t.elapsed().as_nanos() as f64 / (reps * batch * ctx * c.n_heads) as f64
 }
 
 /// Prefill of an `n`-token prompt to its first sampled token.
@@ -216,12 +282,22 @@ fn backend() -> CpuBackend {
 fn bench(w: ModelWeights, plan: &Plan) {
     // HANDOFF_BENCH_CASE=B runs only the decode case at batch B (for
     // profiling with perf).
+    if std::env::var("HANDOFF_BENCH_ATTN").is_ok() {
+        let m = Model::new(backend(), w).unwrap();
+        for _ in 0..20 {
+            say(format!(
+                "{:.2} ns per (position, head)",
+                attention_ns(&m, 32, 128)
+            ));
+        }
+        return;
+    }
     if let Some(b) = std::env::var("HANDOFF_BENCH_CASE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
         let m = Model::new(backend(), w).unwrap();
-        let r = decode_rate(&m, b, plan.prompt_len, (plan.steps)(b));
+        let r = decode_rate(&m, b, plan.prompt_len, plan.steps, (plan.reps)(b));
         say(format!(
             "{}: decode batch {b}: {:.1} tokens/s wall, {:.1} per CPU-second",
             plan.name, r.wall, r.cpu
@@ -253,13 +329,20 @@ fn bench(w: ModelWeights, plan: &Plan) {
         m.backend().threads(),
         m.backend().isa()
     ));
-    let single = decode_rate(&m, 1, plan.prompt_len, (plan.steps)(1));
+    say(format!(
+        "decode: {} steps per sequence after an {}-token prompt (contexts {}..{}), every batch size",
+        plan.steps,
+        plan.prompt_len,
+        plan.prompt_len + 2,
+        plan.prompt_len + plan.steps + 1
+    ));
+    let single = decode_rate(&m, 1, plan.prompt_len, plan.steps, (plan.reps)(1));
     say(format!(
         "decode batch   1: {:>10.1} tokens/s wall | {:>10.1} tokens per CPU-second",
         single.wall, single.cpu
     ));
     for &b in plan.batches {
-        let r = decode_rate(&m, b, plan.prompt_len, (plan.steps)(b));
+        let r = decode_rate(&m, b, plan.prompt_len, plan.steps, (plan.reps)(b));
         say(format!(
             "decode batch {b:>3}: {:>10.1} tokens/s wall ({:.1}x single-stream) | {:>10.1} per CPU-second ({:.1}x)",
             r.wall,
@@ -268,6 +351,10 @@ fn bench(w: ModelWeights, plan: &Plan) {
             r.cpu / single.cpu
         ));
     }
+    say(format!(
+        "decode attention alone, 1 thread, 32 sequences x 128 positions: {:.2} ns per (position, head)",
+        attention_ns(&m, 32, 128)
+    ));
     for &n in plan.ttft {
         say(format!(
             "time to first token, {n}-token prompt: {:.2?}",
@@ -284,7 +371,8 @@ fn main() {
             w,
             &Plan {
                 name: "stories260K",
-                steps: |b| if b <= 8 { 256 } else { 128 },
+                steps: 128,
+                reps: |b| (64 / b).max(1),
                 prompt_len: 8,
                 batches: &[8, 32, 128],
                 ttft: &[128, 512],
@@ -312,7 +400,8 @@ fn main() {
         w,
         &Plan {
             name: "Llama-3.2-1B shape (random weights)",
-            steps: |b| if b <= 8 { 6 } else { 3 },
+            steps: 3,
+            reps: |b| if b <= 8 { 2 } else { 1 },
             prompt_len: 8,
             batches: &[8, 32, 128],
             ttft: &[128, 512],

@@ -244,6 +244,49 @@ fn writes_beyond_the_reservation_are_refused_and_change_nothing() {
 }
 
 #[test]
+fn a_batched_append_writes_each_sequence_its_own_rows_or_nothing_at_all() {
+    let pool = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 8)).unwrap();
+    let kvd = geometry(KvDtype::F32).kv_dim();
+    let mut a = pool.reserve(RequestId(1), 4).unwrap();
+    let mut b = pool.reserve(RequestId(2), 4).unwrap();
+    let (ka, va) = (rows(1, 0, 0, 3, kvd, 0), rows(1, 0, 0, 3, kvd, 1));
+    let (kb, vb) = (rows(2, 0, 0, 5, kvd, 0), rows(2, 0, 0, 5, kvd, 1));
+    // b asks for 5 tokens with 4 reserved: refused, naming b, and a got nothing.
+    let err = KvSeq::append_each(
+        0,
+        &mut [(&mut a, &ka[..], &va[..]), (&mut b, &kb[..], &vb[..])],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, (1, KvError::BeyondReservation { .. })),
+        "{err:?}"
+    );
+    assert_eq!((a.written(0), b.written(0)), (0, 0));
+    // Within the reservations, each sequence reads exactly its own rows.
+    KvSeq::append_each(
+        0,
+        &mut [
+            (&mut a, &ka[..], &va[..]),
+            (&mut b, &kb[..4 * kvd], &vb[..4 * kvd]),
+        ],
+    )
+    .unwrap();
+    let reader = pool.reader();
+    for (seq, r, n) in [(&a, 1, 3), (&b, 2, 4)] {
+        let view = reader.seq(seq).unwrap().layer(0).unwrap();
+        assert_eq!(view.len(), n);
+        for pos in 0..n {
+            let mut got = vec![0.0; kvd];
+            view.key(pos).unwrap().to_f32_into(&mut got);
+            assert_eq!(got, rows(r, 0, pos, 1, kvd, 0));
+        }
+    }
+    drop(reader);
+    drop((a, b));
+    assert!(pool.stats().is_full());
+}
+
+#[test]
 fn incomplete_kv_cannot_be_sealed_for_decode() {
     let pool = KvPool::new(PoolConfig::new(geometry(KvDtype::F32), 4, 4)).unwrap();
     let kvd = geometry(KvDtype::F32).kv_dim();

@@ -211,6 +211,24 @@ pub trait Backend: Send + Sync + 'static {
         rows: Range<usize>,
     ) -> Result<(), BackendError>;
 
+    /// [`Backend::kv_append`] for every sequence of a pass: `seqs[i]` gets
+    /// rows `spans[i].row_range()` of `k` and `v`. An error names the
+    /// sequence. Default: one `kv_append` per sequence.
+    fn kv_append_each<S: Writable>(
+        &self,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        spans: &[SeqSpan],
+    ) -> Result<(), (usize, BackendError)> {
+        for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
+            self.kv_append(seq, layer, k, v, span.row_range())
+                .map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
     /// Causal attention for many query positions per sequence (prefill):
     /// `q: [rows, q_dim]`, span `s` reads `kv[s]`, which must already hold
     /// every position up to `spans[s].end_pos()`. `out: [rows, q_dim]`.

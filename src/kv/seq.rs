@@ -16,6 +16,7 @@ use std::marker::PhantomData;
 use crate::config::KvGeometry;
 use crate::ids::RequestId;
 use crate::kv::page::PageState;
+use crate::kv::storage::Storage;
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -226,8 +227,53 @@ impl<S: Writable> KvSeq<S> {
     /// `layer`. `k` and `v` are `[n, n_kv_heads * head_dim]`.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = self.check_append(layer, k.len(), v.len())?;
+        let pool = self.pool.clone();
+        let mut st = pool.shared.storage.write();
+        self.store_rows(&mut st, layer, n, k, v);
+        Ok(())
+    }
+
+    /// [`KvSeq::append`] for several sequences at once: item `i` appends
+    /// its K and V rows to `layer` of its sequence. Items of the first
+    /// item's pool are written under one storage lock (one acquisition
+    /// instead of one per sequence, which matters when several threads
+    /// append to one pool). Every item is checked before anything is
+    /// written, so on an error nothing is appended; the error names the
+    /// item.
+    pub fn append_each(
+        layer: usize,
+        items: &mut [(&mut KvSeq<S>, &[f32], &[f32])],
+    ) -> Result<(), (usize, KvError)> {
+        let mut ns = Vec::with_capacity(items.len());
+        for (i, (seq, k, v)) in items.iter().enumerate() {
+            ns.push(
+                seq.check_append(layer, k.len(), v.len())
+                    .map_err(|e| (i, e))?,
+            );
+        }
+        let Some(pool) = items.first().map(|(seq, ..)| seq.pool.clone()) else {
+            return Ok(());
+        };
+        let mut st = pool.shared.storage.write();
+        for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
+            if seq.pool.same_pool(&pool) {
+                seq.store_rows(&mut st, layer, n, k, v);
+            }
+        }
+        drop(st);
+        for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
+            if !seq.pool.same_pool(&pool) {
+                let other = seq.pool.clone();
+                let mut st = other.shared.storage.write();
+                seq.store_rows(&mut st, layer, n, k, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `n` checked rows of K and V at the next positions of `layer`.
+    fn store_rows(&mut self, st: &mut Storage, layer: usize, n: usize, k: &[f32], v: &[f32]) {
         let kvd = self.geometry().kv_dim();
-        let mut st = self.pool.shared.storage.write();
         let writer = self.owner.0;
         self.for_each_run(layer, n, |page, slot, done, run| {
             let ko = st.offset(page, layer, 0, slot);
@@ -236,9 +282,7 @@ impl<S: Writable> KvSeq<S> {
             st.store_f32(vo, &v[done * kvd..(done + run) * kvd]);
             st.record_writers(page, layer, slot, run, writer);
         });
-        drop(st);
         self.written[layer] += n;
-        Ok(())
     }
 
     /// Appends `n` tokens given as raw bytes of the storage dtype (what a

@@ -590,14 +590,11 @@ impl<B: Backend> Model<B> {
             }
             b.rope(&mut s.q, &s.positions, rope(c.n_heads))?;
             b.rope(&mut s.k, &s.positions, rope(c.n_kv_heads))?;
-            for (i, seq) in seqs.iter_mut().enumerate() {
-                let owner = seq.owner();
-                b.kv_append(&mut **seq, li, &s.k, &s.v, s.spans[i].row_range())
-                    .map_err(|e| match e {
-                        BackendError::Kv(k) => kv_err(i, owner)(k),
-                        other => ForwardError::Backend(other),
-                    })?;
-            }
+            b.kv_append_each(seqs, li, &s.k, &s.v, &s.spans)
+                .map_err(|(i, e)| match e {
+                    BackendError::Kv(k) => kv_err(i, seqs[i].owner())(k),
+                    other => ForwardError::Backend(other),
+                })?;
             {
                 let pool = seqs[0].pool();
                 let reader = pool.reader();

@@ -428,6 +428,47 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn kv_append_each<S: Writable>(
+        &self,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        spans: &[SeqSpan],
+    ) -> Result<(), (usize, BackendError)> {
+        let Some(first) = seqs.first() else {
+            return Ok(());
+        };
+        let kvd = first.pool().config().geometry().kv_dim();
+        let n = rows_of("kv_append", k.len(), kvd).map_err(|e| (0, e))?;
+        if v.len() != k.len() {
+            let e = shape_err("kv_append", "V length (= K length)", k.len(), v.len());
+            return Err((0, e));
+        }
+        if spans.len() != seqs.len() {
+            let e = shape_err(
+                "kv_append",
+                "one span per sequence",
+                seqs.len(),
+                spans.len(),
+            );
+            return Err((0, e));
+        }
+        if let Some(i) = spans.iter().position(|s| s.first_row + s.rows > n) {
+            let end = spans[i].first_row + spans[i].rows;
+            return Err((i, shape_err("kv_append", "row range within", n, end)));
+        }
+        let mut items: Vec<(&mut KvSeq<S>, &[f32], &[f32])> = seqs
+            .iter_mut()
+            .zip(spans)
+            .map(|(seq, s)| {
+                let r = s.first_row * kvd..(s.first_row + s.rows) * kvd;
+                (&mut **seq, &k[r.clone()], &v[r])
+            })
+            .collect();
+        KvSeq::append_each(layer, &mut items).map_err(|(i, e)| (i, BackendError::Kv(e)))
+    }
+
     fn attention_prefill(
         &self,
         q: &Vec<f32>,
