@@ -154,9 +154,8 @@ fn decode_once(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> (Dur
 /// One layer of decode attention alone (one thread): `batch` sequences of
 /// `ctx` positions, the model's head layout; nanoseconds per (position,
 /// query head).
-fn attention_ns(m: &Model, batch: usize, ctx: usize) -> f64 {
+fn attention_ns(c: &ModelConfig, batch: usize, ctx: usize) -> f64 {
     use handoff::backend::{AttnShape, Backend};
-    let c = m.config();
     let shape = AttnShape {
         n_heads: c.n_heads,
         n_kv_heads: c.n_kv_heads,
@@ -287,7 +286,7 @@ fn bench(w: ModelWeights, plan: &Plan) {
         for _ in 0..20 {
             say(format!(
                 "{:.2} ns per (position, head)",
-                attention_ns(&m, 32, 128)
+                attention_ns(m.config(), 32, 128)
             ));
         }
         return;
@@ -353,7 +352,7 @@ fn bench(w: ModelWeights, plan: &Plan) {
     }
     say(format!(
         "decode attention alone, 1 thread, 32 sequences x 128 positions: {:.2} ns per (position, head)",
-        attention_ns(&m, 32, 128)
+        attention_ns(m.config(), 32, 128)
     ));
     for &n in plan.ttft {
         say(format!(

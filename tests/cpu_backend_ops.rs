@@ -244,7 +244,17 @@ fn kv_append_and_paged_attention_match_dense_attention() {
     // Head layouts that take every kernel path: fewer than eight heads,
     // blocks of eight, a remainder, MQA, and head dims that are not a
     // multiple of eight.
-    for (h, kvh, hd) in [(4, 2, 8), (8, 4, 8), (12, 4, 16), (16, 1, 12), (8, 8, 4)] {
+    // Real-model head dims (32, 64): several chunks per head, and value
+    // blocks inside one head.
+    for (h, kvh, hd) in [
+        (4, 2, 8),
+        (8, 4, 8),
+        (12, 4, 16),
+        (16, 1, 12),
+        (8, 8, 4),
+        (8, 2, 64),
+        (16, 4, 32),
+    ] {
         let shape = AttnShape {
             n_heads: h,
             n_kv_heads: kvh,
@@ -255,9 +265,11 @@ fn kv_append_and_paged_attention_match_dense_attention() {
 }
 
 fn attention_matches_dense(shape: AttnShape) {
-    for dtype in [KvDtype::F32, KvDtype::F16] {
+    // Page size 16 puts eight or more positions in a page (the blocked
+    // score loop), 4 fewer.
+    for (dtype, page_size) in [(KvDtype::F32, 4), (KvDtype::F16, 4), (KvDtype::F32, 16)] {
         for b in backends() {
-            let pool = KvPool::new(PoolConfig::new(geometry(shape, dtype), 4, 64)).unwrap();
+            let pool = KvPool::new(PoolConfig::new(geometry(shape, dtype), page_size, 64)).unwrap();
             // Two sequences of different lengths, prefilled in one batch.
             let lens = [11usize, 6];
             let total: usize = lens.iter().sum();
@@ -360,9 +372,9 @@ fn attention_matches_dense(shape: AttnShape) {
             drop(views);
             drop(reader);
             // Writes stop at the reservation.
-            let mut small = pool.reserve(RequestId(9), 4).unwrap();
+            let mut small = pool.reserve(RequestId(9), page_size).unwrap();
             assert!(matches!(
-                b.kv_append(&mut small, 0, &k, &v, 0..5),
+                b.kv_append(&mut small, 0, &k, &v, 0..page_size + 1),
                 Err(BackendError::Kv(_))
             ));
             drop((seqs, small));
