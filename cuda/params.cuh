@@ -193,4 +193,33 @@ struct AddParams {
 };
 static_assert(sizeof(AddParams) == 32, "AddParams drifted from params.rs");
 
+// xxh3-64 (seed 0) of byte ranges. grid (ceil(n / 8)); block 256 (a warp per range).
+struct HashRangesParams {
+    const uint8_t* data;      // bytes
+    const uint64_t* offsets;  // [n] first byte of each range
+    const uint64_t* lens;     // [n] bytes in each range (offset + len within data)
+    uint64_t* out;            // [n] hashes
+    uint32_t n;
+    uint32_t pad0;
+};
+static_assert(sizeof(HashRangesParams) == 40, "HashRangesParams drifted from params.rs");
+
+// Per-page transfer checksums (src/transfer/checksum.rs): region (layer, K|V)
+// of a page is its first `tokens` rows of that layer's K or V, i.e. bytes
+// [((layer * 2 + kv) * page_size) * row_bytes, + tokens * row_bytes) of the
+// page. grid (n_pages); block 256.
+struct PageChecksumParams {
+    const uint8_t* kv;          // KV arena bytes
+    const uint32_t* pages;      // [n_pages] arena pages (< arena pages)
+    const uint32_t* tokens;     // [n_pages] rows written in each page (<= page_size)
+    uint64_t* region_hashes;    // [n_pages][n_layers][2] out
+    uint64_t* page_checksums;   // [n_pages] out
+    uint64_t page_bytes;        // bytes per page
+    uint32_t n_pages;
+    uint32_t n_layers;
+    uint32_t page_size;
+    uint32_t row_bytes;         // kv_dim * dtype size
+};
+static_assert(sizeof(PageChecksumParams) == 64, "PageChecksumParams drifted from params.rs");
+
 }  // namespace handoff

@@ -308,8 +308,8 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
     // merge, scrub, rms_norm, rope, swiglu, embedding, argmax;
-    // linear, add_periodic.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2);
+    // linear, add_periodic; xxh3_ranges, page_checksums.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2 + 2);
 }
 
 // ----------------------------------------------------------------- decode
@@ -894,4 +894,132 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
         dev.add_assign(&mut x_dev, &dev.upload(&bias[..3]).unwrap()),
         Err(CudaError::Shape { .. })
     ));
+}
+
+// -------------------------------------------------------------- checksums
+//
+// A transfer is trusted only when the receiver's page checksums equal the
+// sender's (src/transfer/checksum.rs). A GPU computing them must agree
+// with twox-hash bit for bit, or every verified transfer it checks fails,
+// or, worse, a wrong hash agrees with a wrong sender. (The same header is
+// also checked on the host by tests/xxh3_host.rs.)
+
+#[test]
+fn gpu_xxh3_equals_twox_hash_for_every_length_class_and_alignment() {
+    use twox_hash::XxHash3_64;
+    let dev = gpu!("gpu_xxh3_equals_twox_hash_for_every_length_class_and_alignment");
+    let mut rng = Rng(20);
+    let data: Vec<u8> = (0..200_000).map(|_| rng.next_u64() as u8).collect();
+    let data_dev = dev.upload(&data).unwrap();
+    // 0, 1-3, 4-8, 9-16, 17-128, 129-240, then one stripe to many blocks,
+    // and page-sized K/V regions (16 and 64 rows of 2 KiB).
+    let mut lens: Vec<usize> = (0..=300).collect();
+    lens.extend([
+        1023, 1024, 1025, 1088, 2047, 2048, 2049, 5000, 32_768, 32_771, 131_072,
+    ]);
+    let mut ranges = Vec::new();
+    for &len in &lens {
+        for off in [0, 8, 1 + rng.below(63)] {
+            ranges.push((off, len));
+        }
+    }
+    let got = dev.xxh3_64_ranges(&data_dev, &ranges).unwrap();
+    for (&(off, len), &h) in ranges.iter().zip(&got) {
+        assert_eq!(
+            h,
+            XxHash3_64::oneshot(&data[off..off + len]),
+            "{len} bytes at offset {off}"
+        );
+    }
+    assert!(matches!(
+        dev.xxh3_64_ranges(&data_dev, &[(199_999, 2)]),
+        Err(CudaError::Shape { .. })
+    ));
+}
+
+#[test]
+fn gpu_page_checksums_equal_the_transfer_layers_for_full_partial_and_empty_pages() {
+    use twox_hash::XxHash3_64;
+    let dev = gpu!("gpu_page_checksums_equal_the_transfer_layers_for_full_partial_and_empty_pages");
+    let mut rng = Rng(21);
+    for (dtype, ps, n_kv_heads, head_dim) in [
+        (KvDtype::BF16, 16, 8, 128),
+        (KvDtype::F16, 64, 2, 64),
+        (KvDtype::F32, 1, 1, 8),
+    ] {
+        let g = KvGeometry {
+            n_layers: 3,
+            n_kv_heads,
+            head_dim,
+            dtype,
+        };
+        let n_pages = 7;
+        let mut host = HostArena::poisoned(g, ps, n_pages);
+        for b in host.bytes.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+        let arena = host.upload(&dev);
+        // Scattered pages with full, partial and no rows written.
+        let pages = [5u32, 0, 3, 6];
+        let tokens = [ps, ps / 2 + 1, 1, 0].map(|t| t.min(ps));
+        let got = dev.page_checksums(&arena, &pages, &tokens).unwrap();
+        let row = g.kv_dim() * dtype.size_bytes();
+        let mut want_regions = Vec::new();
+        let mut want_pages = Vec::new();
+        for (&p, &t) in pages.iter().zip(&tokens) {
+            let mut regions = Vec::new();
+            for layer in 0..g.n_layers {
+                for kv in 0..2 {
+                    let at = host.offset(p, layer, kv, 0, 0);
+                    regions.push(XxHash3_64::oneshot(&host.bytes[at..at + t * row]));
+                }
+            }
+            let bytes: Vec<u8> = regions.iter().flat_map(|h| h.to_le_bytes()).collect();
+            want_pages.push(XxHash3_64::oneshot(&bytes));
+            want_regions.extend(regions);
+        }
+        assert_eq!(
+            got.regions, want_regions,
+            "{dtype:?} page {ps}: region hashes"
+        );
+        assert_eq!(got.pages, want_pages, "{dtype:?} page {ps}: page checksums");
+
+        // A byte flipped in a written row changes exactly its page's checksum;
+        // one flipped past the written rows changes nothing.
+        let mut flipped = host.bytes.clone();
+        let at = host.offset(pages[1], 2, 1, 0, 3);
+        flipped[at] ^= 0x10;
+        let beyond = host.offset(pages[2], 0, 0, tokens[2], 0);
+        if tokens[2] < ps {
+            flipped[beyond] ^= 0x01;
+        }
+        let mut other = DeviceKvArena::new(&dev, g, ps, n_pages).unwrap();
+        let pb = host.page_bytes();
+        for p in 0..n_pages {
+            other
+                .write_page(&dev, p as u32, &flipped[p * pb..(p + 1) * pb])
+                .unwrap();
+        }
+        let again = dev.page_checksums(&other, &pages, &tokens).unwrap();
+        for i in 0..pages.len() {
+            assert_eq!(
+                again.pages[i] != got.pages[i],
+                i == 1,
+                "{dtype:?}: page #{i}"
+            );
+        }
+
+        assert!(matches!(
+            dev.page_checksums(&arena, &[n_pages as u32], &[1]),
+            Err(CudaError::PageOutOfRange { .. })
+        ));
+        assert!(matches!(
+            dev.page_checksums(&arena, &[0], &[ps + 1]),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            dev.page_checksums(&arena, &[0, 1], &[1]),
+            Err(CudaError::Shape { .. })
+        ));
+    }
 }

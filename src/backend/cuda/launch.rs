@@ -28,6 +28,7 @@ const PREFILL_ROWS: usize = 32; // mirrors PREFILL_ROWS in prefill_attention.cu
 const PREFILL_BK: usize = 32; // mirrors PREFILL_BK
 const PREFILL_THREADS: u32 = 128;
 const DECODE_THREADS: u32 = 128;
+const CHECKSUM_WARPS: usize = 8; // mirrors CHECKSUM_WARPS in checksum.cu
 /// Smallest KV chunk a split-KV decode block takes (positions).
 const MIN_CHUNK: usize = 256;
 
@@ -57,6 +58,10 @@ unsafe impl DeviceRepr for ArgmaxParams {}
 unsafe impl DeviceRepr for LinearParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for AddParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for HashRangesParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PageChecksumParams {}
 
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
@@ -116,6 +121,8 @@ pub(super) fn kernel_specs() -> Vec<KernelSpec> {
         "argmax",
         "linear",
         "add_periodic",
+        "xxh3_ranges",
+        "page_checksums",
     ] {
         v.push(plain(n.to_string()));
     }
@@ -885,6 +892,155 @@ impl CudaDevice {
             return Err(CudaError::NanLogits { row, nans: n });
         }
         self.download(&idx)
+    }
+}
+
+/// Transfer checksums of KV pages computed on the device (see
+/// [`CudaDevice::page_checksums`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct PageChecksums {
+    /// Region hashes as `[page][layer][K, V]`, pages in the order given.
+    pub regions: Vec<u64>,
+    /// One checksum per page given, in that order.
+    pub pages: Vec<u64>,
+}
+
+impl CudaDevice {
+    /// xxh3-64 (seed 0) of each `(offset, len)` byte range of `data`, one
+    /// warp per range; the same value as `twox_hash::XxHash3_64::oneshot`.
+    pub fn xxh3_64_ranges(
+        &self,
+        data: &impl DevicePtr<u8>,
+        ranges: &[(usize, usize)],
+    ) -> Result<Vec<u64>, CudaError> {
+        for &(off, len) in ranges {
+            if off.checked_add(len).is_none_or(|end| end > data.len()) {
+                return Err(CudaError::Shape {
+                    what: "hashed range end (within the buffer)",
+                    expected: data.len(),
+                    got: off.saturating_add(len),
+                });
+            }
+        }
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = to_u32("hashed ranges", ranges.len())?;
+        let offsets: Vec<u64> = ranges.iter().map(|r| r.0 as u64).collect();
+        let lens: Vec<u64> = ranges.iter().map(|r| r.1 as u64).collect();
+        let offsets = self.upload(&offsets)?;
+        let lens = self.upload(&lens)?;
+        let mut out = self.zeros::<u64>(ranges.len())?;
+        {
+            let stream = &self.inner.stream;
+            let (d_ptr, _g1) = data.device_ptr(stream);
+            let (o_ptr, _g2) = offsets.device_ptr(stream);
+            let (l_ptr, _g3) = lens.device_ptr(stream);
+            let (out_ptr, _g4) = out.device_ptr_mut(stream);
+            let p = HashRangesParams {
+                data: d_ptr,
+                offsets: o_ptr,
+                lens: l_ptr,
+                out: out_ptr,
+                n,
+                pad0: 0,
+            };
+            let mut b = stream.launch_builder(self.kernel("xxh3_ranges")?);
+            b.arg(&p);
+            // SAFETY: every range lies within data (checked above); offsets, lens
+            // and out hold n u64 each; one warp per range over ceil(n / 8) blocks
+            // of 8 warps, and the kernel returns for warps past n.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (ranges.len().div_ceil(CHECKSUM_WARPS) as u32, 1, 1),
+                    block_dim: (CHECKSUM_WARPS as u32 * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map(drop)
+            .map_err(CudaError::driver("launching xxh3 over ranges"))?;
+        }
+        self.download(&out)
+    }
+
+    /// The transfer layer's per-page checksums (src/transfer/checksum.rs)
+    /// over `pages` of the device arena, page `pages[i]` holding `tokens[i]`
+    /// written rows (slots `0..tokens[i]` of every layer, K and V).
+    pub fn page_checksums(
+        &self,
+        arena: &DeviceKvArena,
+        pages: &[u32],
+        tokens: &[usize],
+    ) -> Result<PageChecksums, CudaError> {
+        shape("tokens per checksummed page", pages.len(), tokens.len())?;
+        for &p in pages {
+            if p as usize >= arena.pages() {
+                return Err(CudaError::PageOutOfRange {
+                    page: p,
+                    pages: arena.pages(),
+                });
+            }
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t > arena.page_size()) {
+            return Err(CudaError::Shape {
+                what: "rows in a checksummed page (at most page_size)",
+                expected: arena.page_size(),
+                got: t,
+            });
+        }
+        let g = arena.geometry();
+        if pages.is_empty() {
+            return Ok(PageChecksums {
+                regions: Vec::new(),
+                pages: Vec::new(),
+            });
+        }
+        let n_pages = to_u32("checksummed pages", pages.len())?;
+        let tokens32: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        let page_list = self.upload(pages)?;
+        let token_list = self.upload(&tokens32)?;
+        let mut regions = self.zeros::<u64>(pages.len() * g.n_layers * 2)?;
+        let mut sums = self.zeros::<u64>(pages.len())?;
+        {
+            let stream = &self.inner.stream;
+            let (kv_ptr, _g1) = arena.data.device_ptr(stream);
+            let (p_ptr, _g2) = page_list.device_ptr(stream);
+            let (t_ptr, _g3) = token_list.device_ptr(stream);
+            let (r_ptr, _g4) = regions.device_ptr_mut(stream);
+            let (s_ptr, _g5) = sums.device_ptr_mut(stream);
+            let p = PageChecksumParams {
+                kv: kv_ptr,
+                pages: p_ptr,
+                tokens: t_ptr,
+                region_hashes: r_ptr,
+                page_checksums: s_ptr,
+                page_bytes: arena.page_bytes() as u64,
+                n_pages,
+                n_layers: to_u32("layers", g.n_layers)?,
+                page_size: to_u32("page size", arena.page_size())?,
+                row_bytes: to_u32("KV row bytes", g.kv_dim() * g.dtype.size_bytes())?,
+            };
+            let mut b = stream.launch_builder(self.kernel("page_checksums")?);
+            b.arg(&p);
+            // SAFETY: every page is inside the arena and every token count at most
+            // page_size (checked), so each region (at most page_size rows of one
+            // layer's K or V) lies inside its page; regions holds n_pages*n_layers*2
+            // and sums n_pages u64; one block per page.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (n_pages, 1, 1),
+                    block_dim: (CHECKSUM_WARPS as u32 * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map(drop)
+            .map_err(CudaError::driver("launching page checksums"))?;
+        }
+        Ok(PageChecksums {
+            regions: self.download(&regions)?,
+            pages: self.download(&sums)?,
+        })
     }
 }
 
