@@ -222,4 +222,28 @@ struct PageChecksumParams {
 };
 static_assert(sizeof(PageChecksumParams) == 64, "PageChecksumParams drifted from params.rs");
 
+// Paged causal prefill on tensor cores (prefill_mma.cu), f16/bf16 KV. Same
+// shapes and causal rule as PrefillParams; its own struct so that the two
+// kernels can diverge. grid (q_tiles, n_kv_heads, batch) with q_tiles =
+// ceil(max q_len / (64 / group)); block 128; dynamic smem.
+struct PrefillMmaParams {
+    const float* q;               // [q_indptr[batch], n_heads, head_dim] f32, 8-byte aligned
+    const void* kv;               // KV arena, f16 or bf16
+    const uint32_t* page_table;   // [page_indptr[batch]]
+    const uint32_t* page_indptr;  // [batch + 1]
+    const uint32_t* q_indptr;     // [batch + 1]
+    const uint32_t* kv_len;       // [batch] (>= its q_len)
+    float* out;                   // [q_indptr[batch], n_heads, head_dim] f32, 8-byte aligned
+    uint64_t page_stride;         // elements per page
+    uint32_t batch;
+    uint32_t n_heads;
+    uint32_t n_kv_heads;
+    uint32_t group;               // n_heads / n_kv_heads, <= 64
+    uint32_t layer;
+    uint32_t page_size_log2;
+    float sm_scale_log2;
+    uint32_t pad0;
+};
+static_assert(sizeof(PrefillMmaParams) == 96, "PrefillMmaParams drifted from params.rs");
+
 }  // namespace handoff

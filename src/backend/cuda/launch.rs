@@ -27,6 +27,11 @@ pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
 const PREFILL_ROWS: usize = 32; // mirrors PREFILL_ROWS in prefill_attention.cu
 const PREFILL_BK: usize = 32; // mirrors PREFILL_BK
 const PREFILL_THREADS: u32 = 128;
+/// Head dimensions with a tensor-core prefill kernel (f16 and bf16 KV).
+pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+const PMMA_BM: usize = 64; // mirrors PMMA_BM in prefill_mma.cu (rows per block)
+const PMMA_BN: usize = 64; // mirrors PMMA_BN (keys per tile)
+const PMMA_THREADS: u32 = 128;
 const DECODE_THREADS: u32 = 128;
 const CHECKSUM_WARPS: usize = 8; // mirrors CHECKSUM_WARPS in checksum.cu
 /// Smallest KV chunk a split-KV decode block takes (positions).
@@ -58,6 +63,8 @@ unsafe impl DeviceRepr for ArgmaxParams {}
 unsafe impl DeviceRepr for LinearParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for AddParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PrefillMmaParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for HashRangesParams {}
 // SAFETY: as above.
@@ -91,6 +98,25 @@ fn prefill_smem(head_dim: usize) -> usize {
     (PREFILL_ROWS + 2 * PREFILL_BK) * (head_dim + 1) * 4
 }
 
+fn prefill_mma_smem(head_dim: usize) -> usize {
+    // mirrors PmmaCfg::SMEM_BYTES: Q, K and V tiles of 2-byte elements, rows padded by 8
+    (PMMA_BM + 2 * PMMA_BN) * (head_dim + 8) * 2
+}
+
+/// Which prefill attention kernel runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
+    /// [`PREFILL_MMA_HEAD_DIMS`], at most 64 query heads per KV head), else
+    /// the scalar kernel.
+    #[default]
+    Auto,
+    /// The scalar f32 kernel (every dtype and head dim): the reference.
+    Scalar,
+    /// The tensor-core (mma.sync) kernel; refused where not compiled.
+    TensorCore,
+}
+
 /// Every kernel the dispatch below can name.
 pub(super) fn kernel_specs() -> Vec<KernelSpec> {
     let plain = |name: String| KernelSpec {
@@ -108,6 +134,12 @@ pub(super) fn kernel_specs() -> Vec<KernelSpec> {
                 name: format!("prefill_attention_{t}_d{hd}"),
                 dynamic_smem: prefill_smem(hd),
             });
+            if d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd) {
+                v.push(KernelSpec {
+                    name: format!("prefill_mma_{t}_d{hd}"),
+                    dynamic_smem: prefill_mma_smem(hd),
+                });
+            }
         }
         v.push(plain(format!("kv_append_{t}")));
     }
@@ -397,7 +429,8 @@ impl CudaDevice {
         Ok(num_splits)
     }
 
-    /// Paged causal prefill attention for layer `layer`.
+    /// Paged causal prefill attention for layer `layer`, on tensor cores
+    /// where compiled (see [`PrefillKernel::Auto`]).
     ///
     /// `q` and `out` are `[total_q, n_heads, head_dim]`, the rows of each
     /// sequence's `q_len` new positions in batch order; their K/V must
@@ -412,8 +445,45 @@ impl CudaDevice {
         q: &impl DevicePtr<f32>,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
+        self.prefill_attention_with(arena, layer, tables, n_heads, q, out, PrefillKernel::Auto)
+            .map(drop)
+    }
+
+    /// [`CudaDevice::prefill_attention`] with the kernel chosen by `kernel`;
+    /// returns the one that ran ([`PrefillKernel::Scalar`] or
+    /// [`PrefillKernel::TensorCore`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill_attention_with(
+        &self,
+        arena: &DeviceKvArena,
+        layer: usize,
+        tables: &PageTables,
+        n_heads: usize,
+        q: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        kernel: PrefillKernel,
+    ) -> Result<PrefillKernel, CudaError> {
         let s = attn_shape(arena, tables, layer, n_heads)?;
-        if s.group > PREFILL_MAX_GROUP {
+        let dtype = arena.geometry().dtype;
+        let mma_ok = dtype != KvDtype::F32
+            && PREFILL_MMA_HEAD_DIMS.contains(&s.head_dim)
+            && s.group <= PMMA_BM;
+        let use_mma = match kernel {
+            PrefillKernel::Auto => mma_ok,
+            PrefillKernel::Scalar => false,
+            PrefillKernel::TensorCore if mma_ok => true,
+            PrefillKernel::TensorCore => {
+                return Err(CudaError::Unsupported {
+                    what: "tensor-core prefill",
+                    detail: format!(
+                        "{dtype:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
+                         head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {PMMA_BM})",
+                        s.head_dim, s.group
+                    ),
+                });
+            }
+        };
+        if !use_mma && s.group > PREFILL_MAX_GROUP {
             return Err(CudaError::Unsupported {
                 what: "query heads per KV head in prefill",
                 detail: format!("{} (at most {PREFILL_MAX_GROUP})", s.group),
@@ -422,13 +492,6 @@ impl CudaDevice {
         let rows = tables.total_q * n_heads * s.head_dim;
         shape("prefill q elements", rows, q.len())?;
         shape("prefill out elements", rows, out.len())?;
-        let q_tiles = tables.max_q_len.div_ceil(PREFILL_ROWS / s.group);
-        let name = format!(
-            "prefill_attention_{}_d{}",
-            dtype_name(arena.geometry().dtype),
-            s.head_dim
-        );
-        let func = self.kernel(&name)?;
         let stream = &self.inner.stream;
         let (q_ptr, _gq) = q.device_ptr(stream);
         let (kv_ptr, _gk) = arena.data.device_ptr(stream);
@@ -437,6 +500,62 @@ impl CudaDevice {
         let (qi_ptr, _g3) = tables.q_indptr.device_ptr(stream);
         let (len_ptr, _g4) = tables.kv_len.device_ptr(stream);
         let (out_ptr, _go) = out.device_ptr_mut(stream);
+        if use_mma {
+            if q_ptr % 8 != 0 || out_ptr % 8 != 0 {
+                return Err(CudaError::Unsupported {
+                    what: "tensor-core prefill buffers",
+                    detail: "q and out must be 8-byte aligned (views at an odd element)".into(),
+                });
+            }
+            let q_tiles = tables.max_q_len.div_ceil(PMMA_BM / s.group);
+            let func = self.kernel(&format!(
+                "prefill_mma_{}_d{}",
+                dtype_name(dtype),
+                s.head_dim
+            ))?;
+            let p = PrefillMmaParams {
+                q: q_ptr,
+                kv: kv_ptr,
+                page_table: pt_ptr,
+                page_indptr: pi_ptr,
+                q_indptr: qi_ptr,
+                kv_len: len_ptr,
+                out: out_ptr,
+                page_stride: s.page_stride,
+                batch: to_u32("batch", tables.batch)?,
+                n_heads: to_u32("n_heads", n_heads)?,
+                n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
+                group: to_u32("group", s.group)?,
+                layer: to_u32("layer", layer)?,
+                page_size_log2: s.page_size_log2,
+                sm_scale_log2: sm_scale_log2(s.head_dim),
+                pad0: 0,
+            };
+            let mut b = stream.launch_builder(func);
+            b.arg(&p);
+            // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked) and are
+            // 8-byte aligned (checked) for the kernel's float2 accesses; the page
+            // tables were built for this arena with every page inside it, each
+            // sequence's kv_len covered by its pages and q_len <= kv_len; the KV
+            // rows are 16-byte multiples (arena invariant) for its 16-byte loads;
+            // group <= 64 rows per block; the kernel matches dtype and head_dim and
+            // its dynamic shared memory was allowed when it was loaded.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (to_u32("query tiles", q_tiles)?, p.n_kv_heads, p.batch),
+                    block_dim: (PMMA_THREADS, 1, 1),
+                    shared_mem_bytes: prefill_mma_smem(s.head_dim) as u32,
+                })
+            }
+            .map_err(CudaError::driver("launching tensor-core prefill attention"))?;
+            return Ok(PrefillKernel::TensorCore);
+        }
+        let q_tiles = tables.max_q_len.div_ceil(PREFILL_ROWS / s.group);
+        let func = self.kernel(&format!(
+            "prefill_attention_{}_d{}",
+            dtype_name(dtype),
+            s.head_dim
+        ))?;
         let p = PrefillParams {
             q: q_ptr,
             kv: kv_ptr,
@@ -469,8 +588,8 @@ impl CudaDevice {
                 shared_mem_bytes: prefill_smem(s.head_dim) as u32,
             })
         }
-        .map(drop)
-        .map_err(CudaError::driver("launching prefill attention"))
+        .map_err(CudaError::driver("launching prefill attention"))?;
+        Ok(PrefillKernel::Scalar)
     }
 
     /// Writes K/V rows `[slots.len(), kv_dim]` (f32, converted to the arena's
