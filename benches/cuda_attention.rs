@@ -5,7 +5,8 @@
 //! a device-to-device copy ((read + write) bytes / time) measured in the
 //! same process. GQA 32:4, head_dim 128, bf16 KV, one layer, page 16 vs 64,
 //! batch {1, 8, 64, 256} x context {1k, 8k, 32k, 128k}; cells whose arena
-//! would exceed HANDOFF_BENCH_MAX_GIB (default 40) are reported as skipped.
+//! would exceed HANDOFF_BENCH_MAX_GIB (default 80; the largest, 256 x 128k,
+//! is 64 GiB) or fail to allocate are reported as skipped.
 //!
 //! Prefill: causal, head_dim 128, 32:8 heads, bf16 KV, page 16, 1k-8k
 //! positions, on the tensor-core kernel and on the scalar reference:
@@ -105,7 +106,7 @@ mod gpu {
         let max_gib: f64 = std::env::var("HANDOFF_BENCH_MAX_GIB")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(40.0);
+            .unwrap_or(80.0);
         println!(
             "# cuda_attention on {} ({} SMs)\n",
             dev.name(),
@@ -136,9 +137,17 @@ mod gpu {
                 }
                 let mut cells = Vec::new();
                 let mut splits = 0;
+                let mut no_memory = None;
                 for ps in [16usize, 64] {
                     let per_seq = ctx / ps;
-                    let arena = DeviceKvArena::new(&dev, g, ps, batch * per_seq)?;
+                    // An allocation failure skips the cell, not the run.
+                    let arena = match DeviceKvArena::new(&dev, g, ps, batch * per_seq) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            no_memory = Some(e);
+                            break;
+                        }
+                    };
                     // Interleave sequences' pages (page i of seq b at i * batch + b).
                     let tables: Vec<Vec<u32>> = (0..batch)
                         .map(|b| (0..per_seq).map(|i| (i * batch + b) as u32).collect())
@@ -169,6 +178,10 @@ mod gpu {
                         Ok(())
                     })?;
                     cells.push(kv_bytes as f64 / (ms * 1e-3) / 1e9);
+                }
+                if let Some(e) = no_memory {
+                    println!("| {batch} | {ctx} | skipped: {e} | | | |");
+                    continue;
                 }
                 println!(
                     "| {batch} | {ctx} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2} | {splits} |",
