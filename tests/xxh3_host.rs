@@ -16,7 +16,12 @@
 //! half a stripe, summed), so the decomposition the kernel relies on is
 //! checked too.
 //!
-//! Without any C++ compiler the test prints `SKIP` and passes.
+//! A second test runs the kernels themselves (cuda/checksum.cuh: a warp
+//! per range with its shuffle reduction, a block per page) on the host SIMT
+//! emulator of tests/sim/ and checks ranges and per-page checksums, region
+//! layout included, against twox-hash and src/transfer/checksum.rs's rule.
+//!
+//! Without any C++ compiler the tests print `SKIP` and pass.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -150,6 +155,20 @@ fn ranges(data_len: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// SplitMix64 bytes: every bit of input matters.
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut state = 0x5EED_u64;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (z ^ (z >> 31)) as u8
+        })
+        .collect()
+}
+
 #[test]
 fn the_gpu_xxh3_header_hashes_exactly_as_the_transfer_layer() {
     let compilers = compilers();
@@ -162,17 +181,7 @@ fn the_gpu_xxh3_header_hashes_exactly_as_the_transfer_layer() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // Random bytes (SplitMix64), not a pattern: every bit of input matters.
-    let mut state = 0x5EED_u64;
-    let data: Vec<u8> = (0..64 * 2048 + 64)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (z ^ (z >> 31)) as u8
-        })
-        .collect();
+    let data = random_bytes(64 * 2048 + 64);
     let data_path = dir.path().join("data.bin");
     std::fs::write(&data_path, &data).unwrap();
     let ranges = ranges(data.len());
@@ -207,6 +216,114 @@ fn the_gpu_xxh3_header_hashes_exactly_as_the_transfer_layer() {
             "{name} ({}): {} ranges equal to twox-hash",
             compiler.display(),
             ranges.len()
+        );
+    }
+}
+
+#[test]
+fn the_gpu_checksum_kernels_on_a_simt_emulator_hash_as_the_transfer_layer() {
+    let Some(cxx) = ["c++", "g++", "clang++"].iter().find_map(|c| on_path(c)) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP the_gpu_checksum_kernels_on_a_simt_emulator_hash_as_the_transfer_layer: no C++ \
+             compiler (c++, g++ or clang++) found"
+        );
+        return;
+    };
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("checksum_sim");
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O2",
+            "-pthread",
+            "-fno-strict-aliasing",
+            "-Wno-unknown-pragmas",
+            "-DHANDOFF_SIMT_HOST",
+        ])
+        .arg(format!("-I{root}/cuda"))
+        .arg(format!("-I{root}/tests/sim"))
+        .arg(format!("{root}/tests/sim/checksum_main.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} could not compile cuda/checksum.cuh for the emulator:\n{}",
+        cxx.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The bytes are also the KV arena: 3 layers, pages of 16 slots, rows of
+    // 256 bytes (2 KV heads x 64 dims in bf16): 24 KiB a page, 8 pages.
+    let (n_layers, page_size, row) = (3usize, 16usize, 256usize);
+    let page_bytes = n_layers * 2 * page_size * row;
+    let data = random_bytes(8 * page_bytes);
+    let mut ranges: Vec<(usize, usize)> = (0..=260).map(|len| (len % 7, len)).collect();
+    ranges.extend([
+        (0, 1024),
+        (8, 1025),
+        (3, 2049),
+        (0, 4096),
+        (5, 16 * 256 + 1),
+    ]);
+    ranges.push((0, page_bytes)); // a whole page: 24 blocks of 1024 bytes
+    // Scattered pages: full, partial, one row, none, full.
+    let pages = [(5usize, 16usize), (0, 9), (3, 1), (6, 0), (2, 16)];
+
+    let data_path = dir.path().join("data.bin");
+    std::fs::write(&data_path, &data).unwrap();
+    let ranges_path = dir.path().join("ranges.txt");
+    let list: String = ranges.iter().map(|(o, l)| format!("{o} {l}\n")).collect();
+    std::fs::write(&ranges_path, list).unwrap();
+    let pages_path = dir.path().join("pages.txt");
+    let list: String = pages.iter().map(|(p, t)| format!("{p} {t}\n")).collect();
+    std::fs::write(&pages_path, list).unwrap();
+    let run = Command::new(&exe)
+        .arg(&data_path)
+        .arg(&ranges_path)
+        .arg(&pages_path)
+        .args([page_bytes, n_layers, page_size, row].map(|x| x.to_string()))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "emulated kernels failed: {run:?}");
+    let text = String::from_utf8(run.stdout).unwrap();
+    let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+    let mut lines = text.lines();
+    for &(off, len) in &ranges {
+        let line = lines.next().expect("one R line per range");
+        let got = hex(line.strip_prefix("R ").expect("an R line"));
+        assert_eq!(
+            got,
+            XxHash3_64::oneshot(&data[off..off + len]),
+            "xxh3_ranges: {len} bytes at {off}"
+        );
+    }
+    for &(page, tokens) in &pages {
+        let line = lines.next().expect("one P line per page");
+        let fields: Vec<u64> = line
+            .strip_prefix("P ")
+            .expect("a P line")
+            .split(' ')
+            .map(hex)
+            .collect();
+        // src/transfer/checksum.rs: region (layer, K|V) = the first `tokens`
+        // rows of that layer's K or V in the page; the page checksum is
+        // xxh3-64 of the region hashes' little-endian bytes.
+        let regions: Vec<u64> = (0..n_layers * 2)
+            .map(|r| {
+                let at = page * page_bytes + r * page_size * row;
+                XxHash3_64::oneshot(&data[at..at + tokens * row])
+            })
+            .collect();
+        let bytes: Vec<u8> = regions.iter().flat_map(|h| h.to_le_bytes()).collect();
+        assert_eq!(fields[1..], regions[..], "page {page}: region hashes");
+        assert_eq!(
+            fields[0],
+            XxHash3_64::oneshot(&bytes),
+            "page {page}: checksum"
         );
     }
 }
