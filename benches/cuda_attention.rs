@@ -5,11 +5,16 @@
 //! a device-to-device copy ((read + write) bytes / time) measured in the
 //! same process. GQA 32:4, head_dim 128, bf16 KV, one layer, page 16 vs 64,
 //! batch {1, 8, 64, 256} x context {1k, 8k, 32k, 128k}; cells whose arena
-//! would exceed HANDOFF_BENCH_MAX_GIB (default 40) are reported as skipped.
+//! would exceed HANDOFF_BENCH_MAX_GIB (default 80; the largest, 256 x 128k,
+//! is 64 GiB) or fail to allocate are reported as skipped.
 //!
-//! Prefill: causal, head_dim 128, 32:8 heads, bf16 KV, TFLOP/s at 1k-8k.
-//! cuBLAS is not linked (the GPU machine has no libcublas to load), so the
-//! figure is also given against the H200's dense bf16 peak (989 TFLOP/s).
+//! Prefill: causal, head_dim 128, 32:8 heads, bf16 KV, page 16, 1k-8k
+//! positions, on the tensor-core kernel and on the scalar reference:
+//! TFLOP/s (causal triangle only) and the share of the H200's dense bf16
+//! peak (989 TFLOP/s). cuBLAS is not linked (the GPU machine has no
+//! libcublas outside its torch install): gpu-bundle/run.sh times torch's
+//! cuBLAS bf16 GEMMs right after this bench and divides the last line
+//! printed here, `prefill_tc_tflops_8k=<x>`, by them.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(not(feature = "cuda"))]
@@ -32,8 +37,8 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use handoff::backend::cuda::{
-        CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, SeqPages, Split,
-        device_for_test,
+        CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, PrefillKernel, SeqPages,
+        Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
 
@@ -59,6 +64,26 @@ mod gpu {
         Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
     }
 
+    fn next(state: &mut u64) -> u64 {
+        // SplitMix64.
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// bf16 values of magnitude 2^-7..1 with random signs and mantissas.
+    fn random_bf16_bytes(state: &mut u64, n_bytes: usize) -> Vec<u8> {
+        (0..n_bytes / 2)
+            .flat_map(|_| {
+                let r = next(state);
+                let bits = ((r & 1) << 15) | ((120 + (r >> 1) % 7) << 7) | ((r >> 8) & 0x7f);
+                (bits as u16).to_le_bytes()
+            })
+            .collect()
+    }
+
     fn copy_gbps(dev: &CudaDevice) -> R<f64> {
         let n = 1usize << 30;
         let src = dev.zeros::<u8>(n)?;
@@ -81,7 +106,7 @@ mod gpu {
         let max_gib: f64 = std::env::var("HANDOFF_BENCH_MAX_GIB")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(40.0);
+            .unwrap_or(80.0);
         println!(
             "# cuda_attention on {} ({} SMs)\n",
             dev.name(),
@@ -112,9 +137,17 @@ mod gpu {
                 }
                 let mut cells = Vec::new();
                 let mut splits = 0;
+                let mut no_memory = None;
                 for ps in [16usize, 64] {
                     let per_seq = ctx / ps;
-                    let arena = DeviceKvArena::new(&dev, g, ps, batch * per_seq)?;
+                    // An allocation failure skips the cell, not the run.
+                    let arena = match DeviceKvArena::new(&dev, g, ps, batch * per_seq) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            no_memory = Some(e);
+                            break;
+                        }
+                    };
                     // Interleave sequences' pages (page i of seq b at i * batch + b).
                     let tables: Vec<Vec<u32>> = (0..batch)
                         .map(|b| (0..per_seq).map(|i| (i * batch + b) as u32).collect())
@@ -146,6 +179,10 @@ mod gpu {
                     })?;
                     cells.push(kv_bytes as f64 / (ms * 1e-3) / 1e9);
                 }
+                if let Some(e) = no_memory {
+                    println!("| {batch} | {ctx} | skipped: {e} | | | |");
+                    continue;
+                }
                 println!(
                     "| {batch} | {ctx} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2} | {splits} |",
                     cells[0],
@@ -158,17 +195,24 @@ mod gpu {
         }
 
         println!("\n## Prefill attention, causal, 32:8 heads, head_dim 128, bf16 KV, page 16\n");
-        println!("| prompt | ms | TFLOP/s | share of 989 TFLOP/s bf16 peak |");
-        println!("|---|---|---|---|");
+        println!("| prompt | kernel | ms | TFLOP/s | share of 989 TFLOP/s bf16 peak |");
+        println!("|---|---|---|---|---|");
         let g = KvGeometry {
             n_layers: 1,
             n_kv_heads: 8,
             head_dim: hd,
             dtype: KvDtype::BF16,
         };
+        let mut tc_8k = None;
         for len in [1024usize, 4096, 8192] {
             let ps = 16;
-            let arena = DeviceKvArena::new(&dev, g, ps, len / ps)?;
+            // Random finite inputs (zeros would let the GPU clock higher).
+            let mut arena = DeviceKvArena::new(&dev, g, ps, len / ps)?;
+            let mut rng = 0x1234_5678_u64 + len as u64;
+            for page in 0..(len / ps) as u32 {
+                let bytes = random_bf16_bytes(&mut rng, arena.page_bytes());
+                arena.write_page(&dev, page, &bytes)?;
+            }
             let pages: Vec<u32> = (0..(len / ps) as u32).collect();
             let pt = PageTables::new(
                 &dev,
@@ -179,15 +223,31 @@ mod gpu {
                     q_len: len,
                 }],
             )?;
-            let q = dev.zeros::<f32>(len * n_heads * hd)?;
+            let q_host: Vec<f32> = (0..len * n_heads * hd)
+                .map(|_| (next(&mut rng) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+                .collect();
+            let q = dev.upload(&q_host)?;
             let mut out = dev.zeros::<f32>(len * n_heads * hd)?;
-            let ms = time_ms(&dev, 3, || {
-                dev.prefill_attention(&arena, 0, &pt, n_heads, &q, &mut out)
-            })?;
-            // QK^T and PV over the causal triangle: 2 * 2 * heads * hd * L(L+1)/2.
-            let flops = 4.0 * n_heads as f64 * hd as f64 * (len * (len + 1) / 2) as f64;
-            let tflops = flops / (ms * 1e-3) / 1e12;
-            println!("| {len} | {ms:.2} | {tflops:.1} | {:.3} |", tflops / 989.0);
+            for kernel in [PrefillKernel::TensorCore, PrefillKernel::Scalar] {
+                let ms = time_ms(&dev, 3, || {
+                    dev.prefill_attention_with(&arena, 0, &pt, n_heads, &q, &mut out, kernel)
+                        .map(drop)
+                })?;
+                // QK^T and PV over the causal triangle: 2 * 2 * heads * hd * L(L+1)/2.
+                let flops = 4.0 * n_heads as f64 * hd as f64 * (len * (len + 1) / 2) as f64;
+                let tflops = flops / (ms * 1e-3) / 1e12;
+                println!(
+                    "| {len} | {kernel:?} | {ms:.2} | {tflops:.1} | {:.3} |",
+                    tflops / 989.0
+                );
+                if len == 8192 && kernel == PrefillKernel::TensorCore {
+                    tc_8k = Some(tflops);
+                }
+            }
+        }
+        if let Some(t) = tc_8k {
+            // Read by gpu-bundle/cublas_reference.py.
+            println!("\nprefill_tc_tflops_8k={t:.3}");
         }
         Ok(())
     }

@@ -193,4 +193,57 @@ struct AddParams {
 };
 static_assert(sizeof(AddParams) == 32, "AddParams drifted from params.rs");
 
+// xxh3-64 (seed 0) of byte ranges. grid (ceil(n / 8)); block 256 (a warp per range).
+struct HashRangesParams {
+    const uint8_t* data;      // bytes
+    const uint64_t* offsets;  // [n] first byte of each range
+    const uint64_t* lens;     // [n] bytes in each range (offset + len within data)
+    uint64_t* out;            // [n] hashes
+    uint32_t n;
+    uint32_t pad0;
+};
+static_assert(sizeof(HashRangesParams) == 40, "HashRangesParams drifted from params.rs");
+
+// Per-page transfer checksums (src/transfer/checksum.rs): region (layer, K|V)
+// of a page is its first `tokens` rows of that layer's K or V, i.e. bytes
+// [((layer * 2 + kv) * page_size) * row_bytes, + tokens * row_bytes) of the
+// page. grid (n_pages); block 256.
+struct PageChecksumParams {
+    const uint8_t* kv;          // KV arena bytes
+    const uint32_t* pages;      // [n_pages] arena pages (< arena pages)
+    const uint32_t* tokens;     // [n_pages] rows written in each page (<= page_size)
+    uint64_t* region_hashes;    // [n_pages][n_layers][2] out
+    uint64_t* page_checksums;   // [n_pages] out
+    uint64_t page_bytes;        // bytes per page
+    uint32_t n_pages;
+    uint32_t n_layers;
+    uint32_t page_size;
+    uint32_t row_bytes;         // kv_dim * dtype size
+};
+static_assert(sizeof(PageChecksumParams) == 64, "PageChecksumParams drifted from params.rs");
+
+// Paged causal prefill on tensor cores (prefill_mma.cu), f16/bf16 KV. Same
+// shapes and causal rule as PrefillParams; its own struct so that the two
+// kernels can diverge. grid (q_tiles, n_kv_heads, batch) with q_tiles =
+// ceil(max q_len / (64 / group)); block 128; dynamic smem.
+struct PrefillMmaParams {
+    const float* q;               // [q_indptr[batch], n_heads, head_dim] f32, 8-byte aligned
+    const void* kv;               // KV arena, f16 or bf16
+    const uint32_t* page_table;   // [page_indptr[batch]]
+    const uint32_t* page_indptr;  // [batch + 1]
+    const uint32_t* q_indptr;     // [batch + 1]
+    const uint32_t* kv_len;       // [batch] (>= its q_len)
+    float* out;                   // [q_indptr[batch], n_heads, head_dim] f32, 8-byte aligned
+    uint64_t page_stride;         // elements per page
+    uint32_t batch;
+    uint32_t n_heads;
+    uint32_t n_kv_heads;
+    uint32_t group;               // n_heads / n_kv_heads, <= 64
+    uint32_t layer;
+    uint32_t page_size_log2;
+    float sm_scale_log2;
+    uint32_t pad0;
+};
+static_assert(sizeof(PrefillMmaParams) == 96, "PrefillMmaParams drifted from params.rs");
+
 }  // namespace handoff

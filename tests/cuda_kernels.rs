@@ -22,8 +22,8 @@
 
 use half::{bf16, f16};
 use handoff::backend::cuda::{
-    CudaDevice, CudaError, CudaSlice, DecodeWorkspace, DeviceKvArena, HEAD_DIMS, PageTables,
-    SeqPages, SlotMap, Split, device_for_test,
+    CudaDevice, CudaError, CudaSlice, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
+    PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap, Split, device_for_test,
 };
 use handoff::model::RopeStyle;
 use handoff::{KvDtype, KvGeometry};
@@ -308,8 +308,8 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
     // merge, scrub, rms_norm, rope, swiglu, embedding, argmax;
-    // linear, add_periodic.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2);
+    // linear, add_periodic; xxh3_ranges, page_checksums; prefill_mma: 2 x 2.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2 + 2 + 4);
 }
 
 // ----------------------------------------------------------------- decode
@@ -502,6 +502,31 @@ fn check_prefill(
     n_heads: usize,
     what: &str,
 ) {
+    check_prefill_with(
+        dev,
+        rng,
+        sc,
+        q_lens,
+        n_heads,
+        PrefillKernel::Scalar,
+        RTOL,
+        what,
+    );
+}
+
+/// Runs `kernel` (which must be the one that runs) and compares with the
+/// reference at tolerance `rtol`.
+#[allow(clippy::too_many_arguments)]
+fn check_prefill_with(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    sc: &Scenario,
+    q_lens: &[usize],
+    n_heads: usize,
+    kernel: PrefillKernel,
+    rtol: f64,
+    what: &str,
+) {
     let g = sc.arena.g;
     let hd = g.head_dim;
     let group = n_heads / g.n_kv_heads;
@@ -512,8 +537,10 @@ fn check_prefill(
     let q_dev = dev.upload(&q).unwrap();
     let mut out = dev.upload(&vec![f32::NAN; q.len()]).unwrap();
     for layer in 0..g.n_layers {
-        dev.prefill_attention(&arena, layer, &tables, n_heads, &q_dev, &mut out)
+        let ran = dev
+            .prefill_attention_with(&arena, layer, &tables, n_heads, &q_dev, &mut out, kernel)
             .unwrap();
+        assert_eq!(ran, kernel, "{what}: the kernel asked for ran");
         let got = dev.download(&out).unwrap();
         let mut want = Vec::with_capacity(got.len());
         let mut row = 0;
@@ -527,7 +554,7 @@ fn check_prefill(
                 row += 1;
             }
         }
-        assert_close(&format!("{what} layer {layer}"), &got, &want, RTOL);
+        assert_close(&format!("{what} layer {layer}"), &got, &want, rtol);
     }
 }
 
@@ -573,6 +600,131 @@ fn prefill_handles_odd_groups_and_long_prompts() {
             &format!("prefill group {group} kv {kv_len} q {q_len}"),
         );
     }
+}
+
+// ---------------------------------------------------- tensor-core prefill
+//
+// The mma.sync kernel rounds Q (f32 in memory, pre-scaled) and the softmax
+// weights P to the KV dtype before the tensor-core products (K and V are
+// already stored in it; products and sums are f32). With unit roundoff u
+// (bf16 2^-8, f16 2^-11) each weight is off by about u relative (P) plus u
+// times the score (Q; scores here are O(1)), so the output, a weighted mean
+// of V rows, is off by a few u times the output's scale: about 2u for these
+// inputs. The tolerance is 8u (bf16 3.1e-2, f16 3.9e-3) against the f64
+// reference, on the same |want| + rms scale as the scalar tests. A kernel
+// reading a slot it was not given still fails on NaN, whatever the
+// tolerance.
+
+fn mma_rtol(dtype: KvDtype) -> f64 {
+    match dtype {
+        KvDtype::BF16 => 8.0 * 2f64.powi(-8),
+        _ => 8.0 * 2f64.powi(-11),
+    }
+}
+
+#[test]
+fn tensor_core_prefill_matches_reference_for_ragged_batches_on_scattered_pages() {
+    let dev = gpu!("tensor_core_prefill_matches_reference_for_ragged_batches_on_scattered_pages");
+    let mut rng = Rng(30);
+    // (kv_len, q_len): a whole prompt, chunked prefill after earlier
+    // positions, a single position, a prompt over several 64-key tiles and
+    // 64-row blocks, a chunk starting mid-page.
+    let kv_lens = [19, 80, 1, 200, 131];
+    let q_lens = [19, 33, 1, 200, 50];
+    for dtype in [KvDtype::F16, KvDtype::BF16] {
+        for hd in PREFILL_MMA_HEAD_DIMS {
+            for ps in [16, 64] {
+                let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &kv_lens);
+                for group in [1, 4, 8] {
+                    check_prefill_with(
+                        &dev,
+                        &mut rng,
+                        &sc,
+                        &q_lens,
+                        2 * group,
+                        PrefillKernel::TensorCore,
+                        mma_rtol(dtype),
+                        &format!("mma prefill {dtype:?} hd {hd} page {ps} group {group}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tensor_core_prefill_handles_odd_and_large_groups_and_long_prompts() {
+    let dev = gpu!("tensor_core_prefill_handles_odd_and_large_groups_and_long_prompts");
+    let mut rng = Rng(31);
+    for (group, kv_len, q_len, ps) in [
+        (3, 300, 300, 16),
+        (5, 517, 200, 64),
+        (7, 70, 70, 16),
+        (32, 40, 40, 16),
+        (64, 9, 9, 64),
+        (2, 1, 1, 16),
+    ] {
+        let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 2, 128), ps, &[kv_len, 9]);
+        check_prefill_with(
+            &dev,
+            &mut rng,
+            &sc,
+            &[q_len, 9],
+            2 * group,
+            PrefillKernel::TensorCore,
+            mma_rtol(KvDtype::BF16),
+            &format!("mma prefill group {group} kv {kv_len} q {q_len} page {ps}"),
+        );
+    }
+}
+
+#[test]
+fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
+    let dev = gpu!("prefill_runs_on_tensor_cores_exactly_where_compiled");
+    let mut rng = Rng(32);
+    for dtype in DTYPES {
+        for hd in [32, 64, 128, 256] {
+            let compiled = dtype != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+            // 48 query heads per KV head: beyond the scalar kernel's 32 rows,
+            // within the tensor-core kernel's 64.
+            for group in [1, 48] {
+                if group > 32 && !compiled {
+                    continue; // neither kernel takes it: see below
+                }
+                let sc = Scenario::new(&mut rng, geometry(dtype, 1, hd), 16, &[5]);
+                let arena = sc.arena.upload(&dev);
+                let tables = PageTables::new(&dev, &arena, &sc.seqs(&[5])).unwrap();
+                let q = dev.zeros::<f32>(5 * group * hd).unwrap();
+                let mut out = dev.zeros::<f32>(5 * group * hd).unwrap();
+                let run = |out: &mut CudaSlice<f32>, k| {
+                    dev.prefill_attention_with(&arena, 0, &tables, group, &q, out, k)
+                };
+                let auto = run(&mut out, PrefillKernel::Auto);
+                let forced = run(&mut out, PrefillKernel::TensorCore);
+                let what = format!("{dtype:?} hd {hd} group {group}");
+                if compiled {
+                    assert_eq!(auto.unwrap(), PrefillKernel::TensorCore, "{what}");
+                    assert_eq!(forced.unwrap(), PrefillKernel::TensorCore, "{what}");
+                } else {
+                    assert_eq!(auto.unwrap(), PrefillKernel::Scalar, "{what}");
+                    assert!(
+                        matches!(forced, Err(CudaError::Unsupported { .. })),
+                        "{what}: {forced:?}"
+                    );
+                }
+            }
+        }
+    }
+    // 65 query heads per KV head: more than either kernel's row tile.
+    let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 1, 64), 16, &[3]);
+    let arena = sc.arena.upload(&dev);
+    let tables = PageTables::new(&dev, &arena, &sc.seqs(&[3])).unwrap();
+    let q = dev.zeros::<f32>(3 * 65 * 64).unwrap();
+    let mut out = dev.zeros::<f32>(3 * 65 * 64).unwrap();
+    assert!(matches!(
+        dev.prefill_attention(&arena, 0, &tables, 65, &q, &mut out),
+        Err(CudaError::Unsupported { .. })
+    ));
 }
 
 // -------------------------------------------------------------- KV append
@@ -894,4 +1046,132 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
         dev.add_assign(&mut x_dev, &dev.upload(&bias[..3]).unwrap()),
         Err(CudaError::Shape { .. })
     ));
+}
+
+// -------------------------------------------------------------- checksums
+//
+// A transfer is trusted only when the receiver's page checksums equal the
+// sender's (src/transfer/checksum.rs). A GPU computing them must agree
+// with twox-hash bit for bit, or every verified transfer it checks fails,
+// or, worse, a wrong hash agrees with a wrong sender. (The same header is
+// also checked on the host by tests/xxh3_host.rs.)
+
+#[test]
+fn gpu_xxh3_equals_twox_hash_for_every_length_class_and_alignment() {
+    use twox_hash::XxHash3_64;
+    let dev = gpu!("gpu_xxh3_equals_twox_hash_for_every_length_class_and_alignment");
+    let mut rng = Rng(20);
+    let data: Vec<u8> = (0..200_000).map(|_| rng.next_u64() as u8).collect();
+    let data_dev = dev.upload(&data).unwrap();
+    // 0, 1-3, 4-8, 9-16, 17-128, 129-240, then one stripe to many blocks,
+    // and page-sized K/V regions (16 and 64 rows of 2 KiB).
+    let mut lens: Vec<usize> = (0..=300).collect();
+    lens.extend([
+        1023, 1024, 1025, 1088, 2047, 2048, 2049, 5000, 32_768, 32_771, 131_072,
+    ]);
+    let mut ranges = Vec::new();
+    for &len in &lens {
+        for off in [0, 8, 1 + rng.below(63)] {
+            ranges.push((off, len));
+        }
+    }
+    let got = dev.xxh3_64_ranges(&data_dev, &ranges).unwrap();
+    for (&(off, len), &h) in ranges.iter().zip(&got) {
+        assert_eq!(
+            h,
+            XxHash3_64::oneshot(&data[off..off + len]),
+            "{len} bytes at offset {off}"
+        );
+    }
+    assert!(matches!(
+        dev.xxh3_64_ranges(&data_dev, &[(199_999, 2)]),
+        Err(CudaError::Shape { .. })
+    ));
+}
+
+#[test]
+fn gpu_page_checksums_equal_the_transfer_layers_for_full_partial_and_empty_pages() {
+    use twox_hash::XxHash3_64;
+    let dev = gpu!("gpu_page_checksums_equal_the_transfer_layers_for_full_partial_and_empty_pages");
+    let mut rng = Rng(21);
+    for (dtype, ps, n_kv_heads, head_dim) in [
+        (KvDtype::BF16, 16, 8, 128),
+        (KvDtype::F16, 64, 2, 64),
+        (KvDtype::F32, 1, 1, 8),
+    ] {
+        let g = KvGeometry {
+            n_layers: 3,
+            n_kv_heads,
+            head_dim,
+            dtype,
+        };
+        let n_pages = 7;
+        let mut host = HostArena::poisoned(g, ps, n_pages);
+        for b in host.bytes.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+        let arena = host.upload(&dev);
+        // Scattered pages with full, partial and no rows written.
+        let pages = [5u32, 0, 3, 6];
+        let tokens = [ps, ps / 2 + 1, 1, 0].map(|t| t.min(ps));
+        let got = dev.page_checksums(&arena, &pages, &tokens).unwrap();
+        let row = g.kv_dim() * dtype.size_bytes();
+        let mut want_regions = Vec::new();
+        let mut want_pages = Vec::new();
+        for (&p, &t) in pages.iter().zip(&tokens) {
+            let mut regions = Vec::new();
+            for layer in 0..g.n_layers {
+                for kv in 0..2 {
+                    let at = host.offset(p, layer, kv, 0, 0);
+                    regions.push(XxHash3_64::oneshot(&host.bytes[at..at + t * row]));
+                }
+            }
+            let bytes: Vec<u8> = regions.iter().flat_map(|h| h.to_le_bytes()).collect();
+            want_pages.push(XxHash3_64::oneshot(&bytes));
+            want_regions.extend(regions);
+        }
+        assert_eq!(
+            got.regions, want_regions,
+            "{dtype:?} page {ps}: region hashes"
+        );
+        assert_eq!(got.pages, want_pages, "{dtype:?} page {ps}: page checksums");
+
+        // A byte flipped in a written row changes exactly its page's checksum;
+        // one flipped past the written rows changes nothing.
+        let mut flipped = host.bytes.clone();
+        let at = host.offset(pages[1], 2, 1, 0, 3);
+        flipped[at] ^= 0x10;
+        let beyond = host.offset(pages[2], 0, 0, tokens[2], 0);
+        if tokens[2] < ps {
+            flipped[beyond] ^= 0x01;
+        }
+        let mut other = DeviceKvArena::new(&dev, g, ps, n_pages).unwrap();
+        let pb = host.page_bytes();
+        for p in 0..n_pages {
+            other
+                .write_page(&dev, p as u32, &flipped[p * pb..(p + 1) * pb])
+                .unwrap();
+        }
+        let again = dev.page_checksums(&other, &pages, &tokens).unwrap();
+        for i in 0..pages.len() {
+            assert_eq!(
+                again.pages[i] != got.pages[i],
+                i == 1,
+                "{dtype:?}: page #{i}"
+            );
+        }
+
+        assert!(matches!(
+            dev.page_checksums(&arena, &[n_pages as u32], &[1]),
+            Err(CudaError::PageOutOfRange { .. })
+        ));
+        assert!(matches!(
+            dev.page_checksums(&arena, &[0], &[ps + 1]),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            dev.page_checksums(&arena, &[0, 1], &[1]),
+            Err(CudaError::Shape { .. })
+        ));
+    }
 }

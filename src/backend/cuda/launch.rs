@@ -27,7 +27,13 @@ pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
 const PREFILL_ROWS: usize = 32; // mirrors PREFILL_ROWS in prefill_attention.cu
 const PREFILL_BK: usize = 32; // mirrors PREFILL_BK
 const PREFILL_THREADS: u32 = 128;
+/// Head dimensions with a tensor-core prefill kernel (f16 and bf16 KV).
+pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+const PMMA_BM: usize = 64; // mirrors PMMA_BM in prefill_mma.cu (rows per block)
+const PMMA_BN: usize = 64; // mirrors PMMA_BN (keys per tile)
+const PMMA_THREADS: u32 = 128;
 const DECODE_THREADS: u32 = 128;
+const CHECKSUM_WARPS: usize = 8; // mirrors CHECKSUM_WARPS in checksum.cu
 /// Smallest KV chunk a split-KV decode block takes (positions).
 const MIN_CHUNK: usize = 256;
 
@@ -57,6 +63,12 @@ unsafe impl DeviceRepr for ArgmaxParams {}
 unsafe impl DeviceRepr for LinearParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for AddParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PrefillMmaParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for HashRangesParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PageChecksumParams {}
 
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
@@ -86,6 +98,25 @@ fn prefill_smem(head_dim: usize) -> usize {
     (PREFILL_ROWS + 2 * PREFILL_BK) * (head_dim + 1) * 4
 }
 
+fn prefill_mma_smem(head_dim: usize) -> usize {
+    // mirrors PmmaCfg::SMEM_BYTES: Q, K and V tiles of 2-byte elements, rows padded by 8
+    (PMMA_BM + 2 * PMMA_BN) * (head_dim + 8) * 2
+}
+
+/// Which prefill attention kernel runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
+    /// [`PREFILL_MMA_HEAD_DIMS`], at most 64 query heads per KV head), else
+    /// the scalar kernel.
+    #[default]
+    Auto,
+    /// The scalar f32 kernel (every dtype and head dim): the reference.
+    Scalar,
+    /// The tensor-core (mma.sync) kernel; refused where not compiled.
+    TensorCore,
+}
+
 /// Every kernel the dispatch below can name.
 pub(super) fn kernel_specs() -> Vec<KernelSpec> {
     let plain = |name: String| KernelSpec {
@@ -103,6 +134,12 @@ pub(super) fn kernel_specs() -> Vec<KernelSpec> {
                 name: format!("prefill_attention_{t}_d{hd}"),
                 dynamic_smem: prefill_smem(hd),
             });
+            if d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd) {
+                v.push(KernelSpec {
+                    name: format!("prefill_mma_{t}_d{hd}"),
+                    dynamic_smem: prefill_mma_smem(hd),
+                });
+            }
         }
         v.push(plain(format!("kv_append_{t}")));
     }
@@ -116,6 +153,8 @@ pub(super) fn kernel_specs() -> Vec<KernelSpec> {
         "argmax",
         "linear",
         "add_periodic",
+        "xxh3_ranges",
+        "page_checksums",
     ] {
         v.push(plain(n.to_string()));
     }
@@ -390,7 +429,8 @@ impl CudaDevice {
         Ok(num_splits)
     }
 
-    /// Paged causal prefill attention for layer `layer`.
+    /// Paged causal prefill attention for layer `layer`, on tensor cores
+    /// where compiled (see [`PrefillKernel::Auto`]).
     ///
     /// `q` and `out` are `[total_q, n_heads, head_dim]`, the rows of each
     /// sequence's `q_len` new positions in batch order; their K/V must
@@ -405,8 +445,45 @@ impl CudaDevice {
         q: &impl DevicePtr<f32>,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
+        self.prefill_attention_with(arena, layer, tables, n_heads, q, out, PrefillKernel::Auto)
+            .map(drop)
+    }
+
+    /// [`CudaDevice::prefill_attention`] with the kernel chosen by `kernel`;
+    /// returns the one that ran ([`PrefillKernel::Scalar`] or
+    /// [`PrefillKernel::TensorCore`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill_attention_with(
+        &self,
+        arena: &DeviceKvArena,
+        layer: usize,
+        tables: &PageTables,
+        n_heads: usize,
+        q: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        kernel: PrefillKernel,
+    ) -> Result<PrefillKernel, CudaError> {
         let s = attn_shape(arena, tables, layer, n_heads)?;
-        if s.group > PREFILL_MAX_GROUP {
+        let dtype = arena.geometry().dtype;
+        let mma_ok = dtype != KvDtype::F32
+            && PREFILL_MMA_HEAD_DIMS.contains(&s.head_dim)
+            && s.group <= PMMA_BM;
+        let use_mma = match kernel {
+            PrefillKernel::Auto => mma_ok,
+            PrefillKernel::Scalar => false,
+            PrefillKernel::TensorCore if mma_ok => true,
+            PrefillKernel::TensorCore => {
+                return Err(CudaError::Unsupported {
+                    what: "tensor-core prefill",
+                    detail: format!(
+                        "{dtype:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
+                         head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {PMMA_BM})",
+                        s.head_dim, s.group
+                    ),
+                });
+            }
+        };
+        if !use_mma && s.group > PREFILL_MAX_GROUP {
             return Err(CudaError::Unsupported {
                 what: "query heads per KV head in prefill",
                 detail: format!("{} (at most {PREFILL_MAX_GROUP})", s.group),
@@ -415,13 +492,6 @@ impl CudaDevice {
         let rows = tables.total_q * n_heads * s.head_dim;
         shape("prefill q elements", rows, q.len())?;
         shape("prefill out elements", rows, out.len())?;
-        let q_tiles = tables.max_q_len.div_ceil(PREFILL_ROWS / s.group);
-        let name = format!(
-            "prefill_attention_{}_d{}",
-            dtype_name(arena.geometry().dtype),
-            s.head_dim
-        );
-        let func = self.kernel(&name)?;
         let stream = &self.inner.stream;
         let (q_ptr, _gq) = q.device_ptr(stream);
         let (kv_ptr, _gk) = arena.data.device_ptr(stream);
@@ -430,6 +500,62 @@ impl CudaDevice {
         let (qi_ptr, _g3) = tables.q_indptr.device_ptr(stream);
         let (len_ptr, _g4) = tables.kv_len.device_ptr(stream);
         let (out_ptr, _go) = out.device_ptr_mut(stream);
+        if use_mma {
+            if q_ptr % 8 != 0 || out_ptr % 8 != 0 {
+                return Err(CudaError::Unsupported {
+                    what: "tensor-core prefill buffers",
+                    detail: "q and out must be 8-byte aligned (views at an odd element)".into(),
+                });
+            }
+            let q_tiles = tables.max_q_len.div_ceil(PMMA_BM / s.group);
+            let func = self.kernel(&format!(
+                "prefill_mma_{}_d{}",
+                dtype_name(dtype),
+                s.head_dim
+            ))?;
+            let p = PrefillMmaParams {
+                q: q_ptr,
+                kv: kv_ptr,
+                page_table: pt_ptr,
+                page_indptr: pi_ptr,
+                q_indptr: qi_ptr,
+                kv_len: len_ptr,
+                out: out_ptr,
+                page_stride: s.page_stride,
+                batch: to_u32("batch", tables.batch)?,
+                n_heads: to_u32("n_heads", n_heads)?,
+                n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
+                group: to_u32("group", s.group)?,
+                layer: to_u32("layer", layer)?,
+                page_size_log2: s.page_size_log2,
+                sm_scale_log2: sm_scale_log2(s.head_dim),
+                pad0: 0,
+            };
+            let mut b = stream.launch_builder(func);
+            b.arg(&p);
+            // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked) and are
+            // 8-byte aligned (checked) for the kernel's float2 accesses; the page
+            // tables were built for this arena with every page inside it, each
+            // sequence's kv_len covered by its pages and q_len <= kv_len; the KV
+            // rows are 16-byte multiples (arena invariant) for its 16-byte loads;
+            // group <= 64 rows per block; the kernel matches dtype and head_dim and
+            // its dynamic shared memory was allowed when it was loaded.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (to_u32("query tiles", q_tiles)?, p.n_kv_heads, p.batch),
+                    block_dim: (PMMA_THREADS, 1, 1),
+                    shared_mem_bytes: prefill_mma_smem(s.head_dim) as u32,
+                })
+            }
+            .map_err(CudaError::driver("launching tensor-core prefill attention"))?;
+            return Ok(PrefillKernel::TensorCore);
+        }
+        let q_tiles = tables.max_q_len.div_ceil(PREFILL_ROWS / s.group);
+        let func = self.kernel(&format!(
+            "prefill_attention_{}_d{}",
+            dtype_name(dtype),
+            s.head_dim
+        ))?;
         let p = PrefillParams {
             q: q_ptr,
             kv: kv_ptr,
@@ -462,8 +588,8 @@ impl CudaDevice {
                 shared_mem_bytes: prefill_smem(s.head_dim) as u32,
             })
         }
-        .map(drop)
-        .map_err(CudaError::driver("launching prefill attention"))
+        .map_err(CudaError::driver("launching prefill attention"))?;
+        Ok(PrefillKernel::Scalar)
     }
 
     /// Writes K/V rows `[slots.len(), kv_dim]` (f32, converted to the arena's
@@ -885,6 +1011,155 @@ impl CudaDevice {
             return Err(CudaError::NanLogits { row, nans: n });
         }
         self.download(&idx)
+    }
+}
+
+/// Transfer checksums of KV pages computed on the device (see
+/// [`CudaDevice::page_checksums`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct PageChecksums {
+    /// Region hashes as `[page][layer][K, V]`, pages in the order given.
+    pub regions: Vec<u64>,
+    /// One checksum per page given, in that order.
+    pub pages: Vec<u64>,
+}
+
+impl CudaDevice {
+    /// xxh3-64 (seed 0) of each `(offset, len)` byte range of `data`, one
+    /// warp per range; the same value as `twox_hash::XxHash3_64::oneshot`.
+    pub fn xxh3_64_ranges(
+        &self,
+        data: &impl DevicePtr<u8>,
+        ranges: &[(usize, usize)],
+    ) -> Result<Vec<u64>, CudaError> {
+        for &(off, len) in ranges {
+            if off.checked_add(len).is_none_or(|end| end > data.len()) {
+                return Err(CudaError::Shape {
+                    what: "hashed range end (within the buffer)",
+                    expected: data.len(),
+                    got: off.saturating_add(len),
+                });
+            }
+        }
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = to_u32("hashed ranges", ranges.len())?;
+        let offsets: Vec<u64> = ranges.iter().map(|r| r.0 as u64).collect();
+        let lens: Vec<u64> = ranges.iter().map(|r| r.1 as u64).collect();
+        let offsets = self.upload(&offsets)?;
+        let lens = self.upload(&lens)?;
+        let mut out = self.zeros::<u64>(ranges.len())?;
+        {
+            let stream = &self.inner.stream;
+            let (d_ptr, _g1) = data.device_ptr(stream);
+            let (o_ptr, _g2) = offsets.device_ptr(stream);
+            let (l_ptr, _g3) = lens.device_ptr(stream);
+            let (out_ptr, _g4) = out.device_ptr_mut(stream);
+            let p = HashRangesParams {
+                data: d_ptr,
+                offsets: o_ptr,
+                lens: l_ptr,
+                out: out_ptr,
+                n,
+                pad0: 0,
+            };
+            let mut b = stream.launch_builder(self.kernel("xxh3_ranges")?);
+            b.arg(&p);
+            // SAFETY: every range lies within data (checked above); offsets, lens
+            // and out hold n u64 each; one warp per range over ceil(n / 8) blocks
+            // of 8 warps, and the kernel returns for warps past n.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (ranges.len().div_ceil(CHECKSUM_WARPS) as u32, 1, 1),
+                    block_dim: (CHECKSUM_WARPS as u32 * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map(drop)
+            .map_err(CudaError::driver("launching xxh3 over ranges"))?;
+        }
+        self.download(&out)
+    }
+
+    /// The transfer layer's per-page checksums (src/transfer/checksum.rs)
+    /// over `pages` of the device arena, page `pages[i]` holding `tokens[i]`
+    /// written rows (slots `0..tokens[i]` of every layer, K and V).
+    pub fn page_checksums(
+        &self,
+        arena: &DeviceKvArena,
+        pages: &[u32],
+        tokens: &[usize],
+    ) -> Result<PageChecksums, CudaError> {
+        shape("tokens per checksummed page", pages.len(), tokens.len())?;
+        for &p in pages {
+            if p as usize >= arena.pages() {
+                return Err(CudaError::PageOutOfRange {
+                    page: p,
+                    pages: arena.pages(),
+                });
+            }
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t > arena.page_size()) {
+            return Err(CudaError::Shape {
+                what: "rows in a checksummed page (at most page_size)",
+                expected: arena.page_size(),
+                got: t,
+            });
+        }
+        let g = arena.geometry();
+        if pages.is_empty() {
+            return Ok(PageChecksums {
+                regions: Vec::new(),
+                pages: Vec::new(),
+            });
+        }
+        let n_pages = to_u32("checksummed pages", pages.len())?;
+        let tokens32: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        let page_list = self.upload(pages)?;
+        let token_list = self.upload(&tokens32)?;
+        let mut regions = self.zeros::<u64>(pages.len() * g.n_layers * 2)?;
+        let mut sums = self.zeros::<u64>(pages.len())?;
+        {
+            let stream = &self.inner.stream;
+            let (kv_ptr, _g1) = arena.data.device_ptr(stream);
+            let (p_ptr, _g2) = page_list.device_ptr(stream);
+            let (t_ptr, _g3) = token_list.device_ptr(stream);
+            let (r_ptr, _g4) = regions.device_ptr_mut(stream);
+            let (s_ptr, _g5) = sums.device_ptr_mut(stream);
+            let p = PageChecksumParams {
+                kv: kv_ptr,
+                pages: p_ptr,
+                tokens: t_ptr,
+                region_hashes: r_ptr,
+                page_checksums: s_ptr,
+                page_bytes: arena.page_bytes() as u64,
+                n_pages,
+                n_layers: to_u32("layers", g.n_layers)?,
+                page_size: to_u32("page size", arena.page_size())?,
+                row_bytes: to_u32("KV row bytes", g.kv_dim() * g.dtype.size_bytes())?,
+            };
+            let mut b = stream.launch_builder(self.kernel("page_checksums")?);
+            b.arg(&p);
+            // SAFETY: every page is inside the arena and every token count at most
+            // page_size (checked), so each region (at most page_size rows of one
+            // layer's K or V) lies inside its page; regions holds n_pages*n_layers*2
+            // and sums n_pages u64; one block per page.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (n_pages, 1, 1),
+                    block_dim: (CHECKSUM_WARPS as u32 * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map(drop)
+            .map_err(CudaError::driver("launching page checksums"))?;
+        }
+        Ok(PageChecksums {
+            regions: self.download(&regions)?,
+            pages: self.download(&sums)?,
+        })
     }
 }
 

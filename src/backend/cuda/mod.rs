@@ -22,7 +22,10 @@ pub use backend::{CudaBackend, CudaBuf, CudaMat};
 pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use launch::{DECODE_GROUPS, DecodeWorkspace, HEAD_DIMS, PREFILL_MAX_GROUP, Split};
+pub use launch::{
+    DECODE_GROUPS, DecodeWorkspace, HEAD_DIMS, PREFILL_MAX_GROUP, PREFILL_MMA_HEAD_DIMS,
+    PageChecksums, PrefillKernel, Split,
+};
 
 /// Opens device 0 for a test or benchmark, or says why not.
 ///

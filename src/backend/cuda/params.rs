@@ -188,3 +188,56 @@ pub(crate) struct AddParams {
     pub period: u64,
 }
 const _: () = assert!(size_of::<AddParams>() == 32);
+
+/// xxh3-64 of byte ranges. See `HashRangesParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HashRangesParams {
+    pub data: u64,    // bytes
+    pub offsets: u64, // [n] u64
+    pub lens: u64,    // [n] u64
+    pub out: u64,     // [n] u64
+    pub n: u32,
+    pub pad0: u32,
+}
+const _: () = assert!(size_of::<HashRangesParams>() == 40);
+
+/// Per-page transfer checksums. See `PageChecksumParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PageChecksumParams {
+    pub kv: u64,             // KV arena bytes
+    pub pages: u64,          // [n_pages] u32
+    pub tokens: u64,         // [n_pages] u32
+    pub region_hashes: u64,  // [n_pages, n_layers, 2] u64
+    pub page_checksums: u64, // [n_pages] u64
+    pub page_bytes: u64,
+    pub n_pages: u32,
+    pub n_layers: u32,
+    pub page_size: u32,
+    pub row_bytes: u32,
+}
+const _: () = assert!(size_of::<PageChecksumParams>() == 64);
+
+/// Paged causal prefill on tensor cores. See `PrefillMmaParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PrefillMmaParams {
+    pub q: u64,           // [total_q, n_heads, head_dim] f32
+    pub kv: u64,          // KV arena (f16/bf16)
+    pub page_table: u64,  // [page_indptr[batch]] u32
+    pub page_indptr: u64, // [batch + 1] u32
+    pub q_indptr: u64,    // [batch + 1] u32
+    pub kv_len: u64,      // [batch] u32
+    pub out: u64,         // [total_q, n_heads, head_dim] f32
+    pub page_stride: u64,
+    pub batch: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub group: u32,
+    pub layer: u32,
+    pub page_size_log2: u32,
+    pub sm_scale_log2: f32,
+    pub pad0: u32,
+}
+const _: () = assert!(size_of::<PrefillMmaParams>() == 96);

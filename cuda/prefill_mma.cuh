@@ -1,0 +1,299 @@
+// Paged causal prefill attention on tensor cores (mma.sync m16n8k16, f16 or
+// bf16 inputs, f32 accumulate), FlashAttention-2 style: one block owns a
+// tile of query rows, walks the K/V tiles once with an online softmax and
+// keeps its output in registers.
+//
+// Rows are (query position, query head) pairs of the heads sharing one KV
+// head, as in prefill_attention.cu (the scalar reference, which also serves
+// f32 KV and the other head dims): row r of the block is position
+// q0 + r / group, head kvh * group + r % group, so each K/V tile is loaded
+// once for the whole group. Each of the 4 warps owns 16 rows
+// (PMMA_BM = 64 per block); K/V tiles hold PMMA_BN = 64 positions.
+//
+// Per warp and K/V tile:
+//   S = Q Kᵀ    A = Q (16 x 16 dims, registers, loaded once), B = Kᵀ from
+//               shared memory; 8 n-tiles of 8 keys, HEAD_DIM / 16 k-steps.
+//   online softmax on S in registers (log2 domain; Q is pre-scaled by
+//               log2(e) / sqrt(head_dim)); each thread holds 2 rows, the
+//               4 lanes of a quad share them (row max/sum by 2 shuffles).
+//   O += P V    A = P, reused from S's accumulator layout (two adjacent
+//               n-tiles of S form one 16 x 16 A fragment), converted to the
+//               KV dtype; B = V from shared memory.
+// Keys at or beyond the block's last causal position are never loaded
+// (their shared rows are zero-filled); keys past a row's own position are
+// masked to -inf before the softmax. Warps whose rows all lie before a tile
+// skip it.
+//
+// Precision: Q (f32 in memory) and P are rounded to the KV dtype for the
+// mma; products and sums are f32. See tests/cuda_kernels.rs for the
+// tolerance this implies.
+//
+// The kernel body lives in this header so that tests/prefill_mma_host.rs can
+// also compile it on the host, with HANDOFF_SIMT_HOST defined, against a
+// SIMT emulator (tests/sim/simt_host.h: 128 threads per block, barriers for
+// __syncthreads and shuffles, mma.sync computed from the PTX fragment
+// layout). prefill_mma.cu instantiates it for the GPU.
+#pragma once
+#ifdef HANDOFF_SIMT_HOST
+#include "simt_host.h"
+#else
+#include "common.cuh"
+#endif
+#include "params.cuh"
+
+namespace handoff {
+
+#ifndef HANDOFF_SIMT_HOST
+template <typename T> struct MmaOp;
+template <> struct MmaOp<__half> {
+    __device__ __forceinline__ static void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+};
+template <> struct MmaOp<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+};
+
+__device__ __forceinline__ unsigned char* pmma_smem() {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    return smem_raw;
+}
+#endif
+
+
+constexpr int PMMA_WARPS = 4;
+constexpr int PMMA_THREADS = PMMA_WARPS * 32;
+constexpr int PMMA_BM = PMMA_WARPS * 16;  // rows per block
+constexpr int PMMA_BN = 64;               // keys per tile
+
+template <int HEAD_DIM>
+struct PmmaCfg {
+    static constexpr int LD = HEAD_DIM + 8;   // padded shared row (elements): conflict-free fragments
+    static constexpr int KSTEPS = HEAD_DIM / 16;
+    static constexpr int DTILES = HEAD_DIM / 8;  // output n-tiles
+    static constexpr int NTILES = PMMA_BN / 8;   // score n-tiles
+    // Dynamic shared memory: Q tile, K tile, V tile, 2-byte elements.
+    static constexpr int SMEM_BYTES = (PMMA_BM + 2 * PMMA_BN) * LD * 2;
+    static_assert(HEAD_DIM % 16 == 0, "k-steps of 16 dims");
+};
+
+// Two adjacent 16-bit elements (4-byte aligned) as one register.
+template <typename T>
+__device__ __forceinline__ uint32_t ld_pair(const T* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+// Two 16-bit elements a stride apart as one register (lo = first).
+template <typename T>
+__device__ __forceinline__ uint32_t ld_strided_pair(const T* p, int stride) {
+    const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
+    const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + stride);
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void prefill_mma(const PrefillMmaParams& p) {
+    using C = PmmaCfg<HEAD_DIM>;
+    constexpr int LD = C::LD, KSTEPS = C::KSTEPS, DTILES = C::DTILES, NTILES = C::NTILES;
+    constexpr int VEC = 8;  // elements per 16-byte load
+    T* q_s = reinterpret_cast<T*>(pmma_smem());  // [PMMA_BM][LD]
+    T* k_s = q_s + PMMA_BM * LD;               // [PMMA_BN][LD]
+    T* v_s = k_s + PMMA_BN * LD;               // [PMMA_BN][LD]
+
+    const uint32_t tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tig = lane & 3;  // mma fragment coordinates
+    const uint32_t group = p.group;
+    const uint32_t qt = PMMA_BM / group;  // query positions per block
+    const uint32_t q_first = p.q_indptr[b];
+    const uint32_t q_len = p.q_indptr[b + 1] - q_first;
+    const uint32_t q0 = tile * qt;
+    if (q0 >= q_len) return;  // whole block
+    const uint32_t n_pos = min(qt, q_len - q0);
+    const uint32_t n_rows = n_pos * group;
+    const uint32_t kv_len = p.kv_len[b];
+    const uint32_t past = kv_len - q_len;
+    const uint32_t kv_end = past + q0 + n_pos;
+    const uint32_t* pages = p.page_table + p.page_indptr[b];
+    const T* kv = static_cast<const T*>(p.kv);
+    const uint32_t kv_dim = p.n_kv_heads * HEAD_DIM;
+    const uint32_t slot_mask = (1u << p.page_size_log2) - 1u;
+    const uint64_t k_in_page = kv_page_offset(0, 0, p.layer, 0, p.page_size_log2, kv_dim) + kvh * HEAD_DIM;
+    const uint64_t k_to_v = ((uint64_t)1 << p.page_size_log2) * kv_dim;
+
+    // Q tile, scaled into the log2 domain and rounded to T.
+    for (uint32_t idx = threadIdx.x; idx < PMMA_BM * HEAD_DIM / 2; idx += PMMA_THREADS) {
+        const uint32_t r = idx / (HEAD_DIM / 2), d = 2 * (idx % (HEAD_DIM / 2));
+        float x0 = 0.0f, x1 = 0.0f;
+        if (r < n_rows) {
+            const uint64_t row = q_first + q0 + r / group;
+            const uint32_t head = kvh * group + r % group;
+            const float2 x = *reinterpret_cast<const float2*>(&p.q[(row * p.n_heads + head) * HEAD_DIM + d]);
+            x0 = x.x * p.sm_scale_log2;
+            x1 = x.y * p.sm_scale_log2;
+        }
+        *reinterpret_cast<uint32_t*>(&q_s[r * LD + d]) = MmaOp<T>::pack(x0, x1);
+    }
+    __syncthreads();
+
+    // This warp's rows: r_a = warp*16 + g and r_b = r_a + 8.
+    const uint32_t r_a = warp * 16 + g, r_b = r_a + 8;
+    const uint32_t lim_a = r_a < n_rows ? past + q0 + r_a / group : 0;
+    const uint32_t lim_b = r_b < n_rows ? past + q0 + r_b / group : 0;
+    const bool ok_a = r_a < n_rows, ok_b = r_b < n_rows;
+    const uint32_t warp_last_row = min((uint32_t)(warp * 16 + 15), n_rows - 1);
+    const bool warp_active = (uint32_t)(warp * 16) < n_rows;
+    const uint32_t warp_limit = past + q0 + warp_last_row / group;  // last key any row sees
+
+    uint32_t qf[KSTEPS][4];
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+        const T* base = q_s + (warp * 16) * LD + ks * 16 + tig * 2;
+        qf[ks][0] = ld_pair(base + g * LD);
+        qf[ks][1] = ld_pair(base + (g + 8) * LD);
+        qf[ks][2] = ld_pair(base + g * LD + 8);
+        qf[ks][3] = ld_pair(base + (g + 8) * LD + 8);
+    }
+
+    float o[DTILES][4];
+#pragma unroll
+    for (int i = 0; i < DTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+
+    for (uint32_t kt0 = 0; kt0 < kv_end; kt0 += PMMA_BN) {
+        __syncthreads();  // the previous tile is consumed
+        for (uint32_t idx = threadIdx.x; idx < PMMA_BN * (HEAD_DIM / VEC); idx += PMMA_THREADS) {
+            const uint32_t j = idx / (HEAD_DIM / VEC), d = (idx % (HEAD_DIM / VEC)) * VEC;
+            const uint32_t t = kt0 + j;
+            uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+            if (t < kv_end) {
+                const uint64_t page = pages[t >> p.page_size_log2];
+                const uint64_t off = page * p.page_stride + k_in_page + (uint64_t)(t & slot_mask) * kv_dim + d;
+                kx = *reinterpret_cast<const uint4*>(kv + off);
+                vx = *reinterpret_cast<const uint4*>(kv + off + k_to_v);
+            }
+            *reinterpret_cast<uint4*>(&k_s[j * LD + d]) = kx;
+            *reinterpret_cast<uint4*>(&v_s[j * LD + d]) = vx;
+        }
+        __syncthreads();
+        if (!warp_active || warp_limit < kt0) continue;  // warp-uniform: tile all in the future
+
+        // S = Q Kᵀ for 16 rows x PMMA_BN keys.
+        float s[NTILES][4];
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const T* kb = k_s + (nt * 8 + g) * LD + tig * 2;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+                MmaOp<T>::run(s[nt], qf[ks], ld_pair(kb + ks * 16), ld_pair(kb + ks * 16 + 8));
+            }
+        }
+
+        // Causal mask and the online softmax (rows a and b of this thread).
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
+                if (!ok_a || t > lim_a) s[nt][e] = -INFINITY;
+                if (!ok_b || t > lim_b) s[nt][2 + e] = -INFINITY;
+                mx_a = fmaxf(mx_a, s[nt][e]);
+                mx_b = fmaxf(mx_b, s[nt][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+        }
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        // A row with nothing visible yet keeps m = -inf: use 0 as its base.
+        const float base_a = mn_a == -INFINITY ? 0.0f : mn_a;
+        const float base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+        const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
+        m_a = mn_a;
+        m_b = mn_b;
+        float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) {
+            s[nt][0] = exp2f(s[nt][0] - base_a);
+            s[nt][1] = exp2f(s[nt][1] - base_a);
+            s[nt][2] = exp2f(s[nt][2] - base_b);
+            s[nt][3] = exp2f(s[nt][3] - base_b);
+            sum_a += s[nt][0] + s[nt][1];
+            sum_b += s[nt][2] + s[nt][3];
+        }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+            sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+        }
+        l_a = l_a * alpha_a + sum_a;
+        l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+        for (int i = 0; i < DTILES; ++i) {
+            o[i][0] *= alpha_a;
+            o[i][1] *= alpha_a;
+            o[i][2] *= alpha_b;
+            o[i][3] *= alpha_b;
+        }
+
+        // O += P V: keys in k-steps of 16 (two score n-tiles per A fragment).
+#pragma unroll
+        for (int kk = 0; kk < PMMA_BN / 16; ++kk) {
+            uint32_t pa[4];
+            pa[0] = MmaOp<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = MmaOp<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = MmaOp<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = MmaOp<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const T* vb = v_s + (kk * 16 + tig * 2) * LD + g;
+#pragma unroll
+            for (int dt = 0; dt < DTILES; ++dt) {
+                const uint32_t b0 = ld_strided_pair(vb + dt * 8, LD);
+                const uint32_t b1 = ld_strided_pair(vb + 8 * LD + dt * 8, LD);
+                MmaOp<T>::run(o[dt], pa, b0, b1);
+            }
+        }
+    }
+
+    // out = O / l for the thread's two rows.
+    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
+    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const uint32_t r = half ? r_b : r_a;
+        if (r >= n_rows) continue;
+        const float inv = half ? inv_b : inv_a;
+        const uint64_t row = q_first + q0 + r / group;
+        const uint32_t head = kvh * group + r % group;
+        float* dst = p.out + (row * p.n_heads + head) * HEAD_DIM + tig * 2;
+#pragma unroll
+        for (int dt = 0; dt < DTILES; ++dt) {
+            *reinterpret_cast<float2*>(dst + dt * 8) =
+                make_float2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+        }
+    }
+}
+
+}  // namespace handoff

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""cuBLAS reference for the prefill benchmark, run by gpu-bundle/run.sh.
+
+The crate does not link cuBLAS (the GPU machine has libcublas only inside
+its torch install). This script times torch's bf16 GEMMs, which run on
+cuBLAS, on the same GPU in the same run as benches/cuda_attention.rs, and
+prints the tensor-core prefill figure as a share of them:
+
+  - attention-shaped: 32 heads of [8192 x 128] x [128 x 8192] (Q K^T of
+    the benchmarked 8k prefill, batched), f32 accumulate, bf16 out;
+  - square: [8192 x 8192] x [8192 x 8192], cuBLAS near its peak.
+
+Timing: CUDA events around 10 calls after 3 warm-up calls.
+
+Usage: cublas_reference.py BENCH_OUTPUT   (the bench's stdout; the line
+`prefill_tc_tflops_8k=<x>` is read from it). Prints markdown.
+"""
+import re
+import sys
+
+
+def tflops(fn, flops, iters=10, warmup=3):
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end) / iters
+    return ms, flops / (ms * 1e-3) / 1e12
+
+
+def main():
+    bench = open(sys.argv[1]).read() if len(sys.argv) > 1 else ""
+    m = re.search(r"^prefill_tc_tflops_8k=([0-9.]+)$", bench, re.M)
+    prefill = float(m.group(1)) if m else None
+    try:
+        import torch
+    except ImportError as e:
+        print(f"cuBLAS reference skipped: torch not importable ({e})")
+        return 1
+    if not torch.cuda.is_available():
+        print("cuBLAS reference skipped: torch sees no CUDA device")
+        return 1
+    torch.manual_seed(0)
+    dev = "cuda"
+    print(f"## cuBLAS (torch {torch.__version__}, {torch.cuda.get_device_name(0)}) bf16 GEMM\n")
+    print("| shape | ms | TFLOP/s | tensor-core prefill 8k as a share |")
+    print("|---|---|---|---|")
+    h, l, d = 32, 8192, 128
+    q = torch.randn(h, l, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(h, d, l, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(h, l, l, device=dev, dtype=torch.bfloat16)
+    cases = [
+        ("32 x [8192x128]·[128x8192] (QKᵀ of the 8k prefill)",
+         lambda: torch.bmm(q, k, out=out), 2.0 * h * l * l * d),
+    ]
+    n = 8192
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    cases.append(("[8192x8192]·[8192x8192]", lambda: torch.mm(a, b, out=c), 2.0 * n * n * n))
+    for name, fn, flops in cases:
+        ms, t = tflops(fn, flops)
+        share = f"{prefill / t:.3f}" if prefill else "n/a (no prefill figure)"
+        print(f"| {name} | {ms:.3f} | {t:.1f} | {share} |")
+    if prefill is None:
+        print("\nthe bench printed no prefill_tc_tflops_8k line")
+        return 1
+    print(f"\ntensor-core prefill, causal 8k, head_dim 128: {prefill:.1f} TFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+// A small SIMT emulator, enough to run cuda/prefill_mma.cuh on the host.
+//
+// Each CUDA thread of a block is an OS thread. __syncthreads is a barrier of
+// the block's threads; __shfl_xor_sync and mma.sync are warp-collective:
+// every lane publishes its operand, the warp waits, each lane computes its
+// result from all lanes' operands, the warp waits again. mma.sync
+// m16n8k16 rebuilds A (16x16), B (16x8) from the fragments with the row
+// and column formulas of the PTX ISA ("Matrix Fragments for mma.m16n8k16
+// with floating point type"), written here independently of the kernel's
+// own pointer arithmetic, so a fragment indexed wrongly by the kernel
+// shows up as a wrong result.
+//
+// Not emulated: memory ordering (everything is sequentially consistent
+// here), timing, and the exact f32 summation order of the tensor cores.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define __device__
+#define __forceinline__ inline
+#define __host__
+
+struct SimDim3 {
+    unsigned x, y, z;
+};
+inline thread_local SimDim3 threadIdx;
+inline thread_local SimDim3 blockIdx;
+
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+struct float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+
+template <typename T>
+inline T min(T a, T b) { return a < b ? a : b; }
+
+struct __half {
+    uint16_t bits;
+};
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+
+namespace sim {
+
+struct Warp {
+    std::barrier<> bar{32};
+    uint32_t a[32][4];
+    uint32_t b[32][2];
+    uint64_t word[32];
+};
+
+struct ThreadCtx {
+    Warp* warp;
+    std::barrier<>* block;
+    unsigned char* smem;
+};
+inline thread_local ThreadCtx ctx;
+
+inline float f16_to_float(uint16_t h) {
+    _Float16 x;
+    std::memcpy(&x, &h, 2);
+    return (float)x;
+}
+inline uint16_t float_to_f16(float f) {
+    _Float16 x = (_Float16)f;  // round to nearest even
+    uint16_t h;
+    std::memcpy(&h, &x, 2);
+    return h;
+}
+inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (std::isnan(f)) return 0x7fc0;
+    u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
+    return (uint16_t)(u >> 16);
+}
+
+template <typename T> struct Conv;
+template <> struct Conv<__half> {
+    static float to(uint16_t h) { return f16_to_float(h); }
+    static uint16_t from(float f) { return float_to_f16(f); }
+};
+template <> struct Conv<__nv_bfloat16> {
+    static float to(uint16_t h) { return bf16_to_float(h); }
+    static uint16_t from(float f) { return float_to_bf16(f); }
+};
+
+// D = A B + C for one warp, this lane's part: see the header comment.
+template <typename T>
+inline void mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    Warp& w = *ctx.warp;
+    const int lane = threadIdx.x & 31;
+    std::memcpy(w.a[lane], a, sizeof(w.a[lane]));
+    w.b[lane][0] = b0;
+    w.b[lane][1] = b1;
+    w.bar.arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+        const int group = l >> 2, tid = l % 4;
+        for (int i = 0; i < 8; ++i) {  // a_i: register i / 2, half i % 2
+            const uint16_t bits = (uint16_t)(w.a[l][i / 2] >> (16 * (i % 2)));
+            const int row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
+            const int col = tid * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = Conv<T>::to(bits);
+        }
+        for (int i = 0; i < 4; ++i) {  // b_i
+            const uint16_t bits = (uint16_t)(w.b[l][i / 2] >> (16 * (i % 2)));
+            const int row = tid * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+            B[row][group] = Conv<T>::to(bits);
+        }
+    }
+    const int group = lane >> 2, tid = lane % 4;
+    for (int i = 0; i < 4; ++i) {  // c_i
+        const int row = i < 2 ? group : group + 8;
+        const int col = tid * 2 + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+        c[i] = acc;
+    }
+    w.bar.arrive_and_wait();  // nobody overwrites operands still being read
+}
+
+}  // namespace sim
+
+template <typename V>
+inline V __shfl_xor_sync(unsigned /*mask*/, V v, int lane_mask) {
+    static_assert(sizeof(V) <= 8, "shuffled values fit 8 bytes");
+    sim::Warp& w = *sim::ctx.warp;
+    const int lane = threadIdx.x & 31;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(V));
+    w.word[lane] = bits;
+    w.bar.arrive_and_wait();
+    const uint64_t other = w.word[lane ^ lane_mask];
+    w.bar.arrive_and_wait();
+    V out;
+    std::memcpy(&out, &other, sizeof(V));
+    return out;
+}
+
+inline void __syncthreads() { sim::ctx.block->arrive_and_wait(); }
+
+namespace handoff {
+
+template <typename T> struct MmaOp {
+    static void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        sim::mma_m16n8k16<T>(c, a, b0, b1);
+    }
+    static uint32_t pack(float lo, float hi) {
+        return (uint32_t)sim::Conv<T>::from(lo) | ((uint32_t)sim::Conv<T>::from(hi) << 16);
+    }
+};
+
+inline unsigned char* pmma_smem() { return sim::ctx.smem; }
+
+// As in common.cuh.
+inline uint64_t kv_page_offset(uint64_t page, uint64_t page_stride, uint32_t layer, uint32_t kv,
+                               uint32_t page_size_log2, uint32_t kv_dim) {
+    return page * page_stride + ((uint64_t)(layer * 2 + kv) << page_size_log2) * kv_dim;
+}
+
+}  // namespace handoff
