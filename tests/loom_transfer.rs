@@ -6,6 +6,10 @@
 //!   nowhere, not even in pages the fence freed and a new transfer reused;
 //!   writes of two transfers landing at once each reach only their own
 //!   pages.
+//! - One-copy landing: two landers copying straight from one pool's held
+//!   pages into the other's, in opposite directions at once, both finish
+//!   (the two pools' storage locks are taken in one order) and each
+//!   destination gets exactly its source's bytes.
 //! - In-flight credits: a sender waiting at the cap is woken by the credit
 //!   a delivered write gives back; closing the link wakes every waiting
 //!   sender with a typed error; the cap is never exceeded.
@@ -115,6 +119,56 @@ fn concurrent_transfers_land_only_in_their_own_pages() {
 }
 
 #[test]
+fn landers_copying_between_two_pools_in_opposite_directions_both_finish() {
+    loom::model(|| {
+        let pools = [pool(2), pool(2)];
+        // Request r + 1 computed in pools[r], lands in pools[1 - r].
+        let held: Vec<_> = (0..2usize)
+            .map(|r| {
+                let mut seq = pools[r].reserve(RequestId(r as u64 + 1), 1).unwrap();
+                let x = (r + 1) as f32;
+                seq.append(0, &[x], &[x]).unwrap();
+                Arc::new(seq.seal(1).unwrap().hold())
+            })
+            .collect();
+        let zones: Vec<_> = (0..2usize)
+            .map(|r| {
+                let zone = Arc::new(Landing::new());
+                let id = r as u64 + 1;
+                zone.register(&pools[1 - r], RequestId(id), Nonce(id), 1)
+                    .unwrap();
+                zone
+            })
+            .collect();
+        let landers: Vec<_> = (0..2usize)
+            .map(|r| {
+                let (zone, src) = (zones[r].clone(), held[r].clone());
+                let id = r as u64 + 1;
+                thread::spawn(move || zone.write_from(&batch(id, id, 0), &src))
+            })
+            .collect();
+        for l in landers {
+            assert_eq!(l.join().unwrap(), Landed::Applied);
+        }
+        for r in 0..2usize {
+            let id = r as u64 + 1;
+            let kv = zones[r].take(Nonce(id)).unwrap().into_verified();
+            let reader = pools[1 - r].reader();
+            let layer = reader.seq(&kv).unwrap().layer(0).unwrap();
+            let mut v = [0f32];
+            layer.key(0).unwrap().to_f32_into(&mut v);
+            assert_eq!(v[0], (r + 1) as f32);
+            layer.value(0).unwrap().to_f32_into(&mut v);
+            assert_eq!(v[0], (r + 1) as f32);
+        }
+        drop(held);
+        for p in &pools {
+            assert!(p.stats().is_full(), "{:?}", p.stats());
+        }
+    });
+}
+
+#[test]
 fn a_sender_at_the_cap_is_woken_by_returned_credit() {
     loom::model(|| {
         let credits = Arc::new(Credits::new(2));
@@ -137,6 +191,36 @@ fn a_sender_at_the_cap_is_woken_by_returned_credit() {
         sender.join().unwrap();
         let st = credits.stats();
         assert_eq!((st.current, st.peak), (0, 2), "{st:?}");
+    });
+}
+
+#[test]
+fn returned_credit_below_half_the_cap_wakes_a_waiting_sender() {
+    // Credit wakes a waiting sender only once at most half the cap is in
+    // flight: with a cap of 3 unit writes, the first write back after the
+    // sender stalls does not wake it, the second does. No interleaving
+    // leaves it asleep (loom reports a sender nobody wakes as a deadlock).
+    loom::model(|| {
+        let credits = Arc::new(Credits::new(3));
+        let (delivered, arrivals) = loom::sync::mpsc::channel();
+        let sender = {
+            let credits = credits.clone();
+            thread::spawn(move || {
+                for _ in 0..4 {
+                    credits.acquire(1).unwrap();
+                    assert!(credits.stats().current <= 3);
+                    delivered.send(()).unwrap();
+                }
+            })
+        };
+        for _ in 0..4 {
+            arrivals.recv().unwrap();
+            credits.release(1);
+        }
+        sender.join().unwrap();
+        let st = credits.stats();
+        assert_eq!(st.current, 0, "{st:?}");
+        assert!(st.peak <= 3, "{st:?}");
     });
 }
 

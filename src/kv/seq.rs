@@ -426,14 +426,87 @@ impl KvSeq<Received> {
         &mut self,
         layer: usize,
         n: usize,
-        mut fill: impl FnMut(usize, usize, &mut [u8]),
-        mut landed: impl FnMut(usize, usize, &[u8]),
+        fill: impl FnMut(usize, usize, &mut [u8]),
+        landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let kvd = self.geometry().kv_dim();
         self.check_append(layer, n * kvd, n * kvd)?;
+        let pool = self.pool.clone();
+        let mut st = pool.shared.storage.write();
+        self.receive_rows_locked(&mut st, layer, n, fill, landed);
+        Ok(())
+    }
+
+    /// [`KvSeq::receive_rows`] with the rows copied straight from rows
+    /// `[src_start, src_start + n)` of `layer` of `src`, a held sequence of
+    /// another pool (one copy, no staging buffer). Both pool-wide storage
+    /// locks are held for the copy, taken in pool order (see
+    /// [`lock_pair`]), so landers copying between the same two pools in
+    /// opposite directions cannot deadlock. `after(kv, done, dst)` sees each
+    /// run right after it is copied (fault injection tampers there). A
+    /// source page that is no longer held leaves its rows unwritten (zero
+    /// or stale), which the receipt's checksums then refuse.
+    pub(crate) fn receive_rows_from(
+        &mut self,
+        layer: usize,
+        n: usize,
+        src: &KvSeq<Held>,
+        src_start: usize,
+        mut after: impl FnMut(usize, usize, &mut [u8]),
+        landed: impl FnMut(usize, usize, &[u8]),
+    ) -> Result<(), KvError> {
+        let g = self.geometry();
+        let kvd = g.kv_dim();
+        self.check_append(layer, n * kvd, n * kvd)?;
+        if src.geometry() != g {
+            return Err(KvError::Shape {
+                what: "source geometry (must equal the destination's)",
+                expected: g.bytes_per_token(),
+                got: src.geometry().bytes_per_token(),
+            });
+        }
+        src.check_rows(layer, src_start, n)?;
+        let row = kvd * g.dtype.size_bytes();
+        let dst_pool = self.pool.clone();
+        lock_pair(&src.pool, &dst_pool, |src_st, dst_st| {
+            self.receive_rows_locked(
+                dst_st,
+                layer,
+                n,
+                |kv, done, dst| {
+                    let rows = dst.len() / row.max(1);
+                    let _ = src.read_rows_locked(
+                        src_st,
+                        layer,
+                        kv,
+                        src_start + done,
+                        rows,
+                        |at, bytes| {
+                            if let Some(d) = dst.get_mut(at * row..at * row + bytes.len()) {
+                                d.copy_from_slice(bytes);
+                            }
+                        },
+                    );
+                    after(kv, done, dst);
+                },
+                landed,
+            )
+        })
+    }
+
+    /// The body of [`KvSeq::receive_rows`], under the destination's storage
+    /// write lock; the append has been checked.
+    fn receive_rows_locked(
+        &mut self,
+        st: &mut Storage,
+        layer: usize,
+        n: usize,
+        mut fill: impl FnMut(usize, usize, &mut [u8]),
+        mut landed: impl FnMut(usize, usize, &[u8]),
+    ) {
+        let kvd = self.geometry().kv_dim();
         let ps = self.pool.page_size();
         let first = self.written[layer] / ps;
-        let mut st = self.pool.shared.storage.write();
         let mut at = 0;
         self.for_each_run(layer, n, |page, slot, done, run| {
             for kv in 0..2 {
@@ -448,9 +521,7 @@ impl KvSeq<Received> {
             }
             at += 1;
         });
-        drop(st);
         self.written[layer] += n;
-        Ok(())
     }
 
     /// Hashes, with `hash`, the written K and V rows of every layer of each
@@ -501,8 +572,15 @@ impl KvSeq<Held> {
         kv: usize,
         start: usize,
         n: usize,
-        mut f: impl FnMut(usize, &[u8]),
+        f: impl FnMut(usize, &[u8]),
     ) -> Result<(), KvError> {
+        self.check_rows(layer, start, n)?;
+        let st = self.pool.shared.storage.read();
+        self.read_rows_locked(&st, layer, kv, start, n, f)
+    }
+
+    /// Checks that rows `[start, start + n)` of `layer` are written.
+    fn check_rows(&self, layer: usize, start: usize, n: usize) -> Result<(), KvError> {
         let g = self.geometry();
         if layer >= g.n_layers {
             return Err(KvError::LayerOutOfRange {
@@ -518,9 +596,22 @@ impl KvSeq<Held> {
                 expected: start.saturating_add(n),
             });
         }
+        Ok(())
+    }
+
+    /// The body of [`KvSeq::read_rows`], under this pool's storage read
+    /// lock; the rows have been checked.
+    fn read_rows_locked(
+        &self,
+        st: &Storage,
+        layer: usize,
+        kv: usize,
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(usize, &[u8]),
+    ) -> Result<(), KvError> {
         let ps = self.pool.page_size();
-        let kvd = g.kv_dim();
-        let st = self.pool.shared.storage.read();
+        let kvd = self.geometry().kv_dim();
         let (mut pos, mut done) = (start, 0);
         while done < n {
             let page = self.pages[pos / ps];
@@ -533,6 +624,35 @@ impl KvSeq<Held> {
         }
         Ok(())
     }
+}
+
+/// Runs `f` with `src`'s storage read-locked and `dst`'s write-locked,
+/// taking the two pool-wide locks in one global order (by pool identity):
+/// two threads copying between the same two pools in opposite directions
+/// then never hold one lock each while waiting for the other's. `src` and
+/// `dst` must be different pools.
+fn lock_pair<R>(
+    src: &KvPool,
+    dst: &KvPool,
+    f: impl FnOnce(&Storage, &mut Storage) -> R,
+) -> Result<R, KvError> {
+    let (s, d) = (&src.shared, &dst.shared);
+    if s.id == d.id {
+        return Err(KvError::Shape {
+            what: "source pool (must differ from the destination pool)",
+            expected: 0,
+            got: 0,
+        });
+    }
+    Ok(if s.id.rank() < d.id.rank() {
+        let src_st = s.storage.read();
+        let mut dst_st = d.storage.write();
+        f(&src_st, &mut dst_st)
+    } else {
+        let mut dst_st = d.storage.write();
+        let src_st = s.storage.read();
+        f(&src_st, &mut dst_st)
+    })
 }
 
 impl<S: SeqState> Drop for KvSeq<S> {

@@ -2,6 +2,15 @@
 //! a sender takes credit before a write leaves and the receiver gives it
 //! back once the write has landed (or been refused). At the cap, senders
 //! wait (backpressure), at most the configured write timeout.
+//!
+//! Returned credit wakes a waiting sender only once at most half the cap
+//! is in flight (or the link closes): bytes still in flight are writes that
+//! each give their credit back when they land (or the link closes, which
+//! wakes everyone), so a sender at the cap sleeps once per half window
+//! instead of once per batch, and the receiver, which pays for every
+//! wake-up, spends that time landing bytes. A sender whose wait times out
+//! takes the room that came meanwhile, if any, instead of failing; it never
+//! waits past the write timeout either way.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +35,8 @@ pub struct InFlightStats {
 struct State {
     stats: InFlightStats,
     closed: bool,
+    /// Senders waiting for room now.
+    waiters: usize,
 }
 
 /// Byte credits shared by the two ends of a link.
@@ -44,6 +55,7 @@ impl Credits {
                     ..InFlightStats::default()
                 },
                 closed: false,
+                waiters: 0,
             }),
             cv: Condvar::new(),
         }
@@ -74,7 +86,10 @@ impl Credits {
                 waited = true;
                 st.stats.waits += 1;
             }
-            if self.cv.wait_until(&mut st, deadline).timed_out() {
+            st.waiters += 1;
+            let timed_out = self.cv.wait_until(&mut st, deadline).timed_out();
+            st.waiters -= 1;
+            if timed_out && !st.closed && st.stats.current + bytes > cap {
                 return Err(LinkError::BackpressureTimeout {
                     bytes,
                     in_flight: st.stats.current,
@@ -85,12 +100,16 @@ impl Credits {
         }
     }
 
-    /// Gives back `bytes` of credit.
+    /// Gives back `bytes` of credit; wakes waiting senders once at most
+    /// half the cap is in flight.
     pub(crate) fn release(&self, bytes: usize) {
         let mut st = self.state.lock();
         st.stats.current = st.stats.current.saturating_sub(bytes);
+        let wake = st.waiters > 0 && st.stats.current <= st.stats.cap / 2;
         drop(st);
-        self.cv.notify_all();
+        if wake {
+            self.cv.notify_all();
+        }
     }
 
     /// Wakes every waiter with [`LinkError::Disconnected`].

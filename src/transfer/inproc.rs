@@ -3,7 +3,10 @@
 //! A write batch travels as a reference to the held source sequence; the
 //! decode end's lander thread copies its rows straight from the source pool
 //! into the destination pages (one copy, like a one-sided RDMA write), in
-//! order with receipts and aborts.
+//! order with receipts and aborts. The copy holds the source pool's storage
+//! read lock and the destination's write lock, taken in pool order, so two
+//! links copying between the same pools in opposite directions cannot
+//! deadlock.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -17,7 +20,7 @@ use crate::transfer::credits::{Credits, InFlightStats};
 use crate::transfer::error::LinkError;
 use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
 use crate::transfer::landing::LandingZone;
-use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, copy_rows};
+use crate::transfer::link::{DecodeLink, PrefillLink, Transfer};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
 /// The in-process transport.
@@ -135,14 +138,13 @@ fn lander(
     credits.close();
 }
 
-/// Lands one write from `src`; returns the bytes per K (or V) it carried.
+/// Lands one write from `src`, copying straight from its pages into the
+/// destination's; returns the bytes per K (or V) it carried.
 fn land(landing: &LandingZone, w: &WriteMsg, src: &KvSeq<Held>) -> usize {
     let g = src.pool().config().geometry();
     let row = g.kv_dim() * g.dtype.size_bytes();
     let b = w.batch;
-    let bytes_each = b.tokens as usize * row;
-    landing.apply(&b, bytes_each, Some(src.pool()), |kv, done, dst| {
-        copy_rows(src, b.layer as usize, kv, b.start as usize + done, row, dst);
+    landing.apply_from(&b, src, |kv, done, dst| {
         if w.corrupt
             && kv == 0
             && done == 0
@@ -151,7 +153,7 @@ fn land(landing: &LandingZone, w: &WriteMsg, src: &KvSeq<Held>) -> usize {
             *x ^= 1;
         }
     });
-    bytes_each
+    b.tokens as usize * row
 }
 
 impl InProcessPrefill {

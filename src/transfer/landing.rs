@@ -13,7 +13,7 @@ use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ids::RequestId;
-use crate::kv::{KvPool, KvSeq, Received};
+use crate::kv::{Held, KvError, KvPool, KvSeq, Received};
 use crate::transfer::checksum::LandedHashes;
 use crate::transfer::error::WriteRefusal;
 use crate::transfer::protocol::{Nonce, WriteBatch};
@@ -108,18 +108,56 @@ impl LandingZone {
         source: Option<&KvPool>,
         fill: impl FnMut(usize, usize, &mut [u8]),
     ) -> Landed {
+        let layer = batch.layer as usize;
+        self.apply_with(batch, bytes_each, source, |seq, landed| {
+            seq.receive_rows(layer, batch.tokens as usize, fill, |page, kv, rows| {
+                landed.landed(page, layer, kv, rows)
+            })
+        })
+    }
+
+    /// Applies one write batch straight from the rows `[batch.start,
+    /// batch.start + batch.tokens)` of `batch.layer` of the held `src` (one
+    /// copy from the source pages into the destination pages, both pools'
+    /// storage locks taken in pool order). `after(kv, done, dst)` sees each
+    /// copied run (fault injection).
+    pub(crate) fn apply_from(
+        &self,
+        batch: &WriteBatch,
+        src: &KvSeq<Held>,
+        after: impl FnMut(usize, usize, &mut [u8]),
+    ) -> Landed {
+        let g = src.pool().config().geometry();
+        let bytes_each = batch.tokens as usize * g.kv_dim() * g.dtype.size_bytes();
+        let layer = batch.layer as usize;
+        self.apply_with(batch, bytes_each, Some(src.pool()), |seq, landed| {
+            seq.receive_rows_from(
+                layer,
+                batch.tokens as usize,
+                src,
+                batch.start as usize,
+                after,
+                |page, kv, rows| landed.landed(page, layer, kv, rows),
+            )
+        })
+    }
+
+    /// Checks a write against its entry and lands it with `receive`, under
+    /// the entries lock (the fence).
+    fn apply_with(
+        &self,
+        batch: &WriteBatch,
+        bytes_each: usize,
+        source: Option<&KvPool>,
+        receive: impl FnOnce(&mut KvSeq<Received>, &mut LandedHashes) -> Result<(), KvError>,
+    ) -> Landed {
         let mut entries = self.entries.lock();
         let Some(dest) = entries.get_mut(&batch.nonce) else {
             self.stray_writes.fetch_add(1, Ordering::Relaxed);
             return Landed::Stray;
         };
         match Self::check(dest, batch, bytes_each, source) {
-            Ok(()) => match dest.seq.receive_rows(
-                batch.layer as usize,
-                batch.tokens as usize,
-                fill,
-                |page, kv, rows| dest.landed.landed(page, batch.layer as usize, kv, rows),
-            ) {
+            Ok(()) => match receive(&mut dest.seq, &mut dest.landed) {
                 Ok(()) => Landed::Applied,
                 Err(e) => {
                     self.refuse(dest, WriteRefusal::Kv(e));

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::ids::RequestId;
-use crate::kv::{KvError, KvPool, KvSeq, Ready};
+use crate::kv::{Held, KvError, KvPool, KvSeq, Ready};
 use crate::transfer::credits;
 use crate::transfer::error::LinkError;
 use crate::transfer::landing::{self, Destination, LandingZone};
@@ -70,6 +70,16 @@ impl Landing {
             .0
             .apply(batch, bytes_each, None, |_, _, dst| dst.fill(byte))
         {
+            landing::Landed::Applied => Landed::Applied,
+            landing::Landed::Refused => Landed::Refused,
+            landing::Landed::Stray => Landed::Stray,
+        }
+    }
+    /// Lands `batch` straight from the rows of `src`, a held sequence of
+    /// another pool, as the in-process transport's lander does (both
+    /// pools' storage locks held for the copy).
+    pub fn write_from(&self, batch: &WriteBatch, src: &KvSeq<Held>) -> Landed {
+        match self.0.apply_from(batch, src, |_, _, _| {}) {
             landing::Landed::Applied => Landed::Applied,
             landing::Landed::Refused => Landed::Refused,
             landing::Landed::Stray => Landed::Stray,
