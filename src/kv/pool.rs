@@ -332,24 +332,36 @@ impl KvPool {
     /// Checks that `page` belongs to this pool, is at its current generation
     /// and in the expected state.
     pub(crate) fn check_page(&self, page: PageId, held: bool) -> Result<(), KvError> {
-        if page.pool != self.shared.id || page.index as usize >= self.shared.cfg.pages {
+        self.check_pages(std::slice::from_ref(&page), held)
+    }
+
+    /// [`KvPool::check_page`] for every page of `pages`, under one lock of
+    /// the pool's bookkeeping (readers on several threads validate their
+    /// sequences every layer; one lock per page made them queue).
+    pub(crate) fn check_pages(&self, pages: &[PageId], held: bool) -> Result<(), KvError> {
+        if let Some(&page) = pages
+            .iter()
+            .find(|p| p.pool != self.shared.id || p.index as usize >= self.shared.cfg.pages)
+        {
             return Err(KvError::ForeignPage { page });
-        }
-        let m = self.shared.meta.lock();
-        let i = page.index as usize;
-        if m.generation[i] != page.generation {
-            return Err(KvError::StalePage {
-                page,
-                current: m.generation[i],
-            });
         }
         let want = if held {
             PageState::Held
         } else {
             PageState::InUse
         };
-        if m.state[i] != want {
-            return Err(KvError::PageNotInUse { page });
+        let m = self.shared.meta.lock();
+        for &page in pages {
+            let i = page.index as usize;
+            if m.generation[i] != page.generation {
+                return Err(KvError::StalePage {
+                    page,
+                    current: m.generation[i],
+                });
+            }
+            if m.state[i] != want {
+                return Err(KvError::PageNotInUse { page });
+            }
         }
         Ok(())
     }

@@ -34,9 +34,7 @@ impl<'p> KvReader<'p> {
                 },
             });
         }
-        for &p in seq.pages() {
-            self.pool.check_page(p, S::HELD)?;
-        }
+        self.pool.check_pages(seq.pages(), S::HELD)?;
         Ok(SeqView {
             reader: self,
             pages: seq.pages(),
