@@ -285,7 +285,14 @@ mod tests {
     #[test]
     fn matches_naive_for_odd_shapes_and_is_batch_invariant_on_every_isa() {
         for isa in Isa::available() {
-            for (m, k, n) in [(1, 1, 1), (3, 7, 5), (5, 17, 9), (2, 64, 8), (7, 33, 13)] {
+            for (m, k, n) in [
+                (1, 1, 1),
+                (3, 7, 5),
+                (5, 17, 9),
+                (2, 64, 8),
+                (7, 33, 13),
+                (6, 300, 7),
+            ] {
                 let x = data(m * k, 1);
                 let w = data(n * k, 2);
                 let mut out = vec![0f32; m * n];

@@ -334,8 +334,17 @@ pub(crate) fn matmul_cols(
     row_stride: usize,
     col_stride: usize,
 ) {
-    // 4 x 2 and 1 x 8 tiles: eight accumulators each, reduced together.
-    matmul_cols_k::<Avx2, 4, 2, 8>(x, m, k, w, cols, out, row_stride, col_stride)
+    // Rows left over by 4 use 1 x 8 tiles, whose eight accumulators are
+    // reduced together. Blocks of 4 rows: for short dot products (small
+    // models) the reduction weighs as much as the multiply-adds, so 4 x 2
+    // tiles (reduced together); for long ones 4 x 3 tiles, whose twelve
+    // accumulators load fewer bytes per multiply-add. Every tile gives
+    // the same bits (same lane tree).
+    if k >= 256 {
+        matmul_cols_k::<Avx2, 4, 3, 8>(x, m, k, w, cols, out, row_stride, col_stride)
+    } else {
+        matmul_cols_k::<Avx2, 4, 2, 8>(x, m, k, w, cols, out, row_stride, col_stride)
+    }
 }
 
 /// See `attention::attend_row`.
