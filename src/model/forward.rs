@@ -469,13 +469,17 @@ impl<B: Backend> Model<B> {
     ) -> Result<Logits<'s>, ForwardError> {
         let rows: usize = (0..seqs.len()).map(|i| input(i).len()).sum();
         match self.backend.plan_pass(rows, self.weight_elems) {
-            PassPlan::Here => self.pass_here(scratch, seqs, input, want, decode),
             PassPlan::Groups(g)
                 if g >= 2 && seqs.len() >= 2 && want == Want::LastOfEachSequence =>
             {
                 self.pass_groups(g, scratch, seqs, &input, decode)
             }
-            PassPlan::OnWorkers | PassPlan::Groups(_) => self
+            // A single sequence of a small model: here; its large ops
+            // still split over the threads.
+            PassPlan::Here | PassPlan::Groups(_) => {
+                self.pass_here(scratch, seqs, input, want, decode)
+            }
+            PassPlan::OnWorkers => self
                 .backend
                 .run_pass(|| self.pass_here(scratch, seqs, &input, want, decode)),
         }

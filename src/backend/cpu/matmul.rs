@@ -203,6 +203,9 @@ impl Grid<'_> {
         cols: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
+        if rows.is_empty() {
+            return;
+        }
         let k = self.k;
         let xr = |i: usize| &self.x[i * k..(i + 1) * k];
         let wr = |j: usize| &self.w[j * k..(j + 1) * k];
