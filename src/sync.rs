@@ -113,3 +113,35 @@ mod loom_shim {
 }
 #[cfg(loom)]
 pub(crate) use loom_shim::{Condvar, Mutex, RwLock, RwLockReadGuard};
+
+/// Takes `lock` for writing, spinning up to `budget` before parking: for a
+/// lock that readers on other cores hold for a few microseconds (one
+/// thread's attention over its sequences while another wants to append),
+/// where parking and being woken costs more than the wait itself.
+#[cfg(not(loom))]
+pub(crate) fn write_soon<T>(
+    lock: &RwLock<T>,
+    budget: std::time::Duration,
+) -> parking_lot::RwLockWriteGuard<'_, T> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(guard) = lock.try_write() {
+            return guard;
+        }
+        if start.elapsed() > budget {
+            return lock.write();
+        }
+        for _ in 0..16 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Under loom: a plain write lock (spinning only multiplies interleavings).
+#[cfg(loom)]
+pub(crate) fn write_soon<T>(
+    lock: &RwLock<T>,
+    _budget: std::time::Duration,
+) -> loom::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+}

@@ -254,7 +254,9 @@ impl<S: Writable> KvSeq<S> {
         let Some(pool) = items.first().map(|(seq, ..)| seq.pool.clone()) else {
             return Ok(());
         };
-        let mut st = pool.shared.storage.write();
+        // Another thread's pass may be reading (attention) for a few
+        // microseconds: wait for it actively rather than park.
+        let mut st = crate::sync::write_soon(&pool.shared.storage, APPEND_SPIN);
         for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
             if seq.pool.same_pool(&pool) {
                 seq.store_rows(&mut st, layer, n, k, v);
@@ -363,6 +365,9 @@ impl<S: Writable> KvSeq<S> {
         }
     }
 }
+
+/// How long a batched append spins for the storage lock before parking.
+const APPEND_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Why sealing failed, with the handle given back.
 #[derive(Debug)]
