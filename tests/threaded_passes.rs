@@ -107,3 +107,34 @@ fn an_error_in_a_group_names_the_sequence_by_its_place_in_the_whole_batch() {
     drop(seqs);
     assert!(pool.stats().is_full());
 }
+
+/// Group passes hold KV locks while they run. Ops inside a group must not
+/// wait on other threads (a waiting rayon worker may pick up another
+/// group's pass, which then blocks on the lock its own thread holds): many
+/// steps with every op eligible for splitting finish, and give the
+/// single-thread numbers.
+#[test]
+fn group_passes_whose_ops_could_split_never_deadlock() {
+    let w = random_weights(&ModelConfig::tiny_gqa(), 9);
+    let ps = prompts(24, w.config.vocab_size as u32);
+    let reference = run(
+        &Model::new(CpuBackend::with_threads(1), w.clone()).unwrap(),
+        &ps,
+        40,
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for threads in [2, 3, 4] {
+            let b = CpuBackend::with_threads(threads).min_parallel_work(1);
+            let m = Model::new(b, w.clone()).unwrap();
+            let got = run(&m, &ps, 40);
+            let _ = tx.send(got == reference);
+        }
+    });
+    for threads in [2, 3, 4] {
+        match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(same) => assert!(same, "{threads} threads: logits differ"),
+            Err(_) => panic!("{threads} threads: group passes did not finish in 120 s (deadlock)"),
+        }
+    }
+}

@@ -50,10 +50,10 @@ impl SeqSpan {
 /// How the model runs one forward pass on a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PassPlan {
-    /// On the calling thread; ops may still split their own work.
+    /// On the calling thread; ops may still split their own work (large
+    /// models: each op's weight rows over the threads, so each weight is
+    /// read once per step).
     Here,
-    /// The whole pass through [`Backend::run_pass`].
-    OnWorkers,
     /// The batch's sequences split into this many groups of about equal
     /// rows, each a whole pass of its own, through [`Backend::run_groups`]:
     /// for models whose weights sit in cache, where one pass per thread
@@ -128,16 +128,12 @@ pub trait Backend: Send + Sync + 'static {
         PassPlan::Here
     }
 
-    /// Runs one whole pass, `f`, for [`PassPlan::OnWorkers`]: a backend with
-    /// worker threads runs it on one of them, so the parallel ops inside
-    /// hand work between threads that are already awake. Default: here.
-    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        f()
-    }
-
     /// Runs the group passes of [`PassPlan::Groups`], concurrently where the
-    /// backend can, and returns their results in order. Default: one after
-    /// the other.
+    /// backend can, and returns their results in order. A group pass holds
+    /// KV locks while it runs, so a backend must not let the thread running
+    /// one pick up other work meanwhile (with rayon: no nested parallelism
+    /// inside a group, which could steal another group's pass and wait on
+    /// the lock its own caller holds). Default: one after the other.
     fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
         tasks.into_iter().map(|f| f()).collect()
     }

@@ -474,14 +474,11 @@ impl<B: Backend> Model<B> {
             {
                 self.pass_groups(g, scratch, seqs, &input, decode)
             }
-            // A single sequence of a small model: here; its large ops
+            // Here, or a single sequence of a small model: its large ops
             // still split over the threads.
             PassPlan::Here | PassPlan::Groups(_) => {
                 self.pass_here(scratch, seqs, input, want, decode)
             }
-            PassPlan::OnWorkers => self
-                .backend
-                .run_pass(|| self.pass_here(scratch, seqs, &input, want, decode)),
         }
     }
 

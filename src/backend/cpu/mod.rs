@@ -11,7 +11,7 @@ mod ops;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -112,6 +112,24 @@ impl Default for CpuBackend {
 
 thread_local! {
     static TRANSPOSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Set while this thread runs a group pass: its ops stay serial.
+    static SERIAL_OPS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as running a group pass until dropped (restoring the
+/// previous mark, so nesting and unwinding leave it right).
+struct SerialOps(bool);
+
+impl SerialOps {
+    fn enter() -> Self {
+        SerialOps(SERIAL_OPS.replace(true))
+    }
+}
+
+impl Drop for SerialOps {
+    fn drop(&mut self) {
+        SERIAL_OPS.set(self.0);
+    }
 }
 
 impl CpuBackend {
@@ -173,7 +191,7 @@ impl CpuBackend {
     fn par_pool(&self, work: usize) -> Option<&rayon::ThreadPool> {
         self.pool
             .as_ref()
-            .filter(|_| work >= self.min_parallel_work)
+            .filter(|_| work >= self.min_parallel_work && !SERIAL_OPS.get())
     }
 
     /// Ops with fewer multiply-adds than this run on the calling thread
@@ -215,20 +233,24 @@ impl Backend for CpuBackend {
         if weights.saturating_mul(4) <= self.group_weight_bytes && rows >= 2 * MIN_GROUP_ROWS {
             PassPlan::Groups(self.threads.min(rows / MIN_GROUP_ROWS))
         } else {
-            PassPlan::OnWorkers
-        }
-    }
-
-    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match &self.pool {
-            Some(pool) => pool.install(f),
-            None => f(),
+            PassPlan::Here
         }
     }
 
     fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
         match &self.pool {
-            Some(pool) => pool.install(|| tasks.into_par_iter().map(|f| f()).collect()),
+            // Each group runs with its ops serial (see `par_pool`): a
+            // worker holding a group's KV lock never waits in a join, where
+            // it could steal another group and block on its own lock.
+            Some(pool) => pool.install(|| {
+                tasks
+                    .into_par_iter()
+                    .map(|f| {
+                        let _serial = SerialOps::enter();
+                        f()
+                    })
+                    .collect()
+            }),
             None => tasks.into_iter().map(|f| f()).collect(),
         }
     }
@@ -592,5 +614,19 @@ impl Backend for CpuBackend {
                 .for_each(|(r, o)| row(r, o)),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_inside_a_group_pass_never_split() {
+        let b = CpuBackend::with_threads(2).min_parallel_work(1);
+        assert!(b.par_pool(1).is_some(), "outside a group, ops split");
+        let inside = b.run_groups(vec![|| b.par_pool(1).is_some(); 4]);
+        assert_eq!(inside, vec![false; 4], "a group's ops must stay serial");
+        assert!(b.par_pool(1).is_some(), "the mark is lifted afterwards");
     }
 }
