@@ -62,7 +62,11 @@ static_assert(sizeof(MergeParams) == 40, "MergeParams drifted from params.rs");
 // is already appended, against all kv_len positions of the sequence. Query
 // i (0-based within the sequence's new positions) is at absolute position
 // kv_len - q_len + i and attends positions 0 ..= kv_len - q_len + i.
-// grid (q_tiles, n_kv_heads, batch); block PREFILL_THREADS; dynamic smem.
+// One struct for the family: the scalar kernel (prefill_attention.cu, any
+// KV dtype; group <= PREFILL_ROWS) and the tensor-core kernel
+// (prefill_mma.cu, f16/bf16 KV; group <= 64; q and out 8-byte aligned).
+// grid (q_tiles, n_kv_heads, batch); block PREFILL_THREADS or 128; dynamic
+// smem.
 struct PrefillParams {
     const float* q;               // [q_indptr[batch], n_heads, head_dim] f32
     const void* kv;               // KV arena, KV dtype
@@ -75,7 +79,7 @@ struct PrefillParams {
     uint32_t batch;
     uint32_t n_heads;
     uint32_t n_kv_heads;
-    uint32_t group;               // n_heads / n_kv_heads, <= PREFILL_ROWS
+    uint32_t group;               // n_heads / n_kv_heads (limit per kernel, above)
     uint32_t layer;
     uint32_t page_size_log2;
     float sm_scale_log2;
@@ -221,29 +225,5 @@ struct PageChecksumParams {
     uint32_t row_bytes;         // kv_dim * dtype size
 };
 static_assert(sizeof(PageChecksumParams) == 64, "PageChecksumParams drifted from params.rs");
-
-// Paged causal prefill on tensor cores (prefill_mma.cu), f16/bf16 KV. Same
-// shapes and causal rule as PrefillParams; its own struct so that the two
-// kernels can diverge. grid (q_tiles, n_kv_heads, batch) with q_tiles =
-// ceil(max q_len / (64 / group)); block 128; dynamic smem.
-struct PrefillMmaParams {
-    const float* q;               // [q_indptr[batch], n_heads, head_dim] f32, 8-byte aligned
-    const void* kv;               // KV arena, f16 or bf16
-    const uint32_t* page_table;   // [page_indptr[batch]]
-    const uint32_t* page_indptr;  // [batch + 1]
-    const uint32_t* q_indptr;     // [batch + 1]
-    const uint32_t* kv_len;       // [batch] (>= its q_len)
-    float* out;                   // [q_indptr[batch], n_heads, head_dim] f32, 8-byte aligned
-    uint64_t page_stride;         // elements per page
-    uint32_t batch;
-    uint32_t n_heads;
-    uint32_t n_kv_heads;
-    uint32_t group;               // n_heads / n_kv_heads, <= 64
-    uint32_t layer;
-    uint32_t page_size_log2;
-    float sm_scale_log2;
-    uint32_t pad0;
-};
-static_assert(sizeof(PrefillMmaParams) == 96, "PrefillMmaParams drifted from params.rs");
 
 }  // namespace handoff

@@ -8,7 +8,7 @@ using namespace handoff;
 // src/backend/cuda/launch.rs.
 #define PMMA_KERNEL(T, TN, D)                                                        \
     extern "C" __global__ void __launch_bounds__(PMMA_THREADS)                      \
-        prefill_mma_##TN##_d##D(const PrefillMmaParams p) {                          \
+        prefill_mma_##TN##_d##D(const PrefillParams p) {                          \
         prefill_mma<T, D>(p);                                                        \
     }
 PMMA_KERNEL(__half, f16, 64)

@@ -111,7 +111,7 @@ __device__ __forceinline__ uint32_t ld_strided_pair(const T* p, int stride) {
 }
 
 template <typename T, int HEAD_DIM>
-__device__ __forceinline__ void prefill_mma(const PrefillMmaParams& p) {
+__device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     using C = PmmaCfg<HEAD_DIM>;
     constexpr int LD = C::LD, KSTEPS = C::KSTEPS, DTILES = C::DTILES, NTILES = C::NTILES;
     constexpr int VEC = 8;  // elements per 16-byte load

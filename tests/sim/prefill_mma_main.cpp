@@ -86,7 +86,7 @@ bool run_case(const Case& c, Rng& rng) {
     std::vector<float> q((size_t)total_q * n_heads * D), out(q.size(), NAN);
     for (auto& x : q) x = 2.0f * rng.uniform();
 
-    PrefillMmaParams p{};
+    PrefillParams p{};
     p.q = q.data();
     p.kv = arena.data();
     p.page_table = table.data();

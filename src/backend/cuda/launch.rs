@@ -64,7 +64,6 @@ unsafe impl DeviceRepr for LinearParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for AddParams {}
 // SAFETY: as above.
-unsafe impl DeviceRepr for PrefillMmaParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for HashRangesParams {}
 // SAFETY: as above.
@@ -500,6 +499,24 @@ impl CudaDevice {
         let (qi_ptr, _g3) = tables.q_indptr.device_ptr(stream);
         let (len_ptr, _g4) = tables.kv_len.device_ptr(stream);
         let (out_ptr, _go) = out.device_ptr_mut(stream);
+        let p = PrefillParams {
+            q: q_ptr,
+            kv: kv_ptr,
+            page_table: pt_ptr,
+            page_indptr: pi_ptr,
+            q_indptr: qi_ptr,
+            kv_len: len_ptr,
+            out: out_ptr,
+            page_stride: s.page_stride,
+            batch: to_u32("batch", tables.batch)?,
+            n_heads: to_u32("n_heads", n_heads)?,
+            n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
+            group: to_u32("group", s.group)?,
+            layer: to_u32("layer", layer)?,
+            page_size_log2: s.page_size_log2,
+            sm_scale_log2: sm_scale_log2(s.head_dim),
+            pad0: 0,
+        };
         if use_mma {
             if q_ptr % 8 != 0 || out_ptr % 8 != 0 {
                 return Err(CudaError::Unsupported {
@@ -513,24 +530,6 @@ impl CudaDevice {
                 dtype_name(dtype),
                 s.head_dim
             ))?;
-            let p = PrefillMmaParams {
-                q: q_ptr,
-                kv: kv_ptr,
-                page_table: pt_ptr,
-                page_indptr: pi_ptr,
-                q_indptr: qi_ptr,
-                kv_len: len_ptr,
-                out: out_ptr,
-                page_stride: s.page_stride,
-                batch: to_u32("batch", tables.batch)?,
-                n_heads: to_u32("n_heads", n_heads)?,
-                n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
-                group: to_u32("group", s.group)?,
-                layer: to_u32("layer", layer)?,
-                page_size_log2: s.page_size_log2,
-                sm_scale_log2: sm_scale_log2(s.head_dim),
-                pad0: 0,
-            };
             let mut b = stream.launch_builder(func);
             b.arg(&p);
             // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked) and are
@@ -556,24 +555,6 @@ impl CudaDevice {
             dtype_name(dtype),
             s.head_dim
         ))?;
-        let p = PrefillParams {
-            q: q_ptr,
-            kv: kv_ptr,
-            page_table: pt_ptr,
-            page_indptr: pi_ptr,
-            q_indptr: qi_ptr,
-            kv_len: len_ptr,
-            out: out_ptr,
-            page_stride: s.page_stride,
-            batch: to_u32("batch", tables.batch)?,
-            n_heads: to_u32("n_heads", n_heads)?,
-            n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
-            group: to_u32("group", s.group)?,
-            layer: to_u32("layer", layer)?,
-            page_size_log2: s.page_size_log2,
-            sm_scale_log2: sm_scale_log2(s.head_dim),
-            pad0: 0,
-        };
         let mut b = stream.launch_builder(func);
         b.arg(&p);
         // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked); the page

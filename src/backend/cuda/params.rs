@@ -47,7 +47,8 @@ pub(crate) struct MergeParams {
 }
 const _: () = assert!(size_of::<MergeParams>() == 40);
 
-/// Paged causal prefill attention. See `PrefillParams` in params.cuh.
+/// Paged causal prefill attention, both kernels of the family (scalar and
+/// tensor-core). See `PrefillParams` in params.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct PrefillParams {
@@ -218,26 +219,3 @@ pub(crate) struct PageChecksumParams {
     pub row_bytes: u32,
 }
 const _: () = assert!(size_of::<PageChecksumParams>() == 64);
-
-/// Paged causal prefill on tensor cores. See `PrefillMmaParams` in params.cuh.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct PrefillMmaParams {
-    pub q: u64,           // [total_q, n_heads, head_dim] f32
-    pub kv: u64,          // KV arena (f16/bf16)
-    pub page_table: u64,  // [page_indptr[batch]] u32
-    pub page_indptr: u64, // [batch + 1] u32
-    pub q_indptr: u64,    // [batch + 1] u32
-    pub kv_len: u64,      // [batch] u32
-    pub out: u64,         // [total_q, n_heads, head_dim] f32
-    pub page_stride: u64,
-    pub batch: u32,
-    pub n_heads: u32,
-    pub n_kv_heads: u32,
-    pub group: u32,
-    pub layer: u32,
-    pub page_size_log2: u32,
-    pub sm_scale_log2: f32,
-    pub pad0: u32,
-}
-const _: () = assert!(size_of::<PrefillMmaParams>() == 96);
