@@ -20,21 +20,14 @@
 //! Without a C++ compiler the test prints `SKIP` and passes.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::Command;
 
-fn cxx() -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    ["c++", "g++", "clang++"].iter().find_map(|exe| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(exe))
-            .find(|p| p.is_file())
-    })
-}
+#[path = "sim/host.rs"]
+mod host;
 
 #[test]
 fn tensor_core_prefill_matches_the_reference_on_a_simt_emulator() {
-    let Some(cxx) = cxx() else {
+    let Some(cxx) = host::cxx() else {
         let _ = writeln!(
             std::io::stderr(),
             "SKIP tensor_core_prefill_matches_the_reference_on_a_simt_emulator: no C++ compiler \
@@ -42,33 +35,8 @@ fn tensor_core_prefill_matches_the_reference_on_a_simt_emulator() {
         );
         return;
     };
-    let root = env!("CARGO_MANIFEST_DIR");
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("prefill_mma_sim");
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O2",
-            "-pthread",
-            "-fno-strict-aliasing",
-            "-Wno-unknown-pragmas",
-            "-DHANDOFF_SIMT_HOST",
-        ])
-        .arg("-I")
-        .arg(format!("{root}/cuda"))
-        .arg("-I")
-        .arg(format!("{root}/tests/sim"))
-        .arg(format!("{root}/tests/sim/prefill_mma_main.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{} could not compile the kernel for the emulator:\n{}",
-        cxx.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = host::build_emulated(&cxx, "prefill_mma_main.cpp", dir.path());
     let run = Command::new(&exe).output().unwrap();
     let report = String::from_utf8_lossy(&run.stdout);
     let _ = write!(std::io::stderr(), "{report}");

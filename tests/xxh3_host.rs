@@ -59,24 +59,19 @@ int main(int argc, char** argv) {
 }
 "#;
 
-fn on_path(exe: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(exe))
-            .find(|p| p.is_file())
-    })
-}
+#[path = "sim/host.rs"]
+mod host;
 
 /// (name, compiler, extra args): one C++ host compiler, and nvcc if any.
 fn compilers() -> Vec<(&'static str, PathBuf, Vec<&'static str>)> {
     let mut found = Vec::new();
-    if let Some(cxx) = ["c++", "g++", "clang++"].iter().find_map(|c| on_path(c)) {
+    if let Some(cxx) = host::cxx() {
         found.push(("c++", cxx, vec!["-x", "c++"]));
     }
     let nvcc = std::env::var_os("NVCC")
         .map(PathBuf::from)
         .filter(|p| p.is_file())
-        .or_else(|| on_path("nvcc"));
+        .or_else(|| host::on_path("nvcc"));
     if let Some(nvcc) = nvcc {
         // Host compilation of the same header as a .cu file: the functions
         // are __host__ __device__ there, as in the kernels.
@@ -222,7 +217,7 @@ fn the_gpu_xxh3_header_hashes_exactly_as_the_transfer_layer() {
 
 #[test]
 fn the_gpu_checksum_kernels_on_a_simt_emulator_hash_as_the_transfer_layer() {
-    let Some(cxx) = ["c++", "g++", "clang++"].iter().find_map(|c| on_path(c)) else {
+    let Some(cxx) = host::cxx() else {
         let _ = writeln!(
             std::io::stderr(),
             "SKIP the_gpu_checksum_kernels_on_a_simt_emulator_hash_as_the_transfer_layer: no C++ \
@@ -230,31 +225,8 @@ fn the_gpu_checksum_kernels_on_a_simt_emulator_hash_as_the_transfer_layer() {
         );
         return;
     };
-    let root = env!("CARGO_MANIFEST_DIR");
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("checksum_sim");
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O2",
-            "-pthread",
-            "-fno-strict-aliasing",
-            "-Wno-unknown-pragmas",
-            "-DHANDOFF_SIMT_HOST",
-        ])
-        .arg(format!("-I{root}/cuda"))
-        .arg(format!("-I{root}/tests/sim"))
-        .arg(format!("{root}/tests/sim/checksum_main.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{} could not compile cuda/checksum.cuh for the emulator:\n{}",
-        cxx.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = host::build_emulated(&cxx, "checksum_main.cpp", dir.path());
 
     // The bytes are also the KV arena: 3 layers, pages of 16 slots, rows of
     // 256 bytes (2 KV heads x 64 dims in bf16): 24 KiB a page, 8 pages.
