@@ -384,6 +384,50 @@ fn attention_matches_dense(shape: AttnShape) {
 }
 
 #[test]
+fn a_pass_append_names_the_sequence_at_fault_and_writes_nothing() {
+    let shape = AttnShape {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+    };
+    let kvd = shape.kv_dim();
+    let pool = KvPool::new(PoolConfig::new(geometry(shape, KvDtype::F32), 4, 16)).unwrap();
+    let other = KvPool::new(PoolConfig::new(geometry(shape, KvDtype::F32), 4, 4)).unwrap();
+    let (k, v) = (data(10 * kvd, 1), data(10 * kvd, 2));
+    let span = |first_row, rows| SeqSpan {
+        first_row,
+        rows,
+        first_pos: 0,
+    };
+    for b in backends() {
+        let mut a = pool.reserve(RequestId(1), 4).unwrap();
+        let mut c = pool.reserve(RequestId(2), 4).unwrap();
+        // c asks for 6 rows with 4 reserved.
+        let err = b
+            .kv_append_each(&mut [&mut a, &mut c], 0, &k, &v, &[span(0, 3), span(3, 6)])
+            .unwrap_err();
+        assert!(matches!(err, (1, BackendError::Kv(_))), "{err:?}");
+        // A row range past the activations names its sequence too.
+        let err = b
+            .kv_append_each(&mut [&mut a, &mut c], 0, &k, &v, &[span(0, 3), span(8, 3)])
+            .unwrap_err();
+        assert!(matches!(err, (1, BackendError::Shape { .. })), "{err:?}");
+        // A sequence of another pool is refused by position.
+        let mut f = other.reserve(RequestId(3), 4).unwrap();
+        let err = b
+            .kv_append_each(&mut [&mut a, &mut f], 0, &k, &v, &[span(0, 3), span(3, 2)])
+            .unwrap_err();
+        assert!(matches!(err, (1, BackendError::Kv(_))), "{err:?}");
+        assert_eq!((a.written(0), c.written(0), f.written(0)), (0, 0, 0));
+        b.kv_append_each(&mut [&mut a, &mut c], 0, &k, &v, &[span(0, 3), span(3, 4)])
+            .unwrap();
+        assert_eq!((a.written(0), c.written(0)), (3, 4));
+        drop((a, c, f));
+        assert!(pool.stats().is_full() && other.stats().is_full());
+    }
+}
+
+#[test]
 fn logits_are_norm_then_projection_of_the_chosen_rows() {
     let b = CpuBackend::with_threads(1);
     let (d, vocab) = (8, 11);

@@ -147,6 +147,17 @@ impl<S: SeqState> KvSeq<S> {
     pub fn pool(&self) -> &KvPool {
         &self.pool
     }
+    /// The error for handing this sequence to an operation on another pool.
+    pub(crate) fn foreign_pool(&self) -> KvError {
+        match self.pages.first() {
+            Some(&page) => KvError::ForeignPage { page },
+            None => KvError::Shape {
+                what: "sequence from another pool",
+                expected: 0,
+                got: 0,
+            },
+        }
+    }
     /// Tokens this handle may hold without growing.
     pub fn reserved_tokens(&self) -> usize {
         self.pages.len() * self.pool.page_size()
@@ -227,54 +238,53 @@ impl<S: Writable> KvSeq<S> {
     /// `layer`. `k` and `v` are `[n, n_kv_heads * head_dim]`.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = self.check_append(layer, k.len(), v.len())?;
-        let pool = self.pool.clone();
-        let mut st = pool.shared.storage.write();
+        let mut st = self.pool.shared.storage.write();
         self.store_rows(&mut st, layer, n, k, v);
+        drop(st);
+        self.written[layer] += n;
         Ok(())
     }
 
-    /// [`KvSeq::append`] for several sequences at once: item `i` appends
-    /// its K and V rows to `layer` of its sequence. Items of the first
-    /// item's pool are written under one storage lock (one acquisition
-    /// instead of one per sequence, which matters when several threads
-    /// append to one pool). Every item is checked before anything is
-    /// written, so on an error nothing is appended; the error names the
-    /// item.
+    /// [`KvSeq::append`] for several sequences of one pool at once: item
+    /// `i` appends its K and V rows to `layer` of its sequence, all under
+    /// one storage lock (one acquisition instead of one per sequence, which
+    /// matters when several threads append to one pool). Every item is
+    /// checked (same pool as the first, within its reservation) before
+    /// anything is written, so on an error nothing is appended; the error
+    /// names the item.
     pub fn append_each(
         layer: usize,
         items: &mut [(&mut KvSeq<S>, &[f32], &[f32])],
     ) -> Result<(), (usize, KvError)> {
+        let Some(pool) = items.first().map(|(seq, ..)| seq.pool.clone()) else {
+            return Ok(());
+        };
         let mut ns = Vec::with_capacity(items.len());
         for (i, (seq, k, v)) in items.iter().enumerate() {
+            if !seq.pool.same_pool(&pool) {
+                return Err((i, seq.foreign_pool()));
+            }
             ns.push(
                 seq.check_append(layer, k.len(), v.len())
                     .map_err(|e| (i, e))?,
             );
         }
-        let Some(pool) = items.first().map(|(seq, ..)| seq.pool.clone()) else {
-            return Ok(());
-        };
         // Another thread's pass may be reading (attention) for a few
         // microseconds: wait for it actively rather than park.
         let mut st = crate::sync::write_soon(&pool.shared.storage, APPEND_SPIN);
-        for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
-            if seq.pool.same_pool(&pool) {
-                seq.store_rows(&mut st, layer, n, k, v);
-            }
+        for ((seq, k, v), &n) in items.iter().zip(&ns) {
+            seq.store_rows(&mut st, layer, n, k, v);
         }
         drop(st);
-        for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
-            if !seq.pool.same_pool(&pool) {
-                let other = seq.pool.clone();
-                let mut st = other.shared.storage.write();
-                seq.store_rows(&mut st, layer, n, k, v);
-            }
+        for ((seq, ..), &n) in items.iter_mut().zip(&ns) {
+            seq.written[layer] += n;
         }
         Ok(())
     }
 
-    /// Writes `n` checked rows of K and V at the next positions of `layer`.
-    fn store_rows(&mut self, st: &mut Storage, layer: usize, n: usize, k: &[f32], v: &[f32]) {
+    /// Writes `n` checked rows of K and V at the next positions of `layer`
+    /// (the caller then counts them written).
+    fn store_rows(&self, st: &mut Storage, layer: usize, n: usize, k: &[f32], v: &[f32]) {
         let kvd = self.geometry().kv_dim();
         let writer = self.owner.0;
         self.for_each_run(layer, n, |page, slot, done, run| {
@@ -284,7 +294,6 @@ impl<S: Writable> KvSeq<S> {
             st.store_f32(vo, &v[done * kvd..(done + run) * kvd]);
             st.record_writers(page, layer, slot, run, writer);
         });
-        self.written[layer] += n;
     }
 
     /// Appends `n` tokens given as raw bytes of the storage dtype (what a

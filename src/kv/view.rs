@@ -25,14 +25,7 @@ impl<'p> KvReader<'p> {
     /// current generation and returns a view of its written positions.
     pub fn seq<'a, S: Readable>(&'a self, seq: &'a KvSeq<S>) -> Result<SeqView<'a>, KvError> {
         if !seq.pool().same_pool(self.pool) {
-            return Err(match seq.pages().first() {
-                Some(&page) => KvError::ForeignPage { page },
-                None => KvError::Shape {
-                    what: "sequence from another pool",
-                    expected: 0,
-                    got: 0,
-                },
-            });
+            return Err(seq.foreign_pool());
         }
         self.pool.check_pages(seq.pages(), S::HELD)?;
         Ok(SeqView {

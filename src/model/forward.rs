@@ -644,3 +644,27 @@ impl<B: Backend> Model<B> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_error_is_moved_to_its_place_in_the_whole_batch() {
+        let kv = ForwardError::Kv {
+            index: 2,
+            owner: RequestId(9),
+            source: KvError::LayerOutOfRange {
+                layer: 7,
+                n_layers: 5,
+            },
+        };
+        assert_eq!(kv.shifted(5).culprit(), Some(7));
+        assert_eq!(
+            ForwardError::NoTokens { index: 0 }.shifted(3).culprit(),
+            Some(3)
+        );
+        // Errors of the whole batch name no sequence, shifted or not.
+        assert_eq!(ForwardError::EmptyBatch.shifted(3).culprit(), None);
+    }
+}

@@ -432,22 +432,17 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         rows: Range<usize>,
     ) -> Result<(), BackendError> {
-        let kvd = seq.pool().config().geometry().kv_dim();
-        let n = rows_of("kv_append", k.len(), kvd)?;
-        if v.len() != k.len() {
-            return Err(shape_err(
-                "kv_append",
-                "V length (= K length)",
-                k.len(),
-                v.len(),
-            ));
+        if rows.start > rows.end {
+            let e = shape_err("kv_append", "row range start <= end", rows.end, rows.start);
+            return Err(e);
         }
-        if rows.start > rows.end || rows.end > n {
-            return Err(shape_err("kv_append", "row range within", n, rows.end));
-        }
-        let r = rows.start * kvd..rows.end * kvd;
-        seq.append(layer, &k[r.clone()], &v[r])?;
-        Ok(())
+        let span = SeqSpan {
+            first_row: rows.start,
+            rows: rows.len(),
+            first_pos: 0,
+        };
+        self.kv_append_each(&mut [seq], layer, k, v, &[span])
+            .map_err(|(_, e)| e)
     }
 
     fn kv_append_each<S: Writable>(
