@@ -5,7 +5,7 @@
 //! types, unchanged.
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+pub(crate) use parking_lot::{Condvar, Mutex};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 
@@ -92,56 +92,6 @@ mod loom_shim {
             self.0.notify_all();
         }
     }
-
-    /// loom's rwlock with parking_lot's panic-free signatures.
-    #[derive(Debug)]
-    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
-
-    pub(crate) type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
-
-    impl<T> RwLock<T> {
-        pub(crate) fn new(t: T) -> Self {
-            RwLock(loom::sync::RwLock::new(t))
-        }
-        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0.read().unwrap_or_else(|e| e.into_inner())
-        }
-        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
-            self.0.write().unwrap_or_else(|e| e.into_inner())
-        }
-    }
 }
 #[cfg(loom)]
-pub(crate) use loom_shim::{Condvar, Mutex, RwLock, RwLockReadGuard};
-
-/// Takes `lock` for writing, spinning up to `budget` before parking: for a
-/// lock that readers on other cores hold for a few microseconds (one
-/// thread's attention over its sequences while another wants to append),
-/// where parking and being woken costs more than the wait itself.
-#[cfg(not(loom))]
-pub(crate) fn write_soon<T>(
-    lock: &RwLock<T>,
-    budget: std::time::Duration,
-) -> parking_lot::RwLockWriteGuard<'_, T> {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(guard) = lock.try_write() {
-            return guard;
-        }
-        if start.elapsed() > budget {
-            return lock.write();
-        }
-        for _ in 0..16 {
-            std::hint::spin_loop();
-        }
-    }
-}
-
-/// Under loom: a plain write lock (spinning only multiplies interleavings).
-#[cfg(loom)]
-pub(crate) fn write_soon<T>(
-    lock: &RwLock<T>,
-    _budget: std::time::Duration,
-) -> loom::sync::RwLockWriteGuard<'_, T> {
-    lock.write()
-}
+pub(crate) use loom_shim::{Condvar, Mutex};

@@ -370,7 +370,6 @@ fn attention_matches_dense(shape: AttnShape) {
                 })
             ));
             drop(views);
-            drop(reader);
             // Writes stop at the reservation.
             let mut small = pool.reserve(RequestId(9), page_size).unwrap();
             assert!(matches!(

@@ -281,7 +281,6 @@ fn a_batched_append_writes_each_sequence_its_own_rows_or_nothing_at_all() {
             assert_eq!(got, rows(r, 0, pos, 1, kvd, 0));
         }
     }
-    drop(reader);
     drop((a, b));
     assert!(pool.stats().is_full());
 }

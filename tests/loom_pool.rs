@@ -1,7 +1,10 @@
 //! Model checking of the page pool's shared state with loom: every
 //! interleaving of concurrent reserve, write, hold and release keeps
 //! `free + in_use + held == capacity`, never hands one page to two owners,
-//! never deadlocks, and returns the pool to full.
+//! never deadlocks, and returns the pool to full. Page bytes have no lock:
+//! every access to a page is reported to loom, which fails the model if two
+//! accesses (a write and anything else) are not ordered, e.g. a scrub
+//! racing the page's next owner.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_pool`
 //! (CI runs it; without `--cfg loom` this file compiles to nothing).
@@ -37,7 +40,6 @@ fn concurrent_reserve_write_release_keeps_accounting() {
                         let mut v = [0f32];
                         lv.key(1).unwrap().to_f32_into(&mut v);
                         assert_eq!(v[0], r as f32, "read another owner's bytes");
-                        drop(reader);
                         let held = seq.hold();
                         assert!(pool.stats().balanced());
                         drop(held);

@@ -8,8 +8,9 @@
 //!   pages.
 //! - One-copy landing: two landers copying straight from one pool's held
 //!   pages into the other's, in opposite directions at once, both finish
-//!   (the two pools' storage locks are taken in one order) and each
-//!   destination gets exactly its source's bytes.
+//!   and each destination gets exactly its source's bytes (page bytes have
+//!   no lock; every page access is reported to loom, which checks that the
+//!   handles' ownership orders them).
 //! - In-flight credits: a sender waiting at the cap is woken by the credit
 //!   a delivered write gives back; closing the link wakes every waiting
 //!   sender with a typed error; the cap is never exceeded.
@@ -263,7 +264,6 @@ fn held_source_pages_are_freed_once_by_the_last_holder() {
                 let mut v = [0f32];
                 layer.key(1).unwrap().to_f32_into(&mut v);
                 assert_eq!(v[0], 1.0, "the source changed under a write");
-                drop(reader);
                 drop(held);
             })
         };

@@ -9,10 +9,6 @@ impl PoolId {
         static NEXT: AtomicU32 = AtomicU32::new(1);
         PoolId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
-    /// The pool's place in the order locks of two pools are taken in.
-    pub(crate) fn rank(self) -> u32 {
-        self.0
-    }
 }
 
 /// A page at one generation. The generation changes every time the page is

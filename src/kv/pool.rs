@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sync::{Arc, Mutex, RwLock};
+use crate::sync::{Arc, Mutex};
 
 use crate::config::KvGeometry;
 use crate::ids::RequestId;
@@ -118,7 +118,7 @@ pub(crate) struct Shared {
     pub(crate) id: PoolId,
     pub(crate) cfg: PoolConfig,
     pub(crate) meta: Mutex<Meta>,
-    pub(crate) storage: RwLock<Storage>,
+    pub(crate) storage: Storage,
     pub(crate) violations: AtomicU64,
 }
 
@@ -160,6 +160,8 @@ impl KvPool {
         }
         crate::kv::storage::page_stride(&cfg.geometry, cfg.page_size)
             .checked_mul(cfg.pages)
+            .and_then(|n| n.checked_mul(cfg.geometry.dtype.size_bytes()))
+            .filter(|&bytes| bytes <= isize::MAX as usize)
             .ok_or(ConfigError::Overflow { what: "pool size" })?;
         // Free list popped from the end: hand out low indices first.
         let free: Vec<u32> = (0..cfg.pages as u32).rev().collect();
@@ -173,12 +175,7 @@ impl KvPool {
                     in_use: 0,
                     held: 0,
                 }),
-                storage: RwLock::new(Storage::new(
-                    cfg.geometry,
-                    cfg.page_size,
-                    cfg.pages,
-                    cfg.audit,
-                )),
+                storage: Storage::new(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit),
                 violations: AtomicU64::new(0),
                 cfg,
             }),
@@ -277,21 +274,11 @@ impl KvPool {
         Ok(out)
     }
 
-    /// Scrubs (per policy) and frees pages that were in `from` state.
+    /// Frees pages that were in `from` state. The owning handle has
+    /// scrubbed them (per [`KvPool::scrub_fill`]) before giving them up.
     pub(crate) fn free_pages(&self, pages: &[PageId], from: PageState) {
         if pages.is_empty() {
             return;
-        }
-        {
-            let mut st = self.shared.storage.write();
-            for p in pages {
-                match self.shared.cfg.scrub {
-                    ScrubPolicy::Zero => st.fill_page(p.index, false),
-                    ScrubPolicy::Poison => st.fill_page(p.index, true),
-                    ScrubPolicy::AcceptStaleBytes => {}
-                }
-                st.clear_writers(p.index);
-            }
         }
         let mut m = self.shared.meta.lock();
         for p in pages {
@@ -305,6 +292,17 @@ impl KvPool {
             PageState::InUse => m.in_use -= pages.len(),
             PageState::Held => m.held -= pages.len(),
             PageState::Free => {}
+        }
+    }
+
+    /// What the scrub writes into released pages: `Some(false)` zeros,
+    /// `Some(true)` poison, `None` nothing (the audit trail is cleared
+    /// either way).
+    pub(crate) fn scrub_fill(&self) -> Option<bool> {
+        match self.shared.cfg.scrub {
+            ScrubPolicy::Zero => Some(false),
+            ScrubPolicy::Poison => Some(true),
+            ScrubPolicy::AcceptStaleBytes => None,
         }
     }
 
@@ -366,7 +364,8 @@ impl KvPool {
         Ok(())
     }
 
-    /// Takes a read lock on the pool's storage for a batch of reads.
+    /// A reader for a batch of reads (validation happens per sequence, in
+    /// [`KvReader::seq`]; it takes no lock on the page bytes).
     pub fn reader(&self) -> KvReader<'_> {
         KvReader::new(self)
     }
@@ -385,21 +384,16 @@ impl KvPool {
     /// and no writer is recorded for any of its slots. A page never handed
     /// out is all zeros.
     pub fn audit_page_matches_scrub(&self, index: u32) -> bool {
-        let generation = {
-            let m = self.shared.meta.lock();
-            match m.generation.get(index as usize) {
-                Some(&g) if m.state[index as usize] == PageState::Free => g,
-                _ => return false,
-            }
+        // The bookkeeping lock stays held while the page is read: a free
+        // page cannot be handed out (and written) meanwhile.
+        let m = self.shared.meta.lock();
+        let generation = match m.generation.get(index as usize) {
+            Some(&g) if m.state[index as usize] == PageState::Free => g,
+            _ => return false,
         };
-        let st = self.shared.storage.read();
-        let stride = st.page_stride();
-        let page = st.slice(index as usize * stride, stride);
-        let mut vals = vec![0f32; stride];
-        page.to_f32_into(&mut vals);
-        let no_writers = (0..self.shared.cfg.geometry.n_layers).all(|l| {
-            (0..self.shared.cfg.page_size).all(|s| st.writer(index, l, s).unwrap_or(0) == 0)
-        });
+        let st = &self.shared.storage;
+        let vals = st.free_page_f32(index, &m);
+        let no_writers = st.no_writers(index);
         let bytes_ok = match (generation, self.shared.cfg.scrub) {
             (0, _) | (_, ScrubPolicy::Zero) => vals.iter().all(|&x| x == 0.0),
             (_, ScrubPolicy::Poison) => vals.iter().all(|x| x.is_nan()),
@@ -461,7 +455,6 @@ mod tests {
         // Simulate a bookkeeping bug: slot 0 claims another writer.
         pool.shared
             .storage
-            .write()
             .record_writers(a.pages()[0].index, 0, 0, 1, 99);
         let reader = pool.reader();
         let err = reader.seq(&a).unwrap().layer(0).err();
@@ -473,7 +466,6 @@ mod tests {
                 ..
             })
         ));
-        drop(reader);
         assert_eq!(pool.stats().isolation_violations, 1);
     }
 

@@ -16,7 +16,6 @@ use std::marker::PhantomData;
 use crate::config::KvGeometry;
 use crate::ids::RequestId;
 use crate::kv::page::PageState;
-use crate::kv::storage::Storage;
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -238,18 +237,13 @@ impl<S: Writable> KvSeq<S> {
     /// `layer`. `k` and `v` are `[n, n_kv_heads * head_dim]`.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = self.check_append(layer, k.len(), v.len())?;
-        let mut st = self.pool.shared.storage.write();
-        self.store_rows(&mut st, layer, n, k, v);
-        drop(st);
-        self.written[layer] += n;
+        self.store_rows(layer, n, k, v);
         Ok(())
     }
 
     /// [`KvSeq::append`] for several sequences of one pool at once: item
-    /// `i` appends its K and V rows to `layer` of its sequence, all under
-    /// one storage lock (one acquisition instead of one per sequence, which
-    /// matters when several threads append to one pool). Every item is
-    /// checked (same pool as the first, within its reservation) before
+    /// `i` appends its K and V rows to `layer` of its sequence. Every item
+    /// is checked (same pool as the first, within its reservation) before
     /// anything is written, so on an error nothing is appended; the error
     /// names the item.
     pub fn append_each(
@@ -269,31 +263,25 @@ impl<S: Writable> KvSeq<S> {
                     .map_err(|e| (i, e))?,
             );
         }
-        // Another thread's pass may be reading (attention) for a few
-        // microseconds: wait for it actively rather than park.
-        let mut st = crate::sync::write_soon(&pool.shared.storage, APPEND_SPIN);
-        for ((seq, k, v), &n) in items.iter().zip(&ns) {
-            seq.store_rows(&mut st, layer, n, k, v);
-        }
-        drop(st);
-        for ((seq, ..), &n) in items.iter_mut().zip(&ns) {
-            seq.written[layer] += n;
+        for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
+            seq.store_rows(layer, n, k, v);
         }
         Ok(())
     }
 
     /// Writes `n` checked rows of K and V at the next positions of `layer`
-    /// (the caller then counts them written).
-    fn store_rows(&self, st: &mut Storage, layer: usize, n: usize, k: &[f32], v: &[f32]) {
+    /// and counts them written.
+    fn store_rows(&mut self, layer: usize, n: usize, k: &[f32], v: &[f32]) {
         let kvd = self.geometry().kv_dim();
-        let writer = self.owner.0;
-        self.for_each_run(layer, n, |page, slot, done, run| {
-            let ko = st.offset(page, layer, 0, slot);
-            st.store_f32(ko, &k[done * kvd..(done + run) * kvd]);
-            let vo = st.offset(page, layer, 1, slot);
-            st.store_f32(vo, &v[done * kvd..(done + run) * kvd]);
-            st.record_writers(page, layer, slot, run, writer);
-        });
+        let (ps, start, writer) = (self.pool.page_size(), self.written[layer], self.owner.0);
+        let mut w = self.pages_write();
+        for (i, slot, done, run) in runs(start, n, ps) {
+            let rows = done * kvd..(done + run) * kvd;
+            w.store_f32(i, layer, 0, slot, &k[rows.clone()]);
+            w.store_f32(i, layer, 1, slot, &v[rows]);
+            w.record_writers(i, layer, slot, run, writer);
+        }
+        self.written[layer] += n;
     }
 
     /// Appends `n` tokens given as raw bytes of the storage dtype (what a
@@ -309,16 +297,16 @@ impl<S: Writable> KvSeq<S> {
         }
         let n = self.check_append(layer, k.len() / esz, v.len() / esz)?;
         let row = self.geometry().kv_dim() * esz;
-        let mut st = self.pool.shared.storage.write();
-        let writer = self.owner.0;
-        self.for_each_run(layer, n, |page, slot, done, run| {
-            let ko = st.offset(page, layer, 0, slot);
-            st.store_bytes(ko, &k[done * row..(done + run) * row]);
-            let vo = st.offset(page, layer, 1, slot);
-            st.store_bytes(vo, &v[done * row..(done + run) * row]);
-            st.record_writers(page, layer, slot, run, writer);
-        });
-        drop(st);
+        let (ps, start, writer) = (self.pool.page_size(), self.written[layer], self.owner.0);
+        let mut w = self.pages_write();
+        for (i, slot, done, run) in runs(start, n, ps) {
+            for (kv, src) in [(0, k), (1, v)] {
+                if let Some(dst) = w.rows_mut(i, layer, kv, slot, run) {
+                    dst.copy_from_slice(&src[done * row..(done + run) * row]);
+                }
+            }
+            w.record_writers(i, layer, slot, run, writer);
+        }
         self.written[layer] += n;
         Ok(())
     }
@@ -358,25 +346,24 @@ impl<S: Writable> KvSeq<S> {
         }
         Ok(n)
     }
-
-    /// Calls `f(page_index, first_slot, tokens_done, run_len)` for each run
-    /// of consecutive slots in one page covered by appending `n` tokens.
-    fn for_each_run(&self, layer: usize, n: usize, mut f: impl FnMut(u32, usize, usize, usize)) {
-        let ps = self.pool.page_size();
-        let mut pos = self.written[layer];
-        let mut done = 0;
-        while done < n {
-            let slot = pos % ps;
-            let run = (ps - slot).min(n - done);
-            f(self.pages[pos / ps].index, slot, done, run);
-            pos += run;
-            done += run;
-        }
-    }
 }
 
-/// How long a batched append spins for the storage lock before parking.
-const APPEND_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// The runs of consecutive slots within one page that positions
+/// `[start, start + n)` cover, as `(page position in the sequence, first
+/// slot, positions done before this run, run length)`.
+fn runs(start: usize, n: usize, ps: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        (done < n).then(|| {
+            let pos = start + done;
+            let slot = pos % ps;
+            let run = (ps - slot).min(n - done);
+            let item = (pos / ps, slot, done, run);
+            done += run;
+            item
+        })
+    })
+}
 
 /// Why sealing failed, with the handle given back.
 #[derive(Debug)]
@@ -409,17 +396,14 @@ impl KvSeq<Received> {
     /// the verified slots are recorded as written by this sequence's owner
     /// (the verifier has checked the receipt's writer ids say so); until
     /// then, peer-written slots have no trusted writer.
-    pub(crate) fn into_verified(self) -> KvSeq<Ready> {
+    pub(crate) fn into_verified(mut self) -> KvSeq<Ready> {
         if self.pool.config().audit_enabled() {
-            let mut st = self.pool.shared.storage.write();
-            let ps = self.pool.page_size();
-            for (layer, &n) in self.written.iter().enumerate() {
-                let mut pos = 0;
-                while pos < n {
-                    let slot = pos % ps;
-                    let run = (ps - slot).min(n - pos);
-                    st.record_writers(self.pages[pos / ps].index, layer, slot, run, self.owner.0);
-                    pos += run;
+            let (ps, owner) = (self.pool.page_size(), self.owner.0);
+            let written = self.written.clone();
+            let w = self.pages_write();
+            for (layer, &n) in written.iter().enumerate() {
+                for (i, slot, _, run) in runs(0, n, ps) {
+                    w.record_writers(i, layer, slot, run, owner);
                 }
             }
         }
@@ -433,33 +417,40 @@ impl KvSeq<Received> {
     /// run is written, `landed(page, kv, rows)` is called with the bytes of
     /// that page's rows `[0, end)` of `layer` as they now are in the pool
     /// (`page` is the position in [`KvSeq::pages`], `end` the slot after the
-    /// run), still under the storage lock that wrote them: the transfer
-    /// verifier hashes them there, cache-hot. The slots get no writer in
-    /// the audit trail until [`KvSeq::into_verified`].
+    /// run): the transfer verifier hashes them there, cache-hot. The slots
+    /// get no writer in the audit trail until [`KvSeq::into_verified`].
     pub(crate) fn receive_rows(
         &mut self,
         layer: usize,
         n: usize,
-        fill: impl FnMut(usize, usize, &mut [u8]),
-        landed: impl FnMut(usize, usize, &[u8]),
+        mut fill: impl FnMut(usize, usize, &mut [u8]),
+        mut landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let kvd = self.geometry().kv_dim();
         self.check_append(layer, n * kvd, n * kvd)?;
-        let pool = self.pool.clone();
-        let mut st = pool.shared.storage.write();
-        self.receive_rows_locked(&mut st, layer, n, fill, landed);
+        let (ps, start) = (self.pool.page_size(), self.written[layer]);
+        let mut w = self.pages_write();
+        for (i, slot, done, run) in runs(start, n, ps) {
+            for kv in 0..2 {
+                if let Some(dst) = w.rows_mut(i, layer, kv, slot, run) {
+                    fill(kv, done, dst);
+                }
+                if let Some(rows) = w.rows(i, layer, kv, 0, slot + run) {
+                    landed(i, kv, rows.as_bytes());
+                }
+            }
+        }
+        self.written[layer] += n;
         Ok(())
     }
 
     /// [`KvSeq::receive_rows`] with the rows copied straight from rows
-    /// `[src_start, src_start + n)` of `layer` of `src`, a held sequence of
-    /// another pool (one copy, no staging buffer). Both pool-wide storage
-    /// locks are held for the copy, taken in pool order (see
-    /// [`lock_pair`]), so landers copying between the same two pools in
-    /// opposite directions cannot deadlock. `after(kv, done, dst)` sees each
-    /// run right after it is copied (fault injection tampers there). A
-    /// source page that is no longer held leaves its rows unwritten (zero
-    /// or stale), which the receipt's checksums then refuse.
+    /// `[src_start, src_start + n)` of `layer` of `src`, a held sequence
+    /// (one copy, no staging buffer, no lock on either pool's bytes: the
+    /// two handles' borrows are the proof of access). `after(kv, done,
+    /// dst)` sees each run right after it is copied (fault injection
+    /// tampers there). A source page that is no longer held leaves its rows
+    /// unwritten (zero or stale), which the receipt's checksums then refuse.
     pub(crate) fn receive_rows_from(
         &mut self,
         layer: usize,
@@ -470,8 +461,6 @@ impl KvSeq<Received> {
         landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let g = self.geometry();
-        let kvd = g.kv_dim();
-        self.check_append(layer, n * kvd, n * kvd)?;
         if src.geometry() != g {
             return Err(KvError::Shape {
                 what: "source geometry (must equal the destination's)",
@@ -480,62 +469,29 @@ impl KvSeq<Received> {
             });
         }
         src.check_rows(layer, src_start, n)?;
-        let row = kvd * g.dtype.size_bytes();
-        let dst_pool = self.pool.clone();
-        lock_pair(&src.pool, &dst_pool, |src_st, dst_st| {
-            self.receive_rows_locked(
-                dst_st,
-                layer,
-                n,
-                |kv, done, dst| {
+        let src_held = src.check_rows_held(src_start, n).is_ok();
+        let row = g.kv_dim() * g.dtype.size_bytes();
+        let src_ps = src.pool.page_size();
+        let r = src.pages_read();
+        self.receive_rows(
+            layer,
+            n,
+            |kv, done, dst| {
+                if src_held {
                     let rows = dst.len() / row.max(1);
-                    let _ = src.read_rows_locked(
-                        src_st,
-                        layer,
-                        kv,
-                        src_start + done,
-                        rows,
-                        |at, bytes| {
-                            if let Some(d) = dst.get_mut(at * row..at * row + bytes.len()) {
-                                d.copy_from_slice(bytes);
-                            }
-                        },
-                    );
-                    after(kv, done, dst);
-                },
-                landed,
-            )
-        })
-    }
-
-    /// The body of [`KvSeq::receive_rows`], under the destination's storage
-    /// write lock; the append has been checked.
-    fn receive_rows_locked(
-        &mut self,
-        st: &mut Storage,
-        layer: usize,
-        n: usize,
-        mut fill: impl FnMut(usize, usize, &mut [u8]),
-        mut landed: impl FnMut(usize, usize, &[u8]),
-    ) {
-        let kvd = self.geometry().kv_dim();
-        let ps = self.pool.page_size();
-        let first = self.written[layer] / ps;
-        let mut at = 0;
-        self.for_each_run(layer, n, |page, slot, done, run| {
-            for kv in 0..2 {
-                let off = st.offset(page, layer, kv, slot);
-                fill(kv, done, st.bytes_mut(off, run * kvd));
-                let start = st.offset(page, layer, kv, 0);
-                landed(
-                    first + at,
-                    kv,
-                    st.slice(start, (slot + run) * kvd).as_bytes(),
-                );
-            }
-            at += 1;
-        });
-        self.written[layer] += n;
+                    for (j, slot, at, run) in runs(src_start + done, rows, src_ps) {
+                        if let (Some(s), Some(d)) = (
+                            r.rows(j, layer, kv, slot, run),
+                            dst.get_mut(at * row..(at + run) * row),
+                        ) {
+                            d.copy_from_slice(s.as_bytes());
+                        }
+                    }
+                }
+                after(kv, done, dst);
+            },
+            landed,
+        )
     }
 
     /// Hashes, with `hash`, the written K and V rows of every layer of each
@@ -548,26 +504,22 @@ impl KvSeq<Received> {
         hash: impl Fn(&[u8]) -> u64 + Sync,
     ) -> Vec<u64> {
         use rayon::prelude::*;
-        let st = self.pool.shared.storage.read();
-        let st: &crate::kv::storage::Storage = &st;
+        let r = self.pages_read();
         let ps = self.pool.page_size();
-        let kvd = self.geometry().kv_dim();
         let written = &self.written;
-        let pages = &self.pages[..n_pages.min(self.pages.len())];
-        let per_page = |(i, page): (usize, &PageId)| -> Vec<u64> {
+        let per_page = |i: usize| -> Vec<u64> {
             let mut out = Vec::with_capacity(2 * written.len());
             for (layer, &w) in written.iter().enumerate() {
                 let t = w.saturating_sub(i * ps).min(ps);
                 for kv in 0..2 {
-                    let s = st.slice(st.offset(page.index, layer, kv, 0), t * kvd);
-                    out.push(hash(s.as_bytes()));
+                    let bytes = r.rows(i, layer, kv, 0, t).map(|s| hash(s.as_bytes()));
+                    out.push(bytes.unwrap_or_else(|| hash(&[])));
                 }
             }
             out
         };
-        pages
-            .par_iter()
-            .enumerate()
+        (0..n_pages.min(self.pages.len()))
+            .into_par_iter()
             .with_min_len(4)
             .flat_map_iter(per_page)
             .collect()
@@ -586,11 +538,17 @@ impl KvSeq<Held> {
         kv: usize,
         start: usize,
         n: usize,
-        f: impl FnMut(usize, &[u8]),
+        mut f: impl FnMut(usize, &[u8]),
     ) -> Result<(), KvError> {
         self.check_rows(layer, start, n)?;
-        let st = self.pool.shared.storage.read();
-        self.read_rows_locked(&st, layer, kv, start, n, f)
+        self.check_rows_held(start, n)?;
+        let r = self.pages_read();
+        for (i, slot, done, run) in runs(start, n, self.pool.page_size()) {
+            if let Some(s) = r.rows(i, layer, kv, slot, run) {
+                f(done, s.as_bytes());
+            }
+        }
+        Ok(())
     }
 
     /// Checks that rows `[start, start + n)` of `layer` are written.
@@ -613,69 +571,35 @@ impl KvSeq<Held> {
         Ok(())
     }
 
-    /// The body of [`KvSeq::read_rows`], under this pool's storage read
-    /// lock; the rows have been checked.
-    fn read_rows_locked(
-        &self,
-        st: &Storage,
-        layer: usize,
-        kv: usize,
-        start: usize,
-        n: usize,
-        mut f: impl FnMut(usize, &[u8]),
-    ) -> Result<(), KvError> {
-        let ps = self.pool.page_size();
-        let kvd = self.geometry().kv_dim();
-        let (mut pos, mut done) = (start, 0);
-        while done < n {
-            let page = self.pages[pos / ps];
-            self.pool.check_page(page, true)?;
-            let run = (ps - pos % ps).min(n - done);
-            let s = st.slice(st.offset(page.index, layer, kv, pos % ps), run * kvd);
-            f(done, s.as_bytes());
-            pos += run;
-            done += run;
+    /// Checks, under one lock of the pool's bookkeeping, that the pages
+    /// holding positions `[start, start + n)` are still held at this
+    /// handle's generation (defence in depth: the handle owns them).
+    fn check_rows_held(&self, start: usize, n: usize) -> Result<(), KvError> {
+        if n == 0 {
+            return Ok(());
         }
-        Ok(())
+        let ps = self.pool.page_size();
+        let pages = self
+            .pages
+            .get(start / ps..(start + n).div_ceil(ps))
+            .unwrap_or(&[]);
+        self.pool.check_pages(pages, true)
     }
-}
-
-/// Runs `f` with `src`'s storage read-locked and `dst`'s write-locked,
-/// taking the two pool-wide locks in one global order (by pool identity):
-/// two threads copying between the same two pools in opposite directions
-/// then never hold one lock each while waiting for the other's. `src` and
-/// `dst` must be different pools.
-fn lock_pair<R>(
-    src: &KvPool,
-    dst: &KvPool,
-    f: impl FnOnce(&Storage, &mut Storage) -> R,
-) -> Result<R, KvError> {
-    let (s, d) = (&src.shared, &dst.shared);
-    if s.id == d.id {
-        return Err(KvError::Shape {
-            what: "source pool (must differ from the destination pool)",
-            expected: 0,
-            got: 0,
-        });
-    }
-    Ok(if s.id.rank() < d.id.rank() {
-        let src_st = s.storage.read();
-        let mut dst_st = d.storage.write();
-        f(&src_st, &mut dst_st)
-    } else {
-        let mut dst_st = d.storage.write();
-        let src_st = s.storage.read();
-        f(&src_st, &mut dst_st)
-    })
 }
 
 impl<S: SeqState> Drop for KvSeq<S> {
     fn drop(&mut self) {
+        if self.pages.is_empty() {
+            return;
+        }
         let from = if S::HELD {
             PageState::Held
         } else {
             PageState::InUse
         };
+        // Scrub while this handle still owns the pages, then give them up.
+        let fill = self.pool.scrub_fill();
+        self.pages_write().scrub(fill);
         self.pool.free_pages(&self.pages, from);
     }
 }

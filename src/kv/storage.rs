@@ -1,11 +1,35 @@
 //! Host storage for KV pages: one contiguous arena, addressed by page index.
+//! This is the crate's raw-buffer layer for KV bytes.
 //!
 //! Page layout, in elements: `[layer][k|v][slot][kv_dim]`, so the K rows of
 //! one layer within one page are contiguous (what attention streams over).
+//!
+//! # No lock, ownership as the proof
+//!
+//! The arena has no lock. Page bytes are reached only through
+//! [`PagesRead`] (made from a `&KvSeq`) and [`PagesWrite`] (made from a
+//! `&mut KvSeq`), and only for the pages that sequence owns. The pool hands
+//! each page to exactly one live [`KvSeq`] at a time (a page is free, or in
+//! the page list of one handle; `KvSeq` is not `Clone` and its pages leave it
+//! only when it is dropped, after its scrub). So Rust's borrow rules on the
+//! handles are the locking: many readers or one writer per sequence, and
+//! different sequences never share a byte. A page moves between threads
+//! with its handle (a channel or lock gives the happens-before), or through
+//! the free list under the pool's bookkeeping mutex.
+//!
+//! Under `--cfg loom` every page access is also reported to a per-page
+//! `loom::cell::UnsafeCell`, so the model checker flags any two accesses
+//! to one page that this argument fails to order.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::{bf16, f16};
 
 use crate::config::{KvDtype, KvGeometry};
+use crate::kv::PageId;
+use crate::kv::seq::{KvSeq, SeqState};
 
 /// A stored KV element type.
 pub trait KvElem: Copy + Send + Sync + bytemuck::Pod + 'static {
@@ -101,128 +125,193 @@ impl KvSlice<'_> {
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum Data {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
+/// The zeroed bytes of the arena. Allocated with `alloc_zeroed` at the
+/// platform's minimum alignment, which is `calloc`: pages never handed out
+/// cost no resident memory.
+struct Arena {
+    ptr: NonNull<u8>,
+    layout: Layout,
 }
 
-/// The arena plus, with the `audit` feature, who wrote each slot.
-#[derive(Debug)]
+/// Alignment of the arena: enough for every KV dtype (at most 4 bytes) and
+/// no more than what `calloc` gives, so allocation stays lazy.
+const ARENA_ALIGN: usize = 16;
+
+impl Arena {
+    fn zeroed(bytes: usize) -> Arena {
+        let layout = match Layout::from_size_align(bytes.max(1), ARENA_ALIGN) {
+            Ok(l) => l,
+            // The pool checked the size against overflow before building.
+            Err(_) => std::alloc::handle_alloc_error(Layout::new::<u8>()),
+        };
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        match NonNull::new(raw) {
+            Some(ptr) => Arena { ptr, layout },
+            None => std::alloc::handle_alloc_error(layout),
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Arena::zeroed` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: the arena is plain bytes; who may touch which bytes is decided by
+// page ownership (module docs), not by the thread that holds the pointer.
+unsafe impl Send for Arena {}
+// SAFETY: as above; shared access hands out bytes only through `PagesRead`
+// and `PagesWrite`, whose constructors borrow the owning `KvSeq`.
+unsafe impl Sync for Arena {}
+
+/// The arena plus, when the audit trail is on, who wrote each slot.
 pub(crate) struct Storage {
-    pub(crate) data: Data,
+    arena: Arena,
     geometry: KvGeometry,
     page_size: usize,
+    pages: usize,
     /// The audit trail, when on: per (page, layer, slot), 0 = never written
     /// since the page was handed out, otherwise `RequestId + 1` of the writer.
-    pub(crate) writers: Option<Vec<u64>>,
+    writers: Option<Box<[AtomicU64]>>,
+    #[cfg(loom)]
+    track: Box<[Tracker]>,
+}
+
+/// One page's access tracker for loom (no data; loom checks the accesses'
+/// causality).
+#[cfg(loom)]
+struct Tracker(loom::cell::UnsafeCell<()>);
+
+// SAFETY: loom's cell holds no data here; it only records accesses, which
+// loom itself checks for races (the point of sharing it).
+#[cfg(loom)]
+unsafe impl Sync for Tracker {}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("pages", &self.pages)
+            .field("page_size", &self.page_size)
+            .field("audit", &self.writers.is_some())
+            .finish()
+    }
 }
 
 impl Storage {
+    /// An arena of `pages` pages; the pool has checked that its size does
+    /// not overflow.
     pub(crate) fn new(geometry: KvGeometry, page_size: usize, pages: usize, audit: bool) -> Self {
-        let n = pages * page_stride(&geometry, page_size);
-        // vec![0; n] is calloc'd: untouched pages cost no resident memory.
-        let data = match geometry.dtype {
-            KvDtype::F32 => Data::F32(vec![0.0; n]),
-            KvDtype::F16 => Data::F16(vec![f16::ZERO; n]),
-            KvDtype::BF16 => Data::BF16(vec![bf16::ZERO; n]),
-        };
+        let bytes = pages * page_stride(&geometry, page_size) * geometry.dtype.size_bytes();
         Storage {
-            data,
+            arena: Arena::zeroed(bytes),
             geometry,
             page_size,
-            writers: audit.then(|| vec![0; pages * geometry.n_layers * page_size]),
+            pages,
+            writers: audit.then(|| {
+                (0..pages * geometry.n_layers * page_size)
+                    .map(|_| AtomicU64::new(0))
+                    .collect()
+            }),
+            #[cfg(loom)]
+            track: (0..pages)
+                .map(|_| Tracker(loom::cell::UnsafeCell::new(())))
+                .collect(),
         }
     }
 
-    pub(crate) fn page_stride(&self) -> usize {
+    fn page_stride(&self) -> usize {
         page_stride(&self.geometry, self.page_size)
     }
 
-    /// Element offset of (page, layer, k=0|v=1, slot).
+    /// Element offset of (page, layer, k=0|v=1, slot), or `None` when any
+    /// coordinate (or `slot + n`) is out of range.
     #[inline]
-    pub(crate) fn offset(&self, page: u32, layer: usize, kv: usize, slot: usize) -> usize {
-        let kvd = self.geometry.kv_dim();
-        page as usize * self.page_stride() + ((layer * 2 + kv) * self.page_size + slot) * kvd
+    fn offset(&self, page: u32, layer: usize, kv: usize, slot: usize, n: usize) -> Option<usize> {
+        let ok = (page as usize) < self.pages
+            && layer < self.geometry.n_layers
+            && kv < 2
+            && slot.checked_add(n).is_some_and(|end| end <= self.page_size);
+        ok.then(|| {
+            page as usize * self.page_stride()
+                + ((layer * 2 + kv) * self.page_size + slot) * self.geometry.kv_dim()
+        })
     }
 
-    /// Elements `[start, start + len)` as a typed slice.
-    pub(crate) fn slice(&self, start: usize, len: usize) -> KvSlice<'_> {
-        match &self.data {
-            Data::F32(v) => KvSlice::F32(&v[start..start + len]),
-            Data::F16(v) => KvSlice::F16(&v[start..start + len]),
-            Data::BF16(v) => KvSlice::BF16(&v[start..start + len]),
-        }
-    }
-
-    /// Stores f32 values at `start`, converting to the storage dtype.
-    pub(crate) fn store_f32(&mut self, start: usize, src: &[f32]) {
-        fn put<T: KvElem>(dst: &mut [T], src: &[f32]) {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = T::from_f32(*s);
+    /// Tells loom about an access to `page` (nothing otherwise).
+    #[inline(always)]
+    fn track(&self, _page: u32, _write: bool) {
+        #[cfg(loom)]
+        if let Some(cell) = self.track.get(_page as usize) {
+            if _write {
+                cell.0.with_mut(|_| ());
+            } else {
+                cell.0.with(|_| ());
             }
         }
-        let end = start + src.len();
-        match &mut self.data {
-            Data::F32(v) => v[start..end].copy_from_slice(src),
-            Data::F16(v) => put(&mut v[start..end], src),
-            Data::BF16(v) => put(&mut v[start..end], src),
+    }
+
+    /// Elements `[start, start + len)`, in range (checked by `offset`).
+    ///
+    /// # Safety
+    /// No one may write these elements while the returned slice lives.
+    unsafe fn slice(&self, start: usize, len: usize) -> KvSlice<'_> {
+        let esz = self.geometry.dtype.size_bytes();
+        // SAFETY: in range of the arena (the caller's offset was checked), and
+        // aligned for the dtype (arena aligned to 16, offsets in elements).
+        let p = unsafe { self.arena.ptr.as_ptr().add(start * esz) };
+        // SAFETY: in range and aligned as above; no writer, per the contract.
+        unsafe {
+            match self.geometry.dtype {
+                KvDtype::F32 => KvSlice::F32(std::slice::from_raw_parts(p.cast(), len)),
+                KvDtype::F16 => KvSlice::F16(std::slice::from_raw_parts(p.cast(), len)),
+                KvDtype::BF16 => KvSlice::BF16(std::slice::from_raw_parts(p.cast(), len)),
+            }
         }
     }
 
-    /// Stores raw bytes of the storage dtype at element offset `start`.
-    pub(crate) fn store_bytes(&mut self, start: usize, src: &[u8]) {
+    /// Elements `[start, start + len)` as bytes, in range (checked by
+    /// `offset`).
+    ///
+    /// # Safety
+    /// No one else may read or write these elements while the returned slice
+    /// lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, start: usize, len: usize) -> &mut [u8] {
         let esz = self.geometry.dtype.size_bytes();
-        let bytes: &mut [u8] = match &mut self.data {
-            Data::F32(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
-            Data::F16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
-            Data::BF16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
-        };
-        bytes[start * esz..start * esz + src.len()].copy_from_slice(src);
-    }
-
-    /// Elements `[start, start + len)` as raw bytes, for writing.
-    pub(crate) fn bytes_mut(&mut self, start: usize, len: usize) -> &mut [u8] {
-        let esz = self.geometry.dtype.size_bytes();
-        let bytes: &mut [u8] = match &mut self.data {
-            Data::F32(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
-            Data::F16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
-            Data::BF16(v) => bytemuck::cast_slice_mut(v.as_mut_slice()),
-        };
-        &mut bytes[start * esz..(start + len) * esz]
-    }
-
-    /// Overwrites a whole page with `fill` (zero or poison).
-    pub(crate) fn fill_page(&mut self, page: u32, poison: bool) {
-        let stride = self.page_stride();
-        let r = page as usize * stride..(page as usize + 1) * stride;
-        fn fill<T: KvElem>(s: &mut [T], poison: bool) {
-            s.fill(if poison { T::POISON } else { T::ZERO });
-        }
-        match &mut self.data {
-            Data::F32(v) => fill(&mut v[r], poison),
-            Data::F16(v) => fill(&mut v[r], poison),
-            Data::BF16(v) => fill(&mut v[r], poison),
+        // SAFETY: in range of the arena; exclusive per the contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.arena.ptr.as_ptr().add(start * esz), len * esz)
         }
     }
 
     #[inline]
-    pub(crate) fn writer_index(&self, page: u32, layer: usize, slot: usize) -> usize {
+    fn writer_index(&self, page: u32, layer: usize, slot: usize) -> usize {
         (page as usize * self.geometry.n_layers + layer) * self.page_size + slot
     }
 
-    pub(crate) fn clear_writers(&mut self, page: u32) {
-        let n = self.geometry.n_layers * self.page_size;
-        let s = page as usize * n;
-        if let Some(w) = &mut self.writers {
-            w[s..s + n].fill(0);
-        }
+    /// The recorded writers of slots `[slot, slot + n)` of one page and
+    /// layer (`RequestId + 1`, 0 for never written), or `None` when the
+    /// audit trail is off.
+    pub(crate) fn writers(
+        &self,
+        page: u32,
+        layer: usize,
+        slot: usize,
+        n: usize,
+    ) -> Option<impl Iterator<Item = u64> + '_> {
+        let i = self.writer_index(page, layer, slot);
+        let w = self.writers.as_ref()?.get(i..i + n)?;
+        Some(w.iter().map(|x| x.load(Ordering::Relaxed)))
     }
 
     /// Records `writer` for `n` consecutive slots of one page and layer.
+    /// The trail is bookkeeping beside the bytes, in atomics: a wrong
+    /// record can only make a read fail its audit, never touch data.
     pub(crate) fn record_writers(
-        &mut self,
+        &self,
         page: u32,
         layer: usize,
         slot: usize,
@@ -230,19 +319,237 @@ impl Storage {
         writer: u64,
     ) {
         let i = self.writer_index(page, layer, slot);
-        if let Some(w) = &mut self.writers {
-            w[i..i + n].fill(writer + 1);
+        if let Some(w) = self.writers.as_ref().and_then(|w| w.get(i..i + n)) {
+            for x in w {
+                x.store(writer + 1, Ordering::Relaxed);
+            }
         }
     }
 
-    /// The recorded writer of a slot: `None` when the audit trail is off,
-    /// `Some(0)` for never written, else `RequestId + 1`.
-    pub(crate) fn writer(&self, page: u32, layer: usize, slot: usize) -> Option<u64> {
-        let i = self.writer_index(page, layer, slot);
-        self.writers.as_ref().map(|w| w[i])
+    fn clear_writers(&self, page: u32) {
+        let n = self.geometry.n_layers * self.page_size;
+        let s = page as usize * n;
+        if let Some(w) = self.writers.as_ref().and_then(|w| w.get(s..s + n)) {
+            for x in w {
+                x.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A free page's elements as f32, for the pool's scrub audit. The
+    /// caller holds the pool's bookkeeping lock and has seen the page free:
+    /// no handle owns it, and none can until the lock is released.
+    pub(crate) fn free_page_f32(&self, page: u32, _bookkeeping_locked: &impl Sized) -> Vec<f32> {
+        let stride = self.page_stride();
+        let mut out = vec![0f32; stride];
+        if (page as usize) < self.pages {
+            self.track(page, false);
+            // SAFETY: in range (checked); the page is free and the pool's
+            // bookkeeping lock is held, so nothing writes it meanwhile.
+            let s = unsafe { self.slice(page as usize * stride, stride) };
+            s.to_f32_into(&mut out);
+        }
+        out
+    }
+
+    /// True when no writer is recorded for any slot of `page`.
+    pub(crate) fn no_writers(&self, page: u32) -> bool {
+        (0..self.geometry.n_layers).all(|l| {
+            self.writers(page, l, 0, self.page_size)
+                .is_none_or(|mut w| w.all(|x| x == 0))
+        })
     }
 }
 
 pub(crate) fn page_stride(g: &KvGeometry, page_size: usize) -> usize {
     g.n_layers * 2 * page_size * g.kv_dim()
+}
+
+/// Read access to the bytes of one sequence's pages, for as long as the
+/// sequence is borrowed. Pages are addressed by their position in the
+/// sequence (`0..pages.len()`).
+#[derive(Clone, Copy)]
+pub(crate) struct PagesRead<'a> {
+    st: &'a Storage,
+    pages: &'a [PageId],
+}
+
+/// Write access to the bytes of one sequence's pages, for as long as the
+/// sequence is borrowed mutably.
+pub(crate) struct PagesWrite<'a> {
+    st: &'a Storage,
+    pages: &'a [PageId],
+}
+
+impl<S: SeqState> KvSeq<S> {
+    /// Read access to this sequence's pages (module docs: the shared borrow
+    /// of the owning handle excludes every writer).
+    pub(crate) fn pages_read(&self) -> PagesRead<'_> {
+        PagesRead {
+            st: &self.pool().shared.storage,
+            pages: self.pages(),
+        }
+    }
+
+    /// Write access to this sequence's pages (module docs: the exclusive
+    /// borrow of the owning handle excludes every other access).
+    pub(crate) fn pages_write(&mut self) -> PagesWrite<'_> {
+        PagesWrite {
+            st: &self.pool().shared.storage,
+            pages: self.pages(),
+        }
+    }
+}
+
+impl<'a> PagesRead<'a> {
+    /// Elements of K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in
+    /// the sequence's `i`-th page, or `None` when out of range.
+    #[inline]
+    pub(crate) fn rows(
+        &self,
+        i: usize,
+        layer: usize,
+        kv: usize,
+        slot: usize,
+        n: usize,
+    ) -> Option<KvSlice<'a>> {
+        let page = self.pages.get(i)?.index;
+        let off = self.st.offset(page, layer, kv, slot, n)?;
+        self.st.track(page, false);
+        let len = n * self.st.geometry.kv_dim();
+        // SAFETY: in range (offset checked); the page belongs to the
+        // sequence this view borrows immutably for 'a, so nothing writes it.
+        Some(unsafe { self.st.slice(off, len) })
+    }
+
+    /// The pool's storage (audit trail).
+    pub(crate) fn storage(&self) -> &'a Storage {
+        self.st
+    }
+}
+
+impl PagesWrite<'_> {
+    /// K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
+    /// sequence's `i`-th page as raw bytes, or `None` when out of range.
+    #[inline]
+    pub(crate) fn rows_mut(
+        &mut self,
+        i: usize,
+        layer: usize,
+        kv: usize,
+        slot: usize,
+        n: usize,
+    ) -> Option<&mut [u8]> {
+        let page = self.pages.get(i)?.index;
+        let off = self.st.offset(page, layer, kv, slot, n)?;
+        self.st.track(page, true);
+        // SAFETY: in range (offset checked); the page belongs to the sequence
+        // borrowed mutably for this writer's life, and `&mut self` makes the
+        // returned rows the only live reference into it.
+        Some(unsafe { self.st.bytes_mut(off, n * self.st.geometry.kv_dim()) })
+    }
+
+    /// The same rows for reading (what just landed, for the verifier).
+    #[inline]
+    pub(crate) fn rows(
+        &self,
+        i: usize,
+        layer: usize,
+        kv: usize,
+        slot: usize,
+        n: usize,
+    ) -> Option<KvSlice<'_>> {
+        PagesRead {
+            st: self.st,
+            pages: self.pages,
+        }
+        .rows(i, layer, kv, slot, n)
+    }
+
+    /// Stores f32 values into rows starting at `slot`, converting to the
+    /// storage dtype. False (nothing written) when out of range.
+    pub(crate) fn store_f32(
+        &mut self,
+        i: usize,
+        layer: usize,
+        kv: usize,
+        slot: usize,
+        src: &[f32],
+    ) -> bool {
+        fn put<T: KvElem>(dst: &mut [u8], src: &[f32]) {
+            // The arena is aligned for every dtype, so the typed view exists;
+            // the byte loop only keeps this total.
+            match bytemuck::try_cast_slice_mut::<u8, T>(dst) {
+                Ok(d) => {
+                    for (d, s) in d.iter_mut().zip(src) {
+                        *d = T::from_f32(*s);
+                    }
+                }
+                Err(_) => {
+                    for (d, s) in dst.chunks_exact_mut(std::mem::size_of::<T>()).zip(src) {
+                        d.copy_from_slice(bytemuck::bytes_of(&T::from_f32(*s)));
+                    }
+                }
+            }
+        }
+        let kvd = self.st.geometry.kv_dim();
+        let dtype = self.st.geometry.dtype;
+        let Some(dst) = self.rows_mut(i, layer, kv, slot, src.len() / kvd.max(1)) else {
+            return false;
+        };
+        match dtype {
+            KvDtype::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
+            KvDtype::F16 => put::<f16>(dst, src),
+            KvDtype::BF16 => put::<bf16>(dst, src),
+        }
+        true
+    }
+
+    /// Records `writer` in the audit trail for rows `[slot, slot + n)` of
+    /// `layer` in the `i`-th page.
+    pub(crate) fn record_writers(
+        &self,
+        i: usize,
+        layer: usize,
+        slot: usize,
+        n: usize,
+        writer: u64,
+    ) {
+        if let Some(p) = self.pages.get(i) {
+            self.st.record_writers(p.index, layer, slot, n, writer);
+        }
+    }
+
+    /// Overwrites every page with `fill` (zero or poison) and clears its
+    /// audit trail: the scrub before the pages go back to the pool.
+    pub(crate) fn scrub(&mut self, poison: Option<bool>) {
+        let stride = self.st.page_stride();
+        for p in self.pages {
+            if (p.index as usize) >= self.st.pages {
+                continue;
+            }
+            if let Some(poison) = poison {
+                self.st.track(p.index, true);
+                // SAFETY: in range (checked); the page belongs to the sequence
+                // borrowed mutably for this writer's life.
+                let bytes = unsafe { self.st.bytes_mut(p.index as usize * stride, stride) };
+                match self.st.geometry.dtype {
+                    KvDtype::F32 => fill::<f32>(bytes, poison),
+                    KvDtype::F16 => fill::<f16>(bytes, poison),
+                    KvDtype::BF16 => fill::<bf16>(bytes, poison),
+                }
+            }
+            self.st.clear_writers(p.index);
+        }
+        fn fill<T: KvElem>(bytes: &mut [u8], poison: bool) {
+            if !poison {
+                bytes.fill(0);
+                return;
+            }
+            let v = T::POISON;
+            for d in bytes.chunks_exact_mut(std::mem::size_of::<T>()) {
+                d.copy_from_slice(bytemuck::bytes_of(&v));
+            }
+        }
+    }
 }

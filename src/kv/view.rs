@@ -1,24 +1,20 @@
 //! Read access to KV for attention: validated once per sequence per step.
 
-use crate::sync::RwLockReadGuard;
-
 use crate::kv::seq::{KvSeq, Readable};
-use crate::kv::storage::{KvSlice, Storage};
+use crate::kv::storage::{KvSlice, PagesRead};
 use crate::kv::{KvError, KvPool, PageId};
 
-/// A read lock on a pool's storage. Take one per batched read phase and drop
-/// it before appending (appends take the write lock).
+/// Reads of one pool's KV for a batched read phase. It holds no lock: a
+/// view borrows the sequence it reads, so that sequence cannot be appended
+/// to (or released) while the view lives, and no other sequence can reach
+/// its pages (see the storage module).
 pub struct KvReader<'p> {
     pool: &'p KvPool,
-    storage: RwLockReadGuard<'p, Storage>,
 }
 
 impl<'p> KvReader<'p> {
     pub(crate) fn new(pool: &'p KvPool) -> Self {
-        KvReader {
-            pool,
-            storage: pool.shared.storage.read(),
-        }
+        KvReader { pool }
     }
 
     /// Validates that every page of `seq` belongs to this pool at its
@@ -30,6 +26,7 @@ impl<'p> KvReader<'p> {
         self.pool.check_pages(seq.pages(), S::HELD)?;
         Ok(SeqView {
             reader: self,
+            read: seq.pages_read(),
             pages: seq.pages(),
             written: seq.written_per_layer(),
             owner: seq.owner(),
@@ -40,6 +37,7 @@ impl<'p> KvReader<'p> {
 /// A validated sequence inside a [`KvReader`].
 pub struct SeqView<'a> {
     reader: &'a KvReader<'a>,
+    read: PagesRead<'a>,
     pages: &'a [PageId],
     written: &'a [usize],
     owner: crate::RequestId,
@@ -55,28 +53,31 @@ impl<'a> SeqView<'a> {
             .written
             .get(layer)
             .ok_or(KvError::LayerOutOfRange { layer, n_layers })?;
-        let st: &'a Storage = &self.reader.storage;
+        let st = self.read.storage();
         let ps = self.reader.pool.page_size();
         // Page by page: a page's writer slots for one layer are contiguous.
-        if let Some(writers) = &st.writers {
-            for (i, p) in self.pages.iter().enumerate().take(len.div_ceil(ps)) {
-                let n = (len - i * ps).min(ps);
-                let first = st.writer_index(p.index, layer, 0);
-                let slots = &writers[first..first + n];
-                if let Some(slot) = slots.iter().position(|&w| w != self.owner.0 + 1) {
-                    self.reader.pool.record_violation();
-                    return Err(KvError::IsolationViolation {
-                        reader: self.owner,
-                        writer: slots[slot].checked_sub(1).map(crate::RequestId),
-                        page: p.index,
-                        layer,
-                        slot,
-                    });
-                }
+        for (i, p) in self.pages.iter().enumerate().take(len.div_ceil(ps)) {
+            let n = (len - i * ps).min(ps);
+            let Some(mut slots) = st.writers(p.index, layer, 0, n) else {
+                break; // the audit trail is off
+            };
+            if let Some((slot, w)) = slots
+                .by_ref()
+                .enumerate()
+                .find(|&(_, w)| w != self.owner.0 + 1)
+            {
+                self.reader.pool.record_violation();
+                return Err(KvError::IsolationViolation {
+                    reader: self.owner,
+                    writer: w.checked_sub(1).map(crate::RequestId),
+                    page: p.index,
+                    layer,
+                    slot,
+                });
             }
         }
         Ok(LayerView {
-            storage: st,
+            read: self.read,
             pages: self.pages,
             layer,
             len,
@@ -94,7 +95,7 @@ impl<'a> SeqView<'a> {
 /// The written K/V rows of one layer of one sequence.
 #[derive(Clone, Copy)]
 pub struct LayerView<'a> {
-    storage: &'a Storage,
+    read: PagesRead<'a>,
     pages: &'a [PageId],
     layer: usize,
     len: usize,
@@ -146,10 +147,12 @@ impl<'a> LayerView<'a> {
     }
     fn rows(&self, i: usize, kv: usize) -> KvSlice<'a> {
         let n = self.tokens_in_page(i);
-        let off = self.storage.offset(self.pages[i].index, self.layer, kv, 0);
-        self.storage.slice(off, n * self.kv_dim)
+        self.read
+            .rows(i, self.layer, kv, 0, n)
+            .unwrap_or(KvSlice::F32(&[]))
     }
-    /// K rows `[tokens_in_page(i), kv_dim]` of page `i`.
+    /// K rows `[tokens_in_page(i), kv_dim]` of page `i` (empty past the
+    /// sequence's pages).
     pub fn keys(&self, i: usize) -> KvSlice<'a> {
         self.rows(i, 0)
     }
@@ -170,9 +173,6 @@ impl<'a> LayerView<'a> {
             return None;
         }
         let ps = self.page_size;
-        let off = self
-            .storage
-            .offset(self.pages[pos / ps].index, self.layer, kv, pos % ps);
-        Some(self.storage.slice(off, self.kv_dim))
+        self.read.rows(pos / ps, self.layer, kv, pos % ps, 1)
     }
 }

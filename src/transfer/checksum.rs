@@ -66,8 +66,7 @@ fn page_checksum(regions: &[u64]) -> u64 {
 
 /// Region hashes recomputed by the decode side over the bytes that landed
 /// in the destination pages, each taken from the pages right after the
-/// region's last row was written there (so from cache, not from memory),
-/// under the same storage lock as the write.
+/// region's last row was written there (so from cache, not from memory).
 ///
 /// Nothing can change a region after that: destination pages of a transfer
 /// in flight are written only through its landing-zone entry, in order and

@@ -3,10 +3,9 @@
 //! A write batch travels as a reference to the held source sequence; the
 //! decode end's lander thread copies its rows straight from the source pool
 //! into the destination pages (one copy, like a one-sided RDMA write), in
-//! order with receipts and aborts. The copy holds the source pool's storage
-//! read lock and the destination's write lock, taken in pool order, so two
-//! links copying between the same pools in opposite directions cannot
-//! deadlock.
+//! order with receipts and aborts. The copy takes no lock on either pool's
+//! bytes: the held source handle and the destination handle are the proof
+//! of access (see `kv/storage.rs`).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

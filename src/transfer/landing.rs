@@ -118,8 +118,8 @@ impl LandingZone {
 
     /// Applies one write batch straight from the rows `[batch.start,
     /// batch.start + batch.tokens)` of `batch.layer` of the held `src` (one
-    /// copy from the source pages into the destination pages, both pools'
-    /// storage locks taken in pool order). `after(kv, done, dst)` sees each
+    /// copy from the source pages into the destination pages). `after(kv,
+    /// done, dst)` sees each
     /// copied run (fault injection).
     pub(crate) fn apply_from(
         &self,

@@ -76,8 +76,7 @@ impl Landing {
         }
     }
     /// Lands `batch` straight from the rows of `src`, a held sequence of
-    /// another pool, as the in-process transport's lander does (both
-    /// pools' storage locks held for the copy).
+    /// another pool, as the in-process transport's lander does.
     pub fn write_from(&self, batch: &WriteBatch, src: &KvSeq<Held>) -> Landed {
         match self.0.apply_from(batch, src, |_, _, _| {}) {
             landing::Landed::Applied => Landed::Applied,
