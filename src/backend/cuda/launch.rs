@@ -179,6 +179,28 @@ fn to_u32(what: &'static str, x: usize) -> Result<u32, CudaError> {
     })
 }
 
+/// A launch grid sized from runtime values: `None` when a dimension is 0
+/// (nothing to launch: the caller returns before touching the device), and
+/// a typed error, before any launch, when one exceeds what CUDA accepts
+/// (x below 2^31, y and z at most 65535).
+fn grid(
+    what: &'static str,
+    x: usize,
+    y: usize,
+    z: usize,
+) -> Result<Option<(u32, u32, u32)>, CudaError> {
+    if x == 0 || y == 0 || z == 0 {
+        return Ok(None);
+    }
+    if x > i32::MAX as usize || y > 65_535 || z > 65_535 {
+        return Err(CudaError::Unsupported {
+            what,
+            detail: format!("grid ({x}, {y}, {z}) (at most (2^31 - 1, 65535, 65535))"),
+        });
+    }
+    Ok(Some((x as u32, y as u32, z as u32)))
+}
+
 fn grid_stride_blocks(total: usize) -> u32 {
     total.div_ceil(256).clamp(1, 65_535) as u32
 }
@@ -315,6 +337,16 @@ impl CudaDevice {
         shape("decode out elements", rows, out.len())?;
 
         let max_len = tables.max_kv_len;
+        if batch == 0 {
+            return Ok(0);
+        }
+        if max_len == 0 {
+            return Err(CudaError::Shape {
+                what: "decode KV length (at least the current position)",
+                expected: 1,
+                got: 0,
+            });
+        }
         let chunk = match split {
             Split::ChunkTokens(0) => {
                 return Err(CudaError::Unsupported {
@@ -351,8 +383,14 @@ impl CudaDevice {
             sm_scale_log2: sm_scale_log2(s.head_dim),
             ..Default::default()
         };
+        let Some(grid_dim) = grid("decode grid", num_splits, s.n_kv_heads, batch)? else {
+            return Ok(0);
+        };
+        let Some(merge_grid) = grid("decode merge grid", n_heads, batch, 1)? else {
+            return Ok(0);
+        };
         let cfg = LaunchConfig {
-            grid_dim: (p.num_splits, p.n_kv_heads, p.batch),
+            grid_dim,
             block_dim: (DECODE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -418,7 +456,7 @@ impl CudaDevice {
         // batch*n_heads*head_dim f32; grid (n_heads, batch) as the kernel indexes.
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (p.n_heads, p.batch, 1),
+                grid_dim: merge_grid,
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -491,6 +529,16 @@ impl CudaDevice {
         let rows = tables.total_q * n_heads * s.head_dim;
         shape("prefill q elements", rows, q.len())?;
         shape("prefill out elements", rows, out.len())?;
+        let chosen = if use_mma {
+            PrefillKernel::TensorCore
+        } else {
+            PrefillKernel::Scalar
+        };
+        let rows_per_tile = if use_mma { PMMA_BM } else { PREFILL_ROWS } / s.group;
+        let q_tiles = tables.max_q_len.div_ceil(rows_per_tile.max(1));
+        let Some(grid_dim) = grid("prefill grid", q_tiles, s.n_kv_heads, tables.batch)? else {
+            return Ok(chosen);
+        };
         let stream = &self.inner.stream;
         let (q_ptr, _gq) = q.device_ptr(stream);
         let (kv_ptr, _gk) = arena.data.device_ptr(stream);
@@ -524,7 +572,6 @@ impl CudaDevice {
                     detail: "q and out must be 8-byte aligned (views at an odd element)".into(),
                 });
             }
-            let q_tiles = tables.max_q_len.div_ceil(PMMA_BM / s.group);
             let func = self.kernel(&format!(
                 "prefill_mma_{}_d{}",
                 dtype_name(dtype),
@@ -541,7 +588,7 @@ impl CudaDevice {
             // its dynamic shared memory was allowed when it was loaded.
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (to_u32("query tiles", q_tiles)?, p.n_kv_heads, p.batch),
+                    grid_dim,
                     block_dim: (PMMA_THREADS, 1, 1),
                     shared_mem_bytes: prefill_mma_smem(s.head_dim) as u32,
                 })
@@ -549,7 +596,6 @@ impl CudaDevice {
             .map_err(CudaError::driver("launching tensor-core prefill attention"))?;
             return Ok(PrefillKernel::TensorCore);
         }
-        let q_tiles = tables.max_q_len.div_ceil(PREFILL_ROWS / s.group);
         let func = self.kernel(&format!(
             "prefill_attention_{}_d{}",
             dtype_name(dtype),
@@ -564,7 +610,7 @@ impl CudaDevice {
         // for this head_dim and was allowed when the kernel was loaded.
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (to_u32("query tiles", q_tiles)?, p.n_kv_heads, p.batch),
+                grid_dim,
                 block_dim: (PREFILL_THREADS, 1, 1),
                 shared_mem_bytes: prefill_smem(s.head_dim) as u32,
             })
@@ -700,7 +746,10 @@ impl CudaDevice {
             });
         }
         shape("RMSNorm output elements", x.len(), out.len())?;
-        let n_rows = to_u32("RMSNorm rows", x.len() / dim)?;
+        let Some(grid_dim) = grid("RMSNorm rows", x.len() / dim, 1, 1)? else {
+            return Ok(());
+        };
+        let n_rows = grid_dim.0;
         let stream = &self.inner.stream;
         let (x_ptr, _g1) = x.device_ptr(stream);
         let (w_ptr, _g2) = w.device_ptr(stream);
@@ -720,7 +769,7 @@ impl CudaDevice {
         // block of 256 threads per row, as the kernel's block reduction expects.
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (n_rows, 1, 1),
+                grid_dim,
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -838,20 +887,22 @@ impl CudaDevice {
             k: to_u32("matmul depth", k)?,
             pad0: 0,
         };
-        let grid_y = to_u32("matmul row tiles", m.div_ceil(16))?;
-        if grid_y > 65_535 {
-            return Err(CudaError::Unsupported {
-                what: "matmul rows",
-                detail: format!("{m} (at most 65535 * 16)"),
-            });
-        }
+        let Some(grid_dim) = grid(
+            "matmul tiles (columns, rows)",
+            n.div_ceil(16),
+            m.div_ceil(16),
+            1,
+        )?
+        else {
+            return Ok(());
+        };
         let mut b = stream.launch_builder(self.kernel("linear")?);
         b.arg(&p);
         // SAFETY: x holds m*k, w n*k and out m*n f32 (checked); grid covers
         // (n, m) in 16x16 tiles and the kernel bounds every access by m, n, k.
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (to_u32("matmul column tiles", n.div_ceil(16))?, grid_y, 1),
+                grid_dim,
                 block_dim: (16, 16, 1),
                 shared_mem_bytes: 0,
             })
@@ -1150,5 +1201,32 @@ fn grid_stride(total: usize) -> LaunchConfig {
         grid_dim: (grid_stride_blocks(total), 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grid_with_nothing_to_do_launches_nothing() {
+        assert!(matches!(grid("t", 0, 4, 4), Ok(None)));
+        assert!(matches!(grid("t", 4, 0, 4), Ok(None)));
+        assert!(matches!(grid("t", 4, 4, 0), Ok(None)));
+        assert!(matches!(grid("t", 1, 1, 1), Ok(Some((1, 1, 1)))));
+    }
+
+    #[test]
+    fn a_grid_cuda_would_refuse_is_a_typed_error_before_launch() {
+        assert!(matches!(grid("t", 1, 65_535, 65_535), Ok(Some(_))));
+        for (x, y, z) in [(1, 65_536, 1), (1, 1, 65_536), (1usize << 31, 1, 1)] {
+            assert!(
+                matches!(
+                    grid("t", x, y, z),
+                    Err(CudaError::Unsupported { what: "t", .. })
+                ),
+                "({x}, {y}, {z})"
+            );
+        }
     }
 }
