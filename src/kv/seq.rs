@@ -435,7 +435,7 @@ impl KvSeq<Received> {
                 if let Some(dst) = w.rows_mut(i, layer, kv, slot, run) {
                     fill(kv, done, dst);
                 }
-                if let Some(rows) = w.rows(i, layer, kv, 0, slot + run) {
+                if let Some(rows) = w.read().rows(i, layer, kv, 0, slot + run) {
                     landed(i, kv, rows.as_bytes());
                 }
             }

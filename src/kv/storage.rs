@@ -377,8 +377,7 @@ pub(crate) struct PagesRead<'a> {
 /// Write access to the bytes of one sequence's pages, for as long as the
 /// sequence is borrowed mutably.
 pub(crate) struct PagesWrite<'a> {
-    st: &'a Storage,
-    pages: &'a [PageId],
+    read: PagesRead<'a>,
 }
 
 impl<S: SeqState> KvSeq<S> {
@@ -395,8 +394,10 @@ impl<S: SeqState> KvSeq<S> {
     /// borrow of the owning handle excludes every other access).
     pub(crate) fn pages_write(&mut self) -> PagesWrite<'_> {
         PagesWrite {
-            st: &self.pool().shared.storage,
-            pages: self.pages(),
+            read: PagesRead {
+                st: &self.pool().shared.storage,
+                pages: self.pages(),
+            },
         }
     }
 }
@@ -440,30 +441,21 @@ impl PagesWrite<'_> {
         slot: usize,
         n: usize,
     ) -> Option<&mut [u8]> {
-        let page = self.pages.get(i)?.index;
-        let off = self.st.offset(page, layer, kv, slot, n)?;
-        self.st.track(page, true);
+        let PagesRead { st, pages } = self.read;
+        let page = pages.get(i)?.index;
+        let off = st.offset(page, layer, kv, slot, n)?;
+        st.track(page, true);
         // SAFETY: in range (offset checked); the page belongs to the sequence
         // borrowed mutably for this writer's life, and `&mut self` makes the
         // returned rows the only live reference into it.
-        Some(unsafe { self.st.bytes_mut(off, n * self.st.geometry.kv_dim()) })
+        Some(unsafe { st.bytes_mut(off, n * st.geometry.kv_dim()) })
     }
 
-    /// The same rows for reading (what just landed, for the verifier).
+    /// The same pages for reading (what just landed, for the verifier),
+    /// while no row is borrowed for writing.
     #[inline]
-    pub(crate) fn rows(
-        &self,
-        i: usize,
-        layer: usize,
-        kv: usize,
-        slot: usize,
-        n: usize,
-    ) -> Option<KvSlice<'_>> {
-        PagesRead {
-            st: self.st,
-            pages: self.pages,
-        }
-        .rows(i, layer, kv, slot, n)
+    pub(crate) fn read(&self) -> PagesRead<'_> {
+        self.read
     }
 
     /// Stores f32 values into rows starting at `slot`, converting to the
@@ -492,8 +484,8 @@ impl PagesWrite<'_> {
                 }
             }
         }
-        let kvd = self.st.geometry.kv_dim();
-        let dtype = self.st.geometry.dtype;
+        let kvd = self.read.st.geometry.kv_dim();
+        let dtype = self.read.st.geometry.dtype;
         let Some(dst) = self.rows_mut(i, layer, kv, slot, src.len() / kvd.max(1)) else {
             return false;
         };
@@ -515,31 +507,32 @@ impl PagesWrite<'_> {
         n: usize,
         writer: u64,
     ) {
-        if let Some(p) = self.pages.get(i) {
-            self.st.record_writers(p.index, layer, slot, n, writer);
+        if let Some(p) = self.read.pages.get(i) {
+            self.read.st.record_writers(p.index, layer, slot, n, writer);
         }
     }
 
     /// Overwrites every page with `fill` (zero or poison) and clears its
     /// audit trail: the scrub before the pages go back to the pool.
     pub(crate) fn scrub(&mut self, poison: Option<bool>) {
-        let stride = self.st.page_stride();
-        for p in self.pages {
-            if (p.index as usize) >= self.st.pages {
+        let PagesRead { st, pages } = self.read;
+        let stride = st.page_stride();
+        for p in pages {
+            if (p.index as usize) >= st.pages {
                 continue;
             }
             if let Some(poison) = poison {
-                self.st.track(p.index, true);
+                st.track(p.index, true);
                 // SAFETY: in range (checked); the page belongs to the sequence
                 // borrowed mutably for this writer's life.
-                let bytes = unsafe { self.st.bytes_mut(p.index as usize * stride, stride) };
-                match self.st.geometry.dtype {
+                let bytes = unsafe { st.bytes_mut(p.index as usize * stride, stride) };
+                match st.geometry.dtype {
                     KvDtype::F32 => fill::<f32>(bytes, poison),
                     KvDtype::F16 => fill::<f16>(bytes, poison),
                     KvDtype::BF16 => fill::<bf16>(bytes, poison),
                 }
             }
-            self.st.clear_writers(p.index);
+            st.clear_writers(p.index);
         }
         fn fill<T: KvElem>(bytes: &mut [u8], poison: bool) {
             if !poison {
