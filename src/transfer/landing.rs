@@ -110,9 +110,12 @@ impl LandingZone {
     ) -> Landed {
         let layer = batch.layer as usize;
         self.apply_with(batch, bytes_each, source, |seq, landed| {
-            seq.receive_rows(layer, batch.tokens as usize, fill, |page, kv, rows| {
-                landed.landed(page, layer, kv, rows)
-            })
+            seq.receive_rows(
+                layer,
+                batch.tokens as usize,
+                fill,
+                |page, kv, first, piece| landed.landed(page, layer, kv, first, piece),
+            )
         })
     }
 
@@ -137,7 +140,7 @@ impl LandingZone {
                 src,
                 batch.start as usize,
                 after,
-                |page, kv, rows| landed.landed(page, layer, kv, rows),
+                |page, kv, first, piece| landed.landed(page, layer, kv, first, piece),
             )
         })
     }
