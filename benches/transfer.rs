@@ -7,12 +7,16 @@
 //! - TCP transfer on loopback vs a plain socket copy of the same bytes: 1 MiB
 //!   writes from a source buffer, one reader thread reading straight into a
 //!   destination buffer (both touched beforehand, like the pools' pages);
-//! - checksum cost: the time xxh3 adds to copying the same bytes region by
-//!   region (32 KiB: one page of one layer of K or V), single-threaded, as
-//!   a share of the transfer's wall time, for two layouts: `passes` (a hash
-//!   pass over the whole source, the copy, a hash pass over the whole
-//!   destination: the design before landing-time hashing) and `fused` (each
-//!   region hashed right before it is copied and right after it landed).
+//! - checksum cost, as a share of each transfer's wall time, from the same
+//!   bytes copied region by region (32 KiB: one page of one layer of K or V)
+//!   on one thread: `lander` is what hashing adds to the landing thread's
+//!   copy as the code does it (4 KiB pieces, each fed to its region's
+//!   streaming hasher right after it is copied): the checksum cost on the
+//!   transfer's critical path; `sender` is the sender's hash of each source
+//!   region, which runs on the prefill side's own thread, in parallel with
+//!   the landing; `fused` is both hashes and the copy on one thread, each
+//!   region hashed whole before and after its copy (the figure reported up
+//!   to round 3: an upper bound, as if nothing ran in parallel).
 //!
 //! Configurations: in-process with 256 KiB batches and 2 MiB in flight; TCP
 //! with `TransferConfig::default()` (1 MiB batches, 64 MiB in flight), or
@@ -102,13 +106,24 @@ fn socket_once(src: &[u8], dst: &mut [u8]) -> Duration {
     })
 }
 
-/// What checksums add to copying the same bytes region by region (one
-/// page of one layer of K or V, 32 KiB), single-threaded, over `src` into
-/// `dst`: returns (copy alone, copy with separate hash passes over the
-/// whole source before and the whole destination after, copy with each
-/// region hashed right before it is copied and right after it landed).
-fn checksum_once(src: &[u8], dst: &mut [u8]) -> (Duration, Duration, Duration) {
+/// Times of the checksum models over `src` copied into `dst` region by
+/// region (one page of one layer of K or V, 32 KiB), one thread.
+struct ChecksumTimes {
+    /// The copy alone.
+    copy: Duration,
+    /// The landing thread's loop: 4 KiB pieces, each hashed (streaming)
+    /// right after it is copied.
+    lander: Duration,
+    /// The sender's loop: one hash per source region.
+    sender: Duration,
+    /// Each region hashed before its copy and after it landed.
+    fused: Duration,
+}
+
+fn checksum_once(src: &[u8], dst: &mut [u8]) -> ChecksumTimes {
+    use std::hash::Hasher;
     let region = PAGE * geometry().kv_dim() * 2;
+    let piece = 4096;
     let hash = twox_hash::XxHash3_64::oneshot;
     let t = Instant::now();
     for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
@@ -116,18 +131,22 @@ fn checksum_once(src: &[u8], dst: &mut [u8]) -> (Duration, Duration, Duration) {
     }
     black_box(&dst);
     let copy = t.elapsed();
-    let t = Instant::now();
     let mut acc = 0u64;
+    let t = Instant::now();
+    for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
+        let mut h = twox_hash::XxHash3_64::new();
+        for (s, d) in s.chunks(piece).zip(d.chunks_mut(piece)) {
+            d.copy_from_slice(s);
+            h.write(d);
+        }
+        acc ^= h.finish();
+    }
+    let lander = t.elapsed();
+    let t = Instant::now();
     for s in src.chunks(region) {
         acc ^= hash(s);
     }
-    for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
-        d.copy_from_slice(s);
-    }
-    for d in dst.chunks(region) {
-        acc ^= hash(d);
-    }
-    let passes = t.elapsed();
+    let sender = t.elapsed();
     let t = Instant::now();
     for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
         acc ^= hash(s);
@@ -136,7 +155,12 @@ fn checksum_once(src: &[u8], dst: &mut [u8]) -> (Duration, Duration, Duration) {
     }
     let fused = t.elapsed();
     black_box(acc);
-    (copy, passes, fused)
+    ChecksumTimes {
+        copy,
+        lander,
+        sender,
+        fused,
+    }
 }
 
 /// In-process: small batches and a small window keep the sender's hashing
@@ -229,7 +253,7 @@ impl<T: Transfer> Pair<T> {
 }
 
 /// Per-rep figures: throughputs, ratios to the baselines, and the time
-/// checksums add (separate passes, fused) as a share of each transfer.
+/// checksums add (lander, sender, fused) as a share of each transfer.
 #[derive(Default)]
 struct Rates {
     memcpy: Vec<f64>,
@@ -238,19 +262,13 @@ struct Rates {
     tcp: Vec<f64>,
     ratio_inproc: Vec<f64>,
     ratio_tcp: Vec<f64>,
-    passes_inproc: Vec<f64>,
-    passes_tcp: Vec<f64>,
-    fused_inproc: Vec<f64>,
-    fused_tcp: Vec<f64>,
+    /// `[lander, sender, fused]` shares of the in-process / TCP transfer.
+    share_inproc: [Vec<f64>; 3],
+    share_tcp: [Vec<f64>; 3],
 }
 
 impl Rates {
-    fn push(
-        &mut self,
-        bytes: usize,
-        [dm, di, ds, dt]: [Duration; 4],
-        [passes, fused]: [Duration; 2],
-    ) {
+    fn push(&mut self, bytes: usize, [dm, di, ds, dt]: [Duration; 4], c: &ChecksumTimes) {
         let secs = |d: Duration| d.as_secs_f64();
         self.memcpy.push(gbps(bytes, dm));
         self.inproc.push(gbps(bytes, di));
@@ -258,10 +276,15 @@ impl Rates {
         self.tcp.push(gbps(bytes, dt));
         self.ratio_inproc.push(secs(dm) / secs(di));
         self.ratio_tcp.push(secs(ds) / secs(dt));
-        self.passes_inproc.push(100.0 * secs(passes) / secs(di));
-        self.passes_tcp.push(100.0 * secs(passes) / secs(dt));
-        self.fused_inproc.push(100.0 * secs(fused) / secs(di));
-        self.fused_tcp.push(100.0 * secs(fused) / secs(dt));
+        let added = [
+            c.lander.saturating_sub(c.copy),
+            c.sender,
+            c.fused.saturating_sub(c.copy),
+        ];
+        for (i, d) in added.into_iter().enumerate() {
+            self.share_inproc[i].push(100.0 * secs(d) / secs(di));
+            self.share_tcp[i].push(100.0 * secs(d) / secs(dt));
+        }
     }
 }
 
@@ -283,7 +306,7 @@ fn main() {
         g.bytes_per_token()
     );
     println!(
-        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>12} {:>12}",
+        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>13} {:>13} {:>13}",
         "tokens",
         "MiB",
         "memcpy",
@@ -292,7 +315,8 @@ fn main() {
         "socket",
         "tcp",
         "ratio",
-        "passes ip/tcp",
+        "lander ip/tcp",
+        "sender ip/tcp",
         "fused ip/tcp"
     );
     for tokens in sizes {
@@ -329,15 +353,13 @@ fn main() {
             let di = inproc.once(&src);
             let ds = socket_once(&copy_src, &mut copy_dst);
             let dt = tcp.once(&src);
-            let (copy, passes, fused) = checksum_once(&copy_src, &mut copy_dst);
-            m.push(
-                bytes,
-                [dm, di, ds, dt],
-                [passes.saturating_sub(copy), fused.saturating_sub(copy)],
-            );
+            let c = checksum_once(&copy_src, &mut copy_dst);
+            m.push(bytes, [dm, di, ds, dt], &c);
         }
+        let [lander_ip, sender_ip, fused_ip] = m.share_inproc;
+        let [lander_tcp, sender_tcp, fused_tcp] = m.share_tcp;
         println!(
-            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
+            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
             tokens,
             bytes >> 20,
             median(m.memcpy),
@@ -346,10 +368,12 @@ fn main() {
             median(m.socket),
             median(m.tcp),
             median(m.ratio_tcp),
-            median(m.passes_inproc),
-            median(m.passes_tcp),
-            median(m.fused_inproc),
-            median(m.fused_tcp),
+            median(lander_ip),
+            median(lander_tcp),
+            median(sender_ip),
+            median(sender_tcp),
+            median(fused_ip),
+            median(fused_tcp),
         );
     }
 }
