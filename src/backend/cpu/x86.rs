@@ -5,12 +5,16 @@
 //! `CpuBackend` calls only after `Isa::detect` saw AVX2 and FMA.
 
 use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_hadd_ps, _mm256_loadu_ps,
-    _mm256_permute2f128_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    __m256, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_hadd_ps, _mm256_loadu_ps,
+    _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_sub_ps,
 };
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attention::{self, Scratch};
+use crate::backend::cpu::attention::{self, Scratch, as_f32};
+use crate::backend::cpu::fastmath;
 use crate::backend::cpu::matmul::{Kernel, LANES, matmul_cols_k};
 use crate::kv::LayerView;
 
@@ -358,4 +362,287 @@ pub(crate) fn attend_row(
     s: &mut Scratch,
 ) {
     attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s)
+}
+
+/// Whether [`attend_row_hd8`] has a kernel for this head layout.
+pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
+    shape.head_dim == LANES
+        && matches!(
+            (shape.n_heads, shape.n_kv_heads),
+            (8, 1 | 2 | 4 | 8) | (16, 1 | 2 | 4 | 8 | 16)
+        )
+}
+
+/// `attention::attend_row` for head_dim 8 and the head layouts of
+/// [`has_hd8_kernel`]: the same arithmetic as the generic kernel, in the
+/// same order (so the same bits), with the layout known at compile time.
+/// (Each kernel is inlined here, where AVX2 is enabled: a function pointer
+/// to one would be compiled without it.)
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn attend_row_hd8(
+    q: &[f32],
+    kv: &LayerView<'_>,
+    n_keys: usize,
+    shape: AttnShape,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    match (shape.n_heads, shape.n_kv_heads) {
+        (8, 1) => hd8::<8, 1>(q, kv, n_keys, out, s),
+        (8, 2) => hd8::<8, 2>(q, kv, n_keys, out, s),
+        (8, 4) => hd8::<8, 4>(q, kv, n_keys, out, s),
+        (8, 8) => hd8::<8, 8>(q, kv, n_keys, out, s),
+        (16, 1) => hd8::<16, 1>(q, kv, n_keys, out, s),
+        (16, 2) => hd8::<16, 2>(q, kv, n_keys, out, s),
+        (16, 4) => hd8::<16, 4>(q, kv, n_keys, out, s),
+        (16, 8) => hd8::<16, 8>(q, kv, n_keys, out, s),
+        (16, 16) => hd8::<16, 16>(q, kv, n_keys, out, s),
+        _ => attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s),
+    }
+}
+
+/// `e^x` on eight lanes: `fastmath::exp`'s operations in its order, so
+/// every lane gives its bits.
+#[inline(always)]
+fn exp8(x: __m256) -> __m256 {
+    // SAFETY: pure register arithmetic; AVX2 is available in every caller.
+    unsafe {
+        let x = _mm256_max_ps(
+            _mm256_set1_ps(fastmath::EXP_MIN),
+            _mm256_min_ps(_mm256_set1_ps(fastmath::EXP_MAX), x),
+        );
+        let round = _mm256_set1_ps(fastmath::ROUND);
+        let big = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(fastmath::LOG2E)), round);
+        let ni = _mm256_sub_epi32(_mm256_castps_si256(big), _mm256_castps_si256(round));
+        let n = _mm256_sub_ps(big, round);
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(fastmath::LN2_HI))),
+            _mm256_mul_ps(n, _mm256_set1_ps(fastmath::LN2_LO)),
+        );
+        let mut p = _mm256_set1_ps(fastmath::EXP_POLY[0]);
+        for &c in &fastmath::EXP_POLY[1..] {
+            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+        }
+        let e = _mm256_add_ps(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127)));
+        _mm256_mul_ps(e, _mm256_castsi256_ps(scale))
+    }
+}
+
+/// One attention row for `NH` query heads over `NKV` KV heads of 8: scores
+/// `[n_keys][NH]` (each position's heads reduced together by [`reduce8`],
+/// every K slice loaded once for its group), the softmax eight heads per
+/// register with positions in order, then the weighted sum of V with one
+/// accumulator per head kept in registers across all pages.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // registers indexed by head, in step
+fn hd8<const NH: usize, const NKV: usize>(
+    q: &[f32],
+    kv: &LayerView<'_>,
+    n_keys: usize,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    const HD: usize = LANES;
+    let kvd = NKV * HD;
+    let group = NH / NKV;
+    let hb = NH / LANES;
+    let n = n_keys.min(kv.len());
+    if n == 0 || kv.kv_dim() != kvd || q.len() < NH * HD || out.len() < NH * HD {
+        // Not reachable from the backend (shapes and lengths are checked).
+        out.fill(0.0);
+        return;
+    }
+    let ps = kv.page_size().max(1);
+    let n_pages = n.div_ceil(ps);
+    let Scratch { scores, conv, .. } = s;
+    scores.clear();
+    scores.resize(n * NH, 0.0);
+    let scale = 1.0 / (HD as f32).sqrt();
+    // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. q holds
+    // NH heads of 8 and out NH heads of 8 (checked above); `scores` holds
+    // n rows of NH; a page's rows are `kvd` wide and `tn` of them are
+    // read, where `tn * kvd <= rows.len()` is checked per page; each head
+    // reads its KV head's 8 floats at `(h / group) * 8 < kvd`.
+    unsafe {
+        let mut qv = [_mm256_setzero_ps(); NH];
+        for h in 0..NH {
+            // The generic kernel's pre-scaled query (same rounding).
+            qv[h] = _mm256_mul_ps(
+                _mm256_loadu_ps(q.as_ptr().add(h * HD)),
+                _mm256_set1_ps(scale),
+            );
+        }
+        // Scores, and each head's running max (`if x > m { x } else { m }`
+        // per lane, as the generic kernel: max_ps returns its second
+        // operand unless the first is greater).
+        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); NH];
+        for p in 0..n_pages {
+            let t0 = p * ps;
+            let tn = (n - t0).min(ps);
+            let keys = as_f32(kv.keys(p), conv);
+            if keys.len() < tn * kvd {
+                return out.fill(0.0);
+            }
+            let kp = keys.as_ptr();
+            let sp = scores.as_mut_ptr().add(t0 * NH);
+            for t in 0..tn {
+                let row = kp.add(t * kvd);
+                for b in 0..hb {
+                    let mut prod = [_mm256_setzero_ps(); 8];
+                    for j in 0..8 {
+                        let h = b * 8 + j;
+                        prod[j] = _mm256_mul_ps(qv[h], _mm256_loadu_ps(row.add((h / group) * HD)));
+                    }
+                    let x = reduce8(&prod);
+                    m[b] = _mm256_max_ps(x, m[b]);
+                    _mm256_storeu_ps(sp.add(t * NH + b * 8), x);
+                }
+            }
+        }
+        // exp(score - max): no dependency from one position to the next.
+        let sp = scores.as_mut_ptr();
+        for t in 0..n {
+            for b in 0..hb {
+                let at = sp.add(t * NH + b * 8);
+                _mm256_storeu_ps(at, exp8(_mm256_sub_ps(_mm256_loadu_ps(at), m[b])));
+            }
+        }
+        // Weighted sum of V, and each head's sum of weights, in position
+        // order.
+        let mut acc = [_mm256_setzero_ps(); NH];
+        let mut sum = [_mm256_setzero_ps(); NH];
+        for p in 0..n_pages {
+            let t0 = p * ps;
+            let tn = (n - t0).min(ps);
+            let vals = as_f32(kv.values(p), conv);
+            if vals.len() < tn * kvd {
+                return out.fill(0.0);
+            }
+            let vp = vals.as_ptr();
+            let wp = scores.as_ptr().add(t0 * NH);
+            for t in 0..tn {
+                let row = vp.add(t * kvd);
+                let w = wp.add(t * NH);
+                for b in 0..hb {
+                    sum[b] = _mm256_add_ps(sum[b], _mm256_loadu_ps(w.add(b * 8)));
+                }
+                for h in 0..NH {
+                    let v = _mm256_loadu_ps(row.add((h / group) * HD));
+                    acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, acc[h]);
+                }
+            }
+        }
+        let mut inv = [_mm256_setzero_ps(); NH];
+        for b in 0..hb {
+            inv[b] = _mm256_div_ps(_mm256_set1_ps(1.0), sum[b]);
+        }
+        let mut invs = [0f32; NH];
+        for b in 0..hb {
+            _mm256_storeu_ps(invs.as_mut_ptr().add(b * 8), inv[b]);
+        }
+        for h in 0..NH {
+            let r = _mm256_mul_ps(acc[h], _mm256_set1_ps(invs[h]));
+            _mm256_storeu_ps(out.as_mut_ptr().add(h * HD), r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::attention::Scratch;
+    use crate::config::{KvDtype, KvGeometry};
+    use crate::ids::RequestId;
+    use crate::kv::{KvPool, PoolConfig};
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(747796405).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// The head_dim-8 kernel against the generic AVX2 kernel on random
+    /// data: ragged lengths, every query length up to the written one
+    /// (prefill rows), page sizes 1, 16 and 64, f32/f16/bf16 KV, and every
+    /// head layout it has a kernel for. Same arithmetic in the same order:
+    /// the same bits.
+    #[test]
+    fn head_dim_8_kernel_equals_the_generic_kernel() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: this CPU lacks AVX2+FMA");
+            return;
+        }
+        let layouts = [(8, 4), (8, 1), (8, 2), (8, 8), (16, 2), (16, 16)];
+        let mut checked = 0;
+        for (li, &(nh, nkv)) in layouts.iter().enumerate() {
+            let shape = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: 8,
+            };
+            assert!(has_hd8_kernel(shape));
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+                for page in [1, 16, 64] {
+                    let geometry = KvGeometry {
+                        n_layers: 1,
+                        n_kv_heads: nkv,
+                        head_dim: 8,
+                        dtype,
+                    };
+                    let pool = KvPool::new(PoolConfig::new(geometry, page, 300)).unwrap();
+                    let lens = [1usize, 7, 33, 100];
+                    let kvd = shape.kv_dim();
+                    let seqs: Vec<_> = lens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &len)| {
+                            let mut s = pool.reserve(RequestId(i as u64), len).unwrap();
+                            let seed = (li * 100 + i) as u32;
+                            let k = data(len * kvd, seed);
+                            let v = data(len * kvd, seed + 50);
+                            s.append(0, &k, &v).unwrap();
+                            s
+                        })
+                        .collect();
+                    let reader = pool.reader();
+                    for (i, seq) in seqs.iter().enumerate() {
+                        let view = reader.seq(seq).unwrap().layer(0).unwrap();
+                        let q = data(shape.q_dim(), 7 + i as u32);
+                        for n_keys in 1..=lens[i] {
+                            let (mut a, mut b) = (vec![0f32; nh * 8], vec![1f32; nh * 8]);
+                            let (mut sa, mut sb) = (Scratch::default(), Scratch::default());
+                            // SAFETY: AVX2 and FMA were detected above.
+                            unsafe {
+                                attend_row(&q, &view, n_keys, shape, &mut a, &mut sa);
+                                attend_row_hd8(&q, &view, n_keys, shape, &mut b, &mut sb);
+                            }
+                            assert_eq!(
+                                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                "{nh}/{nkv} heads, {dtype:?}, page {page}, {n_keys} of {} keys",
+                                lens[i]
+                            );
+                            assert!(b.iter().all(|x| x.is_finite()));
+                            checked += 1;
+                        }
+                    }
+                    drop(reader);
+                    drop(seqs);
+                    assert!(pool.stats().is_full());
+                }
+            }
+        }
+        assert_eq!(checked, layouts.len() * 3 * 3 * (1 + 7 + 33 + 100));
+    }
 }
