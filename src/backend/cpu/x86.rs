@@ -15,7 +15,7 @@ use std::arch::x86_64::{
 use crate::backend::AttnShape;
 use crate::backend::cpu::attention::{self, Scratch, as_f32};
 use crate::backend::cpu::fastmath;
-use crate::backend::cpu::matmul::{Kernel, LANES, matmul_cols_k};
+use crate::backend::cpu::matmul::{Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
@@ -351,6 +351,148 @@ pub(crate) fn matmul_cols(
     }
 }
 
+/// See `matmul::matmul_packed`. Tiles of 6 activation rows x 2 panels (12
+/// accumulators: each step loads 2 weight registers and broadcasts 6
+/// activations); a single row goes in tiles of 1 row x 8 panels.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn matmul_packed(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    packed: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let np = n.div_ceil(PANEL);
+    if x.len() < m * k || packed.len() < np * k * PANEL || out.len() < m * n {
+        // Not reachable from the backend (shapes are checked).
+        return;
+    }
+    let p = Packed { x, k, packed, n };
+    let mut i = 0;
+    while i + 6 <= m {
+        p.band::<6>(i, np, out);
+        i += 6;
+    }
+    match m - i {
+        5 => p.band::<5>(i, np, out),
+        4 => p.band::<4>(i, np, out),
+        3 => p.band::<3>(i, np, out),
+        2 => p.band::<2>(i, np, out),
+        1 => {
+            // One row (single stream): eight panels per tile, so eight
+            // independent chains keep both FMA pipes busy.
+            let mut j = 0;
+            while j < np {
+                let nr = (np - j).min(8);
+                match nr {
+                    8 => p.tile::<1, 8>(i, j, out),
+                    7 => p.tile::<1, 7>(i, j, out),
+                    6 => p.tile::<1, 6>(i, j, out),
+                    5 => p.tile::<1, 5>(i, j, out),
+                    4 => p.tile::<1, 4>(i, j, out),
+                    3 => p.tile::<1, 3>(i, j, out),
+                    2 => p.tile::<1, 2>(i, j, out),
+                    _ => p.tile::<1, 1>(i, j, out),
+                }
+                j += nr;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The operands of one `matmul_packed` call (lengths checked there).
+struct Packed<'a> {
+    x: &'a [f32],
+    k: usize,
+    packed: &'a [f32],
+    n: usize,
+}
+
+impl Packed<'_> {
+    /// Rows `i0 .. i0 + MR` by every panel, in `MR x 2` tiles (at most 12
+    /// accumulators, 2 weight registers and a broadcast: all in the 16
+    /// registers, none spilled).
+    #[inline(always)]
+    fn band<const MR: usize>(&self, i0: usize, np: usize, out: &mut [f32]) {
+        let mut j = 0;
+        while j + 2 <= np {
+            self.tile::<MR, 2>(i0, j, out);
+            j += 2;
+        }
+        if j < np {
+            self.tile::<MR, 1>(i0, j, out);
+        }
+    }
+
+    /// Rows `i0 .. i0 + MR` by panels `p0 .. p0 + NR`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // registers indexed in step
+    fn tile<const MR: usize, const NR: usize>(&self, i0: usize, p0: usize, out: &mut [f32]) {
+        let k = self.k;
+        // SAFETY: AVX2 + FMA as for `Avx2::tile`. `matmul_packed` checked
+        // that x holds m rows of k, packed np panels of k * 8 and out m
+        // rows of n; callers pass `i0 + MR <= m` and `p0 + NR <= np`, so
+        // loads read row `i0 + i < m` at `t < k` and panel `p0 + r < np` at
+        // `t * 8 .. t * 8 + 8`; stores write columns below n of those rows.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+            let xp = self.x.as_ptr().add(i0 * k);
+            let wp = self.packed.as_ptr().add(p0 * k * PANEL);
+            for t in 0..k {
+                let mut w = [_mm256_setzero_ps(); NR];
+                for r in 0..NR {
+                    w[r] = _mm256_loadu_ps(wp.add(r * k * PANEL + t * PANEL));
+                }
+                for i in 0..MR {
+                    let xb = _mm256_broadcast_ss(&*xp.add(i * k + t));
+                    for r in 0..NR {
+                        acc[i][r] = _mm256_fmadd_ps(xb, w[r], acc[i][r]);
+                    }
+                }
+            }
+            for i in 0..MR {
+                let row = (i0 + i) * self.n;
+                for r in 0..NR {
+                    let c = (p0 + r) * PANEL;
+                    if c + PANEL <= self.n {
+                        _mm256_storeu_ps(out.as_mut_ptr().add(row + c), acc[i][r]);
+                    } else {
+                        let mut tmp = [0f32; PANEL];
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), acc[i][r]);
+                        out[row + c..row + self.n].copy_from_slice(&tmp[..self.n - c]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `ops::swiglu` eight lanes at a time: the same operations (through
+/// [`exp8`]), so the same bits.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let (g8, _) = gate[..n].as_chunks_mut::<LANES>();
+    let (u8, _) = up[..n].as_chunks::<LANES>();
+    for (g, u) in g8.iter_mut().zip(u8) {
+        // SAFETY: AVX2 as for `Avx2::tile`; loads and stores of 8-float
+        // arrays.
+        unsafe {
+            let v = _mm256_loadu_ps(g.as_ptr());
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+            let r = _mm256_mul_ps(
+                _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e)),
+                _mm256_loadu_ps(u.as_ptr()),
+            );
+            _mm256_storeu_ps(g.as_mut_ptr(), r);
+        }
+    }
+    let done = n - n % LANES;
+    crate::backend::cpu::ops::swiglu(&mut gate[done..n], &up[done..n]);
+}
+
 /// See `attention::attend_row`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn attend_row(
@@ -567,6 +709,30 @@ mod tests {
                 (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
             })
             .collect()
+    }
+
+    #[test]
+    fn swiglu_eight_lanes_gives_the_scalar_bits() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        for n in [0, 1, 7, 8, 172, 175] {
+            let mut g = data(n, 3);
+            g.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x *= (i % 50) as f32);
+            let u = data(n, 4);
+            let mut want = g.clone();
+            crate::backend::cpu::ops::swiglu(&mut want, &u);
+            // SAFETY: AVX2 and FMA were detected above.
+            unsafe { swiglu(&mut g, &u) };
+            assert_eq!(
+                g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 
     /// The head_dim-8 kernel against the generic AVX2 kernel on random
