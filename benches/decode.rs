@@ -283,10 +283,16 @@ fn bench(w: ModelWeights, plan: &Plan) {
     // profiling with perf).
     if std::env::var("HANDOFF_BENCH_ATTN").is_ok() {
         let m = Model::new(backend(), w).unwrap();
+        // HANDOFF_BENCH_ATTN_SEQS=N: N sequences instead of 32 (fewer fit
+        // in L2, which separates cache misses from arithmetic).
+        let seqs = std::env::var("HANDOFF_BENCH_ATTN_SEQS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(32);
         for _ in 0..20 {
             say(format!(
                 "{:.2} ns per (position, head)",
-                attention_ns(m.config(), 32, 128)
+                attention_ns(m.config(), seqs, 128)
             ));
         }
         return;

@@ -6,9 +6,9 @@
 
 use std::arch::x86_64::{
     __m256, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss, _mm256_castps_si256,
-    _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_hadd_ps, _mm256_loadu_ps,
-    _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
+    _mm256_min_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
     _mm256_sub_ps,
 };
 
@@ -40,15 +40,28 @@ fn tree(v: __m256) -> f32 {
 fn reduce8(v: &[__m256; 8]) -> __m256 {
     // SAFETY: pure register arithmetic; AVX is available in every caller.
     unsafe {
-        let ab = _mm256_hadd_ps(v[0], v[1]);
-        let cd = _mm256_hadd_ps(v[2], v[3]);
-        let ef = _mm256_hadd_ps(v[4], v[5]);
-        let gh = _mm256_hadd_ps(v[6], v[7]);
-        let abcd = _mm256_hadd_ps(ab, cd);
-        let efgh = _mm256_hadd_ps(ef, gh);
+        let ab = hadd(v[0], v[1]);
+        let cd = hadd(v[2], v[3]);
+        let ef = hadd(v[4], v[5]);
+        let gh = hadd(v[6], v[7]);
+        let abcd = hadd(ab, cd);
+        let efgh = hadd(ef, gh);
         let lo = _mm256_permute2f128_ps::<0x20>(abcd, efgh);
         let hi = _mm256_permute2f128_ps::<0x31>(abcd, efgh);
         _mm256_add_ps(lo, hi)
+    }
+}
+
+/// `_mm256_hadd_ps(a, b)` (`[a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, ...]`)
+/// as two single-uop shuffles and an add: the same sums (addition
+/// commutes bit for bit), where `vhaddps` costs several uops.
+#[inline(always)]
+fn hadd(a: __m256, b: __m256) -> __m256 {
+    // SAFETY: pure register arithmetic; AVX is available in every caller.
+    unsafe {
+        let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+        _mm256_add_ps(even, odd)
     }
 }
 
@@ -601,8 +614,10 @@ fn hd8<const NH: usize, const NKV: usize>(
     let ps = kv.page_size().max(1);
     let n_pages = n.div_ceil(ps);
     let Scratch { scores, conv, .. } = s;
-    scores.clear();
-    scores.resize(n * NH, 0.0);
+    // Grow only, no clearing: every score read below is written first.
+    if scores.len() < n * NH {
+        scores.resize(n * NH, 0.0);
+    }
     let scale = 1.0 / (HD as f32).sqrt();
     // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. q holds
     // NH heads of 8 and out NH heads of 8 (checked above); `scores` holds
