@@ -284,15 +284,23 @@ fn bench(w: ModelWeights, plan: &Plan) {
     if std::env::var("HANDOFF_BENCH_ATTN").is_ok() {
         let m = Model::new(backend(), w).unwrap();
         // HANDOFF_BENCH_ATTN_SEQS=N: N sequences instead of 32 (fewer fit
-        // in L2, which separates cache misses from arithmetic).
-        let seqs = std::env::var("HANDOFF_BENCH_ATTN_SEQS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(32);
+        // in L2, which separates cache misses from arithmetic);
+        // HANDOFF_BENCH_ATTN_CTX=N: N positions instead of 128 (separates
+        // the per-call cost from the per-position one).
+        let knob = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let (seqs, ctx) = (
+            knob("HANDOFF_BENCH_ATTN_SEQS", 32),
+            knob("HANDOFF_BENCH_ATTN_CTX", 128),
+        );
         for _ in 0..20 {
             say(format!(
                 "{:.2} ns per (position, head)",
-                attention_ns(m.config(), seqs, 128)
+                attention_ns(m.config(), seqs, ctx)
             ));
         }
         return;
