@@ -322,7 +322,13 @@ impl Backend for CpuBackend {
         rows_of("rms_norm", x.len(), d)?;
         resize(out, x.len());
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            ops::rms_norm_row(xr, &weight.data, eps, or);
+            match self.isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+                // CPU reported AVX2 and FMA.
+                Isa::Avx2Fma => unsafe { x86::rms_norm_row(xr, &weight.data, eps, or) },
+                _ => ops::rms_norm_row(xr, &weight.data, eps, or),
+            }
         }
         Ok(())
     }
