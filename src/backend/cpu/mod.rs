@@ -427,7 +427,7 @@ impl Backend for CpuBackend {
                 positions.len(),
             ));
         }
-        ops::rope_rows(x, positions, rope);
+        ops::rope_rows(self.isa, x, positions, rope);
         Ok(())
     }
 

@@ -7,9 +7,9 @@
 use std::arch::x86_64::{
     __m256, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss, _mm256_castps_si256,
     _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
-    _mm256_min_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
-    _mm256_sub_ps,
+    _mm256_min_ps, _mm256_mul_ps, _mm256_permute_ps, _mm256_permute2f128_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32,
+    _mm256_storeu_ps, _mm256_sub_epi32, _mm256_sub_ps,
 };
 
 use crate::backend::AttnShape;
@@ -527,6 +527,45 @@ pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// Head dims [`rope_interleaved_row`] takes: whole registers.
+pub(crate) fn rope_fits(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(LANES)
+}
+
+/// The interleaved (adjacent pairs) rotation of `ops::rope_rows` for one
+/// row, every head: `(x0, x1) -> (x0 c - x1 s, x0 s + x1 c)` as
+/// `x * [c, c, ..] + swap_pairs(x) * [-s, s, ..]`: the same products, the
+/// same (commuted) sums, so the same bits. `cs` holds `head_dim / 2`
+/// pairs `(cos, sin)`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn rope_interleaved_row(row: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+    let chunks = head_dim / LANES;
+    if !rope_fits(head_dim) || cs.len() < head_dim / 2 {
+        return;
+    }
+    let heads = row.len() / head_dim;
+    for j in 0..chunks {
+        let p = &cs[4 * j..4 * j + 4];
+        // SAFETY: AVX as for `Avx2::tile`; every head's chunk j lies in the
+        // row (`h < row.len() / head_dim`, `j < head_dim / 8`).
+        unsafe {
+            let c = _mm256_setr_ps(
+                p[0].0, p[0].0, p[1].0, p[1].0, p[2].0, p[2].0, p[3].0, p[3].0,
+            );
+            let s = _mm256_setr_ps(
+                -p[0].1, p[0].1, -p[1].1, p[1].1, -p[2].1, p[2].1, -p[3].1, p[3].1,
+            );
+            for h in 0..heads {
+                let x = row.as_mut_ptr().add(h * head_dim + j * LANES);
+                let v = _mm256_loadu_ps(x);
+                let swapped = _mm256_permute_ps::<0b10_11_00_01>(v);
+                let r = _mm256_add_ps(_mm256_mul_ps(v, c), _mm256_mul_ps(swapped, s));
+                _mm256_storeu_ps(x, r);
+            }
+        }
+    }
+}
+
 /// `ops::swiglu` eight lanes at a time: the same operations (through
 /// [`exp8`]), so the same bits.
 #[target_feature(enable = "avx2,fma")]
@@ -790,6 +829,36 @@ mod tests {
                 got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn rope_eight_lanes_gives_the_scalar_bits() {
+        use crate::backend::Rope;
+        use crate::backend::cpu::{Isa, ops};
+        use crate::model::RopeStyle;
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        for (n_heads, head_dim) in [(8, 8), (4, 16), (2, 64)] {
+            let r = Rope {
+                n_heads,
+                head_dim,
+                theta: 10000.0,
+                style: RopeStyle::Interleaved,
+            };
+            let positions = [0usize, 1, 7, 300, 5000];
+            let x = data(positions.len() * n_heads * head_dim, 11);
+            let (mut a, mut b) = (x.clone(), x);
+            ops::rope_rows(Isa::Portable, &mut a, &positions, r);
+            ops::rope_rows(Isa::Avx2Fma, &mut b, &positions, r);
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{n_heads} heads of {head_dim}"
             );
         }
     }
