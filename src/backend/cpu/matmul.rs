@@ -291,7 +291,6 @@ pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
 /// output element is one chain of fused multiply-adds over `t = 0..k` in
 /// order, whichever tile computes it, so rows are bit-identical alone or
 /// batched.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_packed(
     isa: Isa,
     x: &[f32],
