@@ -94,11 +94,22 @@ struct Rate {
 }
 
 /// `reps` times: prefills `batch` sequences, runs one untimed warm-up
-/// step, then times `steps` batched decode steps.
+/// step, then times `steps` batched decode steps. One pool serves every
+/// repetition, after an untimed one: the first touch of a fresh arena's
+/// memory (page faults, a few percent of a step) is a cost of creating a
+/// pool, not of decoding, and a serving engine reuses its pool's pages.
 fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize, reps: usize) -> Rate {
+    let total = prompt_len + steps + 1;
+    let pool = KvPool::new(PoolConfig::new(
+        m.kv_geometry(KvDtype::F32),
+        16,
+        batch * total.div_ceil(16),
+    ))
+    .unwrap();
+    let _ = decode_once(m, &pool, batch, prompt_len, steps);
     let (mut wall, mut cpu, mut n) = (Duration::ZERO, Duration::ZERO, 0usize);
     for _ in 0..reps {
-        let (w, c) = decode_once(m, batch, prompt_len, steps);
+        let (w, c) = decode_once(m, &pool, batch, prompt_len, steps);
         wall += w;
         cpu += c;
         n += batch * steps;
@@ -110,14 +121,14 @@ fn decode_rate(m: &Model, batch: usize, prompt_len: usize, steps: usize, reps: u
 }
 
 /// One prefill, one warm-up step, then `steps` timed steps: (wall, CPU).
-fn decode_once(m: &Model, batch: usize, prompt_len: usize, steps: usize) -> (Duration, Duration) {
+fn decode_once(
+    m: &Model,
+    pool: &KvPool,
+    batch: usize,
+    prompt_len: usize,
+    steps: usize,
+) -> (Duration, Duration) {
     let total = prompt_len + steps + 1;
-    let pool = KvPool::new(PoolConfig::new(
-        m.kv_geometry(KvDtype::F32),
-        16,
-        batch * total.div_ceil(16),
-    ))
-    .unwrap();
     let mut s = m.scratch();
     let vocab = m.config().vocab_size;
     // One batched prefill for all sequences.
@@ -283,10 +294,24 @@ fn bench(w: ModelWeights, plan: &Plan) {
     // profiling with perf).
     if std::env::var("HANDOFF_BENCH_ATTN").is_ok() {
         let m = Model::new(backend(), w).unwrap();
+        // HANDOFF_BENCH_ATTN_SEQS=N: N sequences instead of 32 (fewer fit
+        // in L2, which separates cache misses from arithmetic);
+        // HANDOFF_BENCH_ATTN_CTX=N: N positions instead of 128 (separates
+        // the per-call cost from the per-position one).
+        let knob = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let (seqs, ctx) = (
+            knob("HANDOFF_BENCH_ATTN_SEQS", 32),
+            knob("HANDOFF_BENCH_ATTN_CTX", 128),
+        );
         for _ in 0..20 {
             say(format!(
                 "{:.2} ns per (position, head)",
-                attention_ns(m.config(), 32, 128)
+                attention_ns(m.config(), seqs, ctx)
             ));
         }
         return;

@@ -17,14 +17,14 @@ use crate::kv::{KvSlice, LayerView};
 #[derive(Default)]
 pub(crate) struct Scratch {
     /// `[n_keys][n_heads]`: one position's scores for all heads together.
-    scores: Vec<f32>,
+    pub(crate) scores: Vec<f32>,
     /// Per-head running max, then per-head 1/sum.
     head: Vec<f32>,
     /// The query, pre-scaled by 1/sqrt(head_dim).
     q: Vec<f32>,
     /// Per query head, the offset of its KV head in a K/V row.
     koff: Vec<usize>,
-    conv: Vec<f32>,
+    pub(crate) conv: Vec<f32>,
 }
 
 thread_local! {
@@ -32,7 +32,7 @@ thread_local! {
 }
 
 /// Rows `[tokens_in_page, kv_dim]` as f32, converting when stored narrower.
-fn as_f32<'a>(s: KvSlice<'a>, conv: &'a mut Vec<f32>) -> &'a [f32] {
+pub(crate) fn as_f32<'a>(s: KvSlice<'a>, conv: &'a mut Vec<f32>) -> &'a [f32] {
     match s {
         KvSlice::F32(v) => v,
         other => {
@@ -56,6 +56,13 @@ pub(crate) fn attend_row(
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Fma if crate::backend::cpu::x86::has_hd8_kernel(shape) => {
+                // SAFETY: as below (AVX2 and FMA were detected).
+                unsafe {
+                    crate::backend::cpu::x86::attend_row_hd8(q, kv, n_keys, shape, out, &mut s)
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Fma => {
                 // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the

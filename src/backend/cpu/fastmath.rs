@@ -2,29 +2,39 @@
 //! polynomial, about 1 ulp on the reduced range). Softmax and SiLU spend
 //! most of their time in `exp`; libm's scalar call is several times slower.
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
-const ROUND: f32 = 12_582_912.0;
+pub(crate) const ROUND: f32 = 12_582_912.0;
+/// The clamp of the argument.
+pub(crate) const EXP_MIN: f32 = -87.3;
+pub(crate) const EXP_MAX: f32 = 88.3;
+/// The polynomial's coefficients, highest degree first.
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
 
 /// `e^x`, clamped to the normal f32 range (`exp(-100)` gives ~1e-38, not 0;
 /// `exp(100)` gives ~2e38, not infinity).
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    let x = x.clamp(-87.3, 88.3);
+    let x = x.clamp(EXP_MIN, EXP_MAX);
     let big = x * LOG2E + ROUND;
     // The rounded integer sits in the low mantissa bits of `big`: integer
     // arithmetic on the bits (a float-to-int cast would not vectorise).
     let ni = big.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     let n = big - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = p * r + c;
+    }
     let e = p * r * r + r + 1.0;
     e * f32::from_bits(((ni + 127) as u32) << 23)
 }

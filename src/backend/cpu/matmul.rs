@@ -259,6 +259,70 @@ pub(crate) fn matmul_cols(
     }
 }
 
+/// Weight panels: columns (output features) in groups of [`LANES`], each
+/// group stored `[k][LANES]` (zero-padded past `n`), so a kernel reads one
+/// register of eight outputs' weights per step of the shared dimension.
+pub(crate) const PANEL: usize = LANES;
+
+/// Dot products at most this long use packed panels (on AVX2): there the
+/// row-major tiles' horizontal reductions weigh as much as the
+/// multiply-adds. Longer ones (large models) keep the row-major tiles.
+pub(crate) const PACK_MAX_K: usize = 256;
+
+/// Whether a `[rows, cols]` weight is packed (AVX2 backends only).
+pub(crate) fn packs(rows: usize, cols: usize) -> bool {
+    rows > 1 && cols > 0 && cols < PACK_MAX_K
+}
+
+/// `w: [n, k]` row-major into panels (see [`PANEL`]).
+pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let panels = n.div_ceil(PANEL);
+    let mut out = vec![0f32; panels * k * PANEL];
+    for (j, row) in w.chunks_exact(k).take(n).enumerate() {
+        let base = (j / PANEL) * k * PANEL + j % PANEL;
+        for (t, &v) in row.iter().enumerate() {
+            out[base + t * PANEL] = v;
+        }
+    }
+    out
+}
+
+/// `out = x · Wᵀ` (`x: [m, k]`, `out: [m, n]`) from packed panels. Each
+/// output element is one chain of fused multiply-adds over `t = 0..k` in
+/// order, whichever tile computes it, so rows are bit-identical alone or
+/// batched.
+pub(crate) fn matmul_packed(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    packed: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => {
+            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+            // reported AVX2 and FMA (`CpuBackend::build` validates it).
+            unsafe { crate::backend::cpu::x86::matmul_packed(x, m, k, packed, n, out) }
+        }
+        // Only AVX2 backends pack; stay correct regardless.
+        _ => {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0f32;
+                    for t in 0..k {
+                        s = x[i * k + t]
+                            .mul_add(packed[(j / PANEL) * k * PANEL + t * PANEL + j % PANEL], s);
+                    }
+                    out[i * n + j] = s;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +373,45 @@ mod tests {
                     let mut one = vec![0f32; n];
                     matmul_cols(isa, &x[i * k..(i + 1) * k], 1, k, &w, 0..n, &mut one, n, 1);
                     assert_eq!(one, out[i * n..(i + 1) * n]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_panels_match_naive_and_every_row_is_the_same_alone_or_batched() {
+        // Every tile shape: bands of 6, 5..2 rows, a single row; panel
+        // counts odd and even, a last panel cut short (n not a multiple of
+        // 8); k short and up to the packing limit.
+        for isa in Isa::available() {
+            for (k, n) in [
+                (1, 1),
+                (7, 5),
+                (64, 32),
+                (64, 172),
+                (172, 64),
+                (255, 9),
+                (64, 512),
+            ] {
+                assert!(packs(n, k) || n == 1);
+                let w = data(n * k, 5);
+                let p = pack(&w, n, k);
+                for m in [1, 2, 3, 4, 5, 6, 7, 13, 16] {
+                    let x = data(m * k, 6 + m as u32);
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul_packed(isa, &x, m, k, &p, n, &mut out);
+                    let want = naive(&x, m, k, &w, n);
+                    for (a, b) in out.iter().zip(&want) {
+                        assert!(
+                            (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                            "{isa:?} {m}x{k}x{n}: {a} vs {b}"
+                        );
+                    }
+                    for i in 0..m {
+                        let mut one = vec![f32::NAN; n];
+                        matmul_packed(isa, &x[i * k..(i + 1) * k], 1, k, &p, n, &mut one);
+                        assert_eq!(one, out[i * n..(i + 1) * n], "{isa:?} row {i} of {m}");
+                    }
                 }
             }
         }

@@ -42,6 +42,10 @@ pub struct CpuMat {
     data: Vec<f32>,
     rows: usize,
     cols: usize,
+    /// The same weights in column panels for the AVX2 kernel of short dot
+    /// products (see [`matmul::pack`]); `None` where the row-major tiles
+    /// are used.
+    packed: Option<Vec<f32>>,
 }
 
 impl CpuMat {
@@ -262,7 +266,14 @@ impl Backend for CpuBackend {
         if data.len() != want {
             return Err(shape_err("upload", "rows * cols", want, data.len()));
         }
-        Ok(CpuMat { data, rows, cols })
+        let packed = (self.isa == Isa::Avx2Fma && matmul::packs(rows, cols))
+            .then(|| matmul::pack(&data, rows, cols));
+        Ok(CpuMat {
+            data,
+            rows,
+            cols,
+            packed,
+        })
     }
 
     fn shape(&self, m: &CpuMat) -> (usize, usize) {
@@ -311,7 +322,13 @@ impl Backend for CpuBackend {
         rows_of("rms_norm", x.len(), d)?;
         resize(out, x.len());
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            ops::rms_norm_row(xr, &weight.data, eps, or);
+            match self.isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+                // CPU reported AVX2 and FMA.
+                Isa::Avx2Fma => unsafe { x86::rms_norm_row(xr, &weight.data, eps, or) },
+                _ => ops::rms_norm_row(xr, &weight.data, eps, or),
+            }
         }
         Ok(())
     }
@@ -321,6 +338,22 @@ impl Backend for CpuBackend {
         let m = rows_of("matmul", x.len(), k)?;
         resize(out, m * n);
         let work = m.saturating_mul(n).saturating_mul(k);
+        if let Some(packed) = &w.packed {
+            // Small weights (cache-resident): threads split the activation
+            // rows, each reading all of the weights.
+            let per = m.div_ceil(self.threads * 4).max(1);
+            match self.par_pool(work).filter(|_| m > 1) {
+                Some(pool) => pool.install(|| {
+                    out.par_chunks_mut(per * n)
+                        .zip(x.par_chunks(per * k))
+                        .for_each(|(o, xs)| {
+                            matmul::matmul_packed(self.isa, xs, xs.len() / k, k, packed, n, o)
+                        })
+                }),
+                None => matmul::matmul_packed(self.isa, x, m, k, packed, n, out),
+            }
+            return Ok(());
+        }
         let Some(pool) = self.par_pool(work) else {
             matmul::matmul_cols(self.isa, x, m, k, &w.data, 0..n, out, n, 1);
             return Ok(());
@@ -394,7 +427,7 @@ impl Backend for CpuBackend {
                 positions.len(),
             ));
         }
-        ops::rope_rows(x, positions, rope);
+        ops::rope_rows(self.isa, x, positions, rope);
         Ok(())
     }
 
@@ -402,7 +435,13 @@ impl Backend for CpuBackend {
         if gate.len() != up.len() {
             return Err(shape_err("swiglu", "lengths", gate.len(), up.len()));
         }
-        ops::swiglu(gate, up);
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+            // reported AVX2 and FMA.
+            Isa::Avx2Fma => unsafe { x86::swiglu(gate, up) },
+            _ => ops::swiglu(gate, up),
+        }
         Ok(())
     }
 

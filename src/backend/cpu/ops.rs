@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 
 use crate::backend::Rope;
+use crate::backend::cpu::Isa;
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::matmul::dot;
 use crate::model::RopeStyle;
@@ -34,7 +35,7 @@ thread_local! {
 
 /// Rotates every head of row `i` of `x` (`[positions.len(), n_heads *
 /// head_dim]`) for position `positions[i]`.
-pub(crate) fn rope_rows(x: &mut [f32], positions: &[usize], r: Rope) {
+pub(crate) fn rope_rows(isa: Isa, x: &mut [f32], positions: &[usize], r: Rope) {
     let half = r.head_dim / 2;
     let width = r.n_heads * r.head_dim;
     ROPE.with(|t| {
@@ -58,6 +59,17 @@ pub(crate) fn rope_rows(x: &mut [f32], positions: &[usize], r: Rope) {
             .chunks_exact_mut(width)
             .zip(t.cs.chunks_exact(half.max(1)))
         {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2Fma
+                && r.style == RopeStyle::Interleaved
+                && crate::backend::cpu::x86::rope_fits(r.head_dim)
+            {
+                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+                // CPU reported AVX2 and FMA.
+                unsafe { crate::backend::cpu::x86::rope_interleaved_row(row, r.head_dim, cs) };
+                continue;
+            }
+            let _ = isa;
             for head in row.chunks_exact_mut(r.head_dim) {
                 for (i, &(c, s)) in cs.iter().enumerate() {
                     let (a, b) = match r.style {

@@ -5,13 +5,17 @@
 //! `CpuBackend` calls only after `Isa::detect` saw AVX2 and FMA.
 
 use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_hadd_ps, _mm256_loadu_ps,
-    _mm256_permute2f128_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    __m256, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss, _mm256_castps_si256,
+    _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
+    _mm256_min_ps, _mm256_mul_ps, _mm256_permute_ps, _mm256_permute2f128_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32,
+    _mm256_storeu_ps, _mm256_sub_epi32, _mm256_sub_ps,
 };
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attention::{self, Scratch};
-use crate::backend::cpu::matmul::{Kernel, LANES, matmul_cols_k};
+use crate::backend::cpu::attention::{self, Scratch, as_f32};
+use crate::backend::cpu::fastmath;
+use crate::backend::cpu::matmul::{Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
@@ -36,15 +40,28 @@ fn tree(v: __m256) -> f32 {
 fn reduce8(v: &[__m256; 8]) -> __m256 {
     // SAFETY: pure register arithmetic; AVX is available in every caller.
     unsafe {
-        let ab = _mm256_hadd_ps(v[0], v[1]);
-        let cd = _mm256_hadd_ps(v[2], v[3]);
-        let ef = _mm256_hadd_ps(v[4], v[5]);
-        let gh = _mm256_hadd_ps(v[6], v[7]);
-        let abcd = _mm256_hadd_ps(ab, cd);
-        let efgh = _mm256_hadd_ps(ef, gh);
+        let ab = hadd(v[0], v[1]);
+        let cd = hadd(v[2], v[3]);
+        let ef = hadd(v[4], v[5]);
+        let gh = hadd(v[6], v[7]);
+        let abcd = hadd(ab, cd);
+        let efgh = hadd(ef, gh);
         let lo = _mm256_permute2f128_ps::<0x20>(abcd, efgh);
         let hi = _mm256_permute2f128_ps::<0x31>(abcd, efgh);
         _mm256_add_ps(lo, hi)
+    }
+}
+
+/// `_mm256_hadd_ps(a, b)` (`[a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, ...]`)
+/// as two single-uop shuffles and an add: the same sums (addition
+/// commutes bit for bit), where `vhaddps` costs several uops.
+#[inline(always)]
+fn hadd(a: __m256, b: __m256) -> __m256 {
+    // SAFETY: pure register arithmetic; AVX is available in every caller.
+    unsafe {
+        let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+        _mm256_add_ps(even, odd)
     }
 }
 
@@ -347,6 +364,232 @@ pub(crate) fn matmul_cols(
     }
 }
 
+/// See `matmul::matmul_packed`. Tiles of 6 activation rows x 2 panels (12
+/// accumulators: each step loads 2 weight registers and broadcasts 6
+/// activations); a single row goes in tiles of 1 row x 8 panels.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn matmul_packed(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    packed: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let np = n.div_ceil(PANEL);
+    if x.len() < m * k || packed.len() < np * k * PANEL || out.len() < m * n {
+        // Not reachable from the backend (shapes are checked).
+        return;
+    }
+    let p = Packed { x, k, packed, n };
+    let mut i = 0;
+    while i + 6 <= m {
+        p.band::<6>(i, np, out);
+        i += 6;
+    }
+    match m - i {
+        5 => p.band::<5>(i, np, out),
+        4 => p.band::<4>(i, np, out),
+        3 => p.band::<3>(i, np, out),
+        2 => p.band::<2>(i, np, out),
+        1 => {
+            // One row (single stream): eight panels per tile, so eight
+            // independent chains keep both FMA pipes busy.
+            let mut j = 0;
+            while j < np {
+                let nr = (np - j).min(8);
+                match nr {
+                    8 => p.tile::<1, 8>(i, j, out),
+                    7 => p.tile::<1, 7>(i, j, out),
+                    6 => p.tile::<1, 6>(i, j, out),
+                    5 => p.tile::<1, 5>(i, j, out),
+                    4 => p.tile::<1, 4>(i, j, out),
+                    3 => p.tile::<1, 3>(i, j, out),
+                    2 => p.tile::<1, 2>(i, j, out),
+                    _ => p.tile::<1, 1>(i, j, out),
+                }
+                j += nr;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The operands of one `matmul_packed` call (lengths checked there).
+struct Packed<'a> {
+    x: &'a [f32],
+    k: usize,
+    packed: &'a [f32],
+    n: usize,
+}
+
+impl Packed<'_> {
+    /// Rows `i0 .. i0 + MR` by every panel, in `MR x 2` tiles (at most 12
+    /// accumulators, 2 weight registers and a broadcast: all in the 16
+    /// registers, none spilled).
+    #[inline(always)]
+    fn band<const MR: usize>(&self, i0: usize, np: usize, out: &mut [f32]) {
+        let mut j = 0;
+        while j + 2 <= np {
+            self.tile::<MR, 2>(i0, j, out);
+            j += 2;
+        }
+        if j < np {
+            self.tile::<MR, 1>(i0, j, out);
+        }
+    }
+
+    /// Rows `i0 .. i0 + MR` by panels `p0 .. p0 + NR`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // registers indexed in step
+    fn tile<const MR: usize, const NR: usize>(&self, i0: usize, p0: usize, out: &mut [f32]) {
+        let k = self.k;
+        // SAFETY: AVX2 + FMA as for `Avx2::tile`. `matmul_packed` checked
+        // that x holds m rows of k, packed np panels of k * 8 and out m
+        // rows of n; callers pass `i0 + MR <= m` and `p0 + NR <= np`, so
+        // loads read row `i0 + i < m` at `t < k` and panel `p0 + r < np` at
+        // `t * 8 .. t * 8 + 8`; stores write columns below n of those rows.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+            let xp = self.x.as_ptr().add(i0 * k);
+            let wp = self.packed.as_ptr().add(p0 * k * PANEL);
+            for t in 0..k {
+                let mut w = [_mm256_setzero_ps(); NR];
+                for r in 0..NR {
+                    w[r] = _mm256_loadu_ps(wp.add(r * k * PANEL + t * PANEL));
+                }
+                for i in 0..MR {
+                    let xb = _mm256_broadcast_ss(&*xp.add(i * k + t));
+                    for r in 0..NR {
+                        acc[i][r] = _mm256_fmadd_ps(xb, w[r], acc[i][r]);
+                    }
+                }
+            }
+            for i in 0..MR {
+                let row = (i0 + i) * self.n;
+                for r in 0..NR {
+                    let c = (p0 + r) * PANEL;
+                    if c + PANEL <= self.n {
+                        _mm256_storeu_ps(out.as_mut_ptr().add(row + c), acc[i][r]);
+                    } else {
+                        let mut tmp = [0f32; PANEL];
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), acc[i][r]);
+                        out[row + c..row + self.n].copy_from_slice(&tmp[..self.n - c]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `ops::rms_norm_row` with eight-lane registers: the portable dot
+/// product's lanes and reduction (separate multiply and add), then the
+/// same scaling, so the same bits.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len().min(w.len()).min(out.len());
+    let (x8, xt) = x[..n].as_chunks::<LANES>();
+    let mut lanes = [0f32; LANES];
+    // SAFETY (both blocks): AVX as for `Avx2::tile`; loads and stores of
+    // 8-float arrays.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for c in x8 {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    }
+    let mut ss = crate::backend::cpu::matmul::reduce(&lanes);
+    for &v in xt {
+        ss += v * v;
+    }
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    let done = n - n % LANES;
+    for ((o, xc), wc) in out[..done]
+        .as_chunks_mut::<LANES>()
+        .0
+        .iter_mut()
+        .zip(x8)
+        .zip(w[..done].as_chunks::<LANES>().0)
+    {
+        // SAFETY: see above.
+        unsafe {
+            let r = _mm256_mul_ps(
+                _mm256_loadu_ps(wc.as_ptr()),
+                _mm256_mul_ps(_mm256_loadu_ps(xc.as_ptr()), _mm256_set1_ps(inv)),
+            );
+            _mm256_storeu_ps(o.as_mut_ptr(), r);
+        }
+    }
+    for ((o, &xi), &wi) in out[done..n].iter_mut().zip(&x[done..n]).zip(&w[done..n]) {
+        *o = wi * (xi * inv);
+    }
+}
+
+/// Head dims [`rope_interleaved_row`] takes: whole registers.
+pub(crate) fn rope_fits(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(LANES)
+}
+
+/// The interleaved (adjacent pairs) rotation of `ops::rope_rows` for one
+/// row, every head: `(x0, x1) -> (x0 c - x1 s, x0 s + x1 c)` as
+/// `x * [c, c, ..] + swap_pairs(x) * [-s, s, ..]`: the same products, the
+/// same (commuted) sums, so the same bits. `cs` holds `head_dim / 2`
+/// pairs `(cos, sin)`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn rope_interleaved_row(row: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+    let chunks = head_dim / LANES;
+    if !rope_fits(head_dim) || cs.len() < head_dim / 2 {
+        return;
+    }
+    let heads = row.len() / head_dim;
+    for j in 0..chunks {
+        let p = &cs[4 * j..4 * j + 4];
+        // SAFETY: AVX as for `Avx2::tile`; every head's chunk j lies in the
+        // row (`h < row.len() / head_dim`, `j < head_dim / 8`).
+        unsafe {
+            let c = _mm256_setr_ps(
+                p[0].0, p[0].0, p[1].0, p[1].0, p[2].0, p[2].0, p[3].0, p[3].0,
+            );
+            let s = _mm256_setr_ps(
+                -p[0].1, p[0].1, -p[1].1, p[1].1, -p[2].1, p[2].1, -p[3].1, p[3].1,
+            );
+            for h in 0..heads {
+                let x = row.as_mut_ptr().add(h * head_dim + j * LANES);
+                let v = _mm256_loadu_ps(x);
+                let swapped = _mm256_permute_ps::<0b10_11_00_01>(v);
+                let r = _mm256_add_ps(_mm256_mul_ps(v, c), _mm256_mul_ps(swapped, s));
+                _mm256_storeu_ps(x, r);
+            }
+        }
+    }
+}
+
+/// `ops::swiglu` eight lanes at a time: the same operations (through
+/// [`exp8`]), so the same bits.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let (g8, _) = gate[..n].as_chunks_mut::<LANES>();
+    let (u8, _) = up[..n].as_chunks::<LANES>();
+    for (g, u) in g8.iter_mut().zip(u8) {
+        // SAFETY: AVX2 as for `Avx2::tile`; loads and stores of 8-float
+        // arrays.
+        unsafe {
+            let v = _mm256_loadu_ps(g.as_ptr());
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+            let r = _mm256_mul_ps(
+                _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e)),
+                _mm256_loadu_ps(u.as_ptr()),
+            );
+            _mm256_storeu_ps(g.as_mut_ptr(), r);
+        }
+    }
+    let done = n - n % LANES;
+    crate::backend::cpu::ops::swiglu(&mut gate[done..n], &up[done..n]);
+}
+
 /// See `attention::attend_row`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn attend_row(
@@ -358,4 +601,366 @@ pub(crate) fn attend_row(
     s: &mut Scratch,
 ) {
     attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s)
+}
+
+/// Whether [`attend_row_hd8`] has a kernel for this head layout.
+pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
+    shape.head_dim == LANES
+        && matches!(
+            (shape.n_heads, shape.n_kv_heads),
+            (8, 1 | 2 | 4 | 8) | (16, 1 | 2 | 4 | 8 | 16)
+        )
+}
+
+/// `attention::attend_row` for head_dim 8 and the head layouts of
+/// [`has_hd8_kernel`]: the same arithmetic as the generic kernel, in the
+/// same order (so the same bits), with the layout known at compile time.
+/// (Each kernel is inlined here, where AVX2 is enabled: a function pointer
+/// to one would be compiled without it.)
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn attend_row_hd8(
+    q: &[f32],
+    kv: &LayerView<'_>,
+    n_keys: usize,
+    shape: AttnShape,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    match (shape.n_heads, shape.n_kv_heads) {
+        (8, 1) => hd8::<8, 1>(q, kv, n_keys, out, s),
+        (8, 2) => hd8::<8, 2>(q, kv, n_keys, out, s),
+        (8, 4) => hd8::<8, 4>(q, kv, n_keys, out, s),
+        (8, 8) => hd8::<8, 8>(q, kv, n_keys, out, s),
+        (16, 1) => hd8::<16, 1>(q, kv, n_keys, out, s),
+        (16, 2) => hd8::<16, 2>(q, kv, n_keys, out, s),
+        (16, 4) => hd8::<16, 4>(q, kv, n_keys, out, s),
+        (16, 8) => hd8::<16, 8>(q, kv, n_keys, out, s),
+        (16, 16) => hd8::<16, 16>(q, kv, n_keys, out, s),
+        _ => attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s),
+    }
+}
+
+/// `e^x` on eight lanes: `fastmath::exp`'s operations in its order, so
+/// every lane gives its bits.
+#[inline(always)]
+fn exp8(x: __m256) -> __m256 {
+    // SAFETY: pure register arithmetic; AVX2 is available in every caller.
+    unsafe {
+        let x = _mm256_max_ps(
+            _mm256_set1_ps(fastmath::EXP_MIN),
+            _mm256_min_ps(_mm256_set1_ps(fastmath::EXP_MAX), x),
+        );
+        let round = _mm256_set1_ps(fastmath::ROUND);
+        let big = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(fastmath::LOG2E)), round);
+        let ni = _mm256_sub_epi32(_mm256_castps_si256(big), _mm256_castps_si256(round));
+        let n = _mm256_sub_ps(big, round);
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(fastmath::LN2_HI))),
+            _mm256_mul_ps(n, _mm256_set1_ps(fastmath::LN2_LO)),
+        );
+        let mut p = _mm256_set1_ps(fastmath::EXP_POLY[0]);
+        for &c in &fastmath::EXP_POLY[1..] {
+            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+        }
+        let e = _mm256_add_ps(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127)));
+        _mm256_mul_ps(e, _mm256_castsi256_ps(scale))
+    }
+}
+
+/// One attention row for `NH` query heads over `NKV` KV heads of 8: scores
+/// `[n_keys][NH]` (each position's heads reduced together by [`reduce8`],
+/// every K slice loaded once for its group), the softmax eight heads per
+/// register with positions in order, then the weighted sum of V with one
+/// accumulator per head kept in registers across all pages.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // registers indexed by head, in step
+fn hd8<const NH: usize, const NKV: usize>(
+    q: &[f32],
+    kv: &LayerView<'_>,
+    n_keys: usize,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    const HD: usize = LANES;
+    let kvd = NKV * HD;
+    let group = NH / NKV;
+    let hb = NH / LANES;
+    let n = n_keys.min(kv.len());
+    if n == 0 || kv.kv_dim() != kvd || q.len() < NH * HD || out.len() < NH * HD {
+        // Not reachable from the backend (shapes and lengths are checked).
+        out.fill(0.0);
+        return;
+    }
+    let ps = kv.page_size().max(1);
+    let n_pages = n.div_ceil(ps);
+    let Scratch { scores, conv, .. } = s;
+    // Grow only, no clearing: every score read below is written first.
+    if scores.len() < n * NH {
+        scores.resize(n * NH, 0.0);
+    }
+    let scale = 1.0 / (HD as f32).sqrt();
+    // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. q holds
+    // NH heads of 8 and out NH heads of 8 (checked above); `scores` holds
+    // n rows of NH; a page's rows are `kvd` wide and `tn` of them are
+    // read, where `tn * kvd <= rows.len()` is checked per page; each head
+    // reads its KV head's 8 floats at `(h / group) * 8 < kvd`.
+    unsafe {
+        let mut qv = [_mm256_setzero_ps(); NH];
+        for h in 0..NH {
+            // The generic kernel's pre-scaled query (same rounding).
+            qv[h] = _mm256_mul_ps(
+                _mm256_loadu_ps(q.as_ptr().add(h * HD)),
+                _mm256_set1_ps(scale),
+            );
+        }
+        // Scores, and each head's running max (`if x > m { x } else { m }`
+        // per lane, as the generic kernel: max_ps returns its second
+        // operand unless the first is greater).
+        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); NH];
+        for p in 0..n_pages {
+            let t0 = p * ps;
+            let tn = (n - t0).min(ps);
+            let keys = as_f32(kv.keys(p), conv);
+            if keys.len() < tn * kvd {
+                return out.fill(0.0);
+            }
+            let kp = keys.as_ptr();
+            let sp = scores.as_mut_ptr().add(t0 * NH);
+            for t in 0..tn {
+                let row = kp.add(t * kvd);
+                for b in 0..hb {
+                    let mut prod = [_mm256_setzero_ps(); 8];
+                    for j in 0..8 {
+                        let h = b * 8 + j;
+                        prod[j] = _mm256_mul_ps(qv[h], _mm256_loadu_ps(row.add((h / group) * HD)));
+                    }
+                    let x = reduce8(&prod);
+                    m[b] = _mm256_max_ps(x, m[b]);
+                    _mm256_storeu_ps(sp.add(t * NH + b * 8), x);
+                }
+            }
+        }
+        // exp(score - max): no dependency from one position to the next.
+        let sp = scores.as_mut_ptr();
+        for t in 0..n {
+            for b in 0..hb {
+                let at = sp.add(t * NH + b * 8);
+                _mm256_storeu_ps(at, exp8(_mm256_sub_ps(_mm256_loadu_ps(at), m[b])));
+            }
+        }
+        // Weighted sum of V, and each head's sum of weights, in position
+        // order.
+        let mut acc = [_mm256_setzero_ps(); NH];
+        let mut sum = [_mm256_setzero_ps(); NH];
+        for p in 0..n_pages {
+            let t0 = p * ps;
+            let tn = (n - t0).min(ps);
+            let vals = as_f32(kv.values(p), conv);
+            if vals.len() < tn * kvd {
+                return out.fill(0.0);
+            }
+            let vp = vals.as_ptr();
+            let wp = scores.as_ptr().add(t0 * NH);
+            for t in 0..tn {
+                let row = vp.add(t * kvd);
+                let w = wp.add(t * NH);
+                for b in 0..hb {
+                    sum[b] = _mm256_add_ps(sum[b], _mm256_loadu_ps(w.add(b * 8)));
+                }
+                for h in 0..NH {
+                    let v = _mm256_loadu_ps(row.add((h / group) * HD));
+                    acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, acc[h]);
+                }
+            }
+        }
+        let mut inv = [_mm256_setzero_ps(); NH];
+        for b in 0..hb {
+            inv[b] = _mm256_div_ps(_mm256_set1_ps(1.0), sum[b]);
+        }
+        let mut invs = [0f32; NH];
+        for b in 0..hb {
+            _mm256_storeu_ps(invs.as_mut_ptr().add(b * 8), inv[b]);
+        }
+        for h in 0..NH {
+            let r = _mm256_mul_ps(acc[h], _mm256_set1_ps(invs[h]));
+            _mm256_storeu_ps(out.as_mut_ptr().add(h * HD), r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::attention::Scratch;
+    use crate::config::{KvDtype, KvGeometry};
+    use crate::ids::RequestId;
+    use crate::kv::{KvPool, PoolConfig};
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(747796405).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rms_norm_eight_lanes_gives_the_portable_bits() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        for n in [1, 7, 8, 64, 172, 2048 + 3] {
+            let x = data(n, 8);
+            let w = data(n, 9);
+            let mut want = vec![0f32; n];
+            crate::backend::cpu::ops::rms_norm_row(&x, &w, 1e-5, &mut want);
+            let mut got = vec![f32::NAN; n];
+            // SAFETY: AVX2 and FMA were detected above.
+            unsafe { rms_norm_row(&x, &w, 1e-5, &mut got) };
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn rope_eight_lanes_gives_the_scalar_bits() {
+        use crate::backend::Rope;
+        use crate::backend::cpu::{Isa, ops};
+        use crate::model::RopeStyle;
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        for (n_heads, head_dim) in [(8, 8), (4, 16), (2, 64)] {
+            let r = Rope {
+                n_heads,
+                head_dim,
+                theta: 10000.0,
+                style: RopeStyle::Interleaved,
+            };
+            let positions = [0usize, 1, 7, 300, 5000];
+            let x = data(positions.len() * n_heads * head_dim, 11);
+            let (mut a, mut b) = (x.clone(), x);
+            ops::rope_rows(Isa::Portable, &mut a, &positions, r);
+            ops::rope_rows(Isa::Avx2Fma, &mut b, &positions, r);
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{n_heads} heads of {head_dim}"
+            );
+        }
+    }
+
+    #[test]
+    fn swiglu_eight_lanes_gives_the_scalar_bits() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        for n in [0, 1, 7, 8, 172, 175] {
+            let mut g = data(n, 3);
+            g.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x *= (i % 50) as f32);
+            let u = data(n, 4);
+            let mut want = g.clone();
+            crate::backend::cpu::ops::swiglu(&mut want, &u);
+            // SAFETY: AVX2 and FMA were detected above.
+            unsafe { swiglu(&mut g, &u) };
+            assert_eq!(
+                g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    /// The head_dim-8 kernel against the generic AVX2 kernel on random
+    /// data: ragged lengths, every query length up to the written one
+    /// (prefill rows), page sizes 1, 16 and 64, f32/f16/bf16 KV, and every
+    /// head layout it has a kernel for. Same arithmetic in the same order:
+    /// the same bits.
+    #[test]
+    fn head_dim_8_kernel_equals_the_generic_kernel() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: this CPU lacks AVX2+FMA");
+            return;
+        }
+        let layouts = [(8, 4), (8, 1), (8, 2), (8, 8), (16, 2), (16, 16)];
+        let mut checked = 0;
+        for (li, &(nh, nkv)) in layouts.iter().enumerate() {
+            let shape = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: 8,
+            };
+            assert!(has_hd8_kernel(shape));
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+                for page in [1, 16, 64] {
+                    let geometry = KvGeometry {
+                        n_layers: 1,
+                        n_kv_heads: nkv,
+                        head_dim: 8,
+                        dtype,
+                    };
+                    let pool = KvPool::new(PoolConfig::new(geometry, page, 300)).unwrap();
+                    let lens = [1usize, 7, 33, 100];
+                    let kvd = shape.kv_dim();
+                    let seqs: Vec<_> = lens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &len)| {
+                            let mut s = pool.reserve(RequestId(i as u64), len).unwrap();
+                            let seed = (li * 100 + i) as u32;
+                            let k = data(len * kvd, seed);
+                            let v = data(len * kvd, seed + 50);
+                            s.append(0, &k, &v).unwrap();
+                            s
+                        })
+                        .collect();
+                    let reader = pool.reader();
+                    for (i, seq) in seqs.iter().enumerate() {
+                        let view = reader.seq(seq).unwrap().layer(0).unwrap();
+                        let q = data(shape.q_dim(), 7 + i as u32);
+                        for n_keys in 1..=lens[i] {
+                            let (mut a, mut b) = (vec![0f32; nh * 8], vec![1f32; nh * 8]);
+                            let (mut sa, mut sb) = (Scratch::default(), Scratch::default());
+                            // SAFETY: AVX2 and FMA were detected above.
+                            unsafe {
+                                attend_row(&q, &view, n_keys, shape, &mut a, &mut sa);
+                                attend_row_hd8(&q, &view, n_keys, shape, &mut b, &mut sb);
+                            }
+                            assert_eq!(
+                                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                "{nh}/{nkv} heads, {dtype:?}, page {page}, {n_keys} of {} keys",
+                                lens[i]
+                            );
+                            assert!(b.iter().all(|x| x.is_finite()));
+                            checked += 1;
+                        }
+                    }
+                    drop(reader);
+                    drop(seqs);
+                    assert!(pool.stats().is_full());
+                }
+            }
+        }
+        assert_eq!(checked, layouts.len() * 3 * 3 * (1 + 7 + 33 + 100));
+    }
 }
