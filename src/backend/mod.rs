@@ -129,11 +129,11 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Runs the group passes of [`PassPlan::Groups`], concurrently where the
-    /// backend can, and returns their results in order. A group pass holds
-    /// KV locks while it runs, so a backend must not let the thread running
-    /// one pick up other work meanwhile (with rayon: no nested parallelism
-    /// inside a group, which could steal another group's pass and wait on
-    /// the lock its own caller holds). Default: one after the other.
+    /// backend can, and returns their results in order. A backend should
+    /// not let the thread running one pick up other work meanwhile (with
+    /// rayon: no nested parallelism inside a group, which could steal
+    /// another group's whole pass and hold its caller up for it). Default:
+    /// one after the other.
     fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
         tasks.into_iter().map(|f| f()).collect()
     }

@@ -244,8 +244,8 @@ impl Backend for CpuBackend {
     fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
         match &self.pool {
             // Each group runs with its ops serial (see `par_pool`): a
-            // worker holding a group's KV lock never waits in a join, where
-            // it could steal another group and block on its own lock.
+            // group is one thread's work, and a worker waiting in a join
+            // could pick up another group's whole pass meanwhile.
             Some(pool) => pool.install(|| {
                 tasks
                     .into_par_iter()

@@ -955,7 +955,6 @@ mod tests {
                             checked += 1;
                         }
                     }
-                    drop(reader);
                     drop(seqs);
                     assert!(pool.stats().is_full());
                 }
