@@ -348,12 +348,6 @@ impl<S: Writable> KvSeq<S> {
     }
 }
 
-/// About how many bytes a transfer lands before the verifier hashes them
-/// (a whole number of rows, at least one): small enough that hashing
-/// overlaps the copy's memory traffic, a size the copy runs well at
-/// (1.5, 3 and 6 KiB pieces measured 25-110% slower copies here).
-pub(crate) const LANDING_PIECE_BYTES: usize = 4096;
-
 /// The runs of consecutive slots within one page that positions
 /// `[start, start + n)` cover, as `(page position in the sequence, first
 /// slot, positions done before this run, run length)`.
@@ -419,35 +413,30 @@ impl KvSeq<Received> {
     /// Appends `n` tokens to `layer` on behalf of a peer: `fill(kv, done,
     /// dst)` writes the raw storage-dtype bytes of K (`kv == 0`) or V
     /// (`kv == 1`) rows `[done, done + dst_rows)` of the batch into `dst`,
-    /// a piece of about [`LANDING_PIECE_BYTES`] within one page at a time.
-    /// Right after each piece is written, `landed(page, kv, first, piece)`
-    /// is called with its bytes as they now are in the pool (`page` is the
-    /// position in [`KvSeq::pages`], `first` the piece's first slot): the
-    /// transfer verifier hashes them there, from L1, while the next piece's
-    /// loads are in flight. The slots get no writer in the audit trail until
-    /// [`KvSeq::into_verified`].
+    /// one run of consecutive slots of one page at a time. Right after each
+    /// run is written, `landed(page, kv, rows)` is called with the bytes of
+    /// that page's rows `[0, end)` of `layer` as they now are in the pool
+    /// (`page` is the position in [`KvSeq::pages`], `end` the slot after the
+    /// run): the transfer verifier hashes them there, cache-hot. The slots
+    /// get no writer in the audit trail until [`KvSeq::into_verified`].
     pub(crate) fn receive_rows(
         &mut self,
         layer: usize,
         n: usize,
         mut fill: impl FnMut(usize, usize, &mut [u8]),
-        mut landed: impl FnMut(usize, usize, usize, &[u8]),
+        mut landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
-        let g = self.geometry();
-        let kvd = g.kv_dim();
+        let kvd = self.geometry().kv_dim();
         self.check_append(layer, n * kvd, n * kvd)?;
-        let row = kvd * g.dtype.size_bytes();
-        let piece_rows = (LANDING_PIECE_BYTES / row.max(1)).max(1);
         let (ps, start) = (self.pool.page_size(), self.written[layer]);
         let mut w = self.pages_write();
         for (i, slot, done, run) in runs(start, n, ps) {
             for kv in 0..2 {
-                let Some(dst) = w.rows_mut(i, layer, kv, slot, run) else {
-                    continue;
-                };
-                for (c, piece) in dst.chunks_mut(piece_rows * row).enumerate() {
-                    fill(kv, done + c * piece_rows, piece);
-                    landed(i, kv, slot + c * piece_rows, piece);
+                if let Some(dst) = w.rows_mut(i, layer, kv, slot, run) {
+                    fill(kv, done, dst);
+                }
+                if let Some(rows) = w.read().rows(i, layer, kv, 0, slot + run) {
+                    landed(i, kv, rows.as_bytes());
                 }
             }
         }
@@ -469,7 +458,7 @@ impl KvSeq<Received> {
         src: &KvSeq<Held>,
         src_start: usize,
         mut after: impl FnMut(usize, usize, &mut [u8]),
-        landed: impl FnMut(usize, usize, usize, &[u8]),
+        landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let g = self.geometry();
         if src.geometry() != g {

@@ -451,6 +451,13 @@ impl PagesWrite<'_> {
         Some(unsafe { st.bytes_mut(off, n * st.geometry.kv_dim()) })
     }
 
+    /// The same pages for reading (what just landed, for the verifier),
+    /// while no row is borrowed for writing.
+    #[inline]
+    pub(crate) fn read(&self) -> PagesRead<'_> {
+        self.read
+    }
+
     /// Stores f32 values into rows starting at `slot`, converting to the
     /// storage dtype. False (nothing written) when out of range.
     pub(crate) fn store_f32(

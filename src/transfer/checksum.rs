@@ -12,7 +12,6 @@
 //! gets the wide loop where there is one (twice as fast as SSE2 on the
 //! regions hashed here).
 
-use std::collections::HashMap;
 use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
@@ -66,11 +65,8 @@ fn page_checksum(regions: &[u64]) -> u64 {
 }
 
 /// Region hashes recomputed by the decode side over the bytes that landed
-/// in the destination pages, streamed: each piece of a region (a few KiB)
-/// is fed to that region's hasher right after it was written into the
-/// pages, from L1, while the copy's next loads are still in flight (measured
-/// ~5% over the bare copy, against ~15-20% for hashing each 32 KiB region
-/// after its copy; BENCHMARKS.md, transfer round 4).
+/// in the destination pages, each taken from the pages right after the
+/// region's last row was written there (so from cache, not from memory).
 ///
 /// Nothing can change a region after that: destination pages of a transfer
 /// in flight are written only through its landing-zone entry, in order and
@@ -86,10 +82,6 @@ pub(crate) struct LandedHashes {
     row_bytes: usize,
     /// `[page][layer][K, V]`; `None` until the region is complete.
     hashes: Vec<Option<u64>>,
-    /// Hashers of regions begun but not complete (a write ended inside the
-    /// page), with the row each expects next, by region index; at most a
-    /// couple per layer.
-    open: HashMap<usize, (usize, Box<RegionHasher>)>,
 }
 
 impl LandedHashes {
@@ -103,55 +95,22 @@ impl LandedHashes {
             tokens,
             row_bytes,
             hashes: vec![None; n_pages * n_layers * 2],
-            open: HashMap::new(),
         }
     }
 
-    /// Rows `[first, first + piece.len() / row_bytes)` of page `page`,
-    /// `layer`, K (`kv == 0`) or V, as they are in the destination right
-    /// after they were written. Pieces of a region must come in order from
-    /// row 0 (writes land append-only and in order); the region's hash is
-    /// final once it holds every row the plan puts in it. A piece that does
-    /// not continue its region leaves the region without a hash, which
-    /// fails verification.
-    pub(crate) fn landed(
-        &mut self,
-        page: usize,
-        layer: usize,
-        kv: usize,
-        first: usize,
-        piece: &[u8],
-    ) {
+    /// Rows `[0, end)` of page `page`, `layer`, K (`kv == 0`) or V, as they
+    /// are in the destination right after a write ended at `end`: hashed
+    /// once the region holds every row the plan puts in it.
+    pub(crate) fn landed(&mut self, page: usize, layer: usize, kv: usize, rows: &[u8]) {
         let planned = self
             .tokens
             .saturating_sub(page * self.page_size)
             .min(self.page_size);
-        let idx = (page * self.n_layers + layer) * 2 + kv;
-        let rows = piece.len() / self.row_bytes.max(1);
-        let end = first + rows;
-        if planned == 0
-            || idx >= self.hashes.len()
-            || piece.len() != rows * self.row_bytes
-            || end > planned
-        {
-            self.open.remove(&idx);
+        if planned == 0 || rows.len() != planned * self.row_bytes {
             return;
         }
-        if first == 0 {
-            self.open.insert(idx, (0, Box::new(RegionHasher::new())));
-        }
-        let Some((next, h)) = self.open.get_mut(&idx) else {
-            return;
-        };
-        if *next != first {
-            self.open.remove(&idx);
-            return;
-        }
-        *next = end;
-        h.update(piece);
-        if end == planned {
-            self.hashes[idx] = Some(h.digest());
-            self.open.remove(&idx);
+        if let Some(h) = self.hashes.get_mut((page * self.n_layers + layer) * 2 + kv) {
+            *h = Some(region_hash(rows));
         }
     }
 
@@ -170,12 +129,6 @@ impl LandedHashes {
 
 /// Hashes a region given as pieces, as one byte stream.
 pub(crate) struct RegionHasher(XxHash3_64);
-
-impl std::fmt::Debug for RegionHasher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RegionHasher")
-    }
-}
 
 impl RegionHasher {
     pub(crate) fn new() -> Self {
@@ -259,14 +212,14 @@ mod tests {
                 let mut pos = 0;
                 while pos < tokens {
                     let n = split.min(tokens - pos);
-                    // The write lands piece by piece in each page it touches.
+                    // The write ends at `end` in each page it touches.
                     let mut p = pos;
                     while p < pos + n {
                         let page = p / ps;
                         let end = (pos + n).min((page + 1) * ps);
                         for kv in 0..2 {
-                            let piece = &rows_of(layer, kv)[p * row..end * row];
-                            landed.landed(page, layer, kv, p - page * ps, piece);
+                            let region = &rows_of(layer, kv)[page * ps * row..end * row];
+                            landed.landed(page, layer, kv, region);
                         }
                         p = end;
                     }
@@ -281,37 +234,13 @@ mod tests {
     #[test]
     fn a_region_that_never_completed_leaves_its_page_without_checksum() {
         let mut landed = LandedHashes::new(6, 4, 1, 2);
-        landed.landed(0, 0, 0, 0, &[1; 8]);
-        landed.landed(0, 0, 1, 0, &[2; 8]);
-        landed.landed(1, 0, 0, 0, &[3; 4]);
-        landed.landed(1, 0, 1, 0, &[4; 2]); // one row of two
+        landed.landed(0, 0, 0, &[1; 8]);
+        landed.landed(0, 0, 1, &[2; 8]);
+        landed.landed(1, 0, 0, &[3; 4]);
+        landed.landed(1, 0, 1, &[4; 2]); // one row of two
         let pages = landed.finish();
         assert!(pages[0].is_some());
         assert_eq!(pages[1], None);
-    }
-
-    #[test]
-    fn a_piece_that_does_not_continue_its_region_leaves_it_without_checksum() {
-        // Rows 0-1 then 3: row 2 never landed. Rows 0-1 then 1-3: overlap.
-        // Rows 2-3 alone: no beginning.
-        for pieces in [
-            vec![(0, 4usize), (3, 2)],
-            vec![(0, 4), (1, 6)],
-            vec![(2, 4)],
-        ] {
-            let mut landed = LandedHashes::new(4, 4, 1, 2);
-            landed.landed(0, 0, 1, 0, &[9; 8]);
-            for (first, len) in &pieces {
-                landed.landed(0, 0, 0, *first, &vec![7; *len]);
-            }
-            assert_eq!(landed.finish(), vec![None], "{pieces:?}");
-        }
-        // The same bytes in order give the page its checksum.
-        let mut landed = LandedHashes::new(4, 4, 1, 2);
-        landed.landed(0, 0, 1, 0, &[9; 8]);
-        landed.landed(0, 0, 0, 0, &[7; 4]);
-        landed.landed(0, 0, 0, 2, &[7; 4]);
-        assert!(landed.finish()[0].is_some());
     }
 
     #[test]

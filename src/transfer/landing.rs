@@ -110,12 +110,9 @@ impl LandingZone {
     ) -> Landed {
         let layer = batch.layer as usize;
         self.apply_with(batch, bytes_each, source, |seq, landed| {
-            seq.receive_rows(
-                layer,
-                batch.tokens as usize,
-                fill,
-                |page, kv, first, piece| landed.landed(page, layer, kv, first, piece),
-            )
+            seq.receive_rows(layer, batch.tokens as usize, fill, |page, kv, rows| {
+                landed.landed(page, layer, kv, rows)
+            })
         })
     }
 
@@ -140,7 +137,7 @@ impl LandingZone {
                 src,
                 batch.start as usize,
                 after,
-                |page, kv, first, piece| landed.landed(page, layer, kv, first, piece),
+                |page, kv, rows| landed.landed(page, layer, kv, rows),
             )
         })
     }
