@@ -10,9 +10,9 @@
 //! - checksum cost, as a share of each transfer's wall time, from the same
 //!   bytes copied region by region (32 KiB: one page of one layer of K or V)
 //!   on one thread: `lander` is what hashing adds to the landing thread's
-//!   copy as the code does it (4 KiB pieces, each fed to its region's
-//!   streaming hasher right after it is copied): the checksum cost on the
-//!   transfer's critical path; `sender` is the sender's hash of each source
+//!   copy as the code does it (each region hashed from the destination
+//!   right after its copy): the checksum cost on the transfer's critical
+//!   path; `sender` is the sender's hash of each source
 //!   region, which runs on the prefill side's own thread, in parallel with
 //!   the landing; `fused` is both hashes and the copy on one thread, each
 //!   region hashed whole before and after its copy (the figure reported up
@@ -111,8 +111,8 @@ fn socket_once(src: &[u8], dst: &mut [u8]) -> Duration {
 struct ChecksumTimes {
     /// The copy alone.
     copy: Duration,
-    /// The landing thread's loop: 4 KiB pieces, each hashed (streaming)
-    /// right after it is copied.
+    /// The landing thread's loop: each region hashed from the destination
+    /// right after its copy.
     lander: Duration,
     /// The sender's loop: one hash per source region.
     sender: Duration,
@@ -121,9 +121,7 @@ struct ChecksumTimes {
 }
 
 fn checksum_once(src: &[u8], dst: &mut [u8]) -> ChecksumTimes {
-    use std::hash::Hasher;
     let region = PAGE * geometry().kv_dim() * 2;
-    let piece = 4096;
     let hash = twox_hash::XxHash3_64::oneshot;
     let t = Instant::now();
     for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
@@ -134,12 +132,8 @@ fn checksum_once(src: &[u8], dst: &mut [u8]) -> ChecksumTimes {
     let mut acc = 0u64;
     let t = Instant::now();
     for (s, d) in src.chunks(region).zip(dst.chunks_mut(region)) {
-        let mut h = twox_hash::XxHash3_64::new();
-        for (s, d) in s.chunks(piece).zip(d.chunks_mut(piece)) {
-            d.copy_from_slice(s);
-            h.write(d);
-        }
-        acc ^= h.finish();
+        d.copy_from_slice(s);
+        acc ^= hash(d);
     }
     let lander = t.elapsed();
     let t = Instant::now();
