@@ -800,6 +800,23 @@ mod tests {
     use crate::ids::RequestId;
     use crate::kv::{KvPool, PoolConfig};
 
+    /// Whether the kernels under test can run here; when not, says so (the
+    /// test then skips).
+    fn avx2_fma() -> bool {
+        use std::io::Write;
+        let ok = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        if !ok {
+            let _ = writeln!(std::io::stderr(), "skipped: this CPU lacks AVX2+FMA");
+        }
+        ok
+    }
+
+    /// The bit patterns, for comparisons that must be exact.
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(747796405).wrapping_add(1);
         (0..n)
@@ -812,9 +829,7 @@ mod tests {
 
     #[test]
     fn rms_norm_eight_lanes_gives_the_portable_bits() {
-        if !(std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"))
-        {
+        if !avx2_fma() {
             return;
         }
         for n in [1, 7, 8, 64, 172, 2048 + 3] {
@@ -825,11 +840,7 @@ mod tests {
             let mut got = vec![f32::NAN; n];
             // SAFETY: AVX2 and FMA were detected above.
             unsafe { rms_norm_row(&x, &w, 1e-5, &mut got) };
-            assert_eq!(
-                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "n = {n}"
-            );
+            assert_eq!(bits(&got), bits(&want), "n = {n}");
         }
     }
 
@@ -838,9 +849,7 @@ mod tests {
         use crate::backend::Rope;
         use crate::backend::cpu::{Isa, ops};
         use crate::model::RopeStyle;
-        if !(std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"))
-        {
+        if !avx2_fma() {
             return;
         }
         for (n_heads, head_dim) in [(8, 8), (4, 16), (2, 64)] {
@@ -855,19 +864,13 @@ mod tests {
             let (mut a, mut b) = (x.clone(), x);
             ops::rope_rows(Isa::Portable, &mut a, &positions, r);
             ops::rope_rows(Isa::Avx2Fma, &mut b, &positions, r);
-            assert_eq!(
-                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "{n_heads} heads of {head_dim}"
-            );
+            assert_eq!(bits(&a), bits(&b), "{n_heads} heads of {head_dim}");
         }
     }
 
     #[test]
     fn swiglu_eight_lanes_gives_the_scalar_bits() {
-        if !(std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"))
-        {
+        if !avx2_fma() {
             return;
         }
         for n in [0, 1, 7, 8, 172, 175] {
@@ -880,10 +883,7 @@ mod tests {
             crate::backend::cpu::ops::swiglu(&mut want, &u);
             // SAFETY: AVX2 and FMA were detected above.
             unsafe { swiglu(&mut g, &u) };
-            assert_eq!(
-                g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-            );
+            assert_eq!(bits(&g), bits(&want));
         }
     }
 
@@ -894,11 +894,7 @@ mod tests {
     /// the same bits.
     #[test]
     fn head_dim_8_kernel_equals_the_generic_kernel() {
-        if !(std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"))
-        {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "skipped: this CPU lacks AVX2+FMA");
+        if !avx2_fma() {
             return;
         }
         let layouts = [(8, 4), (8, 1), (8, 2), (8, 8), (16, 2), (16, 16)];
@@ -946,8 +942,8 @@ mod tests {
                                 attend_row_hd8(&q, &view, n_keys, shape, &mut b, &mut sb);
                             }
                             assert_eq!(
-                                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                bits(&a),
+                                bits(&b),
                                 "{nh}/{nkv} heads, {dtype:?}, page {page}, {n_keys} of {} keys",
                                 lens[i]
                             );
