@@ -565,58 +565,51 @@ impl CudaDevice {
             sm_scale_log2: sm_scale_log2(s.head_dim),
             pad0: 0,
         };
-        if use_mma {
-            if q_ptr % 8 != 0 || out_ptr % 8 != 0 {
-                return Err(CudaError::Unsupported {
-                    what: "tensor-core prefill buffers",
-                    detail: "q and out must be 8-byte aligned (views at an odd element)".into(),
-                });
-            }
-            let func = self.kernel(&format!(
-                "prefill_mma_{}_d{}",
-                dtype_name(dtype),
-                s.head_dim
-            ))?;
-            let mut b = stream.launch_builder(func);
-            b.arg(&p);
-            // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked) and are
-            // 8-byte aligned (checked) for the kernel's float2 accesses; the page
-            // tables were built for this arena with every page inside it, each
-            // sequence's kv_len covered by its pages and q_len <= kv_len; the KV
-            // rows are 16-byte multiples (arena invariant) for its 16-byte loads;
-            // group <= 64 rows per block; the kernel matches dtype and head_dim and
-            // its dynamic shared memory was allowed when it was loaded.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim,
-                    block_dim: (PMMA_THREADS, 1, 1),
-                    shared_mem_bytes: prefill_mma_smem(s.head_dim) as u32,
-                })
-            }
-            .map_err(CudaError::driver("launching tensor-core prefill attention"))?;
-            return Ok(PrefillKernel::TensorCore);
+        if use_mma && (q_ptr % 8 != 0 || out_ptr % 8 != 0) {
+            return Err(CudaError::Unsupported {
+                what: "tensor-core prefill buffers",
+                detail: "q and out must be 8-byte aligned (views at an odd element)".into(),
+            });
         }
-        let func = self.kernel(&format!(
-            "prefill_attention_{}_d{}",
-            dtype_name(dtype),
-            s.head_dim
-        ))?;
+        // The kernel family, its block size and shared memory, and what a
+        // failed launch was doing.
+        let (family, threads, smem, what) = if use_mma {
+            let what = "launching tensor-core prefill attention";
+            (
+                "prefill_mma",
+                PMMA_THREADS,
+                prefill_mma_smem(s.head_dim),
+                what,
+            )
+        } else {
+            let what = "launching prefill attention";
+            (
+                "prefill_attention",
+                PREFILL_THREADS,
+                prefill_smem(s.head_dim),
+                what,
+            )
+        };
+        let func = self.kernel(&format!("{family}_{}_d{}", dtype_name(dtype), s.head_dim))?;
         let mut b = stream.launch_builder(func);
         b.arg(&p);
         // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked); the page
         // tables were built for this arena with every page inside it, each
-        // sequence's kv_len covered by its pages and q_len <= kv_len; group <= 32
-        // rows per tile; the dynamic shared memory is what the kernel computes
-        // for this head_dim and was allowed when the kernel was loaded.
+        // sequence's kv_len covered by its pages and q_len <= kv_len; the kernel
+        // matches dtype and head_dim, and its dynamic shared memory is what it
+        // computes for this head_dim and was allowed when it was loaded.
+        // Scalar: group <= 32 rows per tile. Tensor cores: group <= 64 rows per
+        // block; q and out 8-byte aligned (checked) for its float2 accesses; KV
+        // rows are 16-byte multiples (arena invariant) for its 16-byte loads.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim,
-                block_dim: (PREFILL_THREADS, 1, 1),
-                shared_mem_bytes: prefill_smem(s.head_dim) as u32,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: smem as u32,
             })
         }
-        .map_err(CudaError::driver("launching prefill attention"))?;
-        Ok(PrefillKernel::Scalar)
+        .map_err(CudaError::driver(what))?;
+        Ok(chosen)
     }
 
     /// Writes K/V rows `[slots.len(), kv_dim]` (f32, converted to the arena's
