@@ -216,6 +216,11 @@ fn a_new_owner_never_sees_the_previous_owners_bytes() {
         let lv = sv.layer(layer).unwrap();
         assert_eq!(lv.len(), 0);
         assert!(lv.key(0).is_none());
+        // Page by page too: a reserved page holds no written row, and a
+        // page index past the sequence's pages is empty, not a panic.
+        for i in 0..b.pages().len() + 2 {
+            assert!(lv.keys(i).is_empty() && lv.values(i).is_empty(), "page {i}");
+        }
     }
 }
 
