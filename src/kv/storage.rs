@@ -29,6 +29,7 @@ use half::{bf16, f16};
 
 use crate::config::{KvDtype, KvGeometry};
 use crate::kv::PageId;
+use crate::kv::pool::Meta;
 use crate::kv::seq::{KvSeq, SeqState};
 
 /// A stored KV element type.
@@ -292,9 +293,16 @@ impl Storage {
         (page as usize * self.geometry.n_layers + layer) * self.page_size + slot
     }
 
+    /// True when the audit trail is on.
+    pub(crate) fn audited(&self) -> bool {
+        self.writers.is_some()
+    }
+
     /// The recorded writers of slots `[slot, slot + n)` of one page and
     /// layer (`RequestId + 1`, 0 for never written), or `None` when the
-    /// audit trail is off.
+    /// audit trail is off or the slots are out of range: a caller that
+    /// audits checks [`Storage::audited`] first and treats `None` as a
+    /// failed audit.
     pub(crate) fn writers(
         &self,
         page: u32,
@@ -339,7 +347,7 @@ impl Storage {
     /// A free page's elements as f32, for the pool's scrub audit. The
     /// caller holds the pool's bookkeeping lock and has seen the page free:
     /// no handle owns it, and none can until the lock is released.
-    pub(crate) fn free_page_f32(&self, page: u32, _bookkeeping_locked: &impl Sized) -> Vec<f32> {
+    pub(crate) fn free_page_f32(&self, page: u32, _bookkeeping_locked: &Meta) -> Vec<f32> {
         let stride = self.page_stride();
         let mut out = vec![0f32; stride];
         if (page as usize) < self.pages {
@@ -352,12 +360,14 @@ impl Storage {
         out
     }
 
-    /// True when no writer is recorded for any slot of `page`.
+    /// True when no writer is recorded for any slot of `page` (always,
+    /// with the audit trail off; never, for a page out of range).
     pub(crate) fn no_writers(&self, page: u32) -> bool {
-        (0..self.geometry.n_layers).all(|l| {
-            self.writers(page, l, 0, self.page_size)
-                .is_none_or(|mut w| w.all(|x| x == 0))
-        })
+        !self.audited()
+            || (0..self.geometry.n_layers).all(|l| {
+                self.writers(page, l, 0, self.page_size)
+                    .is_some_and(|mut w| w.all(|x| x == 0))
+            })
     }
 }
 

@@ -56,16 +56,15 @@ impl<'a> SeqView<'a> {
         let st = self.read.storage();
         let ps = self.reader.pool.page_size();
         // Page by page: a page's writer slots for one layer are contiguous.
-        for (i, p) in self.pages.iter().enumerate().take(len.div_ceil(ps)) {
+        // A trail that cannot answer for a slot fails the audit.
+        let pages = if st.audited() { len.div_ceil(ps) } else { 0 };
+        for (i, p) in self.pages.iter().enumerate().take(pages) {
             let n = (len - i * ps).min(ps);
-            let Some(mut slots) = st.writers(p.index, layer, 0, n) else {
-                break; // the audit trail is off
+            let mismatch = match st.writers(p.index, layer, 0, n) {
+                Some(slots) => slots.enumerate().find(|&(_, w)| w != self.owner.0 + 1),
+                None => Some((0, 0)),
             };
-            if let Some((slot, w)) = slots
-                .by_ref()
-                .enumerate()
-                .find(|&(_, w)| w != self.owner.0 + 1)
-            {
+            if let Some((slot, w)) = mismatch {
                 self.reader.pool.record_violation();
                 return Err(KvError::IsolationViolation {
                     reader: self.owner,
