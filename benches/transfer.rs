@@ -18,7 +18,8 @@
 //!   region hashed whole before and after its copy (the figure reported up
 //!   to round 3: an upper bound, as if nothing ran in parallel).
 //!
-//! Configurations: in-process with 256 KiB batches and 2 MiB in flight; TCP
+//! Configurations: in-process with 256 KiB batches and 2 MiB in flight (or
+//! `HANDOFF_BENCH_INPROC_BATCH` / `HANDOFF_BENCH_INPROC_IN_FLIGHT` bytes); TCP
 //! with `TransferConfig::default()` (1 MiB batches, 64 MiB in flight), or
 //! batches of `HANDOFF_BENCH_TCP_BATCH` bytes.
 //!
@@ -161,9 +162,15 @@ fn checksum_once(src: &[u8], dst: &mut [u8]) -> ChecksumTimes {
 /// and the lander's copy of a batch within the last-level cache (measured
 /// 15-25% faster than the defaults, which suit TCP's per-frame costs).
 fn inproc_config() -> TransferConfig {
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
     TransferConfig::default()
-        .with_max_batch_bytes(256 << 10)
-        .with_max_in_flight_bytes(2 << 20)
+        .with_max_batch_bytes(env("HANDOFF_BENCH_INPROC_BATCH", 256 << 10))
+        .with_max_in_flight_bytes(env("HANDOFF_BENCH_INPROC_IN_FLIGHT", 2 << 20))
 }
 
 /// TCP: `TransferConfig::default()`, or batches of
