@@ -29,6 +29,17 @@ impl AdmissionLimits {
     pub fn from_config(cfg: &EngineConfig) -> Self {
         Self::new(cfg.max_context(), cfg.pool_pages(), cfg.page_size())
     }
+    /// These limits bounded by the pool they admit into: its page size,
+    /// and no more token slots than it has. Limits written for a larger
+    /// pool would admit requests that then wait for pages forever.
+    #[must_use]
+    pub fn within_pool(mut self, pool_pages: usize, page_size: usize) -> Self {
+        let page_size = page_size.max(1);
+        let tokens = self.pool_tokens().min(pool_pages.saturating_mul(page_size));
+        self.page_size = page_size;
+        self.pool_pages = tokens / page_size;
+        self
+    }
     /// Rejects token ids `>= vocab`.
     #[must_use]
     pub fn vocab(mut self, vocab: usize) -> Self {

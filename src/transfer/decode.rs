@@ -10,6 +10,7 @@ use crate::request::Request;
 use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
 use crate::transfer::checksum::{RegionHashes, region_hash};
 use crate::transfer::config::TransferConfig;
+use crate::transfer::ended::{EndedNonces, REMEMBERED};
 use crate::transfer::error::{IntegrityError, LinkError, TransferError, Wait};
 use crate::transfer::gate::{
     PoolHog, Step, WorkerFault, at_release, requested_cancels, worker_fault,
@@ -109,6 +110,13 @@ struct Live {
 /// until pages are free), reserves destination pages and sends the plan;
 /// [`DecodeSide::poll`] lands receipts and aborts and reports each
 /// transfer's [`DecodeOutcome`]; [`DecodeSide::cancel`] stops one.
+///
+/// A transfer is named by its nonce, not its request id: a late message of
+/// a transfer that has ended is ignored and counted, even when the client
+/// retried under the same id. The id itself is free again here once its
+/// transfer has ended; a host that goes on generating for the request must
+/// keep its ids unique while it does ([`crate::transfer::DecodeWorker`]
+/// refuses a live id with [`Rejection::DuplicateId`]).
 pub struct DecodeSide<L: DecodeLink> {
     link: L,
     link_error: Option<LinkError>,
@@ -117,6 +125,8 @@ pub struct DecodeSide<L: DecodeLink> {
     cfg: TransferConfig,
     live: HashMap<RequestId, Live>,
     by_nonce: HashMap<Nonce, RequestId>,
+    /// Transfers that ended: their late messages are ignored.
+    ended: EndedNonces,
     outcomes: Vec<DecodeOutcome>,
     stats: DecodeStats,
     /// Pages taken by an injected exhausted-pool fault.
@@ -128,8 +138,11 @@ pub struct DecodeSide<L: DecodeLink> {
 impl<L: DecodeLink> DecodeSide<L> {
     /// A decode side admitting against `limits` (which should require the
     /// pool to hold prompt plus max new tokens of every request it accepts,
-    /// as [`AdmissionLimits::from_config`] of a decode config does).
+    /// as [`AdmissionLimits::from_config`] of a decode config does), bounded
+    /// by `pool` itself: a request the pool can never hold is rejected,
+    /// whatever pool the limits were written for.
     pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
+        let limits = limits.within_pool(pool.capacity(), pool.page_size());
         DecodeSide {
             link,
             link_error: None,
@@ -138,6 +151,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             cfg,
             live: HashMap::new(),
             by_nonce: HashMap::new(),
+            ended: EndedNonces::new(REMEMBERED),
             outcomes: Vec::new(),
             stats: DecodeStats::default(),
             hog: PoolHog::default(),
@@ -195,7 +209,7 @@ impl<L: DecodeLink> DecodeSide<L> {
         let Some(live) = self.live.remove(&id) else {
             return CancelOutcome::NotLive;
         };
-        self.by_nonce.remove(&live.nonce);
+        self.forget(live.nonce);
         self.end_failed(&live, FailReason::Cancelled);
         self.stats.cancelled += 1;
         self.pump();
@@ -227,7 +241,14 @@ impl<L: DecodeLink> DecodeSide<L> {
                 Duration::ZERO
             };
             match self.link.recv(wait) {
-                Ok(Some(msg)) => self.handle(msg),
+                Ok(Some(msg)) => {
+                    self.handle(msg);
+                    // A peer that never stops sending does not hold the
+                    // caller past its timeout.
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
                 Ok(None) => {
                     if !self.outcomes.is_empty() || Instant::now() >= until {
                         break;
@@ -341,13 +362,24 @@ impl<L: DecodeLink> DecodeSide<L> {
         }
     }
 
-    /// Finds the transfer a message belongs to: by nonce, else (for a
-    /// nonce mismatch) by the request it names while that request is live.
+    /// Finds the transfer a message belongs to: by nonce; not at all for
+    /// the nonce of a transfer that has ended (a late message, even if a
+    /// new transfer for the same request id is live); else (for a nonce
+    /// mismatch) by the request it names while that request is live.
     fn route(&self, nonce: Nonce, request: RequestId) -> Option<RequestId> {
-        self.by_nonce
-            .get(&nonce)
-            .copied()
-            .or_else(|| self.live.contains_key(&request).then_some(request))
+        if let Some(&id) = self.by_nonce.get(&nonce) {
+            return Some(id);
+        }
+        if self.ended.contains(&nonce) {
+            return None;
+        }
+        self.live.contains_key(&request).then_some(request)
+    }
+
+    /// The transfer with `nonce` has ended: messages for it are ignored.
+    fn forget(&mut self, nonce: Nonce) {
+        self.by_nonce.remove(&nonce);
+        self.ended.insert(nonce);
     }
 
     fn on_abort(&mut self, a: Abort) {
@@ -367,7 +399,7 @@ impl<L: DecodeLink> DecodeSide<L> {
         let Some(live) = self.live.remove(&id) else {
             return;
         };
-        self.by_nonce.remove(&live.nonce);
+        self.forget(live.nonce);
         // Prefill sends no receipt after an abort and releases on its own.
         self.fence_and_release(&live);
         self.sched.finish(id);
@@ -391,7 +423,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             self.stats.ignored_receipts += 1;
             return;
         };
-        self.by_nonce.remove(&live.nonce);
+        self.forget(live.nonce);
         // Fence first: from here no write can land in these pages.
         let dest = self.link.landing().take(live.nonce);
         let tenant = live.request.tenant;
@@ -533,7 +565,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             let Some(live) = self.live.remove(&id) else {
                 continue;
             };
-            self.by_nonce.remove(&live.nonce);
+            self.forget(live.nonce);
             self.end_failed(&live, FailReason::Timeout);
             self.stats.timed_out += 1;
             self.outcomes.push(DecodeOutcome {

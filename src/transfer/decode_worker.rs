@@ -130,6 +130,13 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         let id = req.id;
         let max_new = req.max_new_tokens;
         let sampler = Sampler::for_request(&req)?;
+        // The transfer side frees an id once its KV is verified; the id
+        // stays taken here until the request ends, so tokens of one request
+        // can never reach another's handle.
+        if self.clients.contains_key(&id) {
+            self.tally.rejected += 1;
+            return Err(Rejection::DuplicateId { id });
+        }
         if let Err(r) = self.side.submit(req) {
             self.tally.rejected += 1;
             return Err(r);

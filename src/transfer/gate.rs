@@ -22,7 +22,7 @@ pub enum Step {
     /// Decode sends its answer (ack or fail).
     AckSent,
     /// A side releases pages (held source pages, fenced destination pages).
-    /// Only [`Fault::Delay`] and [`Fault::Disconnect`] apply here.
+    /// Only `Fault::Delay` and `Fault::Disconnect` apply here.
     Release,
 }
 

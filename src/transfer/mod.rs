@@ -14,7 +14,7 @@
 //!   [`Tcp`] (loopback, framed, bounded), with a cap on KV bytes in flight.
 //! - [`PrefillWorker`] / [`DecodeWorker`]: the two halves running the model,
 //!   with the same request handles as the colocated [`crate::Engine`].
-//! - `fault` (tests and the `fault-injection` feature): a [`FaultPlan`] that
+//! - `fault` (tests and the `fault-injection` feature): a `FaultPlan` that
 //!   drops, delays, duplicates, reorders, truncates or corrupts messages and
 //!   KV bytes, or disconnects the peer, and kills a worker, cancels a
 //!   client, exhausts a pool or makes admission reject, at any protocol
@@ -54,6 +54,7 @@ mod config;
 mod credits;
 mod decode;
 mod decode_worker;
+mod ended;
 mod error;
 #[cfg(any(test, feature = "fault-injection"))]
 pub mod fault;

@@ -18,6 +18,9 @@ use crate::transfer::protocol::{
     Abort, AbortReason, Answer, Nonce, Plan, Receipt, ToDecode, ToPrefill, WriteBatch, WriterRun,
 };
 
+/// Messages handled in one receive: bounded work per call.
+const DRAIN: usize = 1024;
+
 /// A plan accepted by prefill, with the source pages to compute its KV
 /// into. Compute every layer's KV for the whole prompt, then hand it back
 /// to [`PrefillSide::complete`] (or [`PrefillSide::fail`]).
@@ -422,11 +425,16 @@ impl<L: PrefillLink> PrefillSide<L> {
         }
     }
 
-    /// Handles every message that arrives within `wait`, then every one
-    /// already queued, so a plan and its cancel are seen together.
+    /// Handles the first message that arrives within `wait`, then those
+    /// already queued, so a plan and its cancel are seen together; at most
+    /// [`DRAIN`] in one call, so a peer that never stops sending cannot
+    /// hold the caller.
     fn receive(&mut self, wait: Duration) {
         let mut wait = wait;
-        while self.link_error.is_none() {
+        for _ in 0..DRAIN {
+            if self.link_error.is_some() {
+                return;
+            }
             match self.link.recv(wait) {
                 Ok(Some(ToPrefill::Plan(plan))) => self.on_plan(plan),
                 Ok(Some(ToPrefill::Answer(a))) => self.on_answer(a),
@@ -450,6 +458,11 @@ impl<L: PrefillLink> PrefillSide<L> {
         }
         if std::mem::take(&mut self.reject_next) {
             self.abort(&plan, AbortReason::ShuttingDown);
+            return;
+        }
+        if self.pending.len() >= self.limits.queue_limit() {
+            let pending = self.pending.len() as u64;
+            self.abort(&plan, AbortReason::Busy { pending });
             return;
         }
         match self.check(&plan) {

@@ -152,6 +152,9 @@ pub enum AbortReason {
     ComputeFailed,
     /// The prefill worker is shutting down.
     ShuttingDown,
+    /// Prefill already has `pending` plans waiting for pages (its queue
+    /// limit): retry later.
+    Busy { pending: u64 },
 }
 
 impl AbortReason {
@@ -188,6 +191,10 @@ impl AbortReason {
                 vocab: sat(vocab),
             },
             AbortReason::ShuttingDown => Rejection::ShuttingDown { id },
+            AbortReason::Busy { pending } => Rejection::QueueFull {
+                id,
+                limit: sat(pending),
+            },
             _ => return None,
         })
     }
@@ -223,6 +230,9 @@ impl fmt::Display for AbortReason {
             AbortReason::IsolationViolation => write!(f, "isolation violation in source KV"),
             AbortReason::ComputeFailed => write!(f, "KV computation failed"),
             AbortReason::ShuttingDown => write!(f, "prefill worker shutting down"),
+            AbortReason::Busy { pending } => {
+                write!(f, "prefill has {pending} plans waiting (its queue limit)")
+            }
         }
     }
 }

@@ -358,6 +358,9 @@ fn read_reason(r: &mut Rd<'_>) -> Result<AbortReason, WireError> {
         5 => AbortReason::IsolationViolation,
         6 => AbortReason::ComputeFailed,
         7 => AbortReason::ShuttingDown,
+        8 => AbortReason::Busy {
+            pending: r.u64("pending")?,
+        },
         _ => {
             return Err(WireError::Invalid {
                 what: "abort reason",
@@ -536,6 +539,10 @@ fn write_reason(w: &mut Wr<'_>, reason: &AbortReason) {
         AbortReason::IsolationViolation => w.u8(5),
         AbortReason::ComputeFailed => w.u8(6),
         AbortReason::ShuttingDown => w.u8(7),
+        AbortReason::Busy { pending } => {
+            w.u8(8);
+            w.u64(pending);
+        }
     }
 }
 
@@ -606,5 +613,56 @@ impl Wr<'_> {
     }
     fn u64(&mut self, x: u64) {
         self.0.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::protocol::Abort;
+
+    #[test]
+    fn every_abort_reason_survives_the_wire() {
+        let reasons = [
+            AbortReason::EmptyPrompt,
+            AbortReason::PromptTooLong {
+                prompt: 9,
+                max_context: 8,
+            },
+            AbortReason::ExceedsPool {
+                tokens: 7,
+                pool_tokens: 6,
+            },
+            AbortReason::InvalidToken {
+                index: 1,
+                token: 99,
+                vocab: 50,
+            },
+            AbortReason::MalformedPlan,
+            AbortReason::IsolationViolation,
+            AbortReason::ComputeFailed,
+            AbortReason::ShuttingDown,
+            AbortReason::Busy { pending: 65_536 },
+        ];
+        for reason in reasons {
+            let abort = Abort {
+                request: RequestId(3),
+                nonce: Nonce(0xfeed),
+                reason: reason.clone(),
+            };
+            let mut buf = Vec::new();
+            encode_frame(
+                &mut buf,
+                1,
+                &Frame::ToDecode(ToDecode::Abort(abort.clone())),
+            );
+            match decode_frame(&buf, 1 << 20) {
+                Ok(Some((_, Frame::ToDecode(ToDecode::Abort(got)), used))) => {
+                    assert_eq!(got, abort);
+                    assert_eq!(used, buf.len());
+                }
+                other => panic!("{reason:?}: {other:?}"),
+            }
+        }
     }
 }
