@@ -250,6 +250,14 @@ fn a_live_id_is_refused_until_its_request_ends<T: Transfer>(t: T) {
         }
         o => panic!("a second request under a live id must be refused, got {o:?}"),
     }
+    // Every refusal is tallied, whatever refused it.
+    let mut bad = Request::new(RequestId(2), TenantId(2), vec![11], 4);
+    bad.sampling.temperature = f32::NAN;
+    assert!(matches!(
+        pair.submit(bad).outcome,
+        Some(Outcome::Rejected(Rejection::InvalidSampling { .. }))
+    ));
+    assert_eq!(pair.decode.tally().rejected, 2);
     let mut reqs = [a];
     assert!(pair.run_until(&mut reqs, Instant::now() + Duration::from_secs(30)));
     let [a] = reqs;

@@ -129,7 +129,13 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     pub fn submit(&mut self, req: Request) -> Result<RequestHandle, Rejection> {
         let id = req.id;
         let max_new = req.max_new_tokens;
-        let sampler = Sampler::for_request(&req)?;
+        let sampler = match Sampler::for_request(&req) {
+            Ok(s) => s,
+            Err(r) => {
+                self.tally.rejected += 1;
+                return Err(r);
+            }
+        };
         // The transfer side frees an id once its KV is verified; the id
         // stays taken here until the request ends, so tokens of one request
         // can never reach another's handle.
