@@ -13,7 +13,19 @@
 //! (fenced, pages released), and one whose receipt is corrupted on purpose
 //! with `--inject-corrupt-receipt` (fails verification: HTTP 500, no token).
 //! Every successful request is checked token for token against the
-//! colocated engine. The last line is the audit.
+//! colocated engine. The last line is the audit:
+//!
+//! ```text
+//! audit: requests=N ok=N rejected=N cancelled=N failed=N leaked_pages=0 held_pages=0 isolation_violations=0
+//! ```
+//!
+//! Every request is counted once; one that never got an outcome is lost
+//! and counts as failed. `held_pages` is read in both pools once the
+//! workload has drained, before shutdown (which releases everything held,
+//! so only then does it show whether decode's answers released the source
+//! pages); `leaked_pages` counts pages in use then or not free after
+//! shutdown. The exit status is 0 only when nothing was lost, leaked, held
+//! or seen by another request, and every output matches colocated serving.
 //!
 //! Flags: `--transport inproc|tcp` (threads in one process, the default, or
 //! a second process of this example on 127.0.0.1), `--model PATH` (a
@@ -30,12 +42,12 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeLink, DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, PrefillWorker, Step,
-    TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
+    DecodeLink, DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, PrefillLink, PrefillWorker,
+    Step, TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
 };
 use handoff::{
-    Engine, EngineConfig, HttpStatus, KvDtype, Outcome, PoolStats, Request, RequestId, Role,
-    TenantId,
+    Engine, EngineConfig, HttpStatus, KvDtype, Outcome, PoolStats, Rejection, Request,
+    RequestHandle, RequestId, Role, TenantId,
 };
 
 const CANCELLED: RequestId = RequestId(8);
@@ -159,7 +171,10 @@ fn workload(w: &ModelWeights) -> Vec<Request> {
         .collect()
 }
 
-/// The prefill process of `--transport tcp`.
+/// The prefill process of `--transport tcp`. It serves until the decode
+/// process writes a line on its stdin (the workload has drained), reports
+/// its pool then, serves on until decode closes the link, shuts down and
+/// reports its pool again.
 fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let w = weights(args.model.as_deref())?;
     let cfg = config(&w, Role::Prefill)?;
@@ -167,61 +182,135 @@ fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let link = TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?;
     let model = Model::cpu(w).map_err(|e| e.to_string())?;
     let mut worker = PrefillWorker::new(link, model, &cfg, tcfg).map_err(|e| e.to_string())?;
-    // Serves until decode closes the link.
-    let stop = AtomicBool::new(false);
-    let _ = worker.run(&stop);
+    let drained = Arc::new(AtomicBool::new(false));
+    {
+        let drained = drained.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            drained.store(true, Ordering::Release);
+        });
+    }
+    worker
+        .run(&drained)
+        .map_err(|e| format!("the link ended before the workload drained: {e}"))?;
+    let s = drained_stats(&mut worker)?;
+    println!(
+        "prefill-pool drained in_use={} held={} ack_timeouts={}",
+        s.in_use,
+        s.held,
+        worker.side().stats().ack_timeouts
+    );
+    // Decode closes the link once it has read the line above.
+    while worker.step(Duration::from_millis(20)).is_ok() {}
     worker.shutdown();
     let s = worker.pool().stats();
     println!(
-        "prefill-pool in_use={} held={} violations={}",
-        s.in_use, s.held, s.isolation_violations
+        "prefill-pool shutdown not_free={} violations={}",
+        s.capacity - s.free,
+        s.isolation_violations
     );
     Ok(())
 }
 
-struct Served {
-    tokens: Vec<u32>,
-    outcome: Outcome,
+/// The prefill pool once the workload has drained, before shutdown (which
+/// drops every held transfer, so only figures taken before it show whether
+/// decode's answers released the source pages). Answers already sent are
+/// handled first, for at most two seconds (far below the ack timeout, so
+/// an answer that released nothing still shows as held pages).
+fn drained_stats<L: PrefillLink>(worker: &mut PrefillWorker<L>) -> Result<PoolStats, String> {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        worker
+            .step(Duration::from_millis(20))
+            .map_err(|e| format!("the link ended before the prefill pool was audited: {e}"))?;
+        let s = worker.pool().stats();
+        if (s.in_use == 0 && s.held == 0) || Instant::now() >= until {
+            return Ok(s);
+        }
+    }
 }
 
+/// One pool's audit: pages still in use or held once the workload has
+/// drained (every transfer was acked or failed, every request ended), and
+/// pages not free after its worker shut down.
+#[derive(Clone, Copy, Debug)]
+struct PoolAudit {
+    drained_in_use: usize,
+    drained_held: usize,
+    not_free_after_shutdown: usize,
+    violations: u64,
+    /// Prefill only: held transfers released by the ack timeout rather
+    /// than by decode's answer (every transfer here gets an answer, so an
+    /// answer released nothing).
+    ack_timeouts: u64,
+}
+
+impl PoolAudit {
+    fn new(drained: PoolStats, after: PoolStats) -> Self {
+        PoolAudit {
+            drained_in_use: drained.in_use,
+            drained_held: drained.held,
+            not_free_after_shutdown: after.capacity - after.free,
+            violations: drained.isolation_violations.max(after.isolation_violations),
+            ack_timeouts: 0,
+        }
+    }
+    /// Pages leaked: in use once drained, or not free after shutdown.
+    fn leaked(&self) -> usize {
+        self.drained_in_use.max(self.not_free_after_shutdown)
+    }
+}
+
+/// How one request ended, as its client saw it. `outcome` is `None` when
+/// the request never got one: it was lost, and counts as failed.
+struct Served {
+    tokens: Vec<u32>,
+    outcome: Option<Outcome>,
+}
+
+/// The longest the workload may take before the requests without an
+/// outcome are declared lost (a debug build needs a few seconds).
+const WORKLOAD_DEADLINE: Duration = Duration::from_secs(120);
+
 /// Submits the workload, cancels one request mid-transfer, and steps the
-/// decode worker until every request has ended.
+/// decode worker until every request has ended (or the deadline passed).
+/// Returns one entry per request, in order.
 fn serve<L: DecodeLink + 'static>(
     decode: &mut DecodeWorker<L>,
     reqs: &[Request],
 ) -> (Vec<Served>, Late) {
-    let mut handles = Vec::new();
-    let mut served: Vec<Option<Served>> = reqs.iter().map(|_| None).collect();
-    for (i, r) in reqs.iter().enumerate() {
-        match decode.submit(r.clone()) {
-            Ok(h) => handles.push((i, h)),
-            Err(rejection) => {
-                served[i] = Some(Served {
-                    tokens: Vec::new(),
-                    outcome: Outcome::Rejected(rejection),
-                })
-            }
-        }
-    }
+    let handles: Vec<Result<RequestHandle, Rejection>> =
+        reqs.iter().map(|r| decode.submit(r.clone())).collect();
     let start = Instant::now();
     let mut cancelled = false;
-    while !decode.is_idle() {
+    while !decode.is_idle() && start.elapsed() < WORKLOAD_DEADLINE {
         decode.step(Duration::from_millis(10));
         if !cancelled && start.elapsed() > Duration::from_millis(200) {
             // The client of the slow request goes away mid-transfer.
-            if let Some((_, h)) = handles.iter().find(|(i, _)| reqs[*i].id == CANCELLED) {
+            if let Some(Ok(h)) = reqs
+                .iter()
+                .zip(&handles)
+                .find_map(|(r, h)| (r.id == CANCELLED).then_some(h))
+            {
                 h.cancel();
             }
             cancelled = true;
         }
     }
-    for (i, h) in handles {
-        let (tokens, outcome) = h.try_collect();
-        served[i] = Some(Served {
-            tokens,
-            outcome: outcome.unwrap_or(Outcome::Cancelled),
-        });
-    }
+    let served = handles
+        .into_iter()
+        .map(|h| match h {
+            Err(rejection) => Served {
+                tokens: Vec::new(),
+                outcome: Some(Outcome::Rejected(rejection)),
+            },
+            Ok(h) => {
+                let (tokens, outcome) = h.try_collect();
+                Served { tokens, outcome }
+            }
+        })
+        .collect();
     // Give late writes and receipts of the cancelled transfer time to
     // arrive: they must land nowhere.
     let until = Instant::now() + Duration::from_millis(800);
@@ -232,7 +321,7 @@ fn serve<L: DecodeLink + 'static>(
         writes: decode.side().landing().stray_writes(),
         receipts: decode.side().stats().ignored_receipts,
     };
-    (served.into_iter().flatten().collect(), late)
+    (served, late)
 }
 
 /// What arrived for transfers that had already ended.
@@ -284,8 +373,8 @@ fn run(args: &Args) -> Result<bool, String> {
     );
     let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
 
-    type Run = (Vec<Served>, Late, PoolStats, (usize, usize, u64));
-    let (served, late, decode_stats, prefill): Run = if args.tcp {
+    type Run = (Vec<Served>, Late, PoolAudit, PoolAudit);
+    let (served, late, decode_audit, prefill_audit): Run = if args.tcp {
         let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -299,76 +388,108 @@ fn run(args: &Args) -> Result<bool, String> {
             cmd.arg("--inject-corrupt-receipt");
         }
         let mut child = cmd
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting the prefill process: {e}"))?;
         let link = listener.accept(&tcfg).map_err(|e| e.to_string())?;
         let mut decode = DecodeWorker::new(link, model, &dcfg, tcfg).map_err(|e| e.to_string())?;
         let (served, late) = serve(&mut decode, &reqs);
-        // Let the last answers reach prefill, then close the link: the
-        // prefill process releases everything and reports its pool.
-        std::thread::sleep(Duration::from_millis(100));
-        let stats = decode.pool().stats();
-        drop(decode);
+        let d_drained = decode.pool().stats();
+        // Tell the prefill process the workload has drained, and read its
+        // pool's figures before the link closes (closing it drops every
+        // transfer prefill still holds).
+        let mut stdin = child.stdin.take().ok_or("no prefill stdin")?;
+        writeln!(stdin, "drained").map_err(|e| format!("telling prefill: {e}"))?;
+        drop(stdin);
         let out = child.stdout.take().ok_or("no prefill stdout")?;
-        let mut prefill = None;
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("prefill-pool ") {
-                let v: Vec<u64> = rest
-                    .split(' ')
-                    .filter_map(|kv| kv.split_once('=').and_then(|(_, v)| v.parse().ok()))
-                    .collect();
-                if let [in_use, held, violations] = v[..] {
-                    prefill = Some((in_use as usize, held as usize, violations));
-                }
-            }
-        }
+        let mut lines = BufReader::new(out).lines().map_while(Result::ok);
+        let p_drained = lines
+            .by_ref()
+            .find_map(|l| figures(&l, "prefill-pool drained "))
+            .ok_or("the prefill process reported no drained figures")?;
+        // Close the link: the prefill process shuts down and reports again.
+        let pool = decode.pool().clone();
+        drop(decode);
+        let d_after = pool.stats();
+        let p_after = lines
+            .find_map(|l| figures(&l, "prefill-pool shutdown "))
+            .ok_or("the prefill process reported no shutdown figures")?;
         let status = child.wait().map_err(|e| e.to_string())?;
         if !status.success() {
             return Err(format!("the prefill process failed: {status}"));
         }
-        let prefill = prefill.ok_or("the prefill process reported no audit")?;
-        (served, late, stats, prefill)
+        let prefill = match (&p_drained[..], &p_after[..]) {
+            (&[in_use, held, ack_timeouts], &[not_free, violations]) => PoolAudit {
+                drained_in_use: in_use as usize,
+                drained_held: held as usize,
+                not_free_after_shutdown: not_free as usize,
+                violations,
+                ack_timeouts,
+            },
+            _ => return Err("the prefill process's figures are malformed".into()),
+        };
+        (served, late, PoolAudit::new(d_drained, d_after), prefill)
     } else {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
         let pcfg = config(&w, Role::Prefill)?;
         let pmodel = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
         let mut prefill =
             PrefillWorker::new(pl, pmodel, &pcfg, tcfg.clone()).map_err(|e| e.to_string())?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let drained = Arc::new(AtomicBool::new(false));
         let thread = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let _ = prefill.run(&stop);
-                // Answers already sent are handled before shutting down.
-                let _ = prefill.step(Duration::from_millis(50));
+            let drained = drained.clone();
+            std::thread::spawn(move || -> Result<PoolAudit, String> {
+                prefill
+                    .run(&drained)
+                    .map_err(|e| format!("the link ended before the workload drained: {e}"))?;
+                let before = drained_stats(&mut prefill)?;
+                let ack_timeouts = prefill.side().stats().ack_timeouts;
                 prefill.shutdown();
-                let s = prefill.pool().stats();
-                (s.in_use, s.held, s.isolation_violations)
+                Ok(PoolAudit {
+                    ack_timeouts,
+                    ..PoolAudit::new(before, prefill.pool().stats())
+                })
             })
         };
         let mut decode = DecodeWorker::new(dl, model, &dcfg, tcfg).map_err(|e| e.to_string())?;
         let (served, late) = serve(&mut decode, &reqs);
-        stop.store(true, Ordering::Release);
-        let prefill = thread.join().map_err(|_| "the prefill thread panicked")?;
-        (served, late, decode.pool().stats(), prefill)
+        let d_drained = decode.pool().stats();
+        drained.store(true, Ordering::Release);
+        let prefill = thread.join().map_err(|_| "the prefill thread panicked")??;
+        let pool = decode.pool().clone();
+        drop(decode);
+        (
+            served,
+            late,
+            PoolAudit::new(d_drained, pool.stats()),
+            prefill,
+        )
     };
+    if served.len() != reqs.len() {
+        return Err(format!(
+            "{} outcomes for {} requests",
+            served.len(),
+            reqs.len()
+        ));
+    }
 
     let ok_reqs: Vec<Request> = reqs
         .iter()
         .zip(&served)
-        .filter(|(_, s)| matches!(s.outcome, Outcome::Finished(_)))
+        .filter(|(_, s)| matches!(s.outcome, Some(Outcome::Finished(_))))
         .map(|(r, _)| r.clone())
         .collect();
     let reference = colocated(w, &ok_reqs)?;
     let mut reference = ok_reqs.iter().map(|r| r.id).zip(reference);
 
-    let (mut ok, mut rejected, mut cancelled, mut failed, mut mismatched) = (0, 0, 0, 0, 0);
+    let (mut ok, mut rejected, mut cancelled, mut failed) = (0usize, 0usize, 0usize, 0usize);
+    let (mut mismatched, mut lost) = (0, 0);
     let mut out = std::io::stdout().lock();
     for (r, s) in reqs.iter().zip(&served) {
         let head = format!("{} {} prompt={:>3}:", r.id, r.tenant, r.prompt.len());
         let line = match &s.outcome {
-            Outcome::Finished(_) => {
+            Some(Outcome::Finished(_)) => {
                 ok += 1;
                 let same = reference
                     .find(|(id, _)| *id == r.id)
@@ -384,11 +505,11 @@ fn run(args: &Args) -> Result<bool, String> {
                     if same { "matches" } else { "DIFFERS FROM" }
                 )
             }
-            Outcome::Rejected(e) => {
+            Some(Outcome::Rejected(e)) => {
                 rejected += 1;
                 format!("{head} rejected, HTTP {}: {e}", e.http_status())
             }
-            Outcome::Cancelled => {
+            Some(Outcome::Cancelled) => {
                 cancelled += 1;
                 format!(
                     "{head} cancelled by the client mid-transfer: fenced and released, {} tokens; \
@@ -398,7 +519,7 @@ fn run(args: &Args) -> Result<bool, String> {
                     late.receipts
                 )
             }
-            Outcome::Failed(e) => {
+            Some(Outcome::Failed(e)) => {
                 failed += 1;
                 format!(
                     "{head} failed, HTTP {}, {} tokens generated: {e}",
@@ -406,21 +527,50 @@ fn run(args: &Args) -> Result<bool, String> {
                     s.tokens.len()
                 )
             }
+            None => {
+                // Lost: the worker went idle (or the deadline passed)
+                // without ever ending it. Counted as failed.
+                failed += 1;
+                lost += 1;
+                format!(
+                    "{head} LOST: no outcome after {} tokens, counted as failed",
+                    s.tokens.len()
+                )
+            }
         };
         let _ = writeln!(out, "{line}");
     }
-    let (p_in_use, p_held, p_violations) = prefill;
+    let leaked = decode_audit.leaked() + prefill_audit.leaked();
+    let held = decode_audit.drained_held + prefill_audit.drained_held;
+    let violations = decode_audit.violations + prefill_audit.violations;
     let _ = writeln!(
         out,
         "audit: requests={} ok={ok} rejected={rejected} cancelled={cancelled} failed={failed} \
-         leaked_pages={} held_pages={} isolation_violations={}",
+         leaked_pages={leaked} held_pages={held} isolation_violations={violations}",
         reqs.len(),
-        decode_stats.in_use + p_in_use,
-        decode_stats.held + p_held,
-        decode_stats.isolation_violations + p_violations
     );
-    let clean = decode_stats.is_full() && p_in_use == 0 && p_held == 0;
-    Ok(clean && mismatched == 0 && decode_stats.isolation_violations + p_violations == 0)
+    if prefill_audit.ack_timeouts > 0 {
+        eprintln!(
+            "prefill released {} transfers only at the ack timeout: decode's answers did not",
+            prefill_audit.ack_timeouts
+        );
+    }
+    let counted = ok + rejected + cancelled + failed == reqs.len();
+    Ok(counted
+        && leaked == 0
+        && held == 0
+        && violations == 0
+        && prefill_audit.ack_timeouts == 0
+        && mismatched == 0
+        && lost == 0)
+}
+
+/// The numbers of a `PREFIX key=value ...` line of the prefill process.
+fn figures(line: &str, prefix: &str) -> Option<Vec<u64>> {
+    let rest = line.strip_prefix(prefix)?;
+    rest.split(' ')
+        .map(|kv| kv.split_once('=').and_then(|(_, v)| v.parse().ok()))
+        .collect()
 }
 
 fn main() -> ExitCode {

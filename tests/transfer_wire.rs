@@ -5,20 +5,24 @@
 //! longer than allowed, frames out of sequence or in the wrong direction.
 //! Each time the decode end reports a typed wire error, closes the
 //! connection, fails the transfers in flight on it with that error, and
-//! leaves its pool exactly as full as before. The frame decoder is a pure
-//! function that never panics, whatever bytes it is fed.
+//! leaves its pool exactly as full as before. The prefill end, facing a
+//! raw peer posing as a decode worker while it holds a transfer's source
+//! pages for the peer's answer, does the same: a typed error, the
+//! connection closed, the held pages released by the link's end (never by
+//! a forged answer inside the bad frame), its pool back to full. The frame
+//! decoder is a pure function that never panics, whatever bytes it is fed.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
 
 use handoff::transfer::tcp::frame::{
     self, Frame, HEADER_LEN, Kind, Role, decode_frame, encode_frame, put_header,
 };
 use handoff::transfer::{
-    Answer, DecodeSide, FailReason, LinkError, Nonce, Plan, PlannedPage, Receipt,
-    TcpDecodeListener, ToDecode, ToPrefill, TransferConfig, TransferError, Verdict, WireError,
-    WriteBatch, WriterRun,
+    Answer, DecodeSide, FailReason, LinkError, Nonce, Plan, PlannedPage, PrefillSide, Receipt,
+    TcpDecodeListener, TcpPrefill, ToDecode, ToPrefill, TransferConfig, TransferError, Verdict,
+    WireError, WriteBatch, WriterRun, synthetic,
 };
 use handoff::{
     AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId,
@@ -180,6 +184,330 @@ fn malformed_receipt_is_refused_not_guessed() {
     let (e, pool) = decode_receives(b);
     assert_eq!(wire(e), WireError::Truncated { what: "checksums" });
     assert!(pool.stats().is_full());
+}
+
+// ---- The prefill end ---------------------------------------------------
+
+/// The request and nonce of the plan the raw decode peer sends.
+const HELD: RequestId = RequestId(1);
+const NONCE: Nonce = Nonce(0x5eed_0001);
+const PROMPT: usize = 20;
+
+/// When the raw decode peer misbehaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum When {
+    /// Instead of its hello: prefill holds nothing yet.
+    First,
+    /// After its hello (sequence 0) and a plan (1), once prefill has sent
+    /// the KV and the receipt and holds the source pages for the answer.
+    /// The bad bytes are built for sequence number 2.
+    WhileHeld,
+}
+
+fn held_plan() -> Plan {
+    Plan {
+        request: HELD,
+        tenant: TenantId(1),
+        nonce: NONCE,
+        prompt: vec![3; PROMPT],
+        tokens: PROMPT as u32,
+        geometry: geometry(),
+        page_size: 16,
+        pages: (0..PROMPT.div_ceil(16) as u32)
+            .map(|index| PlannedPage {
+                index,
+                generation: 1,
+            })
+            .collect(),
+        sampling: handoff::SamplingParams::default(),
+    }
+}
+
+/// The answer that would release the held transfer, as frame `seq`.
+fn ack(seq: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    encode_frame(
+        &mut b,
+        seq,
+        &Frame::ToPrefill(ToPrefill::Answer(Answer {
+            request: HELD,
+            nonce: NONCE,
+            verdict: Verdict::Ack,
+        })),
+    );
+    b
+}
+
+/// What the prefill end did with bad bytes from a raw decode peer.
+struct PrefillEnd {
+    error: LinkError,
+    /// The peer's reads ended (EOF or reset) rather than timing out.
+    closed: bool,
+}
+
+/// A prefill side connects to a raw peer posing as a decode worker, which
+/// sends `bytes` at `when` (then, if `hang_up`, closes its sending half).
+/// Checks that prefill applied nothing from them and that its pool is full
+/// afterwards; returns the error that ended the link.
+fn prefill_receives(when: When, bytes: Vec<u8>, hang_up: bool) -> PrefillEnd {
+    let cfg = TransferConfig::default()
+        .with_max_batch_bytes(64 << 10)
+        .with_max_frame_bytes(MAX);
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        if when == When::WhileHeld {
+            let mut out = Vec::new();
+            encode_frame(&mut out, 0, &Frame::Hello(Role::Decode));
+            encode_frame(&mut out, 1, &Frame::ToPrefill(ToPrefill::Plan(held_plan())));
+            s.write_all(&out).unwrap();
+            // Prefill's hello, the KV writes, then the receipt.
+            loop {
+                let mut head = [0u8; HEADER_LEN];
+                s.read_exact(&mut head).unwrap();
+                let h = frame::decode_header(&head, MAX).unwrap();
+                let mut payload = vec![0u8; h.len as usize];
+                s.read_exact(&mut payload).unwrap();
+                if h.kind == Kind::Receipt {
+                    break;
+                }
+            }
+        }
+        let _ = s.write_all(&bytes);
+        if hang_up {
+            let _ = s.shutdown(Shutdown::Write);
+        }
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    });
+    let link = TcpPrefill::connect(addr, &cfg).unwrap();
+    let pool = KvPool::new(PoolConfig::new(geometry(), 16, 8)).unwrap();
+    let mut prefill = PrefillSide::new(link, pool.clone(), AdmissionLimits::new(64, 8, 16), cfg);
+    if when == When::WhileHeld {
+        let mut job = prefill.next_job_within(Duration::from_secs(10)).unwrap();
+        synthetic::fill(job.seq_mut(), HELD, PROMPT).unwrap();
+        prefill.complete(job, Some(1)).unwrap();
+        assert_eq!(prefill.held_transfers(), 1);
+        assert_eq!(pool.stats().held, 2, "the source pages wait for the answer");
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut r = Ok(());
+    while r.is_ok() && Instant::now() < until {
+        r = prefill.poll(Duration::from_millis(50));
+    }
+    let closed = peer.join().unwrap();
+    let stats = prefill.stats();
+    assert_eq!(stats.acked, 0, "nothing in the bad bytes was applied");
+    assert_eq!(stats.ignored_answers, 0);
+    assert_eq!(prefill.held_transfers(), 0, "the link's end releases them");
+    let s = pool.stats();
+    assert!(s.is_full() && s.balanced(), "prefill pool: {s:?}");
+    assert_eq!(s.isolation_violations, 0);
+    let error = match r {
+        Err(TransferError::Link(e)) => e,
+        other => panic!("expected the link to end with an error, got {other:?}"),
+    };
+    assert_eq!(prefill.link_error(), Some(&error));
+    PrefillEnd { error, closed }
+}
+
+/// The typed wire error that ended the prefill end, which closed the
+/// connection.
+fn prefill_wire(when: When, bytes: Vec<u8>) -> WireError {
+    let end = prefill_receives(when, bytes, false);
+    assert!(end.closed, "prefill must close the connection");
+    match end.error {
+        LinkError::Wire(w) => w,
+        other => panic!("expected a wire error, got {other:?}"),
+    }
+}
+
+#[test]
+fn prefill_end_closes_on_garbage_instead_of_the_hello() {
+    let e = prefill_wire(When::First, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec());
+    assert!(matches!(e, WireError::BadMagic { got } if &got == b"GET "));
+}
+
+#[test]
+fn prefill_end_closes_on_garbage_while_holding_a_transfer() {
+    let e = prefill_wire(When::WhileHeld, b"GET / HTTP/1.1\r\n\r\n".to_vec());
+    assert!(matches!(e, WireError::BadMagic { got } if &got == b"GET "));
+}
+
+#[test]
+fn prefill_end_refuses_an_answer_of_another_version_or_with_flags() {
+    let mut b = ack(2);
+    b[4] = 9;
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::UnsupportedVersion {
+            got: 9,
+            supported: 1
+        }
+    );
+    let mut b = ack(2);
+    b[7] = 0x80;
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::BadFlags { flags: 0x80 }
+    );
+}
+
+#[test]
+fn prefill_end_refuses_an_unknown_frame_kind() {
+    let mut b = ack(2);
+    b[6] = 0x42;
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::UnknownKind { kind: 0x42 }
+    );
+}
+
+#[test]
+fn prefill_end_refuses_an_oversized_frame_before_reading_it() {
+    let mut b = Vec::new();
+    put_header(&mut b, Kind::Answer, 2, (MAX + 1) as u32);
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::Oversized {
+            len: MAX as u64 + 1,
+            max: MAX as u64
+        }
+    );
+}
+
+#[test]
+fn prefill_end_refuses_an_answer_out_of_sequence() {
+    // The answer is genuine but numbered 7 where 2 is due: not applied.
+    assert_eq!(
+        prefill_wire(When::WhileHeld, ack(7)),
+        WireError::OutOfOrder {
+            expected: 2,
+            got: 7
+        }
+    );
+}
+
+#[test]
+fn prefill_end_refuses_malformed_answer_payloads() {
+    // Cut after 9 of its 17 bytes, the length field agreeing.
+    let mut b = ack(2);
+    b.truncate(HEADER_LEN + 9);
+    b[12..16].copy_from_slice(&9u32.to_le_bytes());
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::Truncated { what: "nonce" }
+    );
+    // One byte more than an answer holds.
+    let mut b = ack(2);
+    b.push(0);
+    b[12..16].copy_from_slice(&18u32.to_le_bytes());
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::TrailingBytes {
+            kind: "answer",
+            extra: 1
+        }
+    );
+    // A verdict that does not exist.
+    let mut b = ack(2);
+    *b.last_mut().unwrap() = 9;
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::Invalid { what: "verdict" }
+    );
+}
+
+#[test]
+fn prefill_end_treats_a_peer_hanging_up_mid_frame_as_a_disconnect() {
+    // Header and part of the payload, then the peer closes its side.
+    let mut b = ack(2);
+    b.truncate(HEADER_LEN + 5);
+    let end = prefill_receives(When::WhileHeld, b, true);
+    assert_eq!(end.error, LinkError::Disconnected);
+    assert!(end.closed);
+}
+
+#[test]
+fn prefill_end_refuses_frames_only_prefill_may_send() {
+    let receipt = Frame::ToDecode(ToDecode::Receipt(Receipt {
+        request: HELD,
+        nonce: NONCE,
+        layer_tokens: vec![PROMPT as u32; 2],
+        pages: held_plan().pages,
+        page_checksums: vec![0; 2],
+        writers: vec![],
+        first_token: Some(1),
+    }));
+    let abort = Frame::ToDecode(ToDecode::Abort(handoff::transfer::Abort {
+        request: HELD,
+        nonce: NONCE,
+        reason: handoff::transfer::AbortReason::ComputeFailed,
+    }));
+    let write = Frame::Write(
+        WriteBatch {
+            request: HELD,
+            nonce: NONCE,
+            layer: 0,
+            start: 0,
+            tokens: 1,
+        },
+        &[0; 32],
+    );
+    for (frame, kind) in [(receipt, "receipt"), (abort, "abort"), (write, "write")] {
+        let mut b = Vec::new();
+        encode_frame(&mut b, 2, &frame);
+        assert_eq!(
+            prefill_wire(When::WhileHeld, b),
+            WireError::Unexpected {
+                kind,
+                context: "from a decode worker"
+            }
+        );
+    }
+}
+
+#[test]
+fn prefill_end_refuses_a_second_hello_and_a_hello_of_its_own_role() {
+    let mut b = Vec::new();
+    encode_frame(&mut b, 2, &Frame::Hello(Role::Decode));
+    assert_eq!(
+        prefill_wire(When::WhileHeld, b),
+        WireError::Unexpected {
+            kind: "hello",
+            context: "after the first frame"
+        }
+    );
+    let mut b = Vec::new();
+    encode_frame(&mut b, 0, &Frame::Hello(Role::Prefill));
+    assert_eq!(
+        prefill_wire(When::First, b),
+        WireError::Unexpected {
+            kind: "hello",
+            context: "from a peer of the same role"
+        }
+    );
+}
+
+#[test]
+fn prefill_end_refuses_a_plan_before_the_hello() {
+    let mut b = Vec::new();
+    encode_frame(&mut b, 0, &Frame::ToPrefill(ToPrefill::Plan(held_plan())));
+    assert_eq!(
+        prefill_wire(When::First, b),
+        WireError::Unexpected {
+            kind: "plan",
+            context: "before the hello"
+        }
+    );
 }
 
 #[test]
