@@ -629,3 +629,34 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn prefill_end_closes_on_a_bad_frame_before_its_side_reads_anything() {
+    // The connection ends as soon as the bytes are bad, not when the host
+    // next polls its prefill side (it may be busy computing a long prompt).
+    let cfg = TransferConfig::default()
+        .with_max_batch_bytes(64 << 10)
+        .with_max_frame_bytes(MAX);
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    });
+    let link = TcpPrefill::connect(addr, &cfg).unwrap();
+    let closed = peer.join().unwrap();
+    drop(link);
+    assert!(
+        closed,
+        "the prefill end kept a connection open after bad bytes"
+    );
+}

@@ -368,10 +368,14 @@ impl TcpPrefill {
         };
         let handle = {
             let credits = credits.clone();
+            // A bad frame closes the connection at once, as at the decode
+            // end: the peer sees it end, whatever this side does next.
+            let closer = stream.try_clone()?;
             std::thread::Builder::new()
                 .name("handoff-tcp-prefill-reader".into())
                 .spawn(move || {
                     let e = prefill_reader(reader, &credits, &tx);
+                    let _ = closer.shutdown(Shutdown::Both);
                     credits.close();
                     let _ = tx.send(Err(e));
                 })?
