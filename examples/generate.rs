@@ -11,8 +11,14 @@
 //! `--stop-ids` is given. Logs and timings go to stderr.
 //!
 //! Other flags: `--stop-ids 1,2`, `--top-k K`, `--top-p P`, `--seed S`
-//! (request i uses S + i), `--page-size N` (16), `--kv-dtype f32|f16|bf16`
-//! (f32), `--threads N` (all cores).
+//! (request i uses S + i), `--page-size N` (16; a power of two, lowered to
+//! fit the context window), `--kv-dtype f32|f16|bf16` (f32), `--threads N`
+//! (all cores).
+//!
+//! Bad arguments (including counts that overflow, and prompts the engine
+//! rejects) print the reason and the usage on stderr, nothing on stdout, and
+//! exit with status 2. A request that fails while generating still gets its
+//! line (the tokens it streamed), and the exit status is 1.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -104,7 +110,56 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--model, at least one --prompt-ids and --max-new-tokens > 0 are required".into(),
         );
     }
+    if !a.page_size.is_power_of_two() {
+        return Err(format!(
+            "--page-size {}: a power of two is required",
+            a.page_size
+        ));
+    }
+    for p in &a.prompts {
+        tokens_needed(p, a.max_new)?;
+    }
     Ok(a)
+}
+
+/// Prompt plus new tokens, or a usage error when that does not fit a `usize`.
+fn tokens_needed(prompt: &[u32], max_new: usize) -> Result<usize, String> {
+    prompt.len().checked_add(max_new).ok_or(format!(
+        "--max-new-tokens {max_new} with a prompt of {} tokens is more tokens than can be counted",
+        prompt.len()
+    ))
+}
+
+/// `n` rounded up to whole pages, or a usage error on overflow.
+fn whole_pages(n: usize, page: usize) -> Result<usize, String> {
+    n.checked_next_multiple_of(page)
+        .ok_or(format!("{n} tokens in pages of {page} overflow"))
+}
+
+/// The KV sizing that runs every prompt at once: `(max_context, page,
+/// pool_tokens)`. The window covers the longest request, capped at the
+/// model's `max_seq_len`; the pool holds every request (each capped at the
+/// window: longer ones are rejected at submit) and at least twice the
+/// window, in whole pages, as [`EngineConfig`] requires.
+fn sizing(args: &Args, model_max: usize) -> Result<(usize, usize, usize), String> {
+    let page = args.page_size;
+    let mut need = 1;
+    for p in &args.prompts {
+        need = need.max(tokens_needed(p, args.max_new)?);
+    }
+    let max_context = whole_pages(need, page)?.min(model_max);
+    let page = page.min(prev_power_of_two(max_context));
+    let mut all = 0usize;
+    for p in &args.prompts {
+        let one = whole_pages(tokens_needed(p, args.max_new)?.min(max_context), page)?;
+        all = all
+            .checked_add(one)
+            .ok_or("the prompts together need more tokens than can be counted")?;
+    }
+    let window2 = max_context
+        .checked_mul(2)
+        .ok_or("twice the context window overflows")?;
+    Ok((max_context, page, whole_pages(all.max(window2), page)?))
 }
 
 fn load(path: &Path) -> Result<ModelWeights, String> {
@@ -152,31 +207,18 @@ fn run() -> Result<ExitCode, String> {
     );
 
     // Size the deployment so that every prompt runs at once.
-    let page = args.page_size.max(1);
-    let need = args
-        .prompts
-        .iter()
-        .map(|p| p.len() + args.max_new)
-        .max()
-        .unwrap_or(1);
-    let max_context = need.next_multiple_of(page).min(mc.max_seq_len);
-    let page = page.min(prev_power_of_two(max_context));
-    let all: usize = args
-        .prompts
-        .iter()
-        .map(|p| (p.len() + args.max_new).next_multiple_of(page))
-        .sum();
+    let (max_context, page, pool_tokens) = sizing(&args, mc.max_seq_len)?;
     let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(args.kv_dtype))
         .max_context(max_context)
         .page_size(page)
-        .pool_tokens(all.max(2 * max_context))
+        .pool_tokens(pool_tokens)
         .build()
         .map_err(|e| e.to_string())?;
     let mut engine = Engine::new(model, cfg).map_err(|e| e.to_string())?;
 
     let t0 = Instant::now();
     let mut handles = Vec::new();
-    let mut failed = false;
+    let mut rejected = Vec::new();
     for (i, prompt) in args.prompts.iter().enumerate() {
         let sampling = SamplingParams {
             temperature: args.temperature,
@@ -193,18 +235,20 @@ fn run() -> Result<ExitCode, String> {
         )
         .with_sampling(sampling);
         match engine.submit(req) {
-            Ok(h) => handles.push(Some(h)),
-            Err(r) => {
-                let _ = writeln!(
-                    err,
-                    "prompt {i}: rejected ({}): {r}",
-                    handoff::HttpStatus::http_status(&r)
-                );
-                failed = true;
-                handles.push(None);
-            }
+            Ok(h) => handles.push(h),
+            Err(r) => rejected.push(format!(
+                "prompt {i}: rejected ({}): {r}",
+                handoff::HttpStatus::http_status(&r)
+            )),
         }
     }
+    // A prompt the engine refuses (a token outside the vocabulary, more
+    // tokens than the model's window) is a bad argument: say why and print
+    // no lines rather than a blank line that reads like an empty generation.
+    if !rejected.is_empty() {
+        return Err(rejected.join("\n"));
+    }
+    let mut failed = false;
 
     let n = handles.len();
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); n];
@@ -217,7 +261,6 @@ fn run() -> Result<ExitCode, String> {
             break;
         }
         for (i, h) in handles.iter().enumerate() {
-            let Some(h) = h else { continue };
             for ev in h.events().try_iter() {
                 match ev {
                     Event::Token(t) => {
@@ -235,7 +278,7 @@ fn run() -> Result<ExitCode, String> {
     for (i, toks) in tokens.iter().enumerate() {
         let line: Vec<String> = toks.iter().map(u32::to_string).collect();
         writeln!(out, "{}", line.join(" ")).map_err(|e| e.to_string())?;
-        if handles[i].is_some() && !matches!(outcome[i], Some(Outcome::Finished(_))) {
+        if !matches!(outcome[i], Some(Outcome::Finished(_))) {
             let _ = writeln!(err, "prompt {i}: ended with {:?}", outcome[i]);
             failed = true;
         }

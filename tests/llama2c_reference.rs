@@ -6,7 +6,9 @@
 //! goes through handoff's loader or math.
 //!
 //! Uses ../shared/models/stories260K.bin, a real trained model (GQA 8:4);
-//! skips with a message when it is absent.
+//! those tests skip with a message when it is absent. One test always runs:
+//! seeded random weights written as a llama2.c file by handoff's writer,
+//! read back by both sides.
 
 mod naive_llama;
 mod serving_path;
@@ -14,7 +16,9 @@ mod serving_path;
 use std::io::Write;
 use std::path::Path;
 
-use handoff::model::{Model, load_llama2c};
+use handoff::model::{
+    Model, ModelConfig, load_llama2c, parse_llama2c, random_weights, write_llama2c,
+};
 use naive_llama::{NaiveLayer, NaiveModel, NaiveRope};
 use serving_path::handoff_greedy;
 
@@ -158,13 +162,9 @@ fn the_reference_reads_the_readme_hyper_parameters() {
     assert_eq!((m.vocab_size, f.seq_len), (512, 512));
 }
 
-/// The file carries the RoPE tables it was trained with. The reference's
-/// angles (pos * 10000^(-2i/head_dim) for pair i) must reproduce them: this
-/// pins the base and each pair's frequency independently of any forward pass.
-#[test]
-fn the_reference_rope_angles_match_the_tables_stored_in_the_file() {
-    let Some(bytes) = model_bytes() else { return };
-    let f = parse(&bytes);
+/// The largest difference between the RoPE tables stored in the file and
+/// the reference's angles (pos * 10000^(-2i/head_dim) for pair i).
+fn rope_table_error(f: &Llama2c) -> f64 {
     let half = f.model.head_dim / 2;
     let mut worst: f64 = 0.0;
     for pos in 0..f.seq_len {
@@ -176,6 +176,16 @@ fn the_reference_rope_angles_match_the_tables_stored_in_the_file() {
                 .max((s - f.freq_cis.1[pos * half + i]).abs());
         }
     }
+    worst
+}
+
+/// The file carries the RoPE tables it was trained with. The reference's
+/// angles must reproduce them: this pins the base and each pair's
+/// frequency independently of any forward pass.
+#[test]
+fn the_reference_rope_angles_match_the_tables_stored_in_the_file() {
+    let Some(bytes) = model_bytes() else { return };
+    let worst = rope_table_error(&parse(&bytes));
     // The tables are f32 (measured worst 2.3e-6, from f32 angles); a wrong
     // base or exponent is off by O(1) within a few positions.
     assert!(worst < 1e-5, "RoPE tables differ by {worst}");
@@ -184,23 +194,36 @@ fn the_reference_rope_angles_match_the_tables_stored_in_the_file() {
 /// handoff (f32, its own loader, paged batched kernels) against the f64
 /// reference, as the largest absolute logit difference.
 ///
-/// Why 5e-4: both sides compute the same function, so the difference is
-/// f32 rounding in handoff. Measured: 8e-6 at position 0, growing slowly to
-/// a worst of 5.4e-5 over 301 positions, with logits up to |19.4|. The bound
-/// leaves 10x headroom for other summation orders (thread counts, SIMD) and
-/// is still ~1000x below what a convention error costs (checked below: the
-/// rotate-half convention moves logits by more than 0.5).
-const TOL: f64 = 5e-4;
+/// The bound. Both sides compute the same function, so the
+/// difference is f32 rounding in handoff. Measured on stories260K (AVX2+FMA
+/// kernels; the portable kernels do a little better): 1.4e-5 at position 0,
+/// 5.2e-5 over 41 positions. A convention error costs far more (checked
+/// below: the rotate-half convention moves logits by more than 1000x it).
+const TOL: f64 = 1e-4;
 
-/// A deterministic prompt: BOS then `n` pseudo-random token ids.
+/// The bound for stories260K's 301-token prompt, where f32 rounding does
+/// not stay under [`TOL`]: measured worst 1.25e-4 with the AVX2+FMA kernels
+/// (7.6e-5 with the portable ones), at position 53 (the first 54 positions
+/// alone give the same figure: it is one sensitive position, not drift
+/// growing with length). 2x the measurement, still 4000x below a
+/// convention error.
+const LONG_TOL: f64 = 2.5e-4;
+
+/// A deterministic prompt: BOS then `n` pseudo-random token ids of
+/// stories260K's vocabulary.
 fn prompt(n: usize, seed: u64) -> Vec<u32> {
+    prompt_in(n, seed, 512)
+}
+
+/// BOS then `n` pseudo-random token ids below `vocab`.
+fn prompt_in(n: usize, seed: u64, vocab: u64) -> Vec<u32> {
     let mut s = seed;
     let mut out = vec![1];
     for _ in 0..n {
         s = s
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
-        out.push(((s >> 33) % 512) as u32);
+        out.push(((s >> 33) % vocab) as u32);
     }
     out
 }
@@ -240,8 +263,9 @@ fn handoff_logits_match_the_reference_at_every_position() {
             "{} tokens: max |logit diff| {d:e} (at position {pos})",
             p.len()
         );
+        let tol = if p.len() > 100 { LONG_TOL } else { TOL };
         assert!(
-            d <= TOL,
+            d <= tol,
             "{} tokens: differs by {d:e} at position {pos}",
             p.len()
         );
@@ -283,5 +307,71 @@ fn handoff_greedy_tokens_equal_the_reference() {
             "prompt of {}",
             p.len()
         );
+    }
+}
+
+/// Always runs, with or without stories260K: seeded random weights in the
+/// llama2.c convention (adjacent-pair RoPE, base 10000, eps 1e-5), written
+/// by handoff's llama2.c writer, untied and tied. The reference reads the
+/// bytes with its own parser and its own forward pass; handoff reads them
+/// with its loader and runs its model. Logits within the 1e-4 at
+/// every position, greedy tokens exactly, and the bound still tells the
+/// RoPE conventions apart.
+#[test]
+fn seeded_random_weights_in_a_llama2c_file_match_the_reference() {
+    for tied in [false, true] {
+        let cfg = ModelConfig {
+            tied_embeddings: tied,
+            max_seq_len: 128,
+            ..ModelConfig::tiny_gqa()
+        };
+        let bytes = write_llama2c(&random_weights(&cfg, 260)).unwrap();
+        let file = parse(&bytes);
+        assert!(rope_table_error(&file) < 1e-5, "tied {tied}: RoPE tables");
+        let reference = file.model;
+        assert_eq!(reference.rope, NaiveRope::AdjacentPairs);
+        let vocab = reference.vocab_size as u64;
+        let model = Model::cpu(parse_llama2c(&bytes).unwrap()).unwrap();
+
+        for (n, seed) in [(0, 0), (40, 7), (100, 12345)] {
+            let p = prompt_in(n, seed, vocab);
+            let (d, pos) = max_abs_diff(
+                &reference.logits_for_prompt(&p),
+                &model.logits_for_prompt(&p).unwrap(),
+            );
+            assert!(
+                d <= TOL,
+                "tied {tied}, {} tokens: differs by {d:e} at position {pos}",
+                p.len()
+            );
+        }
+
+        let mut wrong = parse(&bytes).model;
+        wrong.rope = NaiveRope::RotateHalf;
+        let p = prompt_in(40, 7, vocab);
+        let (d, _) = max_abs_diff(
+            &wrong.logits_for_prompt(&p),
+            &model.logits_for_prompt(&p).unwrap(),
+        );
+        assert!(
+            d > 1000.0 * TOL,
+            "tied {tied}: rotate-half differs by only {d:e}"
+        );
+
+        for (p, new) in [(prompt_in(0, 0, vocab), 24), (prompt_in(40, 3, vocab), 24)] {
+            let (expected, gaps) = reference.greedy(&p, new);
+            let min_gap = gaps.iter().cloned().fold(f64::INFINITY, f64::min);
+            assert!(
+                min_gap > 2.0 * TOL,
+                "tied {tied}, prompt of {}: top-2 gap {min_gap:e}",
+                p.len()
+            );
+            assert_eq!(
+                handoff_greedy(&model, &p, new, 16),
+                expected,
+                "tied {tied}, prompt of {}",
+                p.len()
+            );
+        }
     }
 }

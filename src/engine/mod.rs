@@ -20,6 +20,8 @@
 
 mod error;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 
@@ -327,8 +329,8 @@ impl<B: Backend> Engine<B> {
         let mut reqs = Vec::with_capacity(admit.len());
         let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(admit.len());
         let mut seqs: Vec<KvSeq<Filling>> = Vec::with_capacity(admit.len());
-        let mut rest = admit.into_iter();
-        for req in rest.by_ref() {
+        let mut admitted = admit.into_iter();
+        while let Some(req) = admitted.next() {
             let mut input = req.prompt.clone();
             if let Some(l) = self.live.get(&req.id) {
                 input.extend_from_slice(&l.generated);
@@ -340,15 +342,18 @@ impl<B: Backend> Engine<B> {
                     reqs.push(req);
                 }
                 Err(_) => {
-                    // The plan said it fits; the pool says not now: wait.
-                    self.sched.requeue_front(req);
+                    // The plan said it fits; the pool says not now: this
+                    // request and every one admitted after it wait, back at
+                    // the head of the queue in their queue order (requeue
+                    // the last first, so this one ends up in front).
+                    let unplaced: Vec<Request> =
+                        std::iter::once(req).chain(admitted.by_ref()).collect();
+                    for req in unplaced.into_iter().rev() {
+                        self.sched.requeue_front(req);
+                    }
                     break;
                 }
             }
-        }
-        // Keep queue order for anything the pool could not take.
-        for req in rest.rev() {
-            self.sched.requeue_front(req);
         }
         if reqs.is_empty() {
             return Vec::new();

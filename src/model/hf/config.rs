@@ -53,6 +53,9 @@ impl Arch {
     }
 }
 
+/// transformers' `MistralConfig.sliding_window` when config.json omits it.
+const MISTRAL_DEFAULT_WINDOW: usize = 4096;
+
 /// A parsed and validated `config.json`.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct HfConfig {
@@ -222,7 +225,12 @@ impl HfConfig {
         // serve only that far rather than attend to positions the model never would.
         let sliding = match arch {
             Arch::Llama => None,
-            Arch::Mistral => opt_usize(obj, "sliding_window")?,
+            // transformers' MistralConfig defaults the window to 4096 when
+            // the key is absent; only an explicit null turns it off.
+            Arch::Mistral => match obj.get("sliding_window") {
+                None => Some(MISTRAL_DEFAULT_WINDOW),
+                Some(_) => opt_usize(obj, "sliding_window")?,
+            },
             Arch::Qwen2 if opt_bool(obj, "use_sliding_window")? == Some(true) => {
                 opt_usize(obj, "sliding_window")?
             }
@@ -322,6 +330,34 @@ mod tests {
         .unwrap();
         assert_eq!(m.model.max_seq_len, 4096);
         assert!(!m.model.attention_bias);
+    }
+
+    /// A Mistral config.json written without `sliding_window` gets
+    /// transformers' default window of 4096, which caps the context; an
+    /// explicit null is the only way to turn the window off.
+    #[test]
+    fn mistral_window_absent_means_4096_and_null_means_none() {
+        let long = r#", "max_position_embeddings": 32768"#;
+        let absent = parse(&with("MistralForCausalLM", long)).unwrap();
+        assert_eq!(absent.model.max_seq_len, 4096);
+        let null = parse(&with(
+            "MistralForCausalLM",
+            &format!(r#"{long}, "sliding_window": null"#),
+        ))
+        .unwrap();
+        assert_eq!(null.model.max_seq_len, 32768);
+        // A context shorter than the default window is not stretched.
+        let short = parse(&with(
+            "MistralForCausalLM",
+            r#", "max_position_embeddings": 1024"#,
+        ))
+        .unwrap();
+        assert_eq!(short.model.max_seq_len, 1024);
+        // Other architectures keep no window when the key is absent.
+        for arch in ["LlamaForCausalLM", "Qwen2ForCausalLM"] {
+            let c = parse(&with(arch, long)).unwrap();
+            assert_eq!(c.model.max_seq_len, 32768, "{arch}");
+        }
     }
 
     #[test]

@@ -1,0 +1,63 @@
+//! Engine internals that no public path reaches deterministically.
+
+use super::*;
+use crate::config::KvDtype;
+use crate::ids::TenantId;
+use crate::model::{ModelConfig, random_weights};
+
+/// An engine over 8 pages of 16 tokens.
+fn engine() -> Engine {
+    let m = Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 3)).unwrap();
+    let cfg = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+        .max_context(64)
+        .page_size(16)
+        .pool_tokens(128)
+        .build()
+        .unwrap();
+    Engine::new(m, cfg).unwrap()
+}
+
+/// The plan admitted [A, B, C, D] but the pool, when asked, had room for A
+/// only (the plan and the pool disagreed about free pages: here because
+/// pages were taken between planning and prefill). B, C and D must go back
+/// to the head of the queue as [B, C, D]: FIFO order is the scheduler's
+/// promise against starvation, and a pool hiccup must not reorder it.
+#[test]
+fn requests_the_pool_cannot_take_go_back_in_queue_order() {
+    let mut e = engine();
+    let mut handles = Vec::new();
+    // A and C, D need one page each (prompt + 1 token); B needs three.
+    for (id, len) in [(1, 4), (2, 40), (3, 4), (4, 4)] {
+        let req = Request::new(RequestId(id), TenantId(0), vec![5; len], 2);
+        handles.push(e.submit(req).unwrap());
+    }
+    let admit: Vec<Request> = std::iter::from_fn(|| e.sched.pop_if(|_| true)).collect();
+    // Five of the eight pages go elsewhere: A fits in what is left, B does not.
+    let hog = e.pool.reserve(RequestId(99), 5 * 16).unwrap();
+
+    let mut report = StepReport::default();
+    let started = e.prefill(admit, &mut report);
+    let started_ids: Vec<u64> = started.iter().map(|r| r.req.id.0).collect();
+    assert_eq!(started_ids, [1]);
+    let queued: Vec<Request> = std::iter::from_fn(|| e.sched.pop_if(|_| true)).collect();
+    let queued_ids: Vec<u64> = queued.iter().map(|r| r.id.0).collect();
+    assert_eq!(
+        queued_ids,
+        [2, 3, 4],
+        "the unplaced requests keep queue order"
+    );
+
+    // Put everything back and let the engine finish: nothing was lost.
+    for req in queued.into_iter().rev() {
+        e.sched.requeue_front(req);
+    }
+    e.running.extend(started);
+    drop(hog);
+    e.run_until_idle();
+    for h in handles {
+        let (tokens, outcome) = h.try_collect();
+        assert_eq!(tokens.len(), 2);
+        assert_eq!(outcome, Some(Outcome::Finished(FinishReason::Length)));
+    }
+    assert!(e.pool_stats().is_full());
+}
