@@ -53,7 +53,8 @@ impl Arch {
     }
 }
 
-/// transformers' `MistralConfig.sliding_window` when config.json omits it.
+/// transformers' `MistralConfig.sliding_window` (and `Qwen2Config`'s) when
+/// config.json omits it.
 const MISTRAL_DEFAULT_WINDOW: usize = 4096;
 
 /// A parsed and validated `config.json`.
@@ -231,8 +232,15 @@ impl HfConfig {
                 None => Some(MISTRAL_DEFAULT_WINDOW),
                 Some(_) => opt_usize(obj, "sliding_window")?,
             },
+            // Qwen2 uses its window only when asked (on the layers past
+            // `max_window_layers`; within the window every layer attends
+            // fully, so capping the context is exact for all of them), with
+            // the same default of 4096 for an absent key.
             Arch::Qwen2 if opt_bool(obj, "use_sliding_window")? == Some(true) => {
-                opt_usize(obj, "sliding_window")?
+                match obj.get("sliding_window") {
+                    None => Some(MISTRAL_DEFAULT_WINDOW),
+                    Some(_) => opt_usize(obj, "sliding_window")?,
+                }
             }
             Arch::Qwen2 => None,
         };
@@ -358,6 +366,32 @@ mod tests {
             let c = parse(&with(arch, long)).unwrap();
             assert_eq!(c.model.max_seq_len, 32768, "{arch}");
         }
+    }
+
+    /// Qwen2 with `use_sliding_window` and no `sliding_window` key gets
+    /// transformers' default window of 4096; without `use_sliding_window`
+    /// no window applies, whatever the key says.
+    #[test]
+    fn qwen2_window_applies_only_when_used_and_defaults_to_4096() {
+        let long = r#", "max_position_embeddings": 32768"#;
+        let used = |extra: &str| {
+            parse(&with(
+                "Qwen2ForCausalLM",
+                &format!(r#"{long}, "use_sliding_window": true{extra}"#),
+            ))
+            .unwrap()
+            .model
+            .max_seq_len
+        };
+        assert_eq!(used(""), 4096);
+        assert_eq!(used(r#", "sliding_window": 1024"#), 1024);
+        assert_eq!(used(r#", "sliding_window": null"#), 32768);
+        let unused = parse(&with(
+            "Qwen2ForCausalLM",
+            &format!(r#"{long}, "use_sliding_window": false, "sliding_window": 1024"#),
+        ))
+        .unwrap();
+        assert_eq!(unused.model.max_seq_len, 32768);
     }
 
     #[test]
