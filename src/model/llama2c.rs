@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use crate::model::mapped::Mapped;
 use crate::model::{LayerWeights, ModelConfig, ModelError, ModelWeights, RopeStyle};
 
 const HEADER_BYTES: usize = 7 * 4;
@@ -19,13 +20,11 @@ const VERSIONED_MAGIC: i32 = 0x616b_3432;
 /// far from overflow.
 const MAX_DIM: usize = 1 << 24;
 
-/// Loads a llama2.c `.bin` file.
+/// Loads a llama2.c `.bin` file (mapped, so the file is never held in
+/// memory beside the weights made from it).
 pub fn load_llama2c(path: &Path) -> Result<ModelWeights, ModelError> {
-    let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    parse_llama2c(&bytes)
+    let bytes = Mapped::open(path)?;
+    parse_llama2c(bytes.as_slice())
 }
 
 /// Parses the bytes of a llama2.c `.bin` file.
@@ -42,24 +41,26 @@ pub fn parse_llama2c(bytes: &[u8]) -> Result<ModelWeights, ModelError> {
     let c = &config;
     let (l, d, h) = (c.n_layers, c.dim, c.hidden_dim);
     let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-    let embedding = r.tensor("token_embedding", c.vocab_size * d)?;
-    let rms_att = r.tensor("rms_att_weight", l * d)?;
-    let wq = r.tensor("wq", l * qd * d)?;
-    let wk = r.tensor("wk", l * kvd * d)?;
-    let wv = r.tensor("wv", l * kvd * d)?;
-    let wo = r.tensor("wo", l * d * qd)?;
-    let rms_ffn = r.tensor("rms_ffn_weight", l * d)?;
-    let w1 = r.tensor("w1", l * h * d)?;
-    let w2 = r.tensor("w2", l * d * h)?;
-    let w3 = r.tensor("w3", l * h * d)?;
-    let final_norm = r.tensor("rms_final_weight", d)?;
+    // Each tensor's bytes, checked in full (every element finite) before
+    // any is copied; then each layer's part is copied once, from the file.
+    let embedding = r.take("token_embedding", c.vocab_size * d)?;
+    let rms_att = r.take("rms_att_weight", l * d)?;
+    let wq = r.take("wq", l * qd * d)?;
+    let wk = r.take("wk", l * kvd * d)?;
+    let wv = r.take("wv", l * kvd * d)?;
+    let wo = r.take("wo", l * d * qd)?;
+    let rms_ffn = r.take("rms_ffn_weight", l * d)?;
+    let w1 = r.take("w1", l * h * d)?;
+    let w2 = r.take("w2", l * d * h)?;
+    let w3 = r.take("w3", l * h * d)?;
+    let final_norm = r.take("rms_final_weight", d)?;
     // Legacy RoPE tables: skipped (recomputed), but present.
-    r.skip("freq_cis_real", c.max_seq_len * c.head_dim / 2)?;
-    r.skip("freq_cis_imag", c.max_seq_len * c.head_dim / 2)?;
+    r.take("freq_cis_real", c.max_seq_len * c.head_dim / 2)?;
+    r.take("freq_cis_imag", c.max_seq_len * c.head_dim / 2)?;
     let lm_head = if shared {
         None
     } else {
-        Some(r.tensor("wcls", c.vocab_size * d)?)
+        Some(r.take("wcls", c.vocab_size * d)?)
     };
     if r.offset != bytes.len() {
         return Err(ModelError::BadHeader(format!(
@@ -67,24 +68,43 @@ pub fn parse_llama2c(bytes: &[u8]) -> Result<ModelWeights, ModelError> {
             bytes.len() - r.offset
         )));
     }
+    for t in [
+        &embedding,
+        &rms_att,
+        &wq,
+        &wk,
+        &wv,
+        &wo,
+        &rms_ffn,
+        &w1,
+        &w2,
+        &w3,
+        &final_norm,
+    ]
+    .into_iter()
+    .chain(lm_head.as_ref())
+    {
+        t.check_finite()?;
+    }
 
-    let per = |v: &[f32], i: usize, n: usize| v[i * n..(i + 1) * n].to_vec();
     let layers = (0..l)
         .map(|i| LayerWeights {
-            attn_norm: per(&rms_att, i, d),
-            wq: per(&wq, i, qd * d),
-            wk: per(&wk, i, kvd * d),
-            wv: per(&wv, i, kvd * d),
-            wo: per(&wo, i, d * qd),
+            attn_norm: rms_att.part(i, d),
+            wq: wq.part(i, qd * d),
+            wk: wk.part(i, kvd * d),
+            wv: wv.part(i, kvd * d),
+            wo: wo.part(i, d * qd),
             bq: None,
             bk: None,
             bv: None,
-            ffn_norm: per(&rms_ffn, i, d),
-            w1: per(&w1, i, h * d),
-            w2: per(&w2, i, d * h),
-            w3: per(&w3, i, h * d),
+            ffn_norm: rms_ffn.part(i, d),
+            w1: w1.part(i, h * d),
+            w2: w2.part(i, d * h),
+            w3: w3.part(i, h * d),
         })
         .collect();
+    let (embedding, final_norm) = (embedding.part(0, c.vocab_size * d), final_norm.part(0, d));
+    let lm_head = lm_head.map(|t| t.part(0, c.vocab_size * d));
     Ok(ModelWeights {
         config,
         embedding,
@@ -303,14 +323,20 @@ struct Reader<'a> {
     offset: usize,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, name: &str, elems: usize) -> Result<&[u8], ModelError> {
+/// One tensor's little-endian f32 bytes in the file.
+struct Raw<'a> {
+    name: &'static str,
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, name: &'static str, elems: usize) -> Result<Raw<'a>, ModelError> {
+        let available = self.bytes.len() - self.offset;
         let need = elems.checked_mul(4).ok_or_else(|| ModelError::Truncated {
             tensor: name.into(),
             expected: usize::MAX,
-            available: self.bytes.len() - self.offset,
+            available,
         })?;
-        let available = self.bytes.len() - self.offset;
         if need > available {
             return Err(ModelError::Truncated {
                 tensor: name.into(),
@@ -318,29 +344,40 @@ impl Reader<'_> {
                 available,
             });
         }
-        let s = &self.bytes[self.offset..self.offset + need];
+        let bytes = &self.bytes[self.offset..self.offset + need];
         self.offset += need;
-        Ok(s)
+        Ok(Raw { name, bytes })
     }
+}
 
-    fn tensor(&mut self, name: &str, elems: usize) -> Result<Vec<f32>, ModelError> {
-        let raw = self.take(name, elems)?;
-        let mut out = Vec::with_capacity(elems);
-        for (index, b) in raw.chunks_exact(4).enumerate() {
-            let x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            if !x.is_finite() {
-                return Err(ModelError::NonFinite {
-                    tensor: name.into(),
-                    index,
-                });
-            }
-            out.push(x);
+fn f32_at(b: &[u8]) -> f32 {
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+impl Raw<'_> {
+    /// Every element finite, or the first that is not, by index.
+    fn check_finite(&self) -> Result<(), ModelError> {
+        match self
+            .bytes
+            .chunks_exact(4)
+            .position(|b| !f32_at(b).is_finite())
+        {
+            Some(index) => Err(ModelError::NonFinite {
+                tensor: self.name.into(),
+                index,
+            }),
+            None => Ok(()),
         }
-        Ok(out)
     }
 
-    fn skip(&mut self, name: &str, elems: usize) -> Result<(), ModelError> {
-        self.take(name, elems).map(|_| ())
+    /// Elements `[i * n, (i + 1) * n)` (in range: the reader took them).
+    fn part(&self, i: usize, n: usize) -> Vec<f32> {
+        self.bytes
+            .get(i * n * 4..(i + 1) * n * 4)
+            .unwrap_or(&[])
+            .chunks_exact(4)
+            .map(f32_at)
+            .collect()
     }
 }
 

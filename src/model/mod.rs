@@ -7,6 +7,7 @@ mod forward;
 mod hf;
 mod llama2c;
 mod load;
+mod mapped;
 mod random;
 mod weights;
 

@@ -2,15 +2,13 @@
 //! checkpoint, mapped read-only for the duration of the load.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 use std::path::{Component, Path};
-
-use memmap2::Mmap;
 
 use crate::model::hf::config::HfConfig;
 use crate::model::hf::shard::Shard;
 use crate::model::hf::tensors::TensorSet;
+use crate::model::mapped::Mapped;
 use crate::model::{ModelError, ModelWeights};
 
 const INDEX: &str = "model.safetensors.index.json";
@@ -19,36 +17,6 @@ fn io_err(path: &Path, source: io::Error) -> ModelError {
     ModelError::Io {
         path: path.display().to_string(),
         source,
-    }
-}
-
-/// A file's bytes: mapped, or empty (a zero-length file cannot be mapped).
-enum Bytes {
-    Mapped(Mmap),
-    Empty,
-}
-
-impl Bytes {
-    fn open(path: &Path) -> Result<Self, ModelError> {
-        let file = File::open(path).map_err(|e| io_err(path, e))?;
-        let len = file.metadata().map_err(|e| io_err(path, e))?.len();
-        if len == 0 {
-            return Ok(Self::Empty);
-        }
-        // SAFETY: the map is read-only and lives only while this load copies
-        // the tensors out into owned f32 buffers. Mapping is sound as long as
-        // no other process truncates or rewrites the file meanwhile; model
-        // folders are read-only inputs, and the alternative (reading whole
-        // multi-GB files into memory) is what the mapping exists to avoid.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
-        Ok(Self::Mapped(map))
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Mapped(m) => m,
-            Self::Empty => &[],
-        }
     }
 }
 
@@ -128,7 +96,7 @@ pub(super) fn load(dir: &Path) -> Result<ModelWeights, ModelError> {
     };
     let files = names
         .iter()
-        .map(|n| Bytes::open(&dir.join(n)))
+        .map(|n| Mapped::open(&dir.join(n)))
         .collect::<Result<Vec<_>, _>>()?;
     let shards = names
         .iter()
