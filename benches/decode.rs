@@ -9,7 +9,8 @@
 //!
 //! On stories260K (skipped when absent) and on a random model of
 //! Llama-3.2-1B shape with fewer layers (`HANDOFF_BENCH_LAYERS`, default 4;
-//! `HANDOFF_BENCH_BIG=0` skips it).
+//! `HANDOFF_BENCH_BIG=0` skips it). `HANDOFF_BENCH_CASE=B` / `HANDOFF_BENCH_ENGINE=B`
+//! run one decode / engine case (for perf).
 //!
 //! ```sh
 //! cargo bench --bench decode
@@ -326,6 +327,21 @@ fn bench(w: ModelWeights, plan: &Plan) {
             "{}: decode batch {b}: {:.1} tokens/s wall, {:.1} per CPU-second",
             plan.name, r.wall, r.cpu
         ));
+        return;
+    }
+    // HANDOFF_BENCH_ENGINE=B runs only the engine case at batch B.
+    if let Some(b) = std::env::var("HANDOFF_BENCH_ENGINE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let new = plan.engine_new.max(1);
+        for _ in 0..5 {
+            let (r, first) = engine_rate(&w, b, plan.prompt_len, new);
+            say(format!(
+                "{}: engine batch {b}: {r:.1} tokens/s end to end, first token after {first:.2?}",
+                plan.name
+            ));
+        }
         return;
     }
     let c = w.config.clone();
