@@ -83,3 +83,38 @@ fn a_pool_too_small_for_everyone_preempts_and_still_serves_everyone_exactly() {
     assert!(s.is_full(), "{s:?}");
     assert_eq!(s.isolation_violations, 0);
 }
+
+#[test]
+fn a_preempted_request_that_streamed_tokens_fails_at_shutdown_and_is_never_rejected() {
+    // `Rejected` means "turned away without generating: retry elsewhere".
+    // A request preempted after streaming tokens has generated: when the
+    // engine goes away it failed mid-way, and a retry would duplicate
+    // output.
+    let w = random_weights(&ModelConfig::tiny_gqa(), 21);
+    let mut e = engine(&w, 128);
+    let handles: Vec<_> = (0..12).map(|i| e.submit(request(i)).unwrap()).collect();
+    let mut preempted = 0;
+    let mut steps = 0;
+    while preempted == 0 {
+        preempted += e.step().preempted;
+        steps += 1;
+        assert!(steps < 10_000, "the pool was meant to run short");
+    }
+    drop(e);
+    let mut streamed_then_ended = 0;
+    for h in &handles {
+        let (tokens, outcome) = h.try_collect();
+        match outcome {
+            Some(Outcome::Rejected(r)) => assert!(
+                tokens.is_empty(),
+                "{} streamed {} tokens, then was rejected ({r})",
+                h.id(),
+                tokens.len()
+            ),
+            Some(Outcome::Failed(_)) => streamed_then_ended += usize::from(!tokens.is_empty()),
+            Some(_) => {}
+            None => panic!("{}: no outcome after the engine was dropped", h.id()),
+        }
+    }
+    assert!(streamed_then_ended > 0);
+}

@@ -509,7 +509,10 @@ impl<B: Backend> Drop for Engine<B> {
     fn drop(&mut self) {
         let running: Vec<RequestId> = self.running.iter().map(|r| r.req.id).collect();
         for (id, l) in self.live.drain() {
-            let outcome = if running.contains(&id) {
+            // A request that has streamed tokens (running, or preempted and
+            // waiting for recompute) failed mid-way; only one that never
+            // generated is turned away (a client may retry that elsewhere).
+            let outcome = if running.contains(&id) || !l.generated.is_empty() {
                 Outcome::Failed(EngineError::Shutdown)
             } else {
                 Outcome::Rejected(Rejection::ShuttingDown { id })
