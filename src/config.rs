@@ -120,8 +120,30 @@ impl Headroom {
         self.0
     }
 
+    /// `ceil(factor * max_context)`, exactly: the factor is `mant * 2^exp`
+    /// (a normal f64, being finite and at least 1), so the product is taken
+    /// in integers and never rounds down, however large the window.
     fn required_tokens(self, max_context: usize) -> usize {
-        (self.0 * max_context as f64).ceil() as usize
+        let bits = self.0.to_bits();
+        let exp = ((bits >> 52) & 0x7ff) as i64 - 1075;
+        let mant = u128::from((bits & ((1u64 << 52) - 1)) | (1u64 << 52));
+        // < 2^53 * 2^64: no overflow.
+        let prod = mant * max_context as u128;
+        let tokens = if prod == 0 {
+            Some(0)
+        } else if exp >= 0 {
+            u32::try_from(exp)
+                .ok()
+                .and_then(|e| 1u128.checked_shl(e))
+                .and_then(|scale| prod.checked_mul(scale))
+        } else {
+            // exp >= -52 for a factor >= 1.
+            let shift = exp.unsigned_abs() as u32;
+            Some((prod + (1u128 << shift) - 1) >> shift)
+        };
+        tokens
+            .and_then(|t| usize::try_from(t).ok())
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -299,11 +321,13 @@ impl EngineConfigBuilder {
                 pool_tokens,
                 max_context,
                 headroom: headroom.factor(),
-                required_tokens: required_pages * self.page_size,
+                required_tokens: required_pages.saturating_mul(self.page_size),
             });
         }
         pool_pages
-            .checked_mul(self.geometry.bytes_per_token() * self.page_size)
+            .checked_mul(self.geometry.bytes_per_token())
+            .and_then(|b| b.checked_mul(self.page_size))
+            .filter(|&b| b <= isize::MAX as usize)
             .ok_or(ConfigError::Overflow { what: "pool bytes" })?;
         Ok(EngineConfig {
             geometry: self.geometry,
@@ -368,6 +392,22 @@ impl HttpStatus for ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headroom_counts_tokens_exactly() {
+        let h = |f: f64| Headroom::new(f).unwrap();
+        assert_eq!(h(1.0).required_tokens(100), 100);
+        assert_eq!(h(2.0).required_tokens(100), 200);
+        assert_eq!(h(1.5).required_tokens(101), 152);
+        // The f64 1.1 is a little above 1.1: ceil(11.000...0009) = 12, as
+        // the float product gave before.
+        assert_eq!(h(1.1).required_tokens(10), 12);
+        assert_eq!(h(2.0).required_tokens((1 << 53) + 1), (1 << 54) + 2);
+        assert_eq!(h(1.0).required_tokens(usize::MAX), usize::MAX);
+        assert_eq!(h(2.0).required_tokens(usize::MAX), usize::MAX);
+        assert_eq!(h(1e300).required_tokens(1), usize::MAX);
+        assert_eq!(h(1e300).required_tokens(0), 0);
+    }
 
     fn geom() -> KvGeometry {
         KvGeometry {

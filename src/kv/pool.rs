@@ -158,11 +158,22 @@ impl KvPool {
                 what: "page count (at most u32::MAX pages)",
             });
         }
-        crate::kv::storage::page_stride(&cfg.geometry, cfg.page_size)
-            .checked_mul(cfg.pages)
+        crate::kv::storage::checked_page_stride(&cfg.geometry, cfg.page_size)
+            .and_then(|n| n.checked_mul(cfg.pages))
             .and_then(|n| n.checked_mul(cfg.geometry.dtype.size_bytes()))
             .filter(|&bytes| bytes <= isize::MAX as usize)
             .ok_or(ConfigError::Overflow { what: "pool size" })?;
+        if cfg.audit {
+            // One writer id (8 bytes) per slot of every layer.
+            cfg.pages
+                .checked_mul(cfg.geometry.n_layers)
+                .and_then(|n| n.checked_mul(cfg.page_size))
+                .and_then(|n| n.checked_mul(8))
+                .filter(|&bytes| bytes <= isize::MAX as usize)
+                .ok_or(ConfigError::Overflow {
+                    what: "audit trail size",
+                })?;
+        }
         // Free list popped from the end: hand out low indices first.
         let free: Vec<u32> = (0..cfg.pages as u32).rev().collect();
         Ok(KvPool {
@@ -245,7 +256,7 @@ impl KvPool {
         let capacity = self.shared.cfg.pages;
         if n > capacity {
             return Err(KvError::NeverFits {
-                tokens: n * self.page_size(),
+                tokens: n.saturating_mul(self.page_size()),
                 capacity_tokens: capacity * self.page_size(),
             });
         }

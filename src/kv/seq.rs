@@ -211,9 +211,14 @@ impl<S: Writable> KvSeq<S> {
     /// Reserves room for `tokens` more tokens (all layers).
     pub fn grow(&mut self, tokens: usize) -> Result<(), KvError> {
         let max_written = self.written.iter().copied().max().unwrap_or(0);
-        let needed = self
-            .pool
-            .pages_for(max_written.max(self.reserved_tokens()) + tokens);
+        let total = max_written
+            .max(self.reserved_tokens())
+            .checked_add(tokens)
+            .ok_or(KvError::NeverFits {
+                tokens: usize::MAX,
+                capacity_tokens: self.pool.capacity() * self.pool.page_size(),
+            })?;
+        let needed = self.pool.pages_for(total);
         let extra = needed.saturating_sub(self.pages.len());
         if extra > 0 {
             let more = self.pool.alloc_pages(extra)?;

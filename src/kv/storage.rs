@@ -371,8 +371,19 @@ impl Storage {
     }
 }
 
+/// Elements per page (K and V of every layer); the pool has checked with
+/// [`checked_page_stride`] that it does not overflow.
 pub(crate) fn page_stride(g: &KvGeometry, page_size: usize) -> usize {
     g.n_layers * 2 * page_size * g.kv_dim()
+}
+
+/// [`page_stride`], or `None` when it overflows.
+pub(crate) fn checked_page_stride(g: &KvGeometry, page_size: usize) -> Option<usize> {
+    g.n_kv_heads
+        .checked_mul(g.head_dim)?
+        .checked_mul(g.n_layers)?
+        .checked_mul(2)?
+        .checked_mul(page_size)
 }
 
 /// Read access to the bytes of one sequence's pages, for as long as the

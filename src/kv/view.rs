@@ -141,7 +141,7 @@ impl<'a> LayerView<'a> {
     /// Written tokens in page `i` of this sequence.
     pub fn tokens_in_page(&self, i: usize) -> usize {
         self.len
-            .saturating_sub(i * self.page_size)
+            .saturating_sub(i.saturating_mul(self.page_size))
             .min(self.page_size)
     }
     fn rows(&self, i: usize, kv: usize) -> KvSlice<'a> {

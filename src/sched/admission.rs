@@ -56,7 +56,7 @@ impl AdmissionLimits {
         self.max_context
     }
     pub fn pool_tokens(&self) -> usize {
-        self.pool_pages * self.page_size
+        self.pool_pages.saturating_mul(self.page_size)
     }
     pub fn page_size(&self) -> usize {
         self.page_size
