@@ -377,6 +377,10 @@ pub enum ConfigError {
     HeadroomBelowOne { factor: f64 },
     #[error("{what} overflows: the configuration is too large for this machine")]
     Overflow { what: &'static str },
+    #[error(
+        "the KV pool's {bytes} bytes could not be allocated: build a smaller pool or free memory"
+    )]
+    OutOfMemory { bytes: usize },
     #[error("model geometry is inconsistent: {0}")]
     Geometry(String),
 }

@@ -128,3 +128,23 @@ fn an_audit_trail_that_cannot_exist_is_refused() {
         "{pool:?}"
     );
 }
+
+#[test]
+fn a_pool_larger_than_memory_is_a_typed_error_not_an_abort() {
+    // 8 MiB of KV per token, 2^30 tokens: 2^53 bytes, more than any
+    // address space here. The deployment is refused; the process lives.
+    let g = KvGeometry {
+        n_layers: 64,
+        n_kv_heads: 64,
+        head_dim: 256,
+        dtype: KvDtype::F32,
+    };
+    let pool = KvPool::new(PoolConfig::new(g, 1024, 1 << 20).audit(false));
+    match pool {
+        Err(e @ ConfigError::OutOfMemory { bytes }) => {
+            assert_eq!(bytes, 1 << 53);
+            assert_eq!(handoff::HttpStatus::http_status(&e), 503);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+}

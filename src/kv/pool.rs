@@ -174,6 +174,8 @@ impl KvPool {
                     what: "audit trail size",
                 })?;
         }
+        let storage = Storage::new(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit)
+            .map_err(|bytes| ConfigError::OutOfMemory { bytes })?;
         // Free list popped from the end: hand out low indices first.
         let free: Vec<u32> = (0..cfg.pages as u32).rev().collect();
         Ok(KvPool {
@@ -186,7 +188,7 @@ impl KvPool {
                     in_use: 0,
                     held: 0,
                 }),
-                storage: Storage::new(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit),
+                storage,
                 violations: AtomicU64::new(0),
                 cfg,
             }),

@@ -139,18 +139,13 @@ struct Arena {
 const ARENA_ALIGN: usize = 16;
 
 impl Arena {
-    fn zeroed(bytes: usize) -> Arena {
-        let layout = match Layout::from_size_align(bytes.max(1), ARENA_ALIGN) {
-            Ok(l) => l,
-            // The pool checked the size against overflow before building.
-            Err(_) => std::alloc::handle_alloc_error(Layout::new::<u8>()),
-        };
+    /// `bytes` zeroed bytes, or `None` when the allocator refuses them (the
+    /// pool reports that as a typed error rather than aborting).
+    fn zeroed(bytes: usize) -> Option<Arena> {
+        let layout = Layout::from_size_align(bytes.max(1), ARENA_ALIGN).ok()?;
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        match NonNull::new(raw) {
-            Some(ptr) => Arena { ptr, layout },
-            None => std::alloc::handle_alloc_error(layout),
-        }
+        NonNull::new(raw).map(|ptr| Arena { ptr, layout })
     }
 }
 
@@ -204,23 +199,35 @@ impl std::fmt::Debug for Storage {
 impl Storage {
     /// An arena of `pages` pages; the pool has checked that its size does
     /// not overflow.
-    pub(crate) fn new(geometry: KvGeometry, page_size: usize, pages: usize, audit: bool) -> Self {
+    /// `Err(bytes)` when the arena or the audit trail cannot be allocated.
+    pub(crate) fn new(
+        geometry: KvGeometry,
+        page_size: usize,
+        pages: usize,
+        audit: bool,
+    ) -> Result<Self, usize> {
         let bytes = pages * page_stride(&geometry, page_size) * geometry.dtype.size_bytes();
-        Storage {
-            arena: Arena::zeroed(bytes),
+        let arena = Arena::zeroed(bytes).ok_or(bytes)?;
+        let writers = if audit {
+            let slots = pages * geometry.n_layers * page_size;
+            let mut w: Vec<AtomicU64> = Vec::new();
+            w.try_reserve_exact(slots).map_err(|_| slots * 8)?;
+            w.extend((0..slots).map(|_| AtomicU64::new(0)));
+            Some(w.into_boxed_slice())
+        } else {
+            None
+        };
+        Ok(Storage {
+            arena,
             geometry,
             page_size,
             pages,
-            writers: audit.then(|| {
-                (0..pages * geometry.n_layers * page_size)
-                    .map(|_| AtomicU64::new(0))
-                    .collect()
-            }),
+            writers,
             #[cfg(loom)]
             track: (0..pages)
                 .map(|_| Tracker(loom::cell::UnsafeCell::new(())))
                 .collect(),
-        }
+        })
     }
 
     fn page_stride(&self) -> usize {
