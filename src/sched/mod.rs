@@ -39,6 +39,8 @@ pub struct Scheduler {
     waiting: BTreeMap<std::cmp::Reverse<Priority>, VecDeque<Request>>,
     /// Ids queued or running (until [`Scheduler::finish`]).
     live: HashSet<RequestId>,
+    /// Ids waiting in `waiting`.
+    queued_ids: HashSet<RequestId>,
     queued: usize,
     closed: bool,
 }
@@ -50,6 +52,7 @@ impl Scheduler {
             limits,
             waiting: BTreeMap::new(),
             live: HashSet::new(),
+            queued_ids: HashSet::new(),
             queued: 0,
             closed: false,
         }
@@ -77,6 +80,7 @@ impl Scheduler {
             });
         }
         self.live.insert(id);
+        self.queued_ids.insert(id);
         self.queued += 1;
         self.waiting
             .entry(std::cmp::Reverse(req.priority))
@@ -104,12 +108,16 @@ impl Scheduler {
             self.waiting.remove(&key);
         }
         self.queued -= 1;
+        self.queued_ids.remove(&req.id);
         Some(req)
     }
 
     /// Puts a running request back at the front of its priority (after a
-    /// preemption: its pages were released, it will be recomputed).
-    pub fn requeue_front(&mut self, req: Request) {
+    /// preemption: its pages were released, it will be recomputed). Only
+    /// for requests this scheduler admitted and handed out: not public, so
+    /// nothing can enter the queue past admission.
+    pub(crate) fn requeue_front(&mut self, req: Request) {
+        self.queued_ids.insert(req.id);
         self.queued += 1;
         self.waiting
             .entry(std::cmp::Reverse(req.priority))
@@ -129,14 +137,18 @@ impl Scheduler {
         }
         if found.is_some() {
             self.queued -= 1;
+            self.queued_ids.remove(&id);
             self.waiting.retain(|_, q| !q.is_empty());
         }
         found
     }
 
-    /// Forgets a request that has ended, so its id may be reused.
-    pub fn finish(&mut self, id: RequestId) {
-        self.live.remove(&id);
+    /// Forgets a request that has ended, so its id may be reused; true if
+    /// it was live. A request still waiting cannot be finished this way
+    /// (take it out with [`Scheduler::remove_waiting`] first): that would
+    /// let a second request under its id be queued beside it.
+    pub fn finish(&mut self, id: RequestId) -> bool {
+        !self.queued_ids.contains(&id) && self.live.remove(&id)
     }
 
     /// Requests waiting for pages.
@@ -183,6 +195,21 @@ mod tests {
         assert!(s.pop_if(|r| r.prompt.len() < 10).is_none());
         assert_eq!(s.waiting(), 1);
         assert_eq!(s.pop_if(|_| true).map(|r| r.prompt.len()), Some(60));
+    }
+
+    #[test]
+    fn a_waiting_request_cannot_be_finished_into_a_duplicate() {
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
+        let _ = s.submit(req(1, 4, 4)).unwrap();
+        assert!(!s.finish(RequestId(1)), "still waiting");
+        assert!(matches!(
+            s.submit(req(1, 4, 4)),
+            Err(Rejection::DuplicateId { .. })
+        ));
+        assert_eq!(s.waiting(), 1);
+        let _ = s.remove_waiting(RequestId(1)).unwrap();
+        assert!(s.finish(RequestId(1)));
+        assert!(s.submit(req(1, 4, 4)).is_ok());
     }
 
     #[test]
