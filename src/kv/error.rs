@@ -77,3 +77,41 @@ impl HttpStatus for KvError {
         }
     }
 }
+
+impl HttpStatus for crate::kv::SealError {
+    fn http_status(&self) -> u16 {
+        self.error.http_status()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PoolConfig;
+    use crate::config::{KvDtype, KvGeometry};
+    use crate::kv::KvPool;
+
+    #[test]
+    fn a_seal_error_is_an_error_with_the_status_of_its_cause() {
+        fn seal(
+            seq: crate::kv::KvSeq<crate::kv::Filling>,
+        ) -> Result<(), Box<dyn std::error::Error>> {
+            let _ready = seq.seal(4)?;
+            Ok(())
+        }
+        let g = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: 1,
+            head_dim: 1,
+            dtype: KvDtype::F32,
+        };
+        let pool = KvPool::new(PoolConfig::new(g, 4, 1)).unwrap();
+        let seq = pool.reserve(RequestId(1), 4).unwrap();
+        let e = seal(seq).unwrap_err();
+        assert!(e.to_string().contains("incomplete"), "{e}");
+        drop(e); // it holds the unsealed sequence, and so its page
+        let seq = pool.reserve(RequestId(2), 4).unwrap();
+        let e = seq.seal(4).unwrap_err();
+        assert_eq!(e.http_status(), 500);
+    }
+}

@@ -371,7 +371,8 @@ fn runs(start: usize, n: usize, ps: usize) -> impl Iterator<Item = (usize, usize
 }
 
 /// Why sealing failed, with the handle given back.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("cannot seal the sequence: {error}")]
 pub struct SealError {
     /// The unsealed handle, unchanged.
     pub seq: KvSeq<Filling>,

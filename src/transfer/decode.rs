@@ -219,6 +219,7 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// Waits up to `timeout` for transfers to end; returns those that did
     /// (verified, failed, aborted, timed out). Returns early once something
     /// ended.
+    #[must_use = "each outcome is a transfer that ended: verified KV to decode from, or a request's typed error to report"]
     pub fn poll(&mut self, timeout: Duration) -> Vec<DecodeOutcome> {
         let until = Instant::now() + timeout;
         loop {
@@ -262,6 +263,7 @@ impl<L: DecodeLink> DecodeSide<L> {
     }
 
     /// Fails every transfer and waiting request, and closes the link.
+    #[must_use = "each outcome is a request that ended with the link: report it to its client"]
     pub fn shutdown(&mut self) -> Vec<DecodeOutcome> {
         self.link_lost(LinkError::Disconnected);
         std::mem::take(&mut self.outcomes)

@@ -252,7 +252,7 @@ impl HttpStatus for TransferError {
             TransferError::Timeout { .. } => 504,
             // Client closed request (nginx convention).
             TransferError::Cancelled { .. } => 499,
-            TransferError::Link(_) => 502,
+            TransferError::Link(e) => e.http_status(),
             TransferError::Kv(e) => e.http_status(),
         }
     }
@@ -273,8 +273,42 @@ impl HttpStatus for LinkError {
     }
 }
 
+impl HttpStatus for WriteRefusal {
+    fn http_status(&self) -> u16 {
+        // A refused write fails its transfer's verification: an integrity
+        // failure of that request.
+        500
+    }
+}
+
 impl HttpStatus for WireError {
     fn http_status(&self) -> u16 {
         502
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_failed_by_its_link_reports_the_links_status() {
+        let busy = LinkError::BackpressureTimeout {
+            bytes: 1,
+            in_flight: 2,
+            cap: 2,
+            waited_ms: 10,
+        };
+        assert_eq!(TransferError::Link(busy).http_status(), 503);
+        assert_eq!(
+            TransferError::Link(LinkError::Disconnected).http_status(),
+            502
+        );
+        let refused = WriteRefusal::PastPlan {
+            layer: 0,
+            end: 9,
+            planned: 8,
+        };
+        assert_eq!(refused.http_status(), 500);
     }
 }
