@@ -316,12 +316,22 @@ impl EngineConfigBuilder {
             .required_tokens(max_context)
             .div_ceil(self.page_size);
         if pool_pages < required_pages {
+            // The largest window this pool does hold, for the advice: its
+            // whole pages over the headroom, lowered until it fits.
+            let fits =
+                |w: usize| headroom.required_tokens(w).div_ceil(self.page_size) <= pool_pages;
+            let usable = pool_pages.saturating_mul(self.page_size);
+            let mut max_fit = (usable as f64 / headroom.factor()).floor() as usize;
+            while max_fit > 0 && !fits(max_fit) {
+                max_fit -= 1;
+            }
             return Err(ConfigError::PoolCannotHoldWindow {
                 role: self.role,
                 pool_tokens,
                 max_context,
                 headroom: headroom.factor(),
                 required_tokens: required_pages.saturating_mul(self.page_size),
+                max_fit,
             });
         }
         pool_pages
@@ -350,8 +360,12 @@ pub enum ConfigError {
     #[error(
         "{role:?} KV pool of {pool_tokens} tokens cannot hold a context window of {max_context} tokens \
          (needs {headroom}x = {required_tokens} tokens): enlarge the pool to at least {required_tokens} \
-         tokens or lower max_context to at most {max_fit} tokens",
-        max_fit = (*pool_tokens as f64 / headroom).floor() as usize
+         tokens{or_lower}",
+        or_lower = if *max_fit > 0 {
+            format!(" or lower max_context to at most {max_fit} tokens")
+        } else {
+            String::new()
+        }
     )]
     PoolCannotHoldWindow {
         role: Role,
@@ -359,6 +373,8 @@ pub enum ConfigError {
         max_context: usize,
         headroom: f64,
         required_tokens: usize,
+        /// The largest context window this pool holds (0: none).
+        max_fit: usize,
     },
     #[error("{field} must be set: call the builder's {field}() before build()")]
     Missing { field: &'static str },
@@ -396,6 +412,32 @@ impl HttpStatus for ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_advice_of_a_refused_window_is_a_window_that_builds() {
+        // 100 tokens of pool are 6 whole pages of 16: 96 tokens.
+        let build = |role, max_context| {
+            EngineConfig::builder(role, geom())
+                .max_context(max_context)
+                .page_size(16)
+                .pool_tokens(100)
+                .build()
+        };
+        for (role, want) in [(Role::Decode, 96), (Role::Prefill, 48)] {
+            match build(role, 120) {
+                Err(e @ ConfigError::PoolCannotHoldWindow { max_fit, .. }) => {
+                    assert_eq!(max_fit, want, "{role:?}");
+                    assert!(
+                        e.to_string().contains(&format!("at most {want} tokens")),
+                        "{e}"
+                    );
+                    assert!(build(role, max_fit).is_ok());
+                    assert!(build(role, max_fit + 1).is_err());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn headroom_counts_tokens_exactly() {

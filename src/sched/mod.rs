@@ -198,6 +198,23 @@ mod tests {
     }
 
     #[test]
+    fn a_window_filled_by_the_prompt_advises_a_shorter_prompt() {
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
+        let full = s.submit(req(1, 64, 1)).unwrap_err();
+        assert!(matches!(full, Rejection::ExceedsWindow { .. }));
+        let msg = full.to_string();
+        assert!(
+            msg.contains("shorten the prompt to at most 63 tokens"),
+            "{msg}"
+        );
+        let over = s.submit(req(2, 60, 10)).unwrap_err();
+        assert!(
+            over.to_string().contains("max_new_tokens to at most 4"),
+            "{over}"
+        );
+    }
+
+    #[test]
     fn a_waiting_request_cannot_be_finished_into_a_duplicate() {
         let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
         let _ = s.submit(req(1, 4, 4)).unwrap();

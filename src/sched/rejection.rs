@@ -17,8 +17,14 @@ pub enum Rejection {
     },
     #[error(
         "{id}: prompt of {prompt} tokens plus max_new_tokens {max_new} exceeds the context window of \
-         {max_context}: lower max_new_tokens to at most {fit}",
-        fit = max_context.saturating_sub(*prompt)
+         {max_context}: {advice}",
+        advice = match max_context.saturating_sub(*prompt) {
+            0 => format!(
+                "shorten the prompt to at most {} tokens to generate any",
+                max_context.saturating_sub(1)
+            ),
+            fit => format!("lower max_new_tokens to at most {fit}"),
+        }
     )]
     ExceedsWindow {
         id: RequestId,
