@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$SECONDS
-eval "$(scripts/install-nvcc.sh)"
+# Two steps, so that a failed install stops CI here with its own message
+# (inside `eval "$(...)"` its exit status would be lost).
+exports="$(scripts/install-nvcc.sh)"
+eval "$exports"
 echo "ci-cuda: nvcc ready after $((SECONDS - start))s ($NVCC)"
 cargo build --features cuda --all-targets
 echo "ci-cuda: build done after $((SECONDS - start))s"
