@@ -396,6 +396,7 @@ impl KvPool {
     /// the scrub policy leaves (zeros, poison, or anything when unscrubbed)
     /// and no writer is recorded for any of its slots. A page never handed
     /// out is all zeros.
+    #[doc(hidden)]
     pub fn audit_page_matches_scrub(&self, index: u32) -> bool {
         // The bookkeeping lock stays held while the page is read: a free
         // page cannot be handed out (and written) meanwhile.

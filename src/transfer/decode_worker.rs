@@ -87,6 +87,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     /// pool). Admission still protects the pool. The model must match the
     /// pool's KV geometry and cover the window of `limits`.
     #[cfg(any(test, feature = "fault-injection"))]
+    #[doc(hidden)]
     pub fn with_unvalidated_pool(
         link: L,
         model: Model<B>,
