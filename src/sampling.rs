@@ -12,9 +12,11 @@ use crate::rng::SplitMix64;
 /// Why no token could be chosen. The request fails; nothing is emitted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SamplingError {
-    #[error("no logits to sample from")]
+    #[error("no logits to sample from: the model's vocabulary is empty")]
     Empty,
-    #[error("logit {index} is {value}: the forward pass produced a non-finite value")]
+    #[error(
+        "logit {index} is {value}: the forward pass produced a non-finite value; the request failed, check the model's weights"
+    )]
     NonFinite { index: usize, value: f32 },
     #[error("invalid sampling parameters: {0}")]
     InvalidParams(&'static str),

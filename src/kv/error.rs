@@ -36,13 +36,19 @@ pub enum KvError {
         "stale page {page:?}: its current generation is {current}; the handle no longer owns it"
     )]
     StalePage { page: PageId, current: u64 },
-    #[error("page {page:?} does not belong to this pool")]
+    #[error(
+        "page {page:?} does not belong to this pool: use the handle from the pool that issued it"
+    )]
     ForeignPage { page: PageId },
     #[error("page {page:?} is not in use (it is free or held): nothing may read or write it")]
     PageNotInUse { page: PageId },
-    #[error("layer {layer} out of range: the model has {n_layers} layers")]
+    #[error(
+        "layer {layer} out of range: the model has {n_layers} layers; build the pool from the model's geometry"
+    )]
     LayerOutOfRange { layer: usize, n_layers: usize },
-    #[error("shape mismatch: {what}: expected {expected}, got {got}")]
+    #[error(
+        "shape mismatch: {what}: expected {expected}, got {got}; pass buffers of the pool's geometry"
+    )]
     Shape {
         what: &'static str,
         expected: usize,
@@ -57,7 +63,8 @@ pub enum KvError {
         expected: usize,
     },
     #[error(
-        "isolation violation: {reader} read layer {layer} slot {slot} of page {page} written by {writer:?}"
+        "isolation violation: {reader} read layer {layer} slot {slot} of page {page} written by {writer:?}; \
+         the read was refused: fail the request and report this as a bug"
     )]
     IsolationViolation {
         reader: RequestId,

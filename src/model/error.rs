@@ -9,17 +9,23 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    #[error("bad header: {0}")]
+    #[error("bad header: {0}; check that the file is a model of the expected format")]
     BadHeader(String),
-    #[error("file truncated: tensor {tensor} needs {expected} bytes, {available} remain")]
+    #[error(
+        "file truncated: tensor {tensor} needs {expected} bytes, {available} remain; download or copy the file again"
+    )]
     Truncated {
         tensor: String,
         expected: usize,
         available: usize,
     },
-    #[error("tensor {tensor} is missing")]
+    #[error(
+        "tensor {tensor} is missing: the checkpoint is incomplete or not a supported architecture"
+    )]
     MissingTensor { tensor: String },
-    #[error("tensor {tensor} has shape {got:?}, expected {expected:?}")]
+    #[error(
+        "tensor {tensor} has shape {got:?}, expected {expected:?}: the weights do not match config.json"
+    )]
     Shape {
         tensor: String,
         expected: Vec<usize>,
@@ -27,7 +33,9 @@ pub enum ModelError {
     },
     #[error("tensor {tensor} has unsupported dtype {dtype}: use f32, f16 or bf16")]
     Dtype { tensor: String, dtype: String },
-    #[error("tensor {tensor} contains a non-finite value at index {index}")]
+    #[error(
+        "tensor {tensor} contains a non-finite value at index {index}: the weights are corrupt; re-export them"
+    )]
     NonFinite { tensor: String, index: usize },
     #[error(
         "unsupported architecture {0}: handoff serves Llama-family models (Llama, Mistral, Qwen2)"

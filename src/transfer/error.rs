@@ -37,13 +37,15 @@ pub enum WireError {
     BadFlags { flags: u8 },
     #[error("frame of {len} bytes exceeds the limit of {max}: raise max_frame_bytes on both sides")]
     Oversized { len: u64, max: u64 },
-    #[error("frame payload truncated while reading {what}")]
+    #[error("frame payload truncated while reading {what}: the peer is broken or not handoff")]
     Truncated { what: &'static str },
-    #[error("{extra} unexpected bytes after a {kind} frame")]
+    #[error("{extra} unexpected bytes after a {kind} frame: the peer is newer or broken")]
     TrailingBytes { kind: &'static str, extra: usize },
-    #[error("invalid frame: {what}")]
+    #[error("invalid frame: {what}: the peer is newer or broken")]
     Invalid { what: &'static str },
-    #[error("frame out of order: sequence {got}, expected {expected}")]
+    #[error(
+        "frame out of order: sequence {got}, expected {expected}: frames were lost or replayed; reconnect"
+    )]
     OutOfOrder { expected: u32, got: u32 },
     #[error("a {kind} frame is not valid {context}")]
     Unexpected {
@@ -106,79 +108,79 @@ impl From<std::io::Error> for LinkError {
 /// and released, and nothing is generated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IntegrityError {
-    #[error("{request}: receipt carries {got}, the plan was {planned}")]
+    #[error("{request}: receipt carries {got}, the plan was {planned}; {fix}", fix = INTEGRITY_FIX)]
     NonceMismatch {
         request: RequestId,
         planned: Nonce,
         got: Nonce,
     },
-    #[error("receipt for {planned}'s transfer ({nonce}) names {got}")]
+    #[error("receipt for {planned}'s transfer ({nonce}) names {got}; {fix}", fix = INTEGRITY_FIX)]
     RequestMismatch {
         planned: RequestId,
         got: RequestId,
         nonce: Nonce,
     },
-    #[error("{request}: receipt counts {got} layers, the model has {planned}")]
+    #[error("{request}: receipt counts {got} layers, the model has {planned}; {fix}", fix = INTEGRITY_FIX)]
     LayerCountLen {
         request: RequestId,
         planned: usize,
         got: usize,
     },
-    #[error("{request}: receipt says layer {layer} holds {claimed} tokens, the plan is {planned}")]
+    #[error("{request}: receipt says layer {layer} holds {claimed} tokens, the plan is {planned}; {fix}", fix = INTEGRITY_FIX)]
     LayerTokens {
         request: RequestId,
         layer: usize,
         claimed: u32,
         planned: u32,
     },
-    #[error("{request}: receipt page {position} is {got:?}, the plan reserved {planned:?}")]
+    #[error("{request}: receipt page {position} is {got:?}, the plan reserved {planned:?}; {fix}", fix = INTEGRITY_FIX)]
     PageMismatch {
         request: RequestId,
         position: usize,
         planned: Option<PlannedPage>,
         got: Option<PlannedPage>,
     },
-    #[error("{request}: layer {layer} received {landed} tokens, the plan is {planned}")]
+    #[error("{request}: layer {layer} received {landed} tokens, the plan is {planned}; {fix}", fix = INTEGRITY_FIX)]
     Incomplete {
         request: RequestId,
         layer: usize,
         landed: usize,
         planned: usize,
     },
-    #[error("{request}: a KV write was refused: {reason}")]
+    #[error("{request}: a KV write was refused: {reason}; {fix}", fix = INTEGRITY_FIX)]
     WriteRefused {
         request: RequestId,
         reason: WriteRefusal,
     },
-    #[error("{request}: receipt carries {got} page checksums for {planned} pages")]
+    #[error("{request}: receipt carries {got} page checksums for {planned} pages; {fix}", fix = INTEGRITY_FIX)]
     ChecksumCount {
         request: RequestId,
         planned: usize,
         got: usize,
     },
-    #[error(
-        "{request}: checksum of page {position} is {actual:016x} over the landed bytes, \
-         the receipt claims {claimed:016x}"
-    )]
+    #[error("{request}: checksum of page {position} is {actual:016x} over the landed bytes, \
+         the receipt claims {claimed:016x}; {fix}", fix = INTEGRITY_FIX)]
     ChecksumMismatch {
         request: RequestId,
         position: usize,
         claimed: u64,
         actual: u64,
     },
-    #[error("{request}: the receipt's audit trail does not show every position written by it")]
+    #[error("{request}: the receipt's audit trail does not show every position written by it; {fix}", fix = INTEGRITY_FIX)]
     WriterMismatch { request: RequestId },
-    #[error(
-        "{request}: the receipt's first token {token:?} is missing or outside the vocabulary of {vocab}"
-    )]
+    #[error("{request}: the receipt's first token {token:?} is missing or outside the vocabulary of {vocab}; {fix}", fix = INTEGRITY_FIX)]
     FirstToken {
         request: RequestId,
         token: Option<u32>,
         vocab: usize,
     },
-    #[error("{request}: a destination page is no longer owned at its planned generation: {error}")]
+    #[error("{request}: a destination page is no longer owned at its planned generation: {error}; {fix}", fix = INTEGRITY_FIX)]
     Destination { request: RequestId, error: KvError },
 }
+
+/// What to do about any integrity failure.
+const INTEGRITY_FIX: &str =
+    "retry the request; if it recurs, check the prefill worker and the link";
 
 /// Why a KV write batch was refused at the destination (recorded, then
 /// reported when the receipt is verified).
