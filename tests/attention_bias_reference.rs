@@ -13,7 +13,7 @@ mod naive_llama;
 mod serving_path;
 
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
-use naive_llama::{NaiveLayer, NaiveModel, NaiveRope, to_f64};
+use naive_llama::to_f64;
 use serving_path::handoff_greedy;
 
 /// The logit tolerance.
@@ -38,45 +38,6 @@ fn weights() -> ModelWeights {
         }
     }
     w
-}
-
-fn naive(w: &ModelWeights) -> NaiveModel {
-    let c = &w.config;
-    NaiveModel {
-        dim: c.dim,
-        hidden_dim: c.hidden_dim,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-        vocab_size: c.vocab_size,
-        norm_eps: f64::from(c.norm_eps),
-        rope_theta: f64::from(c.rope_theta),
-        rope: match c.rope_style {
-            RopeStyle::Half => NaiveRope::RotateHalf,
-            RopeStyle::Interleaved => NaiveRope::AdjacentPairs,
-        },
-        embedding: to_f64(&w.embedding),
-        layers: w
-            .layers
-            .iter()
-            .map(|l| NaiveLayer {
-                attn_norm: to_f64(&l.attn_norm),
-                wq: to_f64(&l.wq),
-                wk: to_f64(&l.wk),
-                wv: to_f64(&l.wv),
-                wo: to_f64(&l.wo),
-                bq: l.bq.as_deref().map(to_f64),
-                bk: l.bk.as_deref().map(to_f64),
-                bv: l.bv.as_deref().map(to_f64),
-                ffn_norm: to_f64(&l.ffn_norm),
-                w_gate: to_f64(&l.w1),
-                w_down: to_f64(&l.w2),
-                w_up: to_f64(&l.w3),
-            })
-            .collect(),
-        final_norm: to_f64(&w.final_norm),
-        output: to_f64(w.output()),
-    }
 }
 
 /// A deterministic prompt of `n` token ids below `vocab`.
@@ -116,7 +77,7 @@ fn handoff_logits(model: &Model, p: &[u32]) -> Vec<Vec<f64>> {
 #[test]
 fn handoff_logits_with_qkv_biases_match_the_reference_at_every_position() {
     let w = weights();
-    let reference = naive(&w);
+    let reference = naive_llama::from_weights(&w);
     let model = Model::cpu(w).unwrap();
     for (n, seed) in [(1, 0), (23, 7), (70, 99)] {
         let p = prompt(n, seed, reference.vocab_size);
@@ -131,7 +92,7 @@ fn handoff_logits_with_qkv_biases_match_the_reference_at_every_position() {
 #[test]
 fn handoff_greedy_tokens_with_qkv_biases_equal_the_reference() {
     let w = weights();
-    let reference = naive(&w);
+    let reference = naive_llama::from_weights(&w);
     let model = Model::cpu(w).unwrap();
     for (n, seed, new) in [(5, 1, 24), (40, 3, 24)] {
         let p = prompt(n, seed, reference.vocab_size);
@@ -154,11 +115,11 @@ fn handoff_greedy_tokens_with_qkv_biases_equal_the_reference() {
 #[test]
 fn dropping_any_one_bias_moves_logits_far_beyond_the_tolerance() {
     let w = weights();
-    let full = naive(&w);
+    let full = naive_llama::from_weights(&w);
     let p = prompt(23, 7, full.vocab_size);
     let expected = full.logits_for_prompt(&p);
     for which in ["bq", "bk", "bv"] {
-        let mut dropped = naive(&w);
+        let mut dropped = naive_llama::from_weights(&w);
         for l in &mut dropped.layers {
             match which {
                 "bq" => l.bq = None,

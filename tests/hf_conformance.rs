@@ -20,7 +20,7 @@ mod serving_path;
 use std::path::Path;
 
 use handoff::model::{Model, ModelWeights, RopeStyle, load_hf};
-use naive_llama::{NaiveLayer, NaiveModel, NaiveRope, argmax_gap, to_f64};
+use naive_llama::{argmax_gap, to_f64};
 use safetensors::SafeTensors;
 use serving_path::handoff_greedy;
 
@@ -138,48 +138,9 @@ fn loader_reads_every_tensor_byte_for_byte() {
     }
 }
 
-fn naive(w: &ModelWeights) -> NaiveModel {
-    let c = &w.config;
-    NaiveModel {
-        dim: c.dim,
-        hidden_dim: c.hidden_dim,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-        vocab_size: c.vocab_size,
-        norm_eps: f64::from(c.norm_eps),
-        rope_theta: f64::from(c.rope_theta),
-        rope: match c.rope_style {
-            RopeStyle::Half => NaiveRope::RotateHalf,
-            RopeStyle::Interleaved => NaiveRope::AdjacentPairs,
-        },
-        embedding: to_f64(&w.embedding),
-        layers: w
-            .layers
-            .iter()
-            .map(|l| NaiveLayer {
-                attn_norm: to_f64(&l.attn_norm),
-                wq: to_f64(&l.wq),
-                wk: to_f64(&l.wk),
-                wv: to_f64(&l.wv),
-                wo: to_f64(&l.wo),
-                bq: l.bq.as_deref().map(to_f64),
-                bk: l.bk.as_deref().map(to_f64),
-                bv: l.bv.as_deref().map(to_f64),
-                ffn_norm: to_f64(&l.ffn_norm),
-                w_gate: to_f64(&l.w1),
-                w_down: to_f64(&l.w2),
-                w_up: to_f64(&l.w3),
-            })
-            .collect(),
-        final_norm: to_f64(&w.final_norm),
-        output: to_f64(w.output()),
-    }
-}
-
 #[test]
 fn loaded_weights_reproduce_transformers_through_an_independent_forward_pass() {
-    let m = naive(&weights());
+    let m = naive_llama::from_weights(&weights());
     for case in expected() {
         let ours = m.logits_for_prompt(&case.prompt);
         let (d, pos, tok) = max_diff(&ours, &case.logits);

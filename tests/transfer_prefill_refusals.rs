@@ -14,15 +14,16 @@
 //! the same typed reason and nothing to generate from, and both pools are
 //! back to full with nothing held.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use handoff::transfer::{
-    Abort, AbortReason, Answer, DecodeLink, DecodeSide, Fault, FaultPlan, FaultRule, InProcess,
-    Nonce, Plan, PlannedPage, PrefillSide, Step, Tcp, ToDecode, ToPrefill, Transfer,
-    TransferConfig, TransferError, Verdict, Wait, synthetic,
+    Abort, AbortReason, Answer, DecodeLink, DecodeSide, Fault, FaultPlan, FaultRule, Nonce, Plan,
+    PlannedPage, PrefillSide, Step, ToDecode, ToPrefill, Transfer, TransferConfig, TransferError,
+    Verdict, Wait, synthetic,
 };
 use handoff::{
     AdmissionLimits, HttpStatus, KvDtype, KvGeometry, KvPool, PoolConfig, Rejection, Request,
@@ -372,19 +373,6 @@ fn empty_prompt_via_decode<T: Transfer>(t: T) {
     assert_no_job(&mut rig);
     assert_eq!(rig.prefill.stats().plans, 0, "no plan was sent");
     rig.assert_clean();
-}
-
-macro_rules! on_both_transports {
-    ($($name:ident => $body:expr;)*) => {
-        mod in_process {
-            use super::*;
-            $(#[test] fn $name() { ($body)(InProcess) })*
-        }
-        mod tcp {
-            use super::*;
-            $(#[test] fn $name() { ($body)(Tcp) })*
-        }
-    };
 }
 
 on_both_transports! {

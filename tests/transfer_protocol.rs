@@ -9,14 +9,15 @@
 //! nothing to generate from (no verified KV), the bystander's KV arrives
 //! intact, and both pools return to full capacity with nothing held.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use handoff::transfer::{
-    Fault, FaultPlan, FaultRule, InProcess, IntegrityError, Nonce, PrefillLink, Receipt, Step, Tcp,
-    ToDecode, Transfer, TransferConfig, TransferError, WriteRefusal, synthetic,
+    Fault, FaultPlan, FaultRule, IntegrityError, Nonce, PrefillLink, Receipt, Step, ToDecode,
+    Transfer, TransferConfig, TransferError, WriteRefusal, synthetic,
 };
 use handoff::{HttpStatus, RequestId};
 use support::{Rig, RigSpec, outcome_of, request, rig};
@@ -71,19 +72,6 @@ fn break_with<T: Transfer>(t: T, cfg: TransferConfig, rule: FaultRule) -> (Integ
         TransferError::Integrity(e) => (e, rig),
         other => panic!("expected an integrity error, got {other:?}"),
     }
-}
-
-macro_rules! on_both_transports {
-    ($($name:ident => $body:expr;)*) => {
-        mod in_process {
-            use super::*;
-            $(#[test] fn $name() { ($body)(InProcess) })*
-        }
-        mod tcp {
-            use super::*;
-            $(#[test] fn $name() { ($body)(Tcp) })*
-        }
-    };
 }
 
 fn wrong_nonce<T: Transfer>(t: T) {

@@ -9,6 +9,7 @@
 //! worker until its request has ended.
 
 mod pd;
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -16,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use handoff::transfer::{
-    Answer, CancelOutcome, DecodeLink, InProcess, Nonce, PrefillLink, Receipt, Tcp, ToDecode,
-    ToPrefill, Transfer, TransferConfig, Verdict, synthetic,
+    Answer, CancelOutcome, DecodeLink, Nonce, PrefillLink, Receipt, ToDecode, ToPrefill, Transfer,
+    TransferConfig, Verdict, synthetic,
 };
 use handoff::{
     AdmissionLimits, HttpStatus, KvDtype, KvPool, Outcome, PoolConfig, Rejection, Request,
@@ -27,19 +28,6 @@ use support::{RigSpec, outcome_of, request, rig};
 
 const TARGET: RequestId = RequestId(10);
 const PROMPT: usize = 40;
-
-macro_rules! on_both_transports {
-    ($($name:ident => $body:expr;)*) => {
-        mod in_process {
-            use super::*;
-            $(#[test] fn $name() { ($body)(InProcess) })*
-        }
-        mod tcp {
-            use super::*;
-            $(#[test] fn $name() { ($body)(Tcp) })*
-        }
-    };
-}
 
 /// The client cancels while prefill computes and retries at once under the
 /// same id. Prefill, not yet aware of the cancel, sends the first
@@ -96,6 +84,73 @@ fn limits_cannot_admit_past_the_real_pool<T: Transfer>(t: T) {
     assert!(pool.stats().is_full());
 }
 
+/// Messages a flooding peer sends.
+const FLOOD: u64 = 100_000;
+
+/// A peer thread that sends [`FLOOD`] messages (`send(n)`, false once the
+/// link is gone), then keeps its link open until dropped. Returns once the
+/// whole flood is queued at the other end (over TCP, in the link's reader
+/// thread by then).
+struct Flooder {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flooder {
+    fn start(mut send: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sent_tx, sent) = crossbeam_channel::bounded(1);
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                for n in 1..=FLOOD {
+                    if !send(n) {
+                        break;
+                    }
+                }
+                let _ = sent_tx.send(());
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        sent.recv_timeout(Duration::from_secs(60)).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        Flooder {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Flooder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `poll_1ms()` polls once for 1 ms and returns how many flood messages
+/// have been counted so far: the first poll that reads any must return
+/// with most of the flood unread, and later polls read all of it.
+fn read_the_flood(mut poll_1ms: impl FnMut() -> u64) {
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut seen = 0;
+    while seen == 0 && Instant::now() < until {
+        seen = poll_1ms();
+    }
+    assert!(
+        seen > 0 && seen < FLOOD,
+        "poll(1 ms) read {seen} of {FLOOD} messages in one call"
+    );
+    while seen < FLOOD && Instant::now() < until {
+        seen = poll_1ms();
+    }
+    assert_eq!(seen, FLOOD, "every stray message counted");
+}
+
 /// A peer that sends without pause (stray receipts) does not keep decode's
 /// `poll` past its timeout: it returns with most of the flood still unread,
 /// and reads the rest on later calls.
@@ -103,7 +158,6 @@ fn a_flooding_peer_does_not_hold_poll<T: Transfer>(t: T)
 where
     T::Prefill: Send + 'static,
 {
-    const FLOOD: u64 = 100_000;
     let cfg = TransferConfig::default();
     let (mut prefill_link, decode_link) = t.connect(&cfg).unwrap();
     let pool = KvPool::new(PoolConfig::new(support::geometry(KvDtype::BF16), 16, 8)).unwrap();
@@ -113,52 +167,23 @@ where
         AdmissionLimits::new(64, 8, 16),
         cfg,
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let (sent_tx, sent) = crossbeam_channel::bounded(1);
-    let flooder = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            for n in 1..=FLOOD {
-                let stray = Receipt {
-                    request: RequestId(1_000_000 + n),
-                    nonce: Nonce(n),
-                    layer_tokens: vec![1; 3],
-                    pages: vec![],
-                    page_checksums: vec![],
-                    writers: vec![],
-                    first_token: None,
-                };
-                if prefill_link.send(ToDecode::Receipt(stray)).is_err() {
-                    break;
-                }
-            }
-            let _ = sent_tx.send(());
-            // Keep the link open until the test is done reading.
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        })
-    };
-    let ignored = |d: &handoff::transfer::DecodeSide<T::Decode>| d.stats().ignored_receipts;
-    // The whole flood is queued before decode reads any of it (over TCP,
-    // in the link's reader thread by now).
-    sent.recv_timeout(Duration::from_secs(60)).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let until = Instant::now() + Duration::from_secs(60);
-    while ignored(&decode) == 0 && Instant::now() < until {
+    let flooder = Flooder::start(move |n| {
+        let stray = Receipt {
+            request: RequestId(1_000_000 + n),
+            nonce: Nonce(n),
+            layer_tokens: vec![1; 3],
+            pages: vec![],
+            page_checksums: vec![],
+            writers: vec![],
+            first_token: None,
+        };
+        prefill_link.send(ToDecode::Receipt(stray)).is_ok()
+    });
+    read_the_flood(|| {
         let _ = decode.poll(Duration::from_millis(1));
-    }
-    let first = ignored(&decode);
-    assert!(
-        first > 0 && first < FLOOD,
-        "poll(1 ms) read {first} of {FLOOD} messages in one call"
-    );
-    while ignored(&decode) < FLOOD && Instant::now() < until {
-        let _ = decode.poll(Duration::from_millis(1));
-    }
-    stop.store(true, Ordering::Relaxed);
-    flooder.join().unwrap();
-    assert_eq!(ignored(&decode), FLOOD, "every stray receipt counted");
+        decode.stats().ignored_receipts
+    });
+    drop(flooder);
     drop(decode);
     assert!(pool.stats().is_full());
 }
@@ -169,7 +194,6 @@ fn a_flooding_peer_does_not_hold_prefill<T: Transfer>(t: T)
 where
     T::Decode: Send + 'static,
 {
-    const FLOOD: u64 = 100_000;
     let cfg = TransferConfig::default();
     let (prefill_link, mut decode_link) = t.connect(&cfg).unwrap();
     let pool = KvPool::new(PoolConfig::new(support::geometry(KvDtype::BF16), 16, 8)).unwrap();
@@ -179,45 +203,19 @@ where
         AdmissionLimits::new(64, 8, 16),
         cfg,
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let (sent_tx, sent) = crossbeam_channel::bounded(1);
-    let flooder = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            for n in 1..=FLOOD {
-                let stray = Answer {
-                    request: RequestId(1_000_000 + n),
-                    nonce: Nonce(n),
-                    verdict: Verdict::Ack,
-                };
-                if decode_link.send(ToPrefill::Answer(stray)).is_err() {
-                    break;
-                }
-            }
-            let _ = sent_tx.send(());
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        })
-    };
-    sent.recv_timeout(Duration::from_secs(60)).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let ignored = |p: &handoff::transfer::PrefillSide<T::Prefill>| p.stats().ignored_answers;
-    let until = Instant::now() + Duration::from_secs(60);
-    while ignored(&prefill) == 0 && Instant::now() < until {
+    let flooder = Flooder::start(move |n| {
+        let stray = Answer {
+            request: RequestId(1_000_000 + n),
+            nonce: Nonce(n),
+            verdict: Verdict::Ack,
+        };
+        decode_link.send(ToPrefill::Answer(stray)).is_ok()
+    });
+    read_the_flood(|| {
         prefill.poll(Duration::from_millis(1)).unwrap();
-    }
-    let first = ignored(&prefill);
-    assert!(
-        first > 0 && first < FLOOD,
-        "poll(1 ms) read {first} of {FLOOD} messages in one call"
-    );
-    while ignored(&prefill) < FLOOD && Instant::now() < until {
-        prefill.poll(Duration::from_millis(1)).unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    flooder.join().unwrap();
-    assert_eq!(ignored(&prefill), FLOOD, "every stray answer counted");
+        prefill.stats().ignored_answers
+    });
+    drop(flooder);
     assert!(pool.stats().is_full());
 }
 

@@ -221,3 +221,44 @@ impl NaiveSession<'_> {
         matvec(&m.output, &h, m.vocab_size)
     }
 }
+
+/// The naive model holding (in f64) the same weights as a handoff
+/// `ModelWeights`: a copy of the data, no computation from the crate.
+pub fn from_weights(w: &handoff::model::ModelWeights) -> NaiveModel {
+    let c = &w.config;
+    NaiveModel {
+        dim: c.dim,
+        hidden_dim: c.hidden_dim,
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+        vocab_size: c.vocab_size,
+        norm_eps: f64::from(c.norm_eps),
+        rope_theta: f64::from(c.rope_theta),
+        rope: match c.rope_style {
+            handoff::model::RopeStyle::Half => NaiveRope::RotateHalf,
+            handoff::model::RopeStyle::Interleaved => NaiveRope::AdjacentPairs,
+        },
+        embedding: to_f64(&w.embedding),
+        layers: w
+            .layers
+            .iter()
+            .map(|l| NaiveLayer {
+                attn_norm: to_f64(&l.attn_norm),
+                wq: to_f64(&l.wq),
+                wk: to_f64(&l.wk),
+                wv: to_f64(&l.wv),
+                wo: to_f64(&l.wo),
+                bq: l.bq.as_deref().map(to_f64),
+                bk: l.bk.as_deref().map(to_f64),
+                bv: l.bv.as_deref().map(to_f64),
+                ffn_norm: to_f64(&l.ffn_norm),
+                w_gate: to_f64(&l.w1),
+                w_down: to_f64(&l.w2),
+                w_up: to_f64(&l.w3),
+            })
+            .collect(),
+        final_norm: to_f64(&w.final_norm),
+        output: to_f64(w.output()),
+    }
+}

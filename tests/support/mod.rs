@@ -4,6 +4,23 @@
 
 use std::time::{Duration, Instant};
 
+/// Runs each story `name => fn` against both transports, as the tests
+/// `in_process::name` and `tcp::name` (the generic conformance pattern);
+/// the calling file has `#[macro_use] mod support;`.
+#[allow(unused_macros)]
+macro_rules! on_both_transports {
+    ($($name:ident => $body:expr;)*) => {
+        mod in_process {
+            use super::*;
+            $(#[test] fn $name() { ($body)(handoff::transfer::InProcess) })*
+        }
+        mod tcp {
+            use super::*;
+            $(#[test] fn $name() { ($body)(handoff::transfer::Tcp) })*
+        }
+    };
+}
+
 use handoff::transfer::{
     DecodeOutcome, DecodeSide, PrefillSide, Transfer, TransferConfig, TransferError, synthetic,
 };
