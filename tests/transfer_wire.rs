@@ -245,17 +245,18 @@ struct PrefillEnd {
     closed: bool,
 }
 
-/// A prefill side connects to a raw peer posing as a decode worker, which
-/// sends `bytes` at `when` (then, if `hang_up`, closes its sending half).
-/// Checks that prefill applied nothing from them and that its pool is full
-/// afterwards; returns the error that ended the link.
-fn prefill_receives(when: When, bytes: Vec<u8>, hang_up: bool) -> PrefillEnd {
-    let cfg = TransferConfig::default()
-        .with_max_batch_bytes(64 << 10)
-        .with_max_frame_bytes(MAX);
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let peer = std::thread::spawn(move || {
+/// A raw peer posing as a decode worker on `listener`: accepts one
+/// connection, (if `when` is `WhileHeld`, first plans a transfer and reads
+/// it to its receipt), sends `bytes`, closes its sending half if `hang_up`;
+/// returns true if prefill then closed the connection (reads ended rather
+/// than timing out after 10 s).
+fn raw_decode_peer(
+    listener: TcpListener,
+    when: When,
+    bytes: Vec<u8>,
+    hang_up: bool,
+) -> std::thread::JoinHandle<bool> {
+    std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         if when == When::WhileHeld {
@@ -287,7 +288,20 @@ fn prefill_receives(when: When, bytes: Vec<u8>, hang_up: bool) -> PrefillEnd {
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ),
         }
-    });
+    })
+}
+
+/// A prefill side connects to a raw peer posing as a decode worker, which
+/// sends `bytes` at `when` (then, if `hang_up`, closes its sending half).
+/// Checks that prefill applied nothing from them and that its pool is full
+/// afterwards; returns the error that ended the link.
+fn prefill_receives(when: When, bytes: Vec<u8>, hang_up: bool) -> PrefillEnd {
+    let cfg = TransferConfig::default()
+        .with_max_batch_bytes(64 << 10)
+        .with_max_frame_bytes(MAX);
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = raw_decode_peer(listener, when, bytes, hang_up);
     let link = TcpPrefill::connect(addr, &cfg).unwrap();
     let pool = KvPool::new(PoolConfig::new(geometry(), 16, 8)).unwrap();
     let mut prefill = PrefillSide::new(link, pool.clone(), AdmissionLimits::new(64, 8, 16), cfg);
@@ -639,19 +653,12 @@ fn prefill_end_closes_on_a_bad_frame_before_its_side_reads_anything() {
         .with_max_frame_bytes(MAX);
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     let addr = listener.local_addr().unwrap();
-    let peer = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
-        let mut rest = Vec::new();
-        match s.read_to_end(&mut rest) {
-            Ok(_) => true,
-            Err(e) => !matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ),
-        }
-    });
+    let peer = raw_decode_peer(
+        listener,
+        When::First,
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        false,
+    );
     let link = TcpPrefill::connect(addr, &cfg).unwrap();
     let closed = peer.join().unwrap();
     drop(link);
