@@ -14,15 +14,15 @@
 //! so on stderr and returns.
 
 mod example_bin;
+mod hf_fixture;
 mod serving_path;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 
 use handoff::model::{Model, ModelConfig, random_weights, write_llama2c};
+use hf_fixture::FIXTURE;
 use serving_path::handoff_greedy;
-
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_tiny_llama");
 
 fn run(args: &[&str]) -> Option<Output> {
     example_bin::run("generate", args)
@@ -55,20 +55,9 @@ fn assert_success(out: &Output) {
 
 /// The fixture's prompts and transformers' greedy continuations.
 fn transformers_cases() -> Vec<(Vec<u32>, Vec<u32>)> {
-    let raw = std::fs::read(Path::new(FIXTURE).join("expected.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    v["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (ids(&c["prompt"]), ids(&c["greedy_new_tokens"])))
+    hf_fixture::expected()
+        .into_iter()
+        .map(|c| (c.prompt, c.greedy))
         .collect()
 }
 

@@ -14,59 +14,20 @@
 //! 3. handoff's own forward pass reproduces them too (logits within 1e-4
 //!    at every position; greedy tokens exactly, through paged prefill+decode).
 
+mod hf_fixture;
 mod naive_llama;
 mod serving_path;
 
 use std::path::Path;
 
 use handoff::model::{Model, ModelWeights, RopeStyle, load_hf};
+use hf_fixture::{FIXTURE, expected};
 use naive_llama::{argmax_gap, to_f64};
 use safetensors::SafeTensors;
 use serving_path::handoff_greedy;
 
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_tiny_llama");
-
 /// Logit tolerance of the issue: float32 transformers vs handoff.
 const LOGIT_TOL: f64 = 1e-4;
-
-struct Case {
-    prompt: Vec<u32>,
-    logits: Vec<Vec<f64>>,
-    greedy: Vec<u32>,
-}
-
-fn expected() -> Vec<Case> {
-    let raw = std::fs::read(Path::new(FIXTURE).join("expected.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    v["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            prompt: ids(&c["prompt"]),
-            logits: c["logits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|row| {
-                    row.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_f64().unwrap())
-                        .collect()
-                })
-                .collect(),
-            greedy: ids(&c["greedy_new_tokens"]),
-        })
-        .collect()
-}
 
 fn weights() -> ModelWeights {
     load_hf(Path::new(FIXTURE)).unwrap()
