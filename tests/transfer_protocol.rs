@@ -3,8 +3,11 @@
 //!
 //! In the incident, a decode node accepted "transfer complete" for a
 //! one-token placeholder and decoded on pages holding other users' KV. Here
-//! every rule the verifier enforces is broken on purpose, one at a time,
-//! while a bystander request from another tenant transfers alongside. Each
+//! every rule the verifier checks a receipt against is broken on purpose,
+//! one at a time, and a write refused at the landing zone fails its
+//! transfer too (each landing rule has its own unit test in
+//! `src/transfer/landing.rs`), while a bystander request from another
+//! tenant transfers alongside. Each
 //! time: the broken transfer ends in its typed error (HTTP 500), decode gets
 //! nothing to generate from (no verified KV), the bystander's KV arrives
 //! intact, and both pools return to full capacity with nothing held.
@@ -177,6 +180,19 @@ fn corrupted_receipt_checksum<T: Transfer>(t: T) {
     let (e, _) = break_one_rule(t, rule);
     assert!(
         matches!(e, IntegrityError::ChecksumMismatch { position: 0, .. }),
+        "{e}"
+    );
+}
+
+fn missing_page_checksum<T: Transfer>(t: T) {
+    let (e, _) = break_one_rule(
+        t,
+        edit(|r| {
+            r.page_checksums.pop();
+        }),
+    );
+    assert!(
+        matches!(e, IntegrityError::ChecksumCount { planned, got, .. } if got + 1 == planned),
         "{e}"
     );
 }
@@ -365,6 +381,7 @@ on_both_transports! {
     wrong_page_generation_fails => wrong_page_generation;
     corrupted_kv_bytes_fail_the_checksum => corrupted_kv_bytes;
     corrupted_receipt_checksum_fails => corrupted_receipt_checksum;
+    a_receipt_short_of_one_page_checksum_fails => missing_page_checksum;
     duplicated_write_is_refused => duplicated_write;
     reordered_writes_across_layers_still_verify => reordered_across_layers;
     forged_writer_trail_fails => forged_writer_trail;

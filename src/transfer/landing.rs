@@ -229,3 +229,143 @@ impl LandingZone {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PoolConfig;
+    use crate::config::{KvDtype, KvGeometry};
+
+    const TOKENS: usize = 10;
+    const ROW: usize = 4 * 2; // kv_dim 4, f16
+
+    fn zone() -> (LandingZone, KvPool, Nonce) {
+        let g = KvGeometry {
+            n_layers: 2,
+            n_kv_heads: 2,
+            head_dim: 2,
+            dtype: KvDtype::F16,
+        };
+        let pool = KvPool::new(PoolConfig::new(g, 4, 8)).unwrap();
+        let seq = pool.reserve_for_receive(RequestId(7), TOKENS).unwrap();
+        let zone = LandingZone::new();
+        let nonce = Nonce(42);
+        zone.register(nonce, Destination::new(RequestId(7), TOKENS, seq));
+        (zone, pool, nonce)
+    }
+
+    fn batch(nonce: Nonce, request: u64, layer: u32, start: u32, tokens: u32) -> WriteBatch {
+        WriteBatch {
+            request: RequestId(request),
+            nonce,
+            layer,
+            start,
+            tokens,
+        }
+    }
+
+    /// Applies `b` carrying `bytes_each` bytes per K and V; returns the
+    /// outcome and the refusal recorded against the transfer.
+    fn land(b: WriteBatch, bytes_each: usize) -> (Landed, Option<WriteRefusal>, KvPool) {
+        let (zone, pool, nonce) = zone();
+        let b = WriteBatch { nonce, ..b };
+        let landed = zone.apply(&b, bytes_each, None, |_, _, dst| dst.fill(1));
+        let refused = zone.take(nonce).and_then(|d| d.refused);
+        (landed, refused, pool)
+    }
+
+    #[test]
+    fn a_write_within_the_plan_lands() {
+        let (landed, refused, pool) = land(batch(Nonce(0), 7, 1, 0, 4), 4 * ROW);
+        assert_eq!(landed, Landed::Applied);
+        assert_eq!(refused, None);
+        assert!(pool.stats().is_full(), "taking the entry frees its pages");
+    }
+
+    #[test]
+    fn each_write_rule_refuses_and_is_recorded_against_the_transfer() {
+        let cases = [
+            (batch(Nonce(0), 8, 0, 0, 4), 4 * ROW, "another request"),
+            (
+                batch(Nonce(0), 7, 2, 0, 4),
+                4 * ROW,
+                "a layer past the model",
+            ),
+            (
+                batch(Nonce(0), 7, 0, 4, 4),
+                4 * ROW,
+                "a start past what landed",
+            ),
+            (
+                batch(Nonce(0), 7, 0, 0, 11),
+                11 * ROW,
+                "past the planned tokens",
+            ),
+            (
+                batch(Nonce(0), 7, 0, 0, 4),
+                4 * ROW - 1,
+                "bytes not matching tokens",
+            ),
+        ];
+        for (b, bytes, what) in cases {
+            let (landed, refused, pool) = land(b, bytes);
+            assert_eq!(landed, Landed::Refused, "{what}");
+            let refused = refused.unwrap_or_else(|| panic!("{what}: nothing recorded"));
+            let ok = match what {
+                "another request" => matches!(
+                    refused,
+                    WriteRefusal::WrongRequest {
+                        planned: RequestId(7),
+                        got: RequestId(8)
+                    }
+                ),
+                "a layer past the model" => {
+                    matches!(
+                        refused,
+                        WriteRefusal::LayerOutOfRange {
+                            layer: 2,
+                            n_layers: 2
+                        }
+                    )
+                }
+                "a start past what landed" => matches!(
+                    refused,
+                    WriteRefusal::OutOfOrder {
+                        layer: 0,
+                        start: 4,
+                        expected: 0
+                    }
+                ),
+                "past the planned tokens" => matches!(
+                    refused,
+                    WriteRefusal::PastPlan {
+                        layer: 0,
+                        end: 11,
+                        planned: TOKENS
+                    }
+                ),
+                _ => matches!(refused, WriteRefusal::BadLength { tokens: 4, .. }),
+            };
+            assert!(ok, "{what}: {refused:?}");
+            assert!(pool.stats().is_full(), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_write_for_an_unknown_transfer_lands_nowhere_and_is_counted() {
+        let (zone, _pool, nonce) = zone();
+        let stray = batch(Nonce(nonce.0 + 1), 7, 0, 0, 4);
+        assert_eq!(
+            zone.apply(&stray, 4 * ROW, None, |_, _, dst| dst.fill(1)),
+            Landed::Stray
+        );
+        assert_eq!(zone.stray_writes(), 1);
+        let dest = zone.take(nonce).unwrap();
+        assert_eq!(dest.refused, None);
+        assert_eq!(
+            dest.seq.written(0),
+            0,
+            "nothing landed in the planned pages"
+        );
+    }
+}
