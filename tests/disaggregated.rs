@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_llama2c, random_weights};
 use handoff::transfer::{
@@ -99,9 +99,16 @@ fn disaggregated<T: Transfer>(
         let stop = stop.clone();
         std::thread::spawn(move || {
             let _ = prefill.run(&stop);
-            // Let decode's last answers arrive, then release everything.
-            std::thread::sleep(Duration::from_millis(50));
-            let _ = prefill.step(Duration::from_millis(50));
+            // Let decode's last answers arrive (however late a loaded
+            // machine delivers them, up to 10 s), then release everything.
+            let until = Instant::now() + Duration::from_secs(10);
+            while (prefill.side().held_transfers() > 0 || !prefill.pool().stats().is_full())
+                && Instant::now() < until
+            {
+                if prefill.step(Duration::from_millis(20)).is_err() {
+                    break;
+                }
+            }
             let stats = prefill.pool().stats();
             let held = prefill.side().held_transfers();
             prefill.shutdown();

@@ -74,10 +74,22 @@ fn pages(n: usize) -> Vec<PlannedPage> {
         .collect()
 }
 
-/// Every message prefill sends within `wait`.
-fn drain<L: DecodeLink>(link: &mut L, wait: Duration) -> Vec<ToDecode> {
-    let until = Instant::now() + wait;
+/// Every message prefill sends until `expected` holds of what arrived (or
+/// [`support::DEADLINE`] passes), then for `quiet` more: anything prefill
+/// should not have sent has had every chance to follow what it should.
+fn drain<L: DecodeLink>(
+    link: &mut L,
+    expected: impl Fn(&[ToDecode]) -> bool,
+    quiet: Duration,
+) -> Vec<ToDecode> {
+    let until = Instant::now() + support::DEADLINE;
     let mut out = Vec::new();
+    while !expected(&out) && Instant::now() < until {
+        if let Some(m) = link.recv(Duration::from_millis(20)).unwrap() {
+            out.push(m);
+        }
+    }
+    let until = Instant::now() + quiet;
     while Instant::now() < until {
         if let Some(m) = link.recv(Duration::from_millis(20)).unwrap() {
             out.push(m);
@@ -107,7 +119,17 @@ fn refused_by_prefill<T: Transfer>(t: T, bad: Plan) -> AbortReason {
     synthetic::fill(job.seq_mut(), BYSTANDER, PROMPT + 7).unwrap();
     prefill.complete(job, Some(1)).unwrap();
 
-    let msgs = drain(&mut decode, Duration::from_millis(300));
+    // The abort and the bystander's receipt are what prefill owes; once
+    // both arrived, a further 200 ms gives any receipt for the refused plan
+    // (or a second abort) its chance to show.
+    let msgs = drain(
+        &mut decode,
+        |m| {
+            let aborts = m.iter().filter(|m| matches!(m, ToDecode::Abort(_))).count();
+            aborts >= 1 && m.len() > aborts
+        },
+        Duration::from_millis(200),
+    );
     let (aborts, receipts): (Vec<_>, Vec<_>) = msgs
         .into_iter()
         .partition(|m| matches!(m, ToDecode::Abort(_)));

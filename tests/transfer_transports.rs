@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use handoff::transfer::{
-    AbortReason, CancelOutcome, Fault, FaultPlan, InProcess, LinkError, Step, Tcp, Transfer,
-    TransferConfig, TransferError, Wait, synthetic,
+    AbortReason, CancelOutcome, Fault, FaultPlan, FaultRule, InProcess, LinkError, Step, Tcp,
+    Transfer, TransferConfig, TransferError, Wait, synthetic,
 };
 use handoff::{HttpStatus, KvDtype, Rejection, RequestId};
 use support::{Rig, RigSpec, outcome_of, request};
@@ -168,12 +168,20 @@ fn cancel_is_safe_and_idempotent_at_every_step<T: Transfer>(t: T) {
 
     // 4. Mid-transfer: writes in flight to a slow receiver when the client
     // goes away. Nothing is freed under a write; everything ends clean.
+    // The client goes away as prefill starts its fifth write batch (of 48);
+    // that batch then leaves 1 s late, so whatever the scheduler does to
+    // this thread short of stalling it that long, the fence comes while
+    // writes are still to land.
+    let faults = Arc::new(
+        FaultPlan::new()
+            .with(FaultRule::at(Step::KvWriting, Fault::CancelClient).skip(4))
+            .with(FaultRule::at(Step::KvWriting, Fault::Delay(Duration::from_secs(1))).skip(4))
+            .slow_receiver(Duration::from_millis(3)),
+    );
     let cfg = TransferConfig::default()
         .with_max_batch_bytes(4 << 10)
         .with_max_in_flight_bytes(8 << 10)
-        .with_faults(Arc::new(
-            FaultPlan::new().slow_receiver(Duration::from_millis(3)),
-        ));
+        .with_faults(faults.clone());
     let spec = RigSpec {
         prefill_pages: 64,
         decode_pages: 64,
@@ -195,8 +203,10 @@ fn cancel_is_safe_and_idempotent_at_every_step<T: Transfer>(t: T) {
         let _ = prefill.poll(Duration::from_millis(300));
         (r, prefill)
     });
-    // 48 batches at 3 ms each: 20 ms in, writes are in flight.
-    std::thread::sleep(Duration::from_millis(20));
+    support::wait_until("the client's cancel at the fifth write batch", || {
+        std::thread::sleep(Duration::from_millis(1));
+        faults.take_cancels().contains(&RequestId(4))
+    });
     assert_eq!(decode.cancel(RequestId(4)), CancelOutcome::Fenced);
     assert_eq!(decode.cancel(RequestId(4)), CancelOutcome::NotLive);
     let (sent, mut prefill) = sender.join().unwrap();
@@ -213,15 +223,22 @@ fn cancel_is_safe_and_idempotent_at_every_step<T: Transfer>(t: T) {
         leftovers.is_empty(),
         "a cancelled request has no outcome: {leftovers:?}"
     );
-    let _ = prefill.poll(Duration::from_millis(200));
     assert_eq!(
         decode.stats().verified,
         0,
         "zero tokens for the cancelled request"
     );
+    support::wait_until(
+        "prefill releasing its source pages on decode's cancel",
+        || {
+            let _ = prefill.poll(Duration::from_millis(20));
+            prefill.held_transfers() == 0 && prefill_pool.stats().is_full()
+        },
+    );
     assert!(decode_pool.stats().is_full(), "{:?}", decode_pool.stats());
-    assert!(prefill_pool.stats().is_full(), "{:?}", prefill_pool.stats());
-    assert_eq!(prefill.held_transfers(), 0);
+    for s in [prefill_pool.stats(), decode_pool.stats()] {
+        assert!(s.balanced() && s.isolation_violations == 0, "{s:?}");
+    }
 }
 
 fn every_wait_ends_in_a_typed_error<T: Transfer>(t: T) {
@@ -256,7 +273,12 @@ fn every_wait_ends_in_a_typed_error<T: Transfer>(t: T) {
         rig.decode_pool.stats().is_full(),
         "released after the fence"
     );
-    rig.settle();
+    // Prefill hears that decode gave up (however late a loaded machine
+    // delivers it) before the job completes.
+    support::wait_until("prefill hearing decode's give-up", || {
+        let _ = rig.prefill.poll(Duration::from_millis(20));
+        rig.prefill.stats().failed_by_decode == 1
+    });
     synthetic::fill(job.seq_mut(), RequestId(1), 20).unwrap();
     assert!(
         matches!(

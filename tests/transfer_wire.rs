@@ -64,8 +64,7 @@ fn decode_receives(bytes: Vec<u8>) -> (TransferError, KvPool) {
         assert_eq!(frame::decode_header(&head, MAX).unwrap().kind, Kind::Plan);
         let _ = s.write_all(&bytes);
         // The connection is closed on us: reads end.
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
+        reads_end(&mut s)
     });
     let link = listener.accept(&cfg).unwrap();
     let pool = KvPool::new(PoolConfig::new(geometry(), 16, 8)).unwrap();
@@ -80,7 +79,10 @@ fn decode_receives(bytes: Vec<u8>) -> (TransferError, KvPool) {
             break;
         }
     }
-    peer.join().unwrap();
+    assert!(
+        peer.join().unwrap(),
+        "decode kept the connection open after the bad bytes (the peer's reads timed out)"
+    );
     assert_eq!(outcomes.len(), 1);
     let err = outcomes.pop().unwrap().result.unwrap_err();
     assert_eq!(decode.landing().refused_writes(), 0);
@@ -280,15 +282,21 @@ fn raw_decode_peer(
         if hang_up {
             let _ = s.shutdown(Shutdown::Write);
         }
-        let mut rest = Vec::new();
-        match s.read_to_end(&mut rest) {
-            Ok(_) => true,
-            Err(e) => !matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ),
-        }
+        reads_end(&mut s)
     })
+}
+
+/// Reads `s` to its end: true if the other side closed the connection (EOF
+/// or reset), false if the reads timed out with the connection still open.
+fn reads_end(s: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    match s.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
 }
 
 /// A prefill side connects to a raw peer posing as a decode worker, which

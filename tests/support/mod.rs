@@ -118,26 +118,73 @@ impl<T: Transfer> Rig<T> {
         out
     }
 
-    /// Lets prefill process decode's answers.
+    /// Lets prefill process decode's answers that have already arrived.
     pub fn settle(&mut self) {
         let _ = self.prefill.poll(Duration::from_millis(100));
     }
 
     /// Both pools back to full capacity, balanced, nothing held, no
-    /// isolation violation.
+    /// isolation violation. Prefill is polled until decode's answers have
+    /// released every held transfer and both pools are full, up to
+    /// [`DEADLINE`]: a loaded machine may deliver the last answer late, but
+    /// never loses it. Every observation on the way must be balanced and free
+    /// of isolation violations.
     pub fn assert_clean(&mut self) {
-        self.settle();
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let stats = [
+                ("prefill", self.prefill_pool.stats()),
+                ("decode", self.decode_pool.stats()),
+            ];
+            for (side, s) in &stats {
+                assert!(s.balanced(), "{side} pool unbalanced: {s:?}");
+                assert_eq!(s.isolation_violations, 0, "{side} isolation violations");
+            }
+            let clean =
+                self.prefill.held_transfers() == 0 && stats.iter().all(|(_, s)| s.is_full());
+            if clean || Instant::now() >= until {
+                break;
+            }
+            if self.prefill.poll(Duration::from_millis(20)).is_err() {
+                // The link has ended: nothing more will arrive, but a
+                // writer thread may still be letting go of its pages.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         for (side, pool) in [
             ("prefill", &self.prefill_pool),
             ("decode", &self.decode_pool),
         ] {
             let s = pool.stats();
-            assert!(s.balanced(), "{side} pool unbalanced: {s:?}");
-            assert!(s.is_full(), "{side} pool not back to full: {s:?}");
-            assert_eq!(s.isolation_violations, 0, "{side} isolation violations");
+            assert!(
+                s.is_full(),
+                "{side} pool not back to full within {DEADLINE:?}: {s:?}"
+            );
         }
-        assert_eq!(self.prefill.held_transfers(), 0);
-        assert_eq!(self.decode.in_flight(), 0);
+        assert_eq!(
+            self.prefill.held_transfers(),
+            0,
+            "prefill still holds source pages {DEADLINE:?} after the test ended"
+        );
+        assert_eq!(
+            self.decode.in_flight(),
+            0,
+            "decode still has transfers in flight"
+        );
+    }
+}
+
+/// How long a test waits for something that must happen: long enough that a
+/// loaded 2-core machine never trips it, short enough that a hang fails.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Calls `poll` until it reports that what the test waits for holds, or
+/// panics naming `what` once [`DEADLINE`] has passed. `poll` makes one step
+/// of progress (or sleeps briefly) and then observes.
+pub fn wait_until(what: &str, mut poll: impl FnMut() -> bool) {
+    let until = Instant::now() + DEADLINE;
+    while !poll() {
+        assert!(Instant::now() < until, "{what}: not within {DEADLINE:?}");
     }
 }
 
