@@ -232,7 +232,6 @@ fn matrix<T: Transfer + Copy + Send + 'static>(t: T) {
         tally.cells,
         tally.failures.join("\n")
     );
-    assert_eq!(tally.cells, 2 * faults().len() * Step::ALL.len());
 }
 
 #[test]

@@ -491,7 +491,13 @@ fn random_corruption_of_header_or_config_never_panics() {
         match load_hf_bytes(&c, &[("model.safetensors", &w)]) {
             Ok(_) => loaded += 1,
             Err(e) => {
-                assert!(!e.to_string().is_empty());
+                match &e {
+                    // Bytes in memory: no file was opened, so no file error.
+                    ModelError::Io { .. } => panic!("in-memory load blamed a file: {e}"),
+                    // A shape refusal names two different shapes.
+                    ModelError::Shape { expected, got, .. } => assert_ne!(expected, got, "{e}"),
+                    _ => {}
+                }
                 refused += 1;
             }
         }

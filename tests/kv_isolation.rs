@@ -19,17 +19,52 @@ fn geometry(dtype: KvDtype) -> KvGeometry {
     }
 }
 
-/// The value request `r` writes at (layer, pos, element, k|v): distinct per
-/// owner, exactly representable in bf16.
+/// The value request `r` writes at (layer, pos, element, k|v): a different
+/// f32 for every tuple. The tuple is packed into 19 bits (asserted), mixed
+/// by a bijection on 24 bits (so that neighbouring tuples differ in their
+/// high bits and stay apart after rounding to f16/bf16), and mapped exactly
+/// onto a multiple of 2^-21 in [-4, 4).
 fn value(r: u64, layer: usize, pos: usize, e: usize, kv: usize) -> f32 {
-    ((r % 61) * 4 + (layer as u64 % 2) * 2 + kv as u64) as f32
-        + (pos % 8) as f32 * 0.5
-        + e as f32 * 0.0
+    assert!(
+        r < 128 && layer < 4 && pos < 64 && e < 8 && kv < 2,
+        "tuple fits 19 bits"
+    );
+    let packed =
+        (r << 12) | ((layer as u64) << 10) | ((pos as u64) << 4) | ((e as u64) << 1) | kv as u64;
+    const MASK: u64 = (1 << 24) - 1;
+    // Odd multipliers and right xor-shifts are bijections mod 2^24.
+    let mut x = packed.wrapping_mul(0x9e_3779) & MASK;
+    x ^= x >> 12;
+    x = x.wrapping_mul(0x85_ebcb) & MASK;
+    x ^= x >> 11;
+    // |x - 2^23| < 2^24: exact in f32, and so is the power-of-two scaling.
+    (x as i64 - (1 << 23)) as f32 * (1.0 / (1u64 << 21) as f32)
 }
 
 fn rows(r: u64, layer: usize, start: usize, n: usize, kvd: usize, kv: usize) -> Vec<f32> {
     (start..start + n)
         .flat_map(|p| (0..kvd).map(move |e| value(r, layer, p, e, kv)))
+        .collect()
+}
+
+/// What a read of `rows(..)` returns from a pool storing `dtype`: the value
+/// rounded through the storage type by the conversions the pool uses.
+fn stored_rows(
+    dtype: KvDtype,
+    r: u64,
+    layer: usize,
+    start: usize,
+    n: usize,
+    kvd: usize,
+    kv: usize,
+) -> Vec<f32> {
+    rows(r, layer, start, n, kvd, kv)
+        .into_iter()
+        .map(|x| match dtype {
+            KvDtype::F32 => x,
+            KvDtype::F16 => half::f16::from_f32(x).to_f32(),
+            KvDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+        })
         .collect()
 }
 
@@ -47,7 +82,8 @@ fn append_all(seq: &mut KvSeq<Filling>, n: usize, kvd: usize) -> Result<(), KvEr
 }
 
 fn check_reads<S: handoff::kv::Readable>(pool: &KvPool, seq: &KvSeq<S>) {
-    let kvd = pool.config().geometry().kv_dim();
+    let geometry = pool.config().geometry();
+    let (kvd, dtype) = (geometry.kv_dim(), geometry.dtype);
     let reader = pool.reader();
     let sv = reader.seq(seq).expect("own pages are readable");
     for layer in 0..3 {
@@ -56,9 +92,10 @@ fn check_reads<S: handoff::kv::Readable>(pool: &KvPool, seq: &KvSeq<S>) {
         let mut buf = vec![0f32; kvd];
         for pos in 0..lv.len() {
             lv.key(pos).unwrap().to_f32_into(&mut buf);
-            assert_eq!(buf, rows(seq.owner().0, layer, pos, 1, kvd, 0));
+            let owner = seq.owner().0;
+            assert_eq!(buf, stored_rows(dtype, owner, layer, pos, 1, kvd, 0));
             lv.value(pos).unwrap().to_f32_into(&mut buf);
-            assert_eq!(buf, rows(seq.owner().0, layer, pos, 1, kvd, 1));
+            assert_eq!(buf, stored_rows(dtype, owner, layer, pos, 1, kvd, 1));
         }
         assert!(
             lv.key(lv.len()).is_none(),
@@ -373,8 +410,7 @@ fn many_threads_writing_and_reading_one_pool_at_once_each_see_only_their_own_byt
                 let pool = &pool;
                 s.spawn(move || {
                     for round in 0..1000u64 {
-                        // Distinct among live sequences; small, so that
-                        // every value is exact in bf16.
+                        // Distinct among live sequences.
                         let id = RequestId(1 + t + 4 * (round % 3));
                         let tokens = 1 + ((t + round) % 11) as usize;
                         // Six pages per thread at most: never exhausted.
@@ -402,6 +438,25 @@ fn many_threads_writing_and_reading_one_pool_at_once_each_see_only_their_own_byt
                 pool.audit_page_matches_scrub(page),
                 "page {page} not scrubbed"
             );
+        }
+    }
+}
+
+#[test]
+fn the_written_values_tell_every_owner_layer_position_element_and_half_apart() {
+    // The checks above catch a read of the wrong row only because no two
+    // tuples share a value.
+    let mut seen = std::collections::HashSet::new();
+    for r in 0..128 {
+        for layer in 0..4 {
+            for pos in 0..64 {
+                for e in 0..8 {
+                    for kv in 0..2 {
+                        let v = value(r, layer, pos, e, kv);
+                        assert!(seen.insert(v.to_bits()), "{r} {layer} {pos} {e} {kv}");
+                    }
+                }
+            }
         }
     }
 }

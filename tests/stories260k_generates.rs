@@ -1,7 +1,7 @@
 //! The real trained model the project ships with (llama2.c stories260K,
 //! GQA 8:4) loads and generates: greedy decoding from BOS continues with the
-//! model's own tokens, and prefill then decode is exactly token-by-token
-//! decoding. Skips, saying so, when the shared file is absent.
+//! model's own tokens, and prefill then decode gives bit-for-bit the logits
+//! of token-by-token decoding. Skips, saying so, when the shared file is absent.
 
 use std::io::Write;
 use std::path::Path;
@@ -96,10 +96,61 @@ fn greedy_generation_from_bos_is_deterministic_and_varied() {
     drop(seq);
     assert!(pool.stats().is_full());
 
-    // Same again, from the logits of a whole-prompt pass: identical path.
+    // Same again, from the argmax of a whole-prompt pass's logits.
     let mut prompt = vec![1u32];
     prompt.extend_from_slice(&out[..40]);
     let all = m.logits_for_prompt(&prompt).unwrap();
     let again: Vec<u32> = all.iter().map(|l| argmax(l).unwrap()).collect();
     assert_eq!(again, out[..41]);
+}
+
+/// The logits of every position after the first `n`: prefill `n` tokens of
+/// `tokens` (none when `n` is 0), then decode the rest one at a time.
+fn logits_after(m: &Model, pool: &KvPool, tokens: &[u32], n: usize) -> Vec<Vec<f32>> {
+    let mut scratch = m.scratch();
+    let mut seq = pool
+        .reserve(RequestId(10 + n as u64), tokens.len())
+        .unwrap();
+    let mut rows = Vec::new();
+    if n > 0 {
+        let logits = m
+            .prefill(&mut scratch, &mut [&mut seq], &[&tokens[..n]])
+            .unwrap();
+        rows.push(logits.row(0).to_vec());
+    }
+    let mut seq: KvSeq<Ready> = seq.seal(n).unwrap();
+    for &t in &tokens[n..] {
+        let logits = m.decode(&mut scratch, &mut [&mut seq], &[t]).unwrap();
+        rows.push(logits.row(0).to_vec());
+    }
+    rows
+}
+
+#[test]
+fn prefill_then_decode_gives_the_logits_of_token_by_token_decoding_bit_for_bit() {
+    let Some(m) = model() else { return };
+    // A prompt of the model's own story tokens, so attention has real work.
+    let tokens: Vec<u32> = [1, 461, 461, 401, 401, 401, 461, 378, 455, 473, 456, 435]
+        .into_iter()
+        .chain((0..38).map(|i| (i * 37 + 5) % 512))
+        .collect();
+    for page_size in [1, 16] {
+        let pool = pool(&m, page_size, 128 / page_size);
+        let one_by_one = logits_after(&m, &pool, &tokens, 0);
+        for n in [1, 7, 16, 33] {
+            let got = logits_after(&m, &pool, &tokens, n);
+            // Row 0 is the prefill's last position (n - 1); the rest are decodes.
+            assert_eq!(got.len(), tokens.len() - n + 1);
+            for (i, row) in got.iter().enumerate() {
+                let pos = n - 1 + i;
+                assert!(
+                    row.iter()
+                        .zip(&one_by_one[pos])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "page {page_size}, prefill {n}: logits at position {pos} differ"
+                );
+            }
+            assert!(pool.stats().is_full());
+        }
+    }
 }
