@@ -43,9 +43,17 @@ fn geometry() -> KvGeometry {
 /// A decode side with one transfer in flight to a raw socket peer, which
 /// then sends `bytes`. Returns the transfer's error and the decode pool.
 fn decode_receives(bytes: Vec<u8>) -> (TransferError, KvPool) {
-    let cfg = TransferConfig::default()
+    decode_receives_with(wire_config(), bytes)
+}
+
+fn wire_config() -> TransferConfig {
+    TransferConfig::default()
         .with_max_batch_bytes(64 << 10)
-        .with_max_frame_bytes(MAX);
+        .with_max_frame_bytes(MAX)
+}
+
+/// [`decode_receives`] under `cfg`.
+fn decode_receives_with(cfg: TransferConfig, bytes: Vec<u8>) -> (TransferError, KvPool) {
     let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     let addr = listener.local_addr().unwrap();
     let peer = std::thread::spawn(move || {
@@ -304,9 +312,16 @@ fn reads_end(s: &mut TcpStream) -> bool {
 /// Checks that prefill applied nothing from them and that its pool is full
 /// afterwards; returns the error that ended the link.
 fn prefill_receives(when: When, bytes: Vec<u8>, hang_up: bool) -> PrefillEnd {
-    let cfg = TransferConfig::default()
-        .with_max_batch_bytes(64 << 10)
-        .with_max_frame_bytes(MAX);
+    prefill_receives_with(wire_config(), when, bytes, hang_up)
+}
+
+/// [`prefill_receives`] under `cfg`.
+fn prefill_receives_with(
+    cfg: TransferConfig,
+    when: When,
+    bytes: Vec<u8>,
+    hang_up: bool,
+) -> PrefillEnd {
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     let addr = listener.local_addr().unwrap();
     let peer = raw_decode_peer(listener, when, bytes, hang_up);
@@ -674,4 +689,78 @@ fn prefill_end_closes_on_a_bad_frame_before_its_side_reads_anything() {
         closed,
         "the prefill end kept a connection open after bad bytes"
     );
+}
+
+/// The first bytes of a valid frame: a header and part of its payload.
+fn half_a_frame(seq: u32, frame: &Frame<'_>) -> Vec<u8> {
+    let mut b = Vec::new();
+    encode_frame(&mut b, seq, frame);
+    assert!(b.len() > HEADER_LEN + 2);
+    b.truncate(HEADER_LEN + 2);
+    b
+}
+
+#[test]
+fn a_peer_stuck_in_the_middle_of_a_frame_ends_the_decode_link() {
+    // Once a frame has begun, the rest must follow within the write
+    // timeout; between frames a link may idle as long as it likes.
+    let receipt = Receipt {
+        request: RequestId(1),
+        nonce: Nonce(1),
+        layer_tokens: vec![20; 2],
+        pages: vec![],
+        page_checksums: vec![],
+        writers: vec![],
+        first_token: None,
+    };
+    let half = half_a_frame(1, &Frame::ToDecode(ToDecode::Receipt(receipt)));
+    let cfg = wire_config().with_write_timeout(Duration::from_millis(300));
+    let (err, pool) = decode_receives_with(cfg, half);
+    assert!(matches!(wire(err), WireError::Stalled { waited_ms: 300 }));
+    assert!(pool.stats().is_full());
+}
+
+#[test]
+fn a_peer_stuck_in_the_middle_of_a_frame_ends_the_prefill_link() {
+    let answer = Answer {
+        request: RequestId(1),
+        nonce: Nonce(1),
+        verdict: Verdict::Ack,
+    };
+    let half = half_a_frame(1, &Frame::ToPrefill(ToPrefill::Answer(answer)));
+    let mut hello = Vec::new();
+    encode_frame(&mut hello, 0, &Frame::Hello(Role::Decode));
+    hello.extend(half);
+    let cfg = wire_config().with_write_timeout(Duration::from_millis(300));
+    let end = prefill_receives_with(cfg, When::First, hello, false);
+    assert!(end.closed, "prefill must close the connection");
+    assert!(
+        matches!(
+            end.error,
+            LinkError::Wire(WireError::Stalled { waited_ms: 300 })
+        ),
+        "{:?}",
+        end.error
+    );
+}
+
+#[test]
+fn an_idle_link_between_frames_stays_up() {
+    // A read timeout between frames is no error: a decode end with nothing
+    // to send for many write timeouts keeps its link.
+    let cfg = wire_config().with_write_timeout(Duration::from_millis(50));
+    let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let prefill = std::thread::spawn({
+        let cfg = cfg.clone();
+        move || TcpPrefill::connect(addr, &cfg).unwrap()
+    });
+    let link = listener.accept(&cfg).unwrap();
+    let prefill_link = prefill.join().unwrap();
+    let pool = KvPool::new(PoolConfig::new(geometry(), 16, 8)).unwrap();
+    let mut decode = DecodeSide::new(link, pool.clone(), AdmissionLimits::new(64, 8, 16), cfg);
+    // Ten write timeouts of silence.
+    let _ = decode.poll(Duration::from_millis(500));
+    assert_eq!(decode.link_error(), None);
+    drop(prefill_link);
 }

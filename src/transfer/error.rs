@@ -47,6 +47,10 @@ pub enum WireError {
         "frame out of order: sequence {got}, expected {expected}: frames were lost or replayed; reconnect"
     )]
     OutOfOrder { expected: u32, got: u32 },
+    #[error(
+        "the peer stopped for {waited_ms} ms in the middle of a frame: it is stuck or gone; reconnect"
+    )]
+    Stalled { waited_ms: u128 },
     #[error("a {kind} frame is not valid {context}")]
     Unexpected {
         kind: &'static str,

@@ -94,7 +94,11 @@ impl FrameWriter {
 
 /// Frames in, checked for sequence and direction.
 struct FrameReader {
+    /// Reads time out after `stall` (the socket's read timeout).
     stream: TcpStream,
+    /// How long a frame, once begun, may wait for its next byte: the peer's
+    /// own write timeout (it would have given up by then).
+    stall: Duration,
     expect: u32,
     max: usize,
     buf: Vec<u8>,
@@ -103,10 +107,37 @@ struct FrameReader {
 }
 
 impl FrameReader {
+    /// Fills `buf` from the stream. Between frames (`begun` false and
+    /// nothing read yet) the link may idle for any time; once a frame has
+    /// begun, a pause of `stall` without a byte ends the link with a typed
+    /// error (the peer is stuck or gone), so a half-sent frame cannot hold
+    /// the link forever.
+    fn fill(&mut self, buf: &mut [u8], begun: bool) -> Result<(), LinkError> {
+        use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
+        let mut got = 0;
+        while got < buf.len() {
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) => return Err(LinkError::Disconnected),
+                Ok(n) => got += n,
+                Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {
+                    if begun || got > 0 {
+                        return Err(WireError::Stalled {
+                            waited_ms: self.stall.as_millis(),
+                        }
+                        .into());
+                    }
+                }
+                Err(e) if e.kind() == Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// The next frame's header and payload (in `self.buf`).
     fn next(&mut self) -> Result<frame::Header, LinkError> {
         let mut h = [0u8; HEADER_LEN];
-        self.stream.read_exact(&mut h)?;
+        self.fill(&mut h, false)?;
         let header = frame::decode_header(&h, self.max)?;
         if header.seq != self.expect {
             return Err(WireError::OutOfOrder {
@@ -116,8 +147,11 @@ impl FrameReader {
             .into());
         }
         self.expect = self.expect.wrapping_add(1);
-        self.buf.resize(header.len as usize, 0);
-        self.stream.read_exact(&mut self.buf)?;
+        let mut payload = std::mem::take(&mut self.buf);
+        payload.resize(header.len as usize, 0);
+        let filled = self.fill(&mut payload, true);
+        self.buf = payload;
+        filled?;
         let first = !self.hello;
         self.hello = true;
         match (first, header.kind == Kind::Hello) {
@@ -154,6 +188,8 @@ fn stream_pair(
 ) -> Result<(TcpStream, TcpStream), LinkError> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(cfg.write_timeout()))?;
+    // See `FrameReader::fill`: only a frame already begun may not stall.
+    stream.set_read_timeout(Some(cfg.write_timeout()))?;
     Ok((stream.try_clone()?, stream.try_clone()?))
 }
 
@@ -203,6 +239,7 @@ impl TcpDecode {
         let (tx, events) = crossbeam_channel::unbounded();
         let reader = FrameReader {
             stream: r,
+            stall: cfg.write_timeout(),
             expect: 0,
             max: cfg.max_frame_bytes(),
             buf: Vec::new(),
@@ -360,6 +397,7 @@ impl TcpPrefill {
         let (tx, incoming) = crossbeam_channel::unbounded();
         let reader = FrameReader {
             stream: r,
+            stall: cfg.write_timeout(),
             expect: 0,
             max: cfg.max_frame_bytes(),
             buf: Vec::new(),
