@@ -39,9 +39,8 @@ pub struct Scheduler {
     waiting: BTreeMap<std::cmp::Reverse<Priority>, VecDeque<Request>>,
     /// Ids queued or running (until [`Scheduler::finish`]).
     live: HashSet<RequestId>,
-    /// Ids waiting in `waiting`.
+    /// Ids waiting in `waiting` (their count is the queue's length).
     queued_ids: HashSet<RequestId>,
-    queued: usize,
     closed: bool,
 }
 
@@ -53,7 +52,6 @@ impl Scheduler {
             waiting: BTreeMap::new(),
             live: HashSet::new(),
             queued_ids: HashSet::new(),
-            queued: 0,
             closed: false,
         }
     }
@@ -73,7 +71,7 @@ impl Scheduler {
         if self.live.contains(&id) {
             return Err(Rejection::DuplicateId { id });
         }
-        if self.queued >= self.limits.queue_limit() {
+        if self.queued_ids.len() >= self.limits.queue_limit() {
             return Err(Rejection::QueueFull {
                 id,
                 limit: self.limits.queue_limit(),
@@ -81,7 +79,6 @@ impl Scheduler {
         }
         self.live.insert(id);
         self.queued_ids.insert(id);
-        self.queued += 1;
         self.waiting
             .entry(std::cmp::Reverse(req.priority))
             .or_default()
@@ -107,7 +104,6 @@ impl Scheduler {
         if q.is_empty() {
             self.waiting.remove(&key);
         }
-        self.queued -= 1;
         self.queued_ids.remove(&req.id);
         Some(req)
     }
@@ -118,7 +114,6 @@ impl Scheduler {
     /// nothing can enter the queue past admission.
     pub(crate) fn requeue_front(&mut self, req: Request) {
         self.queued_ids.insert(req.id);
-        self.queued += 1;
         self.waiting
             .entry(std::cmp::Reverse(req.priority))
             .or_default()
@@ -136,7 +131,6 @@ impl Scheduler {
             }
         }
         if found.is_some() {
-            self.queued -= 1;
             self.queued_ids.remove(&id);
             self.waiting.retain(|_, q| !q.is_empty());
         }
@@ -153,7 +147,7 @@ impl Scheduler {
 
     /// Requests waiting for pages.
     pub fn waiting(&self) -> usize {
-        self.queued
+        self.queued_ids.len()
     }
 
     /// Requests admitted and not yet finished (waiting or running).
