@@ -9,7 +9,8 @@ use memmap2::Mmap;
 
 use crate::model::ModelError;
 
-fn io_err(path: &Path, source: std::io::Error) -> ModelError {
+/// An I/O failure on `path`, as the loaders report it.
+pub(crate) fn io_err(path: &Path, source: std::io::Error) -> ModelError {
     ModelError::Io {
         path: path.display().to_string(),
         source,

@@ -53,9 +53,18 @@ impl Arch {
     }
 }
 
-/// transformers' `MistralConfig.sliding_window` (and `Qwen2Config`'s) when
-/// config.json omits it.
-const MISTRAL_DEFAULT_WINDOW: usize = 4096;
+/// transformers' default `sliding_window` (`MistralConfig`, `Qwen2Config`)
+/// when config.json omits the key.
+const DEFAULT_SLIDING_WINDOW: usize = 4096;
+
+/// The `sliding_window` of an architecture that has one: the key's value,
+/// none for an explicit null, transformers' default when the key is absent.
+fn sliding_window(obj: &Map<String, Value>) -> Result<Option<usize>, ModelError> {
+    match obj.get("sliding_window") {
+        None => Ok(Some(DEFAULT_SLIDING_WINDOW)),
+        Some(_) => opt_usize(obj, "sliding_window"),
+    }
+}
 
 /// A parsed and validated `config.json`.
 #[derive(Clone, Debug, PartialEq)]
@@ -226,21 +235,12 @@ impl HfConfig {
         // serve only that far rather than attend to positions the model never would.
         let sliding = match arch {
             Arch::Llama => None,
-            // transformers' MistralConfig defaults the window to 4096 when
-            // the key is absent; only an explicit null turns it off.
-            Arch::Mistral => match obj.get("sliding_window") {
-                None => Some(MISTRAL_DEFAULT_WINDOW),
-                Some(_) => opt_usize(obj, "sliding_window")?,
-            },
+            Arch::Mistral => sliding_window(obj)?,
             // Qwen2 uses its window only when asked (on the layers past
             // `max_window_layers`; within the window every layer attends
-            // fully, so capping the context is exact for all of them), with
-            // the same default of 4096 for an absent key.
+            // fully, so capping the context is exact for all of them).
             Arch::Qwen2 if opt_bool(obj, "use_sliding_window")? == Some(true) => {
-                match obj.get("sliding_window") {
-                    None => Some(MISTRAL_DEFAULT_WINDOW),
-                    Some(_) => opt_usize(obj, "sliding_window")?,
-                }
+                sliding_window(obj)?
             }
             Arch::Qwen2 => None,
         };

@@ -8,17 +8,10 @@ use std::path::{Component, Path};
 use crate::model::hf::config::HfConfig;
 use crate::model::hf::shard::Shard;
 use crate::model::hf::tensors::TensorSet;
-use crate::model::mapped::Mapped;
+use crate::model::mapped::{Mapped, io_err};
 use crate::model::{ModelError, ModelWeights};
 
 const INDEX: &str = "model.safetensors.index.json";
-
-fn io_err(path: &Path, source: io::Error) -> ModelError {
-    ModelError::Io {
-        path: path.display().to_string(),
-        source,
-    }
-}
 
 /// `weight_map` of the shard index, with every file name checked to be a
 /// plain name inside the folder (no path may escape it).
