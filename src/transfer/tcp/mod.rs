@@ -92,9 +92,41 @@ impl FrameWriter {
     }
 }
 
+/// Fills `buf` from `stream`, whose read timeout is `stall`. Between frames
+/// (`begun` false and nothing read yet) the link may idle for any time;
+/// once a frame has begun, a pause of `stall` without a byte ends the link
+/// with a typed error (the peer is stuck or gone), so a half-sent frame
+/// cannot hold the link forever.
+fn fill(
+    stream: &mut TcpStream,
+    stall: Duration,
+    buf: &mut [u8],
+    begun: bool,
+) -> Result<(), LinkError> {
+    use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
+    let mut got = 0;
+    while got < buf.len() {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(LinkError::Disconnected),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {
+                if begun || got > 0 {
+                    return Err(WireError::Stalled {
+                        waited_ms: stall.as_millis(),
+                    }
+                    .into());
+                }
+            }
+            Err(e) if e.kind() == Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Frames in, checked for sequence and direction.
 struct FrameReader {
-    /// Reads time out after `stall` (the socket's read timeout).
+    /// Reads time out after `stall` (the socket's read timeout; see [`fill`]).
     stream: TcpStream,
     /// How long a frame, once begun, may wait for its next byte: the peer's
     /// own write timeout (it would have given up by then).
@@ -107,37 +139,10 @@ struct FrameReader {
 }
 
 impl FrameReader {
-    /// Fills `buf` from the stream. Between frames (`begun` false and
-    /// nothing read yet) the link may idle for any time; once a frame has
-    /// begun, a pause of `stall` without a byte ends the link with a typed
-    /// error (the peer is stuck or gone), so a half-sent frame cannot hold
-    /// the link forever.
-    fn fill(&mut self, buf: &mut [u8], begun: bool) -> Result<(), LinkError> {
-        use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
-        let mut got = 0;
-        while got < buf.len() {
-            match self.stream.read(&mut buf[got..]) {
-                Ok(0) => return Err(LinkError::Disconnected),
-                Ok(n) => got += n,
-                Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {
-                    if begun || got > 0 {
-                        return Err(WireError::Stalled {
-                            waited_ms: self.stall.as_millis(),
-                        }
-                        .into());
-                    }
-                }
-                Err(e) if e.kind() == Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
-
     /// The next frame's header and payload (in `self.buf`).
     fn next(&mut self) -> Result<frame::Header, LinkError> {
         let mut h = [0u8; HEADER_LEN];
-        self.fill(&mut h, false)?;
+        fill(&mut self.stream, self.stall, &mut h, false)?;
         let header = frame::decode_header(&h, self.max)?;
         if header.seq != self.expect {
             return Err(WireError::OutOfOrder {
@@ -147,11 +152,8 @@ impl FrameReader {
             .into());
         }
         self.expect = self.expect.wrapping_add(1);
-        let mut payload = std::mem::take(&mut self.buf);
-        payload.resize(header.len as usize, 0);
-        let filled = self.fill(&mut payload, true);
-        self.buf = payload;
-        filled?;
+        self.buf.resize(header.len as usize, 0);
+        fill(&mut self.stream, self.stall, &mut self.buf, true)?;
         let first = !self.hello;
         self.hello = true;
         match (first, header.kind == Kind::Hello) {
