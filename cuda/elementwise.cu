@@ -38,6 +38,22 @@ __device__ __forceinline__ void rms_norm(const RmsNormParams& p) {
     for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = x[i] * inv * p.w[i];
 }
 
+// Rotation frequency of pair i, as RopeScaling::inv_freq on the host.
+__device__ __forceinline__ double rope_inv_freq(const RopeParams& p, uint32_t i) {
+    const double base = pow(p.theta, -2.0 * (double)i / (double)p.head_dim);
+    if (p.scaling == 1) return base / p.factor;
+    if (p.scaling == 2) {
+        const double old = p.original_max_position;
+        const double wavelen = 2.0 * 3.14159265358979323846 / base;
+        if (wavelen < old / p.high_freq_factor) return base;
+        if (wavelen > old / p.low_freq_factor) return base / p.factor;
+        const double smooth =
+            (old / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
+        return (1.0 - smooth) * base / p.factor + smooth * base;
+    }
+    return base;
+}
+
 __device__ __forceinline__ void rope(const RopeParams& p) {
     const uint32_t half_dim = p.head_dim / 2;
     const uint64_t total = (uint64_t)p.n_tokens * p.n_heads * half_dim;
@@ -49,7 +65,7 @@ __device__ __forceinline__ void rope(const RopeParams& p) {
         float* x = p.x + th * p.head_dim;
         // Angles in double: positions reach 10^5-10^6, where an f32 angle
         // would already be off by more than the f32 result's precision.
-        const double inv_freq = pow(p.theta, -2.0 * (double)i / (double)p.head_dim);
+        const double inv_freq = rope_inv_freq(p, i);
         double sd, cd;
         sincos((double)p.positions[t] * inv_freq, &sd, &cd);
         const float s = (float)sd, c = (float)cd;

@@ -138,8 +138,15 @@ struct RopeParams {
     uint32_t n_heads;
     uint32_t head_dim;          // even
     uint32_t style;             // 0 interleaved, 1 rotate-half
+    // Frequency scaling (model::RopeScaling); unused fields are 0.
+    double factor;              // linear and llama3
+    double low_freq_factor;     // llama3
+    double high_freq_factor;    // llama3
+    double original_max_position;  // llama3: pre-training context
+    uint32_t scaling;           // 0 none, 1 linear, 2 llama3
+    uint32_t pad0;
 };
-static_assert(sizeof(RopeParams) == 40, "RopeParams drifted from params.rs");
+static_assert(sizeof(RopeParams) == 80, "RopeParams drifted from params.rs");
 
 // out = silu(gate) * up, elementwise. grid-stride over n.
 struct SwigluParams {

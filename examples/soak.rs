@@ -111,6 +111,7 @@ fn model_config() -> ModelConfig {
         max_seq_len: WINDOW,
         rope_theta: 10_000.0,
         rope_style: RopeStyle::Interleaved,
+        rope_scaling: Default::default(),
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,

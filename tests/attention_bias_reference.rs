@@ -25,6 +25,7 @@ fn weights() -> ModelWeights {
     let cfg = ModelConfig {
         attention_bias: true,
         rope_style: RopeStyle::Half,
+        rope_scaling: Default::default(),
         rope_theta: 1_000_000.0,
         norm_eps: 1e-6,
         ..ModelConfig::tiny_gqa()

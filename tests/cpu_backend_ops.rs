@@ -4,7 +4,7 @@
 
 use handoff::backend::{AttnShape, Backend, BackendError, CpuBackend, Isa, Rope, SeqSpan};
 use handoff::kv::{Filling, KvSeq};
-use handoff::model::RopeStyle;
+use handoff::model::{RopeScaling, RopeStyle};
 use handoff::{KvDtype, KvGeometry, KvPool, PoolConfig, RequestId};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -131,6 +131,7 @@ fn rope_rotates_the_right_pairs_in_both_conventions() {
             head_dim: hd,
             theta: 10_000.0,
             style,
+            scaling: RopeScaling::None,
         };
         b.rope(&mut y, &positions, rope).unwrap();
         for (r, &pos) in positions.iter().enumerate() {
@@ -156,11 +157,93 @@ fn rope_rotates_the_right_pairs_in_both_conventions() {
         head_dim: hd,
         theta: 10_000.0,
         style: RopeStyle::Half,
+        scaling: RopeScaling::None,
     };
     assert!(
         b.rope(&mut y, &positions[..2], rope).is_err(),
         "one position per row"
     );
+}
+
+/// Llama 3.1's scaling, written out from its definition: each pair's
+/// wavelength `2*pi/f` decides whether its frequency `f` is kept (shorter
+/// than `old/high`), divided by `factor` (longer than `old/low`), or blended
+/// linearly in `old/wavelength` between the two.
+fn llama3_freq(theta: f64, i: usize, hd: usize, factor: f64, low: f64, high: f64, old: f64) -> f64 {
+    let f = 1.0 / theta.powf((2 * i) as f64 / hd as f64);
+    let wavelength = 2.0 * std::f64::consts::PI / f;
+    let (short, long) = (old / high, old / low);
+    if wavelength < short {
+        f
+    } else if wavelength > long {
+        f / factor
+    } else {
+        let t = (old / wavelength - low) / (high - low);
+        t * f + (1.0 - t) * (f / factor)
+    }
+}
+
+#[test]
+fn scaled_rope_rotates_by_the_scaled_frequencies() {
+    let b = CpuBackend::with_threads(1);
+    let (heads, hd, theta) = (2, 16, 1000.0);
+    let positions = [0usize, 3, 31, 200, 70_000];
+    let x = data(positions.len() * heads * hd, 12);
+    let llama3 = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 32,
+    };
+    let cases: [(RopeScaling, &dyn Fn(usize) -> f64); 3] = [
+        (RopeScaling::None, &|i| {
+            1.0 / 1000f64.powf((2 * i) as f64 / hd as f64)
+        }),
+        (RopeScaling::Linear { factor: 4.0 }, &|i| {
+            1.0 / 1000f64.powf((2 * i) as f64 / hd as f64) / 4.0
+        }),
+        (llama3, &|i| llama3_freq(1000.0, i, hd, 8.0, 1.0, 4.0, 32.0)),
+    ];
+    // The Llama 3 case takes each of its three branches at this shape.
+    let branches: Vec<f64> = (0..hd / 2)
+        .map(|i| llama3_freq(1000.0, i, hd, 8.0, 1.0, 4.0, 32.0) / cases[0].1(i))
+        .collect();
+    assert_eq!(branches[0], 1.0, "kept");
+    assert!(branches[1] > 1.0 / 8.0 && branches[1] < 1.0, "blended");
+    assert!(
+        branches[2..].iter().all(|&r| (r - 0.125).abs() < 1e-12),
+        "divided"
+    );
+
+    for style in [RopeStyle::Interleaved, RopeStyle::Half] {
+        for (scaling, freq) in &cases {
+            let mut y = x.clone();
+            let rope = Rope {
+                n_heads: heads,
+                head_dim: hd,
+                theta,
+                style,
+                scaling: *scaling,
+            };
+            b.rope(&mut y, &positions, rope).unwrap();
+            for (r, &pos) in positions.iter().enumerate() {
+                for h in 0..heads {
+                    let base = (r * heads + h) * hd;
+                    for i in 0..hd / 2 {
+                        let (a, c) = match style {
+                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                            RopeStyle::Half => (i, i + hd / 2),
+                        };
+                        let ang = pos as f64 * freq(i);
+                        let (x0, x1) = (x[base + a] as f64, x[base + c] as f64);
+                        let w0 = x0 * ang.cos() - x1 * ang.sin();
+                        let w1 = x0 * ang.sin() + x1 * ang.cos();
+                        close(&[y[base + a], y[base + c]], &[w0 as f32, w1 as f32], 1e-5);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]

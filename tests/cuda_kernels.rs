@@ -21,11 +21,12 @@
 #![cfg(feature = "cuda")]
 
 use half::{bf16, f16};
+use handoff::backend::Rope;
 use handoff::backend::cuda::{
     CudaDevice, CudaError, CudaSlice, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
     PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap, Split, device_for_test,
 };
-use handoff::model::RopeStyle;
+use handoff::model::{RopeScaling, RopeStyle};
 use handoff::{KvDtype, KvGeometry};
 
 macro_rules! gpu {
@@ -874,21 +875,55 @@ fn rms_norm_matches_reference() {
 fn rope_matches_reference_for_both_conventions() {
     let dev = gpu!("rope_matches_reference_for_both_conventions");
     let mut rng = Rng(10);
+    // Llama 3.1's scaling at a shape where its three branches all occur
+    // (wavelengths below 8, between 8 and 32, above 32 positions).
+    let llama3 = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 32,
+    };
+    let freq = |scaling: RopeScaling, theta: f64, i: usize, hd: usize| -> f64 {
+        let f = theta.powf(-2.0 * i as f64 / hd as f64);
+        match scaling {
+            RopeScaling::None => f,
+            RopeScaling::Linear { factor } => f / factor as f64,
+            RopeScaling::Llama3 { .. } => {
+                let wavelength = 2.0 * std::f64::consts::PI / f;
+                if wavelength < 8.0 {
+                    f
+                } else if wavelength > 32.0 {
+                    f / 8.0
+                } else {
+                    let t = (32.0 / wavelength - 1.0) / 3.0;
+                    t * f + (1.0 - t) * f / 8.0
+                }
+            }
+        }
+    };
+    let cases = [
+        (8, 10_000.0, RopeScaling::None),
+        (128, 500_000.0, RopeScaling::None),
+        (64, 10_000.0, RopeScaling::None),
+        (64, 10_000.0, RopeScaling::Linear { factor: 4.0 }),
+        (16, 1000.0, llama3),
+        (128, 500_000.0, llama3),
+    ];
     for style in [RopeStyle::Interleaved, RopeStyle::Half] {
-        for (hd, theta) in [(8, 10_000.0), (128, 500_000.0), (64, 10_000.0)] {
+        for (hd, theta, scaling) in cases {
             let n_heads = 3;
             let positions: Vec<u32> = vec![0, 1, 2, 511, 4097, 131_071];
             let x = rng.vec(positions.len() * n_heads * hd, 2.0);
             let mut x_dev = dev.upload(&x).unwrap();
-            dev.rope(
-                &mut x_dev,
-                &dev.upload(&positions).unwrap(),
+            let rope = Rope {
                 n_heads,
-                hd,
-                theta,
+                head_dim: hd,
+                theta: theta as f32,
                 style,
-            )
-            .unwrap();
+                scaling,
+            };
+            dev.rope(&mut x_dev, &dev.upload(&positions).unwrap(), rope)
+                .unwrap();
             let mut want = vec![0f64; x.len()];
             for (t, &pos) in positions.iter().enumerate() {
                 for h in 0..n_heads {
@@ -898,7 +933,7 @@ fn rope_matches_reference_for_both_conventions() {
                             RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                             RopeStyle::Half => (i, i + hd / 2),
                         };
-                        let ang = pos as f64 * theta.powf(-2.0 * i as f64 / hd as f64);
+                        let ang = pos as f64 * freq(scaling, theta, i, hd);
                         let (s, c) = ang.sin_cos();
                         let (x0, x1) = (x[base + a] as f64, x[base + b] as f64);
                         want[base + a] = x0 * c - x1 * s;
@@ -907,7 +942,7 @@ fn rope_matches_reference_for_both_conventions() {
                 }
             }
             assert_close(
-                &format!("rope {style:?} hd {hd}"),
+                &format!("rope {style:?} hd {hd} {scaling:?}"),
                 &dev.download(&x_dev).unwrap(),
                 &want,
                 RTOL,

@@ -19,7 +19,7 @@ use std::path::Path;
 use handoff::model::{
     Model, ModelConfig, load_llama2c, parse_llama2c, random_weights, write_llama2c,
 };
-use naive_llama::{NaiveLayer, NaiveModel, NaiveRope};
+use naive_llama::{NaiveFreqScale, NaiveLayer, NaiveModel, NaiveRope};
 use serving_path::handoff_greedy;
 
 const MODEL: &str = concat!(
@@ -142,6 +142,7 @@ fn parse(bytes: &[u8]) -> Llama2c {
             norm_eps: 1e-5,
             rope_theta: 10_000.0,
             rope: NaiveRope::AdjacentPairs,
+            freq_scale: NaiveFreqScale::Plain,
             embedding,
             layers,
             final_norm,

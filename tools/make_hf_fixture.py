@@ -17,7 +17,8 @@ MIN_GAP and prints it.
 Usage (CPU only; torch from PyPI):
     python3 -m venv /tmp/hfvenv
     /tmp/hfvenv/bin/pip install torch transformers safetensors
-    /tmp/hfvenv/bin/python tools/make_hf_fixture.py
+    /tmp/hfvenv/bin/python tools/make_hf_fixture.py                 # hf_tiny_llama
+    /tmp/hfvenv/bin/python tools/make_hf_fixture.py hf_tiny_llama3  # Llama 3.1 RoPE scaling
 """
 
 import json
@@ -30,7 +31,23 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf_tiny_llama")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+# name -> (extra LlamaConfig arguments, also write a sharded copy)
+VARIANTS = {
+    "hf_tiny_llama": ({}, True),
+    # Llama 3.1's frequency-dependent RoPE scaling. With head_dim 16 and base
+    # 1000 the 8 wavelengths are 6.3, 14.9, 35, 84, 199, 472, 1118, 2650
+    # positions; original_max_position_embeddings 32 puts the first below
+    # high_freq_wavelen (32/4 = 8: kept), the second between the bounds
+    # (smoothed) and the rest above low_freq_wavelen (32/1: divided by 8).
+    "hf_tiny_llama3": ({
+        "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    }, False),
+}
 PROMPTS = [
     [1, 17, 42],
     [1, 5, 9, 101, 33, 7, 64, 90, 2, 11, 127, 56, 3, 78, 19, 44, 8, 120, 61, 25],
@@ -40,9 +57,9 @@ NEW_TOKENS = 8
 MIN_GAP = 0.1
 
 
-def build(seed):
+def build(seed, extra):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    args = dict(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -55,6 +72,8 @@ def build(seed):
         tie_word_embeddings=False,
         attn_implementation="eager",
     )
+    args.update(extra)
+    cfg = LlamaConfig(**args)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -106,8 +125,13 @@ def record(model):
 
 
 def main():
+    name = sys.argv[1] if len(sys.argv) > 1 else "hf_tiny_llama"
+    if name not in VARIANTS:
+        sys.exit(f"unknown fixture {name}; one of {sorted(VARIANTS)}")
+    extra, sharded = VARIANTS[name]
+    out = os.path.join(FIXTURES, name)
     for seed in range(100):
-        model = build(seed)
+        model = build(seed, extra)
         cases, min_gap = record(model)
         if min_gap >= MIN_GAP:
             break
@@ -117,12 +141,15 @@ def main():
     max_abs = max(abs(x) for c in cases for row in c["logits"] for x in row)
     print(f"largest |logit| = {max_abs:.3f}")
 
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    model.save_pretrained(OUT, safe_serialization=True)
-    # The same weights split into shards, with model.safetensors.index.json.
-    model.save_pretrained(os.path.join(OUT, "sharded"), safe_serialization=True, max_shard_size="150KB")
-    for d in (OUT, os.path.join(OUT, "sharded")):
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    model.save_pretrained(out, safe_serialization=True)
+    dirs = [out]
+    if sharded:
+        # The same weights split into shards, with model.safetensors.index.json.
+        dirs.append(os.path.join(out, "sharded"))
+        model.save_pretrained(dirs[1], safe_serialization=True, max_shard_size="150KB")
+    for d in dirs:
         gen_cfg = os.path.join(d, "generation_config.json")
         if os.path.exists(gen_cfg):
             os.remove(gen_cfg)
@@ -136,16 +163,16 @@ def main():
         "min_greedy_top2_gap": min_gap,
         "cases": cases,
     }
-    with open(os.path.join(OUT, "expected.json"), "w") as f:
+    with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
         f.write("\n")
 
     total = 0
-    for root, _, files in os.walk(OUT):
-        for name in sorted(files):
-            size = os.path.getsize(os.path.join(root, name))
+    for root, _, files in os.walk(out):
+        for file in sorted(files):
+            size = os.path.getsize(os.path.join(root, file))
             total += size
-            print(f"  {os.path.relpath(os.path.join(root, name), OUT)}: {size} bytes")
+            print(f"  {os.path.relpath(os.path.join(root, file), out)}: {size} bytes")
     print(f"total {total} bytes")
     if total >= 2 * 1024 * 1024:
         sys.exit("fixture exceeds 2 MB")

@@ -24,7 +24,7 @@ pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, GROUP_WEIGHT_BYTES, Isa};
 pub use error::BackendError;
 
 use crate::kv::{KvSeq, LayerView, Writable};
-use crate::model::RopeStyle;
+use crate::model::{RopeScaling, RopeStyle};
 
 /// The queries of one sequence inside a batched activation buffer: rows
 /// `first_row .. first_row + rows` hold positions `first_pos ..`, and each
@@ -104,6 +104,14 @@ pub struct Rope {
     pub head_dim: usize,
     pub theta: f32,
     pub style: RopeStyle,
+    pub scaling: RopeScaling,
+}
+
+impl Rope {
+    /// Rotation frequency of pair `i` (see [`RopeScaling::inv_freq`]).
+    pub fn inv_freq(&self, i: usize) -> f64 {
+        self.scaling.inv_freq(self.theta, i, self.head_dim)
+    }
 }
 
 /// The operations of a Llama forward pass.

@@ -565,6 +565,7 @@ impl<B: Backend> Model<B> {
             head_dim: c.head_dim,
             theta: c.rope_theta,
             style: c.rope_style,
+            scaling: c.rope_scaling,
         };
         let s = &mut *scratch;
         let kv_err = |index: usize, owner: RequestId| {

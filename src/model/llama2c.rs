@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crate::model::mapped::Mapped;
-use crate::model::{LayerWeights, ModelConfig, ModelError, ModelWeights, RopeStyle};
+use crate::model::{LayerWeights, ModelConfig, ModelError, ModelWeights, RopeScaling, RopeStyle};
 
 const HEADER_BYTES: usize = 7 * 4;
 /// "ak42": the magic of llama2.c's versioned exports (version 1 and 2).
@@ -116,7 +116,7 @@ pub fn parse_llama2c(bytes: &[u8]) -> Result<ModelWeights, ModelError> {
 
 /// Serializes weights in the llama2.c legacy format (for tests, fixtures
 /// and tools). Refuses what the format cannot express: attention biases,
-/// rotate-half RoPE, a RoPE base other than 10000, an eps other than 1e-5,
+/// rotate-half RoPE, RoPE scaling, a RoPE base other than 10000, an eps other than 1e-5,
 /// or `head_dim != dim / n_heads`.
 pub fn write_llama2c(w: &ModelWeights) -> Result<Vec<u8>, ModelError> {
     w.check_shapes()?;
@@ -125,6 +125,8 @@ pub fn write_llama2c(w: &ModelWeights) -> Result<Vec<u8>, ModelError> {
         Some("attention biases")
     } else if c.rope_style != RopeStyle::Interleaved {
         Some("rotate-half RoPE")
+    } else if c.rope_scaling != RopeScaling::None {
+        Some("RoPE frequency scaling")
     } else if c.rope_theta != 10_000.0 || c.norm_eps != 1e-5 {
         Some("a RoPE base other than 10000 or an eps other than 1e-5")
     } else if c.head_dim * c.n_heads != c.dim {
@@ -262,6 +264,7 @@ fn parse_header(bytes: &[u8]) -> Result<ModelConfig, ModelError> {
         max_seq_len: seq_len,
         rope_theta: 10_000.0,
         rope_style: RopeStyle::Interleaved,
+        rope_scaling: RopeScaling::None,
         norm_eps: 1e-5,
         tied_embeddings: v[5] > 0,
         attention_bias: false,

@@ -11,7 +11,7 @@ mod mapped;
 mod random;
 mod weights;
 
-pub use config::{ModelConfig, RopeStyle};
+pub use config::{ModelConfig, RopeScaling, RopeStyle};
 pub use error::ModelError;
 pub use forward::{ForwardError, Logits, Model, Scratch};
 pub use hf::{load_hf, load_hf_bytes};

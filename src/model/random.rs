@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use crate::model::{LayerWeights, ModelConfig, ModelWeights, RopeStyle};
+use crate::model::{LayerWeights, ModelConfig, ModelWeights, RopeScaling, RopeStyle};
 use crate::rng::SplitMix64;
 
 const CHUNK: usize = 1 << 16;
@@ -100,6 +100,7 @@ impl ModelConfig {
             max_seq_len: 1024,
             rope_theta: 10_000.0,
             rope_style: RopeStyle::Interleaved,
+            rope_scaling: RopeScaling::None,
             norm_eps: 1e-5,
             tied_embeddings: false,
             attention_bias: false,
@@ -108,7 +109,8 @@ impl ModelConfig {
 
     /// The shape of Llama-3.2-1B (with `n_layers` layers instead of 16, to
     /// fit memory): dim 2048, 32 heads over 8 KV heads of 64, SwiGLU 8192,
-    /// vocab 128256, tied embeddings, RoPE base 500000, rotate-half.
+    /// vocab 128256, tied embeddings, RoPE base 500000 with Llama 3's
+    /// scaling (factor 32 over 8192 pre-training positions), rotate-half.
     pub fn llama_3_2_1b_shape(n_layers: usize) -> Self {
         ModelConfig {
             dim: 2048,
@@ -121,6 +123,12 @@ impl ModelConfig {
             max_seq_len: 131_072,
             rope_theta: 500_000.0,
             rope_style: RopeStyle::Half,
+            rope_scaling: RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192,
+            },
             norm_eps: 1e-5,
             tied_embeddings: true,
             attention_bias: false,

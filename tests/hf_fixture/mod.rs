@@ -1,11 +1,14 @@
-//! tests/fixtures/hf_tiny_llama, written by transformers itself
-//! (tools/make_hf_fixture.py): where it is, and what transformers recorded
-//! for it in expected.json.
+//! tests/fixtures/hf_tiny_llama (and hf_tiny_llama3, the same shape with
+//! Llama 3.1's RoPE scaling), written by transformers itself
+//! (tools/make_hf_fixture.py): where they are, and what transformers
+//! recorded for them in expected.json.
 #![allow(dead_code)]
 
 use std::path::Path;
 
 pub const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_tiny_llama");
+pub const FIXTURE_LLAMA3: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_tiny_llama3");
 
 /// One recorded prompt.
 pub struct Case {
@@ -16,9 +19,14 @@ pub struct Case {
     pub greedy: Vec<u32>,
 }
 
-/// The recorded prompts, in file order.
+/// The recorded prompts of [`FIXTURE`], in file order.
 pub fn expected() -> Vec<Case> {
-    let raw = std::fs::read(Path::new(FIXTURE).join("expected.json")).unwrap();
+    expected_in(FIXTURE)
+}
+
+/// The recorded prompts of the fixture in `dir`, in file order.
+pub fn expected_in(dir: &str) -> Vec<Case> {
+    let raw = std::fs::read(Path::new(dir).join("expected.json")).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array()

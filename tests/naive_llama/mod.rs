@@ -33,6 +33,49 @@ pub enum NaiveRope {
     RotateHalf,
 }
 
+/// How RoPE frequencies are stretched (transformers' `rope_type`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NaiveFreqScale {
+    Plain,
+    /// Every frequency divided by the factor.
+    Linear(f64),
+    /// Llama 3.1: pairs whose wavelength (positions per turn) is shorter
+    /// than `old / high` keep their frequency, longer than `old / low` get
+    /// it divided by `factor`, and in between a blend linear in
+    /// `old / wavelength`.
+    Llama3 {
+        factor: f64,
+        low: f64,
+        high: f64,
+        old: f64,
+    },
+}
+
+impl NaiveFreqScale {
+    fn apply(self, f: f64) -> f64 {
+        match self {
+            Self::Plain => f,
+            Self::Linear(factor) => f / factor,
+            Self::Llama3 {
+                factor,
+                low,
+                high,
+                old,
+            } => {
+                let wavelength = 2.0 * std::f64::consts::PI / f;
+                if wavelength < old / high {
+                    f
+                } else if wavelength > old / low {
+                    f / factor
+                } else {
+                    let t = (old / wavelength - low) / (high - low);
+                    t * f + (1.0 - t) * (f / factor)
+                }
+            }
+        }
+    }
+}
+
 pub struct NaiveModel {
     pub dim: usize,
     pub hidden_dim: usize,
@@ -43,6 +86,7 @@ pub struct NaiveModel {
     pub norm_eps: f64,
     pub rope_theta: f64,
     pub rope: NaiveRope,
+    pub freq_scale: NaiveFreqScale,
     pub embedding: Vec<f64>,
     pub layers: Vec<NaiveLayer>,
     pub final_norm: Vec<f64>,
@@ -88,7 +132,9 @@ impl NaiveModel {
         let hd = self.head_dim;
         for head in x.chunks_exact_mut(hd) {
             for i in 0..hd / 2 {
-                let freq = self.rope_theta.powf(-((2 * i) as f64) / hd as f64);
+                let freq = self
+                    .freq_scale
+                    .apply(self.rope_theta.powf(-((2 * i) as f64) / hd as f64));
                 let (s, c) = (pos as f64 * freq).sin_cos();
                 let (a, b) = match self.rope {
                     NaiveRope::AdjacentPairs => (2 * i, 2 * i + 1),
@@ -238,6 +284,21 @@ pub fn from_weights(w: &handoff::model::ModelWeights) -> NaiveModel {
         rope: match c.rope_style {
             handoff::model::RopeStyle::Half => NaiveRope::RotateHalf,
             handoff::model::RopeStyle::Interleaved => NaiveRope::AdjacentPairs,
+        },
+        freq_scale: match c.rope_scaling {
+            handoff::model::RopeScaling::None => NaiveFreqScale::Plain,
+            handoff::model::RopeScaling::Linear { factor } => NaiveFreqScale::Linear(factor.into()),
+            handoff::model::RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => NaiveFreqScale::Llama3 {
+                factor: factor.into(),
+                low: low_freq_factor.into(),
+                high: high_freq_factor.into(),
+                old: original_max_position.into(),
+            },
         },
         embedding: to_f64(&w.embedding),
         layers: w

@@ -34,6 +34,7 @@ pub fn tiny_model() -> ModelConfig {
         max_seq_len: 128,
         rope_theta: 10_000.0,
         rope_style: RopeStyle::Interleaved,
+        rope_scaling: Default::default(),
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,

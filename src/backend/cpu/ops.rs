@@ -6,7 +6,7 @@ use crate::backend::Rope;
 use crate::backend::cpu::Isa;
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::matmul::dot;
-use crate::model::RopeStyle;
+use crate::model::{RopeScaling, RopeStyle};
 
 /// `out = x / sqrt(mean(x²) + eps) ⊙ w`, one row.
 pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -23,6 +23,7 @@ pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 #[derive(Default)]
 struct RopeTable {
     theta: f32,
+    scaling: RopeScaling,
     head_dim: usize,
     positions: Vec<usize>,
     /// `[positions.len()][head_dim / 2]` of `(cos, sin)`.
@@ -40,8 +41,13 @@ pub(crate) fn rope_rows(isa: Isa, x: &mut [f32], positions: &[usize], r: Rope) {
     let width = r.n_heads * r.head_dim;
     ROPE.with(|t| {
         let mut t = t.borrow_mut();
-        if t.theta != r.theta || t.head_dim != r.head_dim || t.positions != positions {
+        if t.theta != r.theta
+            || t.scaling != r.scaling
+            || t.head_dim != r.head_dim
+            || t.positions != positions
+        {
             t.theta = r.theta;
+            t.scaling = r.scaling;
             t.head_dim = r.head_dim;
             t.positions.clear();
             t.positions.extend_from_slice(positions);
@@ -49,8 +55,7 @@ pub(crate) fn rope_rows(isa: Isa, x: &mut [f32], positions: &[usize], r: Rope) {
             for &pos in positions {
                 // Angles in f64: at long positions an f32 product drifts.
                 for i in 0..half {
-                    let freq = (r.theta as f64).powf(-((2 * i) as f64) / r.head_dim as f64);
-                    let (s, c) = (pos as f64 * freq).sin_cos();
+                    let (s, c) = (pos as f64 * r.inv_freq(i)).sin_cos();
                     t.cs.push((c as f32, s as f32));
                 }
             }

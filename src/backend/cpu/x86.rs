@@ -858,6 +858,7 @@ mod tests {
                 head_dim,
                 theta: 10000.0,
                 style: RopeStyle::Interleaved,
+                scaling: crate::model::RopeScaling::None,
             };
             let positions = [0usize, 1, 7, 300, 5000];
             let x = data(positions.len() * n_heads * head_dim, 11);

@@ -363,14 +363,7 @@ impl Backend for CudaBackend {
             .collect::<Result<_, _>>()?;
         let pos = self.dev.upload(&pos).map_err(dev_err)?;
         self.dev
-            .rope(
-                &mut x.view_mut()?,
-                &pos,
-                rope.n_heads,
-                rope.head_dim,
-                rope.theta as f64,
-                rope.style,
-            )
+            .rope(&mut x.view_mut()?, &pos, rope)
             .map_err(dev_err)
     }
 

@@ -13,8 +13,9 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfi
 use super::arena::{DeviceKvArena, PageTables, SlotMap};
 use super::params::*;
 use super::{CudaDevice, CudaError};
+use crate::backend::Rope;
 use crate::config::KvDtype;
-use crate::model::RopeStyle;
+use crate::model::{RopeScaling, RopeStyle};
 
 /// Head dimensions with compiled attention kernels.
 pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];
@@ -771,23 +772,32 @@ impl CudaDevice {
         .map_err(CudaError::driver("launching RMSNorm"))
     }
 
-    /// Rotary embedding in place on `x` `[positions.len(), n_heads, head_dim]`.
+    /// Rotary embedding in place on `x` `[positions.len(), rope.n_heads,
+    /// rope.head_dim]`.
     pub fn rope(
         &self,
         x: &mut impl DevicePtrMut<f32>,
         positions: &impl DevicePtr<u32>,
-        n_heads: usize,
-        head_dim: usize,
-        theta: f64,
-        style: RopeStyle,
+        rope: Rope,
     ) -> Result<(), CudaError> {
+        let Rope {
+            n_heads,
+            head_dim,
+            theta,
+            style,
+            scaling,
+        } = rope;
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(CudaError::Unsupported {
                 what: "RoPE head_dim",
                 detail: format!("{head_dim} (even)"),
             });
         }
-        let total = positions.len() * n_heads * head_dim;
+        let total = positions
+            .len()
+            .checked_mul(n_heads)
+            .and_then(|n| n.checked_mul(head_dim))
+            .unwrap_or(usize::MAX);
         shape("RoPE elements", total, x.len())?;
         let stream = &self.inner.stream;
         let (x_ptr, _g1) = x.device_ptr_mut(stream);
@@ -795,13 +805,35 @@ impl CudaDevice {
         let p = RopeParams {
             x: x_ptr,
             positions: pos_ptr,
-            theta,
+            theta: f64::from(theta),
             n_tokens: to_u32("RoPE tokens", positions.len())?,
             n_heads: to_u32("RoPE heads", n_heads)?,
             head_dim: to_u32("RoPE head_dim", head_dim)?,
             style: match style {
                 RopeStyle::Interleaved => 0,
                 RopeStyle::Half => 1,
+            },
+            ..RopeParams::default()
+        };
+        let p = match scaling {
+            RopeScaling::None => p,
+            RopeScaling::Linear { factor } => RopeParams {
+                scaling: 1,
+                factor: f64::from(factor),
+                ..p
+            },
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => RopeParams {
+                scaling: 2,
+                factor: f64::from(factor),
+                low_freq_factor: f64::from(low_freq_factor),
+                high_freq_factor: f64::from(high_freq_factor),
+                original_max_position: f64::from(original_max_position),
+                ..p
             },
         };
         let mut b = stream.launch_builder(self.kernel("rope")?);

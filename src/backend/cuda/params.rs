@@ -125,8 +125,14 @@ pub(crate) struct RopeParams {
     pub n_heads: u32,
     pub head_dim: u32,
     pub style: u32,
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position: f64,
+    pub scaling: u32,
+    pub pad0: u32,
 }
-const _: () = assert!(size_of::<RopeParams>() == 40);
+const _: () = assert!(size_of::<RopeParams>() == 80);
 
 /// SwiGLU. See `SwigluParams` in params.cuh.
 #[repr(C)]

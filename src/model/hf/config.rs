@@ -1,12 +1,13 @@
 //! `config.json` of a Hugging Face checkpoint -> [`ModelConfig`].
 //!
 //! Field spellings differ across transformers versions; everything the
-//! forward pass would silently get wrong (RoPE scaling, other activations,
-//! output-projection biases) is refused rather than ignored.
+//! forward pass would silently get wrong (RoPE scalings other than linear and
+//! Llama 3's, a partial rotary dimension, other activations, output-projection
+//! biases) is refused rather than ignored.
 
 use serde_json::{Map, Value};
 
-use crate::model::{ModelConfig, ModelError, RopeStyle};
+use crate::model::{ModelConfig, ModelError, RopeScaling, RopeStyle};
 
 /// Architectures whose checkpoints this loader maps onto the Llama forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,40 +148,111 @@ fn arch(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
     }
 }
 
-/// Rotary base from either spelling; refuses any RoPE scaling, which the
-/// forward pass does not implement (it would silently change every position).
-fn rope_theta(obj: &Map<String, Value>) -> Result<f32, ModelError> {
-    let mut theta = None;
-    if let Some(p) = field(obj, "rope_parameters") {
-        let p = p
-            .as_object()
-            .ok_or_else(|| invalid(format!("rope_parameters = {p} is not an object")))?;
-        check_rope_type(p, "rope_parameters")?;
-        theta = opt_f32(p, "rope_theta")?;
-    }
-    if let Some(s) = field(obj, "rope_scaling") {
-        let s = s
-            .as_object()
-            .ok_or_else(|| invalid(format!("rope_scaling = {s} is not an object")))?;
-        check_rope_type(s, "rope_scaling")?;
-    }
-    match theta {
-        Some(t) => Ok(t),
-        None => Ok(opt_f32(obj, "rope_theta")?.unwrap_or(10_000.0)),
-    }
+/// The object-valued field `key`, if present.
+fn opt_object<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a Map<String, Value>>, ModelError> {
+    let Some(v) = field(obj, key) else {
+        return Ok(None);
+    };
+    v.as_object()
+        .map(Some)
+        .ok_or_else(|| invalid(format!("{key} = {v} is not an object")))
 }
 
-fn check_rope_type(p: &Map<String, Value>, what: &str) -> Result<(), ModelError> {
-    let kind = match opt_str(p, "rope_type")? {
-        Some(k) => Some(k),
-        None => opt_str(p, "type")?,
+/// The RoPE type an object names (`rope_type`, or the older `type`).
+fn rope_type(p: &Map<String, Value>) -> Result<&str, ModelError> {
+    Ok(match opt_str(p, "rope_type")? {
+        Some(k) => k,
+        None => opt_str(p, "type")?.unwrap_or("default"),
+    })
+}
+
+/// RoPE base and frequency scaling, from either spelling: transformers 5's
+/// `rope_parameters` (base and scaling in one object), or the older top-level
+/// `rope_theta` with an optional `rope_scaling` object. `max_positions` is
+/// `max_position_embeddings`, Llama 3's fallback pre-training context.
+///
+/// Kinds the forward pass does not implement (those that depend on the
+/// sequence length or rescale attention: dynamic, yarn, longrope, ...) and a
+/// partial rotary dimension are refused: serving them as plain RoPE would
+/// silently change every position.
+fn rope(obj: &Map<String, Value>, max_positions: usize) -> Result<(f32, RopeScaling), ModelError> {
+    let params = opt_object(obj, "rope_parameters")?;
+    let legacy = opt_object(obj, "rope_scaling")?;
+    let (spec, what) = match (params, legacy) {
+        (Some(p), Some(l)) if rope_type(p)? != rope_type(l)? => {
+            return Err(invalid(format!(
+                "rope_parameters ({:?}) and rope_scaling ({:?}) disagree; keep one of them",
+                rope_type(p)?,
+                rope_type(l)?
+            )));
+        }
+        (Some(p), _) => (Some(p), "rope_parameters"),
+        (None, l) => (l, "rope_scaling"),
     };
-    match kind {
-        None | Some("default") => Ok(()),
-        Some(k) => Err(invalid(format!(
-            "{what} asks for RoPE scaling {k:?}; handoff implements unscaled RoPE only"
-        ))),
+    let theta = match params
+        .map(|p| opt_f32(p, "rope_theta"))
+        .transpose()?
+        .flatten()
+    {
+        Some(t) => t,
+        None => opt_f32(obj, "rope_theta")?.unwrap_or(10_000.0),
+    };
+    for partial in [
+        spec.map(|p| opt_f32(p, "partial_rotary_factor"))
+            .transpose()?
+            .flatten(),
+        opt_f32(obj, "partial_rotary_factor")?,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if partial != 1.0 {
+            return Err(invalid(format!(
+                "partial_rotary_factor {partial}: handoff rotates every dimension of a head"
+            )));
+        }
     }
+    let Some(spec) = spec else {
+        return Ok((theta, RopeScaling::None));
+    };
+    let factor =
+        |key: &str| opt_f32(spec, key)?.ok_or_else(|| invalid(format!("{what}.{key} is missing")));
+    let scaling = match rope_type(spec)? {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: factor("factor")?,
+        },
+        "llama3" => {
+            // transformers gives a top-level original_max_position_embeddings
+            // priority over the one inside the object.
+            let old = match opt_usize(obj, "original_max_position_embeddings")? {
+                Some(n) => n,
+                None => {
+                    opt_usize(spec, "original_max_position_embeddings")?.unwrap_or(max_positions)
+                }
+            };
+            RopeScaling::Llama3 {
+                factor: factor("factor")?,
+                low_freq_factor: factor("low_freq_factor")?,
+                high_freq_factor: factor("high_freq_factor")?,
+                original_max_position: u32::try_from(old).map_err(|_| {
+                    invalid(format!(
+                        "original_max_position_embeddings {old} is over 2^32"
+                    ))
+                })?,
+            }
+        }
+        k => {
+            return Err(invalid(format!(
+                "{what} asks for RoPE scaling {k:?}; handoff implements plain, \"linear\" and \
+                 \"llama3\" RoPE only"
+            )));
+        }
+    };
+    Ok((theta, scaling))
 }
 
 impl HfConfig {
@@ -248,6 +320,10 @@ impl HfConfig {
             max_seq_len = max_seq_len.min(w);
         }
 
+        let (rope_theta, rope_scaling) = rope(
+            obj,
+            opt_usize(obj, "max_position_embeddings")?.unwrap_or(arch.default_max_positions()),
+        )?;
         let model = ModelConfig {
             dim,
             hidden_dim,
@@ -257,8 +333,9 @@ impl HfConfig {
             head_dim,
             vocab_size,
             max_seq_len,
-            rope_theta: rope_theta(obj)?,
+            rope_theta,
             rope_style: RopeStyle::Half,
+            rope_scaling,
             norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
             tied_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
             attention_bias: arch == Arch::Qwen2,
@@ -320,6 +397,86 @@ mod tests {
         assert_eq!((m.n_kv_heads, m.head_dim), (2, 32));
         assert_eq!((m.norm_eps, m.max_seq_len), (1e-5, 128));
         assert!(m.tied_embeddings);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_in_both_spellings() {
+        // Llama-3.2-1B's config.json (transformers 4.x spelling).
+        let old = parse(&with(
+            "LlamaForCausalLM",
+            r#", "max_position_embeddings": 131072, "rope_theta": 500000.0,
+               "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
+        ))
+        .unwrap()
+        .model;
+        let want = RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        };
+        assert_eq!((old.rope_theta, old.rope_scaling), (500_000.0, want));
+        assert_eq!(old.max_seq_len, 131_072);
+        // transformers 5 spelling: one object with the base.
+        let new = parse(&with(
+            "LlamaForCausalLM",
+            r#", "max_position_embeddings": 131072,
+               "rope_parameters": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                   "original_max_position_embeddings": 8192, "rope_type": "llama3",
+                                   "rope_theta": 500000.0}"#,
+        ))
+        .unwrap()
+        .model;
+        assert_eq!(new, old);
+        // A top-level original_max_position_embeddings wins (as in
+        // transformers), and without either the window is the fallback.
+        let top = parse(&with(
+            "LlamaForCausalLM",
+            r#", "max_position_embeddings": 4096, "original_max_position_embeddings": 1024,
+               "rope_scaling": {"type": "llama3", "factor": 2.0, "high_freq_factor": 4.0,
+                                "low_freq_factor": 1.0, "original_max_position_embeddings": 64}"#,
+        ))
+        .unwrap()
+        .model;
+        assert!(matches!(
+            top.rope_scaling,
+            RopeScaling::Llama3 {
+                original_max_position: 1024,
+                ..
+            }
+        ));
+        let fallback = parse(&with(
+            "LlamaForCausalLM",
+            r#", "max_position_embeddings": 4096,
+               "rope_scaling": {"type": "llama3", "factor": 2.0, "high_freq_factor": 4.0,
+                                "low_freq_factor": 1.0}"#,
+        ))
+        .unwrap()
+        .model;
+        assert!(matches!(
+            fallback.rope_scaling,
+            RopeScaling::Llama3 {
+                original_max_position: 4096,
+                ..
+            }
+        ));
+        let linear = parse(&with(
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"type": "linear", "factor": 4.0}"#,
+        ))
+        .unwrap()
+        .model;
+        assert_eq!(linear.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+        // Both spellings at once are fine when they agree.
+        let both = parse(&with(
+            "LlamaForCausalLM",
+            r#", "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+               "rope_scaling": {"type": "linear", "factor": 4.0}"#,
+        ))
+        .unwrap()
+        .model;
+        assert_eq!(both.rope_scaling, RopeScaling::Linear { factor: 4.0 });
     }
 
     #[test]
@@ -424,7 +581,48 @@ mod tests {
                     "LlamaForCausalLM",
                     r#", "rope_scaling": {"rope_type": "llama3"}"#,
                 ),
-                "RoPE scaling",
+                "rope_scaling.factor is missing",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_scaling": {"type": "dynamic", "factor": 2.0}"#,
+                ),
+                "RoPE scaling \"dynamic\"",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                        "low_freq_factor": 4.0, "high_freq_factor": 4.0}"#,
+                ),
+                "below high_freq_factor",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_scaling": {"rope_type": "linear", "factor": 0.0}"#,
+                ),
+                "factor 0 is not a positive number",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                        "rope_scaling": {"rope_type": "linear", "factor": 2.0}"#,
+                ),
+                "disagree",
+            ),
+            (
+                with("LlamaForCausalLM", r#", "partial_rotary_factor": 0.5"#),
+                "partial_rotary_factor",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.25}"#,
+                ),
+                "partial_rotary_factor",
             ),
             (
                 with(
