@@ -67,7 +67,7 @@ impl Scheduler {
     /// `cost` says what a waiting request needs to start.
     ///
     /// Admitted requests leave the queue; preempted ones are *not* requeued
-    /// here: the engine requeues each with [`Scheduler::requeue_front`] once
+    /// here: the host requeues each with [`Scheduler::requeue_preempted`] once
     /// it has released its pages. A step that preempts admits nobody, so a
     /// preempted request is not restarted into the same shortage.
     pub fn plan_step(

@@ -108,10 +108,28 @@ impl Scheduler {
         Some(req)
     }
 
-    /// Puts a running request back at the front of its priority (after a
-    /// preemption: its pages were released, it will be recomputed). Only
-    /// for requests this scheduler admitted and handed out: not public, so
-    /// nothing can enter the queue past admission.
+    /// Puts a request this scheduler handed out (by [`Scheduler::pop_if`]
+    /// or [`Scheduler::plan_step`]) back at the front of its priority, once
+    /// the host has preempted it and released its pages; it is recomputed
+    /// from its prompt when it starts again.
+    ///
+    /// Nothing enters the queue past admission: a request that was not
+    /// handed out (unknown, finished, or still waiting) is refused with
+    /// [`Rejection::NotHandedOut`], and admission's checks run again (the
+    /// host owns the request and may have changed it). On a refusal the
+    /// request stays live: end it with [`Scheduler::finish`].
+    pub fn requeue_preempted(&mut self, req: Request) -> Result<(), Rejection> {
+        let id = req.id;
+        if !self.live.contains(&id) || self.queued_ids.contains(&id) {
+            return Err(Rejection::NotHandedOut { id });
+        }
+        self.limits.check(&req)?;
+        self.requeue_front(req);
+        Ok(())
+    }
+
+    /// [`Scheduler::requeue_preempted`] without its checks, for the engine,
+    /// which requeues only requests it took from this scheduler unchanged.
     pub(crate) fn requeue_front(&mut self, req: Request) {
         self.queued_ids.insert(req.id);
         self.waiting
@@ -206,6 +224,44 @@ mod tests {
             over.to_string().contains("max_new_tokens to at most 4"),
             "{over}"
         );
+    }
+
+    #[test]
+    fn a_host_requeues_only_what_it_was_handed() {
+        let mut s = Scheduler::new(AdmissionLimits::new(64, 16, 16));
+        for i in 1..=3 {
+            let _ = s.submit(req(i, 4, 4)).unwrap();
+        }
+        let first = s.pop_if(|_| true).unwrap();
+        // Preempted: back at the head, ahead of those that waited.
+        s.requeue_preempted(first.clone()).unwrap();
+        assert_eq!(s.waiting(), 3);
+        assert_eq!(s.peek().map(|r| r.id), Some(RequestId(1)));
+        // Waiting again, so not handed out: a second requeue would queue it twice.
+        assert_eq!(
+            s.requeue_preempted(first),
+            Err(Rejection::NotHandedOut { id: RequestId(1) })
+        );
+        // Never submitted, or finished: nothing enters past admission.
+        assert_eq!(
+            s.requeue_preempted(req(9, 4, 4)),
+            Err(Rejection::NotHandedOut { id: RequestId(9) })
+        );
+        let second = s.pop_if(|_| true).unwrap();
+        assert!(s.finish(second.id));
+        assert!(matches!(
+            s.requeue_preempted(second),
+            Err(Rejection::NotHandedOut { .. })
+        ));
+        // Handed out, then changed by the host: admission's checks again.
+        let mut third = s.pop_if(|_| true).unwrap();
+        third.prompt = vec![1; 100];
+        assert!(matches!(
+            s.requeue_preempted(third),
+            Err(Rejection::PromptTooLong { .. })
+        ));
+        assert_eq!(s.waiting(), 1, "only request 1 is waiting");
+        assert_eq!(s.live(), 2, "1 waiting, 3 handed out and refused");
     }
 
     #[test]

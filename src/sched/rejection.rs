@@ -57,6 +57,13 @@ pub enum Rejection {
     QueueFull { id: RequestId, limit: usize },
     #[error("{id}: the worker is shutting down: retry on another worker")]
     ShuttingDown { id: RequestId },
+    /// A host asked to requeue a request this scheduler has not handed out
+    /// (unknown, finished, or still waiting): a bug in the host.
+    #[error(
+        "{id}: not a request this scheduler handed out (unknown, finished or still waiting): \
+         only requeue what pop_if or plan_step returned, and submit new requests"
+    )]
+    NotHandedOut { id: RequestId },
 }
 
 impl Rejection {
@@ -72,7 +79,8 @@ impl Rejection {
             | Rejection::InvalidSampling { id, .. }
             | Rejection::DuplicateId { id }
             | Rejection::QueueFull { id, .. }
-            | Rejection::ShuttingDown { id } => *id,
+            | Rejection::ShuttingDown { id }
+            | Rejection::NotHandedOut { id } => *id,
         }
     }
 }
@@ -84,6 +92,7 @@ impl HttpStatus for Rejection {
             Rejection::DuplicateId { .. } => 409,
             Rejection::QueueFull { .. } => 429,
             Rejection::ShuttingDown { .. } => 503,
+            Rejection::NotHandedOut { .. } => 500,
             Rejection::EmptyPrompt { .. }
             | Rejection::ExceedsWindow { .. }
             | Rejection::InvalidToken { .. }
