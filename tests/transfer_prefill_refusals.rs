@@ -5,8 +5,8 @@
 //! The incident began with an engine that could not serve a prompt and
 //! answered "transfer complete" for a one-token stand-in. Here each of
 //! prefill's plan rules (an empty prompt, a token outside the model's
-//! vocabulary, a plan whose token count, geometry, page size or page list
-//! do not add up) is broken on purpose, one at a time: by a raw peer that
+//! vocabulary, a plan for another model, a plan whose token count, geometry,
+//! page size or page list do not add up) is broken on purpose, one at a time: by a raw peer that
 //! sends the plan by hand, and where a real decode side can be led into
 //! sending it, through that decode side. Each time prefill sends an abort
 //! naming that rule and nothing else for the request, a bystander's plan on
@@ -20,6 +20,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use handoff::model::ModelFingerprint;
 use handoff::transfer::{
     Abort, AbortReason, Answer, DecodeLink, DecodeSide, Fault, FaultPlan, FaultRule, Nonce, Plan,
     PlannedPage, PrefillSide, Step, ToDecode, ToPrefill, Transfer, TransferConfig, TransferError,
@@ -39,6 +40,8 @@ const VOCAB: usize = 64;
 const PAGE: usize = 16;
 const PAGES: usize = 32;
 const WINDOW: usize = 256;
+/// The model prefill serves (a raw side is told it, as a worker tells its own).
+const PREFILL_MODEL: ModelFingerprint = ModelFingerprint::from_u64(0x5eed_0001);
 
 fn geometry() -> KvGeometry {
     support::geometry(KvDtype::BF16)
@@ -62,6 +65,7 @@ fn valid_plan(request: RequestId, tenant: u32, len: usize) -> Plan {
         page_size: PAGE as u32,
         pages: pages(len.div_ceil(PAGE)),
         sampling: SamplingParams::default(),
+        model: Some(PREFILL_MODEL),
     }
 }
 
@@ -103,7 +107,7 @@ fn drain<L: DecodeLink>(
 /// answered `bad` with one abort and nothing more, served the bystander on
 /// the same link, and released everything; returns the abort's reason.
 fn refused_by_prefill<T: Transfer>(t: T, bad: Plan) -> AbortReason {
-    let cfg = TransferConfig::default();
+    let cfg = TransferConfig::default().with_model(PREFILL_MODEL);
     let (prefill_link, mut decode) = t.connect(&cfg).unwrap();
     let pool = KvPool::new(PoolConfig::new(geometry(), PAGE, PAGES)).unwrap();
     let mut prefill = PrefillSide::new(prefill_link, pool.clone(), prefill_limits(), cfg);
@@ -182,6 +186,24 @@ fn raw_empty_prompt<T: Transfer>(t: T) {
     let plan = valid_plan(TARGET, 1, 0);
     assert!(plan.prompt.is_empty() && plan.pages.is_empty() && plan.tokens == 0);
     assert_eq!(refused_by_prefill(t, plan), AbortReason::EmptyPrompt);
+}
+
+fn raw_plan_for_another_model<T: Transfer + Copy>(t: T) {
+    // Decode serves other weights, or does not say which: prefill refuses
+    // rather than hand over KV that another model computed.
+    for planned in [Some(ModelFingerprint::from_u64(0x5eed_0002)), None] {
+        let mut plan = valid_plan(TARGET, 1, PROMPT);
+        plan.model = planned;
+        let reason = refused_by_prefill(t, plan);
+        assert_eq!(
+            reason,
+            AbortReason::ModelMismatch {
+                planned,
+                served: Some(PREFILL_MODEL)
+            }
+        );
+        assert!(reason.to_string().contains("deploy the same weights"));
+    }
 }
 
 fn raw_token_outside_the_vocabulary<T: Transfer + Copy>(t: T) {
@@ -400,6 +422,7 @@ fn empty_prompt_via_decode<T: Transfer>(t: T) {
 on_both_transports! {
     empty_prompt_plan_is_aborted_with_empty_prompt => raw_empty_prompt;
     token_outside_the_vocabulary_is_aborted_with_invalid_token => raw_token_outside_the_vocabulary;
+    plan_for_another_model_is_aborted_with_model_mismatch => raw_plan_for_another_model;
     inconsistent_plans_are_aborted_as_malformed => raw_malformed_plans;
     decode_without_the_vocabulary_gets_prefills_invalid_token => token_outside_the_vocabulary_via_decode;
     plan_truncated_in_flight_is_refused_as_malformed => truncated_plan_via_decode;

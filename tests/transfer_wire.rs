@@ -169,7 +169,7 @@ fn unknown_version_and_flags_are_refused() {
         wire(e),
         WireError::UnsupportedVersion {
             got: 9,
-            supported: 1
+            supported: handoff::transfer::tcp::frame::VERSION
         }
     );
     let mut b = Vec::new();
@@ -230,6 +230,7 @@ fn held_plan() -> Plan {
             })
             .collect(),
         sampling: handoff::SamplingParams::default(),
+        model: None,
     }
 }
 
@@ -387,7 +388,7 @@ fn prefill_end_refuses_an_answer_of_another_version_or_with_flags() {
         prefill_wire(When::WhileHeld, b),
         WireError::UnsupportedVersion {
             got: 9,
-            supported: 1
+            supported: handoff::transfer::tcp::frame::VERSION
         }
     );
     let mut b = ack(2);
@@ -578,6 +579,9 @@ fn sample_frames() -> Vec<Frame<'static>> {
                 seed: 99,
                 stop_ids: vec![1, 2],
             },
+            model: Some(handoff::model::ModelFingerprint::from_u64(
+                0xabcd_ef01_2345_6789,
+            )),
         })),
         Frame::ToPrefill(ToPrefill::Answer(Answer {
             request: RequestId(7),

@@ -12,7 +12,7 @@ use crate::config::{KvDtype, KvGeometry};
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Writable};
-use crate::model::{ModelConfig, ModelError, ModelWeights};
+use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
 
 /// Why a forward pass failed. Variants with an `index` name the sequence
 /// (position in the batch) at fault; the others concern the whole batch.
@@ -144,6 +144,7 @@ pub struct Model<B: Backend = CpuBackend> {
     layers: Vec<Layer<B>>,
     /// Weight elements a token's pass reads (for [`Backend::plan_pass`]).
     weight_elems: usize,
+    fingerprint: ModelFingerprint,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -253,6 +254,7 @@ impl<B: Backend> Model<B> {
     /// Checks `weights` and places them on `backend`.
     pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
         weights.check_shapes()?;
+        let fingerprint = ModelFingerprint::of(&weights);
         let ModelWeights {
             config: c,
             embedding,
@@ -299,11 +301,19 @@ impl<B: Backend> Model<B> {
             config: c,
             backend,
             weight_elems,
+            fingerprint,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The hash of this model's configuration and weights (see
+    /// [`ModelFingerprint`]): disaggregated workers refuse to hand KV
+    /// between different models.
+    pub fn fingerprint(&self) -> ModelFingerprint {
+        self.fingerprint
     }
 
     pub fn backend(&self) -> &B {

@@ -3,6 +3,7 @@
 mod check;
 mod config;
 mod error;
+mod fingerprint;
 mod forward;
 mod hf;
 mod llama2c;
@@ -13,6 +14,7 @@ mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle};
 pub use error::ModelError;
+pub use fingerprint::ModelFingerprint;
 pub use forward::{ForwardError, Logits, Model, Scratch};
 pub use hf::{load_hf, load_hf_bytes};
 pub use llama2c::{load_llama2c, parse_llama2c, write_llama2c};

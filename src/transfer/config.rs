@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::model::ModelFingerprint;
 use crate::transfer::error::LinkError;
 
 /// Timeouts on every wait and the bound on KV bytes in flight. Obtained
@@ -17,6 +18,7 @@ pub struct TransferConfig {
     max_in_flight_bytes: usize,
     max_batch_bytes: usize,
     max_frame_bytes: usize,
+    model: Option<ModelFingerprint>,
     #[cfg(any(test, feature = "fault-injection"))]
     faults: Option<std::sync::Arc<crate::transfer::fault::FaultPlan>>,
 }
@@ -31,6 +33,7 @@ impl Default for TransferConfig {
             max_in_flight_bytes: 64 << 20,
             max_batch_bytes: 1 << 20,
             max_frame_bytes: 16 << 20,
+            model: None,
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
         }
@@ -81,6 +84,16 @@ impl TransferConfig {
         self.max_frame_bytes = bytes;
         self
     }
+    /// The model this side serves (workers set their model's fingerprint
+    /// themselves). Decode names it in every plan; prefill refuses a plan
+    /// whose model differs from its own with
+    /// [`AbortReason::ModelMismatch`](crate::transfer::AbortReason), so KV
+    /// computed by other weights never reaches a decoder.
+    #[must_use]
+    pub fn with_model(mut self, model: ModelFingerprint) -> Self {
+        self.model = Some(model);
+        self
+    }
     /// Injects the faults of `plan` at the protocol steps it names.
     #[cfg(any(test, feature = "fault-injection"))]
     #[must_use]
@@ -109,6 +122,10 @@ impl TransferConfig {
     }
     pub fn max_frame_bytes(&self) -> usize {
         self.max_frame_bytes
+    }
+    /// The model this side serves, if set.
+    pub fn model(&self) -> Option<ModelFingerprint> {
+        self.model
     }
     #[cfg(any(test, feature = "fault-injection"))]
     pub(crate) fn faults(&self) -> Option<&std::sync::Arc<crate::transfer::fault::FaultPlan>> {

@@ -315,6 +315,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             page_size: u32::try_from(self.pool.page_size()).unwrap_or(u32::MAX),
             pages: pages.clone(),
             sampling: req.sampling.clone(),
+            model: self.cfg.model(),
         };
         self.link
             .landing()

@@ -60,7 +60,9 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     /// A worker for `model` under a `Decode` configuration (whose pool holds
     /// the window), receiving over `link`. Admission requires prompt plus
     /// max new tokens to fit the window; their pages are reserved up front,
-    /// so generation never runs out of pages.
+    /// so generation never runs out of pages. Every plan names `model`'s
+    /// [fingerprint](Model::fingerprint) (set into `transfer`), so a prefill
+    /// worker serving other weights refuses it.
     pub fn new(
         link: L,
         model: Model<B>,
@@ -71,7 +73,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         let pool = KvPool::new(cfg.pool_config())?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
         Ok(DecodeWorker {
-            side: DecodeSide::new(link, pool, limits, transfer),
+            side: DecodeSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
             scratch: model.scratch(),
             model,
             clients: HashMap::new(),
@@ -99,7 +101,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
         let limits = limits.vocab(model.config().vocab_size);
         Ok(DecodeWorker {
-            side: DecodeSide::new(link, pool, limits, transfer),
+            side: DecodeSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
             scratch: model.scratch(),
             model,
             clients: HashMap::new(),

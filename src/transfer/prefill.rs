@@ -473,6 +473,12 @@ impl<L: PrefillLink> PrefillSide<L> {
 
     /// Prefill's own admission: before any allocation.
     fn check(&self, plan: &Plan) -> Result<(), AbortReason> {
+        if plan.model != self.cfg.model() {
+            return Err(AbortReason::ModelMismatch {
+                planned: plan.model,
+                served: self.cfg.model(),
+            });
+        }
         let tokens = plan.tokens as usize;
         let page_size = plan.page_size as usize;
         if plan.prompt.len() != tokens

@@ -27,7 +27,9 @@ pub struct PrefillWorker<L: PrefillLink, B: Backend = CpuBackend> {
 
 impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// A worker for `model` under a `Prefill` configuration (whose pool
-    /// holds twice the window by default), sending over `link`.
+    /// holds twice the window by default), sending over `link`. It computes
+    /// KV only for plans naming `model`'s [fingerprint](Model::fingerprint)
+    /// (set into `transfer`).
     pub fn new(
         link: L,
         model: Model<B>,
@@ -38,7 +40,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         let pool = KvPool::new(cfg.pool_config())?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
         Ok(PrefillWorker {
-            side: PrefillSide::new(link, pool, limits, transfer),
+            side: PrefillSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
             scratch: model.scratch(),
             model,
             max_batch_tokens: cfg.max_context(),
@@ -63,7 +65,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
         let limits = limits.vocab(model.config().vocab_size);
         Ok(PrefillWorker {
-            side: PrefillSide::new(link, pool, limits, transfer),
+            side: PrefillSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
             scratch: model.scratch(),
             model,
             max_batch_tokens: window.max(1),

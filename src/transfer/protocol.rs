@@ -25,6 +25,7 @@ use std::fmt;
 use crate::config::KvGeometry;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::PageId;
+use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;
 
 /// A fresh random value per plan: a receipt is matched to the plan that
@@ -88,6 +89,11 @@ pub struct Plan {
     /// How to choose the first token from the prompt's last logits (prefill
     /// samples it, decode continues the same stream).
     pub sampling: SamplingParams,
+    /// The model decode serves ([`TransferConfig::with_model`]); prefill
+    /// computes the KV only with the same model.
+    ///
+    /// [`TransferConfig::with_model`]: crate::transfer::TransferConfig::with_model
+    pub model: Option<ModelFingerprint>,
 }
 
 /// One batch of KV rows: `tokens` positions from `start` of one layer, K
@@ -155,6 +161,12 @@ pub enum AbortReason {
     /// Prefill already has `pending` plans waiting for pages (its queue
     /// limit): retry later.
     Busy { pending: u64 },
+    /// The plan is for another model than prefill serves (`None`: not
+    /// named): the two workers run different weights, a deployment error.
+    ModelMismatch {
+        planned: Option<ModelFingerprint>,
+        served: Option<ModelFingerprint>,
+    },
 }
 
 impl AbortReason {
@@ -232,6 +244,18 @@ impl fmt::Display for AbortReason {
             AbortReason::ShuttingDown => write!(f, "prefill worker shutting down"),
             AbortReason::Busy { pending } => {
                 write!(f, "prefill has {pending} plans waiting (its queue limit)")
+            }
+            AbortReason::ModelMismatch { planned, served } => {
+                let name = |m: &Option<ModelFingerprint>| {
+                    m.map_or_else(|| "an unnamed model".to_string(), |m| format!("model {m}"))
+                };
+                write!(
+                    f,
+                    "decode planned for {} but prefill serves {}: deploy the same weights and \
+                     configuration on both workers",
+                    name(planned),
+                    name(served)
+                )
             }
         }
     }

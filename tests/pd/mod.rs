@@ -191,13 +191,24 @@ pub struct Pair<T: Transfer> {
 
 impl<T: Transfer> Pair<T> {
     pub fn start(t: &T, cfg: TransferConfig, w: &ModelWeights) -> Self {
+        Self::start_with(t, cfg, w, w)
+    }
+
+    /// [`Pair::start`] with prefill serving `prefill_w` and decode `decode_w`.
+    pub fn start_with(
+        t: &T,
+        cfg: TransferConfig,
+        prefill_w: &ModelWeights,
+        decode_w: &ModelWeights,
+    ) -> Self {
         let (pl, dl) = t.connect(&cfg).unwrap();
-        let pcfg = engine_config(w, Role::Prefill);
-        let model = Model::cpu(w.clone()).unwrap();
+        let pcfg = engine_config(prefill_w, Role::Prefill);
+        let model = Model::cpu(prefill_w.clone()).unwrap();
         let mut prefill = PrefillWorker::new(pl, model, &pcfg, cfg.clone()).unwrap();
         let prefill_pool = prefill.pool().clone();
-        let dcfg = engine_config(w, Role::Decode);
-        let decode = DecodeWorker::new(dl, Model::cpu(w.clone()).unwrap(), &dcfg, cfg).unwrap();
+        let dcfg = engine_config(decode_w, Role::Decode);
+        let decode =
+            DecodeWorker::new(dl, Model::cpu(decode_w.clone()).unwrap(), &dcfg, cfg).unwrap();
         let decode_pool = decode.pool().clone();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

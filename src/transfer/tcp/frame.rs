@@ -16,6 +16,7 @@
 
 use crate::config::{KvDtype, KvGeometry};
 use crate::ids::{RequestId, TenantId};
+use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;
 use crate::transfer::error::WireError;
 use crate::transfer::protocol::{
@@ -25,8 +26,9 @@ use crate::transfer::protocol::{
 
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"HNDF";
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks (2: plans name their model,
+/// aborts can say the models differ).
+pub const VERSION: u16 = 2;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of a write frame's payload before the K and V rows.
@@ -247,6 +249,7 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
     let prompt = (0..n).map(|_| r.u32("prompt")).collect::<Result<_, _>>()?;
     let pages = read_pages(r)?;
     let sampling = read_sampling(r)?;
+    let model = read_model(r)?;
     Ok(Plan {
         request,
         tenant,
@@ -257,6 +260,7 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
         page_size,
         pages,
         sampling,
+        model,
     })
 }
 
@@ -360,6 +364,10 @@ fn read_reason(r: &mut Rd<'_>) -> Result<AbortReason, WireError> {
         7 => AbortReason::ShuttingDown,
         8 => AbortReason::Busy {
             pending: r.u64("pending")?,
+        },
+        9 => AbortReason::ModelMismatch {
+            planned: read_model(r)?,
+            served: read_model(r)?,
         },
         _ => {
             return Err(WireError::Invalid {
@@ -468,6 +476,7 @@ fn write_plan(w: &mut Wr<'_>, p: &Plan) {
     for &t in &s.stop_ids {
         w.u32(t);
     }
+    write_model(w, p.model);
 }
 
 fn write_pages(w: &mut Wr<'_>, pages: &[PlannedPage]) {
@@ -543,6 +552,29 @@ fn write_reason(w: &mut Wr<'_>, reason: &AbortReason) {
             w.u8(8);
             w.u64(pending);
         }
+        AbortReason::ModelMismatch { planned, served } => {
+            w.u8(9);
+            write_model(w, planned);
+            write_model(w, served);
+        }
+    }
+}
+
+fn write_model(w: &mut Wr<'_>, model: Option<ModelFingerprint>) {
+    match model {
+        None => w.u8(0),
+        Some(m) => {
+            w.u8(1);
+            w.u64(m.to_u64());
+        }
+    }
+}
+
+fn read_model(r: &mut Rd<'_>) -> Result<Option<ModelFingerprint>, WireError> {
+    match r.u8("model")? {
+        0 => Ok(None),
+        1 => Ok(Some(ModelFingerprint::from_u64(r.u64("model")?))),
+        _ => Err(WireError::Invalid { what: "model" }),
     }
 }
 
@@ -643,6 +675,14 @@ mod tests {
             AbortReason::ComputeFailed,
             AbortReason::ShuttingDown,
             AbortReason::Busy { pending: 65_536 },
+            AbortReason::ModelMismatch {
+                planned: Some(ModelFingerprint::from_u64(u64::MAX)),
+                served: None,
+            },
+            AbortReason::ModelMismatch {
+                planned: None,
+                served: Some(ModelFingerprint::from_u64(7)),
+            },
         ];
         for reason in reasons {
             let abort = Abort {

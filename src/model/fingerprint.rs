@@ -1,0 +1,169 @@
+//! A model's identity: a hash of its configuration and every weight.
+//!
+//! Disaggregated serving computes a prompt's KV on one worker and decodes
+//! from it on another; KV computed by other weights is wrong for every token
+//! that follows, however well it verifies. Decode names the model it serves
+//! in each plan and prefill refuses a plan for any other model.
+
+use std::fmt;
+use std::hash::Hasher;
+
+use twox_hash::XxHash3_64;
+
+use crate::model::{ModelConfig, ModelWeights, RopeScaling, RopeStyle};
+
+/// xxh3-64 of a model's configuration and weights (f32 bits, in a fixed
+/// order with every tensor's length). Equal models have equal fingerprints;
+/// a different bit anywhere gives a different one (up to hash collisions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModelFingerprint(u64);
+
+impl ModelFingerprint {
+    /// Hashes `weights` (one pass over every weight).
+    pub fn of(weights: &ModelWeights) -> Self {
+        let mut h = XxHash3_64::with_seed(0);
+        h.write(b"handoff model fingerprint v1");
+        config(&mut h, &weights.config);
+        tensor(&mut h, &weights.embedding);
+        h.write_u64(weights.layers.len() as u64);
+        for l in &weights.layers {
+            for t in [&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo] {
+                tensor(&mut h, t);
+            }
+            for b in [&l.bq, &l.bk, &l.bv] {
+                optional(&mut h, b.as_deref());
+            }
+            for t in [&l.ffn_norm, &l.w1, &l.w2, &l.w3] {
+                tensor(&mut h, t);
+            }
+        }
+        tensor(&mut h, &weights.final_norm);
+        optional(&mut h, weights.lm_head.as_deref());
+        ModelFingerprint(h.finish())
+    }
+
+    /// The fingerprint as carried on a wire.
+    pub fn to_u64(self) -> u64 {
+        self.0
+    }
+
+    /// A fingerprint read from a wire.
+    pub const fn from_u64(v: u64) -> Self {
+        ModelFingerprint(v)
+    }
+}
+
+impl fmt::Display for ModelFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+fn tensor(h: &mut XxHash3_64, t: &[f32]) {
+    h.write_u64(t.len() as u64);
+    h.write(bytemuck::cast_slice(t));
+}
+
+fn optional(h: &mut XxHash3_64, t: Option<&[f32]>) {
+    match t {
+        None => h.write_u8(0),
+        Some(t) => {
+            h.write_u8(1);
+            tensor(h, t);
+        }
+    }
+}
+
+fn config(h: &mut XxHash3_64, c: &ModelConfig) {
+    // Destructured so that a new field cannot be left out of the hash.
+    let ModelConfig {
+        dim,
+        hidden_dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        vocab_size,
+        max_seq_len,
+        rope_theta,
+        rope_style,
+        rope_scaling,
+        norm_eps,
+        tied_embeddings,
+        attention_bias,
+    } = *c;
+    for v in [
+        dim,
+        hidden_dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        vocab_size,
+        max_seq_len,
+    ] {
+        h.write_u64(v as u64);
+    }
+    h.write_u32(rope_theta.to_bits());
+    h.write_u8(match rope_style {
+        RopeStyle::Interleaved => 0,
+        RopeStyle::Half => 1,
+    });
+    match rope_scaling {
+        RopeScaling::None => h.write_u8(0),
+        RopeScaling::Linear { factor } => {
+            h.write_u8(1);
+            h.write_u32(factor.to_bits());
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => {
+            h.write_u8(2);
+            for x in [factor, low_freq_factor, high_freq_factor] {
+                h.write_u32(x.to_bits());
+            }
+            h.write_u32(original_max_position);
+        }
+    }
+    h.write_u32(norm_eps.to_bits());
+    h.write_u8(u8::from(tied_embeddings));
+    h.write_u8(u8::from(attention_bias));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::random_weights;
+
+    #[test]
+    fn equal_models_agree_and_any_change_shows() {
+        let cfg = ModelConfig::tiny_gqa();
+        let w = random_weights(&cfg, 7);
+        let fp = ModelFingerprint::of(&w);
+        assert_eq!(fp, ModelFingerprint::of(&w.clone()));
+        assert_ne!(fp, ModelFingerprint::of(&random_weights(&cfg, 8)));
+
+        let mut one_bit = w.clone();
+        let x = &mut one_bit.layers[2].w2[5];
+        *x = f32::from_bits(x.to_bits() ^ 1);
+        assert_ne!(fp, ModelFingerprint::of(&one_bit));
+
+        let mut scaled = w.clone();
+        scaled.config.rope_scaling = RopeScaling::Linear { factor: 2.0 };
+        assert_ne!(fp, ModelFingerprint::of(&scaled));
+
+        let mut window = w.clone();
+        window.config.max_seq_len -= 1;
+        assert_ne!(fp, ModelFingerprint::of(&window));
+
+        // A tensor's bytes moved into its neighbour are a different model.
+        let mut moved = w;
+        let last = moved.layers[0].attn_norm.pop().unwrap();
+        moved.layers[0].wq.insert(0, last);
+        assert_ne!(fp, ModelFingerprint::of(&moved));
+        assert_eq!(fp, ModelFingerprint::from_u64(fp.to_u64()));
+    }
+}
