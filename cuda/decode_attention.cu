@@ -44,8 +44,16 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
     const int rg = warp * C::ROWS_PER_WARP + lane / TPR;  // row group
 
     const uint32_t len = p.kv_len[b];
-    const uint32_t begin = split * p.chunk_tokens;
-    const uint32_t end = min(begin + p.chunk_tokens, len);
+    // This sequence's chunk: from its own length only (auto), so that its
+    // output is bit-identical alone or in any batch; chunks past its length
+    // are empty and the merge gives them weight 0.
+    uint32_t chunk = p.chunk_tokens;
+    if (p.auto_max_splits != 0) {
+        const uint32_t even = ((len + p.auto_max_splits - 1) / p.auto_max_splits + 63u) & ~63u;
+        chunk = max(chunk, even);
+    }
+    const uint32_t begin = split * chunk;
+    const uint32_t end = min(begin + chunk, len);
     const uint32_t* pages = p.page_table + p.page_indptr[b];
     const T* kv = static_cast<const T*>(p.kv);
     const uint32_t kv_dim = p.n_kv_heads * HEAD_DIM;
@@ -75,6 +83,11 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
         for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
     }
 
+    // A NaN score (a poisoned or non-finite K, or a non-finite query) must
+    // reach the output as NaN, as on the CPU, where the engine refuses it:
+    // the online softmax below would otherwise drop it (fmaxf ignores NaN,
+    // and a NaN sum fails the `> 0` tests of the combine).
+    bool bad = false;
     for (uint32_t base = begin; base < end; base += C::STEP) {
         // Issue every load of the step before using any.
         Raw<T, VEC> kr[TILE], vr[TILE];
@@ -105,6 +118,7 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
                 for (int i = 0; i < VEC; ++i) d = fmaf(q[g][i], kr[j].get(i), d);
 #pragma unroll
                 for (int o = TPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                if (valid[j] && g < (int)p.group && isnan(d)) bad = true;
                 s[j][g] = valid[j] ? d : -INFINITY;
             }
         }
@@ -144,7 +158,7 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
             sm_l[rg][g] = l[g];
         }
     }
-    __syncthreads();
+    const bool any_bad = __syncthreads_or(bad) != 0;
     for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += DECODE_THREADS) {
         const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
         if (g >= (int)p.group) continue;
@@ -159,12 +173,15 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
             }
         }
         const uint64_t bh = (uint64_t)b * p.n_heads + kvh * p.group + g;
-        const float val = lsum > 0.0f ? o / lsum : 0.0f;
+        const float val = any_bad ? NAN : lsum > 0.0f ? o / lsum : 0.0f;
         if (p.num_splits == 1) {
             p.out[bh * HEAD_DIM + d] = val;
         } else {
             p.part_o[(bh * p.num_splits + split) * HEAD_DIM + d] = val;
-            if (d == 0) p.part_lse[bh * p.num_splits + split] = lsum > 0.0f ? mx + log2f(lsum) : -INFINITY;
+            if (d == 0) {
+                p.part_lse[bh * p.num_splits + split] =
+                    any_bad ? NAN : lsum > 0.0f ? mx + log2f(lsum) : -INFINITY;
+            }
         }
     }
 }
@@ -174,9 +191,17 @@ __device__ __forceinline__ void decode_merge_impl(const MergeParams& p) {
     const uint64_t bh = (uint64_t)b * p.n_heads + h;
     const float* lse = p.part_lse + bh * p.num_splits;
     float mx = -INFINITY;
-    for (uint32_t s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, lse[s]);
+    bool bad = false;  // a chunk saw a NaN score: the head's output is NaN
+    for (uint32_t s = 0; s < p.num_splits; ++s) {
+        mx = fmaxf(mx, lse[s]);
+        bad |= isnan(lse[s]);
+    }
     for (uint32_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
         float wsum = 0.0f, o = 0.0f;
+        if (bad) {
+            p.out[bh * p.head_dim + d] = NAN;
+            continue;
+        }
         if (mx != -INFINITY) {
             for (uint32_t s = 0; s < p.num_splits; ++s) {
                 const float w = exp2f(lse[s] - mx);  // 0 for empty chunks

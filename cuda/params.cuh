@@ -38,10 +38,13 @@ struct DecodeParams {
     uint32_t group;               // n_heads / n_kv_heads, <= the kernel's GROUP
     uint32_t layer;
     uint32_t page_size_log2;
-    uint32_t num_splits;          // KV chunks per sequence (grid.x)
-    uint32_t chunk_tokens;        // positions per chunk
+    uint32_t num_splits;          // KV chunks per sequence (grid.x), an upper bound
+    uint32_t chunk_tokens;        // positions per chunk (the minimum when auto_max_splits > 0)
     float sm_scale_log2;          // log2(e) / sqrt(head_dim)
-    uint32_t pad0;
+    // 0: every chunk is chunk_tokens. Otherwise each sequence's chunk comes
+    // from its own length only, max(chunk_tokens, ceil(len / auto_max_splits)
+    // rounded up to 64), so its result does not depend on its batch mates.
+    uint32_t auto_max_splits;
 };
 static_assert(sizeof(DecodeParams) == 112, "DecodeParams drifted from params.rs");
 

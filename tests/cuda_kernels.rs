@@ -406,6 +406,138 @@ fn decode_split_kv_merges_to_the_same_answer_for_any_chunking() {
     }
 }
 
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Decode attention of `members` (indices into `sc`'s sequences) as one
+/// batch, layer 1, with each member's query taken from `q`
+/// (`[sequence][n_heads * head_dim]`); one output row per member.
+fn decode_members(
+    dev: &CudaDevice,
+    arena: &DeviceKvArena,
+    sc: &Scenario,
+    q: &[Vec<f32>],
+    n_heads: usize,
+    members: &[usize],
+    split: Split,
+) -> Vec<Vec<f32>> {
+    let seqs: Vec<SeqPages<'_>> = members
+        .iter()
+        .map(|&s| SeqPages {
+            pages: &sc.seq_pages[s],
+            kv_len: sc.kv_lens[s],
+            q_len: 1,
+        })
+        .collect();
+    let tables = PageTables::new(dev, arena, &seqs).unwrap();
+    let qb: Vec<f32> = members.iter().flat_map(|&s| q[s].iter().copied()).collect();
+    let q_dev = dev.upload(&qb).unwrap();
+    let mut out = dev.upload(&vec![f32::NAN; qb.len()]).unwrap();
+    let mut ws = DecodeWorkspace::default();
+    dev.decode_attention(arena, 1, &tables, n_heads, &q_dev, &mut out, &mut ws, split)
+        .unwrap();
+    let row = q[0].len();
+    dev.download(&out)
+        .unwrap()
+        .chunks(row)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
+    // Greedy output must not depend on batching: a sequence's attention may
+    // not change in its last bit with the length or number of its batch
+    // mates (which once set the split-KV chunk size).
+    let dev = gpu!("decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch");
+    let mut rng = Rng(21);
+    let lens = [1000, 4000, 10, 300, 257, 9000, 256];
+    let (n_heads, hd) = (32, 128);
+    for dtype in DTYPES {
+        let sc = Scenario::new(&mut rng, geometry(dtype, 8, hd), 16, &lens);
+        let arena = sc.arena.upload(&dev);
+        let q: Vec<Vec<f32>> = lens.iter().map(|_| rng.vec(n_heads * hd, 2.0)).collect();
+        let all: Vec<usize> = (0..lens.len()).collect();
+        let together = decode_members(&dev, &arena, &sc, &q, n_heads, &all, Split::Auto);
+        for s in 0..lens.len() {
+            let alone = decode_members(&dev, &arena, &sc, &q, n_heads, &[s], Split::Auto);
+            assert_eq!(
+                bits(&alone[0]),
+                bits(&together[s]),
+                "{dtype:?}: sequence of {} positions alone vs in a batch",
+                lens[s]
+            );
+            // Beside only the longest, and beside only the shortest.
+            for mate in [5, 2] {
+                if mate == s {
+                    continue;
+                }
+                let pair = decode_members(&dev, &arena, &sc, &q, n_heads, &[mate, s], Split::Auto);
+                assert_eq!(
+                    bits(&pair[1]),
+                    bits(&together[s]),
+                    "{dtype:?} beside {mate}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
+    // A poisoned (NaN) K row is what a stale read of a scrubbed page looks
+    // like. The CPU backend returns NaN and the engine refuses the request;
+    // the online softmax must not quietly drop the NaN score instead.
+    let dev = gpu!("decode_turns_a_nan_key_into_nan_output_as_the_cpu_does");
+    let mut rng = Rng(22);
+    let (n_heads, hd) = (8, 64);
+    for dtype in DTYPES {
+        // Sequence 0: NaN at its only position; 1: NaN deep in a long one
+        // (inside a middle chunk when split); 2: untouched.
+        let mut sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), 16, &[1, 900, 700]);
+        for (s, pos) in [(0, 0), (1, 600)] {
+            let page = sc.seq_pages[s][pos / 16];
+            let mut row = sc.arena.get(page, 1, 0, pos % 16);
+            row[3] = f32::NAN; // KV head 0 only
+            sc.arena.put(page, 1, 0, pos % 16, &row);
+        }
+        let arena = sc.arena.upload(&dev);
+        let q: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(n_heads * hd, 2.0)).collect();
+        for split in [
+            Split::Auto,
+            Split::ChunkTokens(128),
+            Split::ChunkTokens(1000),
+        ] {
+            let out = decode_members(&dev, &arena, &sc, &q, n_heads, &[0, 1, 2], split);
+            let group = n_heads / 2;
+            for s in 0..3 {
+                for h in 0..n_heads {
+                    let head = &out[s][h * hd..(h + 1) * hd];
+                    let poisoned = s < 2 && h / group == 0;
+                    if poisoned {
+                        assert!(
+                            head.iter().all(|x| x.is_nan()),
+                            "{dtype:?} {split:?}: sequence {s} head {h} read a NaN key and \
+                             returned {:?}",
+                            &head[..4]
+                        );
+                    } else {
+                        let want =
+                            sc.attend(s, 1, h, group, &q[s][h * hd..(h + 1) * hd], sc.kv_lens[s]);
+                        assert_close(
+                            &format!("{dtype:?} {split:?} seq {s} head {h}"),
+                            head,
+                            &want,
+                            RTOL,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn decode_handles_group_ratios_between_compiled_ones() {
     // 3, 5, 6 and 7 query heads per KV head run on the next larger

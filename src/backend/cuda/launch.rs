@@ -37,6 +37,9 @@ const DECODE_THREADS: u32 = 128;
 const CHECKSUM_WARPS: usize = 8; // mirrors CHECKSUM_WARPS in checksum.cu
 /// Smallest KV chunk a split-KV decode block takes (positions).
 const MIN_CHUNK: usize = 256;
+/// Most chunks `Split::Auto` cuts one sequence into (32 chunks of each of
+/// 8 KV heads already fill an H200's 132 SMs twice for one sequence).
+const AUTO_MAX_SPLITS: usize = 32;
 
 // SAFETY (all impls below): each type is #[repr(C)], made only of integers
 // and floats, with its size asserted equal to the C++ struct it mirrors in
@@ -209,7 +212,9 @@ fn grid_stride_blocks(total: usize) -> u32 {
 /// How decode splits the KV length across blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
-    /// Enough chunks to fill the device (chunks of at least 256 positions).
+    /// Each sequence cut by its own length only (chunks of at least 256
+    /// positions, at most 32 of them), so its output is bit-identical alone
+    /// or in any batch.
     #[default]
     Auto,
     /// Chunks of exactly this many positions (at least 1).
@@ -348,22 +353,29 @@ impl CudaDevice {
                 got: 0,
             });
         }
-        let chunk = match split {
+        // (chunk, auto_max_splits, num_splits): num_splits is grid.x, enough
+        // chunks for the longest sequence.
+        let (chunk, auto_max_splits, num_splits) = match split {
             Split::ChunkTokens(0) => {
                 return Err(CudaError::Unsupported {
                     what: "decode chunk",
                     detail: "0 positions".into(),
                 });
             }
-            Split::ChunkTokens(n) => n.min(max_len),
-            Split::Auto => {
-                let blocks = batch * s.n_kv_heads;
-                let want = (2 * self.sm_count() as usize).div_ceil(blocks).max(1);
-                let splits = want.min(max_len.div_ceil(MIN_CHUNK)).max(1);
-                max_len.div_ceil(splits).next_multiple_of(64)
+            Split::ChunkTokens(n) => {
+                let chunk = n.min(max_len);
+                (chunk, 0, max_len.div_ceil(chunk))
             }
+            // Each sequence's chunk is max(MIN_CHUNK, ceil(len / AUTO_MAX_SPLITS)
+            // rounded up to 64), from its own length (see the kernel): at most
+            // min(AUTO_MAX_SPLITS, ceil(len / MIN_CHUNK)) chunks, which
+            // max_len bounds for every sequence of the batch.
+            Split::Auto => (
+                MIN_CHUNK,
+                AUTO_MAX_SPLITS,
+                AUTO_MAX_SPLITS.min(max_len.div_ceil(MIN_CHUNK)),
+            ),
         };
-        let num_splits = max_len.div_ceil(chunk);
         let name = format!(
             "decode_attention_{}_d{}_g{kgroup}",
             dtype_name(arena.geometry().dtype),
@@ -381,6 +393,7 @@ impl CudaDevice {
             page_size_log2: s.page_size_log2,
             num_splits: to_u32("num_splits", num_splits)?,
             chunk_tokens: to_u32("chunk", chunk)?,
+            auto_max_splits: to_u32("auto splits", auto_max_splits)?,
             sm_scale_log2: sm_scale_log2(s.head_dim),
             ..Default::default()
         };
@@ -431,8 +444,9 @@ impl CudaDevice {
             b.arg(&p);
             // SAFETY: as the single-chunk launch, with part_o holding at least
             // batch*n_heads*num_splits*head_dim and part_lse batch*n_heads*num_splits
-            // f32 (ensured just above); grid.x = num_splits chunks of chunk_tokens
-            // positions cover max_kv_len.
+            // f32 (ensured just above); grid.x = num_splits chunks cover every
+            // sequence's kv_len (fixed chunks of chunk_tokens cover max_kv_len;
+            // auto chunks are at most num_splits per sequence, see above).
             unsafe { b.launch(cfg) }
                 .map(drop)
                 .map_err(CudaError::driver("launching decode attention"))?;

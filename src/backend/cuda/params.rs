@@ -29,7 +29,7 @@ pub(crate) struct DecodeParams {
     pub num_splits: u32,
     pub chunk_tokens: u32,
     pub sm_scale_log2: f32,
-    pub pad0: u32,
+    pub auto_max_splits: u32,
 }
 const _: () = assert!(size_of::<DecodeParams>() == 112);
 
