@@ -43,10 +43,10 @@ def main():
         import torch
     except ImportError as e:
         print(f"cuBLAS reference skipped: torch not importable ({e})")
-        return 1
+        return 2
     if not torch.cuda.is_available():
         print("cuBLAS reference skipped: torch sees no CUDA device")
-        return 1
+        return 2
     torch.manual_seed(0)
     dev = "cuda"
     print(f"## cuBLAS (torch {torch.__version__}, {torch.cuda.get_device_name(0)}) bf16 GEMM\n")

@@ -10,10 +10,12 @@
 # Binaries are stripped; the whole folder stays well under 64 MiB.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-eval "$(scripts/install-nvcc.sh)"
+# Assigned first: `eval "$(...)"` alone would hide an install failure.
+nvcc_env="$(scripts/install-nvcc.sh)"
+eval "$nvcc_env"
 bundle=gpu-bundle
 rm -rf "$bundle"
-mkdir -p "$bundle/tests" "$bundle/benches"
+mkdir -p "$bundle/tests" "$bundle/benches" target
 
 # Test binaries that exercise the GPU: every tests/cuda_*.rs.
 cargo test --release --features cuda --no-run --message-format=json \
@@ -56,6 +58,15 @@ mkdir -p "$out"
 export HANDOFF_REQUIRE_GPU=1
 [[ -f "$here/stories260K.bin" ]] && export HANDOFF_STORIES260K="$here/stories260K.bin"
 (nvidia-smi || true) > "$out/nvidia-smi.txt" 2>&1
+# The kernels are built by CUDA 13.0, which needs driver 580 or newer: on an
+# older driver every module load fails, so say so at once rather than spend
+# the machine's time on failing tests.
+driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+if [[ -n "$driver" && "${driver%%.*}" =~ ^[0-9]+$ && "${driver%%.*}" -lt 580 ]]; then
+  echo "== driver $driver is older than 580, which CUDA 13.0 kernels need: nothing run"
+  exit 3
+fi
+echo "== driver ${driver:-unknown}"
 status=0
 for t in "$here"/tests/*; do
   name="$(basename "$t")"
@@ -79,7 +90,8 @@ timeout 60 python3 "$here/cublas_reference.py" "$out/cuda_attention.md" > "$out/
 rc=$?
 echo "== cublas_reference: exit $rc in $((SECONDS - start))s"
 cat "$out/cublas.md"
-[[ $rc -eq 0 ]] || status=1
+# 2: skipped (no torch or no CUDA device for it), not a failure of ours.
+[[ $rc -eq 0 || $rc -eq 2 ]] || status=1
 exit $status
 RUN
 chmod +x "$bundle/run.sh"

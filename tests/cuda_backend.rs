@@ -10,6 +10,9 @@
 //!    read the poison the freed pages were filled with), the uninterrupted
 //!    request generates exactly what it generates alone, and the pool is
 //!    full again at the end.
+//! 3. A random model of real checkpoints' shapes (GQA 4:1, head_dim 64 and
+//!    128, bf16 KV, Llama 3 RoPE scaling) gives the CPU's logits within
+//!    bf16 tolerance at every prefill and decode step.
 //!
 //! Skips (printing SKIP) without a GPU or without the shared model file.
 #![cfg(feature = "cuda")]
@@ -251,4 +254,151 @@ fn poison_mode_no_nan_reaches_logits_after_cancels_and_failures() {
     let stats = pool.stats();
     assert!(stats.is_full(), "pages leaked: {stats:?}");
     assert_eq!(stats.isolation_violations, 0);
+}
+
+/// Logits of every step when each sequence is fed `forced[i]` after its
+/// prompt (teacher forcing, so both backends see the same tokens): row
+/// `[step][sequence]`, step 0 being the prefill's last position.
+fn forced_logits<B: handoff::backend::Backend>(
+    m: &Model<B>,
+    pool: &KvPool,
+    prompts: &[&[u32]],
+    forced: &[Vec<u32>],
+) -> Vec<Vec<Vec<f32>>> {
+    let mut scratch = m.scratch();
+    let steps = forced[0].len();
+    let mut seqs: Vec<KvSeq<Filling>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            pool.reserve(RequestId(i as u64 + 1), p.len() + steps)
+                .unwrap()
+        })
+        .collect();
+    let mut refs: Vec<&mut KvSeq<Filling>> = seqs.iter_mut().collect();
+    let logits = m.prefill(&mut scratch, &mut refs, prompts).unwrap();
+    let mut out = vec![logits.rows().map(<[f32]>::to_vec).collect::<Vec<_>>()];
+    let mut ready: Vec<KvSeq<Ready>> = seqs
+        .into_iter()
+        .zip(prompts)
+        .map(|(s, p)| s.seal(p.len()).map_err(|e| e.error).unwrap())
+        .collect();
+    for step in 0..steps - 1 {
+        let toks: Vec<u32> = forced.iter().map(|f| f[step]).collect();
+        let mut refs: Vec<&mut KvSeq<Ready>> = ready.iter_mut().collect();
+        let logits = m.decode(&mut scratch, &mut refs, &toks).unwrap();
+        out.push(logits.rows().map(<[f32]>::to_vec).collect());
+    }
+    out
+}
+
+#[test]
+fn a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu() {
+    // The shapes real checkpoints have (head_dim 64 and 128, four query
+    // heads per KV head, bf16 KV, so the tensor-core prefill and the narrow
+    // KV paths run) and Llama 3's scaled RoPE, on random weights.
+    let test = "a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    for head_dim in [64, 128] {
+        let cfg = handoff::model::ModelConfig {
+            dim: 512,
+            hidden_dim: 1024,
+            n_layers: 2,
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim,
+            vocab_size: 1000,
+            max_seq_len: 4096,
+            rope_theta: 500_000.0,
+            rope_style: handoff::model::RopeStyle::Half,
+            rope_scaling: handoff::model::RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 64,
+            },
+            norm_eps: 1e-5,
+            tied_embeddings: false,
+            attention_bias: false,
+        };
+        let w = handoff::model::random_weights(&cfg, 11);
+        let cpu = Model::cpu(w.clone()).unwrap();
+        let gpu = Model::new(CudaBackend::new(dev.clone()), w).unwrap();
+        let geometry = cpu.kv_geometry(KvDtype::BF16);
+        let pool = |scrub| KvPool::new(PoolConfig::new(geometry, 16, 256).scrub(scrub)).unwrap();
+        let (pc, pg) = (pool(ScrubPolicy::Zero), pool(ScrubPolicy::Poison));
+        let long: Vec<u32> = (0..300).map(|i| (i * 37 % 1000) as u32).collect();
+        let prompts: [&[u32]; 3] = [&[1], &[5, 9, 200, 7, 7, 31], &long];
+        let forced: Vec<Vec<u32>> = (0..3)
+            .map(|s| {
+                (0..12)
+                    .map(|i| ((s * 101 + i * 13) % 1000) as u32)
+                    .collect()
+            })
+            .collect();
+        let want = forced_logits(&cpu, &pc, &prompts, &forced);
+        let got = forced_logits(&gpu, &pg, &prompts, &forced);
+        for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+            for (s, (w, g)) in w.iter().zip(g).enumerate() {
+                let rms = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
+                let worst = w
+                    .iter()
+                    .zip(g)
+                    .map(|(a, b)| {
+                        if b.is_finite() {
+                            (a - b).abs()
+                        } else {
+                            f32::INFINITY
+                        }
+                    })
+                    .fold(0.0, f32::max);
+                // bf16 KV on both; the tensor-core prefill also rounds Q to
+                // bf16 (~2^-9 relative on each score).
+                assert!(
+                    worst <= 0.03 * rms,
+                    "head_dim {head_dim}, step {step}, sequence {s}: logits differ by {worst} \
+                     (rms {rms})"
+                );
+            }
+        }
+        assert!(pc.stats().is_full() && pg.stats().is_full());
+    }
+}
+
+#[test]
+fn a_model_without_compiled_kernels_is_refused_when_placed_not_at_its_first_request() {
+    let test = "a_model_without_compiled_kernels_is_refused_when_placed_not_at_its_first_request";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let base = handoff::model::ModelConfig::tiny_gqa();
+    for (what, cfg) in [
+        (
+            "head_dim",
+            handoff::model::ModelConfig {
+                head_dim: 96,
+                ..base.clone()
+            },
+        ),
+        (
+            "query heads per KV head",
+            handoff::model::ModelConfig {
+                n_heads: 16,
+                n_kv_heads: 1,
+                ..base.clone()
+            },
+        ),
+    ] {
+        let w = handoff::model::random_weights(&cfg, 3);
+        assert!(Model::cpu(w.clone()).is_ok(), "the CPU runs every shape");
+        match Model::new(CudaBackend::new(dev.clone()), w) {
+            Err(handoff::model::ModelError::Unsupported { backend, source }) => {
+                assert_eq!(backend, "cuda");
+                assert!(source.to_string().starts_with(what), "{source}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
 }

@@ -28,6 +28,8 @@ pub enum BackendError {
     Kv(#[from] KvError),
     #[error("device error: {0}")]
     Device(String),
+    #[error("{what} {detail} has no compiled kernel on this backend")]
+    Unsupported { what: &'static str, detail: String },
 }
 
 impl HttpStatus for BackendError {

@@ -146,6 +146,14 @@ pub trait Backend: Send + Sync + 'static {
         tasks.into_iter().map(|f| f()).collect()
     }
 
+    /// Refuses attention shapes this backend has no kernels for, when a
+    /// model is placed, so that no request is admitted only to fail at its
+    /// first pass. Default: every shape runs.
+    fn supports(&self, shape: AttnShape) -> Result<(), BackendError> {
+        let _ = shape;
+        Ok(())
+    }
+
     /// Places a weight tensor (row-major `[rows, cols]`).
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Mat, BackendError>;
 

@@ -43,6 +43,11 @@ pub enum ModelError {
     UnsupportedArchitecture(String),
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
+    #[error("the {backend} backend cannot run this model: {source}; use another backend")]
+    Unsupported {
+        backend: &'static str,
+        source: crate::backend::BackendError,
+    },
 }
 
 impl HttpStatus for ModelError {

@@ -254,6 +254,17 @@ impl<B: Backend> Model<B> {
     /// Checks `weights` and places them on `backend`.
     pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
         weights.check_shapes()?;
+        let c = &weights.config;
+        backend
+            .supports(AttnShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+            })
+            .map_err(|source| ModelError::Unsupported {
+                backend: backend.name(),
+                source,
+            })?;
         let fingerprint = ModelFingerprint::of(&weights);
         let ModelWeights {
             config: c,

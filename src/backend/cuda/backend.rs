@@ -24,7 +24,8 @@ use std::sync::Mutex;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::{
-    CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, SeqPages, SlotMap, Split,
+    CudaDevice, CudaError, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS, PageTables,
+    SeqPages, SlotMap, Split,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
@@ -250,6 +251,7 @@ fn dev_err(e: CudaError) -> BackendError {
         CudaError::TokenOutOfRange { token, vocab } => {
             BackendError::TokenOutOfRange { token, vocab }
         }
+        CudaError::Unsupported { what, detail } => BackendError::Unsupported { what, detail },
         other => BackendError::Device(other.to_string()),
     }
 }
@@ -260,6 +262,29 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn supports(&self, s: AttnShape) -> Result<(), BackendError> {
+        s.check()?;
+        let unsupported = |what, detail| Err(BackendError::Unsupported { what, detail });
+        if !HEAD_DIMS.contains(&s.head_dim) {
+            return unsupported(
+                "head_dim",
+                format!("{} (compiled: {HEAD_DIMS:?})", s.head_dim),
+            );
+        }
+        let group = s.n_heads / s.n_kv_heads;
+        let most = DECODE_GROUPS[DECODE_GROUPS.len() - 1];
+        if group > most {
+            return unsupported(
+                "query heads per KV head",
+                format!("{group} (decode kernels take at most {most})"),
+            );
+        }
+        if s.n_kv_heads > 65_535 {
+            return unsupported("KV heads", format!("{} (at most 65535)", s.n_kv_heads));
+        }
+        Ok(())
     }
 
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CudaMat, BackendError> {
