@@ -325,8 +325,16 @@ fn bad_config_json_is_invalid_config_naming_the_field() {
             "vocab_size = -5",
         ),
         (
+            Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()),
+            "RoPE scaling \"yarn\"",
+        ),
+        (
             Box::new(|c| c["rope_parameters"]["rope_type"] = "llama3".into()),
-            "RoPE scaling",
+            "rope_parameters.factor is missing",
+        ),
+        (
+            Box::new(|c| c["partial_rotary_factor"] = 0.5.into()),
+            "partial_rotary_factor",
         ),
         (Box::new(|c| c["hidden_act"] = "gelu".into()), "hidden_act"),
     ];

@@ -140,7 +140,9 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// pool to hold prompt plus max new tokens of every request it accepts,
     /// as [`AdmissionLimits::from_config`] of a decode config does), bounded
     /// by `pool` itself: a request the pool can never hold is rejected,
-    /// whatever pool the limits were written for.
+    /// whatever pool the limits were written for. Plans name the model of
+    /// [`TransferConfig::with_model`] (a host running its own model should
+    /// set its [fingerprint](crate::model::Model::fingerprint) there).
     pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
         let limits = limits.within_pool(pool.capacity(), pool.page_size());
         DecodeSide {

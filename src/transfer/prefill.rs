@@ -110,7 +110,8 @@ enum SendStop {
 
 impl<L: PrefillLink> PrefillSide<L> {
     /// A prefill side computing into `pool`, refusing plans beyond `limits`
-    /// (context window, vocabulary) or beyond what the pool can ever hold.
+    /// (context window, vocabulary) or beyond what the pool can ever hold,
+    /// and plans for another model than [`TransferConfig::with_model`]'s.
     pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
         PrefillSide {
             link,
