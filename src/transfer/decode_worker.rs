@@ -160,7 +160,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
                 cancel: cancel.clone(),
             },
         );
-        Ok(RequestHandle { id, events, cancel })
+        Ok(RequestHandle::new(id, events, cancel))
     }
 
     /// Cancels `id` now: a transfer in flight is fenced before its pages are
