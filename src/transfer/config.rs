@@ -1,6 +1,6 @@
 //! Timeouts and limits of a prefill/decode link.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::transfer::error::LinkError;
 
@@ -139,4 +139,15 @@ impl TransferConfig {
         }
         Ok(())
     }
+}
+
+/// `from + d`, or a point past any real wait when that is beyond the
+/// clock's range: "no timeout" written as `Duration::MAX` (as std's own
+/// timeouts accept it) waits as long as it takes instead of panicking on
+/// the addition.
+pub(crate) fn deadline(from: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    from.checked_add(d)
+        .or_else(|| from.checked_add(FAR))
+        .unwrap_or(from)
 }
