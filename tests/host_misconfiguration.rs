@@ -4,6 +4,7 @@
 //! engine needs a Colocated configuration" (for the decode worker: "...,
 //! got Colocated", which contradicts itself), and the host's own transfer
 //! settings answered 502 Bad Gateway, blaming a peer that never spoke.
+//! A receipt timeout of zero was accepted and then failed every transfer.
 //! Each refusal must name the fix and count as a server fault (500).
 
 use handoff::model::{Model, ModelConfig, random_weights};
@@ -56,6 +57,15 @@ fn the_hosts_own_transfer_settings_are_a_server_fault_not_a_bad_gateway() {
     assert!(matches!(e, LinkError::Config { .. }), "{e}");
     assert_eq!(e.http_status(), 500);
     assert_eq!(TransferError::Link(e).http_status(), 500);
+
+    // A receipt timeout of zero failed every transfer with a 504 that
+    // blamed the peer; it is refused when the link is made.
+    let never = TransferConfig::default().with_receipt_timeout(std::time::Duration::ZERO);
+    let Err(e) = InProcess.connect(&never) else {
+        panic!("a link whose every transfer must time out connected");
+    };
+    assert!(e.to_string().contains("receipt_timeout must be > 0"), "{e}");
+    assert_eq!(e.http_status(), 500);
 
     let public = LinkError::NotLoopback {
         addr: "0.0.0.0:9000".into(),

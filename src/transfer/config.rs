@@ -46,6 +46,7 @@ impl TransferConfig {
         self
     }
     /// How long decode waits for a plan's receipt (from sending the plan).
+    /// Must be above zero ([`TransferConfig::validate`] refuses 0).
     #[must_use]
     pub fn with_receipt_timeout(mut self, d: Duration) -> Self {
         self.receipt_timeout = d;
@@ -117,6 +118,12 @@ impl TransferConfig {
 
     /// Refuses limits that cannot work together.
     pub fn validate(&self) -> Result<(), LinkError> {
+        if self.receipt_timeout.is_zero() {
+            return Err(LinkError::Config {
+                what: "receipt_timeout must be > 0: with 0 every transfer times out before its \
+                       receipt can land (Duration::MAX waits without a limit)",
+            });
+        }
         if self.max_batch_bytes == 0 {
             return Err(LinkError::Config {
                 what: "max_batch_bytes must be > 0",
