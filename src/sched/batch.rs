@@ -67,9 +67,12 @@ impl Scheduler {
     /// `cost` says what a waiting request needs to start.
     ///
     /// Admitted requests leave the queue; preempted ones are *not* requeued
-    /// here: the engine requeues each with [`Scheduler::requeue_front`] once
-    /// it has released its pages. A step that preempts admits nobody, so a
-    /// preempted request is not restarted into the same shortage.
+    /// here: the crate's engines put each back at the head of the queue
+    /// (crate-internal, so nothing enters the queue past admission) once
+    /// they have released its pages. A host driving a `Scheduler` itself
+    /// cannot: it ends the preempted request with [`Scheduler::finish`] and
+    /// submits it again, at the back. A step that preempts admits nobody, so
+    /// a preempted request is not restarted into the same shortage.
     pub fn plan_step(
         &mut self,
         running: &[RunningSeq],
