@@ -74,3 +74,17 @@ fn the_hosts_own_transfer_settings_are_a_server_fault_not_a_bad_gateway() {
     // A peer that went away is still the upstream's fault.
     assert_eq!(LinkError::Disconnected.http_status(), 502);
 }
+
+#[test]
+fn workers_can_be_logged_and_their_refusals_unwrapped_like_any_result() {
+    // A host keeps workers in its own `#[derive(Debug)]` structs and calls
+    // `unwrap_err` in its checks: both need the workers to be `Debug`.
+    let t = TransferConfig::default();
+    let (p, d) = InProcess.connect(&t).unwrap();
+    let e = PrefillWorker::new(p, model(), &cfg(Role::Colocated), t.clone()).unwrap_err();
+    assert_eq!(e, EngineError::Role(Role::Colocated));
+    let decode = DecodeWorker::new(d, model(), &cfg(Role::Decode), t).unwrap();
+    let shown = format!("{decode:?}");
+    assert!(shown.starts_with("DecodeWorker"), "{shown}");
+    assert!(shown.contains("generating: 0"), "{shown}");
+}

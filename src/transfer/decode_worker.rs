@@ -56,6 +56,19 @@ pub struct DecodeWorker<L: DecodeLink, B: Backend = CpuBackend> {
     tally: DecodeTally,
 }
 
+impl<L: DecodeLink, B: Backend> std::fmt::Debug for DecodeWorker<L, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeWorker")
+            .field("model", &self.model)
+            .field("pool", self.pool())
+            .field("waiting", &self.side.waiting())
+            .field("transferring", &self.side.in_flight())
+            .field("generating", &self.running.len())
+            .field("tally", &self.tally)
+            .finish()
+    }
+}
+
 impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     /// A worker for `model` under a `Decode` configuration (whose pool holds
     /// the window), receiving over `link`. Admission requires prompt plus
