@@ -88,3 +88,13 @@ fn workers_can_be_logged_and_their_refusals_unwrapped_like_any_result() {
     assert!(shown.starts_with("DecodeWorker"), "{shown}");
     assert!(shown.contains("generating: 0"), "{shown}");
 }
+
+#[test]
+fn an_infinite_headroom_is_not_called_below_one() {
+    let e = handoff::Headroom::new(f64::INFINITY).unwrap_err();
+    let msg = e.to_string();
+    assert!(!msg.contains("below 1x"), "{msg}");
+    assert!(msg.contains("Headroom::MIN"), "{msg}");
+    assert!(handoff::Headroom::new(f64::NAN).is_err());
+    assert!(handoff::Headroom::new(1.0).is_ok());
+}
