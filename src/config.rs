@@ -389,7 +389,10 @@ pub enum ConfigError {
         page_size: usize,
         max_context: usize,
     },
-    #[error("headroom {factor} is below 1x: the pool must hold at least one full context window")]
+    #[error(
+        "headroom {factor} is not a finite factor of at least 1x: the pool must hold at least one \
+         full context window; use Headroom::MIN (1x) or more"
+    )]
     HeadroomBelowOne { factor: f64 },
     #[error("{what} overflows: the configuration is too large for this machine")]
     Overflow { what: &'static str },

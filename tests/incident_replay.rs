@@ -106,8 +106,7 @@ fn the_published_deployment_does_not_start() {
         // Decode given a pool that does hold the window: prefill alone
         // refuses.
         let err = deploy(&InProcess, &w, WINDOW, PUBLISHED_POOL, WINDOW, headroom)
-            .err()
-            .expect("the published prefill pool must not start");
+            .expect_err("the published prefill pool must not start");
         match err {
             EngineError::Config(ConfigError::PoolCannotHoldWindow {
                 role: Role::Prefill,
@@ -128,8 +127,7 @@ fn the_published_deployment_does_not_start() {
         PUBLISHED_POOL,
         Headroom::DEFAULT,
     )
-    .err()
-    .expect("the published pool must not start a decode worker either");
+    .expect_err("the published pool must not start a decode worker either");
     assert!(
         matches!(
             err,

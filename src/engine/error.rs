@@ -10,7 +10,13 @@ use crate::sampling::SamplingError;
 pub enum EngineError {
     #[error("configuration refused: {0}")]
     Config(#[from] ConfigError),
-    #[error("a colocated engine needs a Colocated configuration, got {0:?}")]
+    /// The configuration was built for another role than the worker given
+    /// it (shared by [`crate::Engine`], `PrefillWorker` and `DecodeWorker`).
+    #[error(
+        "the configuration is for the {0:?} role, which this worker does not serve: build it \
+         with Role::Colocated for Engine, Role::Prefill for PrefillWorker, Role::Decode for \
+         DecodeWorker"
+    )]
     Role(Role),
     #[error(
         "the configuration's KV geometry ({cfg_layers} layers, {cfg_kv_heads} KV heads of \

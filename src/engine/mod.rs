@@ -201,11 +201,7 @@ impl<B: Backend> Engine<B> {
                 cancel: cancel.clone(),
             },
         );
-        Ok(RequestHandle {
-            id,
-            events: rx,
-            cancel,
-        })
+        Ok(RequestHandle::new(id, rx, cancel))
     }
 
     /// Cancels `id` now. Returns false if it is not live.

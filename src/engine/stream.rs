@@ -1,10 +1,11 @@
 //! What a client holds for a submitted request: a stream of tokens ending
 //! in exactly one final [`Outcome`], and a way to cancel.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use crate::engine::EngineError;
 use crate::ids::RequestId;
@@ -59,13 +60,29 @@ pub struct RequestHandle {
     pub(crate) id: RequestId,
     pub(crate) events: Receiver<Event>,
     pub(crate) cancel: Canceller,
+    /// The final outcome once [`RequestHandle::try_collect`] has read it:
+    /// answered again on every later call, never replaced by a guess from
+    /// the closed stream behind it.
+    outcome: OnceLock<Outcome>,
 }
 
 impl RequestHandle {
+    pub(crate) fn new(id: RequestId, events: Receiver<Event>, cancel: Canceller) -> Self {
+        RequestHandle {
+            id,
+            events,
+            cancel,
+            outcome: OnceLock::new(),
+        }
+    }
+
     pub fn id(&self) -> RequestId {
         self.id
     }
-    /// The raw event stream.
+    /// The raw event stream. Reading the final [`Event::Done`] here
+    /// consumes it: [`RequestHandle::try_collect`] and
+    /// [`RequestHandle::wait`] report only what they read themselves, and
+    /// once the stream is closed they can no longer tell how it ended.
     pub fn events(&self) -> &Receiver<Event> {
         &self.events
     }
@@ -78,25 +95,39 @@ impl RequestHandle {
         self.cancel.cancel()
     }
 
-    /// Drains what has arrived: tokens so far and the outcome if it came.
+    /// Drains what has arrived: the tokens not returned before, and the
+    /// outcome if it came. Once the outcome has come, every later call
+    /// returns it again (with no tokens): polling a finished request never
+    /// turns it into a failure.
     pub fn try_collect(&self) -> (Vec<u32>, Option<Outcome>) {
         let mut tokens = Vec::new();
+        if let Some(o) = self.outcome.get() {
+            return (tokens, Some(o.clone()));
+        }
         loop {
             match self.events.try_recv() {
                 Ok(Event::Token(t)) => tokens.push(t),
-                Ok(Event::Done(o)) => return (tokens, Some(o)),
+                Ok(Event::Done(o)) => return (tokens, Some(self.settle(o))),
                 Err(TryRecvError::Empty) => return (tokens, None),
                 Err(TryRecvError::Disconnected) => {
-                    return (tokens, Some(Outcome::Failed(EngineError::Shutdown)));
+                    let o = self.settle(Outcome::Failed(EngineError::Shutdown));
+                    return (tokens, Some(o));
                 }
             }
         }
     }
 
     /// Blocks until the outcome arrives (the engine must be stepping on
-    /// another thread) and returns every token and the outcome.
+    /// another thread) and returns the tokens not returned before and the
+    /// outcome (the one [`RequestHandle::try_collect`] already saw, if it
+    /// did). It has no timeout: called on the thread that steps the engine
+    /// before the request has ended, it never returns; see
+    /// [`RequestHandle::wait_timeout`].
     pub fn wait(self) -> (Vec<u32>, Outcome) {
         let mut tokens = Vec::new();
+        if let Some(o) = self.outcome.get() {
+            return (tokens, o.clone());
+        }
         for ev in self.events.iter() {
             match ev {
                 Event::Token(t) => tokens.push(t),
@@ -104,6 +135,43 @@ impl RequestHandle {
             }
         }
         (tokens, Outcome::Failed(EngineError::Shutdown))
+    }
+
+    /// Like [`RequestHandle::wait`], but gives up after `timeout`: the
+    /// tokens that arrived, and the outcome if it came in time (`None`: the
+    /// request is still live; call again, or cancel it). A host serving
+    /// clients should prefer this to [`RequestHandle::wait`], which blocks
+    /// for as long as the engine is not stepped.
+    pub fn wait_timeout(&self, timeout: Duration) -> (Vec<u32>, Option<Outcome>) {
+        let mut tokens = Vec::new();
+        if let Some(o) = self.outcome.get() {
+            return (tokens, Some(o.clone()));
+        }
+        // A timeout too large for the clock waits without a deadline.
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let ev = match deadline {
+                Some(d) => self.events.recv_deadline(d),
+                None => self
+                    .events
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match ev {
+                Ok(Event::Token(t)) => tokens.push(t),
+                Ok(Event::Done(o)) => return (tokens, Some(self.settle(o))),
+                Err(RecvTimeoutError::Timeout) => return (tokens, None),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let o = self.settle(Outcome::Failed(EngineError::Shutdown));
+                    return (tokens, Some(o));
+                }
+            }
+        }
+    }
+
+    /// Records the outcome this handle read; the first one stands.
+    fn settle(&self, o: Outcome) -> Outcome {
+        self.outcome.get_or_init(|| o).clone()
     }
 }
 

@@ -1,6 +1,6 @@
 //! Timeouts and limits of a prefill/decode link.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::model::ModelFingerprint;
 use crate::transfer::error::LinkError;
@@ -49,6 +49,7 @@ impl TransferConfig {
         self
     }
     /// How long decode waits for a plan's receipt (from sending the plan).
+    /// Must be above zero ([`TransferConfig::validate`] refuses 0).
     #[must_use]
     pub fn with_receipt_timeout(mut self, d: Duration) -> Self {
         self.receipt_timeout = d;
@@ -134,6 +135,12 @@ impl TransferConfig {
 
     /// Refuses limits that cannot work together.
     pub fn validate(&self) -> Result<(), LinkError> {
+        if self.receipt_timeout.is_zero() {
+            return Err(LinkError::Config {
+                what: "receipt_timeout must be > 0: with 0 every transfer times out before its \
+                       receipt can land (Duration::MAX waits without a limit)",
+            });
+        }
         if self.max_batch_bytes == 0 {
             return Err(LinkError::Config {
                 what: "max_batch_bytes must be > 0",
@@ -156,4 +163,15 @@ impl TransferConfig {
         }
         Ok(())
     }
+}
+
+/// `from + d`, or a point past any real wait when that is beyond the
+/// clock's range: "no timeout" written as `Duration::MAX` (as std's own
+/// timeouts accept it) waits as long as it takes instead of panicking on
+/// the addition.
+pub(crate) fn deadline(from: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    from.checked_add(d)
+        .or_else(|| from.checked_add(FAR))
+        .unwrap_or(from)
 }

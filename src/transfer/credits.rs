@@ -64,7 +64,7 @@ impl Credits {
     /// Takes `bytes` of credit, waiting at most `timeout` for room.
     pub(crate) fn acquire(&self, bytes: usize, timeout: Duration) -> Result<(), LinkError> {
         let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = crate::transfer::config::deadline(start, timeout);
         let mut st = self.state.lock();
         let cap = st.stats.cap;
         if bytes > cap {

@@ -9,7 +9,7 @@ use crate::kv::{KvPool, KvSeq, Ready};
 use crate::request::Request;
 use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
 use crate::transfer::checksum::{RegionHashes, region_hash};
-use crate::transfer::config::TransferConfig;
+use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::ended::{EndedNonces, REMEMBERED};
 use crate::transfer::error::{IntegrityError, LinkError, TransferError, Wait};
 use crate::transfer::gate::{
@@ -223,7 +223,7 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// ended.
     #[must_use = "each outcome is a transfer that ended: verified KV to decode from, or a request's typed error to report"]
     pub fn poll(&mut self, timeout: Duration) -> Vec<DecodeOutcome> {
-        let until = Instant::now() + timeout;
+        let until = deadline(Instant::now(), timeout);
         loop {
             self.expire();
             self.pump();
@@ -327,7 +327,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             request: req,
             nonce,
             pages,
-            deadline: Instant::now() + self.cfg.receipt_timeout(),
+            deadline: deadline(Instant::now(), self.cfg.receipt_timeout()),
         };
         self.stats.planned += 1;
         let fault = self.worker_step(Step::PlanSent, id);

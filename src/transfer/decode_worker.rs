@@ -56,6 +56,19 @@ pub struct DecodeWorker<L: DecodeLink, B: Backend = CpuBackend> {
     tally: DecodeTally,
 }
 
+impl<L: DecodeLink, B: Backend> std::fmt::Debug for DecodeWorker<L, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeWorker")
+            .field("model", &self.model)
+            .field("pool", self.pool())
+            .field("waiting", &self.side.waiting())
+            .field("transferring", &self.side.in_flight())
+            .field("generating", &self.running.len())
+            .field("tally", &self.tally)
+            .finish()
+    }
+}
+
 impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     /// A worker for `model` under a `Decode` configuration (whose pool holds
     /// the window), receiving over `link`. Admission requires prompt plus
@@ -162,7 +175,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
                 cancel: cancel.clone(),
             },
         );
-        Ok(RequestHandle { id, events, cancel })
+        Ok(RequestHandle::new(id, events, cancel))
     }
 
     /// Cancels `id` now: a transfer in flight is fenced before its pages are
@@ -227,10 +240,24 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         }
     }
 
-    /// Fails everything in flight and closes the link.
+    /// Ends every live request and closes the link (the prefill peer sees
+    /// a disconnect). As at the colocated [`crate::Engine`]'s shutdown, a
+    /// request that has streamed tokens fails ([`EngineError::Shutdown`],
+    /// 503), and one still waiting or transferring, which has generated
+    /// nothing, is turned away ([`Rejection::ShuttingDown`], 503: retry it on
+    /// another worker). Later submissions get `ShuttingDown` too.
     pub fn shutdown(&mut self) {
+        // Transfers ended by this shutdown, not by a link that had already
+        // failed: their request is turned away, not blamed on the peer.
+        let ours = self.side.link_error().is_none();
         for o in self.side.shutdown() {
-            self.land(o);
+            match o.result {
+                Err(TransferError::Link(_)) if ours => {
+                    let id = o.request;
+                    self.end(id, Outcome::Rejected(Rejection::ShuttingDown { id }));
+                }
+                _ => self.land(o),
+            }
         }
         for r in std::mem::take(&mut self.running) {
             r.seq.release();

@@ -274,7 +274,12 @@ impl HttpStatus for LinkError {
     fn http_status(&self) -> u16 {
         match self {
             LinkError::BackpressureTimeout { .. } => 503,
-            _ => 502,
+            // This host's own settings, not the peer: a server fault.
+            LinkError::Config { .. } | LinkError::NotLoopback { .. } => 500,
+            LinkError::Disconnected
+            | LinkError::Io { .. }
+            | LinkError::Wire(_)
+            | LinkError::Killed => 502,
         }
     }
 }

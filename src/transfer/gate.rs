@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvPool, KvSeq};
-use crate::transfer::config::TransferConfig;
+use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
 /// A protocol step where a fault can be injected.
@@ -325,7 +325,7 @@ impl PoolHog {
         // Another thread may have taken pages meanwhile: then the pool is
         // exhausted anyway.
         if let Ok(seq) = pool.reserve(HOG, free * pool.page_size()) {
-            self.taken.push((seq, Instant::now() + hold));
+            self.taken.push((seq, deadline(Instant::now(), hold)));
         }
     }
 

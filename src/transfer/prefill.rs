@@ -10,7 +10,7 @@ use crate::ids::RequestId;
 use crate::kv::{Filling, Held, KvPool, KvSeq};
 use crate::sched::AdmissionLimits;
 use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
-use crate::transfer::config::TransferConfig;
+use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::{LinkError, TransferError, Wait};
 use crate::transfer::gate::{PoolHog, Step, WorkerFault, at_release, worker_fault};
 use crate::transfer::link::PrefillLink;
@@ -159,7 +159,7 @@ impl<L: PrefillLink> PrefillSide<L> {
 
     /// [`PrefillSide::next_job`] with an explicit wait.
     pub fn next_job_within(&mut self, timeout: Duration) -> Result<PrefillJob, TransferError> {
-        let until = Instant::now() + timeout;
+        let until = deadline(Instant::now(), timeout);
         loop {
             self.expire();
             if let Some(e) = &self.link_error {
@@ -186,7 +186,7 @@ impl<L: PrefillLink> PrefillSide<L> {
     /// Handles answers and expiries for up to `timeout` without starting a
     /// job. Returns the link error once the link has ended.
     pub fn poll(&mut self, timeout: Duration) -> Result<(), TransferError> {
-        let until = Instant::now() + timeout;
+        let until = deadline(Instant::now(), timeout);
         loop {
             self.expire();
             if let Some(e) = &self.link_error {
@@ -275,7 +275,7 @@ impl<L: PrefillLink> PrefillSide<L> {
             HeldTransfer {
                 request: plan.request,
                 seq: held,
-                deadline: Instant::now() + self.cfg.ack_timeout(),
+                deadline: deadline(Instant::now(), self.cfg.ack_timeout()),
             },
         );
         if let Err(e) = self.link.send(ToDecode::Receipt(receipt)) {

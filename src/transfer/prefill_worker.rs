@@ -25,6 +25,18 @@ pub struct PrefillWorker<L: PrefillLink, B: Backend = CpuBackend> {
     max_batch_tokens: usize,
 }
 
+impl<L: PrefillLink, B: Backend> std::fmt::Debug for PrefillWorker<L, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefillWorker")
+            .field("model", &self.model)
+            .field("pool", self.pool())
+            .field("held_transfers", &self.side.held_transfers())
+            .field("stats", &self.side.stats())
+            .field("max_batch_tokens", &self.max_batch_tokens)
+            .finish()
+    }
+}
+
 impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// A worker for `model` under a `Prefill` configuration (whose pool
     /// holds twice the window by default), sending over `link`. It computes

@@ -1,0 +1,100 @@
+//! A host wires its workers wrongly: a Decode configuration handed to the
+//! prefill worker, a Colocated one to the decode worker, a transfer config
+//! whose limits cannot work. Before, both role mistakes read "a colocated
+//! engine needs a Colocated configuration" (for the decode worker: "...,
+//! got Colocated", which contradicts itself), and the host's own transfer
+//! settings answered 502 Bad Gateway, blaming a peer that never spoke.
+//! A receipt timeout of zero was accepted and then failed every transfer.
+//! Each refusal must name the fix and count as a server fault (500).
+
+use handoff::model::{Model, ModelConfig, random_weights};
+use handoff::transfer::{
+    DecodeWorker, InProcess, LinkError, PrefillWorker, Transfer, TransferConfig, TransferError,
+};
+use handoff::{EngineConfig, EngineError, HttpStatus, KvDtype, Role};
+
+fn model() -> Model {
+    Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 3)).unwrap()
+}
+
+fn cfg(role: Role) -> EngineConfig {
+    EngineConfig::builder(role, ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+        .max_context(64)
+        .pool_tokens(256)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_worker_given_another_roles_config_says_which_role_it_needs() {
+    let t = TransferConfig::default();
+    let (p, d) = InProcess.connect(&t).unwrap();
+
+    let Err(e) = PrefillWorker::new(p, model(), &cfg(Role::Decode), t.clone()) else {
+        panic!("a prefill worker accepted a Decode configuration");
+    };
+    assert_eq!(e, EngineError::Role(Role::Decode));
+    let msg = e.to_string();
+    assert!(!msg.contains("colocated engine"), "{msg}");
+    assert!(msg.contains("Role::Prefill for PrefillWorker"), "{msg}");
+
+    let Err(e) = DecodeWorker::new(d, model(), &cfg(Role::Colocated), t) else {
+        panic!("a decode worker accepted a Colocated configuration");
+    };
+    assert_eq!(e, EngineError::Role(Role::Colocated));
+    let msg = e.to_string();
+    assert!(!msg.contains("needs a Colocated"), "{msg}");
+    assert!(msg.contains("Role::Decode for DecodeWorker"), "{msg}");
+    assert_eq!(e.http_status(), 500);
+}
+
+#[test]
+fn the_hosts_own_transfer_settings_are_a_server_fault_not_a_bad_gateway() {
+    let bad = TransferConfig::default().with_max_batch_bytes(0);
+    let Err(e) = InProcess.connect(&bad) else {
+        panic!("a link with max_batch_bytes 0 connected");
+    };
+    assert!(matches!(e, LinkError::Config { .. }), "{e}");
+    assert_eq!(e.http_status(), 500);
+    assert_eq!(TransferError::Link(e).http_status(), 500);
+
+    // A receipt timeout of zero failed every transfer with a 504 that
+    // blamed the peer; it is refused when the link is made.
+    let never = TransferConfig::default().with_receipt_timeout(std::time::Duration::ZERO);
+    let Err(e) = InProcess.connect(&never) else {
+        panic!("a link whose every transfer must time out connected");
+    };
+    assert!(e.to_string().contains("receipt_timeout must be > 0"), "{e}");
+    assert_eq!(e.http_status(), 500);
+
+    let public = LinkError::NotLoopback {
+        addr: "0.0.0.0:9000".into(),
+    };
+    assert_eq!(public.http_status(), 500);
+    // A peer that went away is still the upstream's fault.
+    assert_eq!(LinkError::Disconnected.http_status(), 502);
+}
+
+#[test]
+fn workers_can_be_logged_and_their_refusals_unwrapped_like_any_result() {
+    // A host keeps workers in its own `#[derive(Debug)]` structs and calls
+    // `unwrap_err` in its checks: both need the workers to be `Debug`.
+    let t = TransferConfig::default();
+    let (p, d) = InProcess.connect(&t).unwrap();
+    let e = PrefillWorker::new(p, model(), &cfg(Role::Colocated), t.clone()).unwrap_err();
+    assert_eq!(e, EngineError::Role(Role::Colocated));
+    let decode = DecodeWorker::new(d, model(), &cfg(Role::Decode), t).unwrap();
+    let shown = format!("{decode:?}");
+    assert!(shown.starts_with("DecodeWorker"), "{shown}");
+    assert!(shown.contains("generating: 0"), "{shown}");
+}
+
+#[test]
+fn an_infinite_headroom_is_not_called_below_one() {
+    let e = handoff::Headroom::new(f64::INFINITY).unwrap_err();
+    let msg = e.to_string();
+    assert!(!msg.contains("below 1x"), "{msg}");
+    assert!(msg.contains("Headroom::MIN"), "{msg}");
+    assert!(handoff::Headroom::new(f64::NAN).is_err());
+    assert!(handoff::Headroom::new(1.0).is_ok());
+}
