@@ -165,7 +165,12 @@ pub struct EngineConfig {
     pool_pages: usize,
     headroom: Headroom,
     audit: bool,
+    max_queue: usize,
 }
+
+/// Requests that may wait for pages at once unless
+/// [`EngineConfigBuilder::max_queue`] says otherwise.
+pub const DEFAULT_MAX_QUEUE: usize = 65_536;
 
 impl EngineConfig {
     /// Starts a builder for `role` with the given KV geometry.
@@ -178,6 +183,7 @@ impl EngineConfig {
             pool_tokens: None,
             headroom: Headroom::DEFAULT,
             audit: None,
+            max_queue: DEFAULT_MAX_QUEUE,
         }
     }
 
@@ -227,6 +233,11 @@ impl EngineConfig {
     pub fn audit(&self) -> bool {
         self.audit
     }
+    /// Requests that may wait for pages at once; admission answers the next
+    /// one with `QueueFull` (429).
+    pub fn max_queue(&self) -> usize {
+        self.max_queue
+    }
     /// Pool configuration to build this worker's [`crate::KvPool`] with.
     pub fn pool_config(&self) -> crate::kv::PoolConfig {
         crate::kv::PoolConfig::new(self.geometry, self.page_size, self.pool_pages).audit(self.audit)
@@ -244,6 +255,7 @@ pub struct EngineConfigBuilder {
     pool_tokens: Option<usize>,
     headroom: Headroom,
     audit: Option<bool>,
+    max_queue: usize,
 }
 
 impl EngineConfigBuilder {
@@ -275,6 +287,15 @@ impl EngineConfigBuilder {
         self
     }
 
+    /// Requests that may wait for pages at once (default
+    /// [`DEFAULT_MAX_QUEUE`]); admission refuses the next with `QueueFull`
+    /// (429), so a host gets backpressure instead of an ever longer queue.
+    /// At least 1.
+    pub fn max_queue(mut self, requests: usize) -> Self {
+        self.max_queue = requests;
+        self
+    }
+
     /// Validates and builds. Refuses a pool that cannot hold the context
     /// window (times the headroom for roles that prefill).
     pub fn build(self) -> Result<EngineConfig, ConfigError> {
@@ -289,6 +310,9 @@ impl EngineConfigBuilder {
             return Err(ConfigError::Zero {
                 field: "max_context",
             });
+        }
+        if self.max_queue == 0 {
+            return Err(ConfigError::Zero { field: "max_queue" });
         }
         if self.page_size == 0 || !self.page_size.is_power_of_two() {
             return Err(ConfigError::PageSizeNotPowerOfTwo {
@@ -349,6 +373,7 @@ impl EngineConfigBuilder {
             audit: self
                 .audit
                 .unwrap_or(cfg!(any(debug_assertions, feature = "audit"))),
+            max_queue: self.max_queue,
         })
     }
 }

@@ -86,7 +86,8 @@ mod sync;
 pub mod transfer;
 
 pub use config::{
-    ConfigError, EngineConfig, EngineConfigBuilder, Headroom, KvDtype, KvGeometry, Role,
+    ConfigError, DEFAULT_MAX_QUEUE, EngineConfig, EngineConfigBuilder, Headroom, KvDtype,
+    KvGeometry, Role,
 };
 pub use engine::{
     Canceller, Engine, EngineError, EngineOptions, Event, FinishReason, Outcome, RequestHandle,

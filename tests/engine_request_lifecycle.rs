@@ -144,6 +144,11 @@ fn cancellation_works_while_waiting_and_while_running() {
     assert_eq!(report.cancelled, 3);
     let (tokens, outcome) = running.try_collect();
     assert_eq!(outcome, Some(Outcome::Cancelled));
+    assert_eq!(
+        Outcome::Cancelled.http_status(),
+        499,
+        "client closed request"
+    );
     assert!(!tokens.is_empty() && tokens.len() < 50);
     assert_eq!(waiting.try_collect(), (vec![], Some(Outcome::Cancelled)));
     assert!(e.is_idle());
@@ -259,4 +264,51 @@ fn an_engine_runs_on_its_own_thread_while_clients_wait() {
         assert_eq!(outcome, Outcome::Finished(FinishReason::Length));
     }
     assert!(worker.join().unwrap().is_full());
+}
+
+#[test]
+fn a_full_queue_answers_429_and_admits_again_once_it_drains() {
+    // The host's backpressure: at most `max_queue` requests wait at once.
+    let m = model();
+    let c = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+        .max_context(128)
+        .page_size(16)
+        .pool_tokens(1024)
+        .max_queue(2)
+        .build()
+        .unwrap();
+    assert_eq!(c.max_queue(), 2);
+    let mut e = Engine::new(m, c).unwrap();
+    let a = e.submit(req(1, 4)).unwrap();
+    let b = e.submit(req(2, 4)).unwrap();
+    let full = e.submit(req(3, 4)).unwrap_err();
+    assert_eq!(
+        full,
+        Rejection::QueueFull {
+            id: RequestId(3),
+            limit: 2
+        }
+    );
+    assert_eq!(full.http_status(), 429);
+    e.run_until_idle();
+    for h in [a, b] {
+        let outcome = h.wait().1;
+        assert!(matches!(outcome, Outcome::Finished(_)));
+        assert_eq!(outcome.http_status(), 200);
+    }
+    assert_eq!(Outcome::Rejected(full.clone()).http_status(), 429);
+    let c = e.submit(req(3, 4)).unwrap();
+    e.run_until_idle();
+    assert!(matches!(c.wait().1, Outcome::Finished(_)));
+    assert!(e.pool_stats().is_full());
+
+    let refused = EngineConfig::builder(Role::Colocated, model().kv_geometry(KvDtype::F32))
+        .max_context(128)
+        .pool_tokens(1024)
+        .max_queue(0)
+        .build();
+    assert_eq!(
+        refused.unwrap_err(),
+        handoff::ConfigError::Zero { field: "max_queue" }
+    );
 }

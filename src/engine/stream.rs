@@ -31,6 +31,20 @@ pub enum Outcome {
     Failed(EngineError),
 }
 
+impl crate::http::HttpStatus for Outcome {
+    /// The status a server answers the request with: 200 when it finished,
+    /// 499 (client closed request, nginx's convention) when the client
+    /// cancelled it, and the rejection's or failure's own status otherwise.
+    fn http_status(&self) -> u16 {
+        match self {
+            Outcome::Finished(_) => 200,
+            Outcome::Cancelled => 499,
+            Outcome::Rejected(r) => r.http_status(),
+            Outcome::Failed(e) => e.http_status(),
+        }
+    }
+}
+
 /// One message of a request's stream.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {

@@ -22,12 +22,12 @@ impl AdmissionLimits {
             pool_pages,
             page_size: page_size.max(1),
             vocab_size: None,
-            max_queue: 65_536,
+            max_queue: crate::config::DEFAULT_MAX_QUEUE,
         }
     }
     /// Limits of a validated configuration.
     pub fn from_config(cfg: &EngineConfig) -> Self {
-        Self::new(cfg.max_context(), cfg.pool_pages(), cfg.page_size())
+        Self::new(cfg.max_context(), cfg.pool_pages(), cfg.page_size()).max_queue(cfg.max_queue())
     }
     /// These limits bounded by the pool they admit into: its page size,
     /// and no more token slots than it has. Limits written for a larger
