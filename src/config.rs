@@ -431,9 +431,13 @@ pub enum ConfigError {
 
 impl HttpStatus for ConfigError {
     fn http_status(&self) -> u16 {
-        // A refused deployment is the operator's error; a server built on it
-        // must not start, so any request reaching it is a 503.
-        503
+        match self {
+            // The machine lacks the memory now: another may have it.
+            ConfigError::OutOfMemory { .. } => 503,
+            // A refused deployment is the operator's error, a server fault,
+            // as are the engine's and the link's own refusals of a setup.
+            _ => 500,
+        }
     }
 }
 

@@ -46,6 +46,8 @@ fn the_published_deployment_does_not_start() {
     let msg = err.to_string();
     assert!(msg.contains("681280") && msg.contains("1048576"), "{msg}");
     assert!(msg.contains("2097152"), "{msg}");
+    // The operator's error: a server fault, like every refused setup.
+    assert_eq!(err.http_status(), 500);
 }
 
 #[test]
