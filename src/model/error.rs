@@ -24,7 +24,7 @@ pub enum ModelError {
     )]
     MissingTensor { tensor: String },
     #[error(
-        "tensor {tensor} has shape {got:?}, expected {expected:?}: the weights do not match config.json"
+        "tensor {tensor} has shape {got:?}, expected {expected:?}: the weights do not match the model's configuration (config.json or the file header)"
     )]
     Shape {
         tensor: String,

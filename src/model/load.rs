@@ -19,6 +19,13 @@ pub fn load_model(path: &Path) -> Result<ModelWeights, ModelError> {
         source,
     })?;
     if meta.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(ModelError::BadHeader(format!(
+                "{} is a directory, read as a Hugging Face checkpoint, but has no config.json; \
+                 pass the checkpoint folder (config.json and *.safetensors) or a llama2.c .bin file",
+                path.display()
+            )));
+        }
         load_hf(path)
     } else {
         load_llama2c(path)
@@ -34,6 +41,13 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let hf = load_model(&root.join("tests/fixtures/hf_tiny_llama")).unwrap();
         assert_eq!(hf.config.rope_style, crate::model::RopeStyle::Half);
+
+        // A folder without config.json says how folders are read.
+        let err = load_model(&root.join("tests")).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::BadHeader(m) if m.contains("Hugging Face")),
+            "{err}"
+        );
 
         // A file with a Hugging Face config inside is still a llama2.c file
         // to this dispatcher, and fails as one.
