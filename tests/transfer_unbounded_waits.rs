@@ -125,3 +125,23 @@ fn a_step_told_to_wait_forever_returns_when_the_link_ends() {
         "{r:?}"
     );
 }
+
+#[test]
+fn a_bounded_run_until_idle_returns_while_a_silent_peer_holds_a_request() {
+    // The prefill worker is never stepped: the request's plan is never
+    // answered and, with no receipt timeout, would wait for ever.
+    let t = TransferConfig::default().with_receipt_timeout(Duration::MAX);
+    let (p, d) = InProcess.connect(&t).unwrap();
+    let _silent = PrefillWorker::new(p, model(), &cfg(Role::Prefill, 256), t.clone()).unwrap();
+    let mut decode = DecodeWorker::new(d, model(), &cfg(Role::Decode, 256), t).unwrap();
+    let h = decode
+        .submit(Request::new(RequestId(1), TenantId(1), vec![1, 2, 3], 4))
+        .unwrap();
+    let start = std::time::Instant::now();
+    assert!(!decode.run_until_idle_within(Duration::from_millis(200)));
+    assert!(start.elapsed() < Duration::from_secs(5), "the bound held");
+    // The request is still live, and ends typed when the worker shuts down.
+    decode.shutdown();
+    assert!(matches!(h.wait().1, Outcome::Rejected(_)));
+    assert!(decode.pool().stats().is_full());
+}

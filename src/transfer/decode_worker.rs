@@ -233,11 +233,29 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         self.decode();
     }
 
-    /// Steps until every request has ended.
+    /// Steps until every request has ended. Every transfer ends within the
+    /// link's receipt timeout, so this returns within about that long; with
+    /// unbounded timeouts and a silent peer it waits as asked. See
+    /// [`DecodeWorker::run_until_idle_within`] for a bounded wait.
     pub fn run_until_idle(&mut self) {
         while !self.is_idle() {
             self.step(Duration::from_millis(20));
         }
+    }
+
+    /// Steps until every request has ended or `limit` has passed; true if
+    /// idle. Requests still live stay live (cancel or shut down to end them).
+    #[must_use = "false means requests are still live"]
+    pub fn run_until_idle_within(&mut self, limit: Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.is_idle() {
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return false;
+            }
+            self.step(left.min(Duration::from_millis(20)));
+        }
+        true
     }
 
     /// Ends every live request and closes the link (the prefill peer sees
