@@ -83,10 +83,11 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
         for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
     }
 
-    // A NaN score (a poisoned or non-finite K, or a non-finite query) must
-    // reach the output as NaN, as on the CPU, where the engine refuses it:
-    // the online softmax below would otherwise drop it (fmaxf ignores NaN,
-    // and a NaN sum fails the `> 0` tests of the combine).
+    // A non-finite score (from a poisoned, NaN or infinite K, or a
+    // non-finite query) must reach the output as NaN, where the engine
+    // refuses it: the online softmax below would otherwise drop it (fmaxf
+    // ignores NaN, inf - inf is NaN, and a NaN sum fails the `> 0` tests of
+    // the combine, leaving zeros).
     bool bad = false;
     for (uint32_t base = begin; base < end; base += C::STEP) {
         // Issue every load of the step before using any.
@@ -118,7 +119,7 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
                 for (int i = 0; i < VEC; ++i) d = fmaf(q[g][i], kr[j].get(i), d);
 #pragma unroll
                 for (int o = TPR / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                if (valid[j] && g < (int)p.group && isnan(d)) bad = true;
+                if (valid[j] && g < (int)p.group && !isfinite(d)) bad = true;
                 s[j][g] = valid[j] ? d : -INFINITY;
             }
         }
@@ -191,7 +192,7 @@ __device__ __forceinline__ void decode_merge_impl(const MergeParams& p) {
     const uint64_t bh = (uint64_t)b * p.n_heads + h;
     const float* lse = p.part_lse + bh * p.num_splits;
     float mx = -INFINITY;
-    bool bad = false;  // a chunk saw a NaN score: the head's output is NaN
+    bool bad = false;  // a chunk saw a non-finite score: the head's output is NaN
     for (uint32_t s = 0; s < p.num_splits; ++s) {
         mx = fmaxf(mx, lse[s]);
         bad |= isnan(lse[s]);

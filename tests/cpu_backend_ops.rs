@@ -118,49 +118,58 @@ fn rms_norm_matches_the_definition() {
     ));
 }
 
+/// Rotates `x` (`[positions.len(), heads, hd]`) with `rope` and checks
+/// every pair against the definition at frequency `freq(i)`.
+fn check_rope(
+    b: &CpuBackend,
+    x: &[f32],
+    positions: &[usize],
+    rope: Rope,
+    freq: &dyn Fn(usize) -> f64,
+) {
+    let (heads, hd) = (rope.n_heads, rope.head_dim);
+    let mut y = x.to_vec();
+    b.rope(&mut y, positions, rope).unwrap();
+    for (r, &pos) in positions.iter().enumerate() {
+        for h in 0..heads {
+            let base = (r * heads + h) * hd;
+            for i in 0..hd / 2 {
+                let (a, c) = match rope.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Half => (i, i + hd / 2),
+                };
+                let ang = pos as f64 * freq(i);
+                let (x0, x1) = (x[base + a] as f64, x[base + c] as f64);
+                let w0 = x0 * ang.cos() - x1 * ang.sin();
+                let w1 = x0 * ang.sin() + x1 * ang.cos();
+                close(&[y[base + a], y[base + c]], &[w0 as f32, w1 as f32], 1e-5);
+            }
+        }
+    }
+}
+
 #[test]
 fn rope_rotates_the_right_pairs_in_both_conventions() {
     let b = CpuBackend::with_threads(1);
     let (heads, hd) = (3, 8);
     let positions = [0usize, 5, 300];
     let x = data(positions.len() * heads * hd, 8);
-    for style in [RopeStyle::Interleaved, RopeStyle::Half] {
-        let mut y = x.clone();
-        let rope = Rope {
-            n_heads: heads,
-            head_dim: hd,
-            theta: 10_000.0,
-            style,
-            scaling: RopeScaling::None,
-        };
-        b.rope(&mut y, &positions, rope).unwrap();
-        for (r, &pos) in positions.iter().enumerate() {
-            for h in 0..heads {
-                let base = (r * heads + h) * hd;
-                for i in 0..hd / 2 {
-                    let (a, c) = match style {
-                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                        RopeStyle::Half => (i, i + hd / 2),
-                    };
-                    let ang = pos as f64 / 10_000f64.powf(2.0 * i as f64 / hd as f64);
-                    let (x0, x1) = (x[base + a] as f64, x[base + c] as f64);
-                    let w0 = x0 * ang.cos() - x1 * ang.sin();
-                    let w1 = x0 * ang.sin() + x1 * ang.cos();
-                    close(&[y[base + a], y[base + c]], &[w0 as f32, w1 as f32], 1e-5);
-                }
-            }
-        }
-    }
-    let mut y = x.clone();
-    let rope = Rope {
+    let rope = |style| Rope {
         n_heads: heads,
         head_dim: hd,
         theta: 10_000.0,
-        style: RopeStyle::Half,
+        style,
         scaling: RopeScaling::None,
     };
+    for style in [RopeStyle::Interleaved, RopeStyle::Half] {
+        check_rope(&b, &x, &positions, rope(style), &|i| {
+            1.0 / 10_000f64.powf(2.0 * i as f64 / hd as f64)
+        });
+    }
+    let mut y = x.clone();
     assert!(
-        b.rope(&mut y, &positions[..2], rope).is_err(),
+        b.rope(&mut y, &positions[..2], rope(RopeStyle::Half))
+            .is_err(),
         "one position per row"
     );
 }
@@ -217,7 +226,6 @@ fn scaled_rope_rotates_by_the_scaled_frequencies() {
 
     for style in [RopeStyle::Interleaved, RopeStyle::Half] {
         for (scaling, freq) in &cases {
-            let mut y = x.clone();
             let rope = Rope {
                 n_heads: heads,
                 head_dim: hd,
@@ -225,23 +233,7 @@ fn scaled_rope_rotates_by_the_scaled_frequencies() {
                 style,
                 scaling: *scaling,
             };
-            b.rope(&mut y, &positions, rope).unwrap();
-            for (r, &pos) in positions.iter().enumerate() {
-                for h in 0..heads {
-                    let base = (r * heads + h) * hd;
-                    for i in 0..hd / 2 {
-                        let (a, c) = match style {
-                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                            RopeStyle::Half => (i, i + hd / 2),
-                        };
-                        let ang = pos as f64 * freq(i);
-                        let (x0, x1) = (x[base + a] as f64, x[base + c] as f64);
-                        let w0 = x0 * ang.cos() - x1 * ang.sin();
-                        let w1 = x0 * ang.sin() + x1 * ang.cos();
-                        close(&[y[base + a], y[base + c]], &[w0 as f32, w1 as f32], 1e-5);
-                    }
-                }
-            }
+            check_rope(&b, &x, &positions, rope, *freq);
         }
     }
 }

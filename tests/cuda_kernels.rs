@@ -460,6 +460,20 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
         let q: Vec<Vec<f32>> = lens.iter().map(|_| rng.vec(n_heads * hd, 2.0)).collect();
         let all: Vec<usize> = (0..lens.len()).collect();
         let together = decode_members(&dev, &arena, &sc, &q, n_heads, &all, Split::Auto);
+        // Every position covered once, whatever each sequence's own chunk
+        // (9000 positions: chunks of 320, the only case above 256).
+        for (s, row) in together.iter().enumerate() {
+            for h in 0..n_heads {
+                let want = sc.attend(s, 1, h, n_heads / 8, &q[s][h * hd..(h + 1) * hd], lens[s]);
+                // f32 sums over up to 9000 positions: 10x the short tests' bound.
+                assert_close(
+                    &format!("{dtype:?} sequence {s} head {h}"),
+                    &row[h * hd..(h + 1) * hd],
+                    &want,
+                    10.0 * RTOL,
+                );
+            }
+        }
         for s in 0..lens.len() {
             let alone = decode_members(&dev, &arena, &sc, &q, n_heads, &[s], Split::Auto);
             assert_eq!(
@@ -488,33 +502,39 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
 fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
     // A poisoned (NaN) K row is what a stale read of a scrubbed page looks
     // like. The CPU backend returns NaN and the engine refuses the request;
-    // the online softmax must not quietly drop the NaN score instead.
+    // the online softmax must not quietly drop the NaN score instead (nor
+    // an infinite one, which turns its running sums into NaN).
     let dev = gpu!("decode_turns_a_nan_key_into_nan_output_as_the_cpu_does");
     let mut rng = Rng(22);
     let (n_heads, hd) = (8, 64);
     for dtype in DTYPES {
         // Sequence 0: NaN at its only position; 1: NaN deep in a long one
-        // (inside a middle chunk when split); 2: untouched.
-        let mut sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), 16, &[1, 900, 700]);
-        for (s, pos) in [(0, 0), (1, 600)] {
+        // (inside a middle chunk when split); 2: an infinite key (an f16
+        // overflow) in the middle; 3: untouched.
+        let mut sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), 16, &[1, 900, 500, 700]);
+        for (s, pos, bad) in [
+            (0, 0, f32::NAN),
+            (1, 600, f32::NAN),
+            (2, 260, f32::INFINITY),
+        ] {
             let page = sc.seq_pages[s][pos / 16];
             let mut row = sc.arena.get(page, 1, 0, pos % 16);
-            row[3] = f32::NAN; // KV head 0 only
+            row[3] = bad; // KV head 0 only
             sc.arena.put(page, 1, 0, pos % 16, &row);
         }
         let arena = sc.arena.upload(&dev);
-        let q: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(n_heads * hd, 2.0)).collect();
+        let q: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n_heads * hd, 2.0)).collect();
         for split in [
             Split::Auto,
             Split::ChunkTokens(128),
             Split::ChunkTokens(1000),
         ] {
-            let out = decode_members(&dev, &arena, &sc, &q, n_heads, &[0, 1, 2], split);
+            let out = decode_members(&dev, &arena, &sc, &q, n_heads, &[0, 1, 2, 3], split);
             let group = n_heads / 2;
-            for s in 0..3 {
+            for s in 0..4 {
                 for h in 0..n_heads {
                     let head = &out[s][h * hd..(h + 1) * hd];
-                    let poisoned = s < 2 && h / group == 0;
+                    let poisoned = s < 3 && h / group == 0;
                     if poisoned {
                         assert!(
                             head.iter().all(|x| x.is_nan()),

@@ -8,27 +8,24 @@
 //! and fails what did (`Shutdown`, 503); the decode worker now does the
 //! same, and every page on both sides is back.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use handoff::model::{Model, ModelConfig, random_weights};
+use handoff::model::Model;
 use handoff::transfer::{DecodeWorker, InProcess, PrefillWorker, Transfer, TransferConfig};
 use handoff::{
-    EngineConfig, EngineError, HttpStatus, KvDtype, Outcome, Rejection, Request, RequestId, Role,
-    TenantId,
+    EngineConfig, EngineError, HttpStatus, Outcome, Rejection, Request, RequestId, Role, TenantId,
 };
 
 fn model() -> Model {
-    Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 4)).unwrap()
+    support::tiny_model(4)
 }
 
 fn cfg(role: Role, pool: usize) -> EngineConfig {
-    EngineConfig::builder(role, ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
-        .max_context(64)
-        .pool_tokens(pool)
-        .build()
-        .unwrap()
+    support::tiny_worker_config(role, pool)
 }
 
 #[test]

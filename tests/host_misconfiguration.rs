@@ -4,7 +4,8 @@
 //! engine needs a Colocated configuration" (for the decode worker: "...,
 //! got Colocated", which contradicts itself), and the host's own transfer
 //! settings answered 502 Bad Gateway, blaming a peer that never spoke.
-//! A receipt timeout of zero was accepted and then failed every transfer.
+//! A receipt timeout of zero was accepted and then failed every transfer;
+//! zero write, plan and ack timeouts too are refused when the link is made.
 //! Each refusal must name the fix and count as a server fault (500).
 
 use handoff::model::{Model, ModelConfig, random_weights};
@@ -66,6 +67,34 @@ fn the_hosts_own_transfer_settings_are_a_server_fault_not_a_bad_gateway() {
     };
     assert!(e.to_string().contains("receipt_timeout must be > 0"), "{e}");
     assert_eq!(e.http_status(), 500);
+    // So are the other waits: a zero write timeout made a TCP socket refuse
+    // it (an I/O error, 502, blaming the peer) and in-process senders give
+    // up at once at the in-flight cap.
+    let zero = std::time::Duration::ZERO;
+    for (what, cfg) in [
+        (
+            "write_timeout",
+            TransferConfig::default().with_write_timeout(zero),
+        ),
+        (
+            "plan_timeout",
+            TransferConfig::default().with_plan_timeout(zero),
+        ),
+        (
+            "ack_timeout",
+            TransferConfig::default().with_ack_timeout(zero),
+        ),
+    ] {
+        for e in [
+            InProcess.connect(&cfg).err(),
+            handoff::transfer::Tcp.connect(&cfg).err(),
+        ] {
+            let e = e.unwrap_or_else(|| panic!("a link with a zero {what} connected"));
+            assert!(matches!(e, LinkError::Config { .. }), "{what}: {e}");
+            assert!(e.to_string().contains(what), "{e}");
+            assert_eq!(e.http_status(), 500);
+        }
+    }
 
     let public = LinkError::NotLoopback {
         addr: "0.0.0.0:9000".into(),

@@ -6,26 +6,24 @@
 //! request on it) down. Now they wait as long as it takes, and a link that
 //! ends still ends the wait with its typed error.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use handoff::model::{Model, ModelConfig, random_weights};
+use handoff::model::Model;
 use handoff::transfer::{
     DecodeWorker, InProcess, LinkError, PrefillWorker, Transfer, TransferConfig, TransferError,
 };
-use handoff::{EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestId, Role, TenantId};
+use handoff::{EngineConfig, FinishReason, Outcome, Request, RequestId, Role, TenantId};
 
 fn model() -> Model {
-    Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 9)).unwrap()
+    support::tiny_model(9)
 }
 
 fn cfg(role: Role, pool: usize) -> EngineConfig {
-    EngineConfig::builder(role, ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
-        .max_context(64)
-        .pool_tokens(pool)
-        .build()
-        .unwrap()
+    support::tiny_worker_config(role, pool)
 }
 
 /// Runs `f` on its own thread; fails on a panic or past 60 s.

@@ -28,7 +28,7 @@ pub enum BackendError {
     Kv(#[from] KvError),
     #[error("device error: {0}")]
     Device(String),
-    #[error("{what} {detail} has no compiled kernel on this backend")]
+    #[error("{what} {detail} is beyond what this backend runs: use another backend or shape")]
     Unsupported { what: &'static str, detail: String },
 }
 

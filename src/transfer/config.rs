@@ -141,6 +141,18 @@ impl TransferConfig {
                        receipt can land (Duration::MAX waits without a limit)",
             });
         }
+        if self.write_timeout.is_zero() {
+            return Err(LinkError::Config {
+                what: "write_timeout must be > 0: with 0 every sender gives up at the in-flight \
+                       cap and a TCP socket refuses it (Duration::MAX waits without a limit)",
+            });
+        }
+        if self.plan_timeout.is_zero() || self.ack_timeout.is_zero() {
+            return Err(LinkError::Config {
+                what: "plan_timeout and ack_timeout must be > 0 (Duration::MAX waits without a \
+                       limit)",
+            });
+        }
         if self.max_batch_bytes == 0 {
             return Err(LinkError::Config {
                 what: "max_batch_bytes must be > 0",

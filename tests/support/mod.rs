@@ -197,3 +197,20 @@ pub fn outcome_of(
     assert_eq!(mine.len(), 1, "expected exactly one outcome for {id}");
     (mine.into_iter().next().unwrap(), rest)
 }
+
+/// The tiny GQA model of the worker stories, seeded.
+pub fn tiny_model(seed: u64) -> handoff::model::Model {
+    use handoff::model::{Model, ModelConfig, random_weights};
+    Model::cpu(random_weights(&ModelConfig::tiny_gqa(), seed)).unwrap()
+}
+
+/// A `role` configuration for [`tiny_model`]: a window of 64 tokens in a
+/// pool of `pool` tokens.
+pub fn tiny_worker_config(role: handoff::Role, pool: usize) -> handoff::EngineConfig {
+    use handoff::model::ModelConfig;
+    handoff::EngineConfig::builder(role, ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+        .max_context(64)
+        .pool_tokens(pool)
+        .build()
+        .unwrap()
+}

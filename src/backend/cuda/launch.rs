@@ -310,8 +310,9 @@ impl CudaDevice {
     /// Paged decode attention for layer `layer`: one query per sequence.
     ///
     /// `q` is `[batch, n_heads, head_dim]`, `out` the same; every sequence of
-    /// `tables` must have `q_len == 1`. Returns the number of KV chunks each
-    /// sequence was split into (1: no merge pass).
+    /// `tables` must have `q_len == 1`. Returns the number of KV chunks
+    /// launched per sequence, an upper bound on what each one used (1: no
+    /// merge pass).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         &self,

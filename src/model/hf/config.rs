@@ -181,17 +181,47 @@ fn rope_type(p: &Map<String, Value>) -> Result<&str, ModelError> {
 fn rope(obj: &Map<String, Value>, max_positions: usize) -> Result<(f32, RopeScaling), ModelError> {
     let params = opt_object(obj, "rope_parameters")?;
     let legacy = opt_object(obj, "rope_scaling")?;
+    // Both spellings at once are served only when they say the same (where
+    // they overlap): transformers takes rope_scaling's values then.
+    let merged;
     let (spec, what) = match (params, legacy) {
-        (Some(p), Some(l)) if rope_type(p)? != rope_type(l)? => {
-            return Err(invalid(format!(
-                "rope_parameters ({:?}) and rope_scaling ({:?}) disagree; keep one of them",
-                rope_type(p)?,
-                rope_type(l)?
-            )));
+        (Some(p), Some(l)) => {
+            if rope_type(p)? != rope_type(l)? {
+                return Err(invalid(format!(
+                    "rope_parameters ({:?}) and rope_scaling ({:?}) disagree; keep one of them",
+                    rope_type(p)?,
+                    rope_type(l)?
+                )));
+            }
+            let same = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+                (Some(x), Some(y)) => x == y,
+                _ => a == b,
+            };
+            for (key, v) in l {
+                if let Some(pv) = p.get(key).filter(|_| key != "type" && key != "rope_type")
+                    && !same(pv, v)
+                {
+                    return Err(invalid(format!(
+                        "rope_parameters.{key} = {pv} and rope_scaling.{key} = {v} disagree; keep \
+                         one of them"
+                    )));
+                }
+            }
+            let mut m = p.clone();
+            m.extend(l.iter().map(|(k, v)| (k.clone(), v.clone())));
+            merged = m;
+            (Some(&merged), "rope_scaling")
         }
-        (Some(p), _) => (Some(p), "rope_parameters"),
+        (Some(p), None) => (Some(p), "rope_parameters"),
         (None, l) => (l, "rope_scaling"),
     };
+    // Per-layer-type parameters ({"full_attention": {...}, ...}) would read
+    // as plain RoPE here: refuse them by name.
+    if let Some((key, _)) = spec.and_then(|p| p.iter().find(|(_, v)| v.is_object())) {
+        return Err(invalid(format!(
+            "{what}.{key} is an object: per-layer RoPE parameters are not supported"
+        )));
+    }
     let theta = match params
         .map(|p| opt_f32(p, "rope_theta"))
         .transpose()?
@@ -616,6 +646,22 @@ mod tests {
             (
                 with("LlamaForCausalLM", r#", "partial_rotary_factor": 0.5"#),
                 "partial_rotary_factor",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+                        "rope_scaling": {"type": "linear", "factor": 2.0}"#,
+                ),
+                "rope_parameters.factor = 4.0 and rope_scaling.factor = 2.0 disagree",
+            ),
+            (
+                with(
+                    "LlamaForCausalLM",
+                    r#", "rope_parameters": {"full_attention": {"rope_type": "default",
+                        "rope_theta": 1e4}, "sliding_attention": {"rope_type": "default"}}"#,
+                ),
+                "per-layer RoPE parameters",
             ),
             (
                 with(
