@@ -260,6 +260,27 @@ pub fn hf(fixture_dir: &Path) -> Vec<Seed> {
         hf_seed(&cfg, &hf_tensors(&w), Dtype::BF16, false),
     ));
 
+    // Llama 3's scaled RoPE, in the transformers 4 spelling.
+    let llama3 = ModelConfig {
+        rope_scaling: handoff::model::RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8,
+        },
+        ..tiny(4, 2, 1, 2)
+    };
+    let w = random_weights(&llama3, 4);
+    let cfg = hf_config(
+        &llama3,
+        "LlamaForCausalLM",
+        r#","rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8}"#,
+    );
+    out.push((
+        "valid-llama3-rope".into(),
+        hf_seed(&cfg, &hf_tensors(&w), Dtype::BF16, false),
+    ));
+
     let mistral = tiny(4, 2, 2, 1);
     let w = random_weights(&mistral, 3);
     let cfg = hf_config(&mistral, "MistralForCausalLM", r#","sliding_window":2"#);
