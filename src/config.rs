@@ -381,6 +381,7 @@ impl EngineConfigBuilder {
 /// Why a configuration was refused. Every variant names the numbers and the
 /// fix; none of them can be bypassed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error(
         "{role:?} KV pool of {pool_tokens} tokens cannot hold a context window of {max_context} tokens \

@@ -11,6 +11,7 @@ use crate::rng::SplitMix64;
 
 /// Why no token could be chosen. The request fails; nothing is emitted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SamplingError {
     #[error("no logits to sample from: the model's vocabulary is empty")]
     Empty,

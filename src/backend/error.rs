@@ -4,6 +4,7 @@ use crate::kv::KvError;
 /// Errors of a backend operation. The op did not produce output; the
 /// caller fails the request(s) it was computing for.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     #[error(
         "{op}: shape mismatch: {what}: expected {expected}, got {got}; the caller passed inconsistent buffers"

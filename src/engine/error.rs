@@ -7,6 +7,7 @@ use crate::sampling::SamplingError;
 /// Errors of the engine: refusing to build, or failing one request. A
 /// request that fails produces no further tokens; other requests go on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     #[error("configuration refused: {0}")]
     Config(#[from] ConfigError),

@@ -5,6 +5,7 @@ use crate::kv::PageId;
 /// Errors of the KV layer. None of them ever comes with data: a read that
 /// would be stale, foreign or out of range is refused, not served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KvError {
     #[error(
         "KV pool exhausted: {requested} pages requested, {free} free of {capacity}; \

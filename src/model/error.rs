@@ -2,6 +2,7 @@ use crate::http::HttpStatus;
 
 /// Errors loading or validating a model. Each names what was wrong and where.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelError {
     #[error("cannot read model file {path}: {source}")]
     Io {

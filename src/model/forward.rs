@@ -21,6 +21,7 @@ use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
 /// sequences: callers must not seal or decode from those handles, but
 /// release them (and recompute the requests that were not at fault).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ForwardError {
     #[error("the batch is empty")]
     EmptyBatch,

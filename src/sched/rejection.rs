@@ -4,6 +4,7 @@ use crate::ids::RequestId;
 /// Why a request was turned away at admission. Decided before anything is
 /// allocated; the request is never truncated or replaced by a placeholder.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Rejection {
     #[error("{id}: the prompt is empty: send at least one token")]
     EmptyPrompt { id: RequestId },

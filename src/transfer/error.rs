@@ -22,6 +22,7 @@ pub enum Wait {
 /// A frame on the TCP link that cannot be accepted. The connection is
 /// closed at once; no pool is touched by the offending frame.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     #[error(
         "bad magic {got:02x?}: the peer does not speak the handoff protocol; check the address"
@@ -60,6 +61,7 @@ pub enum WireError {
 
 /// A failure of the link between a prefill and a decode worker.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LinkError {
     #[error("the peer disconnected: transfers in flight on this link fail; reconnect")]
     Disconnected,
@@ -111,6 +113,7 @@ impl From<std::io::Error> for LinkError {
 /// bytes that landed. The request fails, its destination pages are scrubbed
 /// and released, and nothing is generated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IntegrityError {
     #[error("{request}: receipt carries {got}, the plan was {planned}; {fix}", fix = INTEGRITY_FIX)]
     NonceMismatch {
@@ -189,6 +192,7 @@ const INTEGRITY_FIX: &str =
 /// Why a KV write batch was refused at the destination (recorded, then
 /// reported when the receipt is verified).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WriteRefusal {
     #[error("batch names {got}, the plan is for {planned}")]
     WrongRequest { planned: RequestId, got: RequestId },
@@ -220,6 +224,7 @@ pub enum WriteRefusal {
 
 /// Why a transfer (and so its request) failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransferError {
     #[error("transfer integrity failure, request failed and nothing generated: {0}")]
     Integrity(#[from] IntegrityError),

@@ -139,6 +139,7 @@ pub struct Receipt {
 
 /// Why prefill refused a plan. No receipt follows an abort, ever.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AbortReason {
     /// The prompt is empty.
     EmptyPrompt,

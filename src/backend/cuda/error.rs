@@ -3,6 +3,7 @@ use crate::http::HttpStatus;
 /// Errors of the CUDA backend. A failed launch or copy fails the requests
 /// of that step; nothing computed from it is returned.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CudaError {
     #[error(
         "no CUDA driver (libcuda) on this machine: run on a machine with an NVIDIA driver, \
