@@ -115,6 +115,30 @@ fn one_line_per_prompt_in_order_with_transformers_greedy_tokens() {
 }
 
 #[test]
+fn a_llama3_checkpoint_generates_transformers_greedy_tokens() {
+    // Llama 3's scaled RoPE, through the example's exact interface.
+    let cases: Vec<(Vec<u32>, Vec<u32>)> = hf_fixture::expected_in(hf_fixture::FIXTURE_LLAMA3)
+        .into_iter()
+        .map(|c| (c.prompt, c.greedy))
+        .collect();
+    let n = cases[0].1.len();
+    let mut args = vec!["--model", hf_fixture::FIXTURE_LLAMA3];
+    let prompts: Vec<String> = cases.iter().map(|(p, _)| csv(p)).collect();
+    for p in &prompts {
+        args.extend(["--prompt-ids", p.as_str()]);
+    }
+    let n_arg = n.to_string();
+    args.extend(["--max-new-tokens", &n_arg, "--temperature", "0"]);
+    let Some(out) = run(&args) else { return };
+    assert_success(&out);
+    let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
+    assert_eq!(
+        String::from_utf8(out.stdout.clone()).unwrap(),
+        format!("{}\n", expected.join("\n"))
+    );
+}
+
+#[test]
 fn stop_ids_end_a_line_early_and_only_that_line() {
     let cases = transformers_cases();
     // Greedy [1, 17, 42] -> 16 88 15 ...; [7] never produces 15.
