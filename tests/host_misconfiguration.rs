@@ -127,3 +127,83 @@ fn an_infinite_headroom_is_not_called_below_one() {
     assert!(handoff::Headroom::new(f64::NAN).is_err());
     assert!(handoff::Headroom::new(1.0).is_ok());
 }
+
+#[test]
+fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_shape() {
+    use handoff::{Engine, KvPool, Outcome, Request, RequestId, ScrubPolicy, TenantId};
+    use std::time::{Duration, Instant};
+    let t = TransferConfig::default();
+    let poisoned = |role| KvPool::new(cfg(role).pool_config().scrub(ScrubPolicy::Poison)).unwrap();
+    let (ppool, dpool) = (poisoned(Role::Prefill), poisoned(Role::Decode));
+    let (p, d) = InProcess.connect(&t).unwrap();
+    let mut prefill =
+        PrefillWorker::with_pool(p, model(), &cfg(Role::Prefill), ppool.clone(), t.clone())
+            .unwrap();
+    let mut decode =
+        DecodeWorker::with_pool(d, model(), &cfg(Role::Decode), dpool.clone(), t).unwrap();
+    assert!(decode.pool().same_pool(&dpool) && prefill.pool().same_pool(&ppool));
+    let req = Request::new(RequestId(1), TenantId(1), vec![5, 6, 7], 6);
+    let h = decode.submit(req.clone()).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !decode.is_idle() && Instant::now() < until {
+        prefill.step(Duration::from_millis(5)).unwrap();
+        decode.step(Duration::from_millis(5));
+    }
+    let (tokens, outcome) = h.wait_timeout(Duration::from_secs(1));
+    assert!(matches!(outcome, Some(Outcome::Finished(_))), "{outcome:?}");
+    let mut colocated = Engine::new(
+        model(),
+        EngineConfig::builder(
+            Role::Colocated,
+            ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32),
+        )
+        .max_context(64)
+        .pool_tokens(256)
+        .build()
+        .unwrap(),
+    )
+    .unwrap();
+    let want = colocated.submit(req).unwrap();
+    colocated.run_until_idle();
+    assert_eq!(tokens, want.wait().0, "the same tokens as colocated");
+    decode.shutdown();
+    prefill.shutdown();
+    for pool in [&ppool, &dpool] {
+        assert_eq!(pool.config().scrub_policy(), ScrubPolicy::Poison);
+        assert!(pool.stats().is_full());
+    }
+
+    // Another shape of pool, or one already in use, is refused.
+    let (p, _d) = InProcess.connect(&TransferConfig::default()).unwrap();
+    let small = KvPool::new(
+        cfg(Role::Prefill)
+            .pool_config()
+            .scrub(ScrubPolicy::Poison)
+            .audit(!cfg(Role::Prefill).audit()),
+    )
+    .unwrap();
+    let Err(e) = PrefillWorker::with_pool(
+        p,
+        model(),
+        &cfg(Role::Prefill),
+        small,
+        TransferConfig::default(),
+    ) else {
+        panic!("a pool of another shape was accepted");
+    };
+    assert_eq!(e, EngineError::PoolMismatch);
+    assert_eq!(e.http_status(), 500);
+    let (_p, d) = InProcess.connect(&TransferConfig::default()).unwrap();
+    let busy = poisoned(Role::Decode);
+    let _someone_elses = busy.reserve(RequestId(9), 10).unwrap();
+    let Err(e) = DecodeWorker::with_pool(
+        d,
+        model(),
+        &cfg(Role::Decode),
+        busy,
+        TransferConfig::default(),
+    ) else {
+        panic!("a pool in use was accepted");
+    };
+    assert_eq!(e, EngineError::PoolInUse { in_use: 1, held: 0 });
+}

@@ -42,6 +42,17 @@ pub enum EngineError {
     },
     #[error("batch limits must allow at least one running sequence and one prefill token")]
     Limits,
+    /// A worker was given a pool that its configuration does not describe.
+    #[error(
+        "the pool given is not the configuration's (geometry, page size, pages, audit): build it \
+         with KvPool::new(cfg.pool_config().scrub(policy))"
+    )]
+    PoolMismatch,
+    /// A worker was given a pool whose pages something already holds.
+    #[error(
+        "the pool given has {in_use} pages in use and {held} held: give a worker a pool of its own"
+    )]
+    PoolInUse { in_use: usize, held: usize },
     #[error("forward pass failed: {0}")]
     Forward(#[from] ForwardError),
     #[error("KV pages: {0}")]
@@ -66,7 +77,9 @@ impl HttpStatus for EngineError {
             EngineError::Role(_)
             | EngineError::Geometry { .. }
             | EngineError::ContextBeyondModel { .. }
-            | EngineError::Limits => 500,
+            | EngineError::Limits
+            | EngineError::PoolMismatch
+            | EngineError::PoolInUse { .. } => 500,
         }
     }
 }

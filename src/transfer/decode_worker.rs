@@ -84,6 +84,23 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     ) -> Result<Self, EngineError> {
         crate::transfer::worker_config::check(&model, cfg, Role::Decode)?;
         let pool = KvPool::new(cfg.pool_config())?;
+        Self::with_pool(link, model, cfg, pool, transfer)
+    }
+
+    /// [`DecodeWorker::new`] over a pool the host built, to choose its
+    /// [`ScrubPolicy`](crate::ScrubPolicy) (or keep a handle for its
+    /// stats): `KvPool::new(cfg.pool_config().scrub(policy))`. Any other
+    /// pool, or one whose pages something holds, is refused
+    /// ([`EngineError::PoolMismatch`], [`EngineError::PoolInUse`]).
+    pub fn with_pool(
+        link: L,
+        model: Model<B>,
+        cfg: &EngineConfig,
+        pool: KvPool,
+        transfer: TransferConfig,
+    ) -> Result<Self, EngineError> {
+        crate::transfer::worker_config::check(&model, cfg, Role::Decode)?;
+        crate::transfer::worker_config::check_pool(cfg, &pool)?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
         Ok(DecodeWorker {
             side: DecodeSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),

@@ -50,6 +50,23 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     ) -> Result<Self, EngineError> {
         crate::transfer::worker_config::check(&model, cfg, Role::Prefill)?;
         let pool = KvPool::new(cfg.pool_config())?;
+        Self::with_pool(link, model, cfg, pool, transfer)
+    }
+
+    /// [`PrefillWorker::new`] over a pool the host built, to choose its
+    /// [`ScrubPolicy`](crate::ScrubPolicy) (or keep a handle for its
+    /// stats): `KvPool::new(cfg.pool_config().scrub(policy))`. Any other
+    /// pool, or one whose pages something holds, is refused
+    /// ([`EngineError::PoolMismatch`], [`EngineError::PoolInUse`]).
+    pub fn with_pool(
+        link: L,
+        model: Model<B>,
+        cfg: &EngineConfig,
+        pool: KvPool,
+        transfer: TransferConfig,
+    ) -> Result<Self, EngineError> {
+        crate::transfer::worker_config::check(&model, cfg, Role::Prefill)?;
+        crate::transfer::worker_config::check_pool(cfg, &pool)?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
         Ok(PrefillWorker {
             side: PrefillSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),

@@ -3,6 +3,7 @@
 use crate::backend::Backend;
 use crate::config::{EngineConfig, Role};
 use crate::engine::EngineError;
+use crate::kv::KvPool;
 use crate::model::Model;
 
 /// Refuses a configuration of the wrong role, or whose KV geometry or
@@ -40,6 +41,23 @@ pub(crate) fn check_model<B: Backend>(
         return Err(EngineError::ContextBeyondModel {
             max_context,
             model_max: mc.max_seq_len,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a host-built `pool` that is not the pool `cfg` describes (any
+/// scrub policy), or whose pages something already holds.
+pub(crate) fn check_pool(cfg: &EngineConfig, pool: &KvPool) -> Result<(), EngineError> {
+    let want = cfg.pool_config().scrub(pool.config().scrub_policy());
+    if *pool.config() != want {
+        return Err(EngineError::PoolMismatch);
+    }
+    let s = pool.stats();
+    if !s.is_full() {
+        return Err(EngineError::PoolInUse {
+            in_use: s.in_use,
+            held: s.held,
         });
     }
     Ok(())
