@@ -35,15 +35,15 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeLink, DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, PrefillLink, PrefillWorker,
-    Step, TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
+    DecodeLink, DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, LinkError, PrefillLink,
+    PrefillWorker, Step, TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
 };
 use handoff::{
     Engine, EngineConfig, HttpStatus, KvDtype, Outcome, PoolStats, Rejection, Request,
@@ -234,7 +234,7 @@ fn drained_stats<L: PrefillLink>(worker: &mut PrefillWorker<L>) -> Result<PoolSt
 /// One pool's audit: pages still in use or held once the workload has
 /// drained (every transfer was acked or failed, every request ended), and
 /// pages not free after its worker shut down.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct PoolAudit {
     drained_in_use: usize,
     drained_held: usize,
@@ -373,7 +373,7 @@ fn run(args: &Args) -> Result<bool, String> {
     );
     let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
 
-    type Run = (Vec<Served>, Late, PoolAudit, PoolAudit);
+    type Run = (Vec<Served>, Late, PoolAudit, Result<PoolAudit, String>);
     let (served, late, decode_audit, prefill_audit): Run = if args.tcp {
         let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .map_err(|e| e.to_string())?;
@@ -392,43 +392,32 @@ fn run(args: &Args) -> Result<bool, String> {
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting the prefill process: {e}"))?;
-        let link = listener.accept(&tcfg).map_err(|e| e.to_string())?;
+        // Wait for the prefill process to connect, unless it dies first.
+        let link = loop {
+            match listener.accept_within(&tcfg, Duration::from_millis(200)) {
+                Ok(link) => break link,
+                Err(LinkError::AcceptTimeout { .. }) => {
+                    if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                        return Err(format!(
+                            "the prefill process exited before connecting: {status}"
+                        ));
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        };
         let mut decode = DecodeWorker::new(link, model, &dcfg, tcfg).map_err(|e| e.to_string())?;
         let (served, late) = serve(&mut decode, &reqs);
         let d_drained = decode.pool().stats();
-        // Tell the prefill process the workload has drained, and read its
-        // pool's figures before the link closes (closing it drops every
-        // transfer prefill still holds).
-        let mut stdin = child.stdin.take().ok_or("no prefill stdin")?;
-        writeln!(stdin, "drained").map_err(|e| format!("telling prefill: {e}"))?;
-        drop(stdin);
-        let out = child.stdout.take().ok_or("no prefill stdout")?;
-        let mut lines = BufReader::new(out).lines().map_while(Result::ok);
-        let p_drained = lines
-            .by_ref()
-            .find_map(|l| figures(&l, "prefill-pool drained "))
-            .ok_or("the prefill process reported no drained figures")?;
-        // Close the link: the prefill process shuts down and reports again.
         let pool = decode.pool().clone();
-        drop(decode);
+        // Closing the link (dropping decode) makes the prefill process shut
+        // down; its figures are read before and after.
+        let prefill = audit_prefill_process(&mut child, move || drop(decode));
         let d_after = pool.stats();
-        let p_after = lines
-            .find_map(|l| figures(&l, "prefill-pool shutdown "))
-            .ok_or("the prefill process reported no shutdown figures")?;
-        let status = child.wait().map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("the prefill process failed: {status}"));
+        if prefill.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        let prefill = match (&p_drained[..], &p_after[..]) {
-            (&[in_use, held, ack_timeouts], &[not_free, violations]) => PoolAudit {
-                drained_in_use: in_use as usize,
-                drained_held: held as usize,
-                not_free_after_shutdown: not_free as usize,
-                violations,
-                ack_timeouts,
-            },
-            _ => return Err("the prefill process's figures are malformed".into()),
-        };
         (served, late, PoolAudit::new(d_drained, d_after), prefill)
     } else {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
@@ -456,7 +445,10 @@ fn run(args: &Args) -> Result<bool, String> {
         let (served, late) = serve(&mut decode, &reqs);
         let d_drained = decode.pool().stats();
         drained.store(true, Ordering::Release);
-        let prefill = thread.join().map_err(|_| "the prefill thread panicked")??;
+        let prefill = thread
+            .join()
+            .map_err(|_| "the prefill thread panicked".to_string())
+            .and_then(|r| r);
         let pool = decode.pool().clone();
         drop(decode);
         (
@@ -540,6 +532,16 @@ fn run(args: &Args) -> Result<bool, String> {
         };
         let _ = writeln!(out, "{line}");
     }
+    // A prefill worker that could not be audited (its process died, its
+    // link ended early) fails the run; the line still reports decode's side.
+    let audited = match &prefill_audit {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("the prefill worker's pool could not be audited: {e}");
+            false
+        }
+    };
+    let prefill_audit = prefill_audit.unwrap_or_default();
     let leaked = decode_audit.leaked() + prefill_audit.leaked();
     let held = decode_audit.drained_held + prefill_audit.drained_held;
     let violations = decode_audit.violations + prefill_audit.violations;
@@ -556,13 +558,52 @@ fn run(args: &Args) -> Result<bool, String> {
         );
     }
     let counted = ok + rejected + cancelled + failed == reqs.len();
-    Ok(counted
+    Ok(audited
+        && counted
         && leaked == 0
         && held == 0
         && violations == 0
         && prefill_audit.ack_timeouts == 0
         && mismatched == 0
         && lost == 0)
+}
+
+/// Tells the prefill process the workload has drained and reads its pool's
+/// figures, then runs `close` (which ends the link, so the process shuts
+/// down) and reads them again. `close` runs whatever happened before it.
+fn audit_prefill_process(child: &mut Child, close: impl FnOnce()) -> Result<PoolAudit, String> {
+    let (stdin, out) = (child.stdin.take(), child.stdout.take());
+    let mut lines = out.map(|o| BufReader::new(o).lines().map_while(Result::ok));
+    let drained = (|| -> Result<Vec<u64>, String> {
+        let mut stdin = stdin.ok_or("no prefill stdin")?;
+        writeln!(stdin, "drained").map_err(|e| format!("telling prefill: {e}"))?;
+        drop(stdin);
+        lines
+            .as_mut()
+            .ok_or("no prefill stdout")?
+            .find_map(|l: String| figures(&l, "prefill-pool drained "))
+            .ok_or_else(|| "the prefill process reported no drained figures".to_string())
+    })();
+    close();
+    let p_drained = drained?;
+    let p_after = lines
+        .as_mut()
+        .and_then(|l| l.find_map(|l: String| figures(&l, "prefill-pool shutdown ")))
+        .ok_or("the prefill process reported no shutdown figures")?;
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("the prefill process failed: {status}"));
+    }
+    match (&p_drained[..], &p_after[..]) {
+        (&[in_use, held, ack_timeouts], &[not_free, violations]) => Ok(PoolAudit {
+            drained_in_use: in_use as usize,
+            drained_held: held as usize,
+            not_free_after_shutdown: not_free as usize,
+            violations,
+            ack_timeouts,
+        }),
+        _ => Err("the prefill process's figures are malformed".into()),
+    }
 }
 
 /// The numbers of a `PREFIX key=value ...` line of the prefill process.

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
 use handoff::transfer::{
-    DecodeWorker, Fault, FaultPlan, PrefillWorker, Step, TcpDecodeListener, TcpPrefill,
+    DecodeWorker, Fault, FaultPlan, LinkError, PrefillWorker, Step, TcpDecodeListener, TcpPrefill,
     TransferConfig,
 };
 use handoff::{
@@ -303,7 +303,18 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut restarts = 0u64;
     let mut last_report = Instant::now();
     while tally.done < args.requests {
-        let link = listener.accept(&tcfg).map_err(|e| e.to_string())?;
+        // The prefill process reconnects after each restart, unless it died.
+        let link = loop {
+            match listener.accept_within(&tcfg, Duration::from_millis(200)) {
+                Ok(link) => break link,
+                Err(LinkError::AcceptTimeout { .. }) => {
+                    if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                        return Err(format!("the prefill process exited: {status}"));
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        };
         let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
         let mut decode =
             DecodeWorker::new(link, model, &dcfg, tcfg.clone()).map_err(|e| e.to_string())?;

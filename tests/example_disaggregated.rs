@@ -194,3 +194,81 @@ fn a_corrupted_receipt_fails_only_its_request_over_tcp() {
     };
     assert_corrupt_receipt_failed(&a, &lines);
 }
+
+/// The pid of the prefill process `parent` started, once it exists.
+fn prefill_child_of(parent: u32) -> Option<u32> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < until {
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // Field 4 of /proc/PID/stat (after the parenthesised name) is the parent.
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent)
+                && String::from_utf8_lossy(&cmdline).contains("--role-prefill-of")
+            {
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    None
+}
+
+#[test]
+fn a_prefill_process_killed_mid_run_fails_requests_typed_and_the_run_fails() {
+    // A real SIGKILL of the prefill process, not the in-process simulation:
+    // every request still gets an outcome (typed, never lost), decode's pool
+    // is clean, and the run exits 1 saying the prefill pool went unaudited.
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Some(bin) = example_bin::path("disaggregated") else {
+        return;
+    };
+    let child = std::process::Command::new(&bin)
+        .args(["--transport", "tcp"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let prefill = prefill_child_of(child.id()).expect("the prefill process started");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &prefill.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    if stderr.contains("exited before connecting") {
+        // Killed before it connected: the run ends at once, typed.
+        return;
+    }
+    assert!(stderr.contains("could not be audited"), "{stderr}");
+    let mut lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
+    let a = parse_audit(&lines.pop().expect("an audit line"));
+    assert_eq!(lines.len(), a.requests, "{stdout}");
+    assert_eq!(a.requests, a.ok + a.rejected + a.cancelled + a.failed);
+    assert!(!stdout.contains("LOST"), "{stdout}");
+    assert!(!stdout.contains("DIFFERS"), "{stdout}");
+    assert_eq!(
+        (a.leaked_pages, a.held_pages, a.isolation_violations),
+        (0, 0, 0)
+    );
+    for l in lines.iter().filter(|l| l.contains(": failed, HTTP ")) {
+        assert!(l.contains("HTTP 502"), "a dead peer is a bad gateway: {l}");
+    }
+}

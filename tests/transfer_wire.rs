@@ -768,3 +768,40 @@ fn an_idle_link_between_frames_stays_up() {
     assert_eq!(decode.link_error(), None);
     drop(prefill_link);
 }
+
+#[test]
+fn a_decode_listener_waits_for_a_prefill_peer_only_as_long_as_it_is_told() {
+    // A prefill process that died before connecting: accept_within gives up
+    // with a typed timeout (504) instead of blocking for ever.
+    let cfg = TransferConfig::default();
+    let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let start = std::time::Instant::now();
+    let e = listener
+        .accept_within(&cfg, Duration::from_millis(100))
+        .err()
+        .expect("nobody connected");
+    assert!(
+        matches!(e, LinkError::AcceptTimeout { waited_ms } if waited_ms >= 100),
+        "{e}"
+    );
+    assert_eq!(handoff::HttpStatus::http_status(&e), 504);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // The same listener still accepts a peer that does connect, and the link
+    // it gives works in blocking mode.
+    let addr = listener.local_addr().unwrap();
+    let peer = std::thread::spawn(move || TcpPrefill::connect(addr, &TransferConfig::default()));
+    let mut decode = listener
+        .accept_within(&cfg, Duration::from_secs(10))
+        .unwrap();
+    let mut prefill = peer.join().unwrap().unwrap();
+    use handoff::transfer::{DecodeLink, PrefillLink};
+    prefill
+        .send(ToDecode::Abort(handoff::transfer::Abort {
+            request: RequestId(1),
+            nonce: Nonce(7),
+            reason: handoff::transfer::AbortReason::EmptyPrompt,
+        }))
+        .unwrap();
+    let got = decode.recv(Duration::from_secs(5)).unwrap();
+    assert!(matches!(got, Some(ToDecode::Abort(_))), "{got:?}");
+}

@@ -92,6 +92,11 @@ pub enum LinkError {
         "the worker at this end was killed (fault injection): its transfers are lost; restart it"
     )]
     Killed,
+    #[error(
+        "no prefill peer connected within {waited_ms} ms: check that the prefill worker started \
+         and can reach this address"
+    )]
+    AcceptTimeout { waited_ms: u128 },
 }
 
 impl From<std::io::Error> for LinkError {
@@ -285,6 +290,7 @@ impl HttpStatus for LinkError {
             | LinkError::Io { .. }
             | LinkError::Wire(_)
             | LinkError::Killed => 502,
+            LinkError::AcceptTimeout { .. } => 504,
         }
     }
 }

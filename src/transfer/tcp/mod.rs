@@ -212,10 +212,44 @@ impl TcpDecodeListener {
     pub fn local_addr(&self) -> Result<SocketAddr, LinkError> {
         Ok(self.listener.local_addr()?)
     }
-    /// Accepts one prefill peer.
+    /// Accepts one prefill peer, waiting as long as it takes (a server's
+    /// accept loop); see [`TcpDecodeListener::accept_within`] for a bound.
     pub fn accept(&self, cfg: &TransferConfig) -> Result<TcpDecode, LinkError> {
         cfg.validate()?;
         let (stream, peer) = self.listener.accept()?;
+        check_loopback(peer)?;
+        TcpDecode::start(stream, cfg)
+    }
+
+    /// Accepts one prefill peer, or fails with
+    /// [`LinkError::AcceptTimeout`] once `limit` has passed without one
+    /// (a prefill process that died before connecting).
+    pub fn accept_within(
+        &self,
+        cfg: &TransferConfig,
+        limit: std::time::Duration,
+    ) -> Result<TcpDecode, LinkError> {
+        cfg.validate()?;
+        let start = std::time::Instant::now();
+        self.listener.set_nonblocking(true)?;
+        let accepted = loop {
+            match self.listener.accept() {
+                Ok(conn) => break Ok(conn),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= limit {
+                        break Err(LinkError::AcceptTimeout {
+                            waited_ms: start.elapsed().as_millis(),
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(e) => break Err(e.into()),
+            }
+        };
+        self.listener.set_nonblocking(false)?;
+        let (stream, peer) = accepted?;
+        // An accepted socket may inherit non-blocking mode on some systems.
+        stream.set_nonblocking(false)?;
         check_loopback(peer)?;
         TcpDecode::start(stream, cfg)
     }
