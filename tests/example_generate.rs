@@ -90,27 +90,39 @@ impl Drop for TempFile {
     }
 }
 
-#[test]
-fn one_line_per_prompt_in_order_with_transformers_greedy_tokens() {
-    let cases = transformers_cases();
+/// Runs the example on `model` with `cases`' prompts, in that order, for
+/// as many tokens as their continuations, greedy; checks that stdout is
+/// exactly those continuations, one line each (ids only, single spaces, no
+/// trailing text). `None` when the example is not built.
+fn greedy_lines_are(model: &str, cases: &[(Vec<u32>, Vec<u32>)]) -> Option<Output> {
     let n = cases[0].1.len();
     assert!(cases.iter().all(|(_, g)| g.len() == n));
-    // Given in reverse, so order comes from the arguments, not the fixture.
-    let mut args = vec!["--model", FIXTURE];
-    let prompts: Vec<String> = cases.iter().rev().map(|(p, _)| csv(p)).collect();
+    let mut args = vec!["--model", model];
+    let prompts: Vec<String> = cases.iter().map(|(p, _)| csv(p)).collect();
     for p in &prompts {
         args.extend(["--prompt-ids", p.as_str()]);
     }
     let n_arg = n.to_string();
     args.extend(["--max-new-tokens", &n_arg, "--temperature", "0"]);
-    let Some(out) = run(&args) else { return };
+    let out = run(&args)?;
     assert_success(&out);
-    let text = String::from_utf8(out.stdout.clone()).unwrap();
-    let expected: Vec<String> = cases.iter().rev().map(|(_, g)| line_of(g)).collect();
-    // Exactly these lines: ids only, single spaces, no trailing text.
-    assert_eq!(text, format!("{}\n", expected.join("\n")));
+    let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
+    assert_eq!(
+        String::from_utf8(out.stdout.clone()).unwrap(),
+        format!("{}\n", expected.join("\n"))
+    );
+    Some(out)
+}
+
+#[test]
+fn one_line_per_prompt_in_order_with_transformers_greedy_tokens() {
+    // Given in reverse, so order comes from the arguments, not the fixture.
+    let cases: Vec<_> = transformers_cases().into_iter().rev().collect();
+    let Some(out) = greedy_lines_are(FIXTURE, &cases) else {
+        return;
+    };
     for line in stdout_lines(&out) {
-        assert_eq!(line.split(' ').count(), n, "{line:?}");
+        assert_eq!(line.split(' ').count(), cases[0].1.len(), "{line:?}");
     }
 }
 
@@ -121,21 +133,7 @@ fn a_llama3_checkpoint_generates_transformers_greedy_tokens() {
         .into_iter()
         .map(|c| (c.prompt, c.greedy))
         .collect();
-    let n = cases[0].1.len();
-    let mut args = vec!["--model", hf_fixture::FIXTURE_LLAMA3];
-    let prompts: Vec<String> = cases.iter().map(|(p, _)| csv(p)).collect();
-    for p in &prompts {
-        args.extend(["--prompt-ids", p.as_str()]);
-    }
-    let n_arg = n.to_string();
-    args.extend(["--max-new-tokens", &n_arg, "--temperature", "0"]);
-    let Some(out) = run(&args) else { return };
-    assert_success(&out);
-    let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
-    assert_eq!(
-        String::from_utf8(out.stdout.clone()).unwrap(),
-        format!("{}\n", expected.join("\n"))
-    );
+    greedy_lines_are(hf_fixture::FIXTURE_LLAMA3, &cases);
 }
 
 #[test]
