@@ -60,6 +60,9 @@ struct Args {
     corrupt: bool,
     /// Internal: run as the prefill process, connecting to this address.
     prefill_of: Option<SocketAddr>,
+    /// Test aid: the prefill process waits this long after connecting
+    /// before serving, so its requests are certainly in flight meanwhile.
+    prefill_stall_ms: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -68,6 +71,7 @@ fn parse() -> Result<Args, String> {
         model: None,
         corrupt: false,
         prefill_of: None,
+        prefill_stall_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,6 +83,10 @@ fn parse() -> Result<Args, String> {
             },
             "--model" => a.model = Some(it.next().ok_or("--model needs a path")?.into()),
             "--inject-corrupt-receipt" => a.corrupt = true,
+            "--prefill-stall-ms" => {
+                let v = it.next().ok_or("--prefill-stall-ms needs a number")?;
+                a.prefill_stall_ms = v.parse().map_err(|e| format!("{v}: {e}"))?;
+            }
             "--role-prefill-of" => {
                 let v = it.next().ok_or("--role-prefill-of needs an address")?;
                 a.prefill_of = Some(v.parse().map_err(|e| format!("{v}: {e}"))?);
@@ -86,7 +94,8 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => {
                 return Err(
                     "usage: disaggregated [--transport inproc|tcp] [--model PATH] \
-                            [--inject-corrupt-receipt]"
+                            [--inject-corrupt-receipt] [--prefill-stall-ms N (tcp: the prefill \
+                            process waits N ms after connecting; a test aid)]"
                         .into(),
                 );
             }
@@ -180,6 +189,7 @@ fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let cfg = config(&w, Role::Prefill)?;
     let tcfg = transfer_config(args.corrupt);
     let link = TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
     let model = Model::cpu(w).map_err(|e| e.to_string())?;
     let mut worker = PrefillWorker::new(link, model, &cfg, tcfg).map_err(|e| e.to_string())?;
     let drained = Arc::new(AtomicBool::new(false));
@@ -375,7 +385,7 @@ fn run(args: &Args) -> Result<bool, String> {
 
     type Run = (Vec<Served>, Late, PoolAudit, Result<PoolAudit, String>);
     let (served, late, decode_audit, prefill_audit): Run = if args.tcp {
-        let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        let mut listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -387,19 +397,30 @@ fn run(args: &Args) -> Result<bool, String> {
         if args.corrupt {
             cmd.arg("--inject-corrupt-receipt");
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting the prefill process: {e}"))?;
-        // Wait for the prefill process to connect, unless it dies first.
+        if args.prefill_stall_ms > 0 {
+            cmd.arg("--prefill-stall-ms")
+                .arg(args.prefill_stall_ms.to_string());
+        }
+        let mut child = PrefillProcess(
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("starting the prefill process: {e}"))?,
+        );
+        // Wait for the prefill process to connect, unless it dies or hangs.
+        let until = Instant::now() + PREFILL_DEADLINE;
         let link = loop {
             match listener.accept_within(&tcfg, Duration::from_millis(200)) {
                 Ok(link) => break link,
                 Err(LinkError::AcceptTimeout { .. }) => {
-                    if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                    if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
                         return Err(format!(
                             "the prefill process exited before connecting: {status}"
+                        ));
+                    }
+                    if Instant::now() > until {
+                        return Err(format!(
+                            "the prefill process did not connect within {PREFILL_DEADLINE:?}"
                         ));
                     }
                 }
@@ -412,12 +433,9 @@ fn run(args: &Args) -> Result<bool, String> {
         let pool = decode.pool().clone();
         // Closing the link (dropping decode) makes the prefill process shut
         // down; its figures are read before and after.
-        let prefill = audit_prefill_process(&mut child, move || drop(decode));
+        let prefill = audit_prefill_process(&mut child.0, move || drop(decode));
         let d_after = pool.stats();
-        if prefill.is_err() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        drop(child); // reaped, or killed and reaped if the audit failed
         (served, late, PoolAudit::new(d_drained, d_after), prefill)
     } else {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
@@ -568,29 +586,83 @@ fn run(args: &Args) -> Result<bool, String> {
         && lost == 0)
 }
 
+/// How long the prefill process may take to connect, and to report its
+/// pool's figures once told the workload has drained.
+const PREFILL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The prefill process: killed (if still running) and reaped when dropped,
+/// so no error path leaves it behind.
+struct PrefillProcess(Child);
+
+impl Drop for PrefillProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// Tells the prefill process the workload has drained and reads its pool's
 /// figures, then runs `close` (which ends the link, so the process shuts
 /// down) and reads them again. `close` runs whatever happened before it.
+/// Every wait is bounded by [`PREFILL_DEADLINE`]: a wedged process fails
+/// the audit instead of hanging the run.
 fn audit_prefill_process(child: &mut Child, close: impl FnOnce()) -> Result<PoolAudit, String> {
     let (stdin, out) = (child.stdin.take(), child.stdout.take());
-    let mut lines = out.map(|o| BufReader::new(o).lines().map_while(Result::ok));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    if let Some(out) = out {
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let until = Instant::now() + PREFILL_DEADLINE;
+    let next = |prefix: &str| -> Result<Vec<u64>, String> {
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(f) = figures(&line, prefix) {
+                        return Ok(f);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "the prefill process printed no \"{prefix}\" line within {PREFILL_DEADLINE:?}"
+                    ));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "the prefill process ended without a \"{prefix}\" line"
+                    ));
+                }
+            }
+        }
+    };
     let drained = (|| -> Result<Vec<u64>, String> {
         let mut stdin = stdin.ok_or("no prefill stdin")?;
         writeln!(stdin, "drained").map_err(|e| format!("telling prefill: {e}"))?;
         drop(stdin);
-        lines
-            .as_mut()
-            .ok_or("no prefill stdout")?
-            .find_map(|l: String| figures(&l, "prefill-pool drained "))
-            .ok_or_else(|| "the prefill process reported no drained figures".to_string())
+        next("prefill-pool drained ")
     })();
     close();
     let p_drained = drained?;
-    let p_after = lines
-        .as_mut()
-        .and_then(|l| l.find_map(|l: String| figures(&l, "prefill-pool shutdown ")))
-        .ok_or("the prefill process reported no shutdown figures")?;
-    let status = child.wait().map_err(|e| e.to_string())?;
+    let p_after = next("prefill-pool shutdown ")?;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the prefill process did not exit within {PREFILL_DEADLINE:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     if !status.success() {
         return Err(format!("the prefill process failed: {status}"));
     }

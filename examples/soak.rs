@@ -274,17 +274,19 @@ fn run(args: &Args) -> Result<bool, String> {
     let dcfg = config(&w, Role::Decode, 3200)?;
     let (tcfg, plan) = transfer_config(args);
 
-    let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+    let mut listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
-        .args(["--role-prefill-of", &addr.to_string()])
-        .args(["--seed", &args.seed.to_string()])
-        .args(["--fault-pct", &args.fault_pct.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting the prefill process: {e}"))?;
+    let mut child = Reaped(
+        Command::new(exe)
+            .args(["--role-prefill-of", &addr.to_string()])
+            .args(["--seed", &args.seed.to_string()])
+            .args(["--fault-pct", &args.fault_pct.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the prefill process: {e}"))?,
+    );
 
     eprintln!(
         "soak: {} requests, {} in flight, {}% cancelled, {}% with a fault; decode pid {}, prefill pid {}",
@@ -293,7 +295,7 @@ fn run(args: &Args) -> Result<bool, String> {
         args.cancel_pct,
         args.fault_pct,
         std::process::id(),
-        child.id()
+        child.0.id()
     );
     let started = Instant::now();
     let mut tally = Tally::default();
@@ -303,13 +305,18 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut restarts = 0u64;
     let mut last_report = Instant::now();
     while tally.done < args.requests {
-        // The prefill process reconnects after each restart, unless it died.
+        // The prefill process reconnects after each restart, unless it died
+        // or hangs.
+        let until = Instant::now() + Duration::from_secs(60);
         let link = loop {
             match listener.accept_within(&tcfg, Duration::from_millis(200)) {
                 Ok(link) => break link,
                 Err(LinkError::AcceptTimeout { .. }) => {
-                    if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                    if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
                         return Err(format!("the prefill process exited: {status}"));
+                    }
+                    if Instant::now() > until {
+                        return Err("the prefill process did not reconnect within 60 s".into());
                     }
                 }
                 Err(e) => return Err(e.to_string()),
@@ -421,7 +428,7 @@ fn run(args: &Args) -> Result<bool, String> {
         }
     }
     let elapsed = started.elapsed();
-    let out = child.stdout.take().ok_or("no prefill stdout")?;
+    let out = child.0.stdout.take().ok_or("no prefill stdout")?;
     let mut report = None;
     for line in BufReader::new(out).lines().map_while(Result::ok) {
         if let Some(rest) = line.strip_prefix("prefill-report ") {
@@ -444,7 +451,7 @@ fn run(args: &Args) -> Result<bool, String> {
             ));
         }
     }
-    let status = child.wait().map_err(|e| e.to_string())?;
+    let status = child.0.wait().map_err(|e| e.to_string())?;
     let (p_audit, p_faults, p_rss) = report.ok_or("the prefill process reported nothing")?;
 
     let mut o = std::io::stdout().lock();
@@ -488,6 +495,19 @@ fn run(args: &Args) -> Result<bool, String> {
         && audit.held + p_audit.held == 0
         && audit.leaked + p_audit.leaked == 0
         && audit.violations + p_audit.violations == 0)
+}
+
+/// The prefill process: killed (if still running) and reaped when dropped,
+/// so no error path leaves it behind.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
 }
 
 fn main() -> ExitCode {

@@ -206,4 +206,28 @@ fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_
         panic!("a pool in use was accepted");
     };
     assert_eq!(e, EngineError::PoolInUse { in_use: 1, held: 0 });
+
+    // One pool, two workers: the second is refused, though nothing is
+    // reserved yet (each would admit against pages the other takes).
+    let shared = poisoned(Role::Decode);
+    let (_p1, d1) = InProcess.connect(&TransferConfig::default()).unwrap();
+    let (_p2, d2) = InProcess.connect(&TransferConfig::default()).unwrap();
+    let _first = DecodeWorker::with_pool(
+        d1,
+        model(),
+        &cfg(Role::Decode),
+        shared.clone(),
+        TransferConfig::default(),
+    )
+    .unwrap();
+    let Err(e) = DecodeWorker::with_pool(
+        d2,
+        model(),
+        &cfg(Role::Decode),
+        shared,
+        TransferConfig::default(),
+    ) else {
+        panic!("a second worker took a pool another worker serves");
+    };
+    assert_eq!(e, EngineError::PoolClaimed);
 }

@@ -774,7 +774,7 @@ fn a_decode_listener_waits_for_a_prefill_peer_only_as_long_as_it_is_told() {
     // A prefill process that died before connecting: accept_within gives up
     // with a typed timeout (504) instead of blocking for ever.
     let cfg = TransferConfig::default();
-    let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let mut listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     let start = std::time::Instant::now();
     let e = listener
         .accept_within(&cfg, Duration::from_millis(100))

@@ -53,6 +53,9 @@ pub enum EngineError {
         "the pool given has {in_use} pages in use and {held} held: give a worker a pool of its own"
     )]
     PoolInUse { in_use: usize, held: usize },
+    /// A worker was given a pool another worker already took.
+    #[error("the pool given already serves another worker: give each worker a pool of its own")]
+    PoolClaimed,
     #[error("forward pass failed: {0}")]
     Forward(#[from] ForwardError),
     #[error("KV pages: {0}")]
@@ -79,7 +82,8 @@ impl HttpStatus for EngineError {
             | EngineError::ContextBeyondModel { .. }
             | EngineError::Limits
             | EngineError::PoolMismatch
-            | EngineError::PoolInUse { .. } => 500,
+            | EngineError::PoolInUse { .. }
+            | EngineError::PoolClaimed => 500,
         }
     }
 }

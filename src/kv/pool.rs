@@ -1,7 +1,7 @@
 //! The page pool: fixed capacity, O(1) allocation and release, generations,
 //! and the accounting invariant `free + in_use + held == capacity`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sync::{Arc, Mutex};
 
@@ -120,6 +120,8 @@ pub(crate) struct Shared {
     pub(crate) meta: Mutex<Meta>,
     pub(crate) storage: Storage,
     pub(crate) violations: AtomicU64,
+    /// Set once a worker took this pool as its own (see [`KvPool::claim`]).
+    claimed: AtomicBool,
 }
 
 /// A fixed-capacity pool of KV pages. Cheap to clone (a shared handle).
@@ -190,9 +192,18 @@ impl KvPool {
                 }),
                 storage,
                 violations: AtomicU64::new(0),
+                claimed: AtomicBool::new(false),
                 cfg,
             }),
         })
+    }
+
+    /// Marks the pool as one worker's own; false if a worker already took
+    /// it. A worker admits against the pages it sees free, so two workers
+    /// (or a worker and a host reserving on a clone) on one pool would
+    /// turn away each other's admitted requests.
+    pub(crate) fn claim(&self) -> bool {
+        !self.shared.claimed.swap(true, Ordering::AcqRel)
     }
 
     /// The pool's configuration.

@@ -46,10 +46,11 @@ impl AdmissionLimits {
         self.vocab_size = Some(vocab);
         self
     }
-    /// Waiting requests beyond this are refused with 429.
+    /// Waiting requests beyond this are refused with 429 (at least 1: a
+    /// queue of 0 would refuse every request for ever).
     #[must_use]
     pub fn max_queue(mut self, n: usize) -> Self {
-        self.max_queue = n;
+        self.max_queue = n.max(1);
         self
     }
     pub fn max_context(&self) -> usize {

@@ -56,8 +56,11 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// [`PrefillWorker::new`] over a pool the host built, to choose its
     /// [`ScrubPolicy`](crate::ScrubPolicy) (or keep a handle for its
     /// stats): `KvPool::new(cfg.pool_config().scrub(policy))`. Any other
-    /// pool, or one whose pages something holds, is refused
-    /// ([`EngineError::PoolMismatch`], [`EngineError::PoolInUse`]).
+    /// pool, one whose pages something holds, or one another worker took is
+    /// refused ([`EngineError::PoolMismatch`], [`EngineError::PoolInUse`],
+    /// [`EngineError::PoolClaimed`]). The host's own handle is for stats:
+    /// reserving pages on it is outside this contract (the worker admits
+    /// against the pages it sees free).
     pub fn with_pool(
         link: L,
         model: Model<B>,

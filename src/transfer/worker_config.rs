@@ -47,7 +47,8 @@ pub(crate) fn check_model<B: Backend>(
 }
 
 /// Refuses a host-built `pool` that is not the pool `cfg` describes (any
-/// scrub policy), or whose pages something already holds.
+/// scrub policy), whose pages something already holds, or that another
+/// worker already took; then takes it.
 pub(crate) fn check_pool(cfg: &EngineConfig, pool: &KvPool) -> Result<(), EngineError> {
     let want = cfg.pool_config().scrub(pool.config().scrub_policy());
     if *pool.config() != want {
@@ -59,6 +60,9 @@ pub(crate) fn check_pool(cfg: &EngineConfig, pool: &KvPool) -> Result<(), Engine
             in_use: s.in_use,
             held: s.held,
         });
+    }
+    if !pool.claim() {
+        return Err(EngineError::PoolClaimed);
     }
     Ok(())
 }

@@ -224,8 +224,10 @@ impl TcpDecodeListener {
     /// Accepts one prefill peer, or fails with
     /// [`LinkError::AcceptTimeout`] once `limit` has passed without one
     /// (a prefill process that died before connecting).
+    /// Takes `&mut self`: it switches the listening socket to non-blocking
+    /// while it waits, which a concurrent accept must not see.
     pub fn accept_within(
-        &self,
+        &mut self,
         cfg: &TransferConfig,
         limit: std::time::Duration,
     ) -> Result<TcpDecode, LinkError> {
