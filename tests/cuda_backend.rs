@@ -223,8 +223,9 @@ fn poison_mode_no_nan_reaches_logits_after_cancels_and_failures() {
 
     // E and F take the poisoned pages (short prompts leave most slots of
     // their pages unwritten) and generate alongside A.
-    let mut e = pool.reserve(RequestId(5), 40).unwrap();
-    let mut f = pool.reserve(RequestId(6), 40).unwrap();
+    // Room for the ~50 tokens each decodes alongside A (to A's 60).
+    let mut e = pool.reserve(RequestId(5), 64).unwrap();
+    let mut f = pool.reserve(RequestId(6), 64).unwrap();
     let logits = gpu
         .prefill(&mut scratch, &mut [&mut e, &mut f], &[&[1, 42], &[1]])
         .unwrap();

@@ -1229,8 +1229,10 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
         .map(|(i, &v)| (v + bias[i % 4]) + v)
         .collect();
     assert_eq!(dev.download(&x_dev).unwrap(), want);
+    // An addend whose length does not divide the destination's (12 % 5).
+    let five = rng.vec(5, 1.0);
     assert!(matches!(
-        dev.add_assign(&mut x_dev, &dev.upload(&bias[..3]).unwrap()),
+        dev.add_assign(&mut x_dev, &dev.upload(&five).unwrap()),
         Err(CudaError::Shape { .. })
     ));
 }
