@@ -2,7 +2,7 @@
 # Builds the GPU checks here (no GPU needed) into gpu-bundle/ (git-ignored),
 # to be carried to a GPU machine that has a driver but no Rust:
 #   gpu-bundle/tests/*        release test binaries with --features cuda
-#   gpu-bundle/benches/*      the kernel benchmark
+#   gpu-bundle/benches/*      the kernel and end-to-end decode benchmarks
 #   gpu-bundle/stories260K.bin (for the end-to-end test, when present)
 #   gpu-bundle/cublas_reference.py  torch (cuBLAS) bf16 GEMMs for comparison
 #   gpu-bundle/run.sh         runs them all with HANDOFF_REQUIRE_GPU=1,
@@ -21,7 +21,7 @@ mkdir -p "$bundle/tests" "$bundle/benches" target
 cargo test --release --features cuda --no-run --message-format=json \
   $(for f in tests/cuda_*.rs; do n=$(basename "$f" .rs); printf -- '--test %s ' "$n"; done) \
   > target/gpu-bundle-tests.json
-cargo bench --features cuda --no-run --message-format=json --bench cuda_attention \
+cargo bench --features cuda --no-run --message-format=json --bench cuda_attention --bench cuda_decode \
   > target/gpu-bundle-benches.json
 
 pick() { # json file, destination dir
@@ -49,8 +49,9 @@ cp scripts/cublas_reference.py "$bundle/cublas_reference.py"
 cat > "$bundle/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the GPU checks; results under $OUT (default: ./out next to this file).
-# Budget (worst case, every step at its timeout): tests 2 x 140 s, kernel
-# benchmark 120 s, cuBLAS reference 60 s: under 8 minutes in all.
+# Budget (worst case, every step at its timeout): tests 2 x 140 s, end-to-end
+# decode 90 s, kernel benchmark 120 s, cuBLAS reference 60 s: under 10 minutes
+# in all (about 1 minute when nothing times out).
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
@@ -77,6 +78,12 @@ for t in "$here"/tests/*; do
   grep -E "^test .* (FAILED|ok)$|panicked|test result" "$out/$name.log" | tail -40
   [[ $rc -eq 0 ]] || status=1
 done
+start=$SECONDS
+timeout 90 "$here/benches/cuda_decode" > "$out/cuda_decode.md" 2> "$out/cuda_decode.err"
+rc=$?
+echo "== cuda_decode: exit $rc in $((SECONDS - start))s"
+cat "$out/cuda_decode.md" "$out/cuda_decode.err"
+[[ $rc -eq 0 ]] || status=1
 start=$SECONDS
 timeout 120 "$here/benches/cuda_attention" > "$out/cuda_attention.md" 2> "$out/cuda_attention.err"
 rc=$?
