@@ -33,6 +33,8 @@ pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
 const PMMA_BM: usize = 64; // mirrors PMMA_BM in prefill_mma.cu (rows per block)
 const PMMA_BN: usize = 64; // mirrors PMMA_BN (keys per tile)
 const PMMA_THREADS: u32 = 128;
+const LIN_ROWS: usize = 16; // mirrors LIN_ROWS in linear.cu (rows of x per block)
+const LIN_WARPS: usize = 8; // mirrors LIN_WARPS (output columns per block)
 const DECODE_THREADS: u32 = 128;
 const CHECKSUM_WARPS: usize = 8; // mirrors CHECKSUM_WARPS in checksum.cu
 /// Smallest KV chunk a split-KV decode block takes (positions).
@@ -928,9 +930,9 @@ impl CudaDevice {
             pad0: 0,
         };
         let Some(grid_dim) = grid(
-            "matmul tiles (columns, rows)",
-            n.div_ceil(16),
-            m.div_ceil(16),
+            "matmul blocks (columns, rows)",
+            n.div_ceil(LIN_WARPS),
+            m.div_ceil(LIN_ROWS),
             1,
         )?
         else {
@@ -938,12 +940,13 @@ impl CudaDevice {
         };
         let mut b = stream.launch_builder(self.kernel("linear")?);
         b.arg(&p);
-        // SAFETY: x holds m*k, w n*k and out m*n f32 (checked); grid covers
-        // (n, m) in 16x16 tiles and the kernel bounds every access by m, n, k.
+        // SAFETY: x holds m*k, w n*k and out m*n f32 (checked); the grid
+        // covers n columns in blocks of LIN_WARPS warps and m rows in tiles
+        // of LIN_ROWS, and the kernel bounds every access by m, n, k.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim,
-                block_dim: (16, 16, 1),
+                block_dim: (32 * LIN_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
