@@ -52,10 +52,12 @@ pub(crate) fn rope_rows(isa: Isa, x: &mut [f32], positions: &[usize], r: Rope) {
             t.positions.clear();
             t.positions.extend_from_slice(positions);
             t.cs.clear();
+            // One frequency per pair, shared by every position.
+            let freqs: Vec<f64> = (0..half).map(|i| r.inv_freq(i)).collect();
             for &pos in positions {
                 // Angles in f64: at long positions an f32 product drifts.
-                for i in 0..half {
-                    let (s, c) = (pos as f64 * r.inv_freq(i)).sin_cos();
+                for &f in &freqs {
+                    let (s, c) = (pos as f64 * f).sin_cos();
                     t.cs.push((c as f32, s as f32));
                 }
             }
