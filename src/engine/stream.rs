@@ -138,17 +138,12 @@ impl RequestHandle {
     /// before the request has ended, it never returns; see
     /// [`RequestHandle::wait_timeout`].
     pub fn wait(self) -> (Vec<u32>, Outcome) {
-        let mut tokens = Vec::new();
-        if let Some(o) = self.outcome.get() {
-            return (tokens, o.clone());
-        }
-        for ev in self.events.iter() {
-            match ev {
-                Event::Token(t) => tokens.push(t),
-                Event::Done(o) => return (tokens, o),
-            }
-        }
-        (tokens, Outcome::Failed(EngineError::Shutdown))
+        // Without a deadline the wait ends only with an outcome.
+        let (tokens, outcome) = self.wait_timeout(Duration::MAX);
+        (
+            tokens,
+            outcome.unwrap_or(Outcome::Failed(EngineError::Shutdown)),
+        )
     }
 
     /// Like [`RequestHandle::wait`], but gives up after `timeout`: the
