@@ -82,6 +82,7 @@ pub mod request;
 mod rng;
 pub mod sampling;
 pub mod sched;
+pub mod service;
 mod sync;
 pub mod transfer;
 

@@ -208,6 +208,39 @@ fn dropping_the_engine_tells_every_live_request() {
 }
 
 #[test]
+fn a_shut_down_engine_ends_live_requests_and_turns_later_ones_away() {
+    let m = model();
+    let c = cfg(&m);
+    let opts = EngineOptions {
+        limits: BatchLimits {
+            max_running: 1,
+            max_prefill_tokens: 1024,
+        },
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::with_options(m, c, opts).unwrap();
+    let running = e.submit(req(1, 50)).unwrap();
+    let waiting = e.submit(req(2, 50)).unwrap();
+    let _ = e.step();
+    e.shutdown();
+    let (tokens, outcome) = running.try_collect();
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(outcome, Some(Outcome::Failed(EngineError::Shutdown)));
+    assert!(matches!(
+        waiting.try_collect(),
+        (t, Some(Outcome::Rejected(Rejection::ShuttingDown { .. }))) if t.is_empty()
+    ));
+    assert!(e.is_idle());
+    assert!(e.pool_stats().is_full());
+    // The engine lives on for its stats; it admits nothing more.
+    let late = e.submit(req(3, 4)).unwrap_err();
+    assert!(matches!(late, Rejection::ShuttingDown { .. }));
+    assert_eq!(late.http_status(), 503);
+    assert_eq!(e.step(), Default::default());
+    assert!(e.pool_stats().is_full());
+}
+
+#[test]
 fn an_engine_refuses_a_configuration_that_does_not_fit_the_model() {
     let m = model();
     let wrong_geometry = EngineConfig::builder(

@@ -233,6 +233,34 @@ impl<B: Backend> Engine<B> {
         steps
     }
 
+    /// Ends every live request and refuses later submissions
+    /// ([`Rejection::ShuttingDown`], 503). A request that has streamed
+    /// tokens (running, or preempted and waiting for recompute) fails
+    /// ([`EngineError::Shutdown`], 503); one that never generated is turned
+    /// away ([`Rejection::ShuttingDown`]: a client may retry it elsewhere).
+    /// Every page is released: nothing is in flight between steps. Dropping
+    /// the engine does the same.
+    pub fn shutdown(&mut self) {
+        self.sched.close();
+        let running: Vec<RequestId> = self.running.iter().map(|r| r.req.id).collect();
+        for r in std::mem::take(&mut self.running) {
+            r.seq.release();
+        }
+        while self.sched.pop_if(|_| true).is_some() {}
+        for (id, l) in self.live.drain() {
+            // A request that has streamed tokens (running, or preempted and
+            // waiting for recompute) failed mid-way; only one that never
+            // generated is turned away (a client may retry that elsewhere).
+            let outcome = if running.contains(&id) || !l.generated.is_empty() {
+                Outcome::Failed(EngineError::Shutdown)
+            } else {
+                Outcome::Rejected(Rejection::ShuttingDown { id })
+            };
+            self.sched.finish(id);
+            let _ = l.tx.send(Event::Done(outcome));
+        }
+    }
+
     /// Runs one step. See the module documentation.
     pub fn step(&mut self) -> StepReport {
         let mut report = StepReport::default();
@@ -503,17 +531,6 @@ fn deliver(live: &mut Live, logits: &[f32]) -> Delivery {
 
 impl<B: Backend> Drop for Engine<B> {
     fn drop(&mut self) {
-        let running: Vec<RequestId> = self.running.iter().map(|r| r.req.id).collect();
-        for (id, l) in self.live.drain() {
-            // A request that has streamed tokens (running, or preempted and
-            // waiting for recompute) failed mid-way; only one that never
-            // generated is turned away (a client may retry that elsewhere).
-            let outcome = if running.contains(&id) || !l.generated.is_empty() {
-                Outcome::Failed(EngineError::Shutdown)
-            } else {
-                Outcome::Rejected(Rejection::ShuttingDown { id })
-            };
-            let _ = l.tx.send(Event::Done(outcome));
-        }
+        self.shutdown();
     }
 }
