@@ -436,6 +436,7 @@ fn main() {
         "\n(random Llama-3.2-1B-shaped weights, {layers} layers, made in {:.2?})",
         t.elapsed()
     ));
+    storage_side_by_side(&w, layers);
     bench(
         w,
         &Plan {
@@ -449,4 +450,48 @@ fn main() {
             engine_new: 0,
         },
     );
+}
+
+/// The same bf16 checkpoint (the random weights truncated to bf16) decoded
+/// with its matrices kept as bf16 (the default) and widened to f32, in
+/// alternating rounds: bf16 storage halves the bytes each step streams.
+fn storage_side_by_side(w: &ModelWeights, layers: usize) {
+    let mut w = w.clone();
+    let round = |v: &mut Vec<f32>| {
+        for x in v.iter_mut() {
+            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
+        }
+    };
+    round(&mut w.embedding);
+    if let Some(h) = w.lm_head.as_mut() {
+        round(h);
+    }
+    for l in &mut w.layers {
+        for v in [
+            &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
+        ] {
+            round(v);
+        }
+    }
+    let compact = Model::new(backend().compact_weights(true), w.clone()).unwrap();
+    let wide = Model::new(backend().compact_weights(false), w).unwrap();
+    say(format!(
+        "\n## Llama-3.2-1B shape as a bf16 checkpoint ({layers} layers): weights kept as bf16 ({:.2} GB) vs f32 ({:.2} GB), alternating",
+        compact.weight_bytes() as f64 / 1e9,
+        wide.weight_bytes() as f64 / 1e9
+    ));
+    for round in 0..2 {
+        for b in [1, 8] {
+            let c = decode_rate(&compact, b, 8, 3, 2);
+            let f = decode_rate(&wide, b, 8, 3, 2);
+            say(format!(
+                "round {round}, decode batch {b}: bf16 {:.2} tokens/s wall ({:.2} per CPU-second) | f32 {:.2} ({:.2}) | bf16/f32 {:.2}x",
+                c.wall,
+                c.cpu,
+                f.wall,
+                f.cpu,
+                c.wall / f.wall
+            ));
+        }
+    }
 }

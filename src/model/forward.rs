@@ -332,6 +332,29 @@ impl<B: Backend> Model<B> {
         &self.backend
     }
 
+    /// Bytes the placed weights occupy on the backend (for sizing a
+    /// deployment: add the KV pool's).
+    pub fn weight_bytes(&self) -> usize {
+        let b = &self.backend;
+        let mut mats = vec![&self.embedding, &self.final_norm];
+        mats.extend(&self.lm_head);
+        for l in &self.layers {
+            mats.extend([
+                &l.attn_norm,
+                &l.wq,
+                &l.wk,
+                &l.wv,
+                &l.wo,
+                &l.ffn_norm,
+                &l.w1,
+                &l.w2,
+                &l.w3,
+            ]);
+            mats.extend([&l.bq, &l.bk, &l.bv].into_iter().flatten());
+        }
+        mats.into_iter().map(|m| b.mat_bytes(m)).sum()
+    }
+
     /// The KV geometry a pool serving this model must have.
     pub fn kv_geometry(&self, dtype: KvDtype) -> KvGeometry {
         self.config.kv_geometry(dtype)

@@ -24,6 +24,53 @@ pub(crate) fn reduce(acc: &[f32; LANES]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
+/// A stored weight element, widened exactly to f32 before any arithmetic:
+/// f32 itself, or [`Bf16`] for weights that are exactly bf16 values (a
+/// bf16 checkpoint), which then take half the memory and half the memory
+/// traffic and give the same numbers bit for bit.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    /// True for [`Bf16`] (the AVX2 kernel loads it as 16-bit halves).
+    const BF16: bool;
+    fn f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+/// The upper 16 bits of an f32 whose lower 16 bits are zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub(crate) struct Bf16(pub(crate) u16);
+
+impl Elem for Bf16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl Bf16 {
+    /// `v` as bf16 when that loses nothing.
+    #[inline]
+    pub(crate) fn exact(v: f32) -> Option<Bf16> {
+        let b = v.to_bits();
+        (b & 0xffff == 0).then_some(Bf16((b >> 16) as u16))
+    }
+}
+
+/// Row-major weights as stored: f32, or bf16 when every value is exact.
+#[derive(Clone, Copy)]
+pub(crate) enum WeightRows<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [Bf16]),
+}
+
 /// The arithmetic of one instruction set. Every element of every op is
 /// computed by `tile` (or `axpy`), so the order of operations is the same
 /// whatever the tile shape.
@@ -33,15 +80,15 @@ pub(crate) trait Kernel {
 
     /// Dot products of `M` activation rows with `N` weight rows, each of at
     /// least `k` elements, over their first `k` elements: `[M][N]`.
-    fn tile<const M: usize, const N: usize>(
+    fn tile<const M: usize, const N: usize, W: Elem>(
         k: usize,
         x: [&[f32]; M],
-        w: [&[f32]; N],
+        w: [&[W]; N],
     ) -> [[f32; N]; M];
 
     #[inline(always)]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
-        Self::tile::<1, 1>(a.len().min(b.len()), [a], [b])[0][0]
+        Self::tile::<1, 1, f32>(a.len().min(b.len()), [a], [b])[0][0]
     }
 
     /// Attention scores of `tn` key rows (`keys: [tn, kvd]`) against every
@@ -115,20 +162,20 @@ impl Kernel for Portable {
     const FMA: bool = false;
 
     #[inline(always)]
-    fn tile<const M: usize, const N: usize>(
+    fn tile<const M: usize, const N: usize, W: Elem>(
         k: usize,
         x: [&[f32]; M],
-        w: [&[f32]; N],
+        w: [&[W]; N],
     ) -> [[f32; N]; M] {
         let chunks = k / LANES;
         let xc: [&[[f32; LANES]]; M] = x.map(|r| &r[..k].as_chunks::<LANES>().0[..chunks]);
-        let wc: [&[[f32; LANES]]; N] = w.map(|r| &r[..k].as_chunks::<LANES>().0[..chunks]);
+        let wc: [&[[W; LANES]]; N] = w.map(|r| &r[..k].as_chunks::<LANES>().0[..chunks]);
         let mut acc = [[[0f32; LANES]; N]; M];
         for c in 0..chunks {
             for i in 0..M {
                 for j in 0..N {
                     for l in 0..LANES {
-                        acc[i][j][l] += xc[i][c][l] * wc[j][c][l];
+                        acc[i][j][l] += xc[i][c][l] * wc[j][c][l].f32();
                     }
                 }
             }
@@ -138,7 +185,7 @@ impl Kernel for Portable {
             for j in 0..N {
                 let mut s = reduce(&acc[i][j]);
                 for t in chunks * LANES..k {
-                    s += x[i][t] * w[j][t];
+                    s += x[i][t] * w[j][t].f32();
                 }
                 out[i][j] = s;
             }
@@ -160,11 +207,17 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `out[i * row_stride + (j - cols.start) * col_stride]`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_cols_k<K: Kernel, const MR: usize, const NR: usize, const NR1: usize>(
+pub(crate) fn matmul_cols_k<
+    K: Kernel,
+    W: Elem,
+    const MR: usize,
+    const NR: usize,
+    const NR1: usize,
+>(
     x: &[f32],
     m: usize,
     k: usize,
-    w: &[f32],
+    w: &[W],
     cols: std::ops::Range<usize>,
     out: &mut [f32],
     row_stride: usize,
@@ -184,16 +237,16 @@ pub(crate) fn matmul_cols_k<K: Kernel, const MR: usize, const NR: usize, const N
 }
 
 /// The operands of one `matmul_cols_k` call.
-struct Grid<'a> {
+struct Grid<'a, W> {
     x: &'a [f32],
     k: usize,
-    w: &'a [f32],
+    w: &'a [W],
     c0: usize,
     row_stride: usize,
     col_stride: usize,
 }
 
-impl Grid<'_> {
+impl<W: Elem> Grid<'_, W> {
     /// Rows `rows` (a multiple of `MR` long) by columns `cols`, in `MR x NR`
     /// tiles; columns left over by `NR` one by one.
     #[inline(always)]
@@ -212,10 +265,10 @@ impl Grid<'_> {
         let at = |i: usize, j: usize| i * self.row_stride + (j - self.c0) * self.col_stride;
         let mut j = cols.start;
         while j + NR <= cols.end {
-            let ws: [&[f32]; NR] = std::array::from_fn(|t| wr(j + t));
+            let ws: [&[W]; NR] = std::array::from_fn(|t| wr(j + t));
             let mut i = rows.start;
             while i + MR <= rows.end {
-                let r = K::tile::<MR, NR>(k, std::array::from_fn(|a| xr(i + a)), ws);
+                let r = K::tile::<MR, NR, W>(k, std::array::from_fn(|a| xr(i + a)), ws);
                 for (a, row) in r.iter().enumerate() {
                     for (b, &v) in row.iter().enumerate() {
                         out[at(i + a, j + b)] = v;
@@ -227,20 +280,39 @@ impl Grid<'_> {
         }
         for j in j..cols.end {
             for i in rows.clone() {
-                out[at(i, j)] = K::tile::<1, 1>(k, [xr(i)], [wr(j)])[0][0];
+                out[at(i, j)] = K::tile::<1, 1, W>(k, [xr(i)], [wr(j)])[0][0];
             }
         }
     }
 }
 
-/// `matmul_cols_k` for the backend's instruction set.
+/// `matmul_cols_k` for the backend's instruction set and the weights'
+/// storage.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_cols(
     isa: Isa,
     x: &[f32],
     m: usize,
     k: usize,
-    w: &[f32],
+    w: WeightRows<'_>,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) {
+    match w {
+        WeightRows::F32(w) => matmul_cols_of(isa, x, m, k, w, cols, out, row_stride, col_stride),
+        WeightRows::Bf16(w) => matmul_cols_of(isa, x, m, k, w, cols, out, row_stride, col_stride),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_cols_of<W: Elem>(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[W],
     cols: std::ops::Range<usize>,
     out: &mut [f32],
     row_stride: usize,
@@ -255,7 +327,7 @@ pub(crate) fn matmul_cols(
                 crate::backend::cpu::x86::matmul_cols(x, m, k, w, cols, out, row_stride, col_stride)
             }
         }
-        _ => matmul_cols_k::<Portable, 2, 2, 4>(x, m, k, w, cols, out, row_stride, col_stride),
+        _ => matmul_cols_k::<Portable, W, 2, 2, 4>(x, m, k, w, cols, out, row_stride, col_stride),
     }
 }
 
@@ -363,7 +435,7 @@ mod tests {
                 let x = data(m * k, 1);
                 let w = data(n * k, 2);
                 let mut out = vec![0f32; m * n];
-                matmul_cols(isa, &x, m, k, &w, 0..n, &mut out, n, 1);
+                matmul_cols(isa, &x, m, k, WeightRows::F32(&w), 0..n, &mut out, n, 1);
                 let want = naive(&x, m, k, &w, n);
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-4, "{isa:?} {m}x{k}x{n}: {a} vs {b}");
@@ -371,11 +443,81 @@ mod tests {
                 // Each row alone gives bit-identical numbers.
                 for i in 0..m {
                     let mut one = vec![0f32; n];
-                    matmul_cols(isa, &x[i * k..(i + 1) * k], 1, k, &w, 0..n, &mut one, n, 1);
+                    let xi = &x[i * k..(i + 1) * k];
+                    matmul_cols(isa, xi, 1, k, WeightRows::F32(&w), 0..n, &mut one, n, 1);
                     assert_eq!(one, out[i * n..(i + 1) * n]);
                 }
             }
         }
+    }
+
+    /// Values that are exactly bf16 (what a bf16 checkpoint loads as).
+    fn bf16_data(n: usize, seed: u32) -> Vec<f32> {
+        data(n, seed)
+            .into_iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xffff_0000))
+            .collect()
+    }
+
+    #[test]
+    fn bf16_weights_give_the_f32_kernels_numbers_bit_for_bit() {
+        for isa in Isa::available() {
+            // Every tile shape of both kernels: k below and above 256, rows
+            // in blocks and left over, columns left over by the tile.
+            for (m, k, n) in [
+                (1, 8, 1),
+                (3, 7, 5),
+                (5, 17, 9),
+                (9, 64, 13),
+                (6, 300, 7),
+                (4, 512, 12),
+            ] {
+                let x = data(m * k, 3);
+                let w = bf16_data(n * k, 4);
+                let halves: Vec<Bf16> = w.iter().map(|&v| Bf16::exact(v).unwrap()).collect();
+                for cols in [0..n, 1..n.max(2) - 1] {
+                    let width = cols.len();
+                    let mut want = vec![f32::NAN; m * width];
+                    let mut got = vec![f32::NAN; m * width];
+                    matmul_cols(
+                        isa,
+                        &x,
+                        m,
+                        k,
+                        WeightRows::F32(&w),
+                        cols.clone(),
+                        &mut want,
+                        width,
+                        1,
+                    );
+                    matmul_cols(
+                        isa,
+                        &x,
+                        m,
+                        k,
+                        WeightRows::Bf16(&halves),
+                        cols.clone(),
+                        &mut got,
+                        width,
+                        1,
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} {m}x{k}x{n} cols {cols:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_exact_values_become_bf16() {
+        assert_eq!(Bf16::exact(1.0).map(|b| b.f32()), Some(1.0));
+        assert_eq!(
+            Bf16::exact(-0.0).map(|b| b.f32().to_bits()),
+            Some((-0.0f32).to_bits())
+        );
+        assert!(Bf16::exact(f32::INFINITY).is_some());
+        assert!(Bf16::exact(1.0 + f32::EPSILON).is_none());
+        assert!(Bf16::exact(0.1).is_none());
     }
 
     #[test]

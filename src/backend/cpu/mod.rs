@@ -11,11 +11,13 @@ mod ops;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::backend::cpu::matmul::{Bf16, Elem, WeightRows};
 use crate::backend::{
     AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
@@ -39,7 +41,7 @@ const MIN_GROUP_ROWS: usize = 4;
 /// A weight tensor in host memory.
 #[derive(Debug, Clone)]
 pub struct CpuMat {
-    data: Vec<f32>,
+    data: Stored,
     rows: usize,
     cols: usize,
     /// The same weights in column panels for the AVX2 kernel of short dot
@@ -48,10 +50,35 @@ pub struct CpuMat {
     packed: Option<Vec<f32>>,
 }
 
+/// How a matrix's row-major elements are kept.
+#[derive(Debug, Clone)]
+enum Stored {
+    F32(Vec<f32>),
+    /// Every element was exactly a bf16 value (a bf16 checkpoint): the
+    /// upper halves only, widened back exactly by every kernel.
+    Bf16(Vec<Bf16>),
+}
+
 impl CpuMat {
-    /// The row-major elements.
-    pub fn data(&self) -> &[f32] {
-        &self.data
+    /// The row-major elements (widened to f32, a copy, when kept as bf16).
+    pub fn data(&self) -> Cow<'_, [f32]> {
+        match &self.data {
+            Stored::F32(v) => Cow::Borrowed(v),
+            Stored::Bf16(v) => Cow::Owned(v.iter().map(|b| b.f32()).collect()),
+        }
+    }
+
+    /// True when the elements are kept as bf16: they were all exactly bf16
+    /// values, so nothing was rounded (see [`CpuBackend::compact_weights`]).
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.data, Stored::Bf16(_))
+    }
+
+    fn rows_view(&self) -> WeightRows<'_> {
+        match &self.data {
+            Stored::F32(v) => WeightRows::F32(v),
+            Stored::Bf16(v) => WeightRows::Bf16(v),
+        }
     }
 }
 
@@ -97,6 +124,7 @@ pub struct CpuBackend {
     isa: Isa,
     min_parallel_work: usize,
     group_weight_bytes: usize,
+    compact_weights: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -178,6 +206,7 @@ impl CpuBackend {
             isa,
             min_parallel_work: DEFAULT_PARALLEL_WORK,
             group_weight_bytes: GROUP_WEIGHT_BYTES,
+            compact_weights: true,
         }
     }
 
@@ -206,6 +235,19 @@ impl CpuBackend {
         self
     }
 
+    /// Whether a weight matrix whose every element is exactly a bf16 value
+    /// (one loaded from a bf16 checkpoint) is kept as bf16 (default: yes).
+    /// It then takes half the memory, and a decode step that streams the
+    /// weights from memory reads half the bytes; every kernel widens each
+    /// element exactly before the same arithmetic, so the numbers are the
+    /// same bit for bit. Matrices packed for short dot products, vectors,
+    /// and anything with one inexact element stay f32.
+    #[must_use]
+    pub fn compact_weights(mut self, on: bool) -> Self {
+        self.compact_weights = on;
+        self
+    }
+
     /// Models with at most this many bytes of f32 weights run batches as
     /// one pass per thread, larger ones split each op (default
     /// [`GROUP_WEIGHT_BYTES`]; 0: always split ops).
@@ -214,6 +256,11 @@ impl CpuBackend {
         self.group_weight_bytes = bytes;
         self
     }
+}
+
+/// `data` as bf16 halves when every element is exactly a bf16 value.
+fn bf16_exact(data: &[f32]) -> Option<Vec<Bf16>> {
+    data.iter().map(|&v| Bf16::exact(v)).collect()
 }
 
 fn resize(buf: &mut Vec<f32>, len: usize) {
@@ -268,6 +315,11 @@ impl Backend for CpuBackend {
         }
         let packed = (self.isa == Isa::Avx2Fma && matmul::packs(rows, cols))
             .then(|| matmul::pack(&data, rows, cols));
+        let compact = self.compact_weights && packed.is_none() && rows > 1;
+        let data = match compact.then(|| bf16_exact(&data)).flatten() {
+            Some(halves) => Stored::Bf16(halves),
+            None => Stored::F32(data),
+        };
         Ok(CpuMat {
             data,
             rows,
@@ -278,6 +330,17 @@ impl Backend for CpuBackend {
 
     fn shape(&self, m: &CpuMat) -> (usize, usize) {
         (m.rows, m.cols)
+    }
+
+    fn mat_bytes(&self, m: &CpuMat) -> usize {
+        let rows = match &m.data {
+            Stored::F32(v) => std::mem::size_of_val(v.as_slice()),
+            Stored::Bf16(v) => std::mem::size_of_val(v.as_slice()),
+        };
+        rows + m
+            .packed
+            .as_ref()
+            .map_or(0, |p| std::mem::size_of_val(p.as_slice()))
     }
 
     fn len(&self, buf: &Vec<f32>) -> usize {
@@ -306,7 +369,15 @@ impl Backend for CpuBackend {
                     vocab: table.rows,
                 });
             }
-            out[i * d..(i + 1) * d].copy_from_slice(&table.data[r * d..(r + 1) * d]);
+            let o = &mut out[i * d..(i + 1) * d];
+            match &table.data {
+                Stored::F32(v) => o.copy_from_slice(&v[r * d..(r + 1) * d]),
+                Stored::Bf16(v) => {
+                    for (o, b) in o.iter_mut().zip(&v[r * d..(r + 1) * d]) {
+                        *o = b.f32();
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -318,7 +389,9 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
-        let d = weight.data.len();
+        // Vectors are never compacted; `data` borrows.
+        let weight = weight.data();
+        let d = weight.len();
         rows_of("rms_norm", x.len(), d)?;
         resize(out, x.len());
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
@@ -326,8 +399,8 @@ impl Backend for CpuBackend {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
                 // CPU reported AVX2 and FMA.
-                Isa::Avx2Fma => unsafe { x86::rms_norm_row(xr, &weight.data, eps, or) },
-                _ => ops::rms_norm_row(xr, &weight.data, eps, or),
+                Isa::Avx2Fma => unsafe { x86::rms_norm_row(xr, &weight, eps, or) },
+                _ => ops::rms_norm_row(xr, &weight, eps, or),
             }
         }
         Ok(())
@@ -355,7 +428,7 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let Some(pool) = self.par_pool(work) else {
-            matmul::matmul_cols(self.isa, x, m, k, &w.data, 0..n, out, n, 1);
+            matmul::matmul_cols(self.isa, x, m, k, w.rows_view(), 0..n, out, n, 1);
             return Ok(());
         };
         // Split the weight rows over threads: each weight byte is read once
@@ -367,7 +440,8 @@ impl Backend for CpuBackend {
             pool.install(|| {
                 out.par_chunks_mut(nb).enumerate().for_each(|(b, o)| {
                     let j0 = b * nb;
-                    matmul::matmul_cols(self.isa, x, 1, k, &w.data, j0..j0 + o.len(), o, 0, 1);
+                    let cols = j0..j0 + o.len();
+                    matmul::matmul_cols(self.isa, x, 1, k, w.rows_view(), cols, o, 0, 1);
                 })
             });
             return Ok(());
@@ -380,7 +454,7 @@ impl Backend for CpuBackend {
                 t.par_chunks_mut(nb * m).enumerate().for_each(|(b, o)| {
                     let j0 = b * nb;
                     let cols = j0..j0 + o.len() / m;
-                    matmul::matmul_cols(self.isa, x, m, k, &w.data, cols, o, 1, m);
+                    matmul::matmul_cols(self.isa, x, m, k, w.rows_view(), cols, o, 1, m);
                 })
             });
             for (j, col) in t.chunks_exact(m).enumerate() {
@@ -393,10 +467,12 @@ impl Backend for CpuBackend {
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &CpuMat) -> Result<(), BackendError> {
-        let d = bias.data.len();
+        // Vectors are never compacted; `data` borrows.
+        let bias = bias.data();
+        let d = bias.len();
         rows_of("add_bias", x.len(), d)?;
         for r in x.chunks_exact_mut(d) {
-            for (v, b) in r.iter_mut().zip(&bias.data) {
+            for (v, b) in r.iter_mut().zip(bias.iter()) {
                 *v += b;
             }
         }

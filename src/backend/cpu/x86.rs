@@ -5,17 +5,18 @@
 //! `CpuBackend` calls only after `Isa::detect` saw AVX2 and FMA.
 
 use std::arch::x86_64::{
-    __m256, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss, _mm256_castps_si256,
-    _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
-    _mm256_min_ps, _mm256_mul_ps, _mm256_permute_ps, _mm256_permute2f128_ps, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32,
-    _mm256_storeu_ps, _mm256_sub_epi32, _mm256_sub_ps,
+    __m128i, __m256, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_div_ps,
+    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps,
+    _mm256_permute_ps, _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_ps,
+    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_sub_ps,
 };
 
 use crate::backend::AttnShape;
 use crate::backend::cpu::attention::{self, Scratch, as_f32};
 use crate::backend::cpu::fastmath;
-use crate::backend::cpu::matmul::{Kernel, LANES, PANEL, matmul_cols_k};
+use crate::backend::cpu::matmul::{Elem, Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
@@ -65,18 +66,38 @@ fn hadd(a: __m256, b: __m256) -> __m256 {
     }
 }
 
+/// Eight weights at `p` as f32 lanes: f32 loaded as is, bf16 widened
+/// exactly (zero-extended to 32 bits, shifted into the upper half).
+///
+/// # Safety
+/// `p` must point to eight readable elements; the caller runs with AVX2.
+#[inline(always)]
+unsafe fn load8<W: Elem>(p: *const W) -> __m256 {
+    // SAFETY: `W` is `f32` or `Bf16` (`#[repr(transparent)]` over `u16`),
+    // as `W::BF16` says; the caller guarantees eight readable elements
+    // (32 or 16 bytes) and AVX2.
+    unsafe {
+        if W::BF16 {
+            let h = _mm_loadu_si128(p.cast::<__m128i>());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        } else {
+            _mm256_loadu_ps(p.cast::<f32>())
+        }
+    }
+}
+
 impl Kernel for Avx2 {
     const FMA: bool = true;
 
     #[inline(always)]
-    fn tile<const M: usize, const N: usize>(
+    fn tile<const M: usize, const N: usize, W: Elem>(
         k: usize,
         x: [&[f32]; M],
-        w: [&[f32]; N],
+        w: [&[W]; N],
     ) -> [[f32; N]; M] {
         // Bounds: every row holds at least k elements (slicing checks it).
         let x: [&[f32]; M] = x.map(|r| &r[..k]);
-        let w: [&[f32]; N] = w.map(|r| &r[..k]);
+        let w: [&[W]; N] = w.map(|r| &r[..k]);
         let chunks = k / LANES;
         let mut out = [[0f32; N]; M];
         // SAFETY (whole block): the intrinsics need AVX2 + FMA, which every
@@ -88,8 +109,7 @@ impl Kernel for Avx2 {
             let mut acc: [[__m256; N]; M] = [[_mm256_setzero_ps(); N]; M];
             for c in 0..chunks {
                 let o = c * LANES;
-                let wv: [__m256; N] =
-                    std::array::from_fn(|j| _mm256_loadu_ps(w[j].as_ptr().add(o)));
+                let wv: [__m256; N] = std::array::from_fn(|j| load8(w[j].as_ptr().add(o)));
                 for i in 0..M {
                     let xv = _mm256_loadu_ps(x[i].as_ptr().add(o));
                     for j in 0..N {
@@ -115,7 +135,7 @@ impl Kernel for Avx2 {
         for i in 0..M {
             for j in 0..N {
                 for t in chunks * LANES..k {
-                    out[i][j] = x[i][t].mul_add(w[j][t], out[i][j]);
+                    out[i][j] = x[i][t].mul_add(w[j][t].f32(), out[i][j]);
                 }
             }
         }
@@ -212,7 +232,7 @@ impl Kernel for Avx2 {
         for t in 0..tn {
             let row = &keys[t * kvd..(t + 1) * kvd];
             for h in blocks * 8..nh {
-                out[t * nh + h] = Self::tile::<1, 1>(
+                out[t * nh + h] = Self::tile::<1, 1, f32>(
                     hd,
                     [&q[h * hd..(h + 1) * hd]],
                     [&row[koff[h]..koff[h] + hd]],
@@ -341,11 +361,11 @@ impl AvBlock<'_> {
 /// See `matmul::matmul_cols`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_cols(
+pub(crate) fn matmul_cols<W: Elem>(
     x: &[f32],
     m: usize,
     k: usize,
-    w: &[f32],
+    w: &[W],
     cols: std::ops::Range<usize>,
     out: &mut [f32],
     row_stride: usize,
@@ -358,9 +378,9 @@ pub(crate) fn matmul_cols(
     // accumulators load fewer bytes per multiply-add. Every tile gives
     // the same bits (same lane tree).
     if k >= 256 {
-        matmul_cols_k::<Avx2, 4, 3, 8>(x, m, k, w, cols, out, row_stride, col_stride)
+        matmul_cols_k::<Avx2, W, 4, 3, 8>(x, m, k, w, cols, out, row_stride, col_stride)
     } else {
-        matmul_cols_k::<Avx2, 4, 2, 8>(x, m, k, w, cols, out, row_stride, col_stride)
+        matmul_cols_k::<Avx2, W, 4, 2, 8>(x, m, k, w, cols, out, row_stride, col_stride)
     }
 }
 
