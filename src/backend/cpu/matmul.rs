@@ -25,21 +25,39 @@ pub(crate) fn reduce(acc: &[f32; LANES]) -> f32 {
 }
 
 /// A stored weight element, widened exactly to f32 before any arithmetic:
-/// f32 itself, or [`Bf16`] for weights that are exactly bf16 values (a
-/// bf16 checkpoint), which then take half the memory and half the memory
-/// traffic and give the same numbers bit for bit.
+/// f32 itself, or a 16-bit format ([`Bf16`], [`F16`]) for weights that are
+/// all exactly such values (a bf16 or f16 checkpoint), which then take half
+/// the memory and half the memory traffic and give the same numbers bit for
+/// bit.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
-    /// True for [`Bf16`] (the AVX2 kernel loads it as 16-bit halves).
-    const BF16: bool;
+    /// The storage, for the AVX2 kernel's loads.
+    const KIND: ElemKind;
     fn f32(self) -> f32;
 }
 
+/// How an [`Elem`] is laid out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ElemKind {
+    F32,
+    /// The upper 16 bits of an f32.
+    Bf16,
+    /// IEEE binary16.
+    F16,
+}
+
 impl Elem for f32 {
-    const BF16: bool = false;
+    const KIND: ElemKind = ElemKind::F32;
     #[inline(always)]
     fn f32(self) -> f32 {
         self
     }
+}
+
+/// A 16-bit weight format that holds some f32 values exactly.
+pub(crate) trait Half: Elem {
+    /// `v` in this format when that loses nothing (bit for bit, so a NaN
+    /// payload or the sign of zero is never changed).
+    fn exact(v: f32) -> Option<Self>;
 }
 
 /// The upper 16 bits of an f32 whose lower 16 bits are zero.
@@ -48,19 +66,39 @@ impl Elem for f32 {
 pub(crate) struct Bf16(pub(crate) u16);
 
 impl Elem for Bf16 {
-    const BF16: bool = true;
+    const KIND: ElemKind = ElemKind::Bf16;
     #[inline(always)]
     fn f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
     }
 }
 
-impl Bf16 {
-    /// `v` as bf16 when that loses nothing.
+impl Half for Bf16 {
     #[inline]
-    pub(crate) fn exact(v: f32) -> Option<Bf16> {
+    fn exact(v: f32) -> Option<Bf16> {
         let b = v.to_bits();
         (b & 0xffff == 0).then_some(Bf16((b >> 16) as u16))
+    }
+}
+
+/// IEEE binary16 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub(crate) struct F16(pub(crate) u16);
+
+impl Elem for F16 {
+    const KIND: ElemKind = ElemKind::F16;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        half::f16::from_bits(self.0).to_f32()
+    }
+}
+
+impl Half for F16 {
+    #[inline]
+    fn exact(v: f32) -> Option<F16> {
+        let h = half::f16::from_f32(v);
+        (h.to_f32().to_bits() == v.to_bits()).then_some(F16(h.to_bits()))
     }
 }
 
@@ -69,6 +107,7 @@ impl Bf16 {
 pub(crate) enum WeightRows<'a> {
     F32(&'a [f32]),
     Bf16(&'a [Bf16]),
+    F16(&'a [F16]),
 }
 
 /// The arithmetic of one instruction set. Every element of every op is
@@ -303,6 +342,7 @@ pub(crate) fn matmul_cols(
     match w {
         WeightRows::F32(w) => matmul_cols_of(isa, x, m, k, w, cols, out, row_stride, col_stride),
         WeightRows::Bf16(w) => matmul_cols_of(isa, x, m, k, w, cols, out, row_stride, col_stride),
+        WeightRows::F16(w) => matmul_cols_of(isa, x, m, k, w, cols, out, row_stride, col_stride),
     }
 }
 
@@ -459,11 +499,25 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn bf16_weights_give_the_f32_kernels_numbers_bit_for_bit() {
+    /// Values that are exactly f16, subnormals and signed zeros included.
+    fn f16_data(n: usize, seed: u32) -> Vec<f32> {
+        let mut v: Vec<f32> = data(n, seed)
+            .into_iter()
+            .map(|v| half::f16::from_f32(v * 3.0).to_f32())
+            .collect();
+        for (i, x) in v.iter_mut().enumerate().step_by(5) {
+            let special = [-0.0, 6.0e-8, -3.0e-5, 65504.0][i % 4];
+            *x = half::f16::from_f32(special).to_f32();
+        }
+        v
+    }
+
+    /// `matmul_cols` with weights stored as `H` and as f32 agree bit for
+    /// bit, over every tile shape of both kernels: k below and above 256,
+    /// rows in blocks and left over, columns left over by the tile and
+    /// ranges not starting at 0.
+    fn check_storage<H: Half>(make: fn(usize, u32) -> Vec<f32>, view: fn(&[H]) -> WeightRows<'_>) {
         for isa in Isa::available() {
-            // Every tile shape of both kernels: k below and above 256, rows
-            // in blocks and left over, columns left over by the tile.
             for (m, k, n) in [
                 (1, 8, 1),
                 (3, 7, 5),
@@ -473,34 +527,16 @@ mod tests {
                 (4, 512, 12),
             ] {
                 let x = data(m * k, 3);
-                let w = bf16_data(n * k, 4);
-                let halves: Vec<Bf16> = w.iter().map(|&v| Bf16::exact(v).unwrap()).collect();
+                let w = make(n * k, 4);
+                let halves: Vec<H> = w.iter().map(|&v| H::exact(v).unwrap()).collect();
                 for cols in [0..n, 1..n.max(2) - 1] {
                     let width = cols.len();
                     let mut want = vec![f32::NAN; m * width];
                     let mut got = vec![f32::NAN; m * width];
-                    matmul_cols(
-                        isa,
-                        &x,
-                        m,
-                        k,
-                        WeightRows::F32(&w),
-                        cols.clone(),
-                        &mut want,
-                        width,
-                        1,
-                    );
-                    matmul_cols(
-                        isa,
-                        &x,
-                        m,
-                        k,
-                        WeightRows::Bf16(&halves),
-                        cols.clone(),
-                        &mut got,
-                        width,
-                        1,
-                    );
+                    let f32_rows = WeightRows::F32(&w);
+                    matmul_cols(isa, &x, m, k, f32_rows, cols.clone(), &mut want, width, 1);
+                    let rows = view(&halves);
+                    matmul_cols(isa, &x, m, k, rows, cols.clone(), &mut got, width, 1);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{isa:?} {m}x{k}x{n} cols {cols:?}");
                 }
@@ -509,7 +545,17 @@ mod tests {
     }
 
     #[test]
-    fn only_exact_values_become_bf16() {
+    fn bf16_weights_give_the_f32_kernels_numbers_bit_for_bit() {
+        check_storage::<Bf16>(bf16_data, |h| WeightRows::Bf16(h));
+    }
+
+    #[test]
+    fn f16_weights_give_the_f32_kernels_numbers_bit_for_bit() {
+        check_storage::<F16>(f16_data, |h| WeightRows::F16(h));
+    }
+
+    #[test]
+    fn only_exact_values_become_16_bit() {
         assert_eq!(Bf16::exact(1.0).map(|b| b.f32()), Some(1.0));
         assert_eq!(
             Bf16::exact(-0.0).map(|b| b.f32().to_bits()),
@@ -518,6 +564,20 @@ mod tests {
         assert!(Bf16::exact(f32::INFINITY).is_some());
         assert!(Bf16::exact(1.0 + f32::EPSILON).is_none());
         assert!(Bf16::exact(0.1).is_none());
+
+        assert_eq!(F16::exact(0.5).map(|h| h.f32()), Some(0.5));
+        assert_eq!(
+            F16::exact(-0.0).map(|h| h.f32().to_bits()),
+            Some((-0.0f32).to_bits())
+        );
+        // Past f16's range, below its smallest subnormal, or finer than
+        // its mantissa: not exact.
+        assert!(F16::exact(70000.0).is_none());
+        assert!(F16::exact(1.0e-9).is_none());
+        assert!(F16::exact(1.0 + 1.0 / 4096.0).is_none());
+        // A NaN payload the format cannot carry is refused, not changed.
+        let payload = f32::from_bits(0x7f80_0001);
+        assert!(F16::exact(payload).is_none() && Bf16::exact(payload).is_none());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::backend::cpu::matmul::{Bf16, Elem, WeightRows};
+use crate::backend::cpu::matmul::{Bf16, Elem, F16, Half, WeightRows};
 use crate::backend::{
     AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
@@ -57,6 +57,8 @@ enum Stored {
     /// Every element was exactly a bf16 value (a bf16 checkpoint): the
     /// upper halves only, widened back exactly by every kernel.
     Bf16(Vec<Bf16>),
+    /// Every element was exactly an f16 value (an f16 checkpoint).
+    F16(Vec<F16>),
 }
 
 impl CpuMat {
@@ -65,19 +67,25 @@ impl CpuMat {
         match &self.data {
             Stored::F32(v) => Cow::Borrowed(v),
             Stored::Bf16(v) => Cow::Owned(v.iter().map(|b| b.f32()).collect()),
+            Stored::F16(v) => Cow::Owned(v.iter().map(|h| h.f32()).collect()),
         }
     }
 
-    /// True when the elements are kept as bf16: they were all exactly bf16
-    /// values, so nothing was rounded (see [`CpuBackend::compact_weights`]).
-    pub fn is_bf16(&self) -> bool {
-        matches!(self.data, Stored::Bf16(_))
+    /// How the elements are kept: 4 bytes (f32), or 2 when every element
+    /// was exactly a bf16 or an f16 value, so nothing was rounded (see
+    /// [`CpuBackend::compact_weights`]).
+    pub fn bytes_per_element(&self) -> usize {
+        match self.data {
+            Stored::F32(_) => 4,
+            Stored::Bf16(_) | Stored::F16(_) => 2,
+        }
     }
 
     fn rows_view(&self) -> WeightRows<'_> {
         match &self.data {
             Stored::F32(v) => WeightRows::F32(v),
             Stored::Bf16(v) => WeightRows::Bf16(v),
+            Stored::F16(v) => WeightRows::F16(v),
         }
     }
 }
@@ -87,7 +95,8 @@ impl CpuMat {
 pub enum Isa {
     /// Baseline code for the target (SSE2 on x86-64).
     Portable,
-    /// AVX2 with fused multiply-add (x86-64 CPUs since ~2013).
+    /// AVX2 with fused multiply-add (x86-64 CPUs since ~2013), and F16C
+    /// (which every such CPU has) to widen f16 weights.
     Avx2Fma,
 }
 
@@ -95,7 +104,9 @@ impl Isa {
     /// The best instruction set this CPU supports.
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
             return Isa::Avx2Fma;
         }
@@ -236,7 +247,8 @@ impl CpuBackend {
     }
 
     /// Whether a weight matrix whose every element is exactly a bf16 value
-    /// (one loaded from a bf16 checkpoint) is kept as bf16 (default: yes).
+    /// (one loaded from a bf16 checkpoint) is kept as bf16, and one whose
+    /// every element is exactly an f16 value as f16 (default: yes).
     /// It then takes half the memory, and a decode step that streams the
     /// weights from memory reads half the bytes; every kernel widens each
     /// element exactly before the same arithmetic, so the numbers are the
@@ -258,9 +270,17 @@ impl CpuBackend {
     }
 }
 
-/// `data` as bf16 halves when every element is exactly a bf16 value.
-fn bf16_exact(data: &[f32]) -> Option<Vec<Bf16>> {
-    data.iter().map(|&v| Bf16::exact(v)).collect()
+/// `data` in the 16-bit format `H` when every element is exactly such a
+/// value.
+fn exact_in<H: Half>(data: &[f32]) -> Option<Vec<H>> {
+    data.iter().map(|&v| H::exact(v)).collect()
+}
+
+/// `dst[i] = src[i]` widened to f32.
+fn widen<W: Elem>(src: &[W], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.f32();
+    }
 }
 
 fn resize(buf: &mut Vec<f32>, len: usize) {
@@ -316,9 +336,14 @@ impl Backend for CpuBackend {
         let packed = (self.isa == Isa::Avx2Fma && matmul::packs(rows, cols))
             .then(|| matmul::pack(&data, rows, cols));
         let compact = self.compact_weights && packed.is_none() && rows > 1;
-        let data = match compact.then(|| bf16_exact(&data)).flatten() {
-            Some(halves) => Stored::Bf16(halves),
-            None => Stored::F32(data),
+        let data = if !compact {
+            Stored::F32(data)
+        } else if let Some(halves) = exact_in::<Bf16>(&data) {
+            Stored::Bf16(halves)
+        } else if let Some(halves) = exact_in::<F16>(&data) {
+            Stored::F16(halves)
+        } else {
+            Stored::F32(data)
         };
         Ok(CpuMat {
             data,
@@ -336,6 +361,7 @@ impl Backend for CpuBackend {
         let rows = match &m.data {
             Stored::F32(v) => std::mem::size_of_val(v.as_slice()),
             Stored::Bf16(v) => std::mem::size_of_val(v.as_slice()),
+            Stored::F16(v) => std::mem::size_of_val(v.as_slice()),
         };
         rows + m
             .packed
@@ -372,11 +398,8 @@ impl Backend for CpuBackend {
             let o = &mut out[i * d..(i + 1) * d];
             match &table.data {
                 Stored::F32(v) => o.copy_from_slice(&v[r * d..(r + 1) * d]),
-                Stored::Bf16(v) => {
-                    for (o, b) in o.iter_mut().zip(&v[r * d..(r + 1) * d]) {
-                        *o = b.f32();
-                    }
-                }
+                Stored::Bf16(v) => widen(&v[r * d..(r + 1) * d], o),
+                Stored::F16(v) => widen(&v[r * d..(r + 1) * d], o),
             }
         }
         Ok(())

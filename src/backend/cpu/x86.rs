@@ -6,8 +6,8 @@
 
 use std::arch::x86_64::{
     __m128i, __m256, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps, _mm256_broadcast_ss,
-    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_div_ps,
-    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
+    _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps,
     _mm256_permute_ps, _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_ps,
     _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
     _mm256_sub_ps,
@@ -16,7 +16,7 @@ use std::arch::x86_64::{
 use crate::backend::AttnShape;
 use crate::backend::cpu::attention::{self, Scratch, as_f32};
 use crate::backend::cpu::fastmath;
-use crate::backend::cpu::matmul::{Elem, Kernel, LANES, PANEL, matmul_cols_k};
+use crate::backend::cpu::matmul::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
@@ -67,21 +67,25 @@ fn hadd(a: __m256, b: __m256) -> __m256 {
 }
 
 /// Eight weights at `p` as f32 lanes: f32 loaded as is, bf16 widened
-/// exactly (zero-extended to 32 bits, shifted into the upper half).
+/// exactly (zero-extended to 32 bits, shifted into the upper half), f16
+/// widened exactly by `vcvtph2ps`.
 ///
 /// # Safety
-/// `p` must point to eight readable elements; the caller runs with AVX2.
+/// `p` must point to eight readable elements; the caller runs with AVX2
+/// and, for f16, F16C.
 #[inline(always)]
 unsafe fn load8<W: Elem>(p: *const W) -> __m256 {
-    // SAFETY: `W` is `f32` or `Bf16` (`#[repr(transparent)]` over `u16`),
-    // as `W::BF16` says; the caller guarantees eight readable elements
-    // (32 or 16 bytes) and AVX2.
+    // SAFETY: `W` is `f32`, or `Bf16`/`F16` (`#[repr(transparent)]` over
+    // `u16`), as `W::KIND` says; the caller guarantees eight readable
+    // elements (32 or 16 bytes), AVX2 and F16C.
     unsafe {
-        if W::BF16 {
-            let h = _mm_loadu_si128(p.cast::<__m128i>());
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-        } else {
-            _mm256_loadu_ps(p.cast::<f32>())
+        match W::KIND {
+            ElemKind::F32 => _mm256_loadu_ps(p.cast::<f32>()),
+            ElemKind::Bf16 => {
+                let h = _mm_loadu_si128(p.cast::<__m128i>());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+            ElemKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())),
         }
     }
 }
@@ -359,7 +363,7 @@ impl AvBlock<'_> {
 }
 
 /// See `matmul::matmul_cols`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_cols<W: Elem>(
     x: &[f32],
@@ -825,7 +829,8 @@ mod tests {
     fn avx2_fma() -> bool {
         use std::io::Write;
         let ok = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
         if !ok {
             let _ = writeln!(std::io::stderr(), "skipped: this CPU lacks AVX2+FMA");
         }

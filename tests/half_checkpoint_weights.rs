@@ -1,9 +1,10 @@
-//! Llama 3 checkpoints ship bf16 weights. Widened to f32 at load, a 1B model
-//! took twice its file's size in memory, and each decode step streamed twice
-//! the bytes it needed. The CPU backend now keeps a matrix whose every value
-//! is exactly a bf16 as bf16 and widens it exactly inside its kernels: half
-//! the memory, and the same numbers bit for bit, so everything checked
-//! against the f32 path (transformers' logits, batch invariance) still holds.
+//! Llama 3 checkpoints ship bf16 weights, Llama 2's f16. Widened to f32 at
+//! load, a 1B model took twice its file's size in memory, and each decode
+//! step streamed twice the bytes it needed. The CPU backend now keeps a
+//! matrix whose every value is exactly a bf16 (or an f16) in that format and
+//! widens it exactly inside its kernels: half the memory, and the same
+//! numbers bit for bit, so everything checked against the f32 path
+//! (transformers' logits, batch invariance) still holds.
 
 use handoff::backend::CpuBackend;
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
@@ -30,11 +31,21 @@ fn config() -> ModelConfig {
     }
 }
 
-/// Truncates every weight to bf16, as a bf16 checkpoint reads.
-fn as_bf16_checkpoint(mut w: ModelWeights) -> ModelWeights {
+/// A bf16 checkpoint's values.
+fn bf16(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() & 0xffff_0000)
+}
+
+/// An f16 checkpoint's values.
+fn f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Every weight as a checkpoint in the format of `round` reads.
+fn as_checkpoint(mut w: ModelWeights, round: fn(f32) -> f32) -> ModelWeights {
     let round = |v: &mut Vec<f32>| {
         for x in v.iter_mut() {
-            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
+            *x = round(*x);
         }
     };
     round(&mut w.embedding);
@@ -101,9 +112,9 @@ fn generate(m: Model, prompts: &[Vec<u32>], new: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-#[test]
-fn a_bf16_checkpoint_takes_half_the_memory_and_gives_the_same_logits_bit_for_bit() {
-    let w = as_bf16_checkpoint(random_weights(&config(), 11));
+/// Half the bytes, and logits identical bit for bit to f32 storage.
+fn half_the_memory_same_logits(round: fn(f32) -> f32, seed: u64) {
+    let w = as_checkpoint(random_weights(&config(), seed), round);
     let compact = model(&w, true);
     let wide = model(&w, false);
 
@@ -116,38 +127,46 @@ fn a_bf16_checkpoint_takes_half_the_memory_and_gives_the_same_logits_bit_for_bit
     let a = compact.logits_for_prompt(&prompt).unwrap();
     let b = wide.logits_for_prompt(&prompt).unwrap();
     let bits = |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
-    assert_eq!(
-        bits(&a),
-        bits(&b),
-        "logits differ between bf16 and f32 storage"
-    );
+    assert_eq!(bits(&a), bits(&b), "logits differ from f32 storage");
 }
 
 #[test]
-fn generation_from_bf16_weights_equals_f32_weights_alone_and_in_a_batch() {
-    let w = as_bf16_checkpoint(random_weights(&config(), 12));
-    let prompts: Vec<Vec<u32>> = (0..6)
-        .map(|p| {
-            (0..(3 + 9 * p))
-                .map(|i| (i * 31 + p * 7 + 1) % 384)
-                .collect()
-        })
-        .collect();
-    let wide = generate(model(&w, false), &prompts, 12);
-    let compact = generate(model(&w, true), &prompts, 12);
-    assert_eq!(compact, wide);
-    // Alone, each prompt gives what it gave in the batch.
-    for (p, want) in prompts.iter().zip(&compact) {
-        assert_eq!(
-            &generate(model(&w, true), std::slice::from_ref(p), 12)[0],
-            want
-        );
+fn a_bf16_checkpoint_takes_half_the_memory_and_gives_the_same_logits_bit_for_bit() {
+    half_the_memory_same_logits(bf16, 11);
+}
+
+#[test]
+fn an_f16_checkpoint_takes_half_the_memory_and_gives_the_same_logits_bit_for_bit() {
+    half_the_memory_same_logits(f16, 14);
+}
+
+#[test]
+fn generation_from_16_bit_weights_equals_f32_weights_alone_and_in_a_batch() {
+    for (round, seed) in [(bf16 as fn(f32) -> f32, 12), (f16, 15)] {
+        let w = as_checkpoint(random_weights(&config(), seed), round);
+        let prompts: Vec<Vec<u32>> = (0..6)
+            .map(|p| {
+                (0..(3 + 9 * p))
+                    .map(|i| (i * 31 + p * 7 + 1) % 384)
+                    .collect()
+            })
+            .collect();
+        let wide = generate(model(&w, false), &prompts, 12);
+        let compact = generate(model(&w, true), &prompts, 12);
+        assert_eq!(compact, wide);
+        // Alone, each prompt gives what it gave in the batch.
+        for (p, want) in prompts.iter().zip(&compact) {
+            assert_eq!(
+                &generate(model(&w, true), std::slice::from_ref(p), 12)[0],
+                want
+            );
+        }
     }
 }
 
 #[test]
-fn weights_that_are_not_exactly_bf16_stay_f32() {
-    // Random f32 weights: nearly no value is exactly a bf16.
+fn weights_that_are_not_exactly_16_bit_stay_f32() {
+    // Random f32 weights: nearly no value is exactly a bf16 or an f16.
     let w = random_weights(&config(), 13);
     let compact = model(&w, true);
     let wide = model(&w, false);
