@@ -195,7 +195,7 @@ fn run() -> Result<ExitCode, String> {
     let mc = model.config().clone();
     let _ = writeln!(
         err,
-        "loaded {} in {:.2?}: dim {}, {} layers, {} heads / {} KV heads, vocab {}, {} threads",
+        "loaded {} in {:.2?}: dim {}, {} layers, {} heads / {} KV heads, vocab {}, {:.1} MB of weights, {} threads",
         args.model.display(),
         t_load.elapsed(),
         mc.dim,
@@ -203,6 +203,7 @@ fn run() -> Result<ExitCode, String> {
         mc.n_heads,
         mc.n_kv_heads,
         mc.vocab_size,
+        model.weight_bytes() as f64 / 1e6,
         threads
     );
 
