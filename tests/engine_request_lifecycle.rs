@@ -6,7 +6,7 @@
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::{
     BatchLimits, Engine, EngineConfig, EngineError, EngineOptions, Event, FinishReason, HttpStatus,
-    KvDtype, Outcome, Rejection, Request, RequestId, Role, SamplingParams, TenantId,
+    KvDtype, Outcome, Rejection, Request, RequestHandle, RequestId, Role, SamplingParams, TenantId,
 };
 
 fn model() -> Model {
@@ -179,8 +179,9 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     assert_ne!(a, run(sampled(8)));
 }
 
-#[test]
-fn dropping_the_engine_tells_every_live_request() {
+/// An engine that runs one request at a time, with request 1 running (one
+/// token streamed) and request 2 waiting.
+fn one_running_one_waiting() -> (Engine, RequestHandle, RequestHandle) {
     let m = model();
     let c = cfg(&m);
     let opts = EngineOptions {
@@ -194,6 +195,12 @@ fn dropping_the_engine_tells_every_live_request() {
     let running = e.submit(req(1, 50)).unwrap();
     let waiting = e.submit(req(2, 50)).unwrap();
     let _ = e.step();
+    (e, running, waiting)
+}
+
+#[test]
+fn dropping_the_engine_tells_every_live_request() {
+    let (e, running, waiting) = one_running_one_waiting();
     let pool = e.pool().clone();
     drop(e);
     assert_eq!(
@@ -209,19 +216,7 @@ fn dropping_the_engine_tells_every_live_request() {
 
 #[test]
 fn a_shut_down_engine_ends_live_requests_and_turns_later_ones_away() {
-    let m = model();
-    let c = cfg(&m);
-    let opts = EngineOptions {
-        limits: BatchLimits {
-            max_running: 1,
-            max_prefill_tokens: 1024,
-        },
-        ..EngineOptions::default()
-    };
-    let mut e = Engine::with_options(m, c, opts).unwrap();
-    let running = e.submit(req(1, 50)).unwrap();
-    let waiting = e.submit(req(2, 50)).unwrap();
-    let _ = e.step();
+    let (mut e, running, waiting) = one_running_one_waiting();
     e.shutdown();
     let (tokens, outcome) = running.try_collect();
     assert_eq!(tokens.len(), 1);
