@@ -12,7 +12,10 @@
 //!   [`RequestHandle`] or a typed [`Rejection`] (nothing allocated). The
 //!   thread takes submissions between steps, so the answer comes within one
 //!   step.
-//! - Idle, the thread sleeps on its channel: no polling, no spinning.
+//! - Idle, the thread sleeps on its channel: no spinning. An engine's
+//!   thread polls nothing; a decode worker's reads its link every 50 ms
+//!   (late receipts are taken and counted rather than left to fill the
+//!   link's buffers).
 //! - [`Service::shutdown`] stops taking requests (later submissions get
 //!   [`Rejection::ShuttingDown`], 503), lets live ones run for a grace
 //!   period, ends the rest as the server's `shutdown` does, and hands the
