@@ -118,10 +118,11 @@ fn half_the_memory_same_logits(round: fn(f32) -> f32, seed: u64) {
     let compact = model(&w, true);
     let wide = model(&w, false);
 
-    // Matrices halve; the norm vectors (a few KB) stay f32.
+    // Matrices halve; the norm vectors (5 KB) stay f32. `weight_bytes`
+    // counts what the allocations hold, so spare capacity shows too.
     let (c, f) = (compact.weight_bytes(), wide.weight_bytes());
-    assert!(c * 2 <= f + 64 * 1024, "compact {c} bytes, f32 {f} bytes");
-    assert!(c * 2 >= f - 64 * 1024, "compact {c} bytes, f32 {f} bytes");
+    assert!(c * 2 <= f + 8 * 1024, "compact {c} bytes, f32 {f} bytes");
+    assert!(c * 2 >= f - 8 * 1024, "compact {c} bytes, f32 {f} bytes");
 
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 384).collect();
     let a = compact.logits_for_prompt(&prompt).unwrap();

@@ -160,8 +160,8 @@ pub trait Backend: Send + Sync + 'static {
     /// `(rows, cols)` of a placed tensor.
     fn shape(&self, m: &Self::Mat) -> (usize, usize);
 
-    /// Bytes a placed tensor occupies on the backend. Default: f32
-    /// elements.
+    /// Bytes a placed tensor holds on the backend, spare capacity
+    /// included. Default: f32 elements.
     fn mat_bytes(&self, m: &Self::Mat) -> usize {
         let (rows, cols) = self.shape(m);
         rows * cols * std::mem::size_of::<f32>()

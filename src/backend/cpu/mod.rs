@@ -273,7 +273,20 @@ impl CpuBackend {
 /// `data` in the 16-bit format `H` when every element is exactly such a
 /// value.
 fn exact_in<H: Half>(data: &[f32]) -> Option<Vec<H>> {
-    data.iter().map(|&v| H::exact(v)).collect()
+    // Sized up front: collecting `Option`s would grow the vector by
+    // doubling (their iterator gives no length) and keep up to twice the
+    // bytes the halves need.
+    let mut out = Vec::with_capacity(data.len());
+    for &v in data {
+        out.push(H::exact(v)?);
+    }
+    Some(out)
+}
+
+/// `v` without spare capacity: it is kept for the model's lifetime.
+fn shrunk(mut v: Vec<f32>) -> Vec<f32> {
+    v.shrink_to_fit();
+    v
 }
 
 /// `dst[i] = src[i]` widened to f32.
@@ -337,13 +350,13 @@ impl Backend for CpuBackend {
             .then(|| matmul::pack(&data, rows, cols));
         let compact = self.compact_weights && packed.is_none() && rows > 1;
         let data = if !compact {
-            Stored::F32(data)
+            Stored::F32(shrunk(data))
         } else if let Some(halves) = exact_in::<Bf16>(&data) {
             Stored::Bf16(halves)
         } else if let Some(halves) = exact_in::<F16>(&data) {
             Stored::F16(halves)
         } else {
-            Stored::F32(data)
+            Stored::F32(shrunk(data))
         };
         Ok(CpuMat {
             data,
@@ -358,15 +371,16 @@ impl Backend for CpuBackend {
     }
 
     fn mat_bytes(&self, m: &CpuMat) -> usize {
+        // What the allocations hold, spare capacity included.
+        fn held<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
         let rows = match &m.data {
-            Stored::F32(v) => std::mem::size_of_val(v.as_slice()),
-            Stored::Bf16(v) => std::mem::size_of_val(v.as_slice()),
-            Stored::F16(v) => std::mem::size_of_val(v.as_slice()),
+            Stored::F32(v) => held(v),
+            Stored::Bf16(v) => held(v),
+            Stored::F16(v) => held(v),
         };
-        rows + m
-            .packed
-            .as_ref()
-            .map_or(0, |p| std::mem::size_of_val(p.as_slice()))
+        rows + m.packed.as_ref().map_or(0, held)
     }
 
     fn len(&self, buf: &Vec<f32>) -> usize {
