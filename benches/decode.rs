@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use handoff::backend::CpuBackend;
 use handoff::kv::{KvSeq, Ready};
 use handoff::model::{Model, ModelConfig, ModelWeights, load_llama2c, random_weights};
-use handoff::sampling::argmax;
+use handoff::sampling::{Sampler, argmax};
 use handoff::{
     BatchLimits, Engine, EngineConfig, EngineOptions, KvDtype, KvPool, PoolConfig, Request,
-    RequestId, Role, TenantId,
+    RequestId, Role, SamplingParams, TenantId,
 };
 
 const STORIES: &str = concat!(
@@ -423,6 +423,7 @@ fn main() {
     } else {
         say(format!("stories260K skipped: {STORIES} is absent"));
     }
+    sampling_side_by_side();
     if std::env::var("HANDOFF_BENCH_BIG").as_deref() == Ok("0") {
         return;
     }
@@ -494,4 +495,77 @@ fn storage_side_by_side(w: &ModelWeights, layers: usize) {
             ));
         }
     }
+}
+
+/// Top-p sampling over a Llama 3 vocabulary (128,256 logits): the engine's
+/// sampler against a full sort of the candidates (what it did before),
+/// alternating, for a peaked distribution (a few likely tokens over a wide
+/// tail, as a model's usually is) and a flat one.
+fn sampling_side_by_side() {
+    const VOCAB: usize = 128_256;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut uniform = move || {
+        seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut gauss = move || {
+        let (a, b) = (uniform().max(1e-300), uniform());
+        ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
+    };
+    let peaked: Vec<f32> = (0..VOCAB)
+        .map(|i| 2.0 * gauss() + if i % 20_011 == 7 { 14.0 } else { 0.0 })
+        .collect();
+    let flat: Vec<f32> = (0..VOCAB).map(|_| gauss()).collect();
+    let params = SamplingParams {
+        temperature: 0.7,
+        top_k: None,
+        top_p: Some(0.9),
+        seed: 1,
+        stop_ids: Vec::new(),
+    };
+    say(format!(
+        "\n## top-p sampling, vocabulary {VOCAB}, temperature 0.7, top_p 0.9 (alternating, 50 draws each)"
+    ));
+    for (name, logits) in [("peaked", &peaked), ("flat", &flat)] {
+        for round in 0..2 {
+            let mut sampler = Sampler::new(&params).unwrap();
+            let t = Instant::now();
+            for _ in 0..50 {
+                std::hint::black_box(sampler.sample(logits).unwrap());
+            }
+            let ours = t.elapsed() / 50;
+            let t = Instant::now();
+            for _ in 0..50 {
+                std::hint::black_box(full_sort_top_p(logits, 0.7, 0.9));
+            }
+            let sort = t.elapsed() / 50;
+            say(format!(
+                "{name}, round {round}: sampler {ours:.2?} per token, full sort {sort:.2?} ({:.1}x)",
+                sort.as_secs_f64() / ours.as_secs_f64()
+            ));
+        }
+    }
+}
+
+/// The nucleus by sorting every candidate: its size.
+fn full_sort_top_p(logits: &[f32], t: f32, p: f64) -> usize {
+    let mut cand: Vec<(f32, u32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (l, i as u32))
+        .collect();
+    cand.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let max = cand[0].0;
+    let w: Vec<f32> = cand.iter().map(|c| ((c.0 - max) / t).exp()).collect();
+    let total: f64 = w.iter().map(|&x| x as f64).sum();
+    let mut acc = 0f64;
+    w.iter()
+        .position(|&x| {
+            acc += x as f64 / total;
+            acc >= p
+        })
+        .map_or(cand.len(), |i| i + 1)
 }
