@@ -21,12 +21,12 @@
 //! line (the tokens it streamed), and the exit status is 1.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use handoff::backend::CpuBackend;
-use handoff::model::{Model, ModelWeights, load_hf, load_llama2c};
+use handoff::model::Model;
 use handoff::{
     Engine, EngineConfig, Event, KvDtype, Outcome, Request, RequestId, Role, SamplingParams,
     TenantId,
@@ -162,15 +162,6 @@ fn sizing(args: &Args, model_max: usize) -> Result<(usize, usize, usize), String
     Ok((max_context, page, whole_pages(all.max(window2), page)?))
 }
 
-fn load(path: &Path) -> Result<ModelWeights, String> {
-    let w = if path.is_dir() {
-        load_hf(path)
-    } else {
-        load_llama2c(path)
-    };
-    w.map_err(|e| format!("{}: {e}", path.display()))
-}
-
 fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
@@ -185,13 +176,14 @@ fn run() -> Result<ExitCode, String> {
     let args = parse(std::env::args().skip(1))?;
     let mut err = std::io::stderr();
     let t_load = Instant::now();
-    let weights = load(&args.model)?;
     let backend = match args.threads {
         Some(n) => CpuBackend::with_threads(n),
         None => CpuBackend::new(),
     };
     let threads = backend.threads();
-    let model = Model::new(backend, weights).map_err(|e| e.to_string())?;
+    // Placed as it is read: a bf16 checkpoint never sits in memory in f32.
+    let model =
+        Model::load(backend, &args.model).map_err(|e| format!("{}: {e}", args.model.display()))?;
     let mc = model.config().clone();
     let _ = writeln!(
         err,

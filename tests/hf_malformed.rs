@@ -13,7 +13,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use handoff::HttpStatus;
-use handoff::model::{ModelError, ModelWeights, load_hf, load_hf_bytes};
+use handoff::backend::CpuBackend;
+use handoff::model::{Model, ModelError, ModelWeights, load_hf, load_hf_bytes};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -75,8 +76,31 @@ impl Folder {
         self.dir.path()
     }
 
+    /// Loads the folder both ways a host can: `load_hf` (whole, in f32)
+    /// and `Model::load` (placed layer by layer as it is read). They must
+    /// agree: the same error, or the same model.
     fn load(&self) -> Result<ModelWeights, ModelError> {
-        load_hf(self.path())
+        let whole = load_hf(self.path());
+        let placed = Model::load(CpuBackend::with_threads(1), self.path());
+        match (&whole, placed) {
+            (Ok(w), Ok(m)) => {
+                let want = Model::new(CpuBackend::with_threads(1), w.clone()).unwrap();
+                assert_eq!(
+                    m.fingerprint(),
+                    want.fingerprint(),
+                    "placed as read: other weights"
+                );
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "placed as read"),
+            // Weights that load whole but cannot be placed: Model::new
+            // refuses them the same way.
+            (Ok(w), Err(b)) => {
+                let a = Model::new(CpuBackend::with_threads(1), w.clone()).unwrap_err();
+                assert_eq!(a.to_string(), b.to_string(), "placed as read");
+            }
+            (Err(a), Ok(_)) => panic!("load_hf refused ({a}) what Model::load placed"),
+        }
+        whole
     }
 }
 

@@ -1,7 +1,7 @@
 //! Shape checks of a [`ModelWeights`] against its own config, for weights
 //! built by any loader or by hand.
 
-use crate::model::{ModelError, ModelWeights};
+use crate::model::{LayerWeights, ModelConfig, ModelError, ModelWeights};
 
 impl ModelWeights {
     /// Checks the config and that every tensor has the length its shape
@@ -9,35 +9,10 @@ impl ModelWeights {
     pub fn check_shapes(&self) -> Result<(), ModelError> {
         let c = &self.config;
         c.validate()?;
-        let (d, h) = (c.dim, c.hidden_dim);
-        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let check = |name: String, v: &[f32], shape: Vec<usize>| {
-            let want = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
-            if want != Some(v.len()) {
-                return Err(ModelError::Shape {
-                    tensor: name,
-                    expected: shape,
-                    got: vec![v.len()],
-                });
-            }
-            Ok(())
-        };
+        let d = c.dim;
         check("embedding".into(), &self.embedding, vec![c.vocab_size, d])?;
         check("final_norm".into(), &self.final_norm, vec![d])?;
-        match (&self.lm_head, c.tied_embeddings) {
-            (Some(head), false) => check("lm_head".into(), head, vec![c.vocab_size, d])?,
-            (None, true) => {}
-            (Some(_), true) => {
-                return Err(ModelError::InvalidConfig(
-                    "tied_embeddings is set but a separate lm_head is present".into(),
-                ));
-            }
-            (None, false) => {
-                return Err(ModelError::MissingTensor {
-                    tensor: "lm_head".into(),
-                });
-            }
-        }
+        check_output(self.lm_head.as_deref(), c)?;
         if self.layers.len() != c.n_layers {
             return Err(ModelError::Shape {
                 tensor: "layers".into(),
@@ -46,30 +21,72 @@ impl ModelWeights {
             });
         }
         for (i, l) in self.layers.iter().enumerate() {
-            let n = |t: &str| format!("layers.{i}.{t}");
-            check(n("attn_norm"), &l.attn_norm, vec![d])?;
-            check(n("wq"), &l.wq, vec![qd, d])?;
-            check(n("wk"), &l.wk, vec![kvd, d])?;
-            check(n("wv"), &l.wv, vec![kvd, d])?;
-            check(n("wo"), &l.wo, vec![d, qd])?;
-            check(n("ffn_norm"), &l.ffn_norm, vec![d])?;
-            check(n("w1"), &l.w1, vec![h, d])?;
-            check(n("w2"), &l.w2, vec![d, h])?;
-            check(n("w3"), &l.w3, vec![h, d])?;
-            for (t, b, len) in [("bq", &l.bq, qd), ("bk", &l.bk, kvd), ("bv", &l.bv, kvd)] {
-                match (b, c.attention_bias) {
-                    (Some(b), true) => check(n(t), b, vec![len])?,
-                    (None, false) => {}
-                    (None, true) => return Err(ModelError::MissingTensor { tensor: n(t) }),
-                    (Some(_), false) => {
-                        return Err(ModelError::InvalidConfig(format!(
-                            "{} is present but attention_bias is off",
-                            n(t)
-                        )));
-                    }
+            l.check(i, c)?;
+        }
+        Ok(())
+    }
+}
+
+impl LayerWeights {
+    /// Checks that layer `i`'s tensors have the lengths `c` needs (and its
+    /// biases are present exactly when `c` has attention biases).
+    pub(crate) fn check(&self, i: usize, c: &ModelConfig) -> Result<(), ModelError> {
+        let (d, h) = (c.dim, c.hidden_dim);
+        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let n = |t: &str| format!("layers.{i}.{t}");
+        check(n("attn_norm"), &self.attn_norm, vec![d])?;
+        check(n("wq"), &self.wq, vec![qd, d])?;
+        check(n("wk"), &self.wk, vec![kvd, d])?;
+        check(n("wv"), &self.wv, vec![kvd, d])?;
+        check(n("wo"), &self.wo, vec![d, qd])?;
+        check(n("ffn_norm"), &self.ffn_norm, vec![d])?;
+        check(n("w1"), &self.w1, vec![h, d])?;
+        check(n("w2"), &self.w2, vec![d, h])?;
+        check(n("w3"), &self.w3, vec![h, d])?;
+        for (t, b, len) in [
+            ("bq", &self.bq, qd),
+            ("bk", &self.bk, kvd),
+            ("bv", &self.bv, kvd),
+        ] {
+            match (b, c.attention_bias) {
+                (Some(b), true) => check(n(t), b, vec![len])?,
+                (None, false) => {}
+                (None, true) => return Err(ModelError::MissingTensor { tensor: n(t) }),
+                (Some(_), false) => {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "{} is present but attention_bias is off",
+                        n(t)
+                    )));
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// `v` must have the length of `shape`; a mismatch names the tensor.
+pub(crate) fn check(name: String, v: &[f32], shape: Vec<usize>) -> Result<(), ModelError> {
+    let want = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+    if want != Some(v.len()) {
+        return Err(ModelError::Shape {
+            tensor: name,
+            expected: shape,
+            got: vec![v.len()],
+        });
+    }
+    Ok(())
+}
+
+/// The output projection's presence must match `tied_embeddings`.
+pub(crate) fn check_output(lm_head: Option<&[f32]>, c: &ModelConfig) -> Result<(), ModelError> {
+    match (lm_head, c.tied_embeddings) {
+        (Some(head), false) => check("lm_head".into(), head, vec![c.vocab_size, c.dim]),
+        (None, true) => Ok(()),
+        (Some(_), true) => Err(ModelError::InvalidConfig(
+            "tied_embeddings is set but a separate lm_head is present".into(),
+        )),
+        (None, false) => Err(ModelError::MissingTensor {
+            tensor: "lm_head".into(),
+        }),
     }
 }

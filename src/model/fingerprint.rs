@@ -10,7 +10,7 @@ use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
 
-use crate::model::{ModelConfig, ModelWeights, RopeScaling, RopeStyle};
+use crate::model::{LayerWeights, ModelConfig, ModelWeights, RopeScaling, RopeStyle};
 
 /// xxh3-64 of a model's configuration and weights (f32 bits, in a fixed
 /// order with every tensor's length). Equal models have equal fingerprints;
@@ -21,28 +21,14 @@ pub struct ModelFingerprint(u64);
 impl ModelFingerprint {
     /// Hashes `weights` (one pass over every weight).
     pub fn of(weights: &ModelWeights) -> Self {
-        let mut h = XxHash3_64::with_seed(0);
-        h.write(b"handoff model fingerprint v1");
-        config(&mut h, &weights.config);
-        tensor(&mut h, &weights.embedding);
-        h.write_u64(weights.layers.len() as u64);
+        let mut f = Fingerprinter::new(&weights.config);
+        f.embedding(&weights.embedding, weights.layers.len());
         for l in &weights.layers {
-            for t in [&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo] {
-                tensor(&mut h, t);
-            }
-            for b in [&l.bq, &l.bk, &l.bv] {
-                optional(&mut h, b.as_deref());
-            }
-            for t in [&l.ffn_norm, &l.w1, &l.w2, &l.w3] {
-                tensor(&mut h, t);
-            }
+            f.layer(l);
         }
-        tensor(&mut h, &weights.final_norm);
-        optional(&mut h, weights.lm_head.as_deref());
-        ModelFingerprint(h.finish())
+        f.finish(&weights.final_norm, weights.lm_head.as_deref())
     }
 
-    /// The fingerprint as carried on a wire.
     pub fn to_u64(self) -> u64 {
         self.0
     }
@@ -56,6 +42,49 @@ impl ModelFingerprint {
 impl fmt::Display for ModelFingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}", self.0)
+    }
+}
+
+/// A [`ModelFingerprint`] fed one piece at a time, in the order a loader
+/// places the pieces (embedding, layers, final norm, output): a model placed
+/// while it is read gets the fingerprint of the same weights loaded whole.
+pub(crate) struct Fingerprinter(XxHash3_64);
+
+impl Fingerprinter {
+    pub(crate) fn new(c: &ModelConfig) -> Self {
+        let mut h = XxHash3_64::with_seed(0);
+        h.write(b"handoff model fingerprint v1");
+        config(&mut h, c);
+        Fingerprinter(h)
+    }
+
+    /// The embedding, then the number of layers that follow.
+    pub(crate) fn embedding(&mut self, t: &[f32], layers: usize) {
+        tensor(&mut self.0, t);
+        self.0.write_u64(layers as u64);
+    }
+
+    pub(crate) fn layer(&mut self, l: &LayerWeights) {
+        let h = &mut self.0;
+        for t in [&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo] {
+            tensor(h, t);
+        }
+        for b in [&l.bq, &l.bk, &l.bv] {
+            optional(h, b.as_deref());
+        }
+        for t in [&l.ffn_norm, &l.w1, &l.w2, &l.w3] {
+            tensor(h, t);
+        }
+    }
+
+    pub(crate) fn finish(
+        mut self,
+        final_norm: &[f32],
+        lm_head: Option<&[f32]>,
+    ) -> ModelFingerprint {
+        tensor(&mut self.0, final_norm);
+        optional(&mut self.0, lm_head);
+        ModelFingerprint(self.0.finish())
     }
 }
 

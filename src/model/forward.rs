@@ -12,6 +12,7 @@ use crate::config::{KvDtype, KvGeometry};
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Writable};
+use crate::model::place::{Placer, WeightSink};
 use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
 
 /// Why a forward pass failed. Variants with an `index` name the sequence
@@ -120,19 +121,19 @@ impl HttpStatus for ForwardError {
     }
 }
 
-struct Layer<B: Backend> {
-    attn_norm: B::Mat,
-    wq: B::Mat,
-    wk: B::Mat,
-    wv: B::Mat,
-    wo: B::Mat,
-    bq: Option<B::Mat>,
-    bk: Option<B::Mat>,
-    bv: Option<B::Mat>,
-    ffn_norm: B::Mat,
-    w1: B::Mat,
-    w2: B::Mat,
-    w3: B::Mat,
+pub(crate) struct Layer<B: Backend> {
+    pub(crate) attn_norm: B::Mat,
+    pub(crate) wq: B::Mat,
+    pub(crate) wk: B::Mat,
+    pub(crate) wv: B::Mat,
+    pub(crate) wo: B::Mat,
+    pub(crate) bq: Option<B::Mat>,
+    pub(crate) bk: Option<B::Mat>,
+    pub(crate) bv: Option<B::Mat>,
+    pub(crate) ffn_norm: B::Mat,
+    pub(crate) w1: B::Mat,
+    pub(crate) w2: B::Mat,
+    pub(crate) w3: B::Mat,
 }
 
 /// A model's weights placed on a backend.
@@ -255,66 +256,59 @@ impl<B: Backend> Model<B> {
     /// Checks `weights` and places them on `backend`.
     pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
         weights.check_shapes()?;
-        let c = &weights.config;
-        backend
-            .supports(AttnShape {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-            })
-            .map_err(|source| ModelError::Unsupported {
-                backend: backend.name(),
-                source,
-            })?;
-        let fingerprint = ModelFingerprint::of(&weights);
         let ModelWeights {
-            config: c,
+            config,
             embedding,
             layers,
             final_norm,
             lm_head,
         } = weights;
+        let mut placer = Placer::new(backend, config)?;
+        placer.embedding(embedding)?;
+        for l in layers {
+            placer.layer(l)?;
+        }
+        placer.finish(final_norm, lm_head)
+    }
+
+    /// Loads the model at `path` (a Hugging Face folder or a llama2.c file,
+    /// as [`load_model`](crate::model::load_model) reads them) and places it
+    /// on `backend` as it is read: a Hugging Face checkpoint's tensors are
+    /// placed one layer at a time, so loading never holds the whole model in
+    /// f32. A bf16 checkpoint, kept as bf16 by the CPU backend, needs about
+    /// its file's size plus its largest layer (or embedding) in f32, where
+    /// reading it whole first needed twice its file's size (`cargo bench
+    /// --bench load_memory`). Same checks, same numbers and the same
+    /// [fingerprint](Model::fingerprint) as `Model::new(backend,
+    /// load_model(path)?)`.
+    pub fn load(backend: B, path: &std::path::Path) -> Result<Self, ModelError> {
+        crate::model::load::load_on(backend, path)
+    }
+
+    /// A model from parts a [`Placer`] placed.
+    pub(crate) fn from_placed(
+        backend: B,
+        config: ModelConfig,
+        embedding: B::Mat,
+        layers: Vec<Layer<B>>,
+        final_norm: B::Mat,
+        lm_head: Option<B::Mat>,
+        fingerprint: ModelFingerprint,
+    ) -> Self {
+        let c = &config;
         let (d, h) = (c.dim, c.hidden_dim);
         let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let up = |name: &str, v: Vec<f32>, rows: usize, cols: usize| {
-            backend
-                .upload(v, rows, cols)
-                .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
-        };
-        let vec = |name: &str, v: Vec<f32>| {
-            let n = v.len();
-            up(name, v, 1, n)
-        };
         let weight_elems = layers.len() * (2 * qd * d + 2 * kvd * d + 3 * h * d) + c.vocab_size * d;
-        let mut placed = Vec::with_capacity(layers.len());
-        for l in layers {
-            placed.push(Layer::<B> {
-                attn_norm: vec("attn_norm", l.attn_norm)?,
-                wq: up("wq", l.wq, qd, d)?,
-                wk: up("wk", l.wk, kvd, d)?,
-                wv: up("wv", l.wv, kvd, d)?,
-                wo: up("wo", l.wo, d, qd)?,
-                bq: l.bq.map(|b| vec("bq", b)).transpose()?,
-                bk: l.bk.map(|b| vec("bk", b)).transpose()?,
-                bv: l.bv.map(|b| vec("bv", b)).transpose()?,
-                ffn_norm: vec("ffn_norm", l.ffn_norm)?,
-                w1: up("w1", l.w1, h, d)?,
-                w2: up("w2", l.w2, d, h)?,
-                w3: up("w3", l.w3, h, d)?,
-            });
-        }
-        Ok(Model {
-            embedding: up("embedding", embedding, c.vocab_size, d)?,
-            lm_head: lm_head
-                .map(|w| up("lm_head", w, c.vocab_size, d))
-                .transpose()?,
-            final_norm: vec("final_norm", final_norm)?,
-            layers: placed,
-            config: c,
+        Model {
             backend,
+            config,
+            embedding,
+            lm_head,
+            final_norm,
+            layers,
             weight_elems,
             fingerprint,
-        })
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {

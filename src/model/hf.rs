@@ -17,7 +17,9 @@ mod tensors;
 
 use std::path::Path;
 
-use crate::model::{LayerWeights, ModelError, ModelWeights};
+use crate::backend::Backend;
+use crate::model::place::{Collect, Placer, WeightSink};
+use crate::model::{LayerWeights, Model, ModelError, ModelWeights};
 use config::HfConfig;
 use shard::Shard;
 use tensors::TensorSet;
@@ -30,7 +32,13 @@ use tensors::TensorSet;
 /// # Ok::<(), handoff::model::ModelError>(())
 /// ```
 pub fn load_hf(dir: &Path) -> Result<ModelWeights, ModelError> {
-    folder::load(dir)
+    folder::load(dir, |config| Ok(Collect::new(config)))
+}
+
+/// [`load_hf`], placing each layer on `backend` as it is read (see
+/// [`Model::load`]).
+pub(crate) fn load_hf_on<B: Backend>(backend: B, dir: &Path) -> Result<Model<B>, ModelError> {
+    folder::load(dir, |config| Placer::new(backend, config))
 }
 
 /// Loads a checkpoint from in-memory parts: `config.json`'s bytes and each
@@ -45,21 +53,27 @@ pub fn load_hf_bytes(
         .iter()
         .map(|(name, bytes)| Shard::parse(name, bytes))
         .collect::<Result<Vec<_>, _>>()?;
-    assemble(
-        &HfConfig::parse(config_json)?,
-        TensorSet::new(shards, None)?,
-    )
+    let cfg = HfConfig::parse(config_json)?;
+    let sink = Collect::new(cfg.model.clone());
+    assemble(&cfg, TensorSet::new(shards, None)?, sink)
 }
 
-fn assemble(cfg: &HfConfig, mut t: TensorSet<'_>) -> Result<ModelWeights, ModelError> {
+/// Reads every tensor `cfg` names, in load order, into `sink`: the
+/// embedding, each layer as soon as it is complete, then the final norm and
+/// the output projection. A tensor the config does not name is refused
+/// before the sink finishes.
+fn assemble<S: WeightSink>(
+    cfg: &HfConfig,
+    mut t: TensorSet<'_>,
+    mut sink: S,
+) -> Result<S::Out, ModelError> {
     let c = &cfg.model;
     // Products were checked for overflow when the config was parsed.
     let (dim, hidden) = (c.dim, c.hidden_dim);
     let q_dim = c.n_heads * c.head_dim;
     let kv_dim = c.n_kv_heads * c.head_dim;
 
-    let embedding = t.take("model.embed_tokens.weight", &[c.vocab_size, dim])?;
-    let mut layers = Vec::with_capacity(c.n_layers.min(4096));
+    sink.embedding(t.take("model.embed_tokens.weight", &[c.vocab_size, dim])?)?;
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}");
         let mut bias = |name: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
@@ -75,7 +89,7 @@ fn assemble(cfg: &HfConfig, mut t: TensorSet<'_>) -> Result<ModelWeights, ModelE
             bias("k_proj", kv_dim)?,
             bias("v_proj", kv_dim)?,
         );
-        layers.push(LayerWeights {
+        sink.layer(LayerWeights {
             attn_norm: t.take(&format!("{p}.input_layernorm.weight"), &[dim])?,
             wq: t.take(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, dim])?,
             wk: t.take(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, dim])?,
@@ -88,7 +102,7 @@ fn assemble(cfg: &HfConfig, mut t: TensorSet<'_>) -> Result<ModelWeights, ModelE
             w1: t.take(&format!("{p}.mlp.gate_proj.weight"), &[hidden, dim])?,
             w2: t.take(&format!("{p}.mlp.down_proj.weight"), &[dim, hidden])?,
             w3: t.take(&format!("{p}.mlp.up_proj.weight"), &[hidden, dim])?,
-        });
+        })?;
     }
     let final_norm = t.take("model.norm.weight", &[dim])?;
     // transformers ties by pointing lm_head at the embedding, so a stored
@@ -109,11 +123,5 @@ fn assemble(cfg: &HfConfig, mut t: TensorSet<'_>) -> Result<ModelWeights, ModelE
             cfg.arch.class_name()
         )));
     }
-    Ok(ModelWeights {
-        config: c.clone(),
-        embedding,
-        layers,
-        final_norm,
-        lm_head,
-    })
+    sink.finish(final_norm, lm_head)
 }

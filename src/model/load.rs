@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use crate::model::{ModelError, ModelWeights, load_hf, load_llama2c};
+use crate::backend::Backend;
+use crate::model::{Model, ModelError, ModelWeights, load_hf, load_llama2c};
 
 /// Loads the model at `path`: a directory is a Hugging Face checkpoint
 /// (`config.json` + `*.safetensors`), a file is a llama2.c `.bin`.
@@ -14,22 +15,38 @@ use crate::model::{ModelError, ModelWeights, load_hf, load_llama2c};
 /// # Ok::<(), handoff::model::ModelError>(())
 /// ```
 pub fn load_model(path: &Path) -> Result<ModelWeights, ModelError> {
-    let meta = std::fs::metadata(path).map_err(|source| ModelError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    if meta.is_dir() {
-        if !path.join("config.json").is_file() {
-            return Err(ModelError::BadHeader(format!(
-                "{} is a directory, read as a Hugging Face checkpoint, but has no config.json; \
-                 pass the checkpoint folder (config.json and *.safetensors) or a llama2.c .bin file",
-                path.display()
-            )));
-        }
+    if is_hf_folder(path)? {
         load_hf(path)
     } else {
         load_llama2c(path)
     }
+}
+
+/// [`load_model`], placed on `backend` as it is read ([`Model::load`]).
+pub(crate) fn load_on<B: Backend>(backend: B, path: &Path) -> Result<Model<B>, ModelError> {
+    if is_hf_folder(path)? {
+        crate::model::hf::load_hf_on(backend, path)
+    } else {
+        // A llama2.c file is f32 already: nothing to save by streaming it.
+        Model::new(backend, load_llama2c(path)?)
+    }
+}
+
+/// True for a folder (read as a Hugging Face checkpoint), false for a file;
+/// a folder without config.json is refused with what to pass instead.
+fn is_hf_folder(path: &Path) -> Result<bool, ModelError> {
+    let meta = std::fs::metadata(path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    if meta.is_dir() && !path.join("config.json").is_file() {
+        return Err(ModelError::BadHeader(format!(
+            "{} is a directory, read as a Hugging Face checkpoint, but has no config.json; \
+             pass the checkpoint folder (config.json and *.safetensors) or a llama2.c .bin file",
+            path.display()
+        )));
+    }
+    Ok(meta.is_dir())
 }
 
 #[cfg(test)]

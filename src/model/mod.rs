@@ -9,6 +9,7 @@ mod hf;
 mod llama2c;
 mod load;
 mod mapped;
+mod place;
 mod random;
 mod weights;
 

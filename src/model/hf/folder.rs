@@ -9,7 +9,8 @@ use crate::model::hf::config::HfConfig;
 use crate::model::hf::shard::Shard;
 use crate::model::hf::tensors::TensorSet;
 use crate::model::mapped::{Mapped, io_err};
-use crate::model::{ModelError, ModelWeights};
+use crate::model::place::WeightSink;
+use crate::model::{ModelConfig, ModelError};
 
 const INDEX: &str = "model.safetensors.index.json";
 
@@ -68,7 +69,12 @@ fn list_safetensors(dir: &Path) -> Result<Vec<String>, ModelError> {
     Ok(names)
 }
 
-pub(super) fn load(dir: &Path) -> Result<ModelWeights, ModelError> {
+/// Reads the checkpoint in `dir` into the sink `make` builds for its
+/// configuration.
+pub(super) fn load<S: WeightSink>(
+    dir: &Path,
+    make: impl FnOnce(ModelConfig) -> Result<S, ModelError>,
+) -> Result<S::Out, ModelError> {
     let cfg_path = dir.join("config.json");
     let cfg = HfConfig::parse(&std::fs::read(&cfg_path).map_err(|e| io_err(&cfg_path, e))?)?;
 
@@ -96,5 +102,6 @@ pub(super) fn load(dir: &Path) -> Result<ModelWeights, ModelError> {
         .zip(&files)
         .map(|(n, b)| Shard::parse(n, b.as_slice()))
         .collect::<Result<Vec<_>, _>>()?;
-    super::assemble(&cfg, TensorSet::new(shards, weight_map.as_ref())?)
+    let tensors = TensorSet::new(shards, weight_map.as_ref())?;
+    super::assemble(&cfg, tensors, make(cfg.model.clone())?)
 }
