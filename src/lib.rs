@@ -68,6 +68,10 @@
 //! (written by a peer: unreadable), `Ready` (complete or verified: decode
 //! reads it), `Held` (out of use until no write can land). See
 //! [`kv`] for the handle rules and ARCHITECTURE.md for the map.
+//!
+//! A host serving clients from many threads puts its [`Engine`] or decode
+//! worker behind a [`service::Service`]; [`model::Model::load`] reads and
+//! places a checkpoint one layer at a time.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
