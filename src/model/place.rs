@@ -98,9 +98,7 @@ impl<B: Backend> Placer<B> {
     }
 
     fn up(&self, name: &str, v: Vec<f32>, rows: usize, cols: usize) -> Result<B::Mat, ModelError> {
-        self.backend
-            .upload(v, rows, cols)
-            .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
+        upload(&self.backend, name, v, rows, cols)
     }
 
     fn vec(&self, name: &str, v: Vec<f32>) -> Result<B::Mat, ModelError> {
@@ -158,9 +156,6 @@ impl<B: Backend> WeightSink for Placer<B> {
         lm_head: Option<Vec<f32>>,
     ) -> Result<Model<B>, ModelError> {
         let c = &self.config;
-        let embedding = self.embedding.ok_or_else(|| ModelError::MissingTensor {
-            tensor: "embedding".into(),
-        })?;
         if self.layers.len() != c.n_layers {
             return Err(ModelError::Shape {
                 tensor: "layers".into(),
@@ -170,24 +165,44 @@ impl<B: Backend> WeightSink for Placer<B> {
         }
         check("final_norm".into(), &final_norm, vec![c.dim])?;
         check_output(lm_head.as_deref(), c)?;
-        let fingerprint = self.fingerprint.finish(&final_norm, lm_head.as_deref());
-        let (vocab, dim) = (c.vocab_size, c.dim);
-        let up = |name: &str, v: Vec<f32>, rows: usize, cols: usize| {
-            self.backend
-                .upload(v, rows, cols)
-                .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
-        };
-        let n = final_norm.len();
-        let final_norm = up("final_norm", final_norm, 1, n)?;
-        let lm_head = lm_head.map(|w| up("lm_head", w, vocab, dim)).transpose()?;
-        Ok(Model::from_placed(
-            self.backend,
-            self.config,
+        let Placer {
+            backend,
+            config,
+            fingerprint,
             embedding,
-            self.layers,
+            layers,
+        } = self;
+        let embedding = embedding.ok_or_else(|| ModelError::MissingTensor {
+            tensor: "embedding".into(),
+        })?;
+        let fingerprint = fingerprint.finish(&final_norm, lm_head.as_deref());
+        let n = final_norm.len();
+        let final_norm = upload(&backend, "final_norm", final_norm, 1, n)?;
+        let (vocab, dim) = (config.vocab_size, config.dim);
+        let lm_head = lm_head
+            .map(|w| upload(&backend, "lm_head", w, vocab, dim))
+            .transpose()?;
+        Ok(Model::from_placed(
+            backend,
+            config,
+            embedding,
+            layers,
             final_norm,
             lm_head,
             fingerprint,
         ))
     }
+}
+
+/// Places one tensor; a backend refusal names it.
+fn upload<B: Backend>(
+    backend: &B,
+    name: &str,
+    v: Vec<f32>,
+    rows: usize,
+    cols: usize,
+) -> Result<B::Mat, ModelError> {
+    backend
+        .upload(v, rows, cols)
+        .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
 }
