@@ -386,6 +386,38 @@ mod tests {
     }
 
     #[test]
+    fn top_p_at_the_extremes_draws_what_a_full_sort_draws_and_never_panics() {
+        let mut rng = SplitMix64::new(77);
+        let temps = [1e-45f32, 1e-30, 1e-3, 1.0, 1e3, 1e30, f32::MAX];
+        let ps = [1e-7f32, 0.5, 0.999_999_9, 0.999_999_94];
+        for vocab in [1usize, 2, 3, 63, 64, 65, 255, 256, 257, 1025, 4097] {
+            let shapes: [Box<dyn Fn(usize) -> f32>; 4] = [
+                Box::new(|_| 0.25),
+                Box::new(|i| if i % 5 == 0 { f32::MAX } else { -f32::MAX }),
+                Box::new(|i| (i as f32) * 1e-30),
+                Box::new(|i| ((i * 2_654_435_761) % 1000) as f32 * 0.01),
+            ];
+            for (s, shape) in shapes.iter().enumerate() {
+                let logits: Vec<f32> = (0..vocab).map(shape).collect();
+                for &t in &temps {
+                    for &tp in &ps {
+                        for k in [None, Some(1), Some(64), Some(65), Some(vocab)] {
+                            let prm = params(t, k, Some(tp), rng.next_u64());
+                            let got = draw(&prm, &logits, 8);
+                            assert_eq!(
+                                got,
+                                full_sort_draws(&prm, &logits, 8),
+                                "vocab {vocab} shape {s} t {t} p {tp} k {k:?}"
+                            );
+                            assert!(got.iter().all(|&x| (x as usize) < vocab));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn frequencies_follow_the_softmax() {
         let logits = [0.0f32, (3.0f32).ln()];
         let n = 20_000;

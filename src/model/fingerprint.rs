@@ -29,6 +29,7 @@ impl ModelFingerprint {
         f.finish(&weights.final_norm, weights.lm_head.as_deref())
     }
 
+    /// The fingerprint as carried on a wire.
     pub fn to_u64(self) -> u64 {
         self.0
     }
