@@ -327,6 +327,27 @@ fn a_config_that_does_not_match_the_weights_is_refused() {
 }
 
 #[test]
+fn a_tensor_the_config_does_not_name_is_refused_before_any_weight_is_read() {
+    // A checkpoint with more than the language model (a vision tower): the
+    // refusal must come before gigabytes are read and placed. The first
+    // tensor read (the embedding) is poisoned too: the error must be about
+    // the extra tensor, so nothing was read.
+    let multimodal = Folder::with_tensors(|t| {
+        t.insert(
+            "vision_tower.patch_embed.weight".into(),
+            (Dtype::F32, vec![4], f32_bytes(&[1.0; 4])),
+        );
+        let (_, _, b) = t.get_mut("model.embed_tokens.weight").unwrap();
+        b[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    let err = multimodal.load().unwrap_err();
+    assert!(
+        matches!(&err, ModelError::InvalidConfig(m) if m.contains("vision_tower.patch_embed.weight")),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_config_json_is_invalid_config_naming_the_field() {
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(Edit, &str)> = vec![

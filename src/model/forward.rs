@@ -278,9 +278,10 @@ impl<B: Backend> Model<B> {
     /// f32. A bf16 checkpoint, kept as bf16 by the CPU backend, needs about
     /// its file's size plus its largest layer (or embedding) in f32, where
     /// reading it whole first needed twice its file's size (`cargo bench
-    /// --bench load_memory`). Same checks, same numbers and the same
-    /// [fingerprint](Model::fingerprint) as `Model::new(backend,
-    /// load_model(path)?)`.
+    /// --bench load_memory`). It refuses the same models, with the same
+    /// numbers and the same [fingerprint](Model::fingerprint) for those it
+    /// accepts, as `Model::new(backend, load_model(path)?)`; a backend that
+    /// cannot run the model's shape refuses it before any tensor is read.
     pub fn load(backend: B, path: &std::path::Path) -> Result<Self, ModelError> {
         crate::model::load::load_on(backend, path)
     }

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::backend::Backend;
 use crate::model::place::{Collect, Placer, WeightSink};
-use crate::model::{LayerWeights, Model, ModelError, ModelWeights};
+use crate::model::{LayerWeights, Model, ModelConfig, ModelError, ModelWeights};
 use config::HfConfig;
 use shard::Shard;
 use tensors::TensorSet;
@@ -73,6 +73,26 @@ fn assemble<S: WeightSink>(
     let q_dim = c.n_heads * c.head_dim;
     let kv_dim = c.n_kv_heads * c.head_dim;
 
+    let tied = c.tied_embeddings;
+    let ignorable =
+        |n: &str| n.ends_with(".rotary_emb.inv_freq") || (tied && n == "lm_head.weight");
+    let extra = |name: &str| {
+        ModelError::InvalidConfig(format!(
+            "tensor {name} is not part of a {} with this config.json: \
+             config and weights disagree (or the checkpoint has weights handoff would ignore)",
+            cfg.arch.class_name()
+        ))
+    };
+    // A tensor the config does not name is refused before any data is read
+    // or placed (a vision tower, a layer too many). When an expected tensor
+    // is missing, reading names it below, as the more useful error.
+    let expected = expected_names(c);
+    if expected.iter().all(|n| t.has(n))
+        && let Some(name) = t.first_unwanted(|n| expected.contains(n) || ignorable(n))
+    {
+        return Err(extra(name));
+    }
+
     sink.embedding(t.take("model.embed_tokens.weight", &[c.vocab_size, dim])?)?;
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}");
@@ -113,15 +133,40 @@ fn assemble<S: WeightSink>(
         Some(t.take("lm_head.weight", &[c.vocab_size, dim])?)
     };
 
-    let tied = c.tied_embeddings;
-    let ignorable =
-        |n: &str| n.ends_with(".rotary_emb.inv_freq") || (tied && n == "lm_head.weight");
-    if let Some(extra) = t.first_unused(ignorable) {
-        return Err(ModelError::InvalidConfig(format!(
-            "tensor {extra} is not part of a {} with this config.json: \
-             config and weights disagree (or the checkpoint has weights handoff would ignore)",
-            cfg.arch.class_name()
-        )));
+    if let Some(name) = t.first_unused(ignorable) {
+        return Err(extra(name));
     }
     sink.finish(final_norm, lm_head)
+}
+
+/// Every tensor name `assemble` reads for a model of `c`.
+fn expected_names(c: &ModelConfig) -> std::collections::HashSet<String> {
+    let mut names = std::collections::HashSet::new();
+    names.insert("model.embed_tokens.weight".to_string());
+    names.insert("model.norm.weight".to_string());
+    if !c.tied_embeddings {
+        names.insert("lm_head.weight".to_string());
+    }
+    for l in 0..c.n_layers {
+        let p = format!("model.layers.{l}");
+        for t in [
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.down_proj.weight",
+            "mlp.up_proj.weight",
+        ] {
+            names.insert(format!("{p}.{t}"));
+        }
+        if c.attention_bias {
+            for t in ["q_proj", "k_proj", "v_proj"] {
+                names.insert(format!("{p}.self_attn.{t}.bias"));
+            }
+        }
+    }
+    names
 }

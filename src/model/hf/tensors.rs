@@ -73,6 +73,19 @@ impl<'a> TensorSet<'a> {
         Ok(data)
     }
 
+    /// Whether the checkpoint holds a tensor named `name`.
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.owner.contains_key(name)
+    }
+
+    /// The first tensor (by name) that `wanted` does not accept, before any
+    /// is read.
+    pub(super) fn first_unwanted(&self, wanted: impl Fn(&str) -> bool) -> Option<&str> {
+        let mut names: Vec<&str> = self.owner.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names.into_iter().find(|n| !wanted(n))
+    }
+
     /// The first tensor that was neither taken nor allowed to be ignored.
     pub(super) fn first_unused(&self, ignorable: impl Fn(&str) -> bool) -> Option<&str> {
         let mut names: Vec<&str> = self.owner.keys().map(String::as_str).collect();
