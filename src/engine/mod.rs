@@ -19,6 +19,7 @@
 //! KV the failed pass half-wrote.
 
 mod error;
+pub(crate) mod setup;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -122,27 +123,8 @@ impl<B: Backend> Engine<B> {
         cfg: EngineConfig,
         opts: EngineOptions,
     ) -> Result<Self, EngineError> {
-        if cfg.role() != Role::Colocated {
-            return Err(EngineError::Role(cfg.role()));
-        }
-        let g = cfg.geometry();
+        setup::check(&model, &cfg, Role::Colocated)?;
         let mc = model.config();
-        if (g.n_layers, g.n_kv_heads, g.head_dim) != (mc.n_layers, mc.n_kv_heads, mc.head_dim) {
-            return Err(EngineError::Geometry {
-                cfg_layers: g.n_layers,
-                cfg_kv_heads: g.n_kv_heads,
-                cfg_head_dim: g.head_dim,
-                model_layers: mc.n_layers,
-                model_kv_heads: mc.n_kv_heads,
-                model_head_dim: mc.head_dim,
-            });
-        }
-        if cfg.max_context() > mc.max_seq_len {
-            return Err(EngineError::ContextBeyondModel {
-                max_context: cfg.max_context(),
-                model_max: mc.max_seq_len,
-            });
-        }
         if opts.limits.max_running == 0 || opts.limits.max_prefill_tokens == 0 {
             return Err(EngineError::Limits);
         }

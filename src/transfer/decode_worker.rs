@@ -82,7 +82,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         cfg: &EngineConfig,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        crate::transfer::worker_config::check(&model, cfg, Role::Decode)?;
+        crate::engine::setup::check(&model, cfg, Role::Decode)?;
         let pool = KvPool::new(cfg.pool_config())?;
         Self::with_pool(link, model, cfg, pool, transfer)
     }
@@ -102,18 +102,10 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         pool: KvPool,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        crate::transfer::worker_config::check(&model, cfg, Role::Decode)?;
-        crate::transfer::worker_config::check_pool(cfg, &pool)?;
+        crate::engine::setup::check(&model, cfg, Role::Decode)?;
+        crate::engine::setup::check_pool(cfg, &pool)?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
-        Ok(DecodeWorker {
-            side: DecodeSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
-            scratch: model.scratch(),
-            model,
-            clients: HashMap::new(),
-            running: Vec::new(),
-            tokens: Vec::new(),
-            tally: DecodeTally::default(),
-        })
+        Ok(Self::build(link, model, pool, limits, transfer))
     }
 
     /// A worker over a `pool` and admission `limits` that no configuration
@@ -131,9 +123,20 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
         let window = limits.max_context();
-        crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
+        crate::engine::setup::check_model(&model, pool.config().geometry(), window)?;
         let limits = limits.vocab(model.config().vocab_size);
-        Ok(DecodeWorker {
+        Ok(Self::build(link, model, pool, limits, transfer))
+    }
+
+    /// The worker over checked parts; plans name `model`'s fingerprint.
+    fn build(
+        link: L,
+        model: Model<B>,
+        pool: KvPool,
+        limits: AdmissionLimits,
+        transfer: TransferConfig,
+    ) -> Self {
+        DecodeWorker {
             side: DecodeSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
             scratch: model.scratch(),
             model,
@@ -141,7 +144,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
             running: Vec::new(),
             tokens: Vec::new(),
             tally: DecodeTally::default(),
-        })
+        }
     }
 
     /// The protocol side (counters, landing zone).

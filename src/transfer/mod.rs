@@ -70,7 +70,6 @@ mod prefill_worker;
 pub mod protocol;
 pub mod synthetic;
 pub mod tcp;
-mod worker_config;
 
 pub use config::TransferConfig;
 pub use credits::InFlightStats;

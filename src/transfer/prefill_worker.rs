@@ -48,7 +48,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         cfg: &EngineConfig,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        crate::transfer::worker_config::check(&model, cfg, Role::Prefill)?;
+        crate::engine::setup::check(&model, cfg, Role::Prefill)?;
         let pool = KvPool::new(cfg.pool_config())?;
         Self::with_pool(link, model, cfg, pool, transfer)
     }
@@ -68,15 +68,17 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         pool: KvPool,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        crate::transfer::worker_config::check(&model, cfg, Role::Prefill)?;
-        crate::transfer::worker_config::check_pool(cfg, &pool)?;
+        crate::engine::setup::check(&model, cfg, Role::Prefill)?;
+        crate::engine::setup::check_pool(cfg, &pool)?;
         let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
-        Ok(PrefillWorker {
-            side: PrefillSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
-            scratch: model.scratch(),
+        Ok(Self::build(
+            link,
             model,
-            max_batch_tokens: cfg.max_context(),
-        })
+            pool,
+            limits,
+            transfer,
+            cfg.max_context(),
+        ))
     }
 
     /// A worker over a `pool` and admission `limits` that no configuration
@@ -94,14 +96,34 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
         let window = limits.max_context();
-        crate::transfer::worker_config::check_model(&model, pool.config().geometry(), window)?;
+        crate::engine::setup::check_model(&model, pool.config().geometry(), window)?;
         let limits = limits.vocab(model.config().vocab_size);
-        Ok(PrefillWorker {
+        Ok(Self::build(
+            link,
+            model,
+            pool,
+            limits,
+            transfer,
+            window.max(1),
+        ))
+    }
+
+    /// The worker over checked parts; it computes KV only for plans naming
+    /// `model`'s fingerprint.
+    fn build(
+        link: L,
+        model: Model<B>,
+        pool: KvPool,
+        limits: AdmissionLimits,
+        transfer: TransferConfig,
+        max_batch_tokens: usize,
+    ) -> Self {
+        PrefillWorker {
             side: PrefillSide::new(link, pool, limits, transfer.with_model(model.fingerprint())),
             scratch: model.scratch(),
             model,
-            max_batch_tokens: window.max(1),
-        })
+            max_batch_tokens,
+        }
     }
 
     /// Caps the prompt tokens prefilled in one batched pass (default: the

@@ -1,4 +1,6 @@
-//! Checks shared by the prefill and decode workers.
+//! Setup checks shared by the colocated engine and both disaggregated
+//! workers: the configuration's role, its KV geometry and window against
+//! the model, and a pool the host built.
 
 use crate::backend::Backend;
 use crate::config::{EngineConfig, Role};
