@@ -68,10 +68,7 @@ fn assemble<S: WeightSink>(
     mut sink: S,
 ) -> Result<S::Out, ModelError> {
     let c = &cfg.model;
-    // Products were checked for overflow when the config was parsed.
-    let (dim, hidden) = (c.dim, c.hidden_dim);
-    let q_dim = c.n_heads * c.head_dim;
-    let kv_dim = c.n_kv_heads * c.head_dim;
+    let dim = c.dim;
 
     let tied = c.tied_embeddings;
     let ignorable =
@@ -95,33 +92,29 @@ fn assemble<S: WeightSink>(
 
     sink.embedding(t.take("model.embed_tokens.weight", &[c.vocab_size, dim])?)?;
     for l in 0..c.n_layers {
-        let p = format!("model.layers.{l}");
-        let mut bias = |name: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
-            if c.attention_bias {
-                t.take(&format!("{p}.self_attn.{name}.bias"), &[n])
-                    .map(Some)
-            } else {
-                Ok(None)
-            }
+        let (bq, bk, bv) = match layer_biases(c, l) {
+            Some([q, k, v]) => (
+                Some(t.take(&q.0, &q.1)?),
+                Some(t.take(&k.0, &k.1)?),
+                Some(t.take(&v.0, &v.1)?),
+            ),
+            None => (None, None, None),
         };
-        let (bq, bk, bv) = (
-            bias("q_proj", q_dim)?,
-            bias("k_proj", kv_dim)?,
-            bias("v_proj", kv_dim)?,
-        );
+        let mut take = |(name, shape): (String, Vec<usize>)| t.take(&name, &shape);
+        let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3] = layer_tensors(c, l);
         sink.layer(LayerWeights {
-            attn_norm: t.take(&format!("{p}.input_layernorm.weight"), &[dim])?,
-            wq: t.take(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, dim])?,
-            wk: t.take(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, dim])?,
-            wv: t.take(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, dim])?,
-            wo: t.take(&format!("{p}.self_attn.o_proj.weight"), &[dim, q_dim])?,
+            attn_norm: take(attn_norm)?,
+            wq: take(wq)?,
+            wk: take(wk)?,
+            wv: take(wv)?,
+            wo: take(wo)?,
             bq,
             bk,
             bv,
-            ffn_norm: t.take(&format!("{p}.post_attention_layernorm.weight"), &[dim])?,
-            w1: t.take(&format!("{p}.mlp.gate_proj.weight"), &[hidden, dim])?,
-            w2: t.take(&format!("{p}.mlp.down_proj.weight"), &[dim, hidden])?,
-            w3: t.take(&format!("{p}.mlp.up_proj.weight"), &[hidden, dim])?,
+            ffn_norm: take(ffn_norm)?,
+            w1: take(w1)?,
+            w2: take(w2)?,
+            w3: take(w3)?,
         })?;
     }
     let final_norm = t.take("model.norm.weight", &[dim])?;
@@ -139,34 +132,51 @@ fn assemble<S: WeightSink>(
     sink.finish(final_norm, lm_head)
 }
 
+/// Layer `l`'s tensors, with their shapes, in `LayerWeights` order:
+/// attn_norm, wq, wk, wv, wo, ffn_norm, w1 (gate), w2 (down), w3 (up).
+fn layer_tensors(c: &ModelConfig, l: usize) -> [(String, Vec<usize>); 9] {
+    // Products were checked for overflow when the config was parsed.
+    let (d, h) = (c.dim, c.hidden_dim);
+    let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let n = |t: &str| format!("model.layers.{l}.{t}");
+    [
+        (n("input_layernorm.weight"), vec![d]),
+        (n("self_attn.q_proj.weight"), vec![qd, d]),
+        (n("self_attn.k_proj.weight"), vec![kvd, d]),
+        (n("self_attn.v_proj.weight"), vec![kvd, d]),
+        (n("self_attn.o_proj.weight"), vec![d, qd]),
+        (n("post_attention_layernorm.weight"), vec![d]),
+        (n("mlp.gate_proj.weight"), vec![h, d]),
+        (n("mlp.down_proj.weight"), vec![d, h]),
+        (n("mlp.up_proj.weight"), vec![h, d]),
+    ]
+}
+
+/// Layer `l`'s q, k and v biases, when the model has attention biases.
+fn layer_biases(c: &ModelConfig, l: usize) -> Option<[(String, Vec<usize>); 3]> {
+    let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let n = |t: &str| format!("model.layers.{l}.self_attn.{t}.bias");
+    c.attention_bias.then(|| {
+        [
+            (n("q_proj"), vec![qd]),
+            (n("k_proj"), vec![kvd]),
+            (n("v_proj"), vec![kvd]),
+        ]
+    })
+}
+
 /// Every tensor name `assemble` reads for a model of `c`.
 fn expected_names(c: &ModelConfig) -> std::collections::HashSet<String> {
-    let mut names = std::collections::HashSet::new();
-    names.insert("model.embed_tokens.weight".to_string());
-    names.insert("model.norm.weight".to_string());
+    let mut names: std::collections::HashSet<String> =
+        ["model.embed_tokens.weight", "model.norm.weight"]
+            .map(String::from)
+            .into();
     if !c.tied_embeddings {
         names.insert("lm_head.weight".to_string());
     }
     for l in 0..c.n_layers {
-        let p = format!("model.layers.{l}");
-        for t in [
-            "input_layernorm.weight",
-            "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight",
-            "post_attention_layernorm.weight",
-            "mlp.gate_proj.weight",
-            "mlp.down_proj.weight",
-            "mlp.up_proj.weight",
-        ] {
-            names.insert(format!("{p}.{t}"));
-        }
-        if c.attention_bias {
-            for t in ["q_proj", "k_proj", "v_proj"] {
-                names.insert(format!("{p}.self_attn.{t}.bias"));
-            }
-        }
+        names.extend(layer_tensors(c, l).into_iter().map(|(n, _)| n));
+        names.extend(layer_biases(c, l).into_iter().flatten().map(|(n, _)| n));
     }
     names
 }
