@@ -26,7 +26,7 @@ use handoff::model::{Model, ModelConfig, ModelWeights, load_llama2c, random_weig
 use handoff::sampling::{Sampler, argmax};
 use handoff::{
     BatchLimits, Engine, EngineConfig, EngineOptions, KvDtype, KvPool, PoolConfig, Request,
-    RequestId, Role, SamplingParams, TenantId,
+    RequestId, SamplingParams, TenantId,
 };
 
 const STORIES: &str = concat!(
@@ -237,7 +237,7 @@ fn ttft(m: &Model, n: usize) -> Duration {
 fn engine_rate(w: &ModelWeights, batch: usize, prompt_len: usize, new: usize) -> (f64, Duration) {
     let model = Model::new(backend(), w.clone()).unwrap();
     let max_context = (prompt_len + new).next_multiple_of(16);
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(model.kv_geometry(KvDtype::F32))
         .max_context(max_context)
         .page_size(16)
         .pool_tokens(max_context * batch.max(2))
@@ -248,7 +248,6 @@ fn engine_rate(w: &ModelWeights, batch: usize, prompt_len: usize, new: usize) ->
             max_running: batch,
             max_prefill_tokens: 1 << 20,
         },
-        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(model, cfg, opts).unwrap();
     let vocab = w.config.vocab_size;

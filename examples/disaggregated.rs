@@ -32,6 +32,9 @@
 //! llama2.c `.bin` file or a Hugging Face folder; default: an embedded model
 //! with seeded random weights), `--inject-corrupt-receipt`.
 
+use handoff::{
+    Colocated, Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -42,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeLink, DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, LinkError, PrefillLink,
-    PrefillWorker, Step, TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
+    DecodeLink, Fault, FaultPlan, FaultRule, InProcess, LinkError, PrefillLink, Step,
+    TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
 };
 use handoff::{
     Engine, EngineConfig, HttpStatus, KvDtype, Outcome, PoolStats, Rejection, Request,
@@ -117,13 +120,13 @@ fn window(w: &ModelWeights) -> usize {
     w.config.max_seq_len.min(256)
 }
 
-fn config(w: &ModelWeights, role: Role) -> Result<EngineConfig, String> {
+fn config<R: RoleKind>(w: &ModelWeights) -> Result<EngineConfig<R>, String> {
     let win = window(w);
-    let pool = match role {
+    let pool = match R::ROLE {
         Role::Decode => 4 * win,
         _ => 2 * win,
     };
-    EngineConfig::builder(role, w.config.kv_geometry(KvDtype::F32))
+    EngineConfigBuilder::<R>::new(w.config.kv_geometry(KvDtype::F32))
         .max_context(win)
         .page_size(16)
         .pool_tokens(pool)
@@ -186,12 +189,12 @@ fn workload(w: &ModelWeights) -> Vec<Request> {
 /// reports its pool again.
 fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let w = weights(args.model.as_deref())?;
-    let cfg = config(&w, Role::Prefill)?;
+    let cfg = config::<Prefill>(&w)?;
     let tcfg = transfer_config(args.corrupt);
     let link = TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
     let model = Model::cpu(w).map_err(|e| e.to_string())?;
-    let mut worker = PrefillWorker::new(link, model, &cfg, tcfg).map_err(|e| e.to_string())?;
+    let mut worker = PrefillWorker::new(link, model, cfg, tcfg).map_err(|e| e.to_string())?;
     let drained = Arc::new(AtomicBool::new(false));
     {
         let drained = drained.clone();
@@ -295,7 +298,7 @@ fn serve<L: DecodeLink + 'static>(
     let start = Instant::now();
     let mut cancelled = false;
     while !decode.is_idle() && start.elapsed() < WORKLOAD_DEADLINE {
-        decode.step(Duration::from_millis(10));
+        decode.step();
         if !cancelled && start.elapsed() > Duration::from_millis(200) {
             // The client of the slow request goes away mid-transfer.
             if let Some(Ok(h)) = reqs
@@ -325,7 +328,7 @@ fn serve<L: DecodeLink + 'static>(
     // arrive: they must land nowhere.
     let until = Instant::now() + Duration::from_millis(800);
     while Instant::now() < until {
-        decode.step(Duration::from_millis(20));
+        decode.step();
     }
     let late = Late {
         writes: decode.side().landing().stray_writes(),
@@ -342,9 +345,9 @@ struct Late {
 }
 
 fn colocated(w: ModelWeights, reqs: &[Request]) -> Result<Vec<Vec<u32>>, String> {
-    let mut cfg = config(&w, Role::Colocated)?;
+    let mut cfg = config::<Colocated>(&w)?;
     if cfg.pool_tokens() < 4 * cfg.max_context() {
-        cfg = EngineConfig::builder(Role::Colocated, cfg.geometry())
+        cfg = EngineConfig::colocated(cfg.geometry())
             .max_context(cfg.max_context())
             .page_size(cfg.page_size())
             .pool_tokens(4 * cfg.max_context())
@@ -369,7 +372,7 @@ fn run(args: &Args) -> Result<bool, String> {
         |p| p.display().to_string(),
     );
     let reqs = workload(&w);
-    let dcfg = config(&w, Role::Decode)?;
+    let dcfg = config::<Decode>(&w)?;
     let tcfg = transfer_config(args.corrupt);
     eprintln!(
         "model: {name}; window {} tokens; transport {}; corrupt receipt: {}",
@@ -427,7 +430,7 @@ fn run(args: &Args) -> Result<bool, String> {
                 Err(e) => return Err(e.to_string()),
             }
         };
-        let mut decode = DecodeWorker::new(link, model, &dcfg, tcfg).map_err(|e| e.to_string())?;
+        let mut decode = DecodeWorker::new(link, model, dcfg, tcfg).map_err(|e| e.to_string())?;
         let (served, late) = serve(&mut decode, &reqs);
         let d_drained = decode.pool().stats();
         let pool = decode.pool().clone();
@@ -439,10 +442,10 @@ fn run(args: &Args) -> Result<bool, String> {
         (served, late, PoolAudit::new(d_drained, d_after), prefill)
     } else {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
-        let pcfg = config(&w, Role::Prefill)?;
+        let pcfg = config::<Prefill>(&w)?;
         let pmodel = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
         let mut prefill =
-            PrefillWorker::new(pl, pmodel, &pcfg, tcfg.clone()).map_err(|e| e.to_string())?;
+            PrefillWorker::new(pl, pmodel, pcfg, tcfg.clone()).map_err(|e| e.to_string())?;
         let drained = Arc::new(AtomicBool::new(false));
         let thread = {
             let drained = drained.clone();
@@ -459,7 +462,7 @@ fn run(args: &Args) -> Result<bool, String> {
                 })
             })
         };
-        let mut decode = DecodeWorker::new(dl, model, &dcfg, tcfg).map_err(|e| e.to_string())?;
+        let mut decode = DecodeWorker::new(dl, model, dcfg, tcfg).map_err(|e| e.to_string())?;
         let (served, late) = serve(&mut decode, &reqs);
         let d_drained = decode.pool().stats();
         drained.store(true, Ordering::Release);

@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 use handoff::backend::CpuBackend;
 use handoff::model::Model;
 use handoff::{
-    Engine, EngineConfig, Event, KvDtype, Outcome, Request, RequestId, Role, SamplingParams,
-    TenantId,
+    Engine, EngineConfig, Event, KvDtype, Outcome, Request, RequestId, SamplingParams, TenantId,
 };
 
 struct Args {
@@ -201,7 +200,7 @@ fn run() -> Result<ExitCode, String> {
 
     // Size the deployment so that every prompt runs at once.
     let (max_context, page, pool_tokens) = sizing(&args, mc.max_seq_len)?;
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(args.kv_dtype))
+    let cfg = EngineConfig::colocated(model.kv_geometry(args.kv_dtype))
         .max_context(max_context)
         .page_size(page)
         .pool_tokens(pool_tokens)

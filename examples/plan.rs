@@ -10,7 +10,9 @@
 
 use std::process::ExitCode;
 
-use handoff::{EngineConfig, Headroom, KvDtype, KvGeometry, Role};
+use handoff::{
+    Colocated, Decode, EngineConfigBuilder, Headroom, KvDtype, KvGeometry, Prefill, Role, RoleKind,
+};
 
 const USAGE: &str = "usage: plan --max-context N --pool-tokens M [--role prefill|decode|colocated] \
 [--page-size 16] [--layers 32] [--kv-heads 8] [--head-dim 128] [--dtype bf16|f16|f32] [--headroom 2.0]";
@@ -100,7 +102,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let built = EngineConfig::builder(args.role, args.geometry)
+    match args.role {
+        Role::Colocated => report::<Colocated>(&args, headroom),
+        Role::Prefill => report::<Prefill>(&args, headroom),
+        Role::Decode => report::<Decode>(&args, headroom),
+    }
+}
+
+/// Builds the configuration for role `R` and prints what it holds, or the
+/// refusal.
+fn report<R: RoleKind>(args: &Args, headroom: Headroom) -> ExitCode {
+    let built = EngineConfigBuilder::<R>::new(args.geometry)
         .max_context(args.max_context)
         .pool_tokens(args.pool_tokens)
         .page_size(args.page_size)

@@ -24,7 +24,7 @@ use handoff::backend::CpuBackend;
 use handoff::engine::Event;
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::service::{Service, Submitter};
-use handoff::{Engine, EngineConfig, KvDtype, Outcome, Request, RequestId, Role, TenantId};
+use handoff::{Engine, EngineConfig, KvDtype, Outcome, Request, RequestId, TenantId};
 
 /// A line on stdout; a closed pipe is not an error worth a panic.
 fn say(s: String) {
@@ -138,7 +138,7 @@ fn run() -> Result<bool, String> {
             model.config().max_seq_len
         ));
     }
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(model.kv_geometry(KvDtype::F32))
         .max_context(window)
         .pool_tokens(2 * window * a.clients)
         .build()

@@ -24,6 +24,9 @@
 //!   violations over every incarnation of both pools (all must be zero).
 //!   The exit status is non-zero if any check failed.
 
+use handoff::{
+    Colocated, Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -34,12 +37,11 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
 use handoff::transfer::{
-    DecodeWorker, Fault, FaultPlan, LinkError, PrefillWorker, Step, TcpDecodeListener, TcpPrefill,
-    TransferConfig,
+    Fault, FaultPlan, LinkError, Step, TcpDecodeListener, TcpPrefill, TransferConfig,
 };
 use handoff::{
     Engine, EngineConfig, Event, HttpStatus, KvDtype, Outcome, PoolStats, Request, RequestHandle,
-    RequestId, Role, TenantId,
+    RequestId, TenantId,
 };
 
 const WINDOW: usize = 64;
@@ -118,8 +120,8 @@ fn model_config() -> ModelConfig {
     }
 }
 
-fn config(w: &ModelWeights, role: Role, pool_tokens: usize) -> Result<EngineConfig, String> {
-    EngineConfig::builder(role, w.config.kv_geometry(KvDtype::F32))
+fn config<R: RoleKind>(w: &ModelWeights, pool_tokens: usize) -> Result<EngineConfig<R>, String> {
+    EngineConfigBuilder::<R>::new(w.config.kv_geometry(KvDtype::F32))
         .max_context(WINDOW)
         .page_size(PAGE)
         .pool_tokens(pool_tokens)
@@ -202,12 +204,12 @@ impl PoolAudit {
 /// reconnects, until decode stops listening.
 fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let w = random_weights(&model_config(), args.seed);
-    let cfg = config(&w, Role::Prefill, 40 * WINDOW)?;
+    let cfg = config::<Prefill>(&w, 40 * WINDOW)?;
     let (tcfg, plan) = transfer_config(args);
     let mut audit = PoolAudit::default();
     while let Ok(link) = TcpPrefill::connect(addr, &tcfg) {
         let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
-        let mut worker = PrefillWorker::new(link, model, &cfg, tcfg.clone())
+        let mut worker = PrefillWorker::new(link, model, cfg, tcfg.clone())
             .map_err(|e| e.to_string())?
             .with_max_batch_tokens(8 * WINDOW);
         // Returns when the link ends (a fault, or decode restarting).
@@ -245,7 +247,7 @@ struct Tally {
 }
 
 fn reference(w: &ModelWeights, prompts: &[(Vec<u32>, usize)]) -> Result<Vec<Vec<u32>>, String> {
-    let cfg = config(w, Role::Colocated, 2 * WINDOW * prompts.len())?;
+    let cfg = config::<Colocated>(w, 2 * WINDOW * prompts.len())?;
     let mut engine = Engine::new(Model::cpu(w.clone()).map_err(|e| e.to_string())?, cfg)
         .map_err(|e| e.to_string())?;
     let handles: Vec<_> = prompts
@@ -271,7 +273,7 @@ fn run(args: &Args) -> Result<bool, String> {
         })
         .collect();
     let want = reference(&w, &prompts)?;
-    let dcfg = config(&w, Role::Decode, 3200)?;
+    let dcfg = config::<Decode>(&w, 3200)?;
     let (tcfg, plan) = transfer_config(args);
 
     let mut listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
@@ -324,7 +326,7 @@ fn run(args: &Args) -> Result<bool, String> {
         };
         let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
         let mut decode =
-            DecodeWorker::new(link, model, &dcfg, tcfg.clone()).map_err(|e| e.to_string())?;
+            DecodeWorker::new(link, model, dcfg, tcfg.clone()).map_err(|e| e.to_string())?;
         let mut live: HashMap<RequestId, Live> = HashMap::new();
         loop {
             // A request's plan may end the link (an injected kill): submit
@@ -362,7 +364,7 @@ fn run(args: &Args) -> Result<bool, String> {
                     }
                 }
             }
-            decode.step(Duration::from_millis(1));
+            decode.step();
             steps += 1;
             let mut ended = Vec::new();
             for (&id, l) in live.iter_mut() {
@@ -414,7 +416,7 @@ fn run(args: &Args) -> Result<bool, String> {
         }
         // This incarnation is over (its link ended, or all requests did):
         // its pool must be full, with every fenced transfer released.
-        decode.step(Duration::from_millis(1));
+        decode.step();
         audit.add(decode.pool().stats());
         if tally.done < args.requests {
             restarts += 1;

@@ -13,28 +13,31 @@
 //! use std::sync::atomic::{AtomicBool, Ordering};
 //! use std::sync::Arc;
 //! use handoff::model::{Model, ModelConfig, random_weights};
-//! use handoff::transfer::{DecodeWorker, InProcess, PrefillWorker, Transfer, TransferConfig};
-//! use handoff::{EngineConfig, HttpStatus, KvDtype, Outcome, Request, RequestId, Role, TenantId};
+//! use handoff::transfer::{InProcess, Transfer, TransferConfig};
+//! use handoff::{
+//!     DecodeWorker, EngineConfig, HttpStatus, KvDtype, Outcome, PrefillWorker, Request, RequestId,
+//!     TenantId,
+//! };
 //!
 //! let model_cfg = ModelConfig::tiny_gqa();
 //! let geometry = model_cfg.kv_geometry(KvDtype::BF16);
 //!
 //! // 1. Fail closed: a pool that cannot hold the window does not build
 //! //    (2x the window for prefill, as the incident's remediation asks).
-//! assert!(EngineConfig::builder(Role::Prefill, geometry)
+//! assert!(EngineConfig::prefill(geometry)
 //!     .max_context(1_048_576).pool_tokens(681_280).build().is_err());
-//! let prefill_cfg = EngineConfig::builder(Role::Prefill, geometry)
+//! let prefill_cfg = EngineConfig::prefill(geometry)
 //!     .max_context(128).pool_tokens(256).build()?;
-//! let decode_cfg = EngineConfig::builder(Role::Decode, geometry)
+//! let decode_cfg = EngineConfig::decode(geometry)
 //!     .max_context(128).pool_tokens(256).build()?;
 //!
 //! // 2. Two workers joined by a transport (InProcess here; Tcp for two processes).
 //! let transfer = TransferConfig::default();
 //! let (to_decode, to_prefill) = InProcess.connect(&transfer)?;
 //! let mut prefill = PrefillWorker::new(
-//!     to_decode, Model::cpu(random_weights(&model_cfg, 1))?, &prefill_cfg, transfer.clone())?;
+//!     to_decode, Model::cpu(random_weights(&model_cfg, 1))?, prefill_cfg, transfer.clone())?;
 //! let mut decode = DecodeWorker::new(
-//!     to_prefill, Model::cpu(random_weights(&model_cfg, 1))?, &decode_cfg, transfer)?;
+//!     to_prefill, Model::cpu(random_weights(&model_cfg, 1))?, decode_cfg, transfer)?;
 //! let stop = Arc::new(AtomicBool::new(false));
 //! let prefill_thread = {
 //!     let stop = stop.clone();
@@ -91,16 +94,18 @@ mod sync;
 pub mod transfer;
 
 pub use config::{
-    ConfigError, DEFAULT_MAX_QUEUE, EngineConfig, EngineConfigBuilder, Headroom, KvDtype,
-    KvGeometry, Role,
+    Colocated, ColocatedConfig, ConfigError, DEFAULT_MAX_QUEUE, Decode, DecodeConfig, EngineConfig,
+    EngineConfigBuilder, Headroom, Prefill, PrefillConfig, Role, RoleKind,
 };
 pub use engine::{
-    Canceller, Engine, EngineError, EngineOptions, Event, FinishReason, Outcome, RequestHandle,
-    StepReport,
+    Canceller, DecodeWorker, Engine, EngineError, EngineOptions, Event, FinishReason, Outcome,
+    PrefillWorker, RequestHandle, Tally,
 };
 pub use http::HttpStatus;
 pub use ids::{RequestId, TenantId};
-pub use kv::{KvError, KvPool, KvSeq, PoolConfig, PoolStats, ScrubPolicy};
+pub use kv::{
+    KvDtype, KvError, KvGeometry, KvPool, KvSeq, PoolConfig, PoolError, PoolStats, ScrubPolicy,
+};
 pub use request::{Priority, Request, SamplingParams};
 pub use sched::{AdmissionLimits, BatchLimits, Rejection, Scheduler, Ticket};
 

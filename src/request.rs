@@ -18,6 +18,21 @@ pub struct SamplingParams {
 }
 
 impl SamplingParams {
+    /// Checks the parameters a sampler can use: a finite, non-negative
+    /// temperature, `top_k >= 1`, `top_p` in (0, 1]. The error names the
+    /// parameter at fault.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            Err("temperature must be finite and >= 0")
+        } else if self.top_k == Some(0) {
+            Err("top_k must be >= 1")
+        } else if self.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+            Err("top_p must be in (0, 1]")
+        } else {
+            Ok(())
+        }
+    }
+
     /// Argmax decoding.
     pub fn greedy() -> Self {
         SamplingParams {

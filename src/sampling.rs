@@ -93,31 +93,9 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// The sampler of a request being admitted: invalid parameters are the
-    /// client's fault, a typed [`crate::Rejection`] (400).
-    pub fn for_request(req: &crate::Request) -> Result<Self, crate::Rejection> {
-        Sampler::new(&req.sampling).map_err(|e| crate::Rejection::InvalidSampling {
-            id: req.id,
-            reason: match e {
-                SamplingError::InvalidParams(r) => r,
-                _ => "invalid sampling parameters",
-            },
-        })
-    }
-
     /// A sampler for `params`, its stream seeded by `params.seed`.
     pub fn new(params: &SamplingParams) -> Result<Self, SamplingError> {
-        if !params.temperature.is_finite() || params.temperature < 0.0 {
-            return Err(SamplingError::InvalidParams(
-                "temperature must be finite and >= 0",
-            ));
-        }
-        if params.top_k == Some(0) {
-            return Err(SamplingError::InvalidParams("top_k must be >= 1"));
-        }
-        if params.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
-            return Err(SamplingError::InvalidParams("top_p must be in (0, 1]"));
-        }
+        params.validate().map_err(SamplingError::InvalidParams)?;
         Ok(Sampler {
             params: params.clone(),
             rng: SplitMix64::new(params.seed),

@@ -10,30 +10,31 @@
 
 mod support;
 
+use handoff::{Decode, DecodeWorker, Prefill, PrefillWorker, RoleKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use handoff::model::Model;
-use handoff::transfer::{DecodeWorker, InProcess, PrefillWorker, Transfer, TransferConfig};
+use handoff::transfer::{InProcess, Transfer, TransferConfig};
 use handoff::{
-    EngineConfig, EngineError, HttpStatus, Outcome, Rejection, Request, RequestId, Role, TenantId,
+    EngineConfig, EngineError, HttpStatus, Outcome, Rejection, Request, RequestId, TenantId,
 };
 
 fn model() -> Model {
     support::tiny_model(4)
 }
 
-fn cfg(role: Role, pool: usize) -> EngineConfig {
-    support::tiny_worker_config(role, pool)
+fn cfg<R: RoleKind>(pool: usize) -> EngineConfig<R> {
+    support::tiny_worker_config::<R>(pool)
 }
 
 #[test]
 fn shutting_decode_down_turns_away_transfers_and_fails_only_what_generated() {
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).unwrap();
-    let mut prefill = PrefillWorker::new(p, model(), &cfg(Role::Prefill, 128), t.clone()).unwrap();
-    let mut decode = DecodeWorker::new(d, model(), &cfg(Role::Decode, 256), t).unwrap();
+    let mut prefill = PrefillWorker::new(p, model(), cfg::<Prefill>(128), t.clone()).unwrap();
+    let mut decode = DecodeWorker::new(d, model(), cfg::<Decode>(256), t).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let prefill_thread = {
         let stop = stop.clone();
@@ -51,7 +52,7 @@ fn shutting_decode_down_turns_away_transfers_and_fails_only_what_generated() {
     let until = Instant::now() + Duration::from_secs(30);
     while generating.events().is_empty() {
         assert!(Instant::now() < until, "no token within 30 s");
-        decode.step(Duration::from_millis(5));
+        decode.step();
     }
     // Two more admitted and planned, never landed: decode is not stepped
     // again before the shutdown.

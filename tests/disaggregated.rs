@@ -8,6 +8,9 @@
 //! over both transports. Afterwards both workers' pools are full again with
 //! nothing held and no isolation violation.
 
+use handoff::{
+    Colocated, Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind,
+};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, PrefillWorker, Step, Tcp, Transfer,
-    TransferConfig,
+    Fault, FaultPlan, FaultRule, InProcess, Step, Tcp, Transfer, TransferConfig,
 };
 use handoff::{
     Engine, EngineConfig, EngineError, KvDtype, Outcome, Request, RequestId, Role, TenantId,
@@ -34,10 +36,10 @@ struct Case {
     window: usize,
 }
 
-fn config(weights: &ModelWeights, role: Role, c: &Case) -> EngineConfig {
+fn config<R: RoleKind>(weights: &ModelWeights, c: &Case) -> EngineConfig<R> {
     let g = weights.config.kv_geometry(c.dtype);
-    let factor = if role == Role::Decode { 1 } else { 2 };
-    EngineConfig::builder(role, g)
+    let factor = if R::ROLE == Role::Decode { 1 } else { 2 };
+    EngineConfigBuilder::<R>::new(g)
         .max_context(c.window)
         .page_size(c.page)
         .pool_tokens(factor * c.window * 3)
@@ -60,7 +62,7 @@ fn workload(vocab: u32) -> Vec<Request> {
 }
 
 fn colocated(weights: ModelWeights, c: &Case, reqs: &[Request]) -> Vec<Vec<u32>> {
-    let cfg = config(&weights, Role::Colocated, c);
+    let cfg = config::<Colocated>(&weights, c);
     let mut engine = Engine::new(Model::cpu(weights).unwrap(), cfg).unwrap();
     let handles: Vec<_> = reqs
         .iter()
@@ -88,12 +90,12 @@ fn disaggregated<T: Transfer>(
 ) -> Vec<(Vec<u32>, Outcome)> {
     let (pl, dl) = t.connect(&transfer).unwrap();
     let w = weights();
-    let pcfg = config(&w, Role::Prefill, c);
+    let pcfg = config::<Prefill>(&w, c);
     let mut prefill =
-        PrefillWorker::new(pl, Model::cpu(w).unwrap(), &pcfg, transfer.clone()).unwrap();
+        PrefillWorker::new(pl, Model::cpu(w).unwrap(), pcfg, transfer.clone()).unwrap();
     let w = weights();
-    let dcfg = config(&w, Role::Decode, c);
-    let mut decode = DecodeWorker::new(dl, Model::cpu(w).unwrap(), &dcfg, transfer).unwrap();
+    let dcfg = config::<Decode>(&w, c);
+    let mut decode = DecodeWorker::new(dl, Model::cpu(w).unwrap(), dcfg, transfer).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let prefill_thread = {
         let stop = stop.clone();

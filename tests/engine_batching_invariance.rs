@@ -8,9 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_llama2c, random_weights};
-use handoff::{
-    Engine, EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestId, Role, TenantId,
-};
+use handoff::{Engine, EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestId, TenantId};
 
 const STORIES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -19,7 +17,7 @@ const STORIES: &str = concat!(
 
 fn engine(w: &ModelWeights, page_size: usize) -> Engine {
     let model = Model::cpu(w.clone()).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(model.kv_geometry(KvDtype::F32))
         .max_context(256)
         .page_size(page_size)
         .pool_tokens(32 * 256)

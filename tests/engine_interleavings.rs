@@ -30,8 +30,8 @@ use handoff::backend::CpuBackend;
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeScaling, RopeStyle, random_weights};
 use handoff::{
     BatchLimits, Engine, EngineConfig, EngineOptions, Event, FinishReason, Headroom, KvDtype,
-    Outcome, Priority, Rejection, Request, RequestHandle, RequestId, Role, SamplingParams,
-    ScrubPolicy, TenantId,
+    Outcome, Priority, Rejection, Request, RequestHandle, RequestId, SamplingParams, ScrubPolicy,
+    TenantId,
 };
 use parking_lot::Mutex;
 use proptest::prelude::*;
@@ -367,7 +367,7 @@ type Solo = (Vec<u32>, Outcome);
 /// is never preempted).
 fn solo(w: &ModelWeights, s: &Setup, req: &Request) -> Result<Solo, TestCaseError> {
     let model = Model::cpu(w.clone()).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(s.dtype))
+    let cfg = EngineConfig::colocated(model.kv_geometry(s.dtype))
         .max_context(s.max_context)
         .page_size(s.page_size)
         .pool_tokens(4 * s.max_context.next_multiple_of(s.page_size))
@@ -589,7 +589,7 @@ impl Case<'_> {
     /// Steps once and checks the pool.
     fn step(&mut self) -> Result<(), TestCaseError> {
         let r = self.e.step();
-        self.preempted += r.preempted;
+        self.preempted += r.preempted as usize;
         self.check_pool()
     }
 
@@ -832,11 +832,12 @@ fn run_case(s: &Setup, ops: &[Op], shutdown: bool) -> Result<Tally, TestCaseErro
     let model = Model::new(CpuBackend::with_threads(s.threads), w.clone()).unwrap();
     let geometry = model.kv_geometry(s.dtype);
     let builder = || {
-        EngineConfig::builder(Role::Colocated, geometry)
+        EngineConfig::colocated(geometry)
             .max_context(s.max_context)
             .page_size(s.page_size)
             .headroom(Headroom::new(s.headroom).unwrap())
             .max_queue(s.max_queue)
+            .scrub(s.scrub)
     };
     let pool = s.min_pool_tokens();
     // The pool is the least the builder accepts: one page less is refused.
@@ -847,7 +848,6 @@ fn run_case(s: &Setup, ops: &[Op], shutdown: bool) -> Result<Tally, TestCaseErro
             max_running: s.max_running,
             max_prefill_tokens: s.max_prefill_tokens,
         },
-        scrub: s.scrub,
     };
     let mut case = Case {
         s,
@@ -954,7 +954,7 @@ fn engine_cancel_after_an_id_was_reused_cancels_the_live_request_only() {
     };
     let w = random_weights(&s.model_config(), s.weight_seed);
     let model = Model::cpu(w.clone()).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(s.dtype))
+    let cfg = EngineConfig::colocated(model.kv_geometry(s.dtype))
         .max_context(s.max_context)
         .page_size(s.page_size)
         .headroom(Headroom::MIN)

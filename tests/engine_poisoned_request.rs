@@ -15,8 +15,7 @@
 use handoff::model::{Model, ModelConfig, ModelWeights, random_weights};
 use handoff::sampling::SamplingError;
 use handoff::{
-    Engine, EngineConfig, EngineError, FinishReason, KvDtype, Outcome, Request, RequestId, Role,
-    TenantId,
+    Engine, EngineConfig, EngineError, FinishReason, KvDtype, Outcome, Request, RequestId, TenantId,
 };
 
 /// The token whose embedding row is poisoned.
@@ -36,7 +35,7 @@ fn poisoned_weights() -> ModelWeights {
 
 fn engine() -> Engine {
     let m = Model::cpu(poisoned_weights()).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
         .max_context(64)
         .page_size(16)
         .pool_tokens(256)

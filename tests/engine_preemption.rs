@@ -8,13 +8,13 @@
 
 use handoff::model::{Model, ModelConfig, ModelWeights, random_weights};
 use handoff::{
-    Engine, EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestId, Role, SamplingParams,
-    StepReport, TenantId,
+    Engine, EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestId, SamplingParams,
+    Tally, TenantId,
 };
 
 fn engine(w: &ModelWeights, pool_tokens: usize) -> Engine {
     let model = Model::cpu(w.clone()).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, model.kv_geometry(KvDtype::F16))
+    let cfg = EngineConfig::colocated(model.kv_geometry(KvDtype::F16))
         .max_context(64)
         .page_size(4)
         .pool_tokens(pool_tokens)
@@ -41,9 +41,9 @@ fn request(i: u64) -> Request {
     }
 }
 
-fn run(e: &mut Engine, reqs: Vec<Request>) -> (Vec<Vec<u32>>, StepReport) {
+fn run(e: &mut Engine, reqs: Vec<Request>) -> (Vec<Vec<u32>>, Tally) {
     let handles: Vec<_> = reqs.into_iter().map(|r| e.submit(r).unwrap()).collect();
-    let mut total = StepReport::default();
+    let mut total = Tally::default();
     let mut steps = 0;
     while !e.is_idle() {
         let r = e.step();

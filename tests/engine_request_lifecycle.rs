@@ -3,18 +3,19 @@
 //! (finished by length or stop id, cancelled, rejected or failed), and its
 //! pages back in the pool whatever way it ended.
 
+use handoff::Colocated;
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::{
     BatchLimits, Engine, EngineConfig, EngineError, EngineOptions, Event, FinishReason, HttpStatus,
-    KvDtype, Outcome, Rejection, Request, RequestHandle, RequestId, Role, SamplingParams, TenantId,
+    KvDtype, Outcome, Rejection, Request, RequestHandle, RequestId, SamplingParams, TenantId,
 };
 
 fn model() -> Model {
     Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 8)).unwrap()
 }
 
-fn cfg(m: &Model) -> EngineConfig {
-    EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+fn cfg(m: &Model) -> EngineConfig<Colocated> {
+    EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
         .max_context(128)
         .page_size(16)
         .pool_tokens(1024)
@@ -123,7 +124,6 @@ fn cancellation_works_while_waiting_and_while_running() {
             max_running: 1,
             max_prefill_tokens: 1024,
         },
-        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(m, c, opts).unwrap();
     let running = e.submit(req(1, 50)).unwrap();
@@ -189,7 +189,6 @@ fn one_running_one_waiting() -> (Engine, RequestHandle, RequestHandle) {
             max_running: 1,
             max_prefill_tokens: 1024,
         },
-        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(m, c, opts).unwrap();
     let running = e.submit(req(1, 50)).unwrap();
@@ -238,13 +237,10 @@ fn a_shut_down_engine_ends_live_requests_and_turns_later_ones_away() {
 #[test]
 fn an_engine_refuses_a_configuration_that_does_not_fit_the_model() {
     let m = model();
-    let wrong_geometry = EngineConfig::builder(
-        Role::Colocated,
-        handoff::KvGeometry {
-            n_layers: 2,
-            ..m.kv_geometry(KvDtype::F32)
-        },
-    )
+    let wrong_geometry = EngineConfig::colocated(handoff::KvGeometry {
+        n_layers: 2,
+        ..m.kv_geometry(KvDtype::F32)
+    })
     .max_context(128)
     .pool_tokens(1024)
     .build()
@@ -253,16 +249,9 @@ fn an_engine_refuses_a_configuration_that_does_not_fit_the_model() {
         Engine::new(model(), wrong_geometry),
         Err(EngineError::Geometry { .. })
     ));
-    let decode_role = EngineConfig::builder(Role::Decode, m.kv_geometry(KvDtype::F32))
-        .max_context(128)
-        .pool_tokens(1024)
-        .build()
-        .unwrap();
-    assert!(matches!(
-        Engine::new(model(), decode_role),
-        Err(EngineError::Role(Role::Decode))
-    ));
-    let too_long = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+    // A configuration built for another role does not compile here: see
+    // the compile_fail examples in `handoff::config::role`.
+    let too_long = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
         .max_context(4096)
         .pool_tokens(8192)
         .build()
@@ -298,7 +287,7 @@ fn an_engine_runs_on_its_own_thread_while_clients_wait() {
 fn a_full_queue_answers_429_and_admits_again_once_it_drains() {
     // The host's backpressure: at most `max_queue` requests wait at once.
     let m = model();
-    let c = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+    let c = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
         .max_context(128)
         .page_size(16)
         .pool_tokens(1024)
@@ -330,7 +319,7 @@ fn a_full_queue_answers_429_and_admits_again_once_it_drains() {
     assert!(matches!(c.wait().1, Outcome::Finished(_)));
     assert!(e.pool_stats().is_full());
 
-    let refused = EngineConfig::builder(Role::Colocated, model().kv_geometry(KvDtype::F32))
+    let refused = EngineConfig::colocated(model().kv_geometry(KvDtype::F32))
         .max_context(128)
         .pool_tokens(1024)
         .max_queue(0)

@@ -152,7 +152,7 @@ fn run_case<T: Transfer + Copy>(t: T, ops: Vec<Op>) -> Result<(), String> {
             }
             Op::Run(n) => {
                 for _ in 0..n {
-                    pair.decode.step(Duration::from_millis(2));
+                    pair.decode.step();
                 }
             }
         }

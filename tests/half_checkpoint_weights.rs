@@ -8,7 +8,7 @@
 
 use handoff::backend::CpuBackend;
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
-use handoff::{Engine, EngineConfig, KvDtype, Outcome, Request, RequestId, Role, TenantId};
+use handoff::{Engine, EngineConfig, KvDtype, Outcome, Request, RequestId, TenantId};
 
 /// Wide enough (dim and hidden >= 256) that its matrices use the row-major
 /// kernels, as a real model's do; small enough for a debug test.
@@ -80,7 +80,7 @@ fn model(w: &ModelWeights, compact: bool) -> Model {
 }
 
 fn generate(m: Model, prompts: &[Vec<u32>], new: usize) -> Vec<Vec<u32>> {
-    let cfg = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::BF16))
+    let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::BF16))
         .max_context(128)
         .page_size(16)
         .pool_tokens(2048)

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::{
-    Engine, EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestHandle, RequestId, Role,
+    Engine, EngineConfig, FinishReason, KvDtype, Outcome, Request, RequestHandle, RequestId,
     TenantId,
 };
 
 fn engine() -> Engine {
     let m = Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 6)).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
         .max_context(64)
         .pool_tokens(256)
         .build()

@@ -1,5 +1,5 @@
-//! A host wires its workers wrongly: a Decode configuration handed to the
-//! prefill worker, a Colocated one to the decode worker, a transfer config
+//! A host wires its workers wrongly: a configuration of another model's
+//! geometry, a pool of another shape, a transfer config
 //! whose limits cannot work. Before, both role mistakes read "a colocated
 //! engine needs a Colocated configuration" (for the decode worker: "...,
 //! got Colocated", which contradicts itself), and the host's own transfer
@@ -9,45 +9,26 @@
 //! Each refusal must name the fix and count as a server fault (500).
 
 use handoff::model::{Model, ModelConfig, random_weights};
-use handoff::transfer::{
-    DecodeWorker, InProcess, LinkError, PrefillWorker, Transfer, TransferConfig, TransferError,
-};
-use handoff::{EngineConfig, EngineError, HttpStatus, KvDtype, Role};
+use handoff::transfer::{InProcess, LinkError, Transfer, TransferConfig, TransferError};
+use handoff::{Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind};
+use handoff::{EngineConfig, EngineError, HttpStatus, KvDtype};
 
 fn model() -> Model {
     Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 3)).unwrap()
 }
 
-fn cfg(role: Role) -> EngineConfig {
-    EngineConfig::builder(role, ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+fn cfg<R: RoleKind>() -> EngineConfig<R> {
+    EngineConfigBuilder::<R>::new(ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
         .max_context(64)
         .pool_tokens(256)
         .build()
         .unwrap()
 }
 
-#[test]
-fn a_worker_given_another_roles_config_says_which_role_it_needs() {
-    let t = TransferConfig::default();
-    let (p, d) = InProcess.connect(&t).unwrap();
-
-    let Err(e) = PrefillWorker::new(p, model(), &cfg(Role::Decode), t.clone()) else {
-        panic!("a prefill worker accepted a Decode configuration");
-    };
-    assert_eq!(e, EngineError::Role(Role::Decode));
-    let msg = e.to_string();
-    assert!(!msg.contains("colocated engine"), "{msg}");
-    assert!(msg.contains("Role::Prefill for PrefillWorker"), "{msg}");
-
-    let Err(e) = DecodeWorker::new(d, model(), &cfg(Role::Colocated), t) else {
-        panic!("a decode worker accepted a Colocated configuration");
-    };
-    assert_eq!(e, EngineError::Role(Role::Colocated));
-    let msg = e.to_string();
-    assert!(!msg.contains("needs a Colocated"), "{msg}");
-    assert!(msg.contains("Role::Decode for DecodeWorker"), "{msg}");
-    assert_eq!(e.http_status(), 500);
-}
+// A worker handed another role's configuration (a Decode configuration to
+// the prefill worker, a Colocated one to the decode worker) no longer
+// compiles: the role is the configuration's type. The compile_fail examples
+// in `handoff::config::role` hold each wrong pairing to that.
 
 #[test]
 fn the_hosts_own_transfer_settings_are_a_server_fault_not_a_bad_gateway() {
@@ -110,9 +91,16 @@ fn workers_can_be_logged_and_their_refusals_unwrapped_like_any_result() {
     // `unwrap_err` in its checks: both need the workers to be `Debug`.
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).unwrap();
-    let e = PrefillWorker::new(p, model(), &cfg(Role::Colocated), t.clone()).unwrap_err();
-    assert_eq!(e, EngineError::Role(Role::Colocated));
-    let decode = DecodeWorker::new(d, model(), &cfg(Role::Decode), t).unwrap();
+    let mut other_geometry = ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32);
+    other_geometry.n_layers += 1;
+    let other = EngineConfig::prefill(other_geometry)
+        .max_context(64)
+        .pool_tokens(256)
+        .build()
+        .unwrap();
+    let e = PrefillWorker::new(p, model(), other, t.clone()).unwrap_err();
+    assert!(matches!(e, EngineError::Geometry { .. }), "{e}");
+    let decode = DecodeWorker::new(d, model(), cfg::<Decode>(), t).unwrap();
     let shown = format!("{decode:?}");
     assert!(shown.starts_with("DecodeWorker"), "{shown}");
     assert!(shown.contains("generating: 0"), "{shown}");
@@ -129,38 +117,50 @@ fn an_infinite_headroom_is_not_called_below_one() {
 }
 
 #[test]
-fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_shape() {
+fn a_host_chooses_its_workers_scrub_policy_in_the_configuration_and_keeps_their_pools() {
     use handoff::{Engine, KvPool, Outcome, Request, RequestId, ScrubPolicy, TenantId};
     use std::time::{Duration, Instant};
+    fn poisoned_cfg<R: RoleKind>() -> EngineConfig<R> {
+        EngineConfigBuilder::<R>::new(ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+            .max_context(64)
+            .pool_tokens(256)
+            .scrub(ScrubPolicy::Poison)
+            .build()
+            .unwrap()
+    }
+    fn poisoned<R: RoleKind>() -> KvPool {
+        KvPool::new(poisoned_cfg::<R>().pool_config()).unwrap()
+    }
     let t = TransferConfig::default();
-    let poisoned = |role| KvPool::new(cfg(role).pool_config().scrub(ScrubPolicy::Poison)).unwrap();
-    let (ppool, dpool) = (poisoned(Role::Prefill), poisoned(Role::Decode));
+    let (ppool, dpool) = (poisoned::<Prefill>(), poisoned::<Decode>());
     let (p, d) = InProcess.connect(&t).unwrap();
-    let mut prefill =
-        PrefillWorker::with_pool(p, model(), &cfg(Role::Prefill), ppool.clone(), t.clone())
-            .unwrap();
+    let mut prefill = PrefillWorker::with_pool(
+        p,
+        model(),
+        poisoned_cfg::<Prefill>(),
+        ppool.clone(),
+        t.clone(),
+    )
+    .unwrap();
     let mut decode =
-        DecodeWorker::with_pool(d, model(), &cfg(Role::Decode), dpool.clone(), t).unwrap();
+        DecodeWorker::with_pool(d, model(), poisoned_cfg::<Decode>(), dpool.clone(), t).unwrap();
     assert!(decode.pool().same_pool(&dpool) && prefill.pool().same_pool(&ppool));
     let req = Request::new(RequestId(1), TenantId(1), vec![5, 6, 7], 6);
     let h = decode.submit(req.clone()).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     while !decode.is_idle() && Instant::now() < until {
         prefill.step(Duration::from_millis(5)).unwrap();
-        decode.step(Duration::from_millis(5));
+        decode.step();
     }
     let (tokens, outcome) = h.wait_timeout(Duration::from_secs(1));
     assert!(matches!(outcome, Some(Outcome::Finished(_))), "{outcome:?}");
     let mut colocated = Engine::new(
         model(),
-        EngineConfig::builder(
-            Role::Colocated,
-            ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32),
-        )
-        .max_context(64)
-        .pool_tokens(256)
-        .build()
-        .unwrap(),
+        EngineConfig::colocated(ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+            .max_context(64)
+            .pool_tokens(256)
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let want = colocated.submit(req).unwrap();
@@ -176,16 +176,15 @@ fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_
     // Another shape of pool, or one already in use, is refused.
     let (p, _d) = InProcess.connect(&TransferConfig::default()).unwrap();
     let small = KvPool::new(
-        cfg(Role::Prefill)
+        poisoned_cfg::<Prefill>()
             .pool_config()
-            .scrub(ScrubPolicy::Poison)
-            .audit(!cfg(Role::Prefill).audit()),
+            .audit(!cfg::<Prefill>().audit()),
     )
     .unwrap();
     let Err(e) = PrefillWorker::with_pool(
         p,
         model(),
-        &cfg(Role::Prefill),
+        poisoned_cfg::<Prefill>(),
         small,
         TransferConfig::default(),
     ) else {
@@ -193,13 +192,26 @@ fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_
     };
     assert_eq!(e, EngineError::PoolMismatch);
     assert_eq!(e.http_status(), 500);
+    // A pool whose scrub policy is not the configuration's is another pool:
+    // the policy is set in one place.
+    let (p, _d) = InProcess.connect(&TransferConfig::default()).unwrap();
+    let Err(e) = PrefillWorker::with_pool(
+        p,
+        model(),
+        cfg::<Prefill>(),
+        poisoned::<Prefill>(),
+        TransferConfig::default(),
+    ) else {
+        panic!("a pool with another scrub policy was accepted");
+    };
+    assert_eq!(e, EngineError::PoolMismatch);
     let (_p, d) = InProcess.connect(&TransferConfig::default()).unwrap();
-    let busy = poisoned(Role::Decode);
+    let busy = poisoned::<Decode>();
     let _someone_elses = busy.reserve(RequestId(9), 10).unwrap();
     let Err(e) = DecodeWorker::with_pool(
         d,
         model(),
-        &cfg(Role::Decode),
+        poisoned_cfg::<Decode>(),
         busy,
         TransferConfig::default(),
     ) else {
@@ -209,13 +221,13 @@ fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_
 
     // One pool, two workers: the second is refused, though nothing is
     // reserved yet (each would admit against pages the other takes).
-    let shared = poisoned(Role::Decode);
+    let shared = poisoned::<Decode>();
     let (_p1, d1) = InProcess.connect(&TransferConfig::default()).unwrap();
     let (_p2, d2) = InProcess.connect(&TransferConfig::default()).unwrap();
     let _first = DecodeWorker::with_pool(
         d1,
         model(),
-        &cfg(Role::Decode),
+        poisoned_cfg::<Decode>(),
         shared.clone(),
         TransferConfig::default(),
     )
@@ -223,7 +235,7 @@ fn a_host_chooses_its_workers_scrub_policy_through_a_pool_of_the_configurations_
     let Err(e) = DecodeWorker::with_pool(
         d2,
         model(),
-        &cfg(Role::Decode),
+        poisoned_cfg::<Decode>(),
         shared,
         TransferConfig::default(),
     ) else {

@@ -6,7 +6,7 @@
 
 use handoff::{
     AdmissionLimits, ConfigError, EngineConfig, Headroom, HttpStatus, KvDtype, KvGeometry, KvPool,
-    PoolConfig, Rejection, Request, RequestId, Role, Scheduler, TenantId,
+    PoolConfig, Rejection, Request, RequestId, Scheduler, TenantId,
 };
 
 const WINDOW: usize = 1_048_576;
@@ -24,7 +24,7 @@ fn geometry() -> KvGeometry {
 
 #[test]
 fn the_published_deployment_does_not_start() {
-    let err = EngineConfig::builder(Role::Prefill, geometry())
+    let err = EngineConfig::prefill(geometry())
         .max_context(WINDOW)
         .pool_tokens(PUBLISHED_POOL)
         .build()
@@ -52,14 +52,14 @@ fn the_published_deployment_does_not_start() {
 
 #[test]
 fn even_the_minimum_headroom_refuses_the_published_pool() {
-    let err = EngineConfig::builder(Role::Prefill, geometry())
+    let err = EngineConfig::prefill(geometry())
         .max_context(WINDOW)
         .pool_tokens(PUBLISHED_POOL)
         .headroom(Headroom::MIN)
         .build();
     assert!(matches!(err, Err(ConfigError::PoolCannotHoldWindow { .. })));
     // A decode pool needs one window; the published pool is short of it too.
-    let err = EngineConfig::builder(Role::Decode, geometry())
+    let err = EngineConfig::decode(geometry())
         .max_context(WINDOW)
         .pool_tokens(PUBLISHED_POOL)
         .build();
@@ -68,7 +68,7 @@ fn even_the_minimum_headroom_refuses_the_published_pool() {
 
 #[test]
 fn a_pool_of_twice_the_window_is_accepted() {
-    let cfg = EngineConfig::builder(Role::Prefill, geometry())
+    let cfg = EngineConfig::prefill(geometry())
         .max_context(WINDOW)
         .pool_tokens(2 * WINDOW)
         .build()

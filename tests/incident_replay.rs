@@ -21,13 +21,16 @@
 
 mod pd;
 
+use handoff::{
+    Colocated, Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, random_weights};
 use handoff::transfer::{
-    DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, IntegrityError, PlannedPage,
-    PrefillWorker, Receipt, Step, Tcp, Transfer, TransferConfig, TransferError, WriterRun,
+    Fault, FaultPlan, FaultRule, InProcess, IntegrityError, PlannedPage, Receipt, Step, Tcp,
+    Transfer, TransferConfig, TransferError, WriterRun,
 };
 use handoff::{
     AdmissionLimits, ConfigError, EngineConfig, EngineError, Headroom, HttpStatus, KvDtype, KvPool,
@@ -80,21 +83,22 @@ fn deploy<T: Transfer>(
     headroom: Headroom,
 ) -> Result<Workers<T>, EngineError> {
     let g = w.config.kv_geometry(KvDtype::BF16);
-    let pcfg = EngineConfig::builder(Role::Prefill, g)
+    let pcfg = EngineConfig::prefill(g)
         .max_context(window)
         .page_size(PAGE)
         .pool_tokens(prefill_pool)
         .headroom(headroom)
         .build()?;
-    let dcfg = EngineConfig::builder(Role::Decode, g)
+    let dcfg = EngineConfig::decode(g)
         .max_context(window)
         .page_size(PAGE)
         .pool_tokens(decode_pool)
         .build()?;
     let tcfg = TransferConfig::default();
     let (pl, dl) = t.connect(&tcfg).map_err(TransferError::from)?;
-    let prefill = PrefillWorker::new(pl, Model::cpu(w.clone()).unwrap(), &pcfg, tcfg.clone())?;
-    let decode = DecodeWorker::new(dl, Model::cpu(w.clone()).unwrap(), &dcfg, tcfg)?;
+    let prefill = PrefillWorker::new(pl, Model::cpu(w.clone()).unwrap(), pcfg, tcfg.clone())?;
+    let decode = DecodeWorker::new(dl, Model::cpu(w.clone()).unwrap(), dcfg, tcfg)?
+        .with_idle_wait(Duration::from_millis(1));
     Ok((prefill, decode))
 }
 
@@ -141,19 +145,23 @@ fn the_published_deployment_does_not_start() {
     assert!((500..600).contains(&err.http_status()), "{err}");
     // No role at all accepts the published numbers, so no worker can be
     // built from them.
-    for role in [Role::Colocated, Role::Prefill, Role::Decode] {
+    fn refused<R: RoleKind>(w: &ModelWeights) {
         for headroom in [Headroom::DEFAULT, Headroom::MIN] {
-            let built = EngineConfig::builder(role, w.config.kv_geometry(KvDtype::BF16))
+            let built = EngineConfigBuilder::<R>::new(w.config.kv_geometry(KvDtype::BF16))
                 .max_context(WINDOW)
                 .pool_tokens(PUBLISHED_POOL)
                 .headroom(headroom)
                 .build();
             assert!(
                 built.is_err(),
-                "{role:?} {headroom:?} accepted the published pool"
+                "{:?} {headroom:?} accepted the published pool",
+                R::ROLE
             );
         }
     }
+    refused::<Colocated>(&w);
+    refused::<Prefill>(&w);
+    refused::<Decode>(&w);
     // The same deployment at scale with pools that hold the window starts:
     // the refusals above are about the pool, nothing else.
     let w = random_weights(&model(2 * S_WINDOW), 1);
@@ -185,7 +193,7 @@ fn scaled<T: Transfer>(
     scrub: ScrubPolicy,
 ) -> Scaled<T> {
     let g = w.config.kv_geometry(KvDtype::F32);
-    let refused = EngineConfig::builder(Role::Prefill, g)
+    let refused = EngineConfig::prefill(g)
         .max_context(S_WINDOW)
         .page_size(PAGE)
         .pool_tokens(S_POOL_TOKENS)
@@ -206,7 +214,7 @@ fn scaled<T: Transfer>(
     let (decode_pool, limits) = if decode_too {
         (KvPool::new(small).unwrap(), small_limits)
     } else {
-        let cfg = EngineConfig::builder(Role::Decode, g)
+        let cfg = EngineConfig::decode(g)
             .max_context(S_WINDOW)
             .page_size(PAGE)
             .pool_tokens(2 * S_WINDOW)
@@ -222,7 +230,8 @@ fn scaled<T: Transfer>(
         limits,
         tcfg,
     )
-    .unwrap();
+    .unwrap()
+    .with_idle_wait(Duration::from_millis(1));
     Scaled {
         prefill,
         decode,
@@ -250,11 +259,11 @@ impl<T: Transfer> Scaled<T> {
             }
             assert!(Instant::now() < deadline, "a request never ended");
             self.prefill.step(Duration::from_millis(1)).unwrap();
-            self.decode.step(Duration::from_millis(1));
+            self.decode.step();
         }
         for _ in 0..20 {
             self.prefill.step(Duration::from_millis(2)).unwrap();
-            self.decode.step(Duration::ZERO);
+            self.decode.step();
         }
     }
 }

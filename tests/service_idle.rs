@@ -5,11 +5,12 @@
 
 mod pd;
 
+use handoff::Colocated;
 use std::time::Duration;
 
 use handoff::model::Model;
 use handoff::service::Service;
-use handoff::{Engine, Outcome, Request, RequestId, Role, TenantId};
+use handoff::{Engine, Outcome, Request, RequestId, TenantId};
 
 /// CPU time, in nanoseconds, of this process's threads named `name`.
 #[cfg(target_os = "linux")]
@@ -33,7 +34,7 @@ fn an_idle_service_sleeps_instead_of_polling() {
     let w = pd::weights();
     let engine = Engine::new(
         Model::cpu(w.clone()).unwrap(),
-        pd::engine_config(&w, Role::Colocated),
+        pd::engine_config::<Colocated>(&w),
     )
     .unwrap();
     let service = Service::spawn(engine).unwrap();

@@ -8,15 +8,16 @@
 
 mod pd;
 
+use handoff::{Colocated, Decode, DecodeWorker, Prefill, PrefillWorker};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use handoff::model::{Model, ModelWeights};
 use handoff::service::{Service, Submitter};
-use handoff::transfer::{DecodeWorker, InProcess, PrefillWorker, Tcp, Transfer, TransferConfig};
+use handoff::transfer::{InProcess, Tcp, Transfer, TransferConfig};
 use handoff::{
-    Engine, EngineError, HttpStatus, Outcome, Rejection, Request, RequestHandle, RequestId, Role,
+    Engine, EngineError, HttpStatus, Outcome, Rejection, Request, RequestHandle, RequestId,
     SamplingParams, TenantId,
 };
 
@@ -26,7 +27,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 fn engine(w: &ModelWeights) -> Engine {
     Engine::new(
         Model::cpu(w.clone()).unwrap(),
-        pd::engine_config(w, Role::Colocated),
+        pd::engine_config::<Colocated>(w),
     )
     .unwrap()
 }
@@ -332,7 +333,7 @@ fn decode_service_serves_concurrent_clients<T: Transfer>(t: &T) {
     let mut prefill = PrefillWorker::new(
         pl,
         Model::cpu(w.clone()).unwrap(),
-        &pd::engine_config(&w, Role::Prefill),
+        pd::engine_config::<Prefill>(&w),
         cfg.clone(),
     )
     .unwrap();
@@ -348,7 +349,7 @@ fn decode_service_serves_concurrent_clients<T: Transfer>(t: &T) {
     let decode = DecodeWorker::new(
         dl,
         Model::cpu(w.clone()).unwrap(),
-        &pd::engine_config(&w, Role::Decode),
+        pd::engine_config::<Decode>(&w),
         cfg,
     )
     .unwrap();

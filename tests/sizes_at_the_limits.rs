@@ -8,7 +8,7 @@
 
 use handoff::{
     AdmissionLimits, ConfigError, EngineConfig, KvDtype, KvError, KvGeometry, KvPool, PoolConfig,
-    Request, RequestId, Role, TenantId,
+    PoolError, Request, RequestId, TenantId,
 };
 
 fn tiny(n_layers: usize) -> KvGeometry {
@@ -25,11 +25,8 @@ fn a_page_whose_size_wraps_is_refused_not_built_small() {
     // 4 layers x 2 (K, V) x 2^61 slots x 2 elements wraps to 0 elements a
     // page; built, it would hand out a 1-byte arena for 2^61 tokens.
     let pool = KvPool::new(PoolConfig::new(tiny(4), 1 << 61, 1).audit(false));
-    assert!(
-        matches!(pool, Err(ConfigError::Overflow { .. })),
-        "{pool:?}"
-    );
-    let cfg = EngineConfig::builder(Role::Decode, tiny(4))
+    assert!(matches!(pool, Err(PoolError::Overflow { .. })), "{pool:?}");
+    let cfg = EngineConfig::decode(tiny(4))
         .max_context(1 << 61)
         .page_size(1 << 61)
         .pool_tokens(1 << 61)
@@ -39,7 +36,7 @@ fn a_page_whose_size_wraps_is_refused_not_built_small() {
 
 #[test]
 fn a_window_of_usize_max_is_refused_with_the_pool_it_would_need() {
-    let cfg = EngineConfig::builder(Role::Decode, tiny(1))
+    let cfg = EngineConfig::decode(tiny(1))
         .max_context(usize::MAX)
         .pool_tokens(16)
         .build();
@@ -55,22 +52,22 @@ fn the_window_check_counts_every_token_past_2_pow_53() {
     // of 2^53 tokens (2^31 pages) is one page short; an f64 product rounds
     // the window down to 2^53 and would accept it.
     let window = (1usize << 53) + 1;
-    let build = |role, pool_tokens| {
-        EngineConfig::builder(role, tiny(1))
+    let build = |pool_tokens| {
+        EngineConfig::decode(tiny(1))
             .max_context(window)
             .page_size(1 << 22)
             .pool_tokens(pool_tokens)
             .build()
     };
-    let short = build(Role::Decode, 1 << 53);
+    let short = build(1 << 53);
     assert!(
         matches!(short, Err(ConfigError::PoolCannotHoldWindow { .. })),
         "{short:?}"
     );
-    assert!(build(Role::Decode, (1 << 53) + (1 << 22)).is_ok());
+    assert!(build((1 << 53) + (1 << 22)).is_ok());
     // Twice the window for a prefill pool: 2^54 + 2 tokens, one page more
     // than 2^54.
-    let short = EngineConfig::builder(Role::Prefill, tiny(1))
+    let short = EngineConfig::prefill(tiny(1))
         .max_context(window)
         .page_size(1 << 23)
         .pool_tokens(1 << 54)
@@ -123,10 +120,7 @@ fn an_audit_trail_that_cannot_exist_is_refused() {
         dtype: KvDtype::F16,
     };
     let pool = KvPool::new(PoolConfig::new(g, 1 << 30, 1 << 30).audit(true));
-    assert!(
-        matches!(pool, Err(ConfigError::Overflow { .. })),
-        "{pool:?}"
-    );
+    assert!(matches!(pool, Err(PoolError::Overflow { .. })), "{pool:?}");
 }
 
 #[test]
@@ -141,7 +135,7 @@ fn a_pool_larger_than_memory_is_a_typed_error_not_an_abort() {
     };
     let pool = KvPool::new(PoolConfig::new(g, 1024, 1 << 20).audit(false));
     match pool {
-        Err(e @ ConfigError::OutOfMemory { bytes }) => {
+        Err(e @ PoolError::OutOfMemory { bytes }) => {
             assert_eq!(bytes, 1 << 53);
             assert_eq!(handoff::HttpStatus::http_status(&e), 503);
         }

@@ -237,7 +237,7 @@ fn a_live_id_is_refused_until_its_request_ends<T: Transfer>(t: T) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while a.tokens.is_empty() {
         assert!(Instant::now() < deadline, "no token within 30 s");
-        pair.decode.step(Duration::from_millis(5));
+        pair.decode.step();
         a.drain();
     }
     // The first request generates on verified KV; its transfer has ended.

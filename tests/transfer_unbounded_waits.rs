@@ -8,22 +8,21 @@
 
 mod support;
 
+use handoff::{Decode, DecodeWorker, Prefill, PrefillWorker, RoleKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use handoff::model::Model;
-use handoff::transfer::{
-    DecodeWorker, InProcess, LinkError, PrefillWorker, Transfer, TransferConfig, TransferError,
-};
-use handoff::{EngineConfig, FinishReason, Outcome, Request, RequestId, Role, TenantId};
+use handoff::transfer::{InProcess, LinkError, Transfer, TransferConfig, TransferError};
+use handoff::{EngineConfig, FinishReason, Outcome, Request, RequestId, TenantId};
 
 fn model() -> Model {
     support::tiny_model(9)
 }
 
-fn cfg(role: Role, pool: usize) -> EngineConfig {
-    support::tiny_worker_config(role, pool)
+fn cfg<R: RoleKind>(pool: usize) -> EngineConfig<R> {
+    support::tiny_worker_config::<R>(pool)
 }
 
 /// Runs `f` on its own thread; fails on a panic or past 60 s.
@@ -51,7 +50,7 @@ fn duration_max_timeouts_serve_a_request_to_the_end() {
         .with_ack_timeout(Duration::MAX)
         .with_write_timeout(Duration::MAX);
     let (p, d) = InProcess.connect(&t).unwrap();
-    let mut prefill = PrefillWorker::new(p, model(), &cfg(Role::Prefill, 128), t.clone()).unwrap();
+    let mut prefill = PrefillWorker::new(p, model(), cfg::<Prefill>(128), t.clone()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let prefill_thread = {
         let stop = stop.clone();
@@ -62,7 +61,7 @@ fn duration_max_timeouts_serve_a_request_to_the_end() {
         })
     };
     let (outcome, tokens, decode_pool) = bounded(move || {
-        let mut decode = DecodeWorker::new(d, model(), &cfg(Role::Decode, 256), t).unwrap();
+        let mut decode = DecodeWorker::new(d, model(), cfg::<Decode>(256), t).unwrap();
         let h = decode
             .submit(Request::new(RequestId(1), TenantId(1), vec![2; 40], 6))
             .unwrap();
@@ -87,8 +86,10 @@ fn duration_max_timeouts_serve_a_request_to_the_end() {
 fn a_step_told_to_wait_forever_returns_when_the_link_ends() {
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).unwrap();
-    let mut decode = DecodeWorker::new(d, model(), &cfg(Role::Decode, 256), t.clone()).unwrap();
-    let mut prefill = PrefillWorker::new(p, model(), &cfg(Role::Prefill, 128), t).unwrap();
+    let mut decode = DecodeWorker::new(d, model(), cfg::<Decode>(256), t.clone())
+        .unwrap()
+        .with_idle_wait(Duration::MAX);
+    let mut prefill = PrefillWorker::new(p, model(), cfg::<Prefill>(128), t).unwrap();
 
     // Decode waits for a receipt that will never come: its peer goes away.
     let h = decode
@@ -96,7 +97,7 @@ fn a_step_told_to_wait_forever_returns_when_the_link_ends() {
         .unwrap();
     prefill.shutdown();
     let (decode, outcome) = bounded(move || {
-        decode.step(Duration::MAX);
+        decode.step();
         let (_, o) = h.try_collect();
         (decode, o)
     });
@@ -116,7 +117,7 @@ fn a_step_told_to_wait_forever_returns_when_the_link_ends() {
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).unwrap();
     drop(d);
-    let mut prefill = PrefillWorker::new(p, model(), &cfg(Role::Prefill, 128), t).unwrap();
+    let mut prefill = PrefillWorker::new(p, model(), cfg::<Prefill>(128), t).unwrap();
     let r = bounded(move || prefill.step(Duration::MAX));
     assert!(
         matches!(r, Err(TransferError::Link(LinkError::Disconnected))),
@@ -130,8 +131,8 @@ fn a_bounded_run_until_idle_returns_while_a_silent_peer_holds_a_request() {
     // answered and, with no receipt timeout, would wait for ever.
     let t = TransferConfig::default().with_receipt_timeout(Duration::MAX);
     let (p, d) = InProcess.connect(&t).unwrap();
-    let _silent = PrefillWorker::new(p, model(), &cfg(Role::Prefill, 256), t.clone()).unwrap();
-    let mut decode = DecodeWorker::new(d, model(), &cfg(Role::Decode, 256), t).unwrap();
+    let _silent = PrefillWorker::new(p, model(), cfg::<Prefill>(256), t.clone()).unwrap();
+    let mut decode = DecodeWorker::new(d, model(), cfg::<Decode>(256), t).unwrap();
     let h = decode
         .submit(Request::new(RequestId(1), TenantId(1), vec![1, 2, 3], 4))
         .unwrap();

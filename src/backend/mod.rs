@@ -17,14 +17,15 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod rope;
 
 use std::ops::Range;
 
 pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, GROUP_WEIGHT_BYTES, Isa};
 pub use error::BackendError;
+pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 
 use crate::kv::{KvSeq, LayerView, Writable};
-use crate::model::{RopeScaling, RopeStyle};
 
 /// The queries of one sequence inside a batched activation buffer: rows
 /// `first_row .. first_row + rows` hold positions `first_pos ..`, and each

@@ -1,4 +1,4 @@
-use crate::config::{ConfigError, Role};
+use crate::config::ConfigError;
 use crate::http::HttpStatus;
 use crate::kv::KvError;
 use crate::model::ForwardError;
@@ -11,14 +11,6 @@ use crate::sampling::SamplingError;
 pub enum EngineError {
     #[error("configuration refused: {0}")]
     Config(#[from] ConfigError),
-    /// The configuration was built for another role than the worker given
-    /// it (shared by [`crate::Engine`], `PrefillWorker` and `DecodeWorker`).
-    #[error(
-        "the configuration is for the {0:?} role, which this worker does not serve: build it \
-         with Role::Colocated for Engine, Role::Prefill for PrefillWorker, Role::Decode for \
-         DecodeWorker"
-    )]
-    Role(Role),
     #[error(
         "the configuration's KV geometry ({cfg_layers} layers, {cfg_kv_heads} KV heads of \
          {cfg_head_dim}) does not match the model's ({model_layers}, {model_kv_heads}, \
@@ -44,8 +36,8 @@ pub enum EngineError {
     Limits,
     /// A worker was given a pool that its configuration does not describe.
     #[error(
-        "the pool given is not the configuration's (geometry, page size, pages, audit): build it \
-         with KvPool::new(cfg.pool_config().scrub(policy))"
+        "the pool given is not the configuration's (geometry, page size, pages, audit, scrub): \
+         build it with KvPool::new(cfg.pool_config())"
     )]
     PoolMismatch,
     /// A worker was given a pool whose pages something already holds.
@@ -77,13 +69,18 @@ impl HttpStatus for EngineError {
             EngineError::Sampling(e) => e.http_status(),
             EngineError::Shutdown => 503,
             EngineError::Transfer(e) => e.http_status(),
-            EngineError::Role(_)
-            | EngineError::Geometry { .. }
+            EngineError::Geometry { .. }
             | EngineError::ContextBeyondModel { .. }
             | EngineError::Limits
             | EngineError::PoolMismatch
             | EngineError::PoolInUse { .. }
             | EngineError::PoolClaimed => 500,
         }
+    }
+}
+
+impl From<crate::kv::PoolError> for EngineError {
+    fn from(e: crate::kv::PoolError) -> Self {
+        EngineError::Config(e.into())
     }
 }

@@ -3,21 +3,17 @@
 //! the model, and a pool the host built.
 
 use crate::backend::Backend;
-use crate::config::{EngineConfig, Role};
+use crate::config::{EngineConfig, RoleKind};
 use crate::engine::EngineError;
 use crate::kv::KvPool;
 use crate::model::Model;
 
-/// Refuses a configuration of the wrong role, or whose KV geometry or
-/// context window does not fit the model.
-pub(crate) fn check<B: Backend>(
+/// Refuses a configuration whose KV geometry or context window does not
+/// fit the model. (Its role is its type: a server takes only its own.)
+pub(crate) fn check<B: Backend, R: RoleKind>(
     model: &Model<B>,
-    cfg: &EngineConfig,
-    role: Role,
+    cfg: &EngineConfig<R>,
 ) -> Result<(), EngineError> {
-    if cfg.role() != role {
-        return Err(EngineError::Role(cfg.role()));
-    }
     check_model(model, cfg.geometry(), cfg.max_context())
 }
 
@@ -25,7 +21,7 @@ pub(crate) fn check<B: Backend>(
 /// below the context window.
 pub(crate) fn check_model<B: Backend>(
     model: &Model<B>,
-    g: crate::config::KvGeometry,
+    g: crate::kv::KvGeometry,
     max_context: usize,
 ) -> Result<(), EngineError> {
     let mc = model.config();
@@ -48,12 +44,14 @@ pub(crate) fn check_model<B: Backend>(
     Ok(())
 }
 
-/// Refuses a host-built `pool` that is not the pool `cfg` describes (any
-/// scrub policy), whose pages something already holds, or that another
+/// Refuses a host-built `pool` that is not the pool `cfg` describes (scrub
+/// policy included), whose pages something already holds, or that another
 /// worker already took; then takes it.
-pub(crate) fn check_pool(cfg: &EngineConfig, pool: &KvPool) -> Result<(), EngineError> {
-    let want = cfg.pool_config().scrub(pool.config().scrub_policy());
-    if *pool.config() != want {
+pub(crate) fn check_pool<R: RoleKind>(
+    cfg: &EngineConfig<R>,
+    pool: &KvPool,
+) -> Result<(), EngineError> {
+    if *pool.config() != cfg.pool_config() {
         return Err(EngineError::PoolMismatch);
     }
     let s = pool.stats();

@@ -76,6 +76,34 @@ pub enum KvError {
     },
 }
 
+/// Why a pool (or a KV geometry) could not be built. Every variant names the
+/// size at fault; deployments see these as the matching
+/// [`ConfigError`](crate::ConfigError).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    #[error("{field} is zero: every size must be at least 1")]
+    Zero { field: &'static str },
+    #[error("page_size {page_size} is not a power of two: use 1, 2, 4, ... 16, 64, ...")]
+    PageSizeNotPowerOfTwo { page_size: usize },
+    #[error("{what} overflows: the pool is too large for this machine")]
+    Overflow { what: &'static str },
+    #[error(
+        "the KV pool's {bytes} bytes could not be allocated: build a smaller pool or free memory"
+    )]
+    OutOfMemory { bytes: usize },
+}
+
+impl HttpStatus for PoolError {
+    fn http_status(&self) -> u16 {
+        match self {
+            // The machine lacks the memory now: another may have it.
+            PoolError::OutOfMemory { .. } => 503,
+            _ => 500,
+        }
+    }
+}
+
 impl HttpStatus for KvError {
     fn http_status(&self) -> u16 {
         match self {
@@ -96,8 +124,8 @@ impl HttpStatus for crate::kv::SealError {
 mod tests {
     use super::*;
     use crate::PoolConfig;
-    use crate::config::{KvDtype, KvGeometry};
     use crate::kv::KvPool;
+    use crate::kv::{KvDtype, KvGeometry};
 
     #[test]
     fn a_seal_error_is_an_error_with_the_status_of_its_cause() {

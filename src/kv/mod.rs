@@ -8,14 +8,16 @@
 //!   positions only, checked against the audit trail when it is on.
 
 mod error;
+mod geometry;
 mod page;
 mod pool;
 mod seq;
 mod storage;
 mod view;
 
-pub use error::KvError;
-pub use page::{PageId, PoolId};
+pub use error::{KvError, PoolError};
+pub use geometry::{KvDtype, KvGeometry};
+pub use page::{PageId, PoolId, pages_for};
 pub use pool::{KvPool, PoolConfig, PoolStats, ScrubPolicy};
 pub use seq::{Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Writable};
 pub use storage::{KvElem, KvSlice};

@@ -1,5 +1,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// Pages of `page_size` slots that `tokens` tokens occupy (whole pages,
+/// rounded up). The one place this count is made.
+pub const fn pages_for(tokens: usize, page_size: usize) -> usize {
+    tokens.div_ceil(page_size)
+}
+
 /// Identifies one pool instance, so a page id from another pool is caught.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolId(u32);

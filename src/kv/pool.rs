@@ -3,14 +3,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use crate::kv::pages_for;
 use crate::sync::{Arc, Mutex};
 
-use crate::config::KvGeometry;
 use crate::ids::RequestId;
 use crate::kv::page::{PageState, PoolId};
 use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
 use crate::kv::storage::Storage;
-use crate::kv::{KvError, KvReader, PageId};
+use crate::kv::{KvError, KvGeometry, KvReader, PageId, PoolError};
 
 /// What happens to a page's bytes when it returns to the pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -144,19 +144,18 @@ impl std::fmt::Debug for KvPool {
 
 impl KvPool {
     /// Builds a pool. Storage is allocated lazily by the OS (zeroed pages).
-    pub fn new(cfg: PoolConfig) -> Result<Self, crate::config::ConfigError> {
-        use crate::config::ConfigError;
+    pub fn new(cfg: PoolConfig) -> Result<Self, PoolError> {
         cfg.geometry.validate()?;
         if cfg.page_size == 0 || !cfg.page_size.is_power_of_two() {
-            return Err(ConfigError::PageSizeNotPowerOfTwo {
+            return Err(PoolError::PageSizeNotPowerOfTwo {
                 page_size: cfg.page_size,
             });
         }
         if cfg.pages == 0 {
-            return Err(ConfigError::Zero { field: "pages" });
+            return Err(PoolError::Zero { field: "pages" });
         }
         if u32::try_from(cfg.pages).is_err() {
-            return Err(ConfigError::Overflow {
+            return Err(PoolError::Overflow {
                 what: "page count (at most u32::MAX pages)",
             });
         }
@@ -164,7 +163,7 @@ impl KvPool {
             .and_then(|n| n.checked_mul(cfg.pages))
             .and_then(|n| n.checked_mul(cfg.geometry.dtype.size_bytes()))
             .filter(|&bytes| bytes <= isize::MAX as usize)
-            .ok_or(ConfigError::Overflow { what: "pool size" })?;
+            .ok_or(PoolError::Overflow { what: "pool size" })?;
         if cfg.audit {
             // One writer id (8 bytes) per slot of every layer.
             cfg.pages
@@ -172,12 +171,12 @@ impl KvPool {
                 .and_then(|n| n.checked_mul(cfg.page_size))
                 .and_then(|n| n.checked_mul(8))
                 .filter(|&bytes| bytes <= isize::MAX as usize)
-                .ok_or(ConfigError::Overflow {
+                .ok_or(PoolError::Overflow {
                     what: "audit trail size",
                 })?;
         }
         let storage = Storage::new(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit)
-            .map_err(|bytes| ConfigError::OutOfMemory { bytes })?;
+            .map_err(|bytes| PoolError::OutOfMemory { bytes })?;
         // Free list popped from the end: hand out low indices first.
         let free: Vec<u32> = (0..cfg.pages as u32).rev().collect();
         Ok(KvPool {
@@ -223,7 +222,7 @@ impl KvPool {
 
     /// Pages a sequence of `tokens` tokens needs.
     pub fn pages_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.page_size())
+        pages_for(tokens, self.page_size())
     }
 
     /// A consistent snapshot of the accounting.
@@ -431,7 +430,7 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::KvDtype;
+    use crate::kv::KvDtype;
 
     fn pool() -> KvPool {
         let g = KvGeometry {
@@ -473,8 +472,11 @@ mod tests {
 
     #[test]
     fn the_audit_trail_reports_a_slot_written_by_someone_else() {
-        let pool = pool();
-        assert!(pool.config().audit_enabled(), "tests run with the audit on");
+        // The audit is on by default only in debug builds: ask for it, so
+        // the story holds under `cargo test --release` too.
+        let g = *pool().config();
+        let pool = KvPool::new(g.audit(true)).unwrap();
+        assert!(pool.config().audit_enabled());
         let mut a = pool.reserve(RequestId(1), 2).unwrap();
         a.append(0, &[1.0, 2.0], &[3.0, 4.0]).unwrap();
         // Simulate a bookkeeping bug: slot 0 claims another writer.

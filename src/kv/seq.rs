@@ -13,9 +13,10 @@
 
 use std::marker::PhantomData;
 
-use crate::config::KvGeometry;
 use crate::ids::RequestId;
+use crate::kv::KvGeometry;
 use crate::kv::page::PageState;
+use crate::kv::pages_for;
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -587,7 +588,7 @@ impl KvSeq<Held> {
         let ps = self.pool.page_size();
         let pages = self
             .pages
-            .get(start / ps..(start + n).div_ceil(ps))
+            .get(start / ps..pages_for(start + n, ps))
             .unwrap_or(&[]);
         self.pool.check_pages(pages, true)
     }

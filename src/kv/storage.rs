@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::{bf16, f16};
 
-use crate::config::{KvDtype, KvGeometry};
 use crate::kv::PageId;
 use crate::kv::pool::Meta;
 use crate::kv::seq::{KvSeq, SeqState};
+use crate::kv::{KvDtype, KvGeometry};
 
 /// A stored KV element type.
 pub trait KvElem: Copy + Send + Sync + bytemuck::Pod + 'static {

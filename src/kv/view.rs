@@ -1,5 +1,6 @@
 //! Read access to KV for attention: validated once per sequence per step.
 
+use crate::kv::pages_for;
 use crate::kv::seq::{KvSeq, Readable};
 use crate::kv::storage::{KvSlice, PagesRead};
 use crate::kv::{KvError, KvPool, PageId};
@@ -57,7 +58,7 @@ impl<'a> SeqView<'a> {
         let ps = self.reader.pool.page_size();
         // Page by page: a page's writer slots for one layer are contiguous.
         // A trail that cannot answer for a slot fails the audit.
-        let pages = if st.audited() { len.div_ceil(ps) } else { 0 };
+        let pages = if st.audited() { pages_for(len, ps) } else { 0 };
         for (i, p) in self.pages.iter().enumerate().take(pages) {
             let n = (len - i * ps).min(ps);
             let mismatch = match st.writers(p.index, layer, 0, n) {
@@ -120,7 +121,7 @@ impl<'a> LayerView<'a> {
     }
     /// Pages holding written tokens.
     pub fn n_pages(&self) -> usize {
-        self.len.div_ceil(self.page_size)
+        pages_for(self.len, self.page_size)
     }
     /// Pool indices of the pages holding written tokens (a page table).
     pub fn page_table(&self) -> impl Iterator<Item = u32> + '_ {

@@ -56,3 +56,9 @@ impl HttpStatus for ModelError {
         500
     }
 }
+
+impl From<crate::backend::InvalidRopeScaling> for ModelError {
+    fn from(e: crate::backend::InvalidRopeScaling) -> Self {
+        ModelError::InvalidConfig(e.0)
+    }
+}

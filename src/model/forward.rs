@@ -8,10 +8,10 @@
 //! and decode workers) hand it the `KvSeq` handles to fill.
 
 use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, PassPlan, Rope, SeqSpan};
-use crate::config::{KvDtype, KvGeometry};
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Writable};
+use crate::kv::{KvDtype, KvGeometry};
 use crate::model::place::{Placer, WeightSink};
 use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
 
@@ -417,7 +417,7 @@ impl<B: Backend> Model<B> {
         let pool = KvPool::new(PoolConfig::new(
             self.kv_geometry(KvDtype::F32),
             page_size,
-            tokens.len().div_ceil(page_size),
+            crate::kv::pages_for(tokens.len(), page_size),
         ))
         .map_err(|e| ForwardError::PrivatePool(e.to_string()))?;
         let mut seq = pool

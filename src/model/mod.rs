@@ -13,7 +13,8 @@ mod place;
 mod random;
 mod weights;
 
-pub use config::{ModelConfig, RopeScaling, RopeStyle};
+pub use crate::backend::{RopeScaling, RopeStyle};
+pub use config::ModelConfig;
 pub use error::ModelError;
 pub use fingerprint::ModelFingerprint;
 pub use forward::{ForwardError, Logits, Model, Scratch};

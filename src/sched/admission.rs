@@ -1,5 +1,6 @@
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, RoleKind};
 use crate::request::Request;
+use crate::sampling::{Sampler, SamplingError};
 use crate::sched::Rejection;
 
 /// The limits admission checks a request against. Normally derived from a
@@ -26,7 +27,7 @@ impl AdmissionLimits {
         }
     }
     /// Limits of a validated configuration.
-    pub fn from_config(cfg: &EngineConfig) -> Self {
+    pub fn from_config<R: RoleKind>(cfg: &EngineConfig<R>) -> Self {
         Self::new(cfg.max_context(), cfg.pool_pages(), cfg.page_size()).max_queue(cfg.max_queue())
     }
     /// These limits bounded by the pool they admit into: its page size,
@@ -106,7 +107,7 @@ impl AdmissionLimits {
             });
         }
         let total = req.max_total_tokens();
-        if total.div_ceil(self.page_size) > self.pool_pages {
+        if crate::kv::pages_for(total, self.page_size) > self.pool_pages {
             return Err(Rejection::ExceedsPool {
                 id,
                 tokens: total,
@@ -127,19 +128,23 @@ impl AdmissionLimits {
                 vocab,
             });
         }
-        let s = &req.sampling;
-        let reason = if !s.temperature.is_finite() || s.temperature < 0.0 {
-            Some("temperature must be finite and >= 0")
-        } else if s.top_k == Some(0) {
-            Some("top_k must be >= 1")
-        } else if s.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
-            Some("top_p must be in (0, 1]")
-        } else {
-            None
-        };
-        if let Some(reason) = reason {
+        if let Err(reason) = req.sampling.validate() {
             return Err(Rejection::InvalidSampling { id, reason });
         }
         Ok(())
     }
+}
+
+/// The sampler for an admitted request, or its typed rejection
+/// ([`Rejection::InvalidSampling`], 400) when the parameters are unusable:
+/// the same check as [`AdmissionLimits::check`], so a request that passed
+/// admission always gets its sampler.
+pub fn sampler_for(req: &Request) -> Result<Sampler, Rejection> {
+    Sampler::new(&req.sampling).map_err(|e| Rejection::InvalidSampling {
+        id: req.id,
+        reason: match e {
+            SamplingError::InvalidParams(r) => r,
+            _ => "invalid sampling parameters",
+        },
+    })
 }

@@ -5,7 +5,7 @@ mod admission;
 mod batch;
 mod rejection;
 
-pub use admission::AdmissionLimits;
+pub use admission::{AdmissionLimits, sampler_for};
 pub use batch::{BatchLimits, RunningSeq, StartCost, StepPlan};
 pub use rejection::Rejection;
 

@@ -29,7 +29,7 @@
 //! use std::time::Duration;
 //!
 //! let model_cfg = ModelConfig::tiny_gqa();
-//! let cfg = EngineConfig::builder(Role::Colocated, model_cfg.kv_geometry(KvDtype::F32))
+//! let cfg = EngineConfig::colocated(model_cfg.kv_geometry(KvDtype::F32))
 //!     .max_context(64).pool_tokens(128).build()?;
 //! let engine = Engine::new(Model::cpu(random_weights(&model_cfg, 1))?, cfg)?;
 //! let service = Service::spawn(engine)?;

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::engine::{Engine, RequestHandle};
+use crate::engine::{DecodeWorker, Engine, RequestHandle};
 use crate::kv::KvPool;
 use crate::request::Request;
 use crate::sched::Rejection;
-use crate::transfer::{DecodeLink, DecodeWorker};
+use crate::transfer::DecodeLink;
 
 mod sealed {
     pub trait Sealed {}
@@ -80,7 +80,7 @@ where
     fn step(&mut self, wait: Duration) -> bool {
         // A decode step waits on the link up to `wait` when nothing is
         // generating: it never spins.
-        DecodeWorker::step(self, wait);
+        DecodeWorker::step_within(self, wait);
         true
     }
     fn shutdown(&mut self) {

@@ -88,7 +88,7 @@ impl LandedHashes {
     /// For a transfer of `tokens` tokens into pages of `page_size` slots,
     /// `row_bytes` bytes per token row of K (or V) of one layer.
     pub(crate) fn new(tokens: usize, page_size: usize, n_layers: usize, row_bytes: usize) -> Self {
-        let n_pages = tokens.div_ceil(page_size.max(1));
+        let n_pages = crate::kv::pages_for(tokens, page_size.max(1));
         LandedHashes {
             n_layers,
             page_size,

@@ -234,7 +234,7 @@ impl LandingZone {
 mod tests {
     use super::*;
     use crate::PoolConfig;
-    use crate::config::{KvDtype, KvGeometry};
+    use crate::kv::{KvDtype, KvGeometry};
 
     const TOKENS: usize = 10;
     const ROW: usize = 4 * 2; // kv_dim 4, f16

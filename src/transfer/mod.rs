@@ -12,8 +12,10 @@
 //!   until decode answers or the transfer is abandoned and drained.
 //! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy) and
 //!   [`Tcp`] (loopback, framed, bounded), with a cap on KV bytes in flight.
-//! - [`PrefillWorker`] / [`DecodeWorker`]: the two halves running the model,
-//!   with the same request handles as the colocated [`crate::Engine`].
+//!
+//! The workers that run a model on each side, [`crate::engine::PrefillWorker`]
+//! and [`crate::engine::DecodeWorker`], live in the engine layer above this
+//! one: nothing here knows a model, a sampler or a request handle.
 //! - `fault` (tests and the `fault-injection` feature): a `FaultPlan` that
 //!   drops, delays, duplicates, reorders, truncates or corrupts messages and
 //!   KV bytes, or disconnects the peer, and kills a worker, cancels a
@@ -53,7 +55,6 @@ pub mod checksum;
 mod config;
 mod credits;
 mod decode;
-mod decode_worker;
 mod ended;
 mod error;
 #[cfg(any(test, feature = "fault-injection"))]
@@ -66,7 +67,6 @@ mod link;
 #[doc(hidden)]
 pub mod loom_api;
 mod prefill;
-mod prefill_worker;
 pub mod protocol;
 pub mod synthetic;
 pub mod tcp;
@@ -74,7 +74,6 @@ pub mod tcp;
 pub use config::TransferConfig;
 pub use credits::InFlightStats;
 pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, VerifiedKv};
-pub use decode_worker::{DecodeTally, DecodeWorker};
 pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::{Fault, FaultPlan, FaultRule};
@@ -83,7 +82,6 @@ pub use inproc::{InProcess, InProcessDecode, InProcessPrefill};
 pub use landing::LandingZone;
 pub use link::{DecodeLink, PrefillLink, Transfer};
 pub use prefill::{PrefillJob, PrefillSide, PrefillStats};
-pub use prefill_worker::PrefillWorker;
 pub use protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
     Verdict, WriteBatch, WriterRun,

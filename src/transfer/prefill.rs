@@ -486,7 +486,7 @@ impl<L: PrefillLink> PrefillSide<L> {
             || plan.geometry != self.pool.config().geometry()
             || page_size == 0
             || !page_size.is_power_of_two()
-            || plan.pages.len() != tokens.div_ceil(page_size)
+            || plan.pages.len() != crate::kv::pages_for(tokens, page_size)
         {
             return Err(AbortReason::MalformedPlan);
         }

@@ -22,8 +22,8 @@
 
 use std::fmt;
 
-use crate::config::KvGeometry;
 use crate::ids::{RequestId, TenantId};
+use crate::kv::KvGeometry;
 use crate::kv::PageId;
 use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;

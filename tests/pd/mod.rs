@@ -3,6 +3,7 @@
 //! a transport, with the colocated engine as the reference for outputs.
 #![allow(dead_code)]
 
+use handoff::{Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::TryRecvError;
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
-use handoff::transfer::{DecodeWorker, PrefillWorker, Transfer, TransferConfig, TransferError};
+use handoff::transfer::{Transfer, TransferConfig, TransferError};
 use handoff::{
     Engine, EngineConfig, Event, HttpStatus, KvDtype, KvPool, Outcome, PoolStats, Request,
     RequestHandle, Role,
@@ -47,12 +48,12 @@ pub fn weights() -> ModelWeights {
 
 /// A validated configuration for `role` (prefilling roles get twice the
 /// window, decode a window per two requests plus one).
-pub fn engine_config(w: &ModelWeights, role: Role) -> EngineConfig {
-    let pool = match role {
+pub fn engine_config<R: RoleKind>(w: &ModelWeights) -> EngineConfig<R> {
+    let pool = match R::ROLE {
         Role::Decode => 3 * WINDOW,
         _ => 2 * WINDOW,
     };
-    EngineConfig::builder(role, w.config.kv_geometry(KvDtype::F32))
+    EngineConfigBuilder::<R>::new(w.config.kv_geometry(KvDtype::F32))
         .max_context(WINDOW)
         .page_size(PAGE)
         .pool_tokens(pool)
@@ -67,7 +68,7 @@ pub fn reference(w: &ModelWeights, reqs: &[Request]) -> Vec<Vec<u32>> {
 
 /// [`reference`] with another context window.
 pub fn reference_in_window(w: &ModelWeights, reqs: &[Request], window: usize) -> Vec<Vec<u32>> {
-    let cfg = EngineConfig::builder(Role::Colocated, w.config.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(w.config.kv_geometry(KvDtype::F32))
         .max_context(window)
         .page_size(PAGE)
         .pool_tokens(2 * window * reqs.len().max(1))
@@ -202,13 +203,14 @@ impl<T: Transfer> Pair<T> {
         decode_w: &ModelWeights,
     ) -> Self {
         let (pl, dl) = t.connect(&cfg).unwrap();
-        let pcfg = engine_config(prefill_w, Role::Prefill);
+        let pcfg = engine_config::<Prefill>(prefill_w);
         let model = Model::cpu(prefill_w.clone()).unwrap();
-        let mut prefill = PrefillWorker::new(pl, model, &pcfg, cfg.clone()).unwrap();
+        let mut prefill = PrefillWorker::new(pl, model, pcfg, cfg.clone()).unwrap();
         let prefill_pool = prefill.pool().clone();
-        let dcfg = engine_config(decode_w, Role::Decode);
-        let decode =
-            DecodeWorker::new(dl, Model::cpu(decode_w.clone()).unwrap(), &dcfg, cfg).unwrap();
+        let dcfg = engine_config::<Decode>(decode_w);
+        let decode = DecodeWorker::new(dl, Model::cpu(decode_w.clone()).unwrap(), dcfg, cfg)
+            .unwrap()
+            .with_idle_wait(Duration::from_millis(5));
         let decode_pool = decode.pool().clone();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -250,7 +252,7 @@ impl<T: Transfer> Pair<T> {
             if Instant::now() > deadline {
                 return false;
             }
-            self.decode.step(Duration::from_millis(5));
+            self.decode.step();
         }
     }
 
@@ -285,7 +287,7 @@ impl<T: Transfer> Pair<T> {
                     "pools not full {within:?} after the last request ended: prefill {p:?}, decode {d:?}"
                 ));
             }
-            self.decode.step(Duration::from_millis(5));
+            self.decode.step();
         }
     }
 
@@ -305,7 +307,7 @@ impl<T: Transfer> Pair<T> {
                 if Instant::now() > until {
                     return Err("the prefill worker did not stop".into());
                 }
-                self.decode.step(Duration::from_millis(5));
+                self.decode.step();
             }
             if h.join().is_err() {
                 return Err("the prefill worker panicked".into());

@@ -2,6 +2,7 @@
 //! over a transport, each with its own pool, driven with synthetic KV.
 #![allow(dead_code)]
 
+use handoff::RoleKind;
 use std::time::{Duration, Instant};
 
 /// Runs each story `name => fn` against both transports, as the tests
@@ -206,9 +207,9 @@ pub fn tiny_model(seed: u64) -> handoff::model::Model {
 
 /// A `role` configuration for [`tiny_model`]: a window of 64 tokens in a
 /// pool of `pool` tokens.
-pub fn tiny_worker_config(role: handoff::Role, pool: usize) -> handoff::EngineConfig {
+pub fn tiny_worker_config<R: RoleKind>(pool: usize) -> handoff::EngineConfig<R> {
     use handoff::model::ModelConfig;
-    handoff::EngineConfig::builder(role, ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+    handoff::EngineConfigBuilder::<R>::new(ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
         .max_context(64)
         .pool_tokens(pool)
         .build()

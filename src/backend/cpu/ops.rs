@@ -6,7 +6,7 @@ use crate::backend::Rope;
 use crate::backend::cpu::Isa;
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::matmul::dot;
-use crate::model::{RopeScaling, RopeStyle};
+use crate::backend::{RopeScaling, RopeStyle};
 
 /// `out = x / sqrt(mean(x²) + eps) ⊙ w`, one row.
 pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

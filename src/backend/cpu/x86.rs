@@ -820,8 +820,8 @@ fn hd8<const NH: usize, const NKV: usize>(
 mod tests {
     use super::*;
     use crate::backend::cpu::attention::Scratch;
-    use crate::config::{KvDtype, KvGeometry};
     use crate::ids::RequestId;
+    use crate::kv::{KvDtype, KvGeometry};
     use crate::kv::{KvPool, PoolConfig};
 
     /// Whether the kernels under test can run here; when not, says so (the
@@ -872,8 +872,8 @@ mod tests {
     #[test]
     fn rope_eight_lanes_gives_the_scalar_bits() {
         use crate::backend::Rope;
+        use crate::backend::RopeStyle;
         use crate::backend::cpu::{Isa, ops};
-        use crate::model::RopeStyle;
         if !avx2_fma() {
             return;
         }
@@ -883,7 +883,7 @@ mod tests {
                 head_dim,
                 theta: 10000.0,
                 style: RopeStyle::Interleaved,
-                scaling: crate::model::RopeScaling::None,
+                scaling: crate::backend::RopeScaling::None,
             };
             let positions = [0usize, 1, 7, 300, 5000];
             let x = data(positions.len() * n_heads * head_dim, 11);

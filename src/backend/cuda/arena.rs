@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::CudaSlice;
 
 use super::{CudaDevice, CudaError};
-use crate::config::KvGeometry;
+use crate::kv::KvGeometry;
 
 fn fresh_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);

@@ -14,8 +14,8 @@ use super::arena::{DeviceKvArena, PageTables, SlotMap};
 use super::params::*;
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
-use crate::config::KvDtype;
-use crate::model::{RopeScaling, RopeStyle};
+use crate::backend::{RopeScaling, RopeStyle};
+use crate::kv::KvDtype;
 
 /// Head dimensions with compiled attention kernels.
 pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];

@@ -14,8 +14,8 @@
 //! Decoding is a pure function of a byte slice; it never panics and never
 //! allocates more than the bytes it was given justify.
 
-use crate::config::{KvDtype, KvGeometry};
 use crate::ids::{RequestId, TenantId};
+use crate::kv::{KvDtype, KvGeometry};
 use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;
 use crate::transfer::error::WireError;

@@ -1,14 +1,16 @@
 //! Engine internals that no public path reaches deterministically.
 
 use super::*;
-use crate::config::KvDtype;
+use crate::config::EngineConfig;
+use crate::engine::FinishReason;
 use crate::ids::TenantId;
+use crate::kv::KvDtype;
 use crate::model::{ModelConfig, random_weights};
 
 /// An engine over 8 pages of 16 tokens.
 fn engine() -> Engine {
     let m = Model::cpu(random_weights(&ModelConfig::tiny_gqa(), 3)).unwrap();
-    let cfg = EngineConfig::builder(Role::Colocated, m.kv_geometry(KvDtype::F32))
+    let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
         .max_context(64)
         .page_size(16)
         .pool_tokens(128)
@@ -35,8 +37,7 @@ fn requests_the_pool_cannot_take_go_back_in_queue_order() {
     // Five of the eight pages go elsewhere: A fits in what is left, B does not.
     let hog = e.pool.reserve(RequestId(99), 5 * 16).unwrap();
 
-    let mut report = StepReport::default();
-    let started = e.prefill(admit, &mut report);
+    let started = e.prefill(admit);
     let started_ids: Vec<u64> = started.iter().map(|r| r.req.id.0).collect();
     assert_eq!(started_ids, [1]);
     let queued: Vec<Request> = std::iter::from_fn(|| e.sched.pop_if(|_| true)).collect();
@@ -51,7 +52,9 @@ fn requests_the_pool_cannot_take_go_back_in_queue_order() {
     for req in queued.into_iter().rev() {
         e.sched.requeue_front(req);
     }
-    e.running.extend(started);
+    for r in started {
+        e.core.start(r);
+    }
     drop(hog);
     e.run_until_idle();
     for h in handles {

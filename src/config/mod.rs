@@ -6,82 +6,15 @@
 //! to prevent began with a 1,048,576-token window served from a 681,280-token
 //! prefill pool.
 
+pub mod role;
+
+use std::marker::PhantomData;
+
 use crate::http::HttpStatus;
-
-/// Element type of KV storage. Attention always accumulates in f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KvDtype {
-    F32,
-    F16,
-    BF16,
-}
-
-impl KvDtype {
-    /// Bytes per stored element.
-    pub const fn size_bytes(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 | KvDtype::BF16 => 2,
-        }
-    }
-
-    /// Parses `f32`, `f16` or `bf16`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "f32" => Some(KvDtype::F32),
-            "f16" => Some(KvDtype::F16),
-            "bf16" => Some(KvDtype::BF16),
-            _ => None,
-        }
-    }
-}
-
-/// The shape of one token's KV across the whole model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct KvGeometry {
-    /// Transformer layers; every layer stores K and V for every token.
-    pub n_layers: usize,
-    /// Key/value heads (grouped-query attention: fewer than query heads).
-    pub n_kv_heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
-    /// Storage element type.
-    pub dtype: KvDtype,
-}
-
-impl KvGeometry {
-    /// Elements of K (or of V) for one token in one layer.
-    pub const fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
-    }
-
-    /// Bytes of KV (K and V, all layers) one token occupies.
-    pub const fn bytes_per_token(&self) -> usize {
-        self.n_layers * 2 * self.kv_dim() * self.dtype.size_bytes()
-    }
-
-    /// Checks that no size is zero and that the sizes do not overflow.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        for (name, v) in [
-            ("n_layers", self.n_layers),
-            ("n_kv_heads", self.n_kv_heads),
-            ("head_dim", self.head_dim),
-        ] {
-            if v == 0 {
-                return Err(ConfigError::Zero { field: name });
-            }
-        }
-        self.n_layers
-            .checked_mul(2)
-            .and_then(|x| x.checked_mul(self.n_kv_heads))
-            .and_then(|x| x.checked_mul(self.head_dim))
-            .and_then(|x| x.checked_mul(self.dtype.size_bytes()))
-            .map(|_| ())
-            .ok_or(ConfigError::Overflow {
-                what: "bytes per token",
-            })
-    }
-}
+use crate::kv::PoolError;
+pub use crate::kv::{KvDtype, KvGeometry};
+use crate::kv::{PoolConfig, ScrubPolicy, pages_for};
+pub use role::{Colocated, Decode, Prefill, RoleKind};
 
 /// What a worker does, which decides how much pool it needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -153,45 +86,67 @@ impl Default for Headroom {
     }
 }
 
-/// A validated configuration for one worker. Fields are private: the only
-/// way to get one is [`EngineConfig::builder`] then `build`, which refuses
-/// every configuration whose pool cannot hold its context window.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EngineConfig {
+/// A validated configuration for one server of role `R` ([`Colocated`],
+/// [`Prefill`] or [`Decode`]). Fields are private: the only way to get one is
+/// a builder ([`EngineConfig::colocated`], [`EngineConfig::prefill`],
+/// [`EngineConfig::decode`]) then `build`, which refuses every configuration
+/// whose pool cannot hold its context window. Only the server of role `R`
+/// accepts it (a compile-time check; see [`role`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineConfig<R: RoleKind> {
     geometry: KvGeometry,
-    role: Role,
     max_context: usize,
     page_size: usize,
     pool_pages: usize,
     headroom: Headroom,
     audit: bool,
+    scrub: ScrubPolicy,
     max_queue: usize,
+    role: PhantomData<R>,
 }
+
+/// A colocated engine's configuration.
+pub type ColocatedConfig = EngineConfig<Colocated>;
+/// A prefill worker's configuration.
+pub type PrefillConfig = EngineConfig<Prefill>;
+/// A decode worker's configuration.
+pub type DecodeConfig = EngineConfig<Decode>;
 
 /// Requests that may wait for pages at once unless
 /// [`EngineConfigBuilder::max_queue`] says otherwise.
 pub const DEFAULT_MAX_QUEUE: usize = 65_536;
 
-impl EngineConfig {
-    /// Starts a builder for `role` with the given KV geometry.
-    pub fn builder(role: Role, geometry: KvGeometry) -> EngineConfigBuilder {
-        EngineConfigBuilder {
-            geometry,
-            role,
-            max_context: None,
-            page_size: 16,
-            pool_tokens: None,
-            headroom: Headroom::DEFAULT,
-            audit: None,
-            max_queue: DEFAULT_MAX_QUEUE,
-        }
+impl EngineConfig<Colocated> {
+    /// Starts a builder for a colocated [`crate::Engine`] with the given KV
+    /// geometry (its pool must hold 2x the window by default).
+    pub fn colocated(geometry: KvGeometry) -> EngineConfigBuilder<Colocated> {
+        EngineConfigBuilder::new(geometry)
     }
+}
 
+impl EngineConfig<Prefill> {
+    /// Starts a builder for a prefill worker with the given KV geometry (its
+    /// pool must hold 2x the window by default).
+    pub fn prefill(geometry: KvGeometry) -> EngineConfigBuilder<Prefill> {
+        EngineConfigBuilder::new(geometry)
+    }
+}
+
+impl EngineConfig<Decode> {
+    /// Starts a builder for a decode worker with the given KV geometry (its
+    /// pool must hold the window once: it never prefills).
+    pub fn decode(geometry: KvGeometry) -> EngineConfigBuilder<Decode> {
+        EngineConfigBuilder::new(geometry)
+    }
+}
+
+impl<R: RoleKind> EngineConfig<R> {
     pub fn geometry(&self) -> KvGeometry {
         self.geometry
     }
+    /// The role this configuration serves (its type parameter, as a value).
     pub fn role(&self) -> Role {
-        self.role
+        R::ROLE
     }
     /// The context window: prompt plus generated tokens never exceed it.
     pub fn max_context(&self) -> usize {
@@ -214,7 +169,7 @@ impl EngineConfig {
     }
     /// Pages one sequence of `tokens` tokens occupies.
     pub fn pages_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.page_size)
+        pages_for(tokens, self.page_size)
     }
     /// Bytes of one page (all layers, K and V).
     pub fn bytes_per_page(&self) -> usize {
@@ -238,27 +193,59 @@ impl EngineConfig {
     pub fn max_queue(&self) -> usize {
         self.max_queue
     }
-    /// Pool configuration to build this worker's [`crate::KvPool`] with.
-    pub fn pool_config(&self) -> crate::kv::PoolConfig {
-        crate::kv::PoolConfig::new(self.geometry, self.page_size, self.pool_pages).audit(self.audit)
+    /// What a released page's bytes become ([`EngineConfigBuilder::scrub`]).
+    pub fn scrub(&self) -> ScrubPolicy {
+        self.scrub
+    }
+    /// Pool configuration to build this worker's [`crate::KvPool`] with
+    /// (the same as `PoolConfig::from(&cfg)`).
+    pub fn pool_config(&self) -> PoolConfig {
+        PoolConfig::from(self)
     }
 }
 
-/// Builder for [`EngineConfig`]; see [`EngineConfig::builder`].
+impl<R: RoleKind> From<&EngineConfig<R>> for PoolConfig {
+    fn from(cfg: &EngineConfig<R>) -> Self {
+        PoolConfig::new(cfg.geometry, cfg.page_size, cfg.pool_pages)
+            .audit(cfg.audit)
+            .scrub(cfg.scrub)
+    }
+}
+
+/// Builder for [`EngineConfig`]`<R>`; see [`EngineConfig::colocated`],
+/// [`EngineConfig::prefill`] and [`EngineConfig::decode`].
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until build() is called"]
-pub struct EngineConfigBuilder {
+pub struct EngineConfigBuilder<R: RoleKind> {
     geometry: KvGeometry,
-    role: Role,
     max_context: Option<usize>,
     page_size: usize,
     pool_tokens: Option<usize>,
     headroom: Headroom,
     audit: Option<bool>,
+    scrub: ScrubPolicy,
     max_queue: usize,
+    role: PhantomData<R>,
 }
 
-impl EngineConfigBuilder {
+impl<R: RoleKind> EngineConfigBuilder<R> {
+    /// A builder for role `R` (generic code; otherwise start from
+    /// [`EngineConfig::colocated`], [`EngineConfig::prefill`] or
+    /// [`EngineConfig::decode`]).
+    pub fn new(geometry: KvGeometry) -> Self {
+        EngineConfigBuilder {
+            geometry,
+            max_context: None,
+            page_size: 16,
+            pool_tokens: None,
+            headroom: Headroom::DEFAULT,
+            audit: None,
+            scrub: ScrubPolicy::default(),
+            max_queue: DEFAULT_MAX_QUEUE,
+            role: PhantomData,
+        }
+    }
+
     /// The context window in tokens (required).
     pub fn max_context(mut self, tokens: usize) -> Self {
         self.max_context = Some(tokens);
@@ -287,6 +274,14 @@ impl EngineConfigBuilder {
         self
     }
 
+    /// What a page's bytes become when it returns to the pool (default
+    /// [`ScrubPolicy::Zero`]). The one place a deployment sets it: the
+    /// engine and both workers build their pool with it.
+    pub fn scrub(mut self, policy: ScrubPolicy) -> Self {
+        self.scrub = policy;
+        self
+    }
+
     /// Requests that may wait for pages at once (default
     /// [`DEFAULT_MAX_QUEUE`]); admission refuses the next with `QueueFull`
     /// (429), so a host gets backpressure instead of an ever longer queue.
@@ -298,7 +293,7 @@ impl EngineConfigBuilder {
 
     /// Validates and builds. Refuses a pool that cannot hold the context
     /// window (times the headroom for roles that prefill).
-    pub fn build(self) -> Result<EngineConfig, ConfigError> {
+    pub fn build(self) -> Result<EngineConfig<R>, ConfigError> {
         self.geometry.validate()?;
         let max_context = self.max_context.ok_or(ConfigError::Missing {
             field: "max_context",
@@ -331,26 +326,24 @@ impl EngineConfigBuilder {
             });
         }
         let pool_pages = pool_tokens / self.page_size;
-        let headroom = match self.role {
+        let headroom = match R::ROLE {
             Role::Colocated | Role::Prefill => self.headroom,
             Role::Decode => Headroom::MIN,
         };
         // Whole pages: a window of N tokens needs ceil(N / page_size) pages.
-        let required_pages = headroom
-            .required_tokens(max_context)
-            .div_ceil(self.page_size);
+        let required_pages = pages_for(headroom.required_tokens(max_context), self.page_size);
         if pool_pages < required_pages {
             // The largest window this pool does hold, for the advice: its
             // whole pages over the headroom, lowered until it fits.
             let fits =
-                |w: usize| headroom.required_tokens(w).div_ceil(self.page_size) <= pool_pages;
+                |w: usize| pages_for(headroom.required_tokens(w), self.page_size) <= pool_pages;
             let usable = pool_pages.saturating_mul(self.page_size);
             let mut max_fit = (usable as f64 / headroom.factor()).floor() as usize;
             while max_fit > 0 && !fits(max_fit) {
                 max_fit -= 1;
             }
             return Err(ConfigError::PoolCannotHoldWindow {
-                role: self.role,
+                role: R::ROLE,
                 pool_tokens,
                 max_context,
                 headroom: headroom.factor(),
@@ -365,7 +358,6 @@ impl EngineConfigBuilder {
             .ok_or(ConfigError::Overflow { what: "pool bytes" })?;
         Ok(EngineConfig {
             geometry: self.geometry,
-            role: self.role,
             max_context,
             page_size: self.page_size,
             pool_pages,
@@ -373,7 +365,9 @@ impl EngineConfigBuilder {
             audit: self
                 .audit
                 .unwrap_or(cfg!(any(debug_assertions, feature = "audit"))),
+            scrub: self.scrub,
             max_queue: self.max_queue,
+            role: PhantomData,
         })
     }
 }
@@ -430,6 +424,21 @@ pub enum ConfigError {
     Geometry(String),
 }
 
+/// A pool or geometry the kv layer refused, as the deployment error it is:
+/// the same variant, numbers and advice.
+impl From<PoolError> for ConfigError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Zero { field } => ConfigError::Zero { field },
+            PoolError::PageSizeNotPowerOfTwo { page_size } => {
+                ConfigError::PageSizeNotPowerOfTwo { page_size }
+            }
+            PoolError::Overflow { what } => ConfigError::Overflow { what },
+            PoolError::OutOfMemory { bytes } => ConfigError::OutOfMemory { bytes },
+        }
+    }
+}
+
 impl HttpStatus for ConfigError {
     fn http_status(&self) -> u16 {
         match self {
@@ -449,27 +458,30 @@ mod tests {
     #[test]
     fn the_advice_of_a_refused_window_is_a_window_that_builds() {
         // 100 tokens of pool are 6 whole pages of 16: 96 tokens.
-        let build = |role, max_context| {
-            EngineConfig::builder(role, geom())
+        fn build<R: RoleKind>(max_context: usize) -> Result<EngineConfig<R>, ConfigError> {
+            EngineConfigBuilder::<R>::new(geom())
                 .max_context(max_context)
                 .page_size(16)
                 .pool_tokens(100)
                 .build()
-        };
-        for (role, want) in [(Role::Decode, 96), (Role::Prefill, 48)] {
-            match build(role, 120) {
+        }
+        fn check<R: RoleKind>(want: usize) {
+            let role = R::ROLE;
+            match build::<R>(120) {
                 Err(e @ ConfigError::PoolCannotHoldWindow { max_fit, .. }) => {
                     assert_eq!(max_fit, want, "{role:?}");
                     assert!(
                         e.to_string().contains(&format!("at most {want} tokens")),
                         "{e}"
                     );
-                    assert!(build(role, max_fit).is_ok());
-                    assert!(build(role, max_fit + 1).is_err());
+                    assert!(build::<R>(max_fit).is_ok());
+                    assert!(build::<R>(max_fit + 1).is_err());
                 }
                 other => panic!("{other:?}"),
             }
         }
+        check::<Decode>(96);
+        check::<Prefill>(48);
     }
 
     #[test]
@@ -499,12 +511,12 @@ mod tests {
 
     #[test]
     fn decode_needs_one_window_prefill_two() {
-        let ok = EngineConfig::builder(Role::Decode, geom())
+        let ok = EngineConfig::decode(geom())
             .max_context(64)
             .pool_tokens(64)
             .build();
         assert!(ok.is_ok());
-        let refused = EngineConfig::builder(Role::Prefill, geom())
+        let refused = EngineConfig::prefill(geom())
             .max_context(64)
             .pool_tokens(64)
             .build();
@@ -527,7 +539,7 @@ mod tests {
     #[test]
     fn rounds_to_whole_pages() {
         // 100-token window with 16-token pages needs 7 pages = 112 slots.
-        let r = EngineConfig::builder(Role::Decode, geom())
+        let r = EngineConfig::decode(geom())
             .max_context(100)
             .page_size(16)
             .pool_tokens(111)
@@ -544,7 +556,7 @@ mod tests {
     #[test]
     fn bad_page_sizes_are_refused() {
         for ps in [0, 3, 24] {
-            let r = EngineConfig::builder(Role::Decode, geom())
+            let r = EngineConfig::decode(geom())
                 .max_context(1024)
                 .page_size(ps)
                 .pool_tokens(4096)

@@ -5,17 +5,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::backend::{Backend, CpuBackend};
-use crate::config::{EngineConfig, Role};
-use crate::engine::EngineError;
+use crate::config::{EngineConfig, Prefill};
+use crate::engine::{EngineError, setup};
 use crate::kv::{Filling, KvPool, KvSeq};
 use crate::model::{Model, Scratch};
 use crate::sampling::Sampler;
 use crate::sched::AdmissionLimits;
-use crate::transfer::config::TransferConfig;
-use crate::transfer::error::{TransferError, Wait};
-use crate::transfer::link::PrefillLink;
-use crate::transfer::prefill::{PrefillJob, PrefillSide};
-use crate::transfer::protocol::AbortReason;
+use crate::transfer::{
+    AbortReason, PrefillJob, PrefillLink, PrefillSide, TransferConfig, TransferError, Wait,
+};
 
 /// The prefill half of a disaggregated deployment.
 pub struct PrefillWorker<L: PrefillLink, B: Backend = CpuBackend> {
@@ -45,17 +43,17 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     pub fn new(
         link: L,
         model: Model<B>,
-        cfg: &EngineConfig,
+        cfg: EngineConfig<Prefill>,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        crate::engine::setup::check(&model, cfg, Role::Prefill)?;
+        setup::check(&model, &cfg)?;
         let pool = KvPool::new(cfg.pool_config())?;
         Self::with_pool(link, model, cfg, pool, transfer)
     }
 
-    /// [`PrefillWorker::new`] over a pool the host built, to choose its
-    /// [`ScrubPolicy`](crate::ScrubPolicy) (or keep a handle for its
-    /// stats): `KvPool::new(cfg.pool_config().scrub(policy))`. Any other
+    /// [`PrefillWorker::new`] over a pool the host built from the same
+    /// configuration (to keep a handle for its stats):
+    /// `KvPool::new(cfg.pool_config())`. Any other
     /// pool, one whose pages something holds, or one another worker took is
     /// refused ([`EngineError::PoolMismatch`], [`EngineError::PoolInUse`],
     /// [`EngineError::PoolClaimed`]). The host's own handle is for stats:
@@ -64,13 +62,13 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     pub fn with_pool(
         link: L,
         model: Model<B>,
-        cfg: &EngineConfig,
+        cfg: EngineConfig<Prefill>,
         pool: KvPool,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        crate::engine::setup::check(&model, cfg, Role::Prefill)?;
-        crate::engine::setup::check_pool(cfg, &pool)?;
-        let limits = AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size);
+        setup::check(&model, &cfg)?;
+        setup::check_pool(&cfg, &pool)?;
+        let limits = AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size);
         Ok(Self::build(
             link,
             model,
@@ -96,7 +94,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
         let window = limits.max_context();
-        crate::engine::setup::check_model(&model, pool.config().geometry(), window)?;
+        setup::check_model(&model, pool.config().geometry(), window)?;
         let limits = limits.vocab(model.config().vocab_size);
         Ok(Self::build(
             link,

@@ -1,0 +1,341 @@
+//! The generation core that the colocated [`Engine`](crate::Engine) and the
+//! [`DecodeWorker`](crate::engine::DecodeWorker) share: each request's client
+//! record (sampler, stream, canceller), the running sequences, the batched
+//! decode pass, streaming a token, and ending a request exactly once with
+//! its count. The engine adds admission, prefill and preemption on top; the
+//! decode worker adds landing verified KV.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use crate::backend::Backend;
+use crate::engine::{Canceller, EngineError, Event, FinishReason, Outcome, RequestHandle, Tally};
+use crate::ids::RequestId;
+use crate::kv::{Filling, KvSeq, Ready};
+use crate::model::{ForwardError, Model, Scratch};
+use crate::request::Request;
+use crate::sampling::Sampler;
+
+/// A request known to a server (waiting, transferring or running).
+struct Client {
+    /// Tokens streamed so far (a preempted request recomputes them).
+    generated: Vec<u32>,
+    max_new: usize,
+    sampler: Sampler,
+    tx: Sender<Event>,
+    cancel: Canceller,
+}
+
+/// A request with verified or sealed KV, generating.
+pub(crate) struct Running {
+    pub(crate) req: Request,
+    pub(crate) seq: KvSeq<Ready>,
+    /// The token to feed at the next decode step.
+    pub(crate) next: u32,
+}
+
+/// What streaming one token did to its request.
+pub(crate) enum Delivery {
+    /// Streamed; this token is the next input.
+    Continue(u32),
+    /// The request ends with this outcome (the caller ends it).
+    End(Outcome),
+}
+
+/// A decode pass that failed: every sequence in it has released its pages
+/// (its KV may be half-written); the caller decides whether the requests
+/// recompute or fail.
+pub(crate) struct PassFailed {
+    pub(crate) error: ForwardError,
+    pub(crate) reqs: Vec<Request>,
+}
+
+/// The shared core. See the module documentation.
+pub(crate) struct Generator<B: Backend> {
+    pub(crate) model: Model<B>,
+    pub(crate) scratch: Scratch<B>,
+    clients: HashMap<RequestId, Client>,
+    /// In the order they started, oldest first.
+    running: Vec<Running>,
+    tokens: Vec<u32>,
+    /// This step's counts so far.
+    step: Tally,
+    /// Every finished step's counts.
+    total: Tally,
+}
+
+impl<B: Backend> Generator<B> {
+    pub(crate) fn new(model: Model<B>) -> Self {
+        Generator {
+            scratch: model.scratch(),
+            model,
+            clients: HashMap::new(),
+            running: Vec::new(),
+            tokens: Vec::new(),
+            step: Tally::default(),
+            total: Tally::default(),
+        }
+    }
+
+    /// True when no request is live.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.clients.is_empty()
+    }
+    pub(crate) fn is_live(&self, id: RequestId) -> bool {
+        self.clients.contains_key(&id)
+    }
+    pub(crate) fn running(&self) -> &[Running] {
+        &self.running
+    }
+    /// Tokens `id` has streamed so far (empty if it is not live).
+    pub(crate) fn generated(&self, id: RequestId) -> &[u32] {
+        self.clients.get(&id).map_or(&[], |c| &c.generated)
+    }
+    /// Every step's counts so far (and rejected submissions).
+    pub(crate) fn tally(&self) -> Tally {
+        let mut t = self.total;
+        t.add(&self.step);
+        t
+    }
+
+    /// Ends the current step: returns its counts and adds them to the total.
+    pub(crate) fn take_step(&mut self) -> Tally {
+        let step = std::mem::take(&mut self.step);
+        self.total.add(&step);
+        step
+    }
+    /// The current step's counts, to add what only the caller knows.
+    pub(crate) fn step_mut(&mut self) -> &mut Tally {
+        &mut self.step
+    }
+
+    /// Registers an admitted request and returns its client's handle.
+    pub(crate) fn register(
+        &mut self,
+        id: RequestId,
+        max_new: usize,
+        sampler: Sampler,
+    ) -> RequestHandle {
+        let (tx, events) = crossbeam_channel::unbounded();
+        let cancel = Canceller::default();
+        self.clients.insert(
+            id,
+            Client {
+                generated: Vec::new(),
+                max_new,
+                sampler,
+                tx,
+                cancel: cancel.clone(),
+            },
+        );
+        RequestHandle::new(id, events, cancel)
+    }
+
+    /// Counts a submission turned away before it was registered.
+    pub(crate) fn count_rejected(&mut self) {
+        self.total.rejected += 1;
+    }
+
+    /// Live requests whose client has cancelled (or dropped its handle).
+    pub(crate) fn cancelled(&self) -> Vec<RequestId> {
+        self.clients
+            .iter()
+            .filter(|(_, c)| c.cancel.is_cancelled())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+    /// Cancels `id` as its client would (an injected fault's cancel).
+    pub(crate) fn cancel_as_client(&self, id: RequestId) {
+        if let Some(c) = self.clients.get(&id) {
+            c.cancel.cancel();
+        }
+    }
+
+    /// Starts generating `r`.
+    pub(crate) fn start(&mut self, r: Running) {
+        self.running.push(r);
+    }
+    /// Takes `id` out of the running set, pages released; its request back.
+    pub(crate) fn stop_running(&mut self, id: RequestId) -> Option<Request> {
+        let i = self.running.iter().position(|r| r.req.id == id)?;
+        let r = self.running.remove(i);
+        r.seq.release();
+        Some(r.req)
+    }
+    /// Takes every running sequence out, pages released; their requests back.
+    pub(crate) fn stop_all_running(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.running)
+            .into_iter()
+            .map(|r| {
+                r.seq.release();
+                r.req
+            })
+            .collect()
+    }
+    /// Makes room for one more token in every running sequence; returns the
+    /// ids that could not grow (the pool disagreed with the plan).
+    pub(crate) fn grow_running(&mut self) -> Vec<RequestId> {
+        let mut stuck = Vec::new();
+        for r in &mut self.running {
+            let need = r.seq.complete_len().unwrap_or(0) + 1;
+            if r.seq.ensure_capacity(need).is_err() {
+                stuck.push(r.req.id);
+            }
+        }
+        stuck
+    }
+
+    /// Streams a token another worker sampled for `id` (decode's first
+    /// token, drawn by prefill from this request's random stream): the
+    /// stream advances past it (a greedy sampler draws nothing; any other
+    /// draws exactly once per token), so later tokens match colocated
+    /// serving.
+    pub(crate) fn deliver_drawn(&mut self, id: RequestId, token: u32) -> Option<Delivery> {
+        let c = self.clients.get_mut(&id)?;
+        let _ = c.sampler.sample(&[0.0]);
+        Some(stream(c, token))
+    }
+
+    /// Prefills `seqs` with `inputs` in one batched pass, then samples and
+    /// streams each request's first token (`None` where the request is no
+    /// longer live). On a failed pass nothing is streamed.
+    pub(crate) fn prefill(
+        &mut self,
+        seqs: &mut [KvSeq<Filling>],
+        inputs: &[Vec<u32>],
+        ids: &[RequestId],
+    ) -> Result<Vec<Option<Delivery>>, ForwardError> {
+        let mut refs: Vec<&mut KvSeq<Filling>> = seqs.iter_mut().collect();
+        let prompts: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+        let logits = self.model.prefill(&mut self.scratch, &mut refs, &prompts)?;
+        let step = &mut self.step;
+        step.prefilled += ids.len() as u64;
+        step.prefill_tokens += inputs.iter().map(|i| i.len() as u64).sum::<u64>();
+        Ok(ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let c = self.clients.get_mut(id)?;
+                Some(sample_and_stream(c, logits.row(i)))
+            })
+            .collect())
+    }
+
+    /// Decodes one token for every running sequence in one batched pass and
+    /// ends those that finish.
+    pub(crate) fn decode(&mut self) -> Result<(), PassFailed> {
+        if self.running.is_empty() {
+            return Ok(());
+        }
+        self.tokens.clear();
+        self.tokens.extend(self.running.iter().map(|r| r.next));
+        let result = {
+            let mut refs: Vec<&mut KvSeq<Ready>> =
+                self.running.iter_mut().map(|r| &mut r.seq).collect();
+            self.model
+                .decode(&mut self.scratch, &mut refs, &self.tokens)
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(error) => {
+                let reqs = self.stop_all_running();
+                return Err(PassFailed { error, reqs });
+            }
+        };
+        self.step.decoded += self.running.len() as u64;
+        let mut ended = Vec::new();
+        for (i, r) in self.running.iter_mut().enumerate() {
+            let Some(c) = self.clients.get_mut(&r.req.id) else {
+                continue;
+            };
+            match sample_and_stream(c, logits.row(i)) {
+                Delivery::Continue(next) => r.next = next,
+                Delivery::End(outcome) => ended.push((r.req.id, outcome)),
+            }
+        }
+        for (id, outcome) in ended {
+            self.stop_running(id);
+            self.end(id, outcome);
+        }
+        Ok(())
+    }
+
+    /// Sends `id`'s final outcome, counts it, and forgets the client.
+    /// False if `id` was not live (it ended already).
+    pub(crate) fn end(&mut self, id: RequestId, outcome: Outcome) -> bool {
+        let Some(c) = self.clients.remove(&id) else {
+            return false;
+        };
+        self.step.count(&outcome);
+        let _ = c.tx.send(Event::Done(outcome));
+        true
+    }
+
+    /// Ends every live request with `outcome_for(id, generated)`; returns
+    /// their ids.
+    pub(crate) fn end_all(
+        &mut self,
+        mut outcome_for: impl FnMut(RequestId, &[u32]) -> Outcome,
+    ) -> Vec<RequestId> {
+        let ids: Vec<RequestId> = self.clients.keys().copied().collect();
+        for &id in &ids {
+            let outcome = outcome_for(id, self.generated(id));
+            self.end(id, outcome);
+        }
+        ids
+    }
+}
+
+/// Samples `c`'s next token from `logits` and streams it.
+fn sample_and_stream(c: &mut Client, logits: &[f32]) -> Delivery {
+    match c.sampler.sample(logits) {
+        Ok(token) => stream(c, token),
+        Err(e) => Delivery::End(Outcome::Failed(EngineError::Sampling(e))),
+    }
+}
+
+/// Streams `token` to `c`'s client and says whether its request goes on.
+fn stream(c: &mut Client, token: u32) -> Delivery {
+    c.generated.push(token);
+    if c.tx.send(Event::Token(token)).is_err() {
+        // The client is gone: stop spending pages on it.
+        return Delivery::End(Outcome::Cancelled);
+    }
+    if c.sampler.is_stop(token) {
+        Delivery::End(Outcome::Finished(FinishReason::Stop(token)))
+    } else if c.generated.len() >= c.max_new {
+        Delivery::End(Outcome::Finished(FinishReason::Length))
+    } else {
+        Delivery::Continue(token)
+    }
+}
+
+/// A server stepped by its owner: the colocated engine or a decode worker.
+pub(crate) trait Steps {
+    fn idle(&self) -> bool;
+    fn step_once(&mut self) -> Tally;
+    /// True when a step that did nothing means no later step will either
+    /// (a colocated engine waits on nobody; a decode worker waits on its
+    /// peer, so an empty step is normal there).
+    fn stalled(&self, step: &Tally) -> bool;
+}
+
+/// Steps `s` until no request is live, a step stalls, or `limit` passes.
+/// Returns the steps taken and whether `s` is idle.
+pub(crate) fn run_until_idle<S: Steps>(s: &mut S, limit: Option<Duration>) -> (usize, bool) {
+    let start = Instant::now();
+    let mut steps = 0;
+    while !s.idle() {
+        if limit.is_some_and(|l| start.elapsed() >= l) {
+            return (steps, false);
+        }
+        steps += 1;
+        let step = s.step_once();
+        if s.stalled(&step) {
+            break;
+        }
+    }
+    (steps, s.idle())
+}

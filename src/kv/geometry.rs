@@ -1,0 +1,80 @@
+//! The shape of KV: what one token stores in every layer, and in which
+//! element type. A leaf type: the pool sizes pages from it, configurations
+//! check pools against it, backends lay out attention by it.
+
+use crate::kv::PoolError;
+
+/// Element type of KV storage. Attention always accumulates in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl KvDtype {
+    /// Bytes per stored element.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::BF16 => 2,
+        }
+    }
+
+    /// Parses `f32`, `f16` or `bf16`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(KvDtype::F32),
+            "f16" => Some(KvDtype::F16),
+            "bf16" => Some(KvDtype::BF16),
+            _ => None,
+        }
+    }
+}
+
+/// The shape of one token's KV across the whole model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvGeometry {
+    /// Transformer layers; every layer stores K and V for every token.
+    pub n_layers: usize,
+    /// Key/value heads (grouped-query attention: fewer than query heads).
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Storage element type.
+    pub dtype: KvDtype,
+}
+
+impl KvGeometry {
+    /// Elements of K (or of V) for one token in one layer.
+    pub const fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Bytes of KV (K and V, all layers) one token occupies.
+    pub const fn bytes_per_token(&self) -> usize {
+        self.n_layers * 2 * self.kv_dim() * self.dtype.size_bytes()
+    }
+
+    /// Checks that no size is zero and that the sizes do not overflow.
+    pub fn validate(&self) -> Result<(), PoolError> {
+        for (name, v) in [
+            ("n_layers", self.n_layers),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(PoolError::Zero { field: name });
+            }
+        }
+        self.n_layers
+            .checked_mul(2)
+            .and_then(|x| x.checked_mul(self.n_kv_heads))
+            .and_then(|x| x.checked_mul(self.head_dim))
+            .and_then(|x| x.checked_mul(self.dtype.size_bytes()))
+            .map(|_| ())
+            .ok_or(PoolError::Overflow {
+                what: "bytes per token",
+            })
+    }
+}
