@@ -1,0 +1,288 @@
+//! The host's own cost per step: what the engine and the decode worker
+//! spend outside the model (admission, batching, page accounting, page
+//! tables, sampling, delivery), measured on a backend that computes
+//! nothing, at 1, 32, 256 and 1,024 running sequences. Then, on
+//! stories260K when it is present, the engine's single-stream tokens/s
+//! against a bare `Model::decode` loop, side by side in one run.
+//!
+//! `cargo bench --bench host_step`. Goals (issue #14): at most 100 us per
+//! step per 1,000 sequences; the engine at least 0.8x the bare loop.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use handoff::backend::{AttnShape, Backend, BackendError, Rope};
+use handoff::kv::{KvSeq, LayerView, Writable};
+use handoff::model::{Model, ModelConfig, random_weights};
+use handoff::transfer::{InProcess, Transfer, TransferConfig};
+use handoff::{
+    BatchLimits, DecodeWorker, Engine, EngineConfig, EngineOptions, KvDtype, PrefillWorker,
+    Request, RequestHandle, RequestId, TenantId,
+};
+
+/// A backend that computes nothing: every op only sizes its output, and KV
+/// appends write zeros, so pages, written counts and views are real.
+struct NullBackend;
+
+/// An activation buffer that is only a length.
+#[derive(Default)]
+struct Len(usize);
+
+/// Zeros to append as KV (tiny geometry: 2 elements per token and layer).
+static ZEROS: [f32; 1 << 16] = [0.0; 1 << 16];
+
+impl Backend for NullBackend {
+    type Buf = Len;
+    type Mat = (usize, usize);
+
+    fn name(&self) -> &'static str {
+        "null"
+    }
+    fn upload(&self, _: Vec<f32>, rows: usize, cols: usize) -> Result<(usize, usize), BackendError> {
+        Ok((rows, cols))
+    }
+    fn shape(&self, m: &(usize, usize)) -> (usize, usize) {
+        *m
+    }
+    fn len(&self, buf: &Len) -> usize {
+        buf.0
+    }
+    fn to_host(&self, buf: &Len, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        out.clear();
+        out.resize(buf.0, 0.0);
+        Ok(())
+    }
+    fn embed(&self, t: &(usize, usize), tokens: &[u32], out: &mut Len) -> Result<(), BackendError> {
+        out.0 = tokens.len() * t.1;
+        Ok(())
+    }
+    fn rms_norm(&self, x: &Len, _: &(usize, usize), _: f32, out: &mut Len) -> Result<(), BackendError> {
+        out.0 = x.0;
+        Ok(())
+    }
+    fn matmul(&self, x: &Len, w: &(usize, usize), out: &mut Len) -> Result<(), BackendError> {
+        out.0 = x.0 / w.1 * w.0;
+        Ok(())
+    }
+    fn add_bias(&self, _: &mut Len, _: &(usize, usize)) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn add_assign(&self, _: &mut Len, _: &Len) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn rope(&self, _: &mut Len, _: &[usize], _: Rope) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn swiglu(&self, _: &mut Len, _: &Len) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn gather_rows(&self, _: &Len, cols: usize, rows: &[usize], out: &mut Len) -> Result<(), BackendError> {
+        out.0 = rows.len() * cols;
+        Ok(())
+    }
+    fn kv_append<S: Writable>(
+        &self,
+        seq: &mut KvSeq<S>,
+        layer: usize,
+        _k: &Len,
+        _v: &Len,
+        rows: Range<usize>,
+    ) -> Result<(), BackendError> {
+        let n = rows.len() * seq.pool().config().geometry().kv_dim();
+        for chunk in (0..n).step_by(ZEROS.len()) {
+            let m = (n - chunk).min(ZEROS.len());
+            seq.append(layer, &ZEROS[..m], &ZEROS[..m])?;
+        }
+        Ok(())
+    }
+    fn attention_prefill(
+        &self,
+        q: &Len,
+        _: &[LayerView<'_>],
+        _: &[handoff::backend::SeqSpan],
+        _: AttnShape,
+        out: &mut Len,
+    ) -> Result<(), BackendError> {
+        out.0 = q.0;
+        Ok(())
+    }
+    fn attention_decode(&self, q: &Len, _: &[LayerView<'_>], _: AttnShape, out: &mut Len) -> Result<(), BackendError> {
+        out.0 = q.0;
+        Ok(())
+    }
+}
+
+const PROMPT: usize = 4;
+const WARM_STEPS: usize = 3;
+const TIMED_STEPS: usize = 50;
+const MAX_NEW: usize = WARM_STEPS + TIMED_STEPS + 16;
+const WINDOW: usize = 128;
+
+fn model_config() -> ModelConfig {
+    // One layer, one KV head of 2: the KV bytes are negligible, the page
+    // bookkeeping is not.
+    let mut c = ModelConfig::tiny_gqa();
+    c.n_layers = 1;
+    c.vocab_size = 32;
+    c
+}
+
+fn null_model() -> Model<NullBackend> {
+    Model::new(NullBackend, random_weights(&model_config(), 1)).expect("null model")
+}
+
+fn requests(n: usize) -> Vec<Request> {
+    (0..n)
+        .map(|i| Request::new(RequestId(i as u64), TenantId(i as u64 % 8), vec![1; PROMPT], MAX_NEW))
+        .collect()
+}
+
+/// Host microseconds per colocated engine step with `n` sequences running.
+fn engine_step_us(n: usize) -> f64 {
+    let m = null_model();
+    let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
+        .max_context(WINDOW)
+        .pool_tokens(2 * WINDOW * n.max(2))
+        .build()
+        .expect("config");
+    let opts = EngineOptions {
+        limits: BatchLimits {
+            max_running: n,
+            max_prefill_tokens: 1 << 20,
+        },
+    };
+    let mut e = Engine::with_options(m, cfg, opts).expect("engine");
+    let handles: Vec<RequestHandle> = requests(n).into_iter().map(|r| e.submit(r).expect("admitted")).collect();
+    for _ in 0..WARM_STEPS {
+        e.step();
+    }
+    assert_eq!(e.running(), n, "every sequence runs before timing");
+    let t = Instant::now();
+    for _ in 0..TIMED_STEPS {
+        e.step();
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / TIMED_STEPS as f64;
+    drop(handles);
+    e.run_until_idle();
+    assert!(e.pool_stats().is_full());
+    us
+}
+
+/// Host microseconds per decode-worker step with `n` sequences generating
+/// (their KV computed by a null prefill worker and verified on landing).
+fn decode_step_us(n: usize) -> f64 {
+    let g = null_model().kv_geometry(KvDtype::F32);
+    let t = TransferConfig::default();
+    let (p, d) = InProcess.connect(&t).expect("link");
+    let pcfg = EngineConfig::prefill(g).max_context(WINDOW).pool_tokens(2 * WINDOW * n.max(2)).build().expect("prefill config");
+    let dcfg = EngineConfig::decode(g).max_context(WINDOW).pool_tokens(WINDOW * n.max(2)).build().expect("decode config");
+    let mut prefill = PrefillWorker::new(p, null_model(), pcfg, t.clone()).expect("prefill");
+    let mut decode = DecodeWorker::new(d, null_model(), dcfg, t).expect("decode").with_idle_wait(Duration::from_millis(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let prefill_thread = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = prefill.run(&stop);
+            prefill.shutdown();
+        })
+    };
+    let handles: Vec<RequestHandle> = requests(n).into_iter().map(|r| decode.submit(r).expect("admitted")).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while decode.tally().landed < n as u64 && Instant::now() < deadline {
+        decode.step();
+    }
+    assert_eq!(decode.tally().landed, n as u64, "every sequence landed before timing");
+    let t0 = Instant::now();
+    for _ in 0..TIMED_STEPS {
+        decode.step();
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / TIMED_STEPS as f64;
+    drop(handles);
+    decode.run_until_idle();
+    stop.store(true, Ordering::Release);
+    let _ = prefill_thread.join();
+    assert!(decode.pool().stats().is_full());
+    us
+}
+
+/// stories260K single-stream: the engine's tokens/s and a bare
+/// `Model::decode` loop's, over the same prompt and number of tokens.
+fn stories_side_by_side() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/stories260K.bin");
+    let Ok(w) = handoff::model::load_llama2c(&path) else {
+        println!("SKIP stories260K engine-vs-bare: {} not found", path.display());
+        return;
+    };
+    let new = 400;
+    let prompt: Vec<u32> = vec![1, 5, 9, 13];
+    // Bare loop: prefill once, then decode one token at a time, greedy.
+    let bare = || {
+        let m = Model::cpu(w.clone()).expect("model");
+        let pool = handoff::KvPool::new(handoff::PoolConfig::new(m.kv_geometry(KvDtype::F32), 16, 64)).expect("pool");
+        let mut scratch = m.scratch();
+        let mut seq = pool.reserve(RequestId(1), prompt.len() + new).expect("pages");
+        let t = Instant::now();
+        let mut next = {
+            let logits = m.prefill(&mut scratch, &mut [&mut seq], &[&prompt]).expect("prefill");
+            argmax(logits.row(0))
+        };
+        let mut seq = seq.seal(prompt.len()).expect("sealed");
+        for _ in 1..new {
+            let logits = m.decode(&mut scratch, &mut [&mut seq], &[next]).expect("decode");
+            next = argmax(logits.row(0));
+        }
+        new as f64 / t.elapsed().as_secs_f64()
+    };
+    let engine = || {
+        let m = Model::cpu(w.clone()).expect("model");
+        let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32)).max_context(512).pool_tokens(1024).build().expect("config");
+        let mut e = Engine::new(m, cfg).expect("engine");
+        let t = Instant::now();
+        let h = e.submit(Request::new(RequestId(1), TenantId(1), prompt.clone(), new)).expect("admitted");
+        e.run_until_idle();
+        let (tokens, _) = h.wait();
+        assert_eq!(tokens.len(), new);
+        new as f64 / t.elapsed().as_secs_f64()
+    };
+    // Alternate, best of five each, so both see the same machine.
+    let (mut b, mut en) = (0f64, 0f64);
+    for _ in 0..5 {
+        b = b.max(bare());
+        en = en.max(engine());
+    }
+    println!("stories260K single-stream: bare Model::decode {b:.0} tok/s, Engine {en:.0} tok/s, engine/bare = {:.2} (goal >= 0.8)", en / b);
+    println!("engine_vs_bare_stories260k={:.2}", en / b);
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn main() {
+    // `cargo test` runs benches with --bench absent: keep that quick.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let sizes: &[usize] = if quick { &[1, 32] } else { &[1, 32, 256, 1024] };
+    println!("host cost per step on a backend that computes nothing ({TIMED_STEPS} steps each)");
+    println!("{:>8} {:>14} {:>14} {:>16} {:>16}", "running", "engine us", "decode us", "engine us/1k", "decode us/1k");
+    for &n in sizes {
+        let e = engine_step_us(n);
+        let d = decode_step_us(n);
+        let per_k = |us: f64| us * 1000.0 / n as f64;
+        println!("{n:>8} {e:>14.1} {d:>14.1} {:>16.1} {:>16.1}", per_k(e), per_k(d));
+        if n == 1024 {
+            println!("host_us_per_step_per_1k_engine={:.1}", per_k(e));
+            println!("host_us_per_step_per_1k_decode={:.1}", per_k(d));
+        }
+    }
+    if !quick {
+        stories_side_by_side();
+    }
+}
