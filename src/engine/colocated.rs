@@ -202,8 +202,13 @@ impl<B: Backend> Engine<B> {
             self.preempt(id);
         }
         let newly = self.prefill(plan.admit);
-        if let Err(failed) = self.core.decode() {
-            self.pass_failed(failed);
+        match self.core.decode() {
+            Ok(ended) => {
+                for id in ended {
+                    self.sched.finish(id);
+                }
+            }
+            Err(failed) => self.pass_failed(failed),
         }
         for r in newly {
             self.core.start(r);

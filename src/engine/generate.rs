@@ -224,10 +224,11 @@ impl<B: Backend> Generator<B> {
     }
 
     /// Decodes one token for every running sequence in one batched pass and
-    /// ends those that finish.
-    pub(crate) fn decode(&mut self) -> Result<(), PassFailed> {
+    /// ends those that finish; returns their ids (a server that tracks ids
+    /// elsewhere, as the scheduler does, frees them).
+    pub(crate) fn decode(&mut self) -> Result<Vec<RequestId>, PassFailed> {
         if self.running.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         self.tokens.clear();
         self.tokens.extend(self.running.iter().map(|r| r.next));
@@ -255,11 +256,13 @@ impl<B: Backend> Generator<B> {
                 Delivery::End(outcome) => ended.push((r.req.id, outcome)),
             }
         }
+        let mut ids = Vec::with_capacity(ended.len());
         for (id, outcome) in ended {
             self.stop_running(id);
             self.end(id, outcome);
+            ids.push(id);
         }
-        Ok(())
+        Ok(ids)
     }
 
     /// Sends `id`'s final outcome, counts it, and forgets the client.
