@@ -40,7 +40,12 @@ impl Backend for NullBackend {
     fn name(&self) -> &'static str {
         "null"
     }
-    fn upload(&self, _: Vec<f32>, rows: usize, cols: usize) -> Result<(usize, usize), BackendError> {
+    fn upload(
+        &self,
+        _: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(usize, usize), BackendError> {
         Ok((rows, cols))
     }
     fn shape(&self, m: &(usize, usize)) -> (usize, usize) {
@@ -58,7 +63,13 @@ impl Backend for NullBackend {
         out.0 = tokens.len() * t.1;
         Ok(())
     }
-    fn rms_norm(&self, x: &Len, _: &(usize, usize), _: f32, out: &mut Len) -> Result<(), BackendError> {
+    fn rms_norm(
+        &self,
+        x: &Len,
+        _: &(usize, usize),
+        _: f32,
+        out: &mut Len,
+    ) -> Result<(), BackendError> {
         out.0 = x.0;
         Ok(())
     }
@@ -78,7 +89,13 @@ impl Backend for NullBackend {
     fn swiglu(&self, _: &mut Len, _: &Len) -> Result<(), BackendError> {
         Ok(())
     }
-    fn gather_rows(&self, _: &Len, cols: usize, rows: &[usize], out: &mut Len) -> Result<(), BackendError> {
+    fn gather_rows(
+        &self,
+        _: &Len,
+        cols: usize,
+        rows: &[usize],
+        out: &mut Len,
+    ) -> Result<(), BackendError> {
         out.0 = rows.len() * cols;
         Ok(())
     }
@@ -108,7 +125,13 @@ impl Backend for NullBackend {
         out.0 = q.0;
         Ok(())
     }
-    fn attention_decode(&self, q: &Len, _: &[LayerView<'_>], _: AttnShape, out: &mut Len) -> Result<(), BackendError> {
+    fn attention_decode(
+        &self,
+        q: &Len,
+        _: &[LayerView<'_>],
+        _: AttnShape,
+        out: &mut Len,
+    ) -> Result<(), BackendError> {
         out.0 = q.0;
         Ok(())
     }
@@ -135,7 +158,14 @@ fn null_model() -> Model<NullBackend> {
 
 fn requests(n: usize) -> Vec<Request> {
     (0..n)
-        .map(|i| Request::new(RequestId(i as u64), TenantId(i as u64 % 8), vec![1; PROMPT], MAX_NEW))
+        .map(|i| {
+            Request::new(
+                RequestId(i as u64),
+                TenantId(i as u32 % 8),
+                vec![1; PROMPT],
+                MAX_NEW,
+            )
+        })
         .collect()
 }
 
@@ -154,7 +184,10 @@ fn engine_step_us(n: usize) -> f64 {
         },
     };
     let mut e = Engine::with_options(m, cfg, opts).expect("engine");
-    let handles: Vec<RequestHandle> = requests(n).into_iter().map(|r| e.submit(r).expect("admitted")).collect();
+    let handles: Vec<RequestHandle> = requests(n)
+        .into_iter()
+        .map(|r| e.submit(r).expect("admitted"))
+        .collect();
     for _ in 0..WARM_STEPS {
         e.step();
     }
@@ -176,10 +209,20 @@ fn decode_step_us(n: usize) -> f64 {
     let g = null_model().kv_geometry(KvDtype::F32);
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).expect("link");
-    let pcfg = EngineConfig::prefill(g).max_context(WINDOW).pool_tokens(2 * WINDOW * n.max(2)).build().expect("prefill config");
-    let dcfg = EngineConfig::decode(g).max_context(WINDOW).pool_tokens(WINDOW * n.max(2)).build().expect("decode config");
+    let pcfg = EngineConfig::prefill(g)
+        .max_context(WINDOW)
+        .pool_tokens(2 * WINDOW * n.max(2))
+        .build()
+        .expect("prefill config");
+    let dcfg = EngineConfig::decode(g)
+        .max_context(WINDOW)
+        .pool_tokens(WINDOW * n.max(2))
+        .build()
+        .expect("decode config");
     let mut prefill = PrefillWorker::new(p, null_model(), pcfg, t.clone()).expect("prefill");
-    let mut decode = DecodeWorker::new(d, null_model(), dcfg, t).expect("decode").with_idle_wait(Duration::from_millis(1));
+    let mut decode = DecodeWorker::new(d, null_model(), dcfg, t)
+        .expect("decode")
+        .with_idle_wait(Duration::from_millis(1));
     let stop = Arc::new(AtomicBool::new(false));
     let prefill_thread = {
         let stop = stop.clone();
@@ -188,12 +231,19 @@ fn decode_step_us(n: usize) -> f64 {
             prefill.shutdown();
         })
     };
-    let handles: Vec<RequestHandle> = requests(n).into_iter().map(|r| decode.submit(r).expect("admitted")).collect();
+    let handles: Vec<RequestHandle> = requests(n)
+        .into_iter()
+        .map(|r| decode.submit(r).expect("admitted"))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     while decode.tally().landed < n as u64 && Instant::now() < deadline {
         decode.step();
     }
-    assert_eq!(decode.tally().landed, n as u64, "every sequence landed before timing");
+    assert_eq!(
+        decode.tally().landed,
+        n as u64,
+        "every sequence landed before timing"
+    );
     let t0 = Instant::now();
     for _ in 0..TIMED_STEPS {
         decode.step();
@@ -210,9 +260,13 @@ fn decode_step_us(n: usize) -> f64 {
 /// stories260K single-stream: the engine's tokens/s and a bare
 /// `Model::decode` loop's, over the same prompt and number of tokens.
 fn stories_side_by_side() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/stories260K.bin");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/stories260K.bin");
     let Ok(w) = handoff::model::load_llama2c(&path) else {
-        println!("SKIP stories260K engine-vs-bare: {} not found", path.display());
+        println!(
+            "SKIP stories260K engine-vs-bare: {} not found",
+            path.display()
+        );
         return;
     };
     let new = 400;
@@ -220,27 +274,44 @@ fn stories_side_by_side() {
     // Bare loop: prefill once, then decode one token at a time, greedy.
     let bare = || {
         let m = Model::cpu(w.clone()).expect("model");
-        let pool = handoff::KvPool::new(handoff::PoolConfig::new(m.kv_geometry(KvDtype::F32), 16, 64)).expect("pool");
+        let pool = handoff::KvPool::new(handoff::PoolConfig::new(
+            m.kv_geometry(KvDtype::F32),
+            16,
+            64,
+        ))
+        .expect("pool");
         let mut scratch = m.scratch();
-        let mut seq = pool.reserve(RequestId(1), prompt.len() + new).expect("pages");
+        let mut seq = pool
+            .reserve(RequestId(1), prompt.len() + new)
+            .expect("pages");
         let t = Instant::now();
         let mut next = {
-            let logits = m.prefill(&mut scratch, &mut [&mut seq], &[&prompt]).expect("prefill");
+            let logits = m
+                .prefill(&mut scratch, &mut [&mut seq], &[&prompt])
+                .expect("prefill");
             argmax(logits.row(0))
         };
         let mut seq = seq.seal(prompt.len()).expect("sealed");
         for _ in 1..new {
-            let logits = m.decode(&mut scratch, &mut [&mut seq], &[next]).expect("decode");
+            let logits = m
+                .decode(&mut scratch, &mut [&mut seq], &[next])
+                .expect("decode");
             next = argmax(logits.row(0));
         }
         new as f64 / t.elapsed().as_secs_f64()
     };
     let engine = || {
         let m = Model::cpu(w.clone()).expect("model");
-        let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32)).max_context(512).pool_tokens(1024).build().expect("config");
+        let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
+            .max_context(512)
+            .pool_tokens(1024)
+            .build()
+            .expect("config");
         let mut e = Engine::new(m, cfg).expect("engine");
         let t = Instant::now();
-        let h = e.submit(Request::new(RequestId(1), TenantId(1), prompt.clone(), new)).expect("admitted");
+        let h = e
+            .submit(Request::new(RequestId(1), TenantId(1), prompt.clone(), new))
+            .expect("admitted");
         e.run_until_idle();
         let (tokens, _) = h.wait();
         assert_eq!(tokens.len(), new);
@@ -252,7 +323,10 @@ fn stories_side_by_side() {
         b = b.max(bare());
         en = en.max(engine());
     }
-    println!("stories260K single-stream: bare Model::decode {b:.0} tok/s, Engine {en:.0} tok/s, engine/bare = {:.2} (goal >= 0.8)", en / b);
+    println!(
+        "stories260K single-stream: bare Model::decode {b:.0} tok/s, Engine {en:.0} tok/s, engine/bare = {:.2} (goal >= 0.8)",
+        en / b
+    );
     println!("engine_vs_bare_stories260k={:.2}", en / b);
 }
 
@@ -271,12 +345,19 @@ fn main() {
     let quick = !std::env::args().any(|a| a == "--bench");
     let sizes: &[usize] = if quick { &[1, 32] } else { &[1, 32, 256, 1024] };
     println!("host cost per step on a backend that computes nothing ({TIMED_STEPS} steps each)");
-    println!("{:>8} {:>14} {:>14} {:>16} {:>16}", "running", "engine us", "decode us", "engine us/1k", "decode us/1k");
+    println!(
+        "{:>8} {:>14} {:>14} {:>16} {:>16}",
+        "running", "engine us", "decode us", "engine us/1k", "decode us/1k"
+    );
     for &n in sizes {
         let e = engine_step_us(n);
         let d = decode_step_us(n);
         let per_k = |us: f64| us * 1000.0 / n as f64;
-        println!("{n:>8} {e:>14.1} {d:>14.1} {:>16.1} {:>16.1}", per_k(e), per_k(d));
+        println!(
+            "{n:>8} {e:>14.1} {d:>14.1} {:>16.1} {:>16.1}",
+            per_k(e),
+            per_k(d)
+        );
         if n == 1024 {
             println!("host_us_per_step_per_1k_engine={:.1}", per_k(e));
             println!("host_us_per_step_per_1k_decode={:.1}", per_k(d));

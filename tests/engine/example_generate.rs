@@ -1,0 +1,323 @@
+//! Story: scripts drive `examples/generate.rs` and parse its stdout. The
+//! contract they rely on: one line per `--prompt-ids`, in the order given,
+//! holding only the generated ids separated by single spaces (exactly
+//! `--max-new-tokens` of them unless a `--stop-ids` id ends the line early);
+//! anything wrong with the arguments is a non-zero exit with the reason on
+//! stderr and nothing on stdout, never a panic.
+//!
+//! An earlier version sized its KV pool without rounding to whole pages: a
+//! model whose `max_seq_len` is not a page multiple (100 here) made the
+//! engine configuration refuse to build and valid prompts printed nothing.
+//!
+//! Runs the example binary that `cargo test` builds; under a filtered
+//! `cargo test --test example_generate` it is not built and each test says
+//! so on stderr and returns.
+
+use crate::support::example_bin;
+use crate::support::hf_fixture;
+use crate::support::serving_path;
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use handoff::model::{Model, ModelConfig, random_weights, write_llama2c};
+use hf_fixture::FIXTURE;
+use serving_path::handoff_greedy;
+
+fn run(args: &[&str]) -> Option<Output> {
+    example_bin::run("generate", args)
+}
+
+fn stdout_lines(out: &Output) -> Vec<String> {
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn line_of(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The fixture's prompts and transformers' greedy continuations.
+fn transformers_cases() -> Vec<(Vec<u32>, Vec<u32>)> {
+    hf_fixture::expected()
+        .into_iter()
+        .map(|c| (c.prompt, c.greedy))
+        .collect()
+}
+
+/// A file under the temp dir with a name no other test run shares, removed
+/// on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(tag: &str, bytes: &[u8]) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let path = std::env::temp_dir().join(format!(
+            "handoff-example-generate-{tag}-{}-{nanos}.bin",
+            std::process::id()
+        ));
+        std::fs::write(&path, bytes).unwrap();
+        TempFile(path)
+    }
+
+    fn as_str(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Runs the example on `model` with `cases`' prompts, in that order, for
+/// as many tokens as their continuations, greedy; checks that stdout is
+/// exactly those continuations, one line each (ids only, single spaces, no
+/// trailing text). `None` when the example is not built.
+fn greedy_lines_are(model: &str, cases: &[(Vec<u32>, Vec<u32>)]) -> Option<Output> {
+    let n = cases[0].1.len();
+    assert!(cases.iter().all(|(_, g)| g.len() == n));
+    let mut args = vec!["--model", model];
+    let prompts: Vec<String> = cases.iter().map(|(p, _)| csv(p)).collect();
+    for p in &prompts {
+        args.extend(["--prompt-ids", p.as_str()]);
+    }
+    let n_arg = n.to_string();
+    args.extend(["--max-new-tokens", &n_arg, "--temperature", "0"]);
+    let out = run(&args)?;
+    assert_success(&out);
+    let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
+    assert_eq!(
+        String::from_utf8(out.stdout.clone()).unwrap(),
+        format!("{}\n", expected.join("\n"))
+    );
+    Some(out)
+}
+
+#[test]
+fn one_line_per_prompt_in_order_with_transformers_greedy_tokens() {
+    // Given in reverse, so order comes from the arguments, not the fixture.
+    let cases: Vec<_> = transformers_cases().into_iter().rev().collect();
+    let Some(out) = greedy_lines_are(FIXTURE, &cases) else {
+        return;
+    };
+    for line in stdout_lines(&out) {
+        assert_eq!(line.split(' ').count(), cases[0].1.len(), "{line:?}");
+    }
+}
+
+#[test]
+fn a_llama3_checkpoint_generates_transformers_greedy_tokens() {
+    // Llama 3's scaled RoPE, through the example's exact interface.
+    let cases: Vec<(Vec<u32>, Vec<u32>)> = hf_fixture::expected_in(hf_fixture::FIXTURE_LLAMA3)
+        .into_iter()
+        .map(|c| (c.prompt, c.greedy))
+        .collect();
+    greedy_lines_are(hf_fixture::FIXTURE_LLAMA3, &cases);
+}
+
+#[test]
+fn stop_ids_end_a_line_early_and_only_that_line() {
+    let cases = transformers_cases();
+    // Greedy [1, 17, 42] -> 16 88 15 ...; [7] never produces 15.
+    let (stopping, free) = (&cases[0], &cases[2]);
+    let stop = stopping.1[2];
+    assert!(!free.1.contains(&stop) && !stopping.1[..2].contains(&stop));
+    let (p0, p1) = (csv(&stopping.0), csv(&free.0));
+    let stop_arg = stop.to_string();
+    let n_arg = stopping.1.len().to_string();
+    let Some(out) = run(&[
+        "--model",
+        FIXTURE,
+        "--prompt-ids",
+        &p0,
+        "--prompt-ids",
+        &p1,
+        "--max-new-tokens",
+        &n_arg,
+        "--stop-ids",
+        &stop_arg,
+    ]) else {
+        return;
+    };
+    assert_success(&out);
+    assert_eq!(
+        stdout_lines(&out),
+        [line_of(&stopping.1[..3]), line_of(&free.1)],
+        "the stop id is the last token of its line"
+    );
+}
+
+/// max_seq_len 100 is not a multiple of the 16-token page: the window is
+/// 100 tokens and the pool must still be whole pages holding it twice.
+#[test]
+fn a_window_that_is_not_a_page_multiple_still_serves_a_llama2c_file() {
+    let cfg = ModelConfig {
+        max_seq_len: 100,
+        ..ModelConfig::tiny_gqa()
+    };
+    let weights = random_weights(&cfg, 21);
+    let file = TempFile::new("window100", &write_llama2c(&weights).unwrap());
+    let prompt: Vec<u32> = (0..90).map(|i| (i * 37 + 11) % 384).collect();
+    let p = csv(&prompt);
+    let Some(out) = run(&[
+        "--model",
+        file.as_str(),
+        "--prompt-ids",
+        &p,
+        "--max-new-tokens",
+        "9",
+        "--page-size",
+        "16",
+    ]) else {
+        return;
+    };
+    assert_success(&out);
+    let expected = handoff_greedy(&Model::cpu(weights).unwrap(), &prompt, 9, 16);
+    assert_eq!(stdout_lines(&out), [line_of(&expected)]);
+}
+
+#[test]
+fn bad_arguments_exit_non_zero_with_nothing_on_stdout() {
+    let huge = u64::MAX.to_string();
+    let too_long: String = csv(&[1; 200]);
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("no arguments", vec![]),
+        (
+            "no prompt",
+            vec!["--model", FIXTURE, "--max-new-tokens", "4"],
+        ),
+        (
+            "no max new tokens",
+            vec!["--model", FIXTURE, "--prompt-ids", "1,2"],
+        ),
+        (
+            "not a token id",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,x",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "unknown flag",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--bogus",
+                "1",
+            ],
+        ),
+        (
+            "flag without value",
+            vec!["--model", FIXTURE, "--prompt-ids", "1", "--max-new-tokens"],
+        ),
+        (
+            "max new tokens overflows",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                &huge,
+            ],
+        ),
+        (
+            "huge page size",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                "4",
+                "--page-size",
+                &huge,
+            ],
+        ),
+        (
+            "page size 0",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                "4",
+                "--page-size",
+                "0",
+            ],
+        ),
+        (
+            "missing model",
+            vec![
+                "--model",
+                "/nonexistent/handoff/model.bin",
+                "--prompt-ids",
+                "1",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "token outside the vocabulary of 128",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,2",
+                "--prompt-ids",
+                "1,128",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "prompt longer than the model's 128 positions",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                &too_long,
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+    ];
+    for (what, args) in cases {
+        let Some(out) = run(&args) else { return };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {stderr}");
+        assert!(out.stdout.is_empty(), "{what}: stdout {:?}", out.stdout);
+        assert!(stderr.contains("error:"), "{what}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    }
+}

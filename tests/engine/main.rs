@@ -1,0 +1,18 @@
+//! The colocated engine and the service: request lifecycles, batching, preemption, shutdown, and the examples that serve.
+//!
+//! One story per module; the shared rigs are in `tests/support/`.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod engine_batching_invariance;
+mod engine_interleavings;
+mod engine_poisoned_request;
+mod engine_preemption;
+mod engine_request_lifecycle;
+mod example_generate;
+mod example_serve;
+mod handle_outcome_is_final;
+mod service_threads;
+mod threaded_passes;

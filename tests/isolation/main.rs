@@ -1,0 +1,13 @@
+//! Isolation: the incident replayed, fail-closed configuration, page isolation under every interleaving, sizes at the limits.
+//!
+//! One story per module; the shared rigs are in `tests/support/`.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod incident_config;
+mod incident_replay;
+mod kv_isolation;
+mod service_idle;
+mod sizes_at_the_limits;

@@ -1,0 +1,199 @@
+//! Shared rig for the transfer stories: a prefill side and a decode side
+//! over a transport, each with its own pool, driven with synthetic KV.
+
+use handoff::RoleKind;
+use std::time::{Duration, Instant};
+
+use handoff::transfer::{
+    DecodeOutcome, DecodeSide, PrefillSide, Transfer, TransferConfig, TransferError, synthetic,
+};
+use handoff::{
+    AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId,
+};
+
+pub fn geometry(dtype: KvDtype) -> KvGeometry {
+    KvGeometry {
+        n_layers: 3,
+        n_kv_heads: 2,
+        head_dim: 8,
+        dtype,
+    }
+}
+
+pub struct Rig<T: Transfer> {
+    pub prefill: PrefillSide<T::Prefill>,
+    pub decode: DecodeSide<T::Decode>,
+    pub prefill_pool: KvPool,
+    pub decode_pool: KvPool,
+}
+
+pub struct RigSpec {
+    pub dtype: KvDtype,
+    pub prefill_page: usize,
+    pub decode_page: usize,
+    pub prefill_pages: usize,
+    pub decode_pages: usize,
+    pub prefill_window: usize,
+    pub decode_window: usize,
+}
+
+impl Default for RigSpec {
+    fn default() -> Self {
+        RigSpec {
+            dtype: KvDtype::BF16,
+            prefill_page: 16,
+            decode_page: 16,
+            prefill_pages: 32,
+            decode_pages: 32,
+            prefill_window: 256,
+            decode_window: 256,
+        }
+    }
+}
+
+pub fn rig<T: Transfer>(t: &T, cfg: TransferConfig, spec: RigSpec) -> Rig<T> {
+    let g = geometry(spec.dtype);
+    let prefill_pool =
+        KvPool::new(PoolConfig::new(g, spec.prefill_page, spec.prefill_pages)).unwrap();
+    let decode_pool = KvPool::new(PoolConfig::new(g, spec.decode_page, spec.decode_pages)).unwrap();
+    let (pl, dl) = t.connect(&cfg).unwrap();
+    let prefill = PrefillSide::new(
+        pl,
+        prefill_pool.clone(),
+        AdmissionLimits::new(spec.prefill_window, spec.prefill_pages, spec.prefill_page),
+        cfg.clone(),
+    );
+    let decode = DecodeSide::new(
+        dl,
+        decode_pool.clone(),
+        AdmissionLimits::new(spec.decode_window, spec.decode_pages, spec.decode_page),
+        cfg,
+    );
+    Rig {
+        prefill,
+        decode,
+        prefill_pool,
+        decode_pool,
+    }
+}
+
+pub fn request(id: u64, tenant: u32, prompt_len: usize) -> Request {
+    Request::new(RequestId(id), TenantId(tenant), vec![1; prompt_len], 4)
+}
+
+impl<T: Transfer> Rig<T> {
+    /// Prefill takes the next plan, computes synthetic KV, sends it.
+    pub fn serve_one(&mut self) -> Result<RequestId, TransferError> {
+        let mut job = self.prefill.next_job_within(Duration::from_secs(5))?;
+        let id = job.request();
+        let n = job.prompt().len();
+        synthetic::fill(job.seq_mut(), id, n)?;
+        self.prefill.complete(job, Some(id.0 as u32)).map(|()| id)
+    }
+
+    /// Polls decode until `n` outcomes arrived (or 10 s passed).
+    pub fn outcomes(&mut self, n: usize) -> Vec<DecodeOutcome> {
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut out = Vec::new();
+        while out.len() < n && Instant::now() < until {
+            out.extend(self.decode.poll(Duration::from_millis(50)));
+        }
+        out
+    }
+
+    /// Lets prefill process decode's answers that have already arrived.
+    pub fn settle(&mut self) {
+        let _ = self.prefill.poll(Duration::from_millis(100));
+    }
+
+    /// Both pools back to full capacity, balanced, nothing held, no
+    /// isolation violation. Prefill is polled until decode's answers have
+    /// released every held transfer and both pools are full, up to
+    /// [`DEADLINE`]: a loaded machine may deliver the last answer late, but
+    /// never loses it. Every observation on the way must be balanced and free
+    /// of isolation violations.
+    pub fn assert_clean(&mut self) {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let stats = [
+                ("prefill", self.prefill_pool.stats()),
+                ("decode", self.decode_pool.stats()),
+            ];
+            for (side, s) in &stats {
+                assert!(s.balanced(), "{side} pool unbalanced: {s:?}");
+                assert_eq!(s.isolation_violations, 0, "{side} isolation violations");
+            }
+            let clean =
+                self.prefill.held_transfers() == 0 && stats.iter().all(|(_, s)| s.is_full());
+            if clean || Instant::now() >= until {
+                break;
+            }
+            if self.prefill.poll(Duration::from_millis(20)).is_err() {
+                // The link has ended: nothing more will arrive, but a
+                // writer thread may still be letting go of its pages.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        for (side, pool) in [
+            ("prefill", &self.prefill_pool),
+            ("decode", &self.decode_pool),
+        ] {
+            let s = pool.stats();
+            assert!(
+                s.is_full(),
+                "{side} pool not back to full within {DEADLINE:?}: {s:?}"
+            );
+        }
+        assert_eq!(
+            self.prefill.held_transfers(),
+            0,
+            "prefill still holds source pages {DEADLINE:?} after the test ended"
+        );
+        assert_eq!(
+            self.decode.in_flight(),
+            0,
+            "decode still has transfers in flight"
+        );
+    }
+}
+
+/// How long a test waits for something that must happen: long enough that a
+/// loaded 2-core machine never trips it, short enough that a hang fails.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Calls `poll` until it reports that what the test waits for holds, or
+/// panics naming `what` once [`DEADLINE`] has passed. `poll` makes one step
+/// of progress (or sleeps briefly) and then observes.
+pub fn wait_until(what: &str, mut poll: impl FnMut() -> bool) {
+    let until = Instant::now() + DEADLINE;
+    while !poll() {
+        assert!(Instant::now() < until, "{what}: not within {DEADLINE:?}");
+    }
+}
+
+/// Finds the outcome of `id`; panics if there is not exactly one.
+pub fn outcome_of(
+    outcomes: Vec<DecodeOutcome>,
+    id: RequestId,
+) -> (DecodeOutcome, Vec<DecodeOutcome>) {
+    let (mine, rest): (Vec<_>, Vec<_>) = outcomes.into_iter().partition(|o| o.request == id);
+    assert_eq!(mine.len(), 1, "expected exactly one outcome for {id}");
+    (mine.into_iter().next().unwrap(), rest)
+}
+
+/// The tiny GQA model of the worker stories, seeded.
+pub fn tiny_model(seed: u64) -> handoff::model::Model {
+    use handoff::model::{Model, ModelConfig, random_weights};
+    Model::cpu(random_weights(&ModelConfig::tiny_gqa(), seed)).unwrap()
+}
+
+/// A `role` configuration for [`tiny_model`]: a window of 64 tokens in a
+/// pool of `pool` tokens.
+pub fn tiny_worker_config<R: RoleKind>(pool: usize) -> handoff::EngineConfig<R> {
+    use handoff::model::ModelConfig;
+    handoff::EngineConfigBuilder::<R>::new(ModelConfig::tiny_gqa().kv_geometry(KvDtype::F32))
+        .max_context(64)
+        .pool_tokens(pool)
+        .build()
+        .unwrap()
+}

@@ -1,0 +1,23 @@
+//! Disaggregated prefill/decode: the transfer protocol, its verifier, the transports, faults at every step, and the workers.
+//!
+//! One story per module; the shared rigs are in `tests/support/`.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod decode_worker_shutdown;
+mod disaggregated;
+mod example_disaggregated;
+mod fault_interleavings;
+mod fault_matrix;
+mod host_misconfiguration;
+mod pd_model_mismatch;
+mod prefill_then_decode;
+mod transfer_faults;
+mod transfer_prefill_refusals;
+mod transfer_protocol;
+mod transfer_retries;
+mod transfer_transports;
+mod transfer_unbounded_waits;
+mod transfer_wire;
