@@ -7,6 +7,10 @@
 //! - TCP transfer on loopback vs a plain socket copy of the same bytes: 1 MiB
 //!   writes from a source buffer, one reader thread reading straight into a
 //!   destination buffer (both touched beforehand, like the pools' pages);
+//! - authenticated TCP (`TcpAuth`: Noise NNpsk0 handshake, every frame
+//!   sealed with AES-256-GCM) vs the same TCP transport without a key, both
+//!   in the same reps: `auth +%` is the time authentication adds to a
+//!   transfer, per rep (goal: <= 10% at 8k tokens);
 //! - checksum cost, as a share of each transfer's wall time, from the same
 //!   bytes copied region by region (32 KiB: one page of one layer of K or V)
 //!   on one thread: `lander` is what hashing adds to the landing thread's
@@ -33,7 +37,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use handoff::transfer::{DecodeSide, InProcess, PrefillSide, Tcp, Transfer, TransferConfig};
+use handoff::transfer::{
+    DecodeSide, InProcess, PrefillSide, Tcp, TcpAuth, Transfer, TransferConfig,
+};
 use handoff::{
     AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId,
 };
@@ -261,20 +267,26 @@ struct Rates {
     inproc: Vec<f64>,
     socket: Vec<f64>,
     tcp: Vec<f64>,
+    auth: Vec<f64>,
     ratio_inproc: Vec<f64>,
     ratio_tcp: Vec<f64>,
+    /// Time authentication adds to a TCP transfer, % of the plain one.
+    auth_cost: Vec<f64>,
     /// `[lander, sender, fused]` shares of the in-process / TCP transfer.
     share_inproc: [Vec<f64>; 3],
     share_tcp: [Vec<f64>; 3],
 }
 
 impl Rates {
-    fn push(&mut self, bytes: usize, [dm, di, ds, dt]: [Duration; 4], c: &ChecksumTimes) {
+    fn push(&mut self, bytes: usize, [dm, di, ds, dt, da]: [Duration; 5], c: &ChecksumTimes) {
         let secs = |d: Duration| d.as_secs_f64();
         self.memcpy.push(gbps(bytes, dm));
         self.inproc.push(gbps(bytes, di));
         self.socket.push(gbps(bytes, ds));
         self.tcp.push(gbps(bytes, dt));
+        self.auth.push(gbps(bytes, da));
+        self.auth_cost
+            .push(100.0 * (secs(da) - secs(dt)) / secs(dt));
         self.ratio_inproc.push(secs(dm) / secs(di));
         self.ratio_tcp.push(secs(ds) / secs(dt));
         let added = [
@@ -307,7 +319,7 @@ fn main() {
         g.bytes_per_token()
     );
     println!(
-        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>13} {:>13} {:>13}",
+        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>9} {:>6} | {:>13} {:>13} {:>13}",
         "tokens",
         "MiB",
         "memcpy",
@@ -316,6 +328,8 @@ fn main() {
         "socket",
         "tcp",
         "ratio",
+        "tcp+auth",
+        "auth+%",
         "lander ip/tcp",
         "sender ip/tcp",
         "fused ip/tcp"
@@ -342,9 +356,11 @@ fn main() {
         random_bytes(&mut src, tokens as u64);
         let mut inproc = Pair::new(InProcess, inproc_config(), tokens, &pools);
         let mut tcp = Pair::new(Tcp, tcp_config(), tokens, &pools);
+        let mut auth = Pair::new(TcpAuth, tcp_config(), tokens, &pools);
         // Warm-up: every page touched once.
         let _ = inproc.once(&src);
         let _ = tcp.once(&src);
+        let _ = auth.once(&src);
         // Interleaved reps: a machine that speeds up or slows down affects
         // a transfer and its baseline alike; ratios are per rep.
         let reps = if bytes > (1 << 30) { 3 } else { REPS };
@@ -354,13 +370,14 @@ fn main() {
             let di = inproc.once(&src);
             let ds = socket_once(&copy_src, &mut copy_dst);
             let dt = tcp.once(&src);
+            let da = auth.once(&src);
             let c = checksum_once(&copy_src, &mut copy_dst);
-            m.push(bytes, [dm, di, ds, dt], &c);
+            m.push(bytes, [dm, di, ds, dt, da], &c);
         }
         let [lander_ip, sender_ip, fused_ip] = m.share_inproc;
         let [lander_tcp, sender_tcp, fused_tcp] = m.share_tcp;
         println!(
-            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
+            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.1}% | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
             tokens,
             bytes >> 20,
             median(m.memcpy),
@@ -369,6 +386,8 @@ fn main() {
             median(m.socket),
             median(m.tcp),
             median(m.ratio_tcp),
+            median(m.auth),
+            median(m.auth_cost),
             median(lander_ip),
             median(lander_tcp),
             median(sender_ip),

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-/// Runs each story `name => fn` against both transports, as the tests
-/// `in_process::name` and `tcp::name` (the generic conformance pattern);
-/// the calling file has `#[macro_use] mod support;`.
+/// Runs each story `name => fn` against every transport, as the tests
+/// `in_process::name`, `tcp::name` and `tcp_auth::name` (authenticated TCP)
+/// (the generic conformance pattern); the calling file has
+/// `#[macro_use] mod support;`.
 #[allow(unused_macros)]
 macro_rules! on_both_transports {
     ($($name:ident => $body:expr;)*) => {
@@ -17,6 +18,10 @@ macro_rules! on_both_transports {
         mod tcp {
             use super::*;
             $(#[test] fn $name() { ($body)(handoff::transfer::Tcp) })*
+        }
+        mod tcp_auth {
+            use super::*;
+            $(#[test] fn $name() { ($body)(handoff::transfer::TcpAuth) })*
         }
     };
 }
