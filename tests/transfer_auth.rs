@@ -196,22 +196,26 @@ fn a_flood_of_connections_does_not_keep_the_real_peer_out() {
     // once, and more arriving while the real peer connects.
     let flood = handoff::transfer::tcp::MAX_PENDING * 3;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let flooder = {
-        let stop = stop.clone();
+        let (stop, opened) = (stop.clone(), opened.clone());
         std::thread::spawn(move || {
             let mut held = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && held.len() < 4 * flood {
                 if let Ok(s) = TcpStream::connect(addr) {
                     held.push(s);
+                    opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 if held.len() > flood {
                     std::thread::sleep(Duration::from_millis(2));
                 }
             }
-            held.len()
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    support::wait_until("the flood is under way", || {
+        std::thread::sleep(Duration::from_millis(10));
+        opened.load(std::sync::atomic::Ordering::Relaxed) >= flood
+    });
 
     let t0 = Instant::now();
     let prefill = TcpPrefill::connect(addr, &cfg).expect("the real peer gets through");
@@ -223,8 +227,7 @@ fn a_flood_of_connections_does_not_keep_the_real_peer_out() {
         t0.elapsed()
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let opened = flooder.join().unwrap();
-    assert!(opened > flood, "the flood opened {opened} connections");
+    flooder.join().unwrap();
     assert!(
         auth_errors(&refusals)
             .iter()
@@ -517,4 +520,40 @@ fn non_loopback_addresses_need_a_link_key() {
         .err()
         .unwrap();
     assert!(matches!(e, LinkError::NotLoopback { .. }));
+}
+
+#[test]
+fn a_handshake_spanning_several_bounded_accepts_is_not_dropped() {
+    // A host that waits in short slices (checking on its prefill process
+    // between them) must not close a peer whose handshake is still going
+    // when a slice ends.
+    let key = LinkKey::generate().unwrap();
+    let cfg = config(&key);
+    let mut listener = TcpDecodeListener::bind(loopback()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || TcpPrefill::connect(addr, &cfg))
+    };
+    // The peer has connected and sent its first message.
+    std::thread::sleep(Duration::from_millis(50));
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut slices = 0;
+    let link = loop {
+        slices += 1;
+        // Slices too short for a handshake: each ends right after the
+        // listener's first pass over its connections.
+        match listener.accept_within(&cfg, Duration::from_nanos(1)) {
+            Ok(link) => break link,
+            Err(LinkError::AcceptTimeout { .. }) if Instant::now() < until => {}
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let prefill = peer
+        .join()
+        .unwrap()
+        .expect("the peer's handshake completed");
+    assert!(slices > 1, "the handshake spanned {slices} slice(s)");
+    assert!(listener.refusals().is_empty(), "{:?}", listener.refusals());
+    real_peer_is_served(rig(prefill, link, &cfg));
 }

@@ -81,7 +81,8 @@ enum Stage {
     Done,
 }
 
-struct Pending {
+/// A connection still proving itself.
+pub(crate) struct Pending {
     stream: TcpStream,
     peer: SocketAddr,
     since: Instant,
@@ -204,17 +205,19 @@ impl Pending {
 }
 
 /// Accepts connections on `listener` (non-blocking) until one proves
-/// itself, or `limit` (if any) passes.
+/// itself, or `limit` (if any) passes. `pending` holds the connections
+/// still proving themselves, and keeps them across calls: a handshake that
+/// spans the end of one bounded wait finishes in the next.
 pub(crate) fn accept_loop(
     listener: &TcpListener,
     cfg: &TransferConfig,
     limit: Option<Duration>,
+    pending: &mut VecDeque<Pending>,
     refusals: &Refusals,
 ) -> Result<Accepted, LinkError> {
     let key = cfg.link_key();
     let start = Instant::now();
     let give_up = limit.map(|l| deadline(start, l));
-    let mut pending: VecDeque<Pending> = VecDeque::new();
     loop {
         let mut busy = false;
         loop {

@@ -298,6 +298,8 @@ fn stream_pair(
 /// accepts with carries a link key ([`TcpDecodeListener::bind_with`]).
 pub struct TcpDecodeListener {
     listener: TcpListener,
+    /// Connections still proving themselves, kept between accepts.
+    pending: Mutex<std::collections::VecDeque<accept::Pending>>,
     refusals: accept::Refusals,
 }
 
@@ -322,6 +324,7 @@ impl TcpDecodeListener {
         listener.set_nonblocking(true)?;
         Ok(TcpDecodeListener {
             listener,
+            pending: Mutex::new(std::collections::VecDeque::new()),
             refusals: accept::Refusals::default(),
         })
     }
@@ -344,7 +347,8 @@ impl TcpDecodeListener {
 
     /// [`TcpDecodeListener::accept`], or [`LinkError::AcceptTimeout`] once
     /// `limit` has passed without a peer that proved itself (a prefill
-    /// process that died before connecting, or only strangers).
+    /// process that died before connecting, or only strangers). Connections
+    /// still authenticating stay with the listener for the next accept.
     pub fn accept_within(
         &mut self,
         cfg: &TransferConfig,
@@ -360,7 +364,9 @@ impl TcpDecodeListener {
     ) -> Result<TcpDecode, LinkError> {
         cfg.validate()?;
         check_address(self.local_addr()?, Some(cfg))?;
-        let won = accept::accept_loop(&self.listener, cfg, limit, &self.refusals)?;
+        // Concurrent accepts on one listener take turns.
+        let mut pending = self.pending.lock();
+        let won = accept::accept_loop(&self.listener, cfg, limit, &mut pending, &self.refusals)?;
         TcpDecode::start(won.stream, cfg, won.session)
     }
 
