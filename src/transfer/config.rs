@@ -66,7 +66,10 @@ impl TransferConfig {
         self.ack_timeout = d;
         self
     }
-    /// How long a sender waits for room under the in-flight cap.
+    /// How long a sender waits for room under the in-flight cap, and on
+    /// TCP the deadline of a whole frame: once a frame's first byte has
+    /// been read, the rest must follow within it (however it trickles in),
+    /// else the link ends with a typed `WireError::Stalled`.
     #[must_use]
     pub fn with_write_timeout(mut self, d: Duration) -> Self {
         self.write_timeout = d;
