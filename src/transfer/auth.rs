@@ -39,9 +39,10 @@
 //! place, where TLS would split it into 16 KiB records.
 //!
 //! Cost (`benches/transfer.rs`, 8k tokens of Llama-3-8B-shaped KV, 1 GiB,
-//! on a 2-core machine running at load ~19): sealing every frame adds 20-27%
-//! to the TCP transfer; AES-256-GCM alone ran at 1.3 GB/s per side there
-//! (19.5% of the plain transfer's time per side). Everything is encrypted
+//! on a 2-core machine running at load 12-20, three runs): sealing every
+//! frame adds 20-27% to the TCP transfer; AES-256-GCM alone ran at
+//! 1.3-1.8 GB/s per side there (20-21% of the plain transfer's time per
+//! side). Everything is encrypted
 //! and authenticated, KV included: ring authenticates associated data a
 //! block at a time, so authenticating KV without encrypting it would cost
 //! more, not less.
