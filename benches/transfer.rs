@@ -7,6 +7,15 @@
 //! - TCP transfer on loopback vs a plain socket copy of the same bytes: 1 MiB
 //!   writes from a source buffer, one reader thread reading straight into a
 //!   destination buffer (both touched beforehand, like the pools' pages);
+//! - authenticated TCP (`TcpAuth`: Noise NNpsk0 handshake, every frame
+//!   sealed with AES-256-GCM) vs the same TCP transport without a key, both
+//!   in the same reps: `auth +%` is the time authentication adds to a
+//!   transfer, per rep (goal: <= 10% at 8k tokens); `seal` is AES-256-GCM
+//!   alone (ring, as the link uses it) sealing then opening the same bytes
+//!   in 1 MiB frames on one thread: the cryptography's own rate, and its
+//!   time per side as a share of the plain TCP transfer (`seal %`: the
+//!   sender seals and the receiver opens on their own threads, in parallel,
+//!   so this is about what a quiet machine adds);
 //! - checksum cost, as a share of each transfer's wall time, from the same
 //!   bytes copied region by region (32 KiB: one page of one layer of K or V)
 //!   on one thread: `lander` is what hashing adds to the landing thread's
@@ -33,7 +42,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use handoff::transfer::{DecodeSide, InProcess, PrefillSide, Tcp, Transfer, TransferConfig};
+use handoff::transfer::{
+    DecodeSide, InProcess, PrefillSide, Tcp, TcpAuth, Transfer, TransferConfig,
+};
 use handoff::{
     AdmissionLimits, KvDtype, KvGeometry, KvPool, PoolConfig, Request, RequestId, TenantId,
 };
@@ -107,6 +118,39 @@ fn socket_once(src: &[u8], dst: &mut [u8]) -> Duration {
     })
 }
 
+/// Seals and opens `buf` in 1 MiB frames with AES-256-GCM (ring, as the
+/// authenticated link does); returns the time per side (half the total).
+fn seal_once(buf: &mut [u8]) -> Duration {
+    use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).expect("key"));
+    let header = [0u8; 16];
+    let nonce = |i: usize| {
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&(i as u64).to_be_bytes());
+        Nonce::assume_unique_for_key(n)
+    };
+    let mut tags = Vec::new();
+    let t = Instant::now();
+    for (i, frame) in buf.chunks_mut(1 << 20).enumerate() {
+        let tag = key
+            .seal_in_place_separate_tag(nonce(i), Aad::from(&header), frame)
+            .expect("seal");
+        tags.push(tag);
+    }
+    let mut frame = Vec::with_capacity((1 << 20) + 16);
+    for (i, (chunk, tag)) in buf.chunks(1 << 20).zip(&tags).enumerate() {
+        frame.clear();
+        frame.extend_from_slice(chunk);
+        frame.extend_from_slice(tag.as_ref());
+        black_box(
+            key.open_in_place(nonce(i), Aad::from(&header), &mut frame)
+                .expect("open")
+                .len(),
+        );
+    }
+    t.elapsed() / 2
+}
+
 /// Times of the checksum models over `src` copied into `dst` region by
 /// region (one page of one layer of K or V, 32 KiB), one thread.
 struct ChecksumTimes {
@@ -119,6 +163,8 @@ struct ChecksumTimes {
     sender: Duration,
     /// Each region hashed before its copy and after it landed.
     fused: Duration,
+    /// AES-256-GCM per side over the same bytes (see [`seal_once`]).
+    seal: Duration,
 }
 
 fn checksum_once(src: &[u8], dst: &mut [u8]) -> ChecksumTimes {
@@ -150,11 +196,13 @@ fn checksum_once(src: &[u8], dst: &mut [u8]) -> ChecksumTimes {
     }
     let fused = t.elapsed();
     black_box(acc);
+    let seal = seal_once(dst);
     ChecksumTimes {
         copy,
         lander,
         sender,
         fused,
+        seal,
     }
 }
 
@@ -261,20 +309,32 @@ struct Rates {
     inproc: Vec<f64>,
     socket: Vec<f64>,
     tcp: Vec<f64>,
+    auth: Vec<f64>,
     ratio_inproc: Vec<f64>,
     ratio_tcp: Vec<f64>,
+    /// Time authentication adds to a TCP transfer, % of the plain one.
+    auth_cost: Vec<f64>,
+    /// AES-256-GCM alone: GB/s per side, and its time per side as a % of
+    /// the plain TCP transfer.
+    seal: Vec<f64>,
+    seal_share: Vec<f64>,
     /// `[lander, sender, fused]` shares of the in-process / TCP transfer.
     share_inproc: [Vec<f64>; 3],
     share_tcp: [Vec<f64>; 3],
 }
 
 impl Rates {
-    fn push(&mut self, bytes: usize, [dm, di, ds, dt]: [Duration; 4], c: &ChecksumTimes) {
+    fn push(&mut self, bytes: usize, [dm, di, ds, dt, da]: [Duration; 5], c: &ChecksumTimes) {
         let secs = |d: Duration| d.as_secs_f64();
         self.memcpy.push(gbps(bytes, dm));
         self.inproc.push(gbps(bytes, di));
         self.socket.push(gbps(bytes, ds));
         self.tcp.push(gbps(bytes, dt));
+        self.auth.push(gbps(bytes, da));
+        self.auth_cost
+            .push(100.0 * (secs(da) - secs(dt)) / secs(dt));
+        self.seal.push(gbps(bytes, c.seal));
+        self.seal_share.push(100.0 * secs(c.seal) / secs(dt));
         self.ratio_inproc.push(secs(dm) / secs(di));
         self.ratio_tcp.push(secs(ds) / secs(dt));
         let added = [
@@ -307,7 +367,7 @@ fn main() {
         g.bytes_per_token()
     );
     println!(
-        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>13} {:>13} {:>13}",
+        "{:>7} {:>6} | {:>9} {:>9} {:>5} | {:>9} {:>9} {:>5} | {:>9} {:>6} {:>9} {:>6} | {:>13} {:>13} {:>13}",
         "tokens",
         "MiB",
         "memcpy",
@@ -316,6 +376,10 @@ fn main() {
         "socket",
         "tcp",
         "ratio",
+        "tcp+auth",
+        "auth+%",
+        "seal",
+        "seal%",
         "lander ip/tcp",
         "sender ip/tcp",
         "fused ip/tcp"
@@ -342,9 +406,11 @@ fn main() {
         random_bytes(&mut src, tokens as u64);
         let mut inproc = Pair::new(InProcess, inproc_config(), tokens, &pools);
         let mut tcp = Pair::new(Tcp, tcp_config(), tokens, &pools);
+        let mut auth = Pair::new(TcpAuth, tcp_config(), tokens, &pools);
         // Warm-up: every page touched once.
         let _ = inproc.once(&src);
         let _ = tcp.once(&src);
+        let _ = auth.once(&src);
         // Interleaved reps: a machine that speeds up or slows down affects
         // a transfer and its baseline alike; ratios are per rep.
         let reps = if bytes > (1 << 30) { 3 } else { REPS };
@@ -354,13 +420,14 @@ fn main() {
             let di = inproc.once(&src);
             let ds = socket_once(&copy_src, &mut copy_dst);
             let dt = tcp.once(&src);
+            let da = auth.once(&src);
             let c = checksum_once(&copy_src, &mut copy_dst);
-            m.push(bytes, [dm, di, ds, dt], &c);
+            m.push(bytes, [dm, di, ds, dt, da], &c);
         }
         let [lander_ip, sender_ip, fused_ip] = m.share_inproc;
         let [lander_tcp, sender_tcp, fused_tcp] = m.share_tcp;
         println!(
-            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
+            "{:>7} {:>6} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.2}GB/s {:>5.2} | {:>5.2}GB/s {:>5.1}% {:>5.2}GB/s {:>5.1}% | {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}%",
             tokens,
             bytes >> 20,
             median(m.memcpy),
@@ -369,6 +436,10 @@ fn main() {
             median(m.socket),
             median(m.tcp),
             median(m.ratio_tcp),
+            median(m.auth),
+            median(m.auth_cost),
+            median(m.seal),
+            median(m.seal_share),
             median(lander_ip),
             median(lander_tcp),
             median(sender_ip),

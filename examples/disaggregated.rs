@@ -28,7 +28,10 @@
 //! or seen by another request, and every output matches colocated serving.
 //!
 //! Flags: `--transport inproc|tcp` (threads in one process, the default, or
-//! a second process of this example on 127.0.0.1), `--model PATH` (a
+//! a second process of this example on 127.0.0.1; the TCP link
+//! authenticates both processes with a fresh link key, handed to the prefill
+//! process in its environment, and seals every frame; `--no-auth` runs it
+//! unauthenticated, as loopback without a key allows), `--model PATH` (a
 //! llama2.c `.bin` file or a Hugging Face folder; default: an embedded model
 //! with seeded random weights), `--inject-corrupt-receipt`.
 
@@ -45,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeLink, Fault, FaultPlan, FaultRule, InProcess, LinkError, PrefillLink, Step,
+    DecodeLink, Fault, FaultPlan, FaultRule, InProcess, LinkError, LinkKey, PrefillLink, Step,
     TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
 };
 use handoff::{
@@ -56,9 +59,14 @@ use handoff::{
 const CANCELLED: RequestId = RequestId(8);
 const CORRUPTED: RequestId = RequestId(9);
 const MAX_NEW: usize = 16;
+/// The environment variable that hands the link key to the prefill process
+/// (readable by this user only, unlike the command line).
+const KEY_ENV: &str = "HANDOFF_LINK_KEY";
 
 struct Args {
     tcp: bool,
+    /// `--no-auth`: the TCP link without a link key (loopback only).
+    no_auth: bool,
     model: Option<PathBuf>,
     corrupt: bool,
     /// Internal: run as the prefill process, connecting to this address.
@@ -71,6 +79,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         tcp: false,
+        no_auth: false,
         model: None,
         corrupt: false,
         prefill_of: None,
@@ -86,6 +95,7 @@ fn parse() -> Result<Args, String> {
             },
             "--model" => a.model = Some(it.next().ok_or("--model needs a path")?.into()),
             "--inject-corrupt-receipt" => a.corrupt = true,
+            "--no-auth" => a.no_auth = true,
             "--prefill-stall-ms" => {
                 let v = it.next().ok_or("--prefill-stall-ms needs a number")?;
                 a.prefill_stall_ms = v.parse().map_err(|e| format!("{v}: {e}"))?;
@@ -96,7 +106,8 @@ fn parse() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err(
-                    "usage: disaggregated [--transport inproc|tcp] [--model PATH] \
+                    "usage: disaggregated [--transport inproc|tcp] [--no-auth (tcp without a \
+                            link key)] [--model PATH] \
                             [--inject-corrupt-receipt] [--prefill-stall-ms N (tcp: the prefill \
                             process waits N ms after connecting; a test aid)]"
                         .into(),
@@ -190,7 +201,11 @@ fn workload(w: &ModelWeights) -> Vec<Request> {
 fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let w = weights(args.model.as_deref())?;
     let cfg = config::<Prefill>(&w)?;
-    let tcfg = transfer_config(args.corrupt);
+    let mut tcfg = transfer_config(args.corrupt);
+    // The decode process hands over the deployment's link key, if any.
+    if let Ok(hex) = std::env::var(KEY_ENV) {
+        tcfg = tcfg.with_link_key(LinkKey::from_hex(&hex).map_err(|e| e.to_string())?);
+    }
     let link = TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
     let model = Model::cpu(w).map_err(|e| e.to_string())?;
@@ -373,14 +388,21 @@ fn run(args: &Args) -> Result<bool, String> {
     );
     let reqs = workload(&w);
     let dcfg = config::<Decode>(&w)?;
-    let tcfg = transfer_config(args.corrupt);
+    let mut tcfg = transfer_config(args.corrupt);
+    let key = if args.tcp && !args.no_auth {
+        let key = LinkKey::generate().map_err(|e| e.to_string())?;
+        tcfg = tcfg.with_link_key(key.clone());
+        Some(key)
+    } else {
+        None
+    };
     eprintln!(
         "model: {name}; window {} tokens; transport {}; corrupt receipt: {}",
         dcfg.max_context(),
-        if args.tcp {
-            "tcp (two processes)"
-        } else {
-            "in-process (threads)"
+        match (args.tcp, &key) {
+            (true, Some(_)) => "tcp (two processes, authenticated: Noise NNpsk0, sealed frames)",
+            (true, None) => "tcp (two processes, unauthenticated loopback)",
+            (false, _) => "in-process (threads)",
         },
         args.corrupt
     );
@@ -394,6 +416,10 @@ fn run(args: &Args) -> Result<bool, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
         cmd.arg("--role-prefill-of").arg(addr.to_string());
+        match &key {
+            Some(k) => cmd.env(KEY_ENV, k.to_hex()),
+            None => cmd.env_remove(KEY_ENV),
+        };
         if let Some(m) = &args.model {
             cmd.arg("--model").arg(m);
         }

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::model::ModelFingerprint;
+use crate::transfer::auth::LinkKey;
 use crate::transfer::error::LinkError;
 
 /// Timeouts on every wait and the bound on KV bytes in flight. Obtained
@@ -19,6 +20,8 @@ pub struct TransferConfig {
     max_batch_bytes: usize,
     max_frame_bytes: usize,
     model: Option<ModelFingerprint>,
+    link_key: Option<LinkKey>,
+    auth_timeout: Duration,
     #[cfg(any(test, feature = "fault-injection"))]
     faults: Option<std::sync::Arc<crate::transfer::fault::FaultPlan>>,
 }
@@ -34,6 +37,8 @@ impl Default for TransferConfig {
             max_batch_bytes: 1 << 20,
             max_frame_bytes: 16 << 20,
             model: None,
+            link_key: None,
+            auth_timeout: Duration::from_secs(5),
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
         }
@@ -61,7 +66,10 @@ impl TransferConfig {
         self.ack_timeout = d;
         self
     }
-    /// How long a sender waits for room under the in-flight cap.
+    /// How long a sender waits for room under the in-flight cap, and on
+    /// TCP the deadline of a whole frame: once a frame's first byte has
+    /// been read, the rest must follow within it (however it trickles in),
+    /// else the link ends with a typed `WireError::Stalled`.
     #[must_use]
     pub fn with_write_timeout(mut self, d: Duration) -> Self {
         self.write_timeout = d;
@@ -93,6 +101,25 @@ impl TransferConfig {
     #[must_use]
     pub fn with_model(mut self, model: ModelFingerprint) -> Self {
         self.model = Some(model);
+        self
+    }
+    /// The deployment's link key: TCP links then authenticate both ends
+    /// before any frame (see [`crate::transfer::auth`]) and seal every frame,
+    /// and may use non-loopback addresses. Both ends need the same key.
+    /// Without one, TCP serves loopback only, unauthenticated (tests, demos,
+    /// single-user hosts: any local process can connect as the peer).
+    #[must_use]
+    pub fn with_link_key(mut self, key: LinkKey) -> Self {
+        self.link_key = Some(key);
+        self
+    }
+    /// How long a connection may take to authenticate (or, without a link
+    /// key, to send its hello) before the listener closes it; meanwhile the
+    /// listener keeps accepting others, so a silent or slow stranger does
+    /// not hold the port. Also bounds the prefill end's handshake.
+    #[must_use]
+    pub fn with_auth_timeout(mut self, d: Duration) -> Self {
+        self.auth_timeout = d;
         self
     }
     /// Injects the faults of `plan` at the protocol steps it names.
@@ -128,6 +155,13 @@ impl TransferConfig {
     pub fn model(&self) -> Option<ModelFingerprint> {
         self.model
     }
+    /// The link key, if links authenticate.
+    pub fn link_key(&self) -> Option<&LinkKey> {
+        self.link_key.as_ref()
+    }
+    pub fn auth_timeout(&self) -> Duration {
+        self.auth_timeout
+    }
     #[cfg(any(test, feature = "fault-injection"))]
     pub(crate) fn faults(&self) -> Option<&std::sync::Arc<crate::transfer::fault::FaultPlan>> {
         self.faults.as_ref()
@@ -151,6 +185,11 @@ impl TransferConfig {
             return Err(LinkError::Config {
                 what: "plan_timeout and ack_timeout must be > 0 (Duration::MAX waits without a \
                        limit)",
+            });
+        }
+        if self.auth_timeout.is_zero() {
+            return Err(LinkError::Config {
+                what: "auth_timeout must be > 0: with 0 no peer can authenticate in time",
             });
         }
         if self.max_batch_bytes == 0 {

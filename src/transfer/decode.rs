@@ -369,13 +369,20 @@ impl<L: DecodeLink> DecodeSide<L> {
 
     /// Finds the transfer a message belongs to: by nonce; not at all for
     /// the nonce of a transfer that has ended (a late message, even if a
-    /// new transfer for the same request id is live); else (for a nonce
-    /// mismatch) by the request it names while that request is live.
+    /// new transfer for the same request id is live); else (a nonce this
+    /// side never issued, naming a live request) by the request it names
+    /// only when the peer is authenticated (or in this process): a peer
+    /// that proved it holds the link key and still sends a wrong nonce is
+    /// broken or lying, and the request fails closed
+    /// ([`IntegrityError::NonceMismatch`]). From an unauthenticated peer
+    /// (TCP on loopback without a link key) such a message is ignored and
+    /// counted, so a peer that proved nothing cannot end a transfer it
+    /// cannot name; the transfer goes on to its real receipt or its timeout.
     fn route(&self, nonce: Nonce, request: RequestId) -> Option<RequestId> {
         if let Some(&id) = self.by_nonce.get(&nonce) {
             return Some(id);
         }
-        if self.ended.contains(&nonce) {
+        if self.ended.contains(&nonce) || !self.link.peer_authenticated() {
             return None;
         }
         self.live.contains_key(&request).then_some(request)

@@ -4,6 +4,7 @@
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::KvError;
+use crate::transfer::auth::AuthError;
 use crate::transfer::protocol::{AbortReason, Nonce, PlannedPage};
 
 /// What a side was waiting for when its timeout expired.
@@ -48,8 +49,12 @@ pub enum WireError {
         "frame out of order: sequence {got}, expected {expected}: frames were lost or replayed; reconnect"
     )]
     OutOfOrder { expected: u32, got: u32 },
+    /// A frame begun (its first byte read) was not complete within the
+    /// frame deadline, the peer's write timeout, counted for the whole
+    /// frame: a peer that drips a byte at a time cannot hold the link.
     #[error(
-        "the peer stopped for {waited_ms} ms in the middle of a frame: it is stuck or gone; reconnect"
+        "a frame begun was not complete within {waited_ms} ms (the deadline for a whole frame): \
+         the peer is stuck, gone or dripping bytes; reconnect"
     )]
     Stalled { waited_ms: u128 },
     #[error("a {kind} frame is not valid {context}")]
@@ -83,9 +88,12 @@ pub enum LinkError {
         waited_ms: u128,
     },
     #[error(
-        "{addr} is not a loopback address: the TCP transport has no authentication, use 127.0.0.1"
+        "{addr} is not a loopback address: without a link key the TCP transport serves loopback \
+         only; configure the same TransferConfig::with_link_key on both ends, or use 127.0.0.1"
     )]
     NotLoopback { addr: String },
+    #[error("link authentication: {0}")]
+    Auth(#[from] AuthError),
     #[error("invalid transfer configuration: {what}")]
     Config { what: &'static str },
     #[error(
@@ -291,6 +299,7 @@ impl HttpStatus for LinkError {
             | LinkError::Wire(_)
             | LinkError::Killed => 502,
             LinkError::AcceptTimeout { .. } => 504,
+            LinkError::Auth(e) => e.http_status(),
         }
     }
 }

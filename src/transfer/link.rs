@@ -50,6 +50,15 @@ pub trait PrefillLink: Send {
 pub trait DecodeLink: Send {
     /// Where this link lands KV writes.
     fn landing(&self) -> &Arc<LandingZone>;
+    /// True when every message on this link comes from a peer that proved
+    /// it holds the deployment's link key, or from this process (the
+    /// default: in-process links). A transport that can carry an
+    /// unauthenticated peer answers false for such a link. Decides what a
+    /// receipt naming a live request with a nonce this side never issued
+    /// does (see [`crate::transfer::DecodeSide`]).
+    fn peer_authenticated(&self) -> bool {
+        true
+    }
     /// Sends a plan or an answer.
     fn send(&mut self, msg: ToPrefill) -> Result<(), LinkError>;
     /// The next receipt or abort, waiting at most `timeout`; `None` when

@@ -11,7 +11,9 @@
 //!   receipt, no placeholder), computes, sends, and holds the source pages
 //!   until decode answers or the transfer is abandoned and drained.
 //! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy) and
-//!   [`Tcp`] (loopback, framed, bounded), with a cap on KV bytes in flight.
+//!   [`Tcp`] (framed, bounded; loopback without a link key, any address
+//!   with one: [`auth`] authenticates both ends and seals every frame), with
+//!   a cap on KV bytes in flight.
 //!
 //! The workers that run a model on each side, [`crate::engine::PrefillWorker`]
 //! and [`crate::engine::DecodeWorker`], live in the engine layer above this
@@ -51,6 +53,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod auth;
 pub mod checksum;
 mod config;
 mod credits;
@@ -71,6 +74,7 @@ pub mod protocol;
 pub mod synthetic;
 pub mod tcp;
 
+pub use auth::{AuthError, LinkKey};
 pub use config::TransferConfig;
 pub use credits::InFlightStats;
 pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, VerifiedKv};
@@ -86,4 +90,4 @@ pub use protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
     Verdict, WriteBatch, WriterRun,
 };
-pub use tcp::{Tcp, TcpDecode, TcpDecodeListener, TcpPrefill};
+pub use tcp::{Refusal, Tcp, TcpAuth, TcpDecode, TcpDecodeListener, TcpPrefill};

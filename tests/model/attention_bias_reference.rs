@@ -2,7 +2,7 @@
 //! added before RoPE. A forward pass that skipped one of them would still
 //! produce plausible text, just not the model's: nothing else in the suite
 //! loads a model with biases through the forward pass, so this file checks
-//! handoff against the independent naive reference (tests/naive_llama) on
+//! handoff against the independent naive reference (tests/support/naive_llama.rs) on
 //! seeded random weights with biases and rotate-half RoPE, the Qwen2 shape.
 //!
 //! The biases are scaled up so that dropping any one of them moves the

@@ -9,7 +9,7 @@
 //! Three layers of evidence, so a disagreement points at its cause:
 //! 1. the loader reads exactly the bytes and hyper-parameters transformers saved;
 //! 2. those weights, through an independent naive f64 forward pass
-//!    (tests/naive_llama), reproduce transformers' logits: the loader's
+//!    (tests/support/naive_llama.rs), reproduce transformers' logits: the loader's
 //!    mapping (names, layouts, rotate-half RoPE) is right;
 //! 3. handoff's own forward pass reproduces them too (logits within 1e-4
 //!    at every position; greedy tokens exactly, through paged prefill+decode).

@@ -2,7 +2,7 @@
 //! that claim against a second, independent derivation of the llama2.c
 //! convention, written only from ../shared/models/README.md: its own file
 //! reader (below) and a naive f64 forward pass with adjacent-pair RoPE and
-//! grouped-query attention (tests/naive_llama). Nothing on the reference side
+//! grouped-query attention (tests/support/naive_llama.rs). Nothing on the reference side
 //! goes through handoff's loader or math.
 //!
 //! Uses ../shared/models/stories260K.bin, a real trained model (GQA 8:4);

@@ -3,9 +3,10 @@
 //! `#[macro_use] mod support;` and its stories `use crate::support::...`.
 #![allow(dead_code)]
 
-/// Runs each story `name => fn` against both transports, as the tests
-/// `in_process::name` and `tcp::name` (the generic conformance pattern);
-/// each test binary declares `#[macro_use] mod support;` first.
+/// Runs each story `name => fn` against every transport, as the tests
+/// `in_process::name`, `tcp::name` and `tcp_auth::name` (authenticated TCP)
+/// (the generic conformance pattern); each test binary declares
+/// `#[macro_use] mod support;` first.
 #[allow(unused_macros)]
 macro_rules! on_both_transports {
     ($($name:ident => $body:expr;)*) => {
@@ -16,6 +17,10 @@ macro_rules! on_both_transports {
         mod tcp {
             use super::*;
             $(#[test] fn $name() { ($body)(handoff::transfer::Tcp) })*
+        }
+        mod tcp_auth {
+            use super::*;
+            $(#[test] fn $name() { ($body)(handoff::transfer::TcpAuth) })*
         }
     };
 }

@@ -227,6 +227,13 @@ fn random_model_over_tcp_matches_colocated() {
 }
 
 #[test]
+fn random_model_over_authenticated_tcp_matches_colocated() {
+    for c in &CASES {
+        assert_same_as_colocated(&handoff::transfer::TcpAuth, random_model, c);
+    }
+}
+
+#[test]
 fn stories260k_in_process_matches_colocated() {
     let Some(w) = stories() else { return };
     for c in &CASES[..2] {
@@ -270,4 +277,5 @@ fn a_corrupted_receipt_fails_only_its_request_and_generates_nothing() {
     }
     run(&InProcess);
     run(&Tcp);
+    run(&handoff::transfer::TcpAuth);
 }

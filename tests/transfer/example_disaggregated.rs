@@ -180,6 +180,16 @@ fn two_processes_over_tcp_serve_the_workload_with_a_clean_audit() {
 }
 
 #[test]
+fn two_processes_over_unauthenticated_loopback_tcp_serve_the_workload_too() {
+    // `--transport tcp` authenticates by default; `--no-auth` is the
+    // loopback link without a key, which stays available for demos.
+    let Some((a, _)) = run_checked(&["--transport", "tcp", "--no-auth"]) else {
+        return;
+    };
+    assert_eq!(a.failed, 0, "nothing fails without an injected fault");
+}
+
+#[test]
 fn a_corrupted_receipt_fails_only_its_request_in_threads() {
     let Some((a, lines)) = run_checked(&["--inject-corrupt-receipt"]) else {
         return;
@@ -272,6 +282,9 @@ fn a_prefill_process_killed_mid_run_fails_requests_typed_and_the_run_fails() {
     ));
     let parent = running.0.as_ref().unwrap().id();
     let prefill = connected_prefill_child_of(parent).expect("the prefill process connected");
+    // Its socket is open; let the link's handshake finish (milliseconds)
+    // well inside the 5 s stall, so the kill lands with requests in flight.
+    std::thread::sleep(std::time::Duration::from_secs(1));
     match std::process::Command::new("kill")
         .args(["-9", &prefill.to_string()])
         .status()

@@ -243,3 +243,8 @@ fn every_fault_at_every_step_in_process() {
 fn every_fault_at_every_step_over_tcp() {
     matrix(Tcp);
 }
+
+#[test]
+fn every_fault_at_every_step_over_authenticated_tcp() {
+    matrix(handoff::transfer::TcpAuth);
+}

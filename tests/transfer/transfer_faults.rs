@@ -166,6 +166,11 @@ fn every_fault_at_every_step_over_tcp() {
 }
 
 #[test]
+fn every_fault_at_every_step_over_authenticated_tcp() {
+    matrix(handoff::transfer::TcpAuth);
+}
+
+#[test]
 fn a_duplicated_plan_is_served_once() {
     let faults = FaultPlan::new().with(FaultRule::at(Step::PlanSent, Fault::Duplicate));
     let cfg = TransferConfig::default().with_faults(Arc::new(faults));

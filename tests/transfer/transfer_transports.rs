@@ -1,7 +1,8 @@
 //! Story: every transport keeps the same promises.
 //!
-//! One generic conformance suite runs against the in-process and the TCP
-//! transport: KV arrives intact across page sizes and dtypes; memory in
+//! One generic conformance suite runs against the in-process transport, TCP
+//! on loopback without a key, and TCP authenticated with a link key (every
+//! frame sealed): KV arrives intact across page sizes and dtypes; memory in
 //! flight stays under the cap with a slow receiver; a cancel at any step
 //! frees nothing a write may still target; every wait ends in a typed
 //! error; a dead peer hangs nobody; an oversized prompt is refused by
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use handoff::transfer::{
     AbortReason, CancelOutcome, Fault, FaultPlan, FaultRule, InProcess, LinkError, Step, Tcp,
-    Transfer, TransferConfig, TransferError, Wait, synthetic,
+    TcpAuth, Transfer, TransferConfig, TransferError, Wait, synthetic,
 };
 use handoff::{HttpStatus, KvDtype, Rejection, RequestId};
 use support::{Rig, RigSpec, outcome_of, request};
@@ -38,6 +39,11 @@ fn in_process_transport_conforms() {
 #[test]
 fn tcp_transport_conforms() {
     conformance(Tcp);
+}
+
+#[test]
+fn authenticated_tcp_transport_conforms() {
+    conformance(TcpAuth);
 }
 
 fn kv_arrives_intact_across_page_sizes_and_dtypes<T: Transfer>(t: T) {

@@ -5,10 +5,12 @@
 //! 0       4     magic "HNDF"
 //! 4       2     protocol version (LE), 1
 //! 6       1     kind
-//! 7       1     flags, 0
+//! 7       1     flags: 0, or FLAG_SEALED on an authenticated link
 //! 8       4     sequence number (LE), +1 per frame per direction, from 0
-//! 12      4     payload length (LE)
-//! 16      len   payload (kind-specific, little-endian fields)
+//! 12      4     payload length (LE); sealed: ciphertext + 16-byte tag
+//! 16      len   payload (kind-specific, little-endian fields); sealed:
+//!               AES-256-GCM ciphertext of it, then the tag, with these 16
+//!               header bytes as associated data (see `transfer::auth`)
 //! ```
 //!
 //! Decoding is a pure function of a byte slice; it never panics and never
@@ -31,6 +33,9 @@ pub const MAGIC: [u8; 4] = *b"HNDF";
 pub const VERSION: u16 = 2;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
+/// Header flag of every frame on an authenticated link: the payload is
+/// sealed (encrypted, then a 16-byte tag). A link accepts only its own kind.
+pub const FLAG_SEALED: u8 = 1;
 /// Bytes of a write frame's payload before the K and V rows.
 pub const WRITE_PREFIX_LEN: usize = 28;
 
@@ -119,6 +124,12 @@ impl Frame<'_> {
 /// Decodes a header; refuses bad magic, versions, kinds, flags, and
 /// payloads longer than `max_len`.
 pub fn decode_header(h: &[u8], max_len: usize) -> Result<Header, WireError> {
+    decode_header_flagged(h, max_len, 0)
+}
+
+/// [`decode_header`] for a link whose every frame carries `flags` (0, or
+/// [`FLAG_SEALED`] on an authenticated link); any other flags are refused.
+pub fn decode_header_flagged(h: &[u8], max_len: usize, want: u8) -> Result<Header, WireError> {
     let mut r = Rd::new(h);
     let magic = [
         r.u8("magic")?,
@@ -138,7 +149,7 @@ pub fn decode_header(h: &[u8], max_len: usize) -> Result<Header, WireError> {
     }
     let kind = Kind::from_u8(r.u8("kind")?)?;
     let flags = r.u8("flags")?;
-    if flags != 0 {
+    if flags != want {
         return Err(WireError::BadFlags { flags });
     }
     let seq = r.u32("sequence")?;

@@ -1,38 +1,82 @@
-//! TCP transport on loopback: length-prefixed binary frames (see
-//! [`frame`]), one connection per worker pair, a reader thread per end.
+//! TCP transport: length-prefixed binary frames (see [`frame`]), one
+//! connection per worker pair, a reader thread per end.
+//!
+//! With a link key ([`TransferConfig::with_link_key`]) both ends prove they
+//! hold it before any frame, and every frame is sealed under the session's
+//! keys (see [`crate::transfer::auth`]); such a link may use any address.
+//! Without one the link is unauthenticated and unencrypted, and binds and
+//! connects to loopback addresses only: for tests, demos and single-user
+//! hosts, where any local process could connect as the peer.
+//!
+//! The decode end's listener waits for a connection that proves itself
+//! (authenticates, or without a key sends a valid hello) within the auth
+//! timeout, and keeps accepting others meanwhile: a silent or lying
+//! stranger is closed and recorded as a [`Refusal`], never made the link.
 //!
 //! Any frame that cannot be accepted (bad magic or version, unknown kind,
-//! oversized, malformed, out of sequence, or not valid for its direction)
-//! ends the connection at once with a typed [`WireError`]; the offending
-//! frame is never applied. The TCP transport has no authentication or
-//! encryption, so it only binds and connects to loopback addresses.
+//! oversized, malformed, out of sequence, not valid for its direction, or
+//! failing authentication) ends the connection at once with a typed
+//! [`WireError`] or [`AuthError`](crate::transfer::AuthError); the
+//! offending frame is never applied. A frame begun must be complete within
+//! the write timeout, counted for the whole frame; between frames a link
+//! may idle.
 
+mod accept;
 pub mod frame;
+
+pub use accept::{MAX_PENDING, Refusal};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::kv::{Held, KvSeq};
-use crate::transfer::config::TransferConfig;
+use crate::transfer::auth::{
+    AuthError, HS_HEADER_LEN, Handshake, LinkKey, Opener, Sealer, Session, TAG_LEN, hs_header,
+};
+use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::credits::{Credits, InFlightStats};
 use crate::transfer::error::{LinkError, WireError};
 use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
 use crate::transfer::landing::LandingZone;
 use crate::transfer::link::{DecodeLink, PrefillLink, Transfer};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
-use frame::{Frame, HEADER_LEN, Kind, Role};
+use frame::{FLAG_SEALED, Frame, HEADER_LEN, Kind, Role};
 
-/// TCP on 127.0.0.1. As a [`Transfer`], connects both ends in this process
-/// (threads); for two processes use [`TcpDecodeListener`] and
-/// [`TcpPrefill::connect`].
+/// TCP on 127.0.0.1, authenticated when the configuration carries a link
+/// key. As a [`Transfer`], connects both ends in this process (threads);
+/// for two processes use [`TcpDecodeListener`] and [`TcpPrefill::connect`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Tcp;
+
+/// TCP on 127.0.0.1, always authenticated: with the configuration's link
+/// key, or a fresh random one shared by the two ends it connects (they are
+/// in this process). The same transport as [`Tcp`] with a key, as a
+/// [`Transfer`] of its own for suites that run every transport.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TcpAuth;
+
+impl Transfer for TcpAuth {
+    type Prefill = TcpPrefill;
+    type Decode = TcpDecode;
+
+    fn name(&self) -> &'static str {
+        "tcp+auth"
+    }
+
+    fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
+        let cfg = match cfg.link_key() {
+            Some(_) => cfg.clone(),
+            None => cfg.clone().with_link_key(LinkKey::generate()?),
+        };
+        Tcp.connect(&cfg)
+    }
+}
 
 impl Transfer for Tcp {
     type Prefill = TcpPrefill;
@@ -53,8 +97,9 @@ impl Transfer for Tcp {
     }
 }
 
-fn check_loopback(addr: SocketAddr) -> Result<(), LinkError> {
-    if addr.ip().is_loopback() {
+/// Refuses a non-loopback address unless links authenticate.
+fn check_address(addr: SocketAddr, cfg: Option<&TransferConfig>) -> Result<(), LinkError> {
+    if addr.ip().is_loopback() || cfg.is_some_and(|c| c.link_key().is_some()) {
         Ok(())
     } else {
         Err(LinkError::NotLoopback {
@@ -63,20 +108,40 @@ fn check_loopback(addr: SocketAddr) -> Result<(), LinkError> {
     }
 }
 
-/// Frames out, numbered.
+/// Frames out, numbered (and sealed on an authenticated link).
 struct FrameWriter {
     stream: TcpStream,
     seq: u32,
     buf: Vec<u8>,
+    sealer: Option<Sealer>,
 }
 
 impl FrameWriter {
-    fn new(stream: TcpStream) -> Self {
+    fn new(stream: TcpStream, sealer: Option<Sealer>) -> Self {
         FrameWriter {
             stream,
             seq: 0,
             buf: Vec::new(),
+            sealer,
         }
+    }
+    /// Seals the frame in `buf` (header and payload) in place: sets the
+    /// sealed flag and length, encrypts the payload under the header, and
+    /// appends the tag. Without a session, leaves it as it is.
+    fn seal(&mut self) -> Result<(), LinkError> {
+        let Some(sealer) = self.sealer.as_mut() else {
+            return Ok(());
+        };
+        let body = self.buf.len().saturating_sub(HEADER_LEN);
+        let len = u32::try_from(body + TAG_LEN).map_err(|_| LinkError::Config {
+            what: "frame larger than 4 GiB",
+        })?;
+        let (h, payload) = self.buf.split_at_mut(HEADER_LEN);
+        h[7] = FLAG_SEALED;
+        h[12..16].copy_from_slice(&len.to_le_bytes());
+        let tag = sealer.seal(h, payload)?;
+        self.buf.extend_from_slice(&tag);
+        Ok(())
     }
     fn next_seq(&mut self) -> u32 {
         let s = self.seq;
@@ -87,37 +152,47 @@ impl FrameWriter {
         self.buf.clear();
         let seq = self.next_seq();
         frame::encode_frame(&mut self.buf, seq, frame);
+        self.seal()?;
         self.stream.write_all(&self.buf)?;
         Ok(())
     }
 }
 
-/// Fills `buf` from `stream`, whose read timeout is `stall`. Between frames
-/// (`begun` false and nothing read yet) the link may idle for any time;
-/// once a frame has begun, a pause of `stall` without a byte ends the link
-/// with a typed error (the peer is stuck or gone), so a half-sent frame
-/// cannot hold the link forever.
+/// Fills `buf` from `stream`. Before a frame's first byte (`begun` is
+/// `None`) the link may idle for any time; once a byte of a frame has been
+/// read, the whole frame must be complete within `limit` of it (the
+/// peer's own write timeout: it would have given up by then), however the
+/// bytes trickle in, else the link ends with [`WireError::Stalled`].
 fn fill(
     stream: &mut TcpStream,
-    stall: Duration,
+    limit: Duration,
     buf: &mut [u8],
-    begun: bool,
+    begun: &mut Option<Instant>,
 ) -> Result<(), LinkError> {
     use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
     let mut got = 0;
     while got < buf.len() {
-        match stream.read(&mut buf[got..]) {
-            Ok(0) => return Err(LinkError::Disconnected),
-            Ok(n) => got += n,
-            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {
-                if begun || got > 0 {
+        let wait = match *begun {
+            None => limit,
+            Some(t0) => {
+                let left = deadline(t0, limit).saturating_duration_since(Instant::now());
+                if left.is_zero() {
                     return Err(WireError::Stalled {
-                        waited_ms: stall.as_millis(),
+                        waited_ms: limit.as_millis(),
                     }
                     .into());
                 }
+                left
             }
-            Err(e) if e.kind() == Interrupted => {}
+        };
+        stream.set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(LinkError::Disconnected),
+            Ok(n) => {
+                got += n;
+                begun.get_or_insert_with(Instant::now);
+            }
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut | Interrupted) => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -126,24 +201,44 @@ fn fill(
 
 /// Frames in, checked for sequence and direction.
 struct FrameReader {
-    /// Reads time out after `stall` (the socket's read timeout; see [`fill`]).
     stream: TcpStream,
-    /// How long a frame, once begun, may wait for its next byte: the peer's
-    /// own write timeout (it would have given up by then).
-    stall: Duration,
+    /// How long a frame, once begun, may take as a whole: the peer's own
+    /// write timeout (see [`fill`]).
+    limit: Duration,
     expect: u32,
     max: usize,
     buf: Vec<u8>,
     hello: bool,
     peer: Role,
+    /// Opens the peer's sealed frames on an authenticated link.
+    opener: Option<Opener>,
 }
 
 impl FrameReader {
-    /// The next frame's header and payload (in `self.buf`).
+    fn new(stream: TcpStream, cfg: &TransferConfig, peer: Role, opener: Option<Opener>) -> Self {
+        FrameReader {
+            stream,
+            limit: cfg.write_timeout(),
+            expect: 0,
+            max: cfg.max_frame_bytes(),
+            buf: Vec::new(),
+            hello: false,
+            peer,
+            opener,
+        }
+    }
+
+    /// The next frame's header and payload (in `self.buf`, opened).
     fn next(&mut self) -> Result<frame::Header, LinkError> {
         let mut h = [0u8; HEADER_LEN];
-        fill(&mut self.stream, self.stall, &mut h, false)?;
-        let header = frame::decode_header(&h, self.max)?;
+        let mut begun = None;
+        fill(&mut self.stream, self.limit, &mut h, &mut begun)?;
+        let flags = if self.opener.is_some() {
+            FLAG_SEALED
+        } else {
+            0
+        };
+        let header = frame::decode_header_flagged(&h, self.max, flags)?;
         if header.seq != self.expect {
             return Err(WireError::OutOfOrder {
                 expected: self.expect,
@@ -153,7 +248,13 @@ impl FrameReader {
         }
         self.expect = self.expect.wrapping_add(1);
         self.buf.resize(header.len as usize, 0);
-        fill(&mut self.stream, self.stall, &mut self.buf, true)?;
+        fill(&mut self.stream, self.limit, &mut self.buf, &mut begun)?;
+        if let Some(opener) = self.opener.as_mut() {
+            if self.buf.len() < TAG_LEN {
+                return Err(WireError::Truncated { what: "frame tag" }.into());
+            }
+            opener.open(&h, &mut self.buf)?;
+        }
         let first = !self.hello;
         self.hello = true;
         match (first, header.kind == Kind::Hello) {
@@ -190,70 +291,93 @@ fn stream_pair(
 ) -> Result<(TcpStream, TcpStream), LinkError> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(cfg.write_timeout()))?;
-    // See `FrameReader::fill`: only a frame already begun may not stall.
-    stream.set_read_timeout(Some(cfg.write_timeout()))?;
     Ok((stream.try_clone()?, stream.try_clone()?))
 }
 
-/// A listening decode end (binds loopback only).
+/// A listening decode end. Loopback only, unless the configuration it
+/// accepts with carries a link key ([`TcpDecodeListener::bind_with`]).
 pub struct TcpDecodeListener {
     listener: TcpListener,
+    /// Connections still proving themselves, kept between accepts.
+    pending: Mutex<std::collections::VecDeque<accept::Pending>>,
+    refusals: accept::Refusals,
 }
 
 impl TcpDecodeListener {
     /// Binds `addr`, which must be a loopback address.
     pub fn bind(addr: SocketAddr) -> Result<Self, LinkError> {
-        check_loopback(addr)?;
+        Self::bind_as(addr, None)
+    }
+
+    /// Binds `addr`, which may be any address if `cfg` carries a link key
+    /// (links then authenticate), else must be a loopback address.
+    pub fn bind_with(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
+        cfg.validate()?;
+        Self::bind_as(addr, Some(cfg))
+    }
+
+    fn bind_as(addr: SocketAddr, cfg: Option<&TransferConfig>) -> Result<Self, LinkError> {
+        check_address(addr, cfg)?;
+        let listener = TcpListener::bind(addr)?;
+        // The accept loop polls: connections in progress are served while
+        // it waits for more.
+        listener.set_nonblocking(true)?;
         Ok(TcpDecodeListener {
-            listener: TcpListener::bind(addr)?,
+            listener,
+            pending: Mutex::new(std::collections::VecDeque::new()),
+            refusals: accept::Refusals::default(),
         })
     }
+
     /// The bound address (with the port the OS chose for port 0).
     pub fn local_addr(&self) -> Result<SocketAddr, LinkError> {
         Ok(self.listener.local_addr()?)
     }
+
     /// Accepts one prefill peer, waiting as long as it takes (a server's
     /// accept loop); see [`TcpDecodeListener::accept_within`] for a bound.
+    /// Connections that do not prove themselves within
+    /// [`TransferConfig::auth_timeout`] (with a link key: the handshake;
+    /// without: a valid hello) are closed and recorded
+    /// ([`TcpDecodeListener::refusals`]) while the wait goes on. A listener
+    /// bound to a non-loopback address refuses to accept without a link key.
     pub fn accept(&self, cfg: &TransferConfig) -> Result<TcpDecode, LinkError> {
-        cfg.validate()?;
-        let (stream, peer) = self.listener.accept()?;
-        check_loopback(peer)?;
-        TcpDecode::start(stream, cfg)
+        self.accept_until(cfg, None)
     }
 
-    /// Accepts one prefill peer, or fails with
-    /// [`LinkError::AcceptTimeout`] once `limit` has passed without one
-    /// (a prefill process that died before connecting).
-    /// Takes `&mut self`: it switches the listening socket to non-blocking
-    /// while it waits, which a concurrent accept must not see.
+    /// [`TcpDecodeListener::accept`], or [`LinkError::AcceptTimeout`] once
+    /// `limit` has passed without a peer that proved itself (a prefill
+    /// process that died before connecting, or only strangers). Connections
+    /// still authenticating stay with the listener for the next accept.
     pub fn accept_within(
         &mut self,
         cfg: &TransferConfig,
         limit: std::time::Duration,
     ) -> Result<TcpDecode, LinkError> {
+        self.accept_until(cfg, Some(limit))
+    }
+
+    fn accept_until(
+        &self,
+        cfg: &TransferConfig,
+        limit: Option<Duration>,
+    ) -> Result<TcpDecode, LinkError> {
         cfg.validate()?;
-        let start = std::time::Instant::now();
-        self.listener.set_nonblocking(true)?;
-        let accepted = loop {
-            match self.listener.accept() {
-                Ok(conn) => break Ok(conn),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if start.elapsed() >= limit {
-                        break Err(LinkError::AcceptTimeout {
-                            waited_ms: start.elapsed().as_millis(),
-                        });
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-                Err(e) => break Err(e.into()),
-            }
-        };
-        self.listener.set_nonblocking(false)?;
-        let (stream, peer) = accepted?;
-        // An accepted socket may inherit non-blocking mode on some systems.
-        stream.set_nonblocking(false)?;
-        check_loopback(peer)?;
-        TcpDecode::start(stream, cfg)
+        check_address(self.local_addr()?, Some(cfg))?;
+        // Concurrent accepts on one listener take turns.
+        let mut pending = self.pending.lock();
+        let won = accept::accept_loop(&self.listener, cfg, limit, &mut pending, &self.refusals)?;
+        TcpDecode::start(won.stream, cfg, won.session)
+    }
+
+    /// The connections refused most recently (up to 64), oldest first.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.refusals.recent()
+    }
+
+    /// How many connections this listener has refused in all.
+    pub fn refused_total(&self) -> u64 {
+        self.refusals.total()
     }
 }
 
@@ -266,24 +390,30 @@ pub struct TcpDecode {
     gate: Gate<ToPrefill>,
     reader: Option<JoinHandle<()>>,
     closed: bool,
+    authenticated: bool,
 }
 
 impl TcpDecode {
-    fn start(stream: TcpStream, cfg: &TransferConfig) -> Result<Self, LinkError> {
+    /// Starts the link on a connection whose hello the accept loop has read
+    /// (and, with a session, opened).
+    fn start(
+        stream: TcpStream,
+        cfg: &TransferConfig,
+        session: Option<Session>,
+    ) -> Result<Self, LinkError> {
         let (w, r) = stream_pair(&stream, cfg)?;
-        let writer = Arc::new(Mutex::new(FrameWriter::new(w)));
+        let authenticated = session.is_some();
+        let (sealer, opener) = match session {
+            Some(s) => (Some(s.sealer), Some(s.opener)),
+            None => (None, None),
+        };
+        let writer = Arc::new(Mutex::new(FrameWriter::new(w, sealer)));
         writer.lock().send(&Frame::Hello(Role::Decode))?;
         let landing = Arc::new(LandingZone::new());
         let (tx, events) = crossbeam_channel::unbounded();
-        let reader = FrameReader {
-            stream: r,
-            stall: cfg.write_timeout(),
-            expect: 0,
-            max: cfg.max_frame_bytes(),
-            buf: Vec::new(),
-            hello: false,
-            peer: Role::Prefill,
-        };
+        let mut reader = FrameReader::new(r, cfg, Role::Prefill, opener);
+        reader.expect = 1;
+        reader.hello = true;
         let handle = {
             let (landing, writer) = (landing.clone(), writer.clone());
             let delay = receiver_delay(cfg);
@@ -303,7 +433,13 @@ impl TcpDecode {
             gate: Gate::new(cfg),
             reader: Some(handle),
             closed: false,
+            authenticated,
         })
+    }
+
+    /// True when the peer proved it holds the deployment's link key.
+    pub fn is_authenticated(&self) -> bool {
+        self.authenticated
     }
 }
 
@@ -366,6 +502,10 @@ impl DecodeLink for TcpDecode {
         &self.landing
     }
 
+    fn peer_authenticated(&self) -> bool {
+        self.authenticated
+    }
+
     fn send(&mut self, msg: ToPrefill) -> Result<(), LinkError> {
         if self.closed {
             return Err(LinkError::Disconnected);
@@ -423,25 +563,28 @@ pub struct TcpPrefill {
 }
 
 impl TcpPrefill {
-    /// Connects to a decode end at `addr` (a loopback address).
+    /// Connects to a decode end at `addr`: a loopback address, or any
+    /// address when `cfg` carries a link key, in which case the decode end
+    /// must prove it holds the same key (within
+    /// [`TransferConfig::auth_timeout`]) before this returns.
     pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
         cfg.validate()?;
-        check_loopback(addr)?;
+        check_address(addr, Some(cfg))?;
         let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
+        let session = match cfg.link_key() {
+            Some(key) => Some(initiate(&stream, key, cfg.auth_timeout())?),
+            None => None,
+        };
+        let (sealer, opener) = match session {
+            Some(s) => (Some(s.sealer), Some(s.opener)),
+            None => (None, None),
+        };
         let (w, r) = stream_pair(&stream, cfg)?;
-        let mut writer = FrameWriter::new(w);
+        let mut writer = FrameWriter::new(w, sealer);
         writer.send(&Frame::Hello(Role::Prefill))?;
         let credits = Arc::new(Credits::new(cfg.max_in_flight_bytes()));
         let (tx, incoming) = crossbeam_channel::unbounded();
-        let reader = FrameReader {
-            stream: r,
-            stall: cfg.write_timeout(),
-            expect: 0,
-            max: cfg.max_frame_bytes(),
-            buf: Vec::new(),
-            hello: false,
-            peer: Role::Decode,
-        };
+        let reader = FrameReader::new(r, cfg, Role::Decode, opener);
         let handle = {
             let credits = credits.clone();
             // A bad frame closes the connection at once, as at the decode
@@ -483,6 +626,8 @@ impl TcpPrefill {
         let seq = fw.next_seq();
         frame::put_write_prefix(&mut fw.buf, seq, &b, kv_bytes);
         let base = fw.buf.len();
+        // Room for the tag too: sealing never reallocates the frame.
+        fw.buf.reserve(2 * each + TAG_LEN);
         fw.buf.resize(base + 2 * each, 0);
         for kv in 0..2 {
             let dst = &mut fw.buf[base + kv * each..base + (kv + 1) * each];
@@ -493,9 +638,61 @@ impl TcpPrefill {
         {
             *x ^= 1;
         }
+        fw.seal()?;
         fw.stream.write_all(&fw.buf)?;
         Ok(())
     }
+}
+
+/// The prefill end's handshake on a fresh connection: sends its message,
+/// checks decode's answer (proof that decode holds `key`), and returns the
+/// session. The peer then gets this end's sealed hello as its proof.
+fn initiate(stream: &TcpStream, key: &LinkKey, limit: Duration) -> Result<Session, LinkError> {
+    let until = deadline(Instant::now(), limit);
+    let mut s = stream;
+    let mut hs = Handshake::initiator(key)?;
+    stream.set_write_timeout(Some(limit))?;
+    s.write_all(&hs.write()?)?;
+    let mut h = [0u8; HS_HEADER_LEN];
+    read_until(stream, &mut h, until, limit)?;
+    let len = hs_header(&h)?;
+    let mut body = vec![0u8; len];
+    read_until(stream, &mut body, until, limit)?;
+    hs.read(&body)?;
+    Ok(hs.split()?)
+}
+
+/// Fills `buf` from `stream` by `until`; the peer closing first is
+/// [`AuthError::Closed`], the deadline [`AuthError::Deadline`].
+fn read_until(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    until: Instant,
+    limit: Duration,
+) -> Result<(), LinkError> {
+    use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
+    let mut s = stream;
+    let mut got = 0;
+    while got < buf.len() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(AuthError::Deadline {
+                waited_ms: limit.as_millis(),
+            }
+            .into());
+        }
+        stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(AuthError::Closed.into()),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut | Interrupted) => {}
+            Err(e) => match LinkError::from(e) {
+                LinkError::Disconnected => return Err(AuthError::Closed.into()),
+                other => return Err(other),
+            },
+        }
+    }
+    Ok(())
 }
 
 /// Reads frames from decode until the connection ends; returns why.
