@@ -1,6 +1,10 @@
 // Kernel parameter structs. Each one is mirrored, field for field, by a
-// #[repr(C)] struct in src/backend/cuda/params.rs; both sides assert the
-// size so that a drifted field fails the build, not a launch.
+// #[repr(C)] struct in src/backend/cuda/params.rs, and both are described
+// once, field by field, in the kernel table (src/backend/cuda/table.rs).
+// build.rs generates from that description static_asserts of every field's
+// offset and kind and every struct's size on both sides (params_layout.cuh,
+// included with each .cu's entry points, and params_layout.rs), so that a
+// drifted field fails the build, not a launch.
 //
 // Conventions:
 // - Pointers are device addresses. Every pointer's shape is commented.
@@ -46,7 +50,6 @@ struct DecodeParams {
     // rounded up to 64), so its result does not depend on its batch mates.
     uint32_t auto_max_splits;
 };
-static_assert(sizeof(DecodeParams) == 112, "DecodeParams drifted from params.rs");
 
 // Second pass of split-KV decode: merges the chunks' partial outputs.
 // grid (n_heads, batch); block 128.
@@ -59,7 +62,6 @@ struct MergeParams {
     uint32_t head_dim;
     uint32_t num_splits;
 };
-static_assert(sizeof(MergeParams) == 40, "MergeParams drifted from params.rs");
 
 // Paged causal prefill attention: q_len new positions per sequence, whose KV
 // is already appended, against all kv_len positions of the sequence. Query
@@ -88,7 +90,6 @@ struct PrefillParams {
     float sm_scale_log2;
     uint32_t pad0;
 };
-static_assert(sizeof(PrefillParams) == 96, "PrefillParams drifted from params.rs");
 
 // Writes new K/V rows into page slots (converting f32 to the KV dtype).
 // grid-stride over n_tokens * kv_dim.
@@ -104,7 +105,6 @@ struct KvAppendParams {
     uint32_t layer;
     uint32_t page_size_log2;
 };
-static_assert(sizeof(KvAppendParams) == 64, "KvAppendParams drifted from params.rs");
 
 // Overwrites whole pages with a 32-bit pattern (zero or the dtype's NaN).
 // grid (n_pages); block 256.
@@ -115,7 +115,6 @@ struct ScrubParams {
     uint32_t n_pages;
     uint32_t fill;            // pattern, repeated over every 32-bit word
 };
-static_assert(sizeof(ScrubParams) == 32, "ScrubParams drifted from params.rs");
 
 // out = x / sqrt(mean(x^2) + eps) * w, per row. grid (n_rows); block 256.
 struct RmsNormParams {
@@ -127,7 +126,6 @@ struct RmsNormParams {
     float eps;
     uint32_t pad0;
 };
-static_assert(sizeof(RmsNormParams) == 40, "RmsNormParams drifted from params.rs");
 
 // Rotary position embedding, in place. Pair i (0 <= i < head_dim/2) rotates
 // by pos * theta^(-2i/head_dim); style 0 pairs (2i, 2i+1) (Meta/llama2.c),
@@ -149,7 +147,6 @@ struct RopeParams {
     uint32_t scaling;           // 0 none, 1 linear, 2 llama3
     uint32_t pad0;
 };
-static_assert(sizeof(RopeParams) == 80, "RopeParams drifted from params.rs");
 
 // out = silu(gate) * up, elementwise. grid-stride over n.
 struct SwigluParams {
@@ -158,7 +155,6 @@ struct SwigluParams {
     float* out;         // [n] f32
     uint64_t n;
 };
-static_assert(sizeof(SwigluParams) == 32, "SwigluParams drifted from params.rs");
 
 // out[t] = table[tokens[t]]. grid-stride over n_tokens * dim.
 struct EmbeddingParams {
@@ -170,7 +166,6 @@ struct EmbeddingParams {
     uint32_t vocab;
     uint32_t pad0;
 };
-static_assert(sizeof(EmbeddingParams) == 40, "EmbeddingParams drifted from params.rs");
 
 // Greedy argmax per row; the lowest index wins ties. NaNs never win; each
 // row also reports how many it saw. grid (n_rows); block 256.
@@ -181,7 +176,6 @@ struct ArgmaxParams {
     uint32_t n_rows;
     uint32_t vocab;
 };
-static_assert(sizeof(ArgmaxParams) == 32, "ArgmaxParams drifted from params.rs");
 
 // out = x · wᵀ (f32). Each output element sums k in ascending order, the
 // same whatever m is, so a row's result does not depend on its batch.
@@ -195,7 +189,6 @@ struct LinearParams {
     uint32_t k;
     uint32_t pad0;
 };
-static_assert(sizeof(LinearParams) == 40, "LinearParams drifted from params.rs");
 
 // x[i] += y[i % period] (period = n: add; period = cols: bias per row).
 // grid-stride over n.
@@ -205,7 +198,6 @@ struct AddParams {
     uint64_t n;
     uint64_t period;
 };
-static_assert(sizeof(AddParams) == 32, "AddParams drifted from params.rs");
 
 // xxh3-64 (seed 0) of byte ranges. grid (ceil(n / 8)); block 256 (a warp per range).
 struct HashRangesParams {
@@ -216,7 +208,6 @@ struct HashRangesParams {
     uint32_t n;
     uint32_t pad0;
 };
-static_assert(sizeof(HashRangesParams) == 40, "HashRangesParams drifted from params.rs");
 
 // Per-page transfer checksums (src/transfer/checksum.rs): region (layer, K|V)
 // of a page is its first `tokens` rows of that layer's K or V, i.e. bytes
@@ -234,6 +225,5 @@ struct PageChecksumParams {
     uint32_t page_size;
     uint32_t row_bytes;         // kv_dim * dtype size
 };
-static_assert(sizeof(PageChecksumParams) == 64, "PageChecksumParams drifted from params.rs");
 
 }  // namespace handoff

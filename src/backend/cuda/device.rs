@@ -1,7 +1,6 @@
 //! The device: context, stream, and the kernels loaded from the fatbins
 //! that build.rs embedded.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -10,6 +9,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::CudaError;
+use super::kernels::KernelId;
 use super::launch;
 
 mod embedded {
@@ -28,7 +28,8 @@ pub struct CudaDevice {
 
 pub(super) struct Inner {
     pub(super) stream: Arc<CudaStream>,
-    pub(super) kernels: HashMap<String, CudaFunction>,
+    /// Every kernel of the table, at `KernelId::index`.
+    kernels: Vec<CudaFunction>,
     pub(super) sm_count: u32,
     name: String,
 }
@@ -48,7 +49,7 @@ impl CudaDevice {
     /// [`CudaError::NoDriver`] where libcuda is absent (checked first:
     /// creating a context without it would panic), [`CudaError::NoDevice`]
     /// where the ordinal does not exist, and [`CudaError::MissingKernel`]
-    /// where the fatbin lacks a kernel the dispatch tables name.
+    /// where the fatbin lacks a kernel of the kernel table.
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
         if !launch::driver_present() {
             return Err(CudaError::NoDriver);
@@ -80,13 +81,14 @@ impl CudaDevice {
                 })?;
             modules.push(module);
         }
-        let mut kernels = HashMap::new();
-        for spec in launch::kernel_specs() {
+        let mut kernels = Vec::with_capacity(KernelId::ALL.len());
+        for id in KernelId::ALL {
+            let spec = id.spec();
             let func = modules
                 .iter()
-                .find_map(|m| m.load_function(&spec.name).ok())
+                .find_map(|m| m.load_function(spec.symbol).ok())
                 .ok_or_else(|| CudaError::MissingKernel {
-                    name: spec.name.clone(),
+                    name: spec.symbol.to_string(),
                 })?;
             if spec.dynamic_smem > 48 * 1024 {
                 func.set_attribute(
@@ -95,7 +97,7 @@ impl CudaDevice {
                 )
                 .map_err(CudaError::driver("raising a kernel's shared memory limit"))?;
             }
-            kernels.insert(spec.name, func);
+            kernels.push(func);
         }
         Ok(CudaDevice {
             inner: Arc::new(Inner {
@@ -186,12 +188,13 @@ impl CudaDevice {
             .map_err(CudaError::driver("a deferred device operation"))
     }
 
-    pub(super) fn kernel(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+    /// The loaded kernel `id` (every one is loaded by `open`).
+    pub(super) fn function(&self, id: KernelId) -> Result<&CudaFunction, CudaError> {
         self.inner
             .kernels
-            .get(name)
+            .get(id.index())
             .ok_or_else(|| CudaError::MissingKernel {
-                name: name.to_string(),
+                name: id.spec().symbol.to_string(),
             })
     }
 }

@@ -1,79 +1,33 @@
-//! Every kernel launch, and every other `unsafe` of the CUDA backend.
+//! Every kernel launch, and every other `unsafe` of the CUDA backend but
+//! the params structs' `DeviceRepr` (params.rs).
 //!
 //! Each public operation checks, before it launches, everything the kernel
 //! relies on for memory safety: buffer lengths against the shapes in the
 //! params struct, page tables and slot maps built for this arena (their
 //! page indices were checked when they were built), and shapes with a
-//! compiled instantiation. All work runs on the device's one stream, in
-//! call order, so a buffer dropped after a call is freed (stream-ordered)
-//! only after the kernels that use it.
+//! compiled instantiation (attention: through its plan, `plan.rs`). Then it
+//! binds its buffers ([`Args`]) and calls [`CudaDevice::launch`], the one
+//! launch, with the kernel the table pairs with its params struct. All work
+//! runs on the device's one stream, in call order, so a buffer dropped after
+//! a call is freed (stream-ordered) only after the kernels that use it.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    SyncOnDrop,
+};
 
 use super::arena::{DeviceKvArena, PageTables, SlotMap};
+use super::kernels::{self, Kernel};
 use super::params::*;
+use super::plan::{
+    self, Attn, Batch, DecodePlan, Grid, PrefillKernel, Split, Step, grid, grid_stride, shape,
+    to_u32,
+};
+use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS};
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
 use crate::backend::{RopeScaling, RopeStyle};
 use crate::kv::KvDtype;
-
-/// Head dimensions with compiled attention kernels.
-pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];
-/// Query heads per KV head that decode kernels are compiled for; a ratio in
-/// between uses the next one up (the padding heads are computed, not written).
-pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
-/// Most query heads per KV head in prefill (its (position, head) row tile).
-pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
-
-const PREFILL_ROWS: usize = 32; // mirrors PREFILL_ROWS in prefill_attention.cu
-const PREFILL_BK: usize = 32; // mirrors PREFILL_BK
-const PREFILL_THREADS: u32 = 128;
-/// Head dimensions with a tensor-core prefill kernel (f16 and bf16 KV).
-pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
-const PMMA_BM: usize = 64; // mirrors PMMA_BM in prefill_mma.cu (rows per block)
-const PMMA_BN: usize = 64; // mirrors PMMA_BN (keys per tile)
-const PMMA_THREADS: u32 = 128;
-const LIN_ROWS: usize = 16; // mirrors LIN_ROWS in linear.cu (rows of x per block)
-const LIN_WARPS: usize = 8; // mirrors LIN_WARPS (output columns per block)
-const DECODE_THREADS: u32 = 128;
-const CHECKSUM_WARPS: usize = 8; // mirrors CHECKSUM_WARPS in checksum.cu
-/// Smallest KV chunk a split-KV decode block takes (positions).
-const MIN_CHUNK: usize = 256;
-/// Most chunks `Split::Auto` cuts one sequence into (32 chunks of each of
-/// 8 KV heads already fill an H200's 132 SMs twice for one sequence).
-const AUTO_MAX_SPLITS: usize = 32;
-
-// SAFETY (all impls below): each type is #[repr(C)], made only of integers
-// and floats, with its size asserted equal to the C++ struct it mirrors in
-// cuda/params.cuh; the kernel receives it by value.
-unsafe impl DeviceRepr for DecodeParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for MergeParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for PrefillParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for KvAppendParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for ScrubParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RmsNormParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RopeParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for SwigluParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for EmbeddingParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for ArgmaxParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for LinearParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for AddParams {}
-// SAFETY: as above.
-// SAFETY: as above.
-unsafe impl DeviceRepr for HashRangesParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for PageChecksumParams {}
 
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
@@ -82,145 +36,48 @@ pub(super) fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// A kernel the device must load, with its dynamic shared memory need.
-pub(super) struct KernelSpec {
-    pub name: String,
-    pub dynamic_smem: usize,
+/// Most buffers one launch binds.
+const MAX_ARGS: usize = 8;
+
+/// The buffers one launch reads and writes: each one's device address for
+/// the params struct, and the stream guard that orders it, held until the
+/// launch is queued (see [`CudaDevice::launch`]).
+struct Args<'a> {
+    stream: &'a CudaStream,
+    guards: [Option<SyncOnDrop<'a>>; MAX_ARGS],
+    bound: usize,
 }
 
-fn dtype_name(d: KvDtype) -> &'static str {
-    match d {
-        KvDtype::F32 => "f32",
-        KvDtype::F16 => "f16",
-        KvDtype::BF16 => "bf16",
-    }
-}
-
-const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
-
-fn prefill_smem(head_dim: usize) -> usize {
-    // mirrors PrefillCfg::SMEM_BYTES: q rows, K tile, V tile, rows padded by one float
-    (PREFILL_ROWS + 2 * PREFILL_BK) * (head_dim + 1) * 4
-}
-
-fn prefill_mma_smem(head_dim: usize) -> usize {
-    // mirrors PmmaCfg::SMEM_BYTES: Q, K and V tiles of 2-byte elements, rows padded by 8
-    (PMMA_BM + 2 * PMMA_BN) * (head_dim + 8) * 2
-}
-
-/// Which prefill attention kernel runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PrefillKernel {
-    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
-    /// [`PREFILL_MMA_HEAD_DIMS`], at most 64 query heads per KV head), else
-    /// the scalar kernel.
-    #[default]
-    Auto,
-    /// The scalar f32 kernel (every dtype and head dim): the reference.
-    Scalar,
-    /// The tensor-core (mma.sync) kernel; refused where not compiled.
-    TensorCore,
-}
-
-/// Every kernel the dispatch below can name.
-pub(super) fn kernel_specs() -> Vec<KernelSpec> {
-    let plain = |name: String| KernelSpec {
-        name,
-        dynamic_smem: 0,
-    };
-    let mut v = Vec::new();
-    for d in DTYPES {
-        let t = dtype_name(d);
-        for hd in HEAD_DIMS {
-            for g in DECODE_GROUPS {
-                v.push(plain(format!("decode_attention_{t}_d{hd}_g{g}")));
-            }
-            v.push(KernelSpec {
-                name: format!("prefill_attention_{t}_d{hd}"),
-                dynamic_smem: prefill_smem(hd),
-            });
-            if d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd) {
-                v.push(KernelSpec {
-                    name: format!("prefill_mma_{t}_d{hd}"),
-                    dynamic_smem: prefill_mma_smem(hd),
-                });
-            }
+impl<'a> Args<'a> {
+    fn new(stream: &'a CudaStream) -> Self {
+        Args {
+            stream,
+            guards: [const { None }; MAX_ARGS],
+            bound: 0,
         }
-        v.push(plain(format!("kv_append_{t}")));
     }
-    for n in [
-        "decode_merge",
-        "scrub_pages",
-        "rms_norm",
-        "rope",
-        "swiglu",
-        "embedding",
-        "argmax",
-        "linear",
-        "add_periodic",
-        "xxh3_ranges",
-        "page_checksums",
-    ] {
-        v.push(plain(n.to_string()));
+
+    /// The address of a buffer the kernel reads.
+    fn read<T>(&mut self, buf: &'a impl DevicePtr<T>) -> u64 {
+        let (ptr, guard) = buf.device_ptr(self.stream);
+        self.hold(guard);
+        ptr
     }
-    v
-}
 
-fn shape(what: &'static str, expected: usize, got: usize) -> Result<(), CudaError> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(CudaError::Shape {
-            what,
-            expected,
-            got,
-        })
+    /// The address of a buffer the kernel writes.
+    fn write<T>(&mut self, buf: &'a mut impl DevicePtrMut<T>) -> u64 {
+        let (ptr, guard) = buf.device_ptr_mut(self.stream);
+        self.hold(guard);
+        ptr
     }
-}
 
-fn to_u32(what: &'static str, x: usize) -> Result<u32, CudaError> {
-    u32::try_from(x).map_err(|_| CudaError::Unsupported {
-        what,
-        detail: format!("{x} exceeds u32"),
-    })
-}
-
-/// A launch grid sized from runtime values: `None` when a dimension is 0
-/// (nothing to launch: the caller returns before touching the device), and
-/// a typed error, before any launch, when one exceeds what CUDA accepts
-/// (x below 2^31, y and z at most 65535).
-fn grid(
-    what: &'static str,
-    x: usize,
-    y: usize,
-    z: usize,
-) -> Result<Option<(u32, u32, u32)>, CudaError> {
-    if x == 0 || y == 0 || z == 0 {
-        return Ok(None);
+    fn hold(&mut self, guard: SyncOnDrop<'a>) {
+        if let Some(slot) = self.guards.get_mut(self.bound) {
+            *slot = Some(guard);
+        }
+        // Past MAX_ARGS the guard is dropped here and the launch refused.
+        self.bound += 1;
     }
-    if x > i32::MAX as usize || y > 65_535 || z > 65_535 {
-        return Err(CudaError::Unsupported {
-            what,
-            detail: format!("grid ({x}, {y}, {z}) (at most (2^31 - 1, 65535, 65535))"),
-        });
-    }
-    Ok(Some((x as u32, y as u32, z as u32)))
-}
-
-fn grid_stride_blocks(total: usize) -> u32 {
-    total.div_ceil(256).clamp(1, 65_535) as u32
-}
-
-/// How decode splits the KV length across blocks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Split {
-    /// Each sequence cut by its own length only (chunks of at least 256
-    /// positions, at most 32 of them), so its output is bit-identical alone
-    /// or in any batch.
-    #[default]
-    Auto,
-    /// Chunks of exactly this many positions (at least 1).
-    ChunkTokens(usize),
 }
 
 /// Scratch buffers of split-KV decode, grown on demand and reused.
@@ -234,81 +91,126 @@ impl DecodeWorkspace {
     fn ensure(
         &mut self,
         dev: &CudaDevice,
-        o_len: usize,
-        lse_len: usize,
+        size: plan::Workspace,
     ) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<f32>), CudaError> {
-        if self.part_o.as_ref().is_none_or(|b| b.len() < o_len) {
-            self.part_o = Some(dev.zeros(o_len)?);
+        if self.part_o.as_ref().is_none_or(|b| b.len() < size.part_o) {
+            self.part_o = Some(dev.zeros(size.part_o)?);
         }
-        if self.part_lse.as_ref().is_none_or(|b| b.len() < lse_len) {
-            self.part_lse = Some(dev.zeros(lse_len)?);
+        if self
+            .part_lse
+            .as_ref()
+            .is_none_or(|b| b.len() < size.part_lse)
+        {
+            self.part_lse = Some(dev.zeros(size.part_lse)?);
         }
         match (self.part_o.as_mut(), self.part_lse.as_mut()) {
             (Some(o), Some(l)) => Ok((o, l)),
             _ => Err(CudaError::Shape {
                 what: "decode workspace",
-                expected: o_len,
+                expected: size.part_o,
                 got: 0,
             }),
         }
     }
 }
 
-/// Attention shape shared by decode and prefill, checked against the arena.
-struct AttnShape {
-    head_dim: usize,
-    n_kv_heads: usize,
-    group: usize,
-    page_size_log2: u32,
-    page_stride: u64,
+/// Transfer checksums of KV pages computed on the device (see
+/// [`CudaDevice::page_checksums`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct PageChecksums {
+    /// Region hashes as `[page][layer][K, V]`, pages in the order given.
+    pub regions: Vec<u64>,
+    /// One checksum per page given, in that order.
+    pub pages: Vec<u64>,
 }
 
-fn attn_shape(
-    arena: &DeviceKvArena,
-    tables: &PageTables,
-    layer: usize,
-    n_heads: usize,
-) -> Result<AttnShape, CudaError> {
-    if tables.arena_id != arena.id {
-        return Err(CudaError::ForeignArena);
+fn batch_of(tables: &PageTables) -> Batch {
+    Batch {
+        batch: tables.batch,
+        total_q: tables.total_q,
+        max_q_len: tables.max_q_len,
+        max_kv_len: tables.max_kv_len,
     }
-    let g = arena.geometry();
-    if layer >= g.n_layers {
-        return Err(CudaError::Shape {
-            what: "layer (below n_layers)",
-            expected: g.n_layers,
-            got: layer,
-        });
-    }
-    if !HEAD_DIMS.contains(&g.head_dim) {
-        return Err(CudaError::Unsupported {
-            what: "head_dim",
-            detail: format!("{} (compiled: {HEAD_DIMS:?})", g.head_dim),
-        });
-    }
-    if n_heads == 0 || !n_heads.is_multiple_of(g.n_kv_heads) || g.n_kv_heads > 65_535 {
-        return Err(CudaError::Unsupported {
-            what: "head counts",
-            detail: format!(
-                "{n_heads} query heads over {} KV heads (a multiple, at most 65535 KV heads)",
-                g.n_kv_heads
-            ),
-        });
-    }
-    Ok(AttnShape {
-        head_dim: g.head_dim,
-        n_kv_heads: g.n_kv_heads,
-        group: n_heads / g.n_kv_heads,
-        page_size_log2: arena.page_size().trailing_zeros(),
-        page_stride: arena.page_elems() as u64,
-    })
 }
 
-fn sm_scale_log2(head_dim: usize) -> f32 {
-    (std::f64::consts::LOG2_E / (head_dim as f64).sqrt()) as f32
+/// Binds what both decode launches read: q, the arena and the page tables.
+fn bind_decode<'a>(
+    args: &mut Args<'a>,
+    p: &mut DecodeParams,
+    q: &'a impl DevicePtr<f32>,
+    arena: &'a DeviceKvArena,
+    tables: &'a PageTables,
+) {
+    p.q = args.read(q);
+    p.kv = args.read(&arena.data);
+    p.page_table = args.read(&tables.page_table);
+    p.page_indptr = args.read(&tables.page_indptr);
+    p.kv_len = args.read(&tables.kv_len);
 }
 
 impl CudaDevice {
+    /// Queues `kernel` over `grid` blocks on the device's stream, with the
+    /// block size and dynamic shared memory the table gives it; `args` are
+    /// the guards of the buffers whose addresses `params` holds, released
+    /// once the launch is queued. The crate's one kernel launch.
+    fn launch<P: DeviceRepr>(
+        &self,
+        kernel: Kernel<P>,
+        params: &P,
+        grid: Grid,
+        args: Args<'_>,
+    ) -> Result<(), CudaError> {
+        if args.bound > MAX_ARGS {
+            return Err(CudaError::Unsupported {
+                what: "buffers bound to one launch",
+                detail: format!("{} (at most {MAX_ARGS})", args.bound),
+            });
+        }
+        let spec = kernel.id().spec();
+        let func = self.function(kernel.id())?;
+        let mut b = self.inner.stream.launch_builder(func);
+        b.arg(params);
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (spec.threads, 1, 1),
+            shared_mem_bytes: spec.dynamic_smem,
+        };
+        // SAFETY: `Kernel<P>` exists only for a compiled kernel whose
+        // parameter is `P` (the table pairs them; the layout of `P` is
+        // asserted against cuda/params.cuh on both sides), launched with the
+        // block size its code assumes and the dynamic shared memory it was
+        // allowed at load. Every caller below fills `params` only from
+        // buffers it bound in `args` after checking their lengths, and their
+        // indices and sizes against the shapes the kernel reads (its
+        // "Launch contract" comment), with `grid` the blocks the kernel
+        // indexes; the guards in `args` live until the launch is queued.
+        let launched = unsafe { b.launch(cfg) };
+        drop(args);
+        launched.map(drop).map_err(CudaError::driver(spec.during))
+    }
+
+    /// The attention shape of `n_heads` query heads over layer `layer` of
+    /// `arena`, with `tables` built for that arena.
+    fn attn(
+        &self,
+        arena: &DeviceKvArena,
+        tables: &PageTables,
+        layer: usize,
+        n_heads: usize,
+    ) -> Result<Attn, CudaError> {
+        if tables.arena_id != arena.id {
+            return Err(CudaError::ForeignArena);
+        }
+        Attn::new(
+            &arena.geometry(),
+            arena.page_size(),
+            arena.page_elems(),
+            layer,
+            n_heads,
+        )
+    }
+
     /// Paged decode attention for layer `layer`: one query per sequence.
     ///
     /// `q` is `[batch, n_heads, head_dim]`, `out` the same; every sequence of
@@ -327,161 +229,56 @@ impl CudaDevice {
         ws: &mut DecodeWorkspace,
         split: Split,
     ) -> Result<usize, CudaError> {
-        let s = attn_shape(arena, tables, layer, n_heads)?;
-        let Some(&kgroup) = DECODE_GROUPS.iter().find(|&&k| k >= s.group) else {
-            return Err(CudaError::Unsupported {
-                what: "query heads per KV head in decode",
-                detail: format!("{} (at most {})", s.group, DECODE_GROUPS[3]),
-            });
-        };
-        if tables.max_q_len != 1 {
-            return Err(CudaError::Unsupported {
-                what: "decode query length",
-                detail: format!("{} (decode takes one query per sequence)", tables.max_q_len),
-            });
-        }
-        let batch = tables.batch;
-        let rows = batch * n_heads * s.head_dim;
-        shape("decode q elements", rows, q.len())?;
-        shape("decode out elements", rows, out.len())?;
-
-        let max_len = tables.max_kv_len;
-        if batch == 0 {
-            return Ok(0);
-        }
-        if max_len == 0 {
-            return Err(CudaError::Shape {
-                what: "decode KV length (at least the current position)",
-                expected: 1,
-                got: 0,
-            });
-        }
-        // (chunk, auto_max_splits, num_splits): num_splits is grid.x, enough
-        // chunks for the longest sequence.
-        let (chunk, auto_max_splits, num_splits) = match split {
-            Split::ChunkTokens(0) => {
-                return Err(CudaError::Unsupported {
-                    what: "decode chunk",
-                    detail: "0 positions".into(),
-                });
-            }
-            Split::ChunkTokens(n) => {
-                let chunk = n.min(max_len);
-                (chunk, 0, max_len.div_ceil(chunk))
-            }
-            // Each sequence's chunk is max(MIN_CHUNK, ceil(len / AUTO_MAX_SPLITS)
-            // rounded up to 64), from its own length (see the kernel): at most
-            // min(AUTO_MAX_SPLITS, ceil(len / MIN_CHUNK)) chunks, which
-            // max_len bounds for every sequence of the batch.
-            Split::Auto => (
-                MIN_CHUNK,
-                AUTO_MAX_SPLITS,
-                AUTO_MAX_SPLITS.min(max_len.div_ceil(MIN_CHUNK)),
-            ),
-        };
-        let name = format!(
-            "decode_attention_{}_d{}_g{kgroup}",
-            dtype_name(arena.geometry().dtype),
-            s.head_dim
-        );
-        let func = self.kernel(&name)?;
+        let a = self.attn(arena, tables, layer, n_heads)?;
+        let plan = plan::decode(&a, &batch_of(tables), q.len(), out.len(), split)?;
+        let splits = plan.splits();
+        // Launch contract (both launches): q and out hold
+        // batch*n_heads*head_dim f32 (checked by the plan); the page tables
+        // were built for this arena (id checked) with every page index
+        // inside it and kv_len covered by each sequence's pages; the kernel
+        // matches dtype and head_dim and its group is at least p.group;
+        // grid (num_splits, n_kv_heads, batch) as the kernel indexes, and
+        // num_splits chunks cover every sequence's kv_len (fixed chunks
+        // cover max_kv_len; auto chunks are at most num_splits per sequence).
         let stream = &self.inner.stream;
-        let mut p = DecodeParams {
-            page_stride: s.page_stride,
-            batch: to_u32("batch", batch)?,
-            n_heads: to_u32("n_heads", n_heads)?,
-            n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
-            group: to_u32("group", s.group)?,
-            layer: to_u32("layer", layer)?,
-            page_size_log2: s.page_size_log2,
-            num_splits: to_u32("num_splits", num_splits)?,
-            chunk_tokens: to_u32("chunk", chunk)?,
-            auto_max_splits: to_u32("auto splits", auto_max_splits)?,
-            sm_scale_log2: sm_scale_log2(s.head_dim),
-            ..Default::default()
-        };
-        let Some(grid_dim) = grid("decode grid", num_splits, s.n_kv_heads, batch)? else {
-            return Ok(0);
-        };
-        let Some(merge_grid) = grid("decode merge grid", n_heads, batch, 1)? else {
-            return Ok(0);
-        };
-        let cfg = LaunchConfig {
-            grid_dim,
-            block_dim: (DECODE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (q_ptr, _gq) = q.device_ptr(stream);
-        let (kv_ptr, _gk) = arena.data.device_ptr(stream);
-        let (pt_ptr, _g1) = tables.page_table.device_ptr(stream);
-        let (pi_ptr, _g2) = tables.page_indptr.device_ptr(stream);
-        let (len_ptr, _g3) = tables.kv_len.device_ptr(stream);
-        p.q = q_ptr;
-        p.kv = kv_ptr;
-        p.page_table = pt_ptr;
-        p.page_indptr = pi_ptr;
-        p.kv_len = len_ptr;
-        if num_splits == 1 {
-            let (out_ptr, _go) = out.device_ptr_mut(stream);
-            p.out = out_ptr;
-            let mut b = stream.launch_builder(func);
-            b.arg(&p);
-            // SAFETY: q and out hold batch*n_heads*head_dim f32 (checked);
-            // the page tables were built for this arena (id checked) with every
-            // page index inside it and kv_len covered by each sequence's pages;
-            // the kernel matches dtype and head_dim and group >= p.group; grid
-            // is (1, n_kv_heads, batch) as the kernel indexes.
-            unsafe { b.launch(cfg) }
-                .map(drop)
-                .map_err(CudaError::driver("launching decode attention"))?;
-            return Ok(1);
+        match plan {
+            DecodePlan::Empty => {}
+            DecodePlan::Whole(Step {
+                kernel,
+                mut params,
+                grid,
+            }) => {
+                let mut args = Args::new(stream);
+                bind_decode(&mut args, &mut params, q, arena, tables);
+                params.out = args.write(out);
+                self.launch(kernel, &params, grid, args)?;
+            }
+            DecodePlan::Split {
+                attn,
+                merge,
+                workspace,
+            } => {
+                let (part_o, part_lse) = ws.ensure(self, workspace)?;
+                let mut p = attn.params;
+                let mut args = Args::new(stream);
+                bind_decode(&mut args, &mut p, q, arena, tables);
+                // part_o and part_lse hold at least the plan's workspace.
+                p.part_o = args.write(part_o);
+                p.part_lse = args.write(part_lse);
+                self.launch(attn.kernel, &p, attn.grid, args)?;
+                // Launch contract (merge): part_o/part_lse were sized for
+                // (batch, n_heads, num_splits) and written by the launch
+                // before on the same stream; out holds
+                // batch*n_heads*head_dim f32; grid (n_heads, batch).
+                let mut m = merge.params;
+                let mut args = Args::new(stream);
+                m.part_o = args.read(part_o);
+                m.part_lse = args.read(part_lse);
+                m.out = args.write(out);
+                self.launch(merge.kernel, &m, merge.grid, args)?;
+            }
         }
-        let (part_o, part_lse) =
-            ws.ensure(self, rows * num_splits, batch * n_heads * num_splits)?;
-        {
-            let (po_ptr, _g4) = part_o.device_ptr_mut(stream);
-            let (pl_ptr, _g5) = part_lse.device_ptr_mut(stream);
-            p.part_o = po_ptr;
-            p.part_lse = pl_ptr;
-            let mut b = stream.launch_builder(func);
-            b.arg(&p);
-            // SAFETY: as the single-chunk launch, with part_o holding at least
-            // batch*n_heads*num_splits*head_dim and part_lse batch*n_heads*num_splits
-            // f32 (ensured just above); grid.x = num_splits chunks cover every
-            // sequence's kv_len (fixed chunks of chunk_tokens cover max_kv_len;
-            // auto chunks are at most num_splits per sequence, see above).
-            unsafe { b.launch(cfg) }
-                .map(drop)
-                .map_err(CudaError::driver("launching decode attention"))?;
-        }
-        let (po_ptr, _g4) = part_o.device_ptr(stream);
-        let (pl_ptr, _g5) = part_lse.device_ptr(stream);
-        let (out_ptr, _go) = out.device_ptr_mut(stream);
-        let mp = MergeParams {
-            part_o: po_ptr,
-            part_lse: pl_ptr,
-            out: out_ptr,
-            batch: p.batch,
-            n_heads: p.n_heads,
-            head_dim: to_u32("head_dim", s.head_dim)?,
-            num_splits: p.num_splits,
-        };
-        let merge = self.kernel("decode_merge")?;
-        let mut b = stream.launch_builder(merge);
-        b.arg(&mp);
-        // SAFETY: part_o/part_lse were sized for (batch, n_heads, num_splits) above
-        // and written by the launch before on the same stream; out holds
-        // batch*n_heads*head_dim f32; grid (n_heads, batch) as the kernel indexes.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: merge_grid,
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching the decode merge"))?;
-        Ok(num_splits)
+        Ok(splits)
     }
 
     /// Paged causal prefill attention for layer `layer`, on tensor cores
@@ -518,116 +315,40 @@ impl CudaDevice {
         out: &mut impl DevicePtrMut<f32>,
         kernel: PrefillKernel,
     ) -> Result<PrefillKernel, CudaError> {
-        let s = attn_shape(arena, tables, layer, n_heads)?;
-        let dtype = arena.geometry().dtype;
-        let mma_ok = dtype != KvDtype::F32
-            && PREFILL_MMA_HEAD_DIMS.contains(&s.head_dim)
-            && s.group <= PMMA_BM;
-        let use_mma = match kernel {
-            PrefillKernel::Auto => mma_ok,
-            PrefillKernel::Scalar => false,
-            PrefillKernel::TensorCore if mma_ok => true,
-            PrefillKernel::TensorCore => {
-                return Err(CudaError::Unsupported {
-                    what: "tensor-core prefill",
-                    detail: format!(
-                        "{dtype:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
-                         head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {PMMA_BM})",
-                        s.head_dim, s.group
-                    ),
-                });
-            }
+        let a = self.attn(arena, tables, layer, n_heads)?;
+        let plan = plan::prefill(&a, &batch_of(tables), q.len(), out.len(), kernel)?;
+        let Some(Step {
+            kernel,
+            mut params,
+            grid,
+        }) = plan.step
+        else {
+            return Ok(plan.chosen);
         };
-        if !use_mma && s.group > PREFILL_MAX_GROUP {
-            return Err(CudaError::Unsupported {
-                what: "query heads per KV head in prefill",
-                detail: format!("{} (at most {PREFILL_MAX_GROUP})", s.group),
-            });
-        }
-        let rows = tables.total_q * n_heads * s.head_dim;
-        shape("prefill q elements", rows, q.len())?;
-        shape("prefill out elements", rows, out.len())?;
-        let chosen = if use_mma {
-            PrefillKernel::TensorCore
-        } else {
-            PrefillKernel::Scalar
-        };
-        let rows_per_tile = if use_mma { PMMA_BM } else { PREFILL_ROWS } / s.group;
-        let q_tiles = tables.max_q_len.div_ceil(rows_per_tile.max(1));
-        let Some(grid_dim) = grid("prefill grid", q_tiles, s.n_kv_heads, tables.batch)? else {
-            return Ok(chosen);
-        };
-        let stream = &self.inner.stream;
-        let (q_ptr, _gq) = q.device_ptr(stream);
-        let (kv_ptr, _gk) = arena.data.device_ptr(stream);
-        let (pt_ptr, _g1) = tables.page_table.device_ptr(stream);
-        let (pi_ptr, _g2) = tables.page_indptr.device_ptr(stream);
-        let (qi_ptr, _g3) = tables.q_indptr.device_ptr(stream);
-        let (len_ptr, _g4) = tables.kv_len.device_ptr(stream);
-        let (out_ptr, _go) = out.device_ptr_mut(stream);
-        let p = PrefillParams {
-            q: q_ptr,
-            kv: kv_ptr,
-            page_table: pt_ptr,
-            page_indptr: pi_ptr,
-            q_indptr: qi_ptr,
-            kv_len: len_ptr,
-            out: out_ptr,
-            page_stride: s.page_stride,
-            batch: to_u32("batch", tables.batch)?,
-            n_heads: to_u32("n_heads", n_heads)?,
-            n_kv_heads: to_u32("n_kv_heads", s.n_kv_heads)?,
-            group: to_u32("group", s.group)?,
-            layer: to_u32("layer", layer)?,
-            page_size_log2: s.page_size_log2,
-            sm_scale_log2: sm_scale_log2(s.head_dim),
-            pad0: 0,
-        };
-        if use_mma && (q_ptr % 8 != 0 || out_ptr % 8 != 0) {
+        let mut args = Args::new(&self.inner.stream);
+        params.q = args.read(q);
+        params.kv = args.read(&arena.data);
+        params.page_table = args.read(&tables.page_table);
+        params.page_indptr = args.read(&tables.page_indptr);
+        params.q_indptr = args.read(&tables.q_indptr);
+        params.kv_len = args.read(&tables.kv_len);
+        params.out = args.write(out);
+        if plan.needs_aligned_rows && (params.q % 8 != 0 || params.out % 8 != 0) {
             return Err(CudaError::Unsupported {
                 what: "tensor-core prefill buffers",
                 detail: "q and out must be 8-byte aligned (views at an odd element)".into(),
             });
         }
-        // The kernel family, its block size and shared memory, and what a
-        // failed launch was doing.
-        let (family, threads, smem, what) = if use_mma {
-            let what = "launching tensor-core prefill attention";
-            (
-                "prefill_mma",
-                PMMA_THREADS,
-                prefill_mma_smem(s.head_dim),
-                what,
-            )
-        } else {
-            let what = "launching prefill attention";
-            (
-                "prefill_attention",
-                PREFILL_THREADS,
-                prefill_smem(s.head_dim),
-                what,
-            )
-        };
-        let func = self.kernel(&format!("{family}_{}_d{}", dtype_name(dtype), s.head_dim))?;
-        let mut b = stream.launch_builder(func);
-        b.arg(&p);
-        // SAFETY: q and out hold total_q*n_heads*head_dim f32 (checked); the page
-        // tables were built for this arena with every page inside it, each
-        // sequence's kv_len covered by its pages and q_len <= kv_len; the kernel
-        // matches dtype and head_dim, and its dynamic shared memory is what it
-        // computes for this head_dim and was allowed when it was loaded.
-        // Scalar: group <= 32 rows per tile. Tensor cores: group <= 64 rows per
-        // block; q and out 8-byte aligned (checked) for its float2 accesses; KV
-        // rows are 16-byte multiples (arena invariant) for its 16-byte loads.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim,
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: smem as u32,
-            })
-        }
-        .map_err(CudaError::driver(what))?;
-        Ok(chosen)
+        // Launch contract: q and out hold total_q*n_heads*head_dim f32
+        // (checked by the plan); the page tables were built for this arena
+        // with every page inside it, each sequence's kv_len covered by its
+        // pages and q_len <= kv_len; the kernel matches dtype and head_dim.
+        // Scalar: group <= 32 rows per tile. Tensor cores: group <= 64 rows
+        // per block; q and out 8-byte aligned (checked) for its float2
+        // accesses; KV rows are 16-byte multiples (arena invariant) for its
+        // 16-byte loads.
+        self.launch(kernel, &params, grid, args)?;
+        Ok(plan.chosen)
     }
 
     /// Writes K/V rows `[slots.len(), kv_dim]` (f32, converted to the arena's
@@ -654,35 +375,29 @@ impl CudaDevice {
         let total = slots.n_tokens * g.kv_dim();
         shape("appended K elements", total, k.len())?;
         shape("appended V elements", total, v.len())?;
-        let func = self.kernel(&format!("kv_append_{}", dtype_name(g.dtype)))?;
-        let stream = &self.inner.stream;
-        let (k_ptr, _g1) = k.device_ptr(stream);
-        let (v_ptr, _g2) = v.device_ptr(stream);
-        let (dp_ptr, _g3) = slots.dst_page.device_ptr(stream);
-        let (ds_ptr, _g4) = slots.dst_slot.device_ptr(stream);
+        let kernel = kernels::kv_append(g.dtype).ok_or_else(|| CudaError::MissingKernel {
+            name: format!("kv_append for {:?}", g.dtype),
+        })?;
         let page_stride = arena.page_elems() as u64;
         let page_size_log2 = arena.page_size().trailing_zeros();
-        let (kv_ptr, _g5) = arena.data.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = KvAppendParams {
-            k: k_ptr,
-            v: v_ptr,
-            dst_page: dp_ptr,
-            dst_slot: ds_ptr,
-            kv: kv_ptr,
+            k: args.read(k),
+            v: args.read(v),
+            dst_page: args.read(&slots.dst_page),
+            dst_slot: args.read(&slots.dst_slot),
+            kv: args.write(&mut arena.data),
             page_stride,
             n_tokens: to_u32("append rows", slots.n_tokens)?,
             kv_dim: to_u32("kv_dim", g.kv_dim())?,
             layer: to_u32("layer", layer)?,
             page_size_log2,
         };
-        let mut b = stream.launch_builder(func);
-        b.arg(&p);
-        // SAFETY: k and v hold n_tokens*kv_dim f32 (checked); the slot map was
-        // built for this arena (id checked) with every page inside it and every
-        // slot below page_size; layer < n_layers; the kernel matches the dtype.
-        unsafe { b.launch(grid_stride(total)) }
-            .map(drop)
-            .map_err(CudaError::driver("launching the KV append"))
+        // Launch contract: k and v hold n_tokens*kv_dim f32 (checked); the
+        // slot map was built for this arena (id checked) with every page
+        // inside it and every slot below page_size; layer < n_layers; the
+        // kernel matches the dtype.
+        self.launch(kernel, &p, grid_stride(total), args)
     }
 
     /// Fills whole pages with zeros, or with the dtype's NaN when `poison`
@@ -712,32 +427,20 @@ impl CudaDevice {
         };
         let n_pages = to_u32("pages to scrub", pages.len())?;
         let list = self.upload(pages)?;
-        let func = self.kernel("scrub_pages")?;
-        let stream = &self.inner.stream;
-        let (pl_ptr, _g1) = list.device_ptr(stream);
         let page_vec16 = (arena.page_bytes() / 16) as u64;
-        let (kv_ptr, _g2) = arena.data.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = ScrubParams {
-            kv: kv_ptr,
-            pages: pl_ptr,
+            kv: args.write(&mut arena.data),
+            pages: args.read(&list),
             page_vec16,
             n_pages,
             fill,
         };
-        let mut b = stream.launch_builder(func);
-        b.arg(&p);
-        // SAFETY: every listed page is inside the arena (checked); page bytes are
-        // a multiple of 16 (checked when the arena was built), so the kernel's
-        // 16-byte stores stay inside each page; one block per listed page.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (n_pages, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching the page scrub"))
+        // Launch contract: every listed page is inside the arena (checked);
+        // page bytes are a multiple of 16 (checked when the arena was
+        // built), so the kernel's 16-byte stores stay inside each page; one
+        // block per listed page.
+        self.launch(kernels::scrub_pages(), &p, (n_pages, 1, 1), args)
     }
 
     /// `out = x / sqrt(mean(x^2) + eps) * w` for each row of `dim` elements.
@@ -757,36 +460,23 @@ impl CudaDevice {
             });
         }
         shape("RMSNorm output elements", x.len(), out.len())?;
-        let Some(grid_dim) = grid("RMSNorm rows", x.len() / dim, 1, 1)? else {
+        let Some(grid) = grid("RMSNorm rows", x.len() / dim, 1, 1)? else {
             return Ok(());
         };
-        let n_rows = grid_dim.0;
-        let stream = &self.inner.stream;
-        let (x_ptr, _g1) = x.device_ptr(stream);
-        let (w_ptr, _g2) = w.device_ptr(stream);
-        let (o_ptr, _g3) = out.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = RmsNormParams {
-            x: x_ptr,
-            w: w_ptr,
-            out: o_ptr,
-            n_rows,
+            x: args.read(x),
+            w: args.read(w),
+            out: args.write(out),
+            n_rows: grid.0,
             dim: to_u32("RMSNorm dim", dim)?,
             eps,
             pad0: 0,
         };
-        let mut b = stream.launch_builder(self.kernel("rms_norm")?);
-        b.arg(&p);
-        // SAFETY: x and out hold n_rows*dim f32 and w holds dim (checked); one
-        // block of 256 threads per row, as the kernel's block reduction expects.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim,
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching RMSNorm"))
+        // Launch contract: x and out hold n_rows*dim f32 and w holds dim
+        // (checked); one block of 256 threads per row, as the kernel's block
+        // reduction expects.
+        self.launch(kernels::rms_norm(), &p, grid, args)
     }
 
     /// Rotary embedding in place on `x` `[positions.len(), rope.n_heads,
@@ -816,12 +506,10 @@ impl CudaDevice {
             .and_then(|n| n.checked_mul(head_dim))
             .unwrap_or(usize::MAX);
         shape("RoPE elements", total, x.len())?;
-        let stream = &self.inner.stream;
-        let (x_ptr, _g1) = x.device_ptr_mut(stream);
-        let (pos_ptr, _g2) = positions.device_ptr(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = RopeParams {
-            x: x_ptr,
-            positions: pos_ptr,
+            x: args.write(x),
+            positions: args.read(positions),
             theta: f64::from(theta),
             n_tokens: to_u32("RoPE tokens", positions.len())?,
             n_heads: to_u32("RoPE heads", n_heads)?,
@@ -853,13 +541,10 @@ impl CudaDevice {
                 ..p
             },
         };
-        let mut b = stream.launch_builder(self.kernel("rope")?);
-        b.arg(&p);
-        // SAFETY: x holds n_tokens*n_heads*head_dim f32 and positions n_tokens
-        // u32 (checked); head_dim is even; the kernel grid-strides over pairs.
-        unsafe { b.launch(grid_stride(total / 2)) }
-            .map(drop)
-            .map_err(CudaError::driver("launching RoPE"))
+        // Launch contract: x holds n_tokens*n_heads*head_dim f32 and
+        // positions n_tokens u32 (checked); head_dim is even; the kernel
+        // grid-strides over pairs.
+        self.launch(kernels::rope(), &p, grid_stride(total / 2), args)
     }
 
     /// `gate = silu(gate) * up`, elementwise, in place.
@@ -870,22 +555,18 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         shape("SwiGLU up elements", gate.len(), up.len())?;
         let n = gate.len();
-        let stream = &self.inner.stream;
-        let (u_ptr, _g2) = up.device_ptr(stream);
-        let (g_ptr, _g1) = gate.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
+        let up = args.read(up);
+        let gate = args.write(gate);
         let p = SwigluParams {
-            gate: g_ptr,
-            up: u_ptr,
-            out: g_ptr,
+            gate,
+            up,
+            out: gate,
             n: n as u64,
         };
-        let mut b = stream.launch_builder(self.kernel("swiglu")?);
-        b.arg(&p);
-        // SAFETY: gate and up hold n f32 each (checked); out is gate, which the
-        // kernel reads and writes at the same index only.
-        unsafe { b.launch(grid_stride(n)) }
-            .map(drop)
-            .map_err(CudaError::driver("launching SwiGLU"))
+        // Launch contract: gate and up hold n f32 each (checked); out is
+        // gate, which the kernel reads and writes at the same index only.
+        self.launch(kernels::swiglu(), &p, grid_stride(n), args)
     }
 
     /// `out = x · wᵀ` for `x` `[m, k]` and `w` `[n, k]`; `out` is `[m, n]`.
@@ -916,20 +597,17 @@ impl CudaDevice {
         if m == 0 {
             return Ok(());
         }
-        let stream = &self.inner.stream;
-        let (x_ptr, _g1) = x.device_ptr(stream);
-        let (w_ptr, _g2) = w.device_ptr(stream);
-        let (o_ptr, _g3) = out.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = LinearParams {
-            x: x_ptr,
-            w: w_ptr,
-            out: o_ptr,
+            x: args.read(x),
+            w: args.read(w),
+            out: args.write(out),
             m: to_u32("matmul rows", m)?,
             n: to_u32("matmul columns", n)?,
             k: to_u32("matmul depth", k)?,
             pad0: 0,
         };
-        let Some(grid_dim) = grid(
+        let Some(grid) = grid(
             "matmul blocks (columns, rows)",
             n.div_ceil(LIN_WARPS),
             m.div_ceil(LIN_ROWS),
@@ -938,20 +616,10 @@ impl CudaDevice {
         else {
             return Ok(());
         };
-        let mut b = stream.launch_builder(self.kernel("linear")?);
-        b.arg(&p);
-        // SAFETY: x holds m*k, w n*k and out m*n f32 (checked); the grid
-        // covers n columns in blocks of LIN_WARPS warps and m rows in tiles
-        // of LIN_ROWS, and the kernel bounds every access by m, n, k.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim,
-                block_dim: (32 * LIN_WARPS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching matmul"))
+        // Launch contract: x holds m*k, w n*k and out m*n f32 (checked); the
+        // grid covers n columns in blocks of LIN_WARPS warps and m rows in
+        // tiles of LIN_ROWS, and the kernel bounds every access by m, n, k.
+        self.launch(kernels::linear(), &p, grid, args)
     }
 
     /// `x[i] += y[i % y.len()]`: a residual add when the lengths match, a
@@ -972,21 +640,16 @@ impl CudaDevice {
         if n == 0 {
             return Ok(());
         }
-        let stream = &self.inner.stream;
-        let (y_ptr, _g2) = y.device_ptr(stream);
-        let (x_ptr, _g1) = x.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = AddParams {
-            x: x_ptr,
-            y: y_ptr,
+            y: args.read(y),
+            x: args.write(x),
             n: n as u64,
             period: y.len() as u64,
         };
-        let mut b = stream.launch_builder(self.kernel("add_periodic")?);
-        b.arg(&p);
-        // SAFETY: x holds n f32 and y holds period f32, period > 0 (checked).
-        unsafe { b.launch(grid_stride(n)) }
-            .map(drop)
-            .map_err(CudaError::driver("launching an add"))
+        // Launch contract: x holds n f32 and y holds period f32, period > 0
+        // (checked).
+        self.launch(kernels::add_periodic(), &p, grid_stride(n), args)
     }
 
     /// Gathers rows of `table` `[vocab, dim]` for `tokens` into `out`
@@ -1014,27 +677,21 @@ impl CudaDevice {
         }
         shape("embedding output elements", tokens.len() * dim, out.len())?;
         let ids = self.upload(tokens)?;
-        let stream = &self.inner.stream;
-        let (t_ptr, _g1) = table.device_ptr(stream);
-        let (i_ptr, _g2) = ids.device_ptr(stream);
         let total = out.len();
-        let (o_ptr, _g3) = out.device_ptr_mut(stream);
+        let mut args = Args::new(&self.inner.stream);
         let p = EmbeddingParams {
-            table: t_ptr,
-            tokens: i_ptr,
-            out: o_ptr,
+            table: args.read(table),
+            tokens: args.read(&ids),
+            out: args.write(out),
             n_tokens: to_u32("tokens", tokens.len())?,
             dim: to_u32("dim", dim)?,
             vocab: to_u32("vocab", vocab)?,
             pad0: 0,
         };
-        let mut b = stream.launch_builder(self.kernel("embedding")?);
-        b.arg(&p);
-        // SAFETY: table holds vocab*dim f32, every token is below vocab (checked,
-        // and the kernel also bounds it), out holds n_tokens*dim f32 (checked).
-        unsafe { b.launch(grid_stride(total)) }
-            .map(drop)
-            .map_err(CudaError::driver("launching the embedding gather"))
+        // Launch contract: table holds vocab*dim f32, every token is below
+        // vocab (checked, and the kernel also bounds it), out holds
+        // n_tokens*dim f32 (checked).
+        self.launch(kernels::embedding(), &p, grid_stride(total), args)
     }
 
     /// Greedy argmax of each row of `logits` `[n_rows, vocab]` (lowest index
@@ -1055,52 +712,25 @@ impl CudaDevice {
         let n_rows = logits.len() / vocab;
         let mut idx = self.zeros::<u32>(n_rows)?;
         let mut nans = self.zeros::<u32>(n_rows)?;
-        {
-            let stream = &self.inner.stream;
-            let (l_ptr, _g1) = logits.device_ptr(stream);
-            let (i_ptr, _g2) = idx.device_ptr_mut(stream);
-            let (n_ptr, _g3) = nans.device_ptr_mut(stream);
-            let p = ArgmaxParams {
-                logits: l_ptr,
-                out_index: i_ptr,
-                out_nans: n_ptr,
-                n_rows: to_u32("logit rows", n_rows)?,
-                vocab: to_u32("vocab", vocab)?,
-            };
-            let mut b = stream.launch_builder(self.kernel("argmax")?);
-            b.arg(&p);
-            // SAFETY: logits hold n_rows*vocab f32, idx and nans n_rows u32 each;
-            // one block of exactly 256 threads per row (the kernel's shared arrays).
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (p.n_rows, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map(drop)
-            .map_err(CudaError::driver("launching argmax"))?;
-        }
+        let mut args = Args::new(&self.inner.stream);
+        let p = ArgmaxParams {
+            logits: args.read(logits),
+            out_index: args.write(&mut idx),
+            out_nans: args.write(&mut nans),
+            n_rows: to_u32("logit rows", n_rows)?,
+            vocab: to_u32("vocab", vocab)?,
+        };
+        // Launch contract: logits hold n_rows*vocab f32, idx and nans n_rows
+        // u32 each; one block of exactly 256 threads per row (the kernel's
+        // shared arrays).
+        self.launch(kernels::argmax(), &p, (p.n_rows, 1, 1), args)?;
         let nans = self.download(&nans)?;
         if let Some((row, &n)) = nans.iter().enumerate().find(|(_, n)| **n > 0) {
             return Err(CudaError::NanLogits { row, nans: n });
         }
         self.download(&idx)
     }
-}
 
-/// Transfer checksums of KV pages computed on the device (see
-/// [`CudaDevice::page_checksums`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[must_use]
-pub struct PageChecksums {
-    /// Region hashes as `[page][layer][K, V]`, pages in the order given.
-    pub regions: Vec<u64>,
-    /// One checksum per page given, in that order.
-    pub pages: Vec<u64>,
-}
-
-impl CudaDevice {
     /// xxh3-64 (seed 0) of each `(offset, len)` byte range of `data`, one
     /// warp per range; the same value as `twox_hash::XxHash3_64::oneshot`.
     pub fn xxh3_64_ranges(
@@ -1126,35 +756,21 @@ impl CudaDevice {
         let offsets = self.upload(&offsets)?;
         let lens = self.upload(&lens)?;
         let mut out = self.zeros::<u64>(ranges.len())?;
-        {
-            let stream = &self.inner.stream;
-            let (d_ptr, _g1) = data.device_ptr(stream);
-            let (o_ptr, _g2) = offsets.device_ptr(stream);
-            let (l_ptr, _g3) = lens.device_ptr(stream);
-            let (out_ptr, _g4) = out.device_ptr_mut(stream);
-            let p = HashRangesParams {
-                data: d_ptr,
-                offsets: o_ptr,
-                lens: l_ptr,
-                out: out_ptr,
-                n,
-                pad0: 0,
-            };
-            let mut b = stream.launch_builder(self.kernel("xxh3_ranges")?);
-            b.arg(&p);
-            // SAFETY: every range lies within data (checked above); offsets, lens
-            // and out hold n u64 each; one warp per range over ceil(n / 8) blocks
-            // of 8 warps, and the kernel returns for warps past n.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (ranges.len().div_ceil(CHECKSUM_WARPS) as u32, 1, 1),
-                    block_dim: (CHECKSUM_WARPS as u32 * 32, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map(drop)
-            .map_err(CudaError::driver("launching xxh3 over ranges"))?;
-        }
+        let mut args = Args::new(&self.inner.stream);
+        let p = HashRangesParams {
+            data: args.read(data),
+            offsets: args.read(&offsets),
+            lens: args.read(&lens),
+            out: args.write(&mut out),
+            n,
+            pad0: 0,
+        };
+        let blocks = (ranges.len().div_ceil(CHECKSUM_WARPS) as u32, 1, 1);
+        // Launch contract: every range lies within data (checked above);
+        // offsets, lens and out hold n u64 each; one warp per range over
+        // ceil(n / 8) blocks of 8 warps, and the kernel returns for warps
+        // past n.
+        self.launch(kernels::xxh3_ranges(), &p, blocks, args)?;
         self.download(&out)
     }
 
@@ -1196,80 +812,28 @@ impl CudaDevice {
         let token_list = self.upload(&tokens32)?;
         let mut regions = self.zeros::<u64>(pages.len() * g.n_layers * 2)?;
         let mut sums = self.zeros::<u64>(pages.len())?;
-        {
-            let stream = &self.inner.stream;
-            let (kv_ptr, _g1) = arena.data.device_ptr(stream);
-            let (p_ptr, _g2) = page_list.device_ptr(stream);
-            let (t_ptr, _g3) = token_list.device_ptr(stream);
-            let (r_ptr, _g4) = regions.device_ptr_mut(stream);
-            let (s_ptr, _g5) = sums.device_ptr_mut(stream);
-            let p = PageChecksumParams {
-                kv: kv_ptr,
-                pages: p_ptr,
-                tokens: t_ptr,
-                region_hashes: r_ptr,
-                page_checksums: s_ptr,
-                page_bytes: arena.page_bytes() as u64,
-                n_pages,
-                n_layers: to_u32("layers", g.n_layers)?,
-                page_size: to_u32("page size", arena.page_size())?,
-                row_bytes: to_u32("KV row bytes", g.kv_dim() * g.dtype.size_bytes())?,
-            };
-            let mut b = stream.launch_builder(self.kernel("page_checksums")?);
-            b.arg(&p);
-            // SAFETY: every page is inside the arena and every token count at most
-            // page_size (checked), so each region (at most page_size rows of one
-            // layer's K or V) lies inside its page; regions holds n_pages*n_layers*2
-            // and sums n_pages u64; one block per page.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (n_pages, 1, 1),
-                    block_dim: (CHECKSUM_WARPS as u32 * 32, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map(drop)
-            .map_err(CudaError::driver("launching page checksums"))?;
-        }
+        let mut args = Args::new(&self.inner.stream);
+        let p = PageChecksumParams {
+            kv: args.read(&arena.data),
+            pages: args.read(&page_list),
+            tokens: args.read(&token_list),
+            region_hashes: args.write(&mut regions),
+            page_checksums: args.write(&mut sums),
+            page_bytes: arena.page_bytes() as u64,
+            n_pages,
+            n_layers: to_u32("layers", g.n_layers)?,
+            page_size: to_u32("page size", arena.page_size())?,
+            row_bytes: to_u32("KV row bytes", g.kv_dim() * g.dtype.size_bytes())?,
+        };
+        // Launch contract: every page is inside the arena and every token
+        // count at most page_size (checked), so each region (at most
+        // page_size rows of one layer's K or V) lies inside its page;
+        // regions holds n_pages*n_layers*2 and sums n_pages u64; one block
+        // per page.
+        self.launch(kernels::page_checksums(), &p, (n_pages, 1, 1), args)?;
         Ok(PageChecksums {
             regions: self.download(&regions)?,
             pages: self.download(&sums)?,
         })
-    }
-}
-
-/// Grid-stride launch of 256-thread blocks covering `total` items.
-fn grid_stride(total: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid_stride_blocks(total), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_grid_with_nothing_to_do_launches_nothing() {
-        assert!(matches!(grid("t", 0, 4, 4), Ok(None)));
-        assert!(matches!(grid("t", 4, 0, 4), Ok(None)));
-        assert!(matches!(grid("t", 4, 4, 0), Ok(None)));
-        assert!(matches!(grid("t", 1, 1, 1), Ok(Some((1, 1, 1)))));
-    }
-
-    #[test]
-    fn a_grid_cuda_would_refuse_is_a_typed_error_before_launch() {
-        assert!(matches!(grid("t", 1, 65_535, 65_535), Ok(Some(_))));
-        for (x, y, z) in [(1, 65_536, 1), (1, 1, 65_536), (1usize << 31, 1, 1)] {
-            assert!(
-                matches!(
-                    grid("t", x, y, z),
-                    Err(CudaError::Unsupported { what: "t", .. })
-                ),
-                "({x}, {y}, {z})"
-            );
-        }
     }
 }

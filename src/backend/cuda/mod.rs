@@ -5,7 +5,12 @@
 //!   KV pages mirrored from the host pool (see `backend.rs`).
 //! - [`CudaDevice`]: context, stream and loaded kernels; the kernel
 //!   operations are its methods (see `launch.rs`, the one module with
-//!   `unsafe` launches).
+//!   `unsafe` launches, all through one `launch` helper).
+//! - The kernel table (`table.rs`): every instantiation and params layout,
+//!   from which build.rs generates the C++ entry points, the layout checks
+//!   of both sides and the typed `KernelId` lookups (`kernels.rs`).
+//! - Launch policy (`plan.rs`): kernel choice, split-KV chunking, workspace
+//!   and grid sizes, planned from sizes alone before a launch.
 //! - [`DeviceKvArena`]: KV pages in device memory, the host arena's layout.
 //! - [`PageTables`] / [`SlotMap`]: page tables and append slots, validated
 //!   against the arena before they can reach a kernel.
@@ -14,18 +19,23 @@ mod arena;
 mod backend;
 mod device;
 mod error;
+mod kernels;
 mod launch;
 mod params;
+mod plan;
+// Shared with build.rs, which reads the instantiation list and the params
+// layouts; the crate uses the axes and tile sizes.
+#[allow(dead_code)]
+mod table;
 
 pub use arena::{DeviceKvArena, PageTables, SeqPages, SlotMap};
 pub use backend::{CudaBackend, CudaBuf, CudaMat};
 pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use launch::{
-    DECODE_GROUPS, DecodeWorkspace, HEAD_DIMS, PREFILL_MAX_GROUP, PREFILL_MMA_HEAD_DIMS,
-    PageChecksums, PrefillKernel, Split,
-};
+pub use launch::{DecodeWorkspace, PageChecksums};
+pub use plan::{PREFILL_MAX_GROUP, PrefillKernel, Split};
+pub use table::{DECODE_GROUPS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS};
 
 /// Opens device 0 for a test or benchmark, or says why not.
 ///

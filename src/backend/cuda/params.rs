@@ -1,11 +1,14 @@
 //! Kernel parameter structs, field for field the ones in `cuda/params.cuh`
-//! (read that file for the shapes behind each pointer). Both sides assert
-//! the sizes; the C++ side with `static_assert`, this side below.
+//! (read that file for the shapes behind each pointer). Both are described
+//! once in the kernel table (`table.rs`); build.rs generates from it the
+//! checks of every field's offset and type and every struct's size, the
+//! C++ side's `static_assert`s and this side's const asserts (included at
+//! the end of this file).
 //!
 //! Pointers are device addresses (`CUdeviceptr`). Only `launch.rs` fills
 //! them in, from buffers whose sizes it has checked.
 
-use std::mem::size_of;
+use cudarc::driver::DeviceRepr;
 
 /// Paged decode attention. See `DecodeParams` in params.cuh.
 #[repr(C)]
@@ -31,7 +34,6 @@ pub(crate) struct DecodeParams {
     pub sm_scale_log2: f32,
     pub auto_max_splits: u32,
 }
-const _: () = assert!(size_of::<DecodeParams>() == 112);
 
 /// Merge of split-KV partial outputs. See `MergeParams` in params.cuh.
 #[repr(C)]
@@ -45,7 +47,6 @@ pub(crate) struct MergeParams {
     pub head_dim: u32,
     pub num_splits: u32,
 }
-const _: () = assert!(size_of::<MergeParams>() == 40);
 
 /// Paged causal prefill attention, both kernels of the family (scalar and
 /// tensor-core). See `PrefillParams` in params.cuh.
@@ -69,7 +70,6 @@ pub(crate) struct PrefillParams {
     pub sm_scale_log2: f32,
     pub pad0: u32,
 }
-const _: () = assert!(size_of::<PrefillParams>() == 96);
 
 /// KV append into page slots. See `KvAppendParams` in params.cuh.
 #[repr(C)]
@@ -86,7 +86,6 @@ pub(crate) struct KvAppendParams {
     pub layer: u32,
     pub page_size_log2: u32,
 }
-const _: () = assert!(size_of::<KvAppendParams>() == 64);
 
 /// Whole-page fill. See `ScrubParams` in params.cuh.
 #[repr(C)]
@@ -98,7 +97,6 @@ pub(crate) struct ScrubParams {
     pub n_pages: u32,
     pub fill: u32,
 }
-const _: () = assert!(size_of::<ScrubParams>() == 32);
 
 /// RMSNorm. See `RmsNormParams` in params.cuh.
 #[repr(C)]
@@ -112,7 +110,6 @@ pub(crate) struct RmsNormParams {
     pub eps: f32,
     pub pad0: u32,
 }
-const _: () = assert!(size_of::<RmsNormParams>() == 40);
 
 /// Rotary embedding in place. See `RopeParams` in params.cuh.
 #[repr(C)]
@@ -132,7 +129,6 @@ pub(crate) struct RopeParams {
     pub scaling: u32,
     pub pad0: u32,
 }
-const _: () = assert!(size_of::<RopeParams>() == 80);
 
 /// SwiGLU. See `SwigluParams` in params.cuh.
 #[repr(C)]
@@ -143,7 +139,6 @@ pub(crate) struct SwigluParams {
     pub out: u64,  // [n] f32
     pub n: u64,
 }
-const _: () = assert!(size_of::<SwigluParams>() == 32);
 
 /// Embedding gather. See `EmbeddingParams` in params.cuh.
 #[repr(C)]
@@ -157,7 +152,6 @@ pub(crate) struct EmbeddingParams {
     pub vocab: u32,
     pub pad0: u32,
 }
-const _: () = assert!(size_of::<EmbeddingParams>() == 40);
 
 /// Greedy argmax. See `ArgmaxParams` in params.cuh.
 #[repr(C)]
@@ -169,7 +163,6 @@ pub(crate) struct ArgmaxParams {
     pub n_rows: u32,
     pub vocab: u32,
 }
-const _: () = assert!(size_of::<ArgmaxParams>() == 32);
 
 /// Dense `x · wᵀ`. See `LinearParams` in params.cuh.
 #[repr(C)]
@@ -183,7 +176,6 @@ pub(crate) struct LinearParams {
     pub k: u32,
     pub pad0: u32,
 }
-const _: () = assert!(size_of::<LinearParams>() == 40);
 
 /// `x[i] += y[i % period]`. See `AddParams` in params.cuh.
 #[repr(C)]
@@ -194,7 +186,6 @@ pub(crate) struct AddParams {
     pub n: u64,
     pub period: u64,
 }
-const _: () = assert!(size_of::<AddParams>() == 32);
 
 /// xxh3-64 of byte ranges. See `HashRangesParams` in params.cuh.
 #[repr(C)]
@@ -207,7 +198,6 @@ pub(crate) struct HashRangesParams {
     pub n: u32,
     pub pad0: u32,
 }
-const _: () = assert!(size_of::<HashRangesParams>() == 40);
 
 /// Per-page transfer checksums. See `PageChecksumParams` in params.cuh.
 #[repr(C)]
@@ -224,4 +214,117 @@ pub(crate) struct PageChecksumParams {
     pub page_size: u32,
     pub row_bytes: u32,
 }
-const _: () = assert!(size_of::<PageChecksumParams>() == 64);
+
+/// Parameter structs the kernels receive by value.
+macro_rules! device_repr {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: #[repr(C)], made only of integers and floats, with every
+        // field's offset and type and the size asserted below against the
+        // table that the C++ struct in cuda/params.cuh is asserted against;
+        // the kernel receives it by value.
+        unsafe impl DeviceRepr for $t {}
+    )*};
+}
+
+device_repr!(
+    DecodeParams,
+    MergeParams,
+    PrefillParams,
+    KvAppendParams,
+    ScrubParams,
+    RmsNormParams,
+    RopeParams,
+    SwigluParams,
+    EmbeddingParams,
+    ArgmaxParams,
+    LinearParams,
+    AddParams,
+    HashRangesParams,
+    PageChecksumParams,
+);
+
+include!(concat!(env!("OUT_DIR"), "/params_layout.rs"));
+
+#[cfg(test)]
+mod tests {
+    //! The C++ half of the layout checks, run with the host compiler: the
+    //! generated asserts accept cuda/params.cuh as it is, and refuse it
+    //! with one field moved, one retyped, or one struct grown.
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    fn cxx() -> Option<PathBuf> {
+        let paths = std::env::var_os("PATH")?;
+        ["c++", "g++", "clang++"].iter().find_map(|c| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(c))
+                .find(|p| p.is_file())
+        })
+    }
+
+    /// Compiles the generated layout checks against `params_cuh`; the
+    /// compiler's complaint when they fail.
+    fn check_layout(cxx: &Path, params_cuh: &str) -> Result<(), String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/cuda-gen/params_layout.cuh"));
+        std::fs::write(dir.path().join("params.cuh"), params_cuh).map_err(|e| e.to_string())?;
+        let main = dir.path().join("main.cpp");
+        std::fs::write(&main, format!("{generated}\nint main() {{ return 0; }}\n"))
+            .map_err(|e| e.to_string())?;
+        let out = Command::new(cxx)
+            .args(["-std=c++17", "-fsyntax-only", "-I"])
+            .arg(dir.path())
+            .arg(&main)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    #[test]
+    fn the_cxx_layout_checks_accept_params_cuh_and_refuse_any_drift() {
+        let Some(cxx) = cxx() else {
+            eprintln!(
+                "SKIP the_cxx_layout_checks_accept_params_cuh_and_refuse_any_drift: no C++ compiler"
+            );
+            return;
+        };
+        let real = include_str!("../../../cuda/params.cuh");
+        assert_eq!(check_layout(&cxx, real), Ok(()));
+
+        let swapped = "    uint32_t n_heads;             // query heads\n    uint32_t batch;\n";
+        let drifts = [
+            // Two fields of DecodeParams swapped: same size, other offsets.
+            (
+                "    uint32_t batch;\n    uint32_t n_heads;             // query heads\n",
+                swapped,
+                "DecodeParams::batch: table.rs puts it at byte 72",
+            ),
+            // A u32 that became a float: same offset and size.
+            (
+                "    uint32_t n_rows;\n    uint32_t dim;\n    float eps;",
+                "    uint32_t n_rows;\n    float dim;\n    float eps;",
+                "RmsNormParams::dim: table.rs says U32",
+            ),
+            // A field added at the end of a struct.
+            (
+                "    uint32_t row_bytes;         // kv_dim * dtype size\n",
+                "    uint32_t row_bytes;         // kv_dim * dtype size\n    uint64_t extra;\n",
+                "PageChecksumParams: table.rs says 64 bytes",
+            ),
+        ];
+        for (from, to, complaint) in drifts {
+            assert_eq!(
+                real.matches(from).count(),
+                1,
+                "{from:?} is in params.cuh once"
+            );
+            let drifted = real.replacen(from, to, 1);
+            let err = check_layout(&cxx, &drifted).expect_err(complaint);
+            assert!(err.contains(complaint), "{complaint}: {err}");
+        }
+    }
+}

@@ -1,0 +1,747 @@
+//! Launch policy, planned on the host before anything touches the device:
+//! which attention kernel runs, how decode splits the KV length
+//! (split-KV), the workspace that needs, and every grid. As FlashInfer's
+//! `plan()`/`run()`: [`decode`] and [`prefill`] are pure functions of
+//! sizes (no CUDA type, unit-tested on the CPU) that check what the kernels
+//! need and answer the kernel, its params (device addresses left 0) and
+//! grid; `launch.rs` runs a plan, filling in the addresses of buffers it
+//! has checked against the plan.
+//!
+//! Batch invariance: a split-KV chunk comes from each sequence's own length
+//! (in the kernel, from `chunk_tokens` and `auto_max_splits`, which do not
+//! depend on the batch); the batch only bounds how many chunks the grid
+//! offers.
+
+use super::CudaError;
+use super::kernels::{self, Kernel};
+use super::params::{DecodeParams, MergeParams, PrefillParams};
+use super::table::{DECODE_GROUPS, HEAD_DIMS, PMMA_BM, PREFILL_MMA_HEAD_DIMS, PREFILL_ROWS};
+use crate::{KvDtype, KvGeometry};
+
+/// Most query heads per KV head in prefill (its (position, head) row tile).
+pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
+/// Smallest KV chunk a split-KV decode block takes (positions).
+const MIN_CHUNK: usize = 256;
+/// Most chunks `Split::Auto` cuts one sequence into (32 chunks of each of
+/// 8 KV heads already fill an H200's 132 SMs twice for one sequence).
+const AUTO_MAX_SPLITS: usize = 32;
+
+/// How decode splits the KV length across blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Split {
+    /// Each sequence cut by its own length only (chunks of at least 256
+    /// positions, at most 32 of them), so its output is bit-identical alone
+    /// or in any batch.
+    #[default]
+    Auto,
+    /// Chunks of exactly this many positions (at least 1).
+    ChunkTokens(usize),
+}
+
+/// Which prefill attention kernel runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
+    /// [`PREFILL_MMA_HEAD_DIMS`], at most 64 query heads per KV head), else
+    /// the scalar kernel.
+    #[default]
+    Auto,
+    /// The scalar f32 kernel (every dtype and head dim): the reference.
+    Scalar,
+    /// The tensor-core (mma.sync) kernel; refused where not compiled.
+    TensorCore,
+}
+
+/// Blocks of a launch, (x, y, z).
+pub(crate) type Grid = (u32, u32, u32);
+
+/// One kernel launch: the kernel, its params and its grid.
+#[derive(Debug)]
+pub(crate) struct Step<P> {
+    pub kernel: Kernel<P>,
+    pub params: P,
+    pub grid: Grid,
+}
+
+pub(crate) fn to_u32(what: &'static str, x: usize) -> Result<u32, CudaError> {
+    u32::try_from(x).map_err(|_| CudaError::Unsupported {
+        what,
+        detail: format!("{x} exceeds u32"),
+    })
+}
+
+pub(crate) fn shape(what: &'static str, expected: usize, got: usize) -> Result<(), CudaError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(CudaError::Shape {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+/// A launch grid sized from runtime values: `None` when a dimension is 0
+/// (nothing to launch: the caller returns before touching the device), and
+/// a typed error, before any launch, when one exceeds what CUDA accepts
+/// (x below 2^31, y and z at most 65535).
+pub(crate) fn grid(
+    what: &'static str,
+    x: usize,
+    y: usize,
+    z: usize,
+) -> Result<Option<Grid>, CudaError> {
+    if x == 0 || y == 0 || z == 0 {
+        return Ok(None);
+    }
+    if x > i32::MAX as usize || y > 65_535 || z > 65_535 {
+        return Err(CudaError::Unsupported {
+            what,
+            detail: format!("grid ({x}, {y}, {z}) (at most (2^31 - 1, 65535, 65535))"),
+        });
+    }
+    Ok(Some((x as u32, y as u32, z as u32)))
+}
+
+/// Blocks of a grid-stride launch covering `total` items (256 per block,
+/// at most 65535 blocks).
+pub(crate) fn grid_stride(total: usize) -> Grid {
+    (total.div_ceil(256).clamp(1, 65_535) as u32, 1, 1)
+}
+
+/// Attention shape shared by decode and prefill: the arena's geometry and
+/// the layer and query heads asked for, checked against what is compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attn {
+    pub dtype: KvDtype,
+    pub head_dim: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub group: usize,
+    pub layer: usize,
+    pub page_size_log2: u32,
+    /// Elements per page.
+    pub page_stride: u64,
+}
+
+impl Attn {
+    /// Checks `layer` and `n_heads` against the arena's geometry `g` (pages
+    /// of `page_size` positions, `page_elems` elements) and the compiled
+    /// head dimensions.
+    pub(crate) fn new(
+        g: &KvGeometry,
+        page_size: usize,
+        page_elems: usize,
+        layer: usize,
+        n_heads: usize,
+    ) -> Result<Attn, CudaError> {
+        if layer >= g.n_layers {
+            return Err(CudaError::Shape {
+                what: "layer (below n_layers)",
+                expected: g.n_layers,
+                got: layer,
+            });
+        }
+        if !HEAD_DIMS.contains(&g.head_dim) {
+            return Err(CudaError::Unsupported {
+                what: "head_dim",
+                detail: format!("{} (compiled: {HEAD_DIMS:?})", g.head_dim),
+            });
+        }
+        if n_heads == 0 || !n_heads.is_multiple_of(g.n_kv_heads) || g.n_kv_heads > 65_535 {
+            return Err(CudaError::Unsupported {
+                what: "head counts",
+                detail: format!(
+                    "{n_heads} query heads over {} KV heads (a multiple, at most 65535 KV heads)",
+                    g.n_kv_heads
+                ),
+            });
+        }
+        Ok(Attn {
+            dtype: g.dtype,
+            head_dim: g.head_dim,
+            n_heads,
+            n_kv_heads: g.n_kv_heads,
+            group: n_heads / g.n_kv_heads,
+            layer,
+            page_size_log2: page_size.trailing_zeros(),
+            page_stride: page_elems as u64,
+        })
+    }
+
+    fn sm_scale_log2(&self) -> f32 {
+        (std::f64::consts::LOG2_E / (self.head_dim as f64).sqrt()) as f32
+    }
+}
+
+/// The batch a set of page tables describes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Batch {
+    pub batch: usize,
+    pub total_q: usize,
+    pub max_q_len: usize,
+    pub max_kv_len: usize,
+}
+
+/// What one decode attention call launches.
+#[derive(Debug)]
+pub(crate) enum DecodePlan {
+    /// No sequence: nothing to launch.
+    Empty,
+    /// One block per (KV head, sequence) over its whole length, writing the
+    /// output directly.
+    Whole(Step<DecodeParams>),
+    /// `splits` chunks per sequence into the workspace, then a merge pass.
+    Split {
+        attn: Step<DecodeParams>,
+        merge: Step<MergeParams>,
+        workspace: Workspace,
+    },
+}
+
+impl DecodePlan {
+    /// KV chunks launched per sequence, an upper bound on what each one
+    /// uses (0: nothing launched, 1: no merge pass).
+    pub(crate) fn splits(&self) -> usize {
+        match self {
+            DecodePlan::Empty => 0,
+            DecodePlan::Whole(_) => 1,
+            DecodePlan::Split { attn, .. } => attn.params.num_splits as usize,
+        }
+    }
+}
+
+/// f32 elements of split-KV decode's scratch buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Workspace {
+    /// Partial outputs, `[batch, n_heads, num_splits, head_dim]`.
+    pub part_o: usize,
+    /// Their log-sum-exps, `[batch, n_heads, num_splits]`.
+    pub part_lse: usize,
+}
+
+/// Plans decode attention (one query per sequence) for `b` with buffers
+/// `q` and `out` of `q_len` and `out_len` elements.
+pub(crate) fn decode(
+    a: &Attn,
+    b: &Batch,
+    q_len: usize,
+    out_len: usize,
+    split: Split,
+) -> Result<DecodePlan, CudaError> {
+    let Some(&kgroup) = DECODE_GROUPS.iter().find(|&&k| k >= a.group) else {
+        return Err(CudaError::Unsupported {
+            what: "query heads per KV head in decode",
+            detail: format!("{} (at most {})", a.group, DECODE_GROUPS[3]),
+        });
+    };
+    if b.max_q_len != 1 {
+        return Err(CudaError::Unsupported {
+            what: "decode query length",
+            detail: format!("{} (decode takes one query per sequence)", b.max_q_len),
+        });
+    }
+    let rows = b.batch * a.n_heads * a.head_dim;
+    shape("decode q elements", rows, q_len)?;
+    shape("decode out elements", rows, out_len)?;
+    let max_len = b.max_kv_len;
+    if b.batch == 0 {
+        return Ok(DecodePlan::Empty);
+    }
+    if max_len == 0 {
+        return Err(CudaError::Shape {
+            what: "decode KV length (at least the current position)",
+            expected: 1,
+            got: 0,
+        });
+    }
+    // (chunk, auto_max_splits, num_splits): num_splits is grid.x, enough
+    // chunks for the longest sequence.
+    let (chunk, auto_max_splits, num_splits) = match split {
+        Split::ChunkTokens(0) => {
+            return Err(CudaError::Unsupported {
+                what: "decode chunk",
+                detail: "0 positions".into(),
+            });
+        }
+        Split::ChunkTokens(n) => {
+            let chunk = n.min(max_len);
+            (chunk, 0, max_len.div_ceil(chunk))
+        }
+        // Each sequence's chunk is max(MIN_CHUNK, ceil(len / AUTO_MAX_SPLITS)
+        // rounded up to 64), from its own length (see the kernel): at most
+        // min(AUTO_MAX_SPLITS, ceil(len / MIN_CHUNK)) chunks, which max_len
+        // bounds for every sequence of the batch.
+        Split::Auto => (
+            MIN_CHUNK,
+            AUTO_MAX_SPLITS,
+            AUTO_MAX_SPLITS.min(max_len.div_ceil(MIN_CHUNK)),
+        ),
+    };
+    let kernel = kernels::decode_attention(a.dtype, a.head_dim, kgroup).ok_or_else(|| {
+        CudaError::MissingKernel {
+            name: format!(
+                "decode_attention for {:?}, d{}, g{kgroup}",
+                a.dtype, a.head_dim
+            ),
+        }
+    })?;
+    let params = DecodeParams {
+        page_stride: a.page_stride,
+        batch: to_u32("batch", b.batch)?,
+        n_heads: to_u32("n_heads", a.n_heads)?,
+        n_kv_heads: to_u32("n_kv_heads", a.n_kv_heads)?,
+        group: to_u32("group", a.group)?,
+        layer: to_u32("layer", a.layer)?,
+        page_size_log2: a.page_size_log2,
+        num_splits: to_u32("num_splits", num_splits)?,
+        chunk_tokens: to_u32("chunk", chunk)?,
+        auto_max_splits: to_u32("auto splits", auto_max_splits)?,
+        sm_scale_log2: a.sm_scale_log2(),
+        ..Default::default()
+    };
+    let Some(attn_grid) = grid("decode grid", num_splits, a.n_kv_heads, b.batch)? else {
+        return Ok(DecodePlan::Empty);
+    };
+    let Some(merge_grid) = grid("decode merge grid", a.n_heads, b.batch, 1)? else {
+        return Ok(DecodePlan::Empty);
+    };
+    let attn = Step {
+        kernel,
+        params,
+        grid: attn_grid,
+    };
+    if num_splits == 1 {
+        return Ok(DecodePlan::Whole(attn));
+    }
+    let merge = Step {
+        kernel: kernels::decode_merge(),
+        params: MergeParams {
+            batch: params.batch,
+            n_heads: params.n_heads,
+            head_dim: to_u32("head_dim", a.head_dim)?,
+            num_splits: params.num_splits,
+            ..Default::default()
+        },
+        grid: merge_grid,
+    };
+    Ok(DecodePlan::Split {
+        attn,
+        merge,
+        workspace: Workspace {
+            part_o: rows * num_splits,
+            part_lse: b.batch * a.n_heads * num_splits,
+        },
+    })
+}
+
+/// What one prefill attention call launches.
+#[derive(Debug)]
+pub(crate) struct PrefillPlan {
+    /// The kernel chosen ([`PrefillKernel::Scalar`] or
+    /// [`PrefillKernel::TensorCore`]).
+    pub chosen: PrefillKernel,
+    /// `None` when the grid is empty (nothing to launch).
+    pub step: Option<Step<PrefillParams>>,
+    /// Whether q and out must be 8-byte aligned (the tensor-core kernel's
+    /// float2 accesses); checked when their addresses are known.
+    pub needs_aligned_rows: bool,
+}
+
+/// Plans causal prefill attention for `b` with buffers `q` and `out` of
+/// `q_len` and `out_len` elements, on the kernel `choice` asks for.
+pub(crate) fn prefill(
+    a: &Attn,
+    b: &Batch,
+    q_len: usize,
+    out_len: usize,
+    choice: PrefillKernel,
+) -> Result<PrefillPlan, CudaError> {
+    let mma = kernels::prefill_mma(a.dtype, a.head_dim).filter(|_| a.group <= PMMA_BM);
+    let mma = match (choice, mma) {
+        (PrefillKernel::Scalar, _) => None,
+        (PrefillKernel::Auto, mma) => mma,
+        (PrefillKernel::TensorCore, Some(k)) => Some(k),
+        (PrefillKernel::TensorCore, None) => {
+            return Err(CudaError::Unsupported {
+                what: "tensor-core prefill",
+                detail: format!(
+                    "{:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
+                     head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {PMMA_BM})",
+                    a.dtype, a.head_dim, a.group
+                ),
+            });
+        }
+    };
+    if mma.is_none() && a.group > PREFILL_MAX_GROUP {
+        return Err(CudaError::Unsupported {
+            what: "query heads per KV head in prefill",
+            detail: format!("{} (at most {PREFILL_MAX_GROUP})", a.group),
+        });
+    }
+    let rows = b.total_q * a.n_heads * a.head_dim;
+    shape("prefill q elements", rows, q_len)?;
+    shape("prefill out elements", rows, out_len)?;
+    let (chosen, kernel, block_rows) = match mma {
+        Some(k) => (PrefillKernel::TensorCore, Some(k), PMMA_BM),
+        None => (
+            PrefillKernel::Scalar,
+            kernels::prefill_attention(a.dtype, a.head_dim),
+            PREFILL_ROWS,
+        ),
+    };
+    let rows_per_tile = block_rows / a.group;
+    let q_tiles = b.max_q_len.div_ceil(rows_per_tile.max(1));
+    let Some(grid) = grid("prefill grid", q_tiles, a.n_kv_heads, b.batch)? else {
+        return Ok(PrefillPlan {
+            chosen,
+            step: None,
+            needs_aligned_rows: false,
+        });
+    };
+    let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
+        name: format!("prefill_attention for {:?}, d{}", a.dtype, a.head_dim),
+    })?;
+    let params = PrefillParams {
+        page_stride: a.page_stride,
+        batch: to_u32("batch", b.batch)?,
+        n_heads: to_u32("n_heads", a.n_heads)?,
+        n_kv_heads: to_u32("n_kv_heads", a.n_kv_heads)?,
+        group: to_u32("group", a.group)?,
+        layer: to_u32("layer", a.layer)?,
+        page_size_log2: a.page_size_log2,
+        sm_scale_log2: a.sm_scale_log2(),
+        ..Default::default()
+    };
+    Ok(PrefillPlan {
+        chosen,
+        step: Some(Step {
+            kernel,
+            params,
+            grid,
+        }),
+        needs_aligned_rows: chosen == PrefillKernel::TensorCore,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attn(dtype: KvDtype, head_dim: usize, n_kv_heads: usize, n_heads: usize) -> Attn {
+        let g = KvGeometry {
+            n_layers: 2,
+            n_kv_heads,
+            head_dim,
+            dtype,
+        };
+        Attn::new(&g, 16, 16 * 2 * 2 * n_kv_heads * head_dim, 1, n_heads).unwrap()
+    }
+
+    fn batch(batch: usize, max_kv_len: usize) -> Batch {
+        Batch {
+            batch,
+            total_q: batch,
+            max_q_len: 1,
+            max_kv_len,
+        }
+    }
+
+    /// Plans decode with q and out of the right size.
+    fn plan_decode(a: &Attn, b: &Batch, split: Split) -> Result<DecodePlan, CudaError> {
+        let rows = b.batch * a.n_heads * a.head_dim;
+        decode(a, b, rows, rows, split)
+    }
+
+    fn decode_params(p: &DecodePlan) -> &DecodeParams {
+        match p {
+            DecodePlan::Whole(s) | DecodePlan::Split { attn: s, .. } => &s.params,
+            DecodePlan::Empty => panic!("nothing planned"),
+        }
+    }
+
+    #[test]
+    fn auto_split_cuts_by_the_longest_length_into_at_most_32_chunks_of_256_or_more() {
+        let a = attn(KvDtype::F16, 64, 2, 8);
+        for (max_len, splits) in [(1, 1), (256, 1), (257, 2), (8191, 32), (1 << 20, 32)] {
+            let p = plan_decode(&a, &batch(3, max_len), Split::Auto).unwrap();
+            assert_eq!(p.splits(), splits, "max_len {max_len}");
+            let params = decode_params(&p);
+            assert_eq!((params.chunk_tokens, params.auto_max_splits), (256, 32));
+            assert_eq!(params.num_splits as usize, splits);
+            assert_eq!(matches!(p, DecodePlan::Whole(_)), splits == 1);
+        }
+    }
+
+    #[test]
+    fn a_sequence_s_auto_chunks_do_not_depend_on_its_batch_mates() {
+        // What a sequence computes depends on chunk_tokens and
+        // auto_max_splits (the kernel cuts its own length with them); a
+        // longer mate only adds blocks that find no positions.
+        let a = attn(KvDtype::BF16, 128, 8, 32);
+        let alone = plan_decode(&a, &batch(1, 5000), Split::Auto).unwrap();
+        let with_mate = plan_decode(&a, &batch(2, 100_000), Split::Auto).unwrap();
+        let (p1, p2) = (decode_params(&alone), decode_params(&with_mate));
+        assert_eq!(p1.chunk_tokens, p2.chunk_tokens);
+        assert_eq!(p1.auto_max_splits, p2.auto_max_splits);
+        assert!(p2.num_splits >= p1.num_splits);
+    }
+
+    #[test]
+    fn fixed_chunks_cover_the_longest_sequence() {
+        let a = attn(KvDtype::F32, 32, 1, 1);
+        for (chunk, max_len, want_chunk, splits) in [
+            (128, 1000, 128, 8),
+            (1000, 1000, 1000, 1),
+            (5000, 1000, 1000, 1),
+            (1, 7, 1, 7),
+        ] {
+            let p = plan_decode(&a, &batch(2, max_len), Split::ChunkTokens(chunk)).unwrap();
+            let params = decode_params(&p);
+            assert_eq!(
+                params.chunk_tokens as usize, want_chunk,
+                "{chunk} over {max_len}"
+            );
+            assert_eq!(params.auto_max_splits, 0);
+            assert_eq!(p.splits(), splits, "{chunk} over {max_len}");
+        }
+    }
+
+    #[test]
+    fn the_workspace_holds_every_chunk_of_every_head_and_the_merge_reads_it() {
+        let a = attn(KvDtype::F16, 64, 2, 8);
+        let p = plan_decode(&a, &batch(3, 1000), Split::ChunkTokens(100)).unwrap();
+        let DecodePlan::Split {
+            attn,
+            merge,
+            workspace,
+        } = p
+        else {
+            panic!("ten chunks need a merge: {p:?}");
+        };
+        assert_eq!(attn.grid, (10, 2, 3));
+        assert_eq!(merge.grid, (8, 3, 1));
+        assert_eq!(
+            workspace,
+            Workspace {
+                part_o: 3 * 8 * 10 * 64,
+                part_lse: 3 * 8 * 10
+            }
+        );
+        let m = merge.params;
+        assert_eq!(
+            (m.batch, m.n_heads, m.head_dim, m.num_splits),
+            (3, 8, 64, 10)
+        );
+    }
+
+    #[test]
+    fn decode_takes_the_smallest_compiled_group_that_holds_the_ratio() {
+        for (n_heads, want) in [
+            (2, "g1"),
+            (4, "g2"),
+            (6, "g4"),
+            (8, "g4"),
+            (10, "g8"),
+            (16, "g8"),
+        ] {
+            let a = attn(KvDtype::F16, 64, 2, n_heads);
+            let p = plan_decode(&a, &batch(1, 10), Split::Auto).unwrap();
+            let DecodePlan::Whole(step) = p else {
+                panic!("{p:?}")
+            };
+            let symbol = step.kernel.id().spec().symbol;
+            assert_eq!(symbol, format!("decode_attention_f16_d64_{want}"));
+            assert_eq!(step.params.group as usize, n_heads / 2);
+        }
+    }
+
+    #[test]
+    fn decode_refuses_what_no_kernel_can_do_before_anything_is_sized() {
+        let a = attn(KvDtype::F16, 64, 2, 18);
+        assert!(matches!(
+            plan_decode(&a, &batch(1, 10), Split::Auto),
+            Err(CudaError::Unsupported { .. })
+        ));
+        let a = attn(KvDtype::F16, 64, 2, 4);
+        let two_queries = Batch {
+            max_q_len: 2,
+            ..batch(1, 10)
+        };
+        assert!(matches!(
+            plan_decode(&a, &two_queries, Split::Auto),
+            Err(CudaError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            decode(&a, &batch(1, 10), 4 * 64, 2 * 64, Split::Auto),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            plan_decode(&a, &batch(1, 0), Split::Auto),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            plan_decode(&a, &batch(1, 10), Split::ChunkTokens(0)),
+            Err(CudaError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            plan_decode(&a, &batch(0, 0), Split::ChunkTokens(0)),
+            Ok(DecodePlan::Empty)
+        ));
+        assert!(matches!(
+            plan_decode(&a, &batch(65_536, 10), Split::Auto),
+            Err(CudaError::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn the_attention_shape_is_checked_against_the_arena_and_the_compiled_head_dims() {
+        let g = |head_dim| KvGeometry {
+            n_layers: 2,
+            n_kv_heads: 2,
+            head_dim,
+            dtype: KvDtype::F32,
+        };
+        assert!(matches!(
+            Attn::new(&g(64), 16, 4096, 2, 4),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            Attn::new(&g(96), 16, 4096, 0, 4),
+            Err(CudaError::Unsupported {
+                what: "head_dim",
+                ..
+            })
+        ));
+        for n_heads in [0, 3] {
+            assert!(matches!(
+                Attn::new(&g(64), 16, 4096, 0, n_heads),
+                Err(CudaError::Unsupported {
+                    what: "head counts",
+                    ..
+                })
+            ));
+        }
+        let a = Attn::new(&g(64), 16, 4096, 1, 6).unwrap();
+        assert_eq!((a.group, a.page_size_log2, a.page_stride), (3, 4, 4096));
+    }
+
+    fn plan_prefill(
+        a: &Attn,
+        q_lens: &[usize],
+        choice: PrefillKernel,
+    ) -> Result<PrefillPlan, CudaError> {
+        let total_q: usize = q_lens.iter().sum();
+        let b = Batch {
+            batch: q_lens.len(),
+            total_q,
+            max_q_len: q_lens.iter().copied().max().unwrap_or(0),
+            max_kv_len: 1000,
+        };
+        let rows = total_q * a.n_heads * a.head_dim;
+        prefill(a, &b, rows, rows, choice)
+    }
+
+    #[test]
+    fn auto_prefill_takes_tensor_cores_where_compiled_and_the_scalar_kernel_elsewhere() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+            for hd in HEAD_DIMS {
+                for (n_kv, n_heads) in [(2, 2), (1, 32), (1, 64)] {
+                    let a = attn(dtype, hd, n_kv, n_heads);
+                    let compiled = dtype != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+                    let what = format!("{dtype:?} d{hd} group {}", a.group);
+                    let auto = plan_prefill(&a, &[5, 3], PrefillKernel::Auto);
+                    let auto = auto.as_ref().map(|p| p.chosen);
+                    let forced = plan_prefill(&a, &[5, 3], PrefillKernel::TensorCore);
+                    let scalar = plan_prefill(&a, &[5, 3], PrefillKernel::Scalar);
+                    let scalar_fits = a.group <= PREFILL_MAX_GROUP;
+                    if compiled {
+                        assert_eq!(auto, Ok(PrefillKernel::TensorCore), "{what}");
+                        assert!(
+                            forced.as_ref().is_ok_and(|p| p.needs_aligned_rows),
+                            "{what}"
+                        );
+                    } else if scalar_fits {
+                        assert_eq!(auto, Ok(PrefillKernel::Scalar), "{what}");
+                    } else {
+                        assert!(matches!(auto, Err(CudaError::Unsupported { .. })), "{what}");
+                    }
+                    if !compiled {
+                        assert!(
+                            matches!(forced, Err(CudaError::Unsupported { .. })),
+                            "{what}"
+                        );
+                    }
+                    if scalar_fits {
+                        let s = scalar.unwrap();
+                        assert_eq!(s.chosen, PrefillKernel::Scalar, "{what}");
+                        assert!(!s.needs_aligned_rows);
+                    } else {
+                        assert!(
+                            matches!(scalar, Err(CudaError::Unsupported { .. })),
+                            "{what}"
+                        );
+                    }
+                }
+            }
+        }
+        // 65 query heads per KV head: more than either kernel's row tile.
+        let a = attn(KvDtype::BF16, 64, 1, 65);
+        assert!(matches!(
+            plan_prefill(&a, &[3], PrefillKernel::Auto),
+            Err(CudaError::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn prefill_tiles_cover_every_query_row_of_the_longest_sequence() {
+        // Scalar: 32 (position, head) rows per block; tensor cores: 64.
+        let a = attn(KvDtype::F16, 64, 2, 8);
+        let s = plan_prefill(&a, &[17, 40], PrefillKernel::Scalar).unwrap();
+        assert_eq!(s.step.map(|s| s.grid), Some((5, 2, 2))); // ceil(40 / (32 / 4))
+        let t = plan_prefill(&a, &[17, 40], PrefillKernel::TensorCore).unwrap();
+        let step = t.step.unwrap();
+        assert_eq!(step.grid, (3, 2, 2)); // ceil(40 / (64 / 4))
+        assert_eq!(step.kernel.id().spec().symbol, "prefill_mma_f16_d64");
+        assert_eq!((step.params.group, step.params.n_kv_heads), (4, 2));
+        // No query rows: nothing to launch, and nothing refused.
+        let a = attn(KvDtype::F32, 64, 2, 8);
+        let empty = plan_prefill(&a, &[0, 0], PrefillKernel::Auto).unwrap();
+        assert!(empty.step.is_none());
+        assert!(matches!(
+            prefill(&a, &Batch::default(), 0, 8, PrefillKernel::Auto),
+            Err(CudaError::Shape { .. })
+        ));
+    }
+
+    #[test]
+    fn a_grid_with_nothing_to_do_launches_nothing() {
+        assert!(matches!(grid("t", 0, 4, 4), Ok(None)));
+        assert!(matches!(grid("t", 4, 0, 4), Ok(None)));
+        assert!(matches!(grid("t", 4, 4, 0), Ok(None)));
+        assert!(matches!(grid("t", 1, 1, 1), Ok(Some((1, 1, 1)))));
+    }
+
+    #[test]
+    fn a_grid_cuda_would_refuse_is_a_typed_error_before_launch() {
+        assert!(matches!(grid("t", 1, 65_535, 65_535), Ok(Some(_))));
+        for (x, y, z) in [(1, 65_536, 1), (1, 1, 65_536), (1usize << 31, 1, 1)] {
+            assert!(
+                matches!(
+                    grid("t", x, y, z),
+                    Err(CudaError::Unsupported { what: "t", .. })
+                ),
+                "({x}, {y}, {z})"
+            );
+        }
+    }
+
+    #[test]
+    fn grid_stride_launches_cover_everything_within_cuda_s_limit() {
+        assert_eq!(grid_stride(0), (1, 1, 1));
+        assert_eq!(grid_stride(256), (1, 1, 1));
+        assert_eq!(grid_stride(257), (2, 1, 1));
+        assert_eq!(grid_stride(usize::MAX / 2), (65_535, 1, 1));
+    }
+}

@@ -1,0 +1,575 @@
+//! The kernel table: the one description of every compiled kernel and of
+//! every kernel parameter struct's layout.
+//!
+//! build.rs reads this file (`#[path]`) and generates from it:
+//! - for each `cuda/<source>.cu`, `<source>_kernels.cuh`: the `extern "C"`
+//!   entry points of its families, one per instantiation, plus
+//!   `static_assert`s that the C++ constants the host mirrors (tile sizes,
+//!   block sizes, dynamic shared memory) have the values below;
+//! - `params_layout.cuh`: `static_assert`s of every field's offset and kind
+//!   and every struct's size in `cuda/params.cuh`;
+//! - `kernel_table.rs`: the Rust [`KernelId`](super::kernels::KernelId)
+//!   enum, each kernel's symbol, block size, shared memory and error text,
+//!   and one typed lookup per family (see `kernels.rs`);
+//! - `params_layout.rs`: `offset_of!`/`size_of` const asserts and field type
+//!   checks of every struct in `params.rs`.
+//!
+//! So adding an instantiation is one edit here; a params struct that drifts
+//! from this description on either side fails the build.
+//!
+//! This file must stay plain const data with no imports: build.rs compiles
+//! it on its own.
+
+/// KV storage types, in the order kernels are listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl Dtype {
+    /// Suffix in kernel symbols.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::BF16 => "bf16",
+        }
+    }
+    /// C++ element type.
+    pub const fn cxx(self) -> &'static str {
+        match self {
+            Dtype::F32 => "float",
+            Dtype::F16 => "__half",
+            Dtype::BF16 => "__nv_bfloat16",
+        }
+    }
+    /// The `KvDtype` variant (for generated Rust).
+    pub const fn rust(self) -> &'static str {
+        match self {
+            Dtype::F32 => "F32",
+            Dtype::F16 => "F16",
+            Dtype::BF16 => "BF16",
+        }
+    }
+}
+
+/// Head dimensions with compiled attention kernels.
+pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];
+/// Query heads per KV head that decode kernels are compiled for; a ratio in
+/// between uses the next one up (the padding heads are computed, not written).
+pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
+/// Head dimensions with a tensor-core prefill kernel (f16 and bf16 KV).
+pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// (position, head) rows per block of the scalar prefill kernel.
+pub const PREFILL_ROWS: usize = 32;
+/// Keys per K/V tile of the scalar prefill kernel.
+pub const PREFILL_BK: usize = 32;
+/// (position, head) rows per block of the tensor-core prefill kernel.
+pub const PMMA_BM: usize = 64;
+/// Keys per K/V tile of the tensor-core prefill kernel.
+pub const PMMA_BN: usize = 64;
+/// Rows of x per block of the matmul.
+pub const LIN_ROWS: usize = 16;
+/// Output columns per block of the matmul (one warp each).
+pub const LIN_WARPS: usize = 8;
+/// Warps per block of the checksum kernels (one byte range each).
+pub const CHECKSUM_WARPS: usize = 8;
+
+const ALL_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
+const HALF_DTYPES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
+
+/// Dynamic shared memory of an instantiation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Smem {
+    None,
+    /// A Q tile of `q_rows` rows and K and V tiles of `kv_rows` rows each,
+    /// every row `head_dim + pad` elements of `elem_bytes`; the C++ side
+    /// computes it as `handoff::<cfg><HEAD_DIM>::SMEM_BYTES`.
+    Tiles {
+        cfg: &'static str,
+        q_rows: usize,
+        kv_rows: usize,
+        pad: usize,
+        elem_bytes: usize,
+    },
+}
+
+impl Smem {
+    /// Bytes for `head_dim`.
+    pub const fn bytes(self, head_dim: usize) -> usize {
+        match self {
+            Smem::None => 0,
+            Smem::Tiles {
+                q_rows,
+                kv_rows,
+                pad,
+                elem_bytes,
+                ..
+            } => (q_rows + 2 * kv_rows) * (head_dim + pad) * elem_bytes,
+        }
+    }
+}
+
+/// One kernel family: a C++ function in `namespace handoff` instantiated
+/// over the listed axes (an empty axis is not a template parameter). Its
+/// instantiations are named `<name>[_<dtype>][_d<head_dim>][_g<group>]` and
+/// call `handoff::<body><dtype, head_dim, group>(p)` with the template
+/// arguments its axes give.
+#[derive(Clone, Copy, Debug)]
+pub struct Family {
+    pub name: &'static str,
+    /// `cuda/<source>.cu`, which includes `<source>_kernels.cuh`.
+    pub source: &'static str,
+    /// Its parameter struct, in params.cuh and params.rs.
+    pub params: &'static str,
+    pub body: &'static str,
+    pub dtypes: &'static [Dtype],
+    pub head_dims: &'static [usize],
+    pub groups: &'static [usize],
+    /// Threads per block (1-D) of every launch.
+    pub threads: u32,
+    /// Whether the kernel is declared `__launch_bounds__(threads)`.
+    pub bounded: bool,
+    pub smem: Smem,
+    /// C++ constants of `namespace handoff` the host relies on, with the
+    /// values it assumes (checked by `static_assert`).
+    pub mirrors: &'static [(&'static str, usize)],
+    /// What a failed launch was doing, for `CudaError::Driver`.
+    pub during: &'static str,
+}
+
+impl Family {
+    const fn plain(
+        name: &'static str,
+        source: &'static str,
+        params: &'static str,
+        threads: u32,
+        bounded: bool,
+        during: &'static str,
+    ) -> Family {
+        Family {
+            name,
+            source,
+            params,
+            body: name,
+            dtypes: &[],
+            head_dims: &[],
+            groups: &[],
+            threads,
+            bounded,
+            smem: Smem::None,
+            mirrors: &[],
+            during,
+        }
+    }
+}
+
+/// Every compiled kernel.
+pub const FAMILIES: &[Family] = &[
+    Family {
+        body: "decode_merge_impl",
+        ..Family::plain(
+            "decode_merge",
+            "decode_attention",
+            "MergeParams",
+            128,
+            true,
+            "launching the decode merge",
+        )
+    },
+    Family {
+        dtypes: &ALL_DTYPES,
+        head_dims: &HEAD_DIMS,
+        groups: &DECODE_GROUPS,
+        mirrors: &[("DECODE_THREADS", 128)],
+        ..Family::plain(
+            "decode_attention",
+            "decode_attention",
+            "DecodeParams",
+            128,
+            true,
+            "launching decode attention",
+        )
+    },
+    Family {
+        dtypes: &ALL_DTYPES,
+        head_dims: &HEAD_DIMS,
+        smem: Smem::Tiles {
+            cfg: "PrefillCfg",
+            q_rows: PREFILL_ROWS,
+            kv_rows: PREFILL_BK,
+            pad: 1,
+            elem_bytes: 4,
+        },
+        mirrors: &[
+            ("PREFILL_THREADS", 128),
+            ("PREFILL_ROWS", PREFILL_ROWS),
+            ("PREFILL_BK", PREFILL_BK),
+        ],
+        ..Family::plain(
+            "prefill_attention",
+            "prefill_attention",
+            "PrefillParams",
+            128,
+            true,
+            "launching prefill attention",
+        )
+    },
+    Family {
+        dtypes: &HALF_DTYPES,
+        head_dims: &PREFILL_MMA_HEAD_DIMS,
+        smem: Smem::Tiles {
+            cfg: "PmmaCfg",
+            q_rows: PMMA_BM,
+            kv_rows: PMMA_BN,
+            pad: 8,
+            elem_bytes: 2,
+        },
+        mirrors: &[
+            ("PMMA_THREADS", 128),
+            ("PMMA_BM", PMMA_BM),
+            ("PMMA_BN", PMMA_BN),
+        ],
+        ..Family::plain(
+            "prefill_mma",
+            "prefill_mma",
+            "PrefillParams",
+            128,
+            true,
+            "launching tensor-core prefill attention",
+        )
+    },
+    Family {
+        dtypes: &ALL_DTYPES,
+        ..Family::plain(
+            "kv_append",
+            "elementwise",
+            "KvAppendParams",
+            256,
+            false,
+            "launching the KV append",
+        )
+    },
+    Family::plain(
+        "scrub_pages",
+        "elementwise",
+        "ScrubParams",
+        256,
+        true,
+        "launching the page scrub",
+    ),
+    Family::plain(
+        "rms_norm",
+        "elementwise",
+        "RmsNormParams",
+        256,
+        true,
+        "launching RMSNorm",
+    ),
+    Family::plain(
+        "rope",
+        "elementwise",
+        "RopeParams",
+        256,
+        false,
+        "launching RoPE",
+    ),
+    Family::plain(
+        "swiglu",
+        "elementwise",
+        "SwigluParams",
+        256,
+        false,
+        "launching SwiGLU",
+    ),
+    Family::plain(
+        "embedding",
+        "elementwise",
+        "EmbeddingParams",
+        256,
+        false,
+        "launching the embedding gather",
+    ),
+    Family::plain(
+        "argmax",
+        "elementwise",
+        "ArgmaxParams",
+        256,
+        true,
+        "launching argmax",
+    ),
+    Family {
+        mirrors: &[("LIN_ROWS", LIN_ROWS), ("LIN_WARPS", LIN_WARPS)],
+        ..Family::plain(
+            "linear",
+            "linear",
+            "LinearParams",
+            32 * LIN_WARPS as u32,
+            true,
+            "launching matmul",
+        )
+    },
+    Family::plain(
+        "add_periodic",
+        "linear",
+        "AddParams",
+        256,
+        false,
+        "launching an add",
+    ),
+    Family {
+        body: "xxh3_ranges_body",
+        mirrors: &[("CHECKSUM_WARPS", CHECKSUM_WARPS)],
+        ..Family::plain(
+            "xxh3_ranges",
+            "checksum",
+            "HashRangesParams",
+            32 * CHECKSUM_WARPS as u32,
+            true,
+            "launching xxh3 over ranges",
+        )
+    },
+    Family {
+        body: "page_checksums_body",
+        ..Family::plain(
+            "page_checksums",
+            "checksum",
+            "PageChecksumParams",
+            32 * CHECKSUM_WARPS as u32,
+            true,
+            "launching page checksums",
+        )
+    },
+];
+
+/// A parameter struct field's kind: its Rust type, and what the C++ field
+/// must be (`Ptr`: any pointer, a `u64` device address on the Rust side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    Ptr,
+    U64,
+    U32,
+    F32,
+    F64,
+}
+
+impl Field {
+    /// Size and alignment in bytes (the C ABI of both sides on 64-bit targets).
+    pub const fn size(self) -> usize {
+        match self {
+            Field::Ptr | Field::U64 | Field::F64 => 8,
+            Field::U32 | Field::F32 => 4,
+        }
+    }
+}
+
+/// One parameter struct: its fields in declaration order.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub name: &'static str,
+    pub fields: &'static [(&'static str, Field)],
+}
+
+use Field::{F32, F64, Ptr, U32, U64};
+
+/// Every kernel parameter struct, field for field as in params.cuh and
+/// params.rs (read params.cuh for what each field means).
+pub const PARAMS: &[Params] = &[
+    Params {
+        name: "DecodeParams",
+        fields: &[
+            ("q", Ptr),
+            ("kv", Ptr),
+            ("page_table", Ptr),
+            ("page_indptr", Ptr),
+            ("kv_len", Ptr),
+            ("out", Ptr),
+            ("part_o", Ptr),
+            ("part_lse", Ptr),
+            ("page_stride", U64),
+            ("batch", U32),
+            ("n_heads", U32),
+            ("n_kv_heads", U32),
+            ("group", U32),
+            ("layer", U32),
+            ("page_size_log2", U32),
+            ("num_splits", U32),
+            ("chunk_tokens", U32),
+            ("sm_scale_log2", F32),
+            ("auto_max_splits", U32),
+        ],
+    },
+    Params {
+        name: "MergeParams",
+        fields: &[
+            ("part_o", Ptr),
+            ("part_lse", Ptr),
+            ("out", Ptr),
+            ("batch", U32),
+            ("n_heads", U32),
+            ("head_dim", U32),
+            ("num_splits", U32),
+        ],
+    },
+    Params {
+        name: "PrefillParams",
+        fields: &[
+            ("q", Ptr),
+            ("kv", Ptr),
+            ("page_table", Ptr),
+            ("page_indptr", Ptr),
+            ("q_indptr", Ptr),
+            ("kv_len", Ptr),
+            ("out", Ptr),
+            ("page_stride", U64),
+            ("batch", U32),
+            ("n_heads", U32),
+            ("n_kv_heads", U32),
+            ("group", U32),
+            ("layer", U32),
+            ("page_size_log2", U32),
+            ("sm_scale_log2", F32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "KvAppendParams",
+        fields: &[
+            ("k", Ptr),
+            ("v", Ptr),
+            ("dst_page", Ptr),
+            ("dst_slot", Ptr),
+            ("kv", Ptr),
+            ("page_stride", U64),
+            ("n_tokens", U32),
+            ("kv_dim", U32),
+            ("layer", U32),
+            ("page_size_log2", U32),
+        ],
+    },
+    Params {
+        name: "ScrubParams",
+        fields: &[
+            ("kv", Ptr),
+            ("pages", Ptr),
+            ("page_vec16", U64),
+            ("n_pages", U32),
+            ("fill", U32),
+        ],
+    },
+    Params {
+        name: "RmsNormParams",
+        fields: &[
+            ("x", Ptr),
+            ("w", Ptr),
+            ("out", Ptr),
+            ("n_rows", U32),
+            ("dim", U32),
+            ("eps", F32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "RopeParams",
+        fields: &[
+            ("x", Ptr),
+            ("positions", Ptr),
+            ("theta", F64),
+            ("n_tokens", U32),
+            ("n_heads", U32),
+            ("head_dim", U32),
+            ("style", U32),
+            ("factor", F64),
+            ("low_freq_factor", F64),
+            ("high_freq_factor", F64),
+            ("original_max_position", F64),
+            ("scaling", U32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "SwigluParams",
+        fields: &[("gate", Ptr), ("up", Ptr), ("out", Ptr), ("n", U64)],
+    },
+    Params {
+        name: "EmbeddingParams",
+        fields: &[
+            ("table", Ptr),
+            ("tokens", Ptr),
+            ("out", Ptr),
+            ("n_tokens", U32),
+            ("dim", U32),
+            ("vocab", U32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "ArgmaxParams",
+        fields: &[
+            ("logits", Ptr),
+            ("out_index", Ptr),
+            ("out_nans", Ptr),
+            ("n_rows", U32),
+            ("vocab", U32),
+        ],
+    },
+    Params {
+        name: "LinearParams",
+        fields: &[
+            ("x", Ptr),
+            ("w", Ptr),
+            ("out", Ptr),
+            ("m", U32),
+            ("n", U32),
+            ("k", U32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "AddParams",
+        fields: &[("x", Ptr), ("y", Ptr), ("n", U64), ("period", U64)],
+    },
+    Params {
+        name: "HashRangesParams",
+        fields: &[
+            ("data", Ptr),
+            ("offsets", Ptr),
+            ("lens", Ptr),
+            ("out", Ptr),
+            ("n", U32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "PageChecksumParams",
+        fields: &[
+            ("kv", Ptr),
+            ("pages", Ptr),
+            ("tokens", Ptr),
+            ("region_hashes", Ptr),
+            ("page_checksums", Ptr),
+            ("page_bytes", U64),
+            ("n_pages", U32),
+            ("n_layers", U32),
+            ("page_size", U32),
+            ("row_bytes", U32),
+        ],
+    },
+];
+
+/// Each field's offset and the struct's size under C layout rules (every
+/// field aligned to its size, the size rounded up to the largest).
+pub fn layout(p: &Params) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(p.fields.len());
+    let (mut at, mut align) = (0usize, 1usize);
+    for &(_, f) in p.fields {
+        at = at.next_multiple_of(f.size());
+        offsets.push(at);
+        at += f.size();
+        align = align.max(f.size());
+    }
+    (offsets, at.next_multiple_of(align))
+}
