@@ -80,6 +80,9 @@ fn sigterm_under_load_drains_and_exits_clean() {
         ended_503 += 1;
     }
     assert_eq!(finished + ended_503, 6);
+    eprintln!(
+        "at SIGTERM: {finished} streams finished in the grace period, {ended_503} ended with 503"
+    );
 
     assert!(
         status.success(),
@@ -99,4 +102,18 @@ fn sigterm_under_load_drains_and_exits_clean() {
         .output()
         .unwrap();
     assert!(!after.status.success(), "the listener is closed");
+}
+
+/// A SIGTERM that comes as soon as the server says it listens is handled
+/// (not the default kill): the signal handlers are in place before the
+/// `listening` line.
+#[test]
+fn sigterm_right_after_startup_exits_clean() {
+    let Some(mut server) = Server::start(&[]) else {
+        return;
+    };
+    server.sigterm();
+    let (status, stdout) = server.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{stdout}\n{}", server.log());
+    assert!(stdout.contains("full=true"), "{stdout}");
 }

@@ -132,27 +132,43 @@ fn main() -> ExitCode {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn signalled() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
+/// SIGTERM and Ctrl-C, registered when made: a signal that comes after
+/// the `listening` line is never the default (kill) action.
+#[cfg(unix)]
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn register() -> Result<Signals, String> {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+        let err = |e: std::io::Error| format!("cannot handle signals: {e}");
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+        })
+    }
+
+    async fn recv(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+}
+
+#[cfg(not(unix))]
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn register() -> Result<Signals, String> {
+        Ok(Signals)
+    }
+    async fn recv(self) {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -217,11 +233,12 @@ async fn run(args: args::Args) -> Result<bool, String> {
             "API keys loaded: requests need a Bearer key"
         ),
     }
+    let signals = Signals::register()?;
     say(&format!("listening on http://{bound}"));
 
     let (stop_tx, mut stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        signalled().await;
+        signals.recv().await;
         let _ = stop_tx.send(true);
     });
     let mut graceful = stop_rx.clone();

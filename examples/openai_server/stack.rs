@@ -14,7 +14,7 @@ use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::service::{Service, Submitter};
 use handoff::transfer::{
     DecodeWorker, Fault, FaultPlan, FaultRule, InProcess, InProcessDecode, InProcessPrefill,
-    PrefillWorker, Step, Transfer, TransferConfig,
+    LinkError, PrefillWorker, Step, Transfer, TransferConfig, TransferError,
 };
 use handoff::{Engine, EngineConfig, KvDtype, KvPool, PoolStats, RequestId, Role};
 
@@ -128,8 +128,13 @@ impl Stack {
             std::thread::Builder::new()
                 .name("prefill-worker".into())
                 .spawn(move || {
-                    if let Err(e) = prefill.run(&stop) {
-                        tracing::error!(error = %e, "the prefill worker's link ended");
+                    match prefill.run(&stop) {
+                        Ok(()) => {}
+                        // The decode worker closes the link when it shuts down.
+                        Err(TransferError::Link(LinkError::Disconnected)) => {
+                            tracing::info!("the decode worker closed the link: prefill stops")
+                        }
+                        Err(e) => tracing::error!(error = %e, "the prefill worker's link failed"),
                     }
                     prefill.shutdown();
                     prefill

@@ -31,6 +31,27 @@ fn unique(tag: &str) -> PathBuf {
     ))
 }
 
+/// Fails, saying how to rebuild, when the binary is older than a source of
+/// the example's folder (example_bin checks the library's sources and a
+/// single-file example's; this example is a folder).
+fn assert_fresh(bin: &std::path::Path) {
+    let mtime = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_server");
+    let built = mtime(bin);
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        assert!(
+            built >= mtime(&entry.path()),
+            "{} is older than {}: run `cargo test` (or `cargo build --examples`) first",
+            bin.display(),
+            entry.path().display()
+        );
+    }
+}
+
 /// Whether `curl` can be run; tests that need it say so when it cannot.
 pub fn have_curl() -> bool {
     let ok = Command::new("curl")
@@ -54,6 +75,7 @@ impl Server {
             return None;
         }
         let bin = example_bin::path("openai_server")?;
+        assert_fresh(&bin);
         let log = unique("log");
         let log_file = std::fs::File::create(&log).expect("a log file in the temp dir");
         let mut child = Command::new(&bin)
