@@ -42,7 +42,8 @@
 //! Tenants: `--api-keys FILE` (`KEY TENANT_ID` per line) maps
 //! `Authorization: Bearer KEY` to a `TenantId` on the server; without it
 //! the server is open, binds loopback only, says so at startup, and every
-//! request is tenant 0. A client that disconnects has its request
+//! request is tenant 0. `/metrics` and `/health` need no key (a scraper's
+//! view: counts and pool pages, no tenant's data). A client that disconnects has its request
 //! cancelled (pages released once no write can land; a transfer in flight
 //! is fenced by the decode worker, not aborted mid-write), counted in
 //! `/metrics`. SIGTERM or Ctrl-C: the listener closes, new requests get
