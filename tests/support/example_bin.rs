@@ -30,8 +30,9 @@ pub fn path(name: &str) -> Option<PathBuf> {
 fn assert_fresh(name: &str, bin: &Path) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let built = mtime(bin);
+    // A one-file example, or a folder of modules (`examples/<name>/main.rs`).
     let mut newest = mtime(&root.join("examples").join(format!("{name}.rs")));
-    let mut dirs = vec![root.join("src")];
+    let mut dirs = vec![root.join("src"), root.join("examples").join(name)];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let path = entry.path();

@@ -1,0 +1,285 @@
+//! An OpenAI-compatible HTTP server that embeds the engine.
+//!
+//! ```sh
+//! cargo run --release --example openai_server                      # embedded random-weights model
+//! cargo run --release --example openai_server -- --model PATH --port 8000 --api-keys keys.txt
+//! cargo run --release --example openai_server -- --disaggregated   # prefill + decode workers
+//! curl -s localhost:8000/v1/completions -H 'content-type: application/json' \
+//!     -d '{"model": "handoff-random", "prompt": "Hello", "max_tokens": 8}'
+//! ```
+//!
+//! Routes: `GET /v1/models`, `POST /v1/completions`,
+//! `POST /v1/chat/completions` (`stream: true` gives server-sent events in
+//! OpenAI's chunk format ending with `data: [DONE]`), `GET /metrics`
+//! (Prometheus text) and `GET /health`. Request fields: `max_tokens`
+//! (`max_completion_tokens`), `temperature` (default 1, 0 is greedy),
+//! `top_p`, `seed`, `stop` (up to 4 strings), `n` (1 only),
+//! `stream_options.include_usage`, and the extension `return_token_ids`
+//! (each choice, and each chunk, carries the generated ids). Answers carry
+//! `usage` and `finish_reason` (`stop` or `length`).
+//!
+//! Errors are OpenAI-style JSON bodies (`{"error": {"message", "type",
+//! "param", "code"}}`) with the status the crate maps the cause to:
+//!
+//! | cause | status | code |
+//! |---|---|---|
+//! | prompt alone longer than the context window | 413 (the crate's `PromptTooLong`) | `context_length_exceeded` |
+//! | prompt + `max_tokens` over the window | 400 (the crate's `ExceedsWindow`) | `context_length_exceeded` |
+//! | bad JSON, bad or unsupported parameter | 400 | `invalid_value` / `unsupported_parameter` |
+//! | missing or unknown API key | 401 | `invalid_api_key` |
+//! | unknown model name | 404 | `model_not_found` |
+//! | queue full | 429 with `Retry-After: 1` | `rate_limit_exceeded` |
+//! | shutting down | 503 | `service_unavailable` |
+//! | KV transfer integrity failure (disaggregated) | 500 | `kv_integrity_failure` |
+//!
+//! The over-window prompt keeps the crate's status rather than OpenAI's
+//! blanket 400: both statuses are errors to every client, and the code
+//! `context_length_exceeded` is what clients match on. A request that fails
+//! never gets a 200: a streaming answer waits for the first token before
+//! sending its status, and a failure after that ends the stream with an
+//! error event and no `[DONE]`.
+//!
+//! Tenants: `--api-keys FILE` (`KEY TENANT_ID` per line) maps
+//! `Authorization: Bearer KEY` to a `TenantId` on the server; without it
+//! the server is open, binds loopback only, says so at startup, and every
+//! request is tenant 0. `/metrics` and `/health` need no key (a scraper's
+//! view: counts and pool pages, no tenant's data). A client that disconnects has its request
+//! cancelled (pages released once no write can land; a transfer in flight
+//! is fenced by the decode worker, not aborted mid-write), counted in
+//! `/metrics`. SIGTERM or Ctrl-C: the listener closes, new requests get
+//! 503, live ones run for `--grace-secs` (10), the rest end with 503; the
+//! process exits 0 only if every pool is full again with no isolation
+//! violation.
+//!
+//! Text: the embedded random-weights model has no tokenizer, so it is
+//! served with a byte-level codec (its output is noise; see `codec.rs`); a
+//! model file (`--model`) is served ids-only until a tokenizer is wired
+//! in. Logs (`tracing`, one span per request with phases `admission`,
+//! `prefill` or `prefill_transfer`, and `decode`) go to stderr; `RUST_LOG`
+//! filters them. Stdout gets one line, `listening on http://ADDR`, once the
+//! port is bound, and the pool report at exit.
+
+mod args;
+mod auth;
+mod codec;
+mod errors;
+mod generation;
+mod metrics;
+mod reply;
+mod routes;
+mod sse;
+mod stack;
+mod wire;
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use handoff::TenantId;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::auth::Auth;
+use crate::codec::{ByteCodec, IdsOnly, TextCodec};
+use crate::routes::AppState;
+use crate::stack::Stack;
+
+/// A line on stdout (tests read it); a closed pipe is not worth a panic.
+fn say(s: &str) {
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{s}");
+    let _ = out.flush();
+}
+
+fn main() -> ExitCode {
+    let args = match args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: {e}\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    // Each span's close is logged with its busy and idle time: the
+    // request's phases, timed.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: no async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// SIGTERM and Ctrl-C, registered when made: a signal that comes after
+/// the `listening` line is never the default (kill) action.
+#[cfg(unix)]
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn register() -> Result<Signals, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let err = |e: std::io::Error| format!("cannot handle signals: {e}");
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+        })
+    }
+
+    async fn recv(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+#[cfg(not(unix))]
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn register() -> Result<Signals, String> {
+        Ok(Signals)
+    }
+    async fn recv(self) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn run(args: args::Args) -> Result<bool, String> {
+    let auth = match &args.api_keys {
+        Some(path) => Auth::from_file(path)?,
+        None => Auth::Open(TenantId(0)),
+    };
+    let stack = Stack::start(&args)?;
+    let codec: Arc<dyn TextCodec> = match (&args.model, ByteCodec::new(stack.vocab)) {
+        (None, Some(bytes)) => Arc::new(bytes),
+        _ => Arc::new(IdsOnly),
+    };
+    let model_name = args
+        .served_name
+        .clone()
+        .unwrap_or_else(|| match &args.model {
+            None => "handoff-random".into(),
+            Some(p) => p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into()),
+        });
+    let metrics = metrics::Metrics::install(stack.pools(), args.audit, stack.kv_bytes_per_token)?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let state = Arc::new(AppState {
+        submitter: stack.submitter(),
+        codec: codec.clone(),
+        auth,
+        metrics,
+        model_name: model_name.clone(),
+        window: stack.window,
+        created: now.as_secs(),
+        next_id: AtomicU64::new(1),
+        seed_base: now.as_nanos() as u64,
+        draining: AtomicBool::new(false),
+        disaggregated: stack.disaggregated(),
+    });
+
+    let addr = SocketAddr::new(args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    info!(
+        model = %model_name,
+        window = stack.window,
+        disaggregated = stack.disaggregated(),
+        audit = args.audit,
+        text = %codec.describe(),
+        "serving"
+    );
+    match &state.auth {
+        Auth::Open(_) => warn!(
+            "no --api-keys: the server is open to anyone who can reach {bound} (loopback only); \
+             every request is tenant 0"
+        ),
+        Auth::Keys(k) => info!(
+            keys = k.len(),
+            "API keys loaded: requests need a Bearer key"
+        ),
+    }
+    let signals = Signals::register()?;
+    say(&format!("listening on http://{bound}"));
+
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        signals.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut graceful = stop_rx.clone();
+    let server = tokio::spawn(
+        axum::serve(listener, routes::router(state.clone()))
+            .with_graceful_shutdown(async move {
+                let _ = graceful.wait_for(|s| *s).await;
+            })
+            .into_future(),
+    );
+
+    // Until a signal: serve. Then drain.
+    let _ = stop_rx.wait_for(|s| *s).await;
+    state.draining.store(true, Ordering::Release);
+    info!(
+        grace_s = args.grace.as_secs_f64(),
+        "shutting down: no new requests; live ones have the grace period"
+    );
+    let grace = args.grace;
+    let stopped = tokio::task::spawn_blocking(move || stack.shutdown(grace))
+        .await
+        .map_err(|e| format!("the shutdown task failed: {e}"))??;
+    // Every live request has its outcome now; the connections finish
+    // writing them. A connection that does not close in time is dropped.
+    match tokio::time::timeout(Duration::from_secs(10), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => warn!(error = %e, "the HTTP server ended with an error"),
+        Ok(Err(e)) => warn!(error = %e, "the HTTP server task failed"),
+        Err(_) => warn!("connections still open 10 s after shutdown: dropped"),
+    }
+    for (name, s) in &stopped.pools {
+        say(&format!(
+            "pool {name}: capacity={} free={} in_use={} held={} isolation_violations={} full={}",
+            s.capacity,
+            s.free,
+            s.in_use,
+            s.held,
+            s.isolation_violations,
+            s.is_full()
+        ));
+    }
+    Ok(stopped.clean())
+}

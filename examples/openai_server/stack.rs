@@ -1,0 +1,206 @@
+//! The engine behind the HTTP server: colocated (one [`Engine`] behind a
+//! [`Service`]) or disaggregated (a decode worker behind a [`Service`] and
+//! a prefill worker on its own thread, joined in-process). The routes see
+//! only a [`Submitter`] either way.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use handoff::backend::CpuBackend;
+use handoff::model::{Model, ModelConfig, random_weights};
+use handoff::service::{Service, Submitter};
+use handoff::transfer::{
+    Fault, FaultPlan, FaultRule, InProcess, InProcessDecode, InProcessPrefill, LinkError, Step,
+    Transfer, TransferConfig, TransferError,
+};
+use handoff::{
+    Colocated, Decode, DecodeWorker, Engine, EngineConfig, EngineConfigBuilder, KvDtype, KvPool,
+    PoolStats, Prefill, PrefillWorker, RequestId, RoleKind,
+};
+
+use crate::args::Args;
+
+/// Seed of the embedded random-weights model (as in the other examples).
+pub const RANDOM_SEED: u64 = 2026;
+
+enum Kind {
+    Colocated(Service<Engine>),
+    Disaggregated {
+        decode: Service<DecodeWorker<InProcessDecode>>,
+        prefill: JoinHandle<PrefillWorker<InProcessPrefill>>,
+        stop: Arc<AtomicBool>,
+    },
+}
+
+/// A running engine (or pair of workers).
+pub struct Stack {
+    kind: Kind,
+    pools: Vec<(&'static str, KvPool)>,
+    pub window: usize,
+    pub vocab: usize,
+    pub kv_bytes_per_token: u64,
+}
+
+/// Each pool's accounting once everything has stopped.
+pub struct Stopped {
+    pub pools: Vec<(&'static str, PoolStats)>,
+}
+
+impl Stopped {
+    /// Every page free and no isolation violation, in every pool.
+    pub fn clean(&self) -> bool {
+        self.pools
+            .iter()
+            .all(|(_, s)| s.is_full() && s.isolation_violations == 0)
+    }
+}
+
+fn model(path: Option<&Path>, threads: Option<usize>) -> Result<Model, String> {
+    let backend = match threads {
+        Some(n) => CpuBackend::with_threads(n),
+        None => CpuBackend::new(),
+    };
+    match path {
+        None => Model::new(
+            backend,
+            random_weights(&ModelConfig::tiny_gqa(), RANDOM_SEED),
+        )
+        .map_err(|e| e.to_string()),
+        Some(p) => Model::load(backend, p).map_err(|e| format!("{}: {e}", p.display())),
+    }
+}
+
+fn config<R: RoleKind>(args: &Args, m: &Model) -> Result<EngineConfig<R>, String> {
+    let window = args.max_context.unwrap_or(m.config().max_seq_len.min(2048));
+    let pool = args.pool_tokens.unwrap_or(window.saturating_mul(8));
+    let mut b = EngineConfigBuilder::<R>::new(m.kv_geometry(KvDtype::F32))
+        .max_context(window)
+        .page_size(16.min(window.max(1).next_power_of_two()))
+        .pool_tokens(pool)
+        .audit(args.audit);
+    if let Some(q) = args.max_queue {
+        b = b.max_queue(q);
+    }
+    b.build()
+        .map_err(|e| format!("{:?} configuration refused: {e}", R::ROLE))
+}
+
+impl Stack {
+    pub fn start(args: &Args) -> Result<Stack, String> {
+        let m = model(args.model.as_deref(), args.threads)?;
+        let vocab = m.config().vocab_size;
+        if !args.disaggregated {
+            let cfg = config::<Colocated>(args, &m)?;
+            let per_token = (cfg.bytes_per_page() / cfg.page_size()) as u64;
+            let engine = Engine::new(m, cfg).map_err(|e| e.to_string())?;
+            let pools = vec![("colocated", engine.pool().clone())];
+            let service = Service::spawn(engine).map_err(|e| e.to_string())?;
+            return Ok(Stack {
+                kind: Kind::Colocated(service),
+                pools,
+                window: cfg.max_context(),
+                vocab,
+                kv_bytes_per_token: per_token,
+            });
+        }
+        let pm = model(args.model.as_deref(), args.threads)?;
+        let dcfg = config::<Decode>(args, &m)?;
+        let pcfg = config::<Prefill>(args, &pm)?;
+        let per_token = (dcfg.bytes_per_page() / dcfg.page_size()) as u64;
+        let mut transfer = TransferConfig::default();
+        if let Some(id) = args.corrupt_receipt_of {
+            let plan = FaultPlan::new()
+                .with(FaultRule::at(Step::ReceiptSent, Fault::Corrupt).for_request(RequestId(id)));
+            transfer = transfer.with_faults(Arc::new(plan));
+        }
+        let (to_decode, to_prefill) = InProcess.connect(&transfer).map_err(|e| e.to_string())?;
+        let mut prefill = PrefillWorker::new(to_decode, pm, pcfg, transfer.clone())
+            .map_err(|e| e.to_string())?;
+        let decode =
+            DecodeWorker::new(to_prefill, m, dcfg, transfer).map_err(|e| e.to_string())?;
+        let pools = vec![
+            ("decode", decode.pool().clone()),
+            ("prefill", prefill.pool().clone()),
+        ];
+        let stop = Arc::new(AtomicBool::new(false));
+        let prefill = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("prefill-worker".into())
+                .spawn(move || {
+                    match prefill.run(&stop) {
+                        Ok(()) => {}
+                        // The decode worker closes the link when it shuts down.
+                        Err(TransferError::Link(LinkError::Disconnected)) => {
+                            tracing::info!("the decode worker closed the link: prefill stops")
+                        }
+                        Err(e) => tracing::error!(error = %e, "the prefill worker's link failed"),
+                    }
+                    prefill.shutdown();
+                    prefill
+                })
+                .map_err(|e| e.to_string())?
+        };
+        let decode = Service::spawn(decode).map_err(|e| e.to_string())?;
+        Ok(Stack {
+            kind: Kind::Disaggregated {
+                decode,
+                prefill,
+                stop,
+            },
+            pools,
+            window: dcfg.max_context(),
+            vocab,
+            kv_bytes_per_token: per_token,
+        })
+    }
+
+    pub fn submitter(&self) -> Submitter {
+        match &self.kind {
+            Kind::Colocated(s) => s.submitter(),
+            Kind::Disaggregated { decode, .. } => decode.submitter(),
+        }
+    }
+
+    pub fn pools(&self) -> Vec<(&'static str, KvPool)> {
+        self.pools.clone()
+    }
+
+    pub fn disaggregated(&self) -> bool {
+        matches!(self.kind, Kind::Disaggregated { .. })
+    }
+
+    /// Stops taking requests, lets live ones run for `grace`, ends the rest
+    /// with 503, stops every worker and reports the pools. Blocks.
+    pub fn shutdown(self, grace: Duration) -> Result<Stopped, String> {
+        match self.kind {
+            Kind::Colocated(service) => {
+                let engine = service.shutdown(grace).map_err(|e| e.to_string())?;
+                Ok(Stopped {
+                    pools: vec![("colocated", engine.pool_stats())],
+                })
+            }
+            Kind::Disaggregated {
+                decode,
+                prefill,
+                stop,
+            } => {
+                let worker = decode.shutdown(grace);
+                stop.store(true, Ordering::Release);
+                let prefill = prefill
+                    .join()
+                    .map_err(|_| "the prefill worker's thread panicked".to_string())?;
+                let worker = worker.map_err(|e| e.to_string())?;
+                Ok(Stopped {
+                    pools: vec![
+                        ("decode", worker.pool().stats()),
+                        ("prefill", prefill.pool().stats()),
+                    ],
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The OpenAI-compatible server example (`examples/openai_server`) driven as
+//! its clients drive it: curl, the official `openai` Python client, many
+//! streams at once, a client that goes away, and a shutdown under load.
+//!
+//! One story per module; the shared rigs are in `tests/support/`.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod openai_server_auth;
+mod openai_server_backpressure;
+mod openai_server_disaggregated;
+mod openai_server_disconnect;
+mod openai_server_greedy;
+mod openai_server_http;
+mod openai_server_python;
+mod openai_server_shutdown;
