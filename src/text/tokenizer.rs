@@ -30,6 +30,9 @@ pub struct Tokenizer {
     eos: Option<u32>,
     eot: Option<u32>,
     special: std::sync::Arc<std::collections::HashSet<u32>>,
+    /// Bytes with no token in a byte-level vocabulary: text holding one is
+    /// refused rather than encoded without it.
+    missing_bytes: Vec<u8>,
 }
 
 /// The ids of `inner`'s special added tokens.
@@ -76,6 +79,7 @@ impl Tokenizer {
             bos: None,
             eos: None,
             eot: None,
+            missing_bytes: Vec::new(),
         })
     }
 
@@ -113,6 +117,7 @@ impl Tokenizer {
             bos,
             eos,
             eot: id(meta.eot_id),
+            missing_bytes: built.missing_bytes,
         })
     }
 
@@ -139,6 +144,15 @@ impl Tokenizer {
     }
 
     fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TextError> {
+        if !self.missing_bytes.is_empty()
+            && let Some(b) = text.bytes().find(|b| self.missing_bytes.contains(b))
+        {
+            return Err(TextError::Encode {
+                reason: format!(
+                    "byte 0x{b:02X} has no token in this model's vocabulary; remove it from the text"
+                ),
+            });
+        }
         self.inner
             .encode_fast(text, add_special)
             .map(|e| e.get_ids().to_vec())

@@ -27,6 +27,11 @@ pub(crate) struct Built {
     pub(crate) inner: tokenizers::Tokenizer,
     pub(crate) add_bos: bool,
     pub(crate) add_eos: bool,
+    /// Bytes the vocabulary has no token for (some byte-level vocabularies
+    /// leave out control characters): text holding one cannot be encoded
+    /// without losing it, so [`Tokenizer::encode`](super::Tokenizer::encode)
+    /// refuses it.
+    pub(crate) missing_bytes: Vec<u8>,
 }
 
 fn bad(key: &str, reason: impl Into<String>) -> TextError {
@@ -87,6 +92,13 @@ pub(crate) fn build(meta: &TokenizerMetadata) -> Result<Built, TextError> {
         }
     }
 
+    let missing_bytes = if meta.model == "gpt2" {
+        (0..=255u8)
+            .filter(|&b| !vocab.contains_key(byte_char(b).to_string().as_str()))
+            .collect()
+    } else {
+        Vec::new() // SentencePiece falls back to <0xXX> tokens
+    };
     let (mut inner, add_bos) = match meta.model.as_str() {
         "gpt2" => byte_level_bpe(meta, vocab)?,
         "llama" => sentencepiece_bpe(meta, vocab, &kinds, &first_id)?,
@@ -125,6 +137,7 @@ pub(crate) fn build(meta: &TokenizerMetadata) -> Result<Built, TextError> {
         inner,
         add_bos,
         add_eos,
+        missing_bytes,
     })
 }
 
@@ -148,6 +161,18 @@ fn kinds(meta: &TokenizerMetadata) -> Result<Vec<TokenKind>, TextError> {
     }
 }
 
+/// GPT-2's printable stand-in for byte `b`: printable Latin-1 bytes stand
+/// for themselves, the others for U+0100 onwards in byte order.
+fn byte_char(b: u8) -> char {
+    let printable = |x: u8| (b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || x >= 0xAE;
+    if printable(b) {
+        char::from(b)
+    } else {
+        let n = (0..b).filter(|&x| !printable(x)).count() as u32;
+        char::from_u32(0x100 + n).unwrap_or(char::REPLACEMENT_CHARACTER)
+    }
+}
+
 /// GPT-2 style: bytes mapped to printable characters, merges from the file,
 /// the split named by `tokenizer.ggml.pre`.
 fn byte_level_bpe(
@@ -155,6 +180,7 @@ fn byte_level_bpe(
     vocab: Vocab,
 ) -> Result<(tokenizers::Tokenizer, bool), TextError> {
     let split = pre_split(meta.pre.as_deref())?;
+
     let mut merges: Merges = Vec::with_capacity(meta.merges.len());
     for (i, m) in meta.merges.iter().enumerate() {
         let mut parts = m.split(' ');
