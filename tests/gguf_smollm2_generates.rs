@@ -85,3 +85,47 @@ fn smollm2_continues_a_prompt_greedily() {
     eprintln!("prompt {prompt:?} -> {out:?} = {text:?}");
     assert!(text.contains("Paris"), "{text}");
 }
+
+fn prefill_logits(m: &Model, prompts: &[&[u32]]) -> Vec<Vec<u32>> {
+    let pool = KvPool::new(PoolConfig::new(m.kv_geometry(KvDtype::F32), 16, 64)).unwrap();
+    let mut scratch = m.scratch();
+    let mut seqs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| pool.reserve(RequestId(i as u64), p.len()).unwrap())
+        .collect();
+    let mut refs: Vec<_> = seqs.iter_mut().collect();
+    let logits = m.prefill(&mut scratch, &mut refs, prompts).unwrap();
+    (0..prompts.len())
+        .map(|i| logits.row(i).iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn kept_quantized_the_model_computes_the_dequantized_models_bits_in_a_file_sized_footprint() {
+    let Some(p) = path() else { return };
+    let f = GgufFile::open(&p).unwrap();
+    let a = ids(&f, &["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
+    let b = ids(&f, &["Once", "Ġupon", "Ġa", "Ġtime"]);
+    let kept = Model::load(CpuBackend::with_threads(2), &p).unwrap();
+    let reference = Model::new(
+        CpuBackend::with_threads(2),
+        handoff::model::gguf::load_gguf(&p).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(kept.fingerprint(), reference.fingerprint());
+    let together = prefill_logits(&kept, &[&a, &b]);
+    assert_eq!(together, prefill_logits(&reference, &[&a, &b]));
+    // Batch-invariant: each prompt alone gives its batched bits.
+    assert_eq!(prefill_logits(&kept, &[&a])[0], together[0]);
+    assert_eq!(prefill_logits(&kept, &[&b])[0], together[1]);
+
+    let file = std::fs::metadata(&p).unwrap().len() as usize;
+    let (q, r) = (kept.weight_bytes(), reference.weight_bytes());
+    eprintln!("weights held: quantized {q} bytes, dequantized {r} bytes, file {file} bytes");
+    assert!(
+        q <= file && q * 10 >= file * 9,
+        "quantized weights {q} vs file {file}"
+    );
+    assert!(r >= 3 * file);
+}
