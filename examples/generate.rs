@@ -4,11 +4,24 @@
 //! ```sh
 //! cargo run --release --example generate -- --model PATH \
 //!     --prompt-ids 1,2,3 [--prompt-ids 1,5 ...] --max-new-tokens N --temperature 0
+//! cargo run --release --example generate -- --model PATH --prompt "Once upon" --max-new-tokens 32
+//! cargo run --release --example generate -- --model PATH --chat "What is a KV cache?" --max-new-tokens 128
 //! ```
 //!
-//! stdout: one line per prompt, in order: the generated token ids separated
-//! by single spaces. Generation stops only at max new tokens unless
-//! `--stop-ids` is given. Logs and timings go to stderr.
+//! With `--prompt-ids`, stdout has one line per prompt, in order: the
+//! generated token ids separated by single spaces. Generation stops only at
+//! max new tokens unless `--stop-ids` is given. Logs and timings go to stderr.
+//!
+//! Text needs the model's tokenizer (a Hugging Face folder's tokenizer.json,
+//! or a GGUF file's metadata). `--prompt TEXT` (repeatable) tokenizes the
+//! text as the model's tokenizer does (BOS only where it says) and prints,
+//! per prompt, in order, the generated text followed by a newline.
+//! `--chat TEXT` renders a one-turn conversation with the model's chat
+//! template and streams the answer to stdout as it is generated, then a
+//! newline. In both, the model's EOS and end-of-turn tokens end generation
+//! (and are not printed), as does any `--stop STRING` (repeatable; the stop
+//! string is not printed). The last stderr line gives tokens/s and the time
+//! to first token.
 //!
 //! Other flags: `--stop-ids 1,2`, `--top-k K`, `--top-p P`, `--seed S`
 //! (request i uses S + i), `--page-size N` (16; a power of two, lowered to
@@ -27,13 +40,27 @@ use std::time::{Duration, Instant};
 
 use handoff::backend::CpuBackend;
 use handoff::model::Model;
+use handoff::text::{Message, StopMatcher, StreamDecoder, TextModel, Tokenizer};
 use handoff::{
     Engine, EngineConfig, Event, KvDtype, Outcome, Request, RequestId, SamplingParams, TenantId,
 };
 
+/// What the prompts are and how the output is printed.
+#[derive(Debug, Clone, PartialEq)]
+enum Mode {
+    /// `--prompt-ids`: ids in, one line of ids out per prompt.
+    Ids,
+    /// `--prompt`: text in, text out per prompt.
+    Text(Vec<String>),
+    /// `--chat`: one user turn in, the answer streamed out.
+    Chat(String),
+}
+
 struct Args {
     model: PathBuf,
+    mode: Mode,
     prompts: Vec<Vec<u32>>,
+    stops: Vec<String>,
     max_new: usize,
     temperature: f32,
     top_k: Option<usize>,
@@ -45,9 +72,10 @@ struct Args {
     threads: Option<usize>,
 }
 
-const USAGE: &str = "usage: generate --model PATH --prompt-ids 1,2,3 [--prompt-ids ...] \
---max-new-tokens N [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop-ids a,b] \
-[--page-size N] [--kv-dtype f32|f16|bf16] [--threads N]";
+const USAGE: &str = "usage: generate --model PATH (--prompt-ids 1,2,3 [--prompt-ids ...] | \
+--prompt TEXT [--prompt ...] | --chat TEXT) --max-new-tokens N [--temperature T] [--top-k K] \
+[--top-p P] [--seed S] [--stop-ids a,b] [--stop STRING ...] [--page-size N] \
+[--kv-dtype f32|f16|bf16] [--threads N]";
 
 fn ids(s: &str) -> Result<Vec<u32>, String> {
     s.split(',')
@@ -69,7 +97,9 @@ where
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         model: PathBuf::new(),
+        mode: Mode::Ids,
         prompts: Vec::new(),
+        stops: Vec::new(),
         max_new: 0,
         temperature: 0.0,
         top_k: None,
@@ -81,6 +111,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         threads: None,
     };
     let mut have_model = false;
+    let mut texts = Vec::new();
+    let mut chat = None;
     while let Some(flag) = it.next() {
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -89,6 +121,18 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 have_model = true;
             }
             "--prompt-ids" => a.prompts.push(ids(&v)?),
+            "--prompt" => texts.push(v),
+            "--chat" => {
+                if chat.replace(v).is_some() {
+                    return Err("--chat is given once (one conversation turn)".into());
+                }
+            }
+            "--stop" => {
+                if v.is_empty() {
+                    return Err("--stop needs a non-empty string".into());
+                }
+                a.stops.push(v)
+            }
             "--max-new-tokens" => a.max_new = num(&flag, &v)?,
             "--temperature" => a.temperature = num(&flag, &v)?,
             "--top-k" => a.top_k = Some(num(&flag, &v)?),
@@ -104,9 +148,26 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if !have_model || a.prompts.is_empty() || a.max_new == 0 {
+    let modes = usize::from(!a.prompts.is_empty())
+        + usize::from(!texts.is_empty())
+        + usize::from(chat.is_some());
+    if modes > 1 {
+        return Err("give prompts one way: --prompt-ids, --prompt or --chat".into());
+    }
+    if !texts.is_empty() {
+        a.mode = Mode::Text(texts);
+    } else if let Some(c) = chat {
+        a.mode = Mode::Chat(c);
+    }
+    if !have_model || modes == 0 || a.max_new == 0 {
         return Err(
-            "--model, at least one --prompt-ids and --max-new-tokens > 0 are required".into(),
+            "--model, a prompt (--prompt-ids, --prompt or --chat) and --max-new-tokens > 0 are required"
+                .into(),
+        );
+    }
+    if a.mode == Mode::Ids && !a.stops.is_empty() {
+        return Err(
+            "--stop applies to text (--prompt or --chat); use --stop-ids with --prompt-ids".into(),
         );
     }
     if !a.page_size.is_power_of_two() {
@@ -184,6 +245,37 @@ fn run() -> Result<ExitCode, String> {
     let model =
         Model::load(backend, &args.model).map_err(|e| format!("{}: {e}", args.model.display()))?;
     let mc = model.config().clone();
+    let text = match &args.mode {
+        Mode::Ids => None,
+        _ => Some(
+            TextModel::load(&args.model).map_err(|e| format!("{}: {e}", args.model.display()))?,
+        ),
+    };
+    let mut args = args;
+    let mut stop_ids = args.stop_ids.clone();
+    if let Some(text) = &text {
+        args.prompts = match &args.mode {
+            Mode::Text(texts) => texts
+                .iter()
+                .map(|t| text.tokenizer().encode(t))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("--prompt: {e}"))?,
+            Mode::Chat(turn) => vec![
+                text.render_chat(&[Message::new("user", turn.as_str())])
+                    .map_err(|e| format!("--chat: {e}"))?
+                    .1,
+            ],
+            Mode::Ids => Vec::new(),
+        };
+        for p in &args.prompts {
+            tokens_needed(p, args.max_new)?;
+        }
+        for &id in text.stop_ids() {
+            if !stop_ids.contains(&id) {
+                stop_ids.push(id);
+            }
+        }
+    }
     let _ = writeln!(
         err,
         "loaded {} in {:.2?}: dim {}, {} layers, {} heads / {} KV heads, vocab {}, {:.1} MB of weights, {} threads",
@@ -217,7 +309,7 @@ fn run() -> Result<ExitCode, String> {
             top_k: args.top_k,
             top_p: args.top_p,
             seed: args.seed.wrapping_add(i as u64),
-            stop_ids: args.stop_ids.clone(),
+            stop_ids: stop_ids.clone(),
         };
         let req = Request::new(
             RequestId(i as u64),
@@ -243,6 +335,16 @@ fn run() -> Result<ExitCode, String> {
     let mut failed = false;
 
     let n = handles.len();
+    // Text output: one sink per prompt; --chat streams its one sink to stdout.
+    let streaming = matches!(args.mode, Mode::Chat(_));
+    let mut sinks: Vec<Option<TextSink>> = match &text {
+        Some(text) => args
+            .prompts
+            .iter()
+            .map(|p| TextSink::new(text.tokenizer(), p, &args.stops, &stop_ids).map(Some))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut first: Vec<Option<Duration>> = vec![None; n];
     let mut outcome: Vec<Option<Outcome>> = vec![None; n];
@@ -258,6 +360,13 @@ fn run() -> Result<ExitCode, String> {
                     Event::Token(t) => {
                         first[i].get_or_insert_with(|| t0.elapsed());
                         tokens[i].push(t);
+                        if let Some(Some(sink)) = sinks.get_mut(i) {
+                            let more = sink.token(t, streaming);
+                            if !more {
+                                // A stop string or an undecodable id: end it here.
+                                engine.cancel(h.id());
+                            }
+                        }
                     }
                     Event::Done(o) => outcome[i] = Some(o),
                 }
@@ -268,9 +377,26 @@ fn run() -> Result<ExitCode, String> {
 
     let mut out = std::io::stdout().lock();
     for (i, toks) in tokens.iter().enumerate() {
-        let line: Vec<String> = toks.iter().map(u32::to_string).collect();
-        writeln!(out, "{}", line.join(" ")).map_err(|e| e.to_string())?;
-        if !matches!(outcome[i], Some(Outcome::Finished(_))) {
+        let mut ended_by_us = false;
+        if let Some(sink) = sinks.get_mut(i).and_then(Option::take) {
+            let (text, error, stopped) = sink.finish(streaming);
+            if streaming {
+                writeln!(out).map_err(|e| e.to_string())?;
+            } else {
+                writeln!(out, "{text}").map_err(|e| e.to_string())?;
+            }
+            if let Some(e) = error {
+                let _ = writeln!(err, "prompt {i}: {e}");
+                failed = true;
+            }
+            ended_by_us = stopped;
+        } else {
+            let line: Vec<String> = toks.iter().map(u32::to_string).collect();
+            writeln!(out, "{}", line.join(" ")).map_err(|e| e.to_string())?;
+        }
+        let finished = matches!(outcome[i], Some(Outcome::Finished(_)))
+            || (ended_by_us && matches!(outcome[i], Some(Outcome::Cancelled)));
+        if !finished {
             let _ = writeln!(err, "prompt {i}: ended with {:?}", outcome[i]);
             failed = true;
         }
@@ -298,5 +424,109 @@ fn prev_power_of_two(n: usize) -> usize {
         1
     } else {
         1 << (usize::BITS - 1 - n.leading_zeros())
+    }
+}
+
+/// One prompt's generated text: ids are detokenized as they arrive (whole
+/// characters only), stop ids end it unprinted, and user stop strings are
+/// held back until they are ruled out or matched (then never printed).
+struct TextSink<'t> {
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    stop_ids: Vec<u32>,
+    /// Text so far (when not streaming to stdout).
+    text: String,
+    /// Ended by a stop id or a stop string: later tokens are ignored.
+    done: bool,
+    /// Ended by a stop string: the request was cancelled on purpose.
+    stopped: bool,
+    error: Option<String>,
+}
+
+impl<'t> TextSink<'t> {
+    fn new(
+        tokenizer: &'t Tokenizer,
+        prompt: &[u32],
+        stops: &[String],
+        stop_ids: &[u32],
+    ) -> Result<Self, String> {
+        Ok(TextSink {
+            decoder: StreamDecoder::after(tokenizer, prompt, true),
+            stop: StopMatcher::new(stops.iter().cloned()).map_err(|e| e.to_string())?,
+            stop_ids: stop_ids.to_vec(),
+            text: String::new(),
+            done: false,
+            stopped: false,
+            error: None,
+        })
+    }
+
+    /// Streams `chunk` to stdout, or keeps it in `text`.
+    fn emit(text: &mut String, chunk: &str, streaming: bool) {
+        if chunk.is_empty() {
+            return;
+        }
+        if streaming {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(chunk.as_bytes());
+            let _ = out.flush();
+        } else {
+            text.push_str(chunk);
+        }
+    }
+
+    /// Takes one generated id; false when generation should end here.
+    fn token(&mut self, id: u32, streaming: bool) -> bool {
+        if self.done {
+            return false;
+        }
+        if self.stop_ids.contains(&id) {
+            self.done = true;
+            return true; // the engine ends the request itself
+        }
+        match self.decoder.push(id) {
+            Ok(None) => true,
+            Ok(Some(chunk)) => {
+                let step = self.stop.push(&chunk);
+                Self::emit(&mut self.text, &step.text, streaming);
+                if step.stopped.is_some() {
+                    self.done = true;
+                    self.stopped = true;
+                    return false;
+                }
+                true
+            }
+            Err(e) => {
+                self.error = Some(e.to_string());
+                self.done = true;
+                false
+            }
+        }
+    }
+
+    /// Releases what is held (no stop matched); returns the whole text,
+    /// the error that ended it (if any), and whether a stop string did.
+    fn finish(self, streaming: bool) -> (String, Option<String>, bool) {
+        let TextSink {
+            decoder,
+            mut stop,
+            mut text,
+            mut error,
+            stopped,
+            ..
+        } = self;
+        if !stopped && error.is_none() {
+            match decoder.finish() {
+                Ok(tail) => {
+                    let step = stop.push(&tail);
+                    Self::emit(&mut text, &step.text, streaming);
+                    if step.stopped.is_none() {
+                        Self::emit(&mut text, &stop.finish(), streaming);
+                    }
+                }
+                Err(e) => error = Some(e.to_string()),
+            }
+        }
+        (text, error, stopped)
     }
 }

@@ -91,6 +91,7 @@ pub mod sampling;
 pub mod sched;
 pub mod service;
 mod sync;
+pub mod text;
 pub mod transfer;
 
 pub use config::{

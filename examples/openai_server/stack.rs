@@ -117,10 +117,9 @@ impl Stack {
             transfer = transfer.with_faults(Arc::new(plan));
         }
         let (to_decode, to_prefill) = InProcess.connect(&transfer).map_err(|e| e.to_string())?;
-        let mut prefill = PrefillWorker::new(to_decode, pm, pcfg, transfer.clone())
-            .map_err(|e| e.to_string())?;
-        let decode =
-            DecodeWorker::new(to_prefill, m, dcfg, transfer).map_err(|e| e.to_string())?;
+        let mut prefill =
+            PrefillWorker::new(to_decode, pm, pcfg, transfer.clone()).map_err(|e| e.to_string())?;
+        let decode = DecodeWorker::new(to_prefill, m, dcfg, transfer).map_err(|e| e.to_string())?;
         let pools = vec![
             ("decode", decode.pool().clone()),
             ("prefill", prefill.pool().clone()),

@@ -158,6 +158,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Places a weight tensor (row-major `[rows, cols]`).
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Mat, BackendError>;
 
+    /// Places a weight matrix kept in a ggml block format (a GGUF
+    /// checkpoint's). Default: dequantized to f32 and [`Backend::upload`]ed;
+    /// a backend with kernels for the format keeps it quantized.
+    fn upload_quant(&self, q: crate::model::gguf::QuantMatrix) -> Result<Self::Mat, BackendError> {
+        let (rows, cols) = (q.rows(), q.cols());
+        self.upload(q.dequantize(), rows, cols)
+    }
+
     /// `(rows, cols)` of a placed tensor.
     fn shape(&self, m: &Self::Mat) -> (usize, usize);
 

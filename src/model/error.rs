@@ -49,6 +49,8 @@ pub enum ModelError {
         backend: &'static str,
         source: crate::backend::BackendError,
     },
+    #[error(transparent)]
+    Gguf(#[from] crate::model::gguf::GgufError),
 }
 
 impl HttpStatus for ModelError {

@@ -80,6 +80,25 @@ fn assemble<S: WeightSink>(
             cfg.arch.class_name()
         ))
     };
+    // The work below is bounded by the file, not by config.json: a config
+    // naming more tensors than the checkpoint holds is refused before
+    // anything proportional to it is built, naming the first layer missing.
+    let per_layer = 9 + if c.attention_bias { 3 } else { 0 };
+    let needed = c.n_layers.checked_mul(per_layer);
+    if needed.is_none_or(|n| n > t.len()) {
+        // Complete layers are at most len / 9: the search is that short.
+        let (name, shape) = (0..c.n_layers)
+            .flat_map(|l| {
+                layer_tensors(c, l)
+                    .into_iter()
+                    .chain(layer_biases(c, l).into_iter().flatten())
+            })
+            .find(|(name, _)| !t.has(name))
+            .unwrap_or_else(|| ("model.norm.weight".to_string(), vec![dim]));
+        return Err(ModelError::MissingTensor {
+            tensor: format!("{name} (expected shape {shape:?})"),
+        });
+    }
     // A tensor the config does not name is refused before any data is read
     // or placed (a vision tower, a layer too many). When an expected tensor
     // is missing, reading names it below, as the more useful error.

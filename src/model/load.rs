@@ -7,7 +7,8 @@ use crate::backend::Backend;
 use crate::model::{Model, ModelError, ModelWeights, load_hf, load_llama2c};
 
 /// Loads the model at `path`: a directory is a Hugging Face checkpoint
-/// (`config.json` + `*.safetensors`), a file is a llama2.c `.bin`.
+/// (`config.json` + `*.safetensors`), a `.gguf` file (or one starting with
+/// GGUF's magic) is GGUF, any other file is a llama2.c `.bin`.
 ///
 /// ```no_run
 /// let weights = handoff::model::load_model(std::path::Path::new("stories260K.bin"))?;
@@ -15,7 +16,9 @@ use crate::model::{Model, ModelError, ModelWeights, load_hf, load_llama2c};
 /// # Ok::<(), handoff::model::ModelError>(())
 /// ```
 pub fn load_model(path: &Path) -> Result<ModelWeights, ModelError> {
-    if is_hf_folder(path)? {
+    if is_gguf(path) {
+        crate::model::gguf::load_gguf(path)
+    } else if is_hf_folder(path)? {
         load_hf(path)
     } else {
         load_llama2c(path)
@@ -24,12 +27,29 @@ pub fn load_model(path: &Path) -> Result<ModelWeights, ModelError> {
 
 /// [`load_model`], placed on `backend` as it is read ([`Model::load`]).
 pub(crate) fn load_on<B: Backend>(backend: B, path: &Path) -> Result<Model<B>, ModelError> {
-    if is_hf_folder(path)? {
+    if is_gguf(path) {
+        crate::model::gguf::load_gguf_on(backend, path)
+    } else if is_hf_folder(path)? {
         crate::model::hf::load_hf_on(backend, path)
     } else {
         // A llama2.c file is f32 already: nothing to save by streaming it.
         Model::new(backend, load_llama2c(path)?)
     }
+}
+
+/// True for a file named `*.gguf` or starting with GGUF's magic.
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == b"GGUF")
 }
 
 /// True for a folder (read as a Hugging Face checkpoint), false for a file;

@@ -5,6 +5,7 @@ mod config;
 mod error;
 mod fingerprint;
 mod forward;
+pub mod gguf;
 mod hf;
 mod llama2c;
 mod load;

@@ -6,6 +6,7 @@ use crate::backend::{AttnShape, Backend};
 use crate::model::check::{check, check_output};
 use crate::model::fingerprint::Fingerprinter;
 use crate::model::forward::Layer;
+use crate::model::gguf::QuantMatrix;
 use crate::model::{LayerWeights, Model, ModelConfig, ModelError, ModelWeights};
 
 /// Receives a model's tensors in load order: the embedding, every layer in
@@ -165,6 +166,14 @@ impl<B: Backend> WeightSink for Placer<B> {
         }
         check("final_norm".into(), &final_norm, vec![c.dim])?;
         check_output(lm_head.as_deref(), c)?;
+        self.complete(final_norm, lm_head.map(Tensor::F32))
+    }
+}
+
+impl<B: Backend> Placer<B> {
+    /// Hashes the final norm and the output projection (dequantized, when
+    /// quantized), places them and builds the model. Shapes were checked.
+    fn complete(self, final_norm: Vec<f32>, head: Option<Tensor>) -> Result<Model<B>, ModelError> {
         let Placer {
             backend,
             config,
@@ -172,23 +181,27 @@ impl<B: Backend> WeightSink for Placer<B> {
             embedding,
             layers,
         } = self;
+        let fingerprint = match &head {
+            None => fingerprint.finish(&final_norm, None),
+            Some(Tensor::F32(v)) => fingerprint.finish(&final_norm, Some(v)),
+            Some(Tensor::Quant(q)) => fingerprint.finish(&final_norm, Some(&q.dequantize())),
+        };
+        let (vocab, dim) = (config.vocab_size, config.dim);
+        let head = head
+            .map(|t| place(&backend, "lm_head", t, vocab, dim))
+            .transpose()?;
         let embedding = embedding.ok_or_else(|| ModelError::MissingTensor {
             tensor: "embedding".into(),
         })?;
-        let fingerprint = fingerprint.finish(&final_norm, lm_head.as_deref());
         let n = final_norm.len();
         let final_norm = upload(&backend, "final_norm", final_norm, 1, n)?;
-        let (vocab, dim) = (config.vocab_size, config.dim);
-        let lm_head = lm_head
-            .map(|w| upload(&backend, "lm_head", w, vocab, dim))
-            .transpose()?;
         Ok(Model::from_placed(
             backend,
             config,
             embedding,
             layers,
             final_norm,
-            lm_head,
+            head,
             fingerprint,
         ))
     }
@@ -205,4 +218,199 @@ fn upload<B: Backend>(
     backend
         .upload(v, rows, cols)
         .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
+}
+
+/// A tensor as a GGUF loader hands it over: f32, or a matrix kept in its
+/// ggml block format.
+pub(crate) enum Tensor {
+    F32(Vec<f32>),
+    Quant(QuantMatrix),
+}
+
+impl Tensor {
+    /// The values as f32 (dequantized, a copy, for a quantized matrix).
+    pub(crate) fn to_f32(&self) -> Vec<f32> {
+        match self {
+            Tensor::F32(v) => v.clone(),
+            Tensor::Quant(q) => q.dequantize(),
+        }
+    }
+
+    pub(crate) fn into_f32(self) -> Vec<f32> {
+        match self {
+            Tensor::F32(v) => v,
+            Tensor::Quant(q) => q.dequantize(),
+        }
+    }
+}
+
+/// One layer whose matrices may be quantized (the order of [`LayerWeights`]).
+pub(crate) struct LayerTensors {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) wq: Tensor,
+    pub(crate) wk: Tensor,
+    pub(crate) wv: Tensor,
+    pub(crate) wo: Tensor,
+    pub(crate) bq: Option<Vec<f32>>,
+    pub(crate) bk: Option<Vec<f32>>,
+    pub(crate) bv: Option<Vec<f32>>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) w1: Tensor,
+    pub(crate) w2: Tensor,
+    pub(crate) w3: Tensor,
+}
+
+impl LayerTensors {
+    /// The layer in f32 (matrices dequantized), for checks and hashing.
+    fn to_f32(&self) -> LayerWeights {
+        LayerWeights {
+            attn_norm: self.attn_norm.clone(),
+            wq: self.wq.to_f32(),
+            wk: self.wk.to_f32(),
+            wv: self.wv.to_f32(),
+            wo: self.wo.to_f32(),
+            bq: self.bq.clone(),
+            bk: self.bk.clone(),
+            bv: self.bv.clone(),
+            ffn_norm: self.ffn_norm.clone(),
+            w1: self.w1.to_f32(),
+            w2: self.w2.to_f32(),
+            w3: self.w3.to_f32(),
+        }
+    }
+}
+
+/// Receives tensors that may stay quantized: a [`Placer`] keeps them so
+/// (when its backend can), [`Collect`] dequantizes them.
+pub(crate) trait TensorSink {
+    type Out;
+    fn embedding_t(&mut self, t: Tensor) -> Result<(), ModelError>;
+    fn layer_t(&mut self, l: LayerTensors) -> Result<(), ModelError>;
+    fn finish_t(
+        self,
+        final_norm: Vec<f32>,
+        lm_head: Option<Tensor>,
+    ) -> Result<Self::Out, ModelError>;
+}
+
+impl TensorSink for Collect {
+    type Out = ModelWeights;
+    fn embedding_t(&mut self, t: Tensor) -> Result<(), ModelError> {
+        self.embedding(t.into_f32())
+    }
+    fn layer_t(&mut self, l: LayerTensors) -> Result<(), ModelError> {
+        self.layer(l.to_f32())
+    }
+    fn finish_t(
+        self,
+        final_norm: Vec<f32>,
+        lm_head: Option<Tensor>,
+    ) -> Result<ModelWeights, ModelError> {
+        self.finish(final_norm, lm_head.map(Tensor::into_f32))
+    }
+}
+
+impl<B: Backend> Placer<B> {
+    /// Places a matrix: f32 through [`Backend::upload`], quantized through
+    /// [`Backend::upload_quant`].
+    fn up_t(&self, name: &str, t: Tensor, rows: usize, cols: usize) -> Result<B::Mat, ModelError> {
+        place(&self.backend, name, t, rows, cols)
+    }
+}
+
+/// Places a matrix: f32 through [`Backend::upload`], quantized through
+/// [`Backend::upload_quant`].
+fn place<B: Backend>(
+    backend: &B,
+    name: &str,
+    t: Tensor,
+    rows: usize,
+    cols: usize,
+) -> Result<B::Mat, ModelError> {
+    {
+        match t {
+            Tensor::F32(v) => upload(backend, name, v, rows, cols),
+            Tensor::Quant(q) => {
+                if (q.rows(), q.cols()) != (rows, cols) {
+                    return Err(ModelError::Shape {
+                        tensor: name.into(),
+                        expected: vec![rows, cols],
+                        got: vec![q.rows(), q.cols()],
+                    });
+                }
+                backend
+                    .upload_quant(q)
+                    .map_err(|e| ModelError::InvalidConfig(format!("placing {name}: {e}")))
+            }
+        }
+    }
+}
+
+impl<B: Backend> TensorSink for Placer<B> {
+    type Out = Model<B>;
+
+    fn embedding_t(&mut self, t: Tensor) -> Result<(), ModelError> {
+        let c = &self.config;
+        let v = t.to_f32();
+        check("embedding".into(), &v, vec![c.vocab_size, c.dim])?;
+        self.fingerprint.embedding(&v, c.n_layers);
+        drop(v);
+        self.embedding = Some(self.up_t("embedding", t, c.vocab_size, c.dim)?);
+        Ok(())
+    }
+
+    fn layer_t(&mut self, l: LayerTensors) -> Result<(), ModelError> {
+        let i = self.layers.len();
+        let c = &self.config;
+        if i >= c.n_layers {
+            return Err(ModelError::Shape {
+                tensor: "layers".into(),
+                expected: vec![c.n_layers],
+                got: vec![i + 1],
+            });
+        }
+        let flat = l.to_f32();
+        flat.check(i, c)?;
+        self.fingerprint.layer(&flat);
+        drop(flat);
+        let (d, h) = (c.dim, c.hidden_dim);
+        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let placed = Layer::<B> {
+            attn_norm: self.vec("attn_norm", l.attn_norm)?,
+            wq: self.up_t("wq", l.wq, qd, d)?,
+            wk: self.up_t("wk", l.wk, kvd, d)?,
+            wv: self.up_t("wv", l.wv, kvd, d)?,
+            wo: self.up_t("wo", l.wo, d, qd)?,
+            bq: l.bq.map(|b| self.vec("bq", b)).transpose()?,
+            bk: l.bk.map(|b| self.vec("bk", b)).transpose()?,
+            bv: l.bv.map(|b| self.vec("bv", b)).transpose()?,
+            ffn_norm: self.vec("ffn_norm", l.ffn_norm)?,
+            w1: self.up_t("w1", l.w1, h, d)?,
+            w2: self.up_t("w2", l.w2, d, h)?,
+            w3: self.up_t("w3", l.w3, h, d)?,
+        };
+        self.layers.push(placed);
+        Ok(())
+    }
+
+    fn finish_t(
+        self,
+        final_norm: Vec<f32>,
+        lm_head: Option<Tensor>,
+    ) -> Result<Model<B>, ModelError> {
+        let Some(head) = lm_head else {
+            return self.finish(final_norm, None);
+        };
+        let c = &self.config;
+        if self.layers.len() != c.n_layers {
+            return Err(ModelError::Shape {
+                tensor: "layers".into(),
+                expected: vec![c.n_layers],
+                got: vec![self.layers.len()],
+            });
+        }
+        check("final_norm".into(), &final_norm, vec![c.dim])?;
+        check_output(Some(&head.to_f32()), c)?;
+        self.complete(final_norm, Some(head))
+    }
 }

@@ -9,6 +9,13 @@
 //! model whose `max_seq_len` is not a page multiple (100 here) made the
 //! engine configuration refuse to build and valid prompts printed nothing.
 //!
+//! Text in and out: `--prompt TEXT` prints the generated text (the greedy
+//! ids decoded, ending at the model's EOS or end-of-turn id, which is not
+//! printed), `--chat TEXT` renders a one-turn conversation with the model's
+//! template and streams the answer, ending with tokens/s and the time to
+//! first token on stderr, and `--stop STRING` ends the text before the
+//! string. A model without a tokenizer refuses text up front.
+//!
 //! Runs the example binary that `cargo test` builds; under a filtered
 //! `cargo test --test example_generate` it is not built and each test says
 //! so on stderr and returns.
@@ -16,11 +23,13 @@
 use crate::support::example_bin;
 use crate::support::hf_fixture;
 use crate::support::serving_path;
+use crate::support::text_support;
 
 use std::path::PathBuf;
 use std::process::Output;
 
 use handoff::model::{Model, ModelConfig, random_weights, write_llama2c};
+use handoff::text::{Message, TextModel};
 use hf_fixture::FIXTURE;
 use serving_path::handoff_greedy;
 
@@ -319,5 +328,203 @@ fn bad_arguments_exit_non_zero_with_nothing_on_stdout() {
         assert!(out.stdout.is_empty(), "{what}: stdout {:?}", out.stdout);
         assert!(stderr.contains("error:"), "{what}: {stderr}");
         assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    }
+}
+
+/// The greedy continuation of `prompt` on the served fixture folder, as the
+/// example prints it: at most `n` ids, cut before the first stop id, decoded.
+fn greedy_text(dir: &std::path::Path, prompt: &[u32], n: usize) -> String {
+    let text = TextModel::load(dir).unwrap();
+    let model = Model::load(handoff::backend::CpuBackend::new(), dir).unwrap();
+    let ids = handoff_greedy(&model, prompt, n, 16);
+    let cut = ids
+        .iter()
+        .position(|id| text.stop_ids().contains(id))
+        .unwrap_or(ids.len());
+    text.tokenizer().decode(&ids[..cut], true).unwrap()
+}
+
+#[test]
+fn text_prompts_print_their_greedy_continuations_as_text_in_order() {
+    let dir = text_support::served_folder();
+    let path = dir.path().to_str().unwrap();
+    let text = TextModel::load(dir.path()).unwrap();
+    let prompts = ["Hello world", "the lazy fox"];
+    let Some(out) = run(&[
+        "--model",
+        path,
+        "--prompt",
+        prompts[0],
+        "--prompt",
+        prompts[1],
+        "--max-new-tokens",
+        "10",
+        "--temperature",
+        "0",
+    ]) else {
+        return;
+    };
+    assert_success(&out);
+    let want: String = prompts
+        .iter()
+        .map(|p| greedy_text(dir.path(), &text.tokenizer().encode(p).unwrap(), 10) + "\n")
+        .collect();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), want);
+}
+
+#[test]
+fn a_chat_turn_streams_the_templated_answer_and_reports_speed() {
+    let dir = text_support::served_folder();
+    let path = dir.path().to_str().unwrap();
+    let text = TextModel::load(dir.path()).unwrap();
+    let Some(out) = run(&[
+        "--model",
+        path,
+        "--chat",
+        "hi",
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0",
+    ]) else {
+        return;
+    };
+    assert_success(&out);
+    let (_, prompt) = text.render_chat(&[Message::new("user", "hi")]).unwrap();
+    assert_eq!(
+        prompt[0], 2,
+        "the template's <|user|>, as one special token"
+    );
+    let want = greedy_text(dir.path(), &prompt, 12) + "\n";
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), want);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap();
+    assert!(
+        last.contains("tokens/s") && last.contains("time to first token"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_stop_string_ends_the_text_before_it() {
+    let dir = text_support::served_folder();
+    let path = dir.path().to_str().unwrap();
+    let text = TextModel::load(dir.path()).unwrap();
+    let full = greedy_text(
+        dir.path(),
+        &text.tokenizer().encode("Hello world").unwrap(),
+        16,
+    );
+    let chars: Vec<char> = full.chars().collect();
+    assert!(
+        chars.len() >= 6,
+        "the fixture's continuation is long enough: {full:?}"
+    );
+    // A two-character stop string from the middle of the text.
+    let stop: String = chars[3..5].iter().collect();
+    let before = &full[..full.find(&stop).unwrap()];
+    let Some(out) = run(&[
+        "--model",
+        path,
+        "--prompt",
+        "Hello world",
+        "--max-new-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--stop",
+        &stop,
+    ]) else {
+        return;
+    };
+    assert_success(&out);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{before}\n")
+    );
+}
+
+#[test]
+fn text_needs_a_tokenizer_and_one_way_of_giving_prompts() {
+    let dir = text_support::served_folder();
+    let path = dir.path().to_str().unwrap();
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "no tokenizer",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt",
+                "hi",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "no tokenizer for chat",
+            vec!["--model", FIXTURE, "--chat", "hi", "--max-new-tokens", "4"],
+        ),
+        (
+            "ids and text",
+            vec![
+                "--model",
+                path,
+                "--prompt",
+                "hi",
+                "--prompt-ids",
+                "1",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "two chats",
+            vec![
+                "--model",
+                path,
+                "--chat",
+                "a",
+                "--chat",
+                "b",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "stop strings on ids",
+            vec![
+                "--model",
+                path,
+                "--prompt-ids",
+                "1",
+                "--stop",
+                "x",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        (
+            "empty stop",
+            vec![
+                "--model",
+                path,
+                "--prompt",
+                "hi",
+                "--stop",
+                "",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+    ];
+    for (what, args) in cases {
+        let Some(out) = run(&args) else { return };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {stderr}");
+        assert!(out.stdout.is_empty(), "{what}: stdout {:?}", out.stdout);
+        assert!(
+            stderr.contains("error:") && !stderr.contains("panicked"),
+            "{what}: {stderr}"
+        );
     }
 }

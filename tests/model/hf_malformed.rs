@@ -609,3 +609,25 @@ fn qwen2_needs_its_attention_biases_and_mistral_reads_like_llama() {
     );
     assert_eq!(m.layers, load_hf(Path::new(FIXTURE)).unwrap().layers);
 }
+
+#[test]
+fn a_config_with_a_million_or_2_to_the_40_layers_is_refused_at_once_by_the_file() {
+    // The file holds two layers. Before the check, a million cost 22 s and
+    // 1 GiB building names for every layer, and 2^40 aborted on allocation.
+    for layers in [1_000_000u64, 1 << 40] {
+        let started = std::time::Instant::now();
+        let folder = Folder::with_config(|c| c["num_hidden_layers"] = layers.into());
+        let err = folder.load().unwrap_err();
+        assert!(
+            matches!(&err, ModelError::MissingTensor { tensor }
+                if tensor == "model.layers.2.input_layernorm.weight (expected shape [64])"),
+            "{layers}: {err}"
+        );
+        // Generous for a loaded CI machine; the bound is the point, not speed.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{layers}: {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -33,6 +33,7 @@ pub mod pd;
 pub mod serving_path;
 #[path = "sim/host.rs"]
 pub mod sim_host;
+pub mod text_support;
 pub mod transfer_rig;
 
 #[allow(unused_imports)]

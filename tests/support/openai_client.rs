@@ -1,7 +1,6 @@
 //! Runs `examples/openai_server` on 127.0.0.1 (an ephemeral port) and talks
 //! to it with `curl`, as a newcomer would.
 
-
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};

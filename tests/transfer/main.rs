@@ -14,6 +14,7 @@ mod fault_matrix;
 mod host_misconfiguration;
 mod pd_model_mismatch;
 mod prefill_then_decode;
+mod transfer_auth;
 mod transfer_faults;
 mod transfer_prefill_refusals;
 mod transfer_protocol;

@@ -8,6 +8,7 @@ mod attention;
 mod fastmath;
 pub(crate) mod matmul;
 mod ops;
+mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -22,6 +23,7 @@ use crate::backend::{
     AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
 use crate::kv::{KvSeq, LayerView, Writable};
+use crate::model::gguf::QuantMatrix;
 
 /// Multiply-adds below which an op stays on the calling thread by default:
 /// handing work to the pool and joining costs tens of microseconds on a
@@ -59,6 +61,9 @@ enum Stored {
     Bf16(Vec<Bf16>),
     /// Every element was exactly an f16 value (an f16 checkpoint).
     F16(Vec<F16>),
+    /// A ggml block format (a GGUF checkpoint's), dequantized tile by tile
+    /// inside the matmul.
+    Quant(QuantMatrix),
 }
 
 impl CpuMat {
@@ -68,24 +73,69 @@ impl CpuMat {
             Stored::F32(v) => Cow::Borrowed(v),
             Stored::Bf16(v) => Cow::Owned(v.iter().map(|b| b.f32()).collect()),
             Stored::F16(v) => Cow::Owned(v.iter().map(|h| h.f32()).collect()),
+            Stored::Quant(q) => Cow::Owned(q.dequantize()),
         }
     }
 
     /// How the elements are kept: 4 bytes (f32), or 2 when every element
     /// was exactly a bf16 or an f16 value, so nothing was rounded (see
-    /// [`CpuBackend::compact_weights`]).
+    /// [`CpuBackend::compact_weights`]); 0 for a ggml block format, whose
+    /// elements take a fraction of a byte ([`CpuMat::quant_type`]).
     pub fn bytes_per_element(&self) -> usize {
         match self.data {
             Stored::F32(_) => 4,
             Stored::Bf16(_) | Stored::F16(_) => 2,
+            Stored::Quant(_) => 0,
         }
     }
 
-    fn rows_view(&self) -> WeightRows<'_> {
+    /// The ggml block format the matrix is kept in, if it is quantized.
+    pub fn quant_type(&self) -> Option<crate::model::gguf::GgmlType> {
         match &self.data {
-            Stored::F32(v) => WeightRows::F32(v),
-            Stored::Bf16(v) => WeightRows::Bf16(v),
-            Stored::F16(v) => WeightRows::F16(v),
+            Stored::Quant(q) => Some(q.ggml_type()),
+            _ => None,
+        }
+    }
+
+    /// Calls `f` with the row-major weights as stored.
+    fn with_rows<R>(&self, f: impl FnOnce(Rows<'_>) -> R) -> R {
+        match &self.data {
+            Stored::F32(v) => f(Rows::Plain(WeightRows::F32(v))),
+            Stored::Bf16(v) => f(Rows::Plain(WeightRows::Bf16(v))),
+            Stored::F16(v) => f(Rows::Plain(WeightRows::F16(v))),
+            Stored::Quant(q) => f(Rows::Quant(q)),
+        }
+    }
+}
+
+/// A matrix's rows as the matmul reads them.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    Plain(WeightRows<'a>),
+    Quant(&'a QuantMatrix),
+}
+
+impl Rows<'_> {
+    /// `matmul::matmul_cols` over these rows.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_cols(
+        self,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        cols: Range<usize>,
+        out: &mut [f32],
+        row_stride: usize,
+        col_stride: usize,
+    ) {
+        match self {
+            Rows::Plain(w) => {
+                matmul::matmul_cols(isa, x, m, k, w, cols, out, row_stride, col_stride)
+            }
+            Rows::Quant(q) => {
+                quant::matmul_cols_quant(isa, x, m, k, q, cols, out, row_stride, col_stride)
+            }
         }
     }
 }
@@ -366,6 +416,20 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn upload_quant(&self, q: QuantMatrix) -> Result<CpuMat, BackendError> {
+        let (rows, cols) = (q.rows(), q.cols());
+        if self.isa == Isa::Avx2Fma && matmul::packs(rows, cols) {
+            // Short dot products run from packed f32 panels.
+            return self.upload(q.dequantize(), rows, cols);
+        }
+        Ok(CpuMat {
+            data: Stored::Quant(q),
+            rows,
+            cols,
+            packed: None,
+        })
+    }
+
     fn shape(&self, m: &CpuMat) -> (usize, usize) {
         (m.rows, m.cols)
     }
@@ -379,6 +443,7 @@ impl Backend for CpuBackend {
             Stored::F32(v) => held(v),
             Stored::Bf16(v) => held(v),
             Stored::F16(v) => held(v),
+            Stored::Quant(q) => q.bytes().len(),
         };
         rows + m.packed.as_ref().map_or(0, held)
     }
@@ -414,6 +479,7 @@ impl Backend for CpuBackend {
                 Stored::F32(v) => o.copy_from_slice(&v[r * d..(r + 1) * d]),
                 Stored::Bf16(v) => widen(&v[r * d..(r + 1) * d], o),
                 Stored::F16(v) => widen(&v[r * d..(r + 1) * d], o),
+                Stored::Quant(q) => quant::dequantize_row(self.isa, q, r, o),
             }
         }
         Ok(())
@@ -465,7 +531,7 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let Some(pool) = self.par_pool(work) else {
-            matmul::matmul_cols(self.isa, x, m, k, w.rows_view(), 0..n, out, n, 1);
+            w.with_rows(|w| w.matmul_cols(self.isa, x, m, k, 0..n, out, n, 1));
             return Ok(());
         };
         // Split the weight rows over threads: each weight byte is read once
@@ -478,7 +544,7 @@ impl Backend for CpuBackend {
                 out.par_chunks_mut(nb).enumerate().for_each(|(b, o)| {
                     let j0 = b * nb;
                     let cols = j0..j0 + o.len();
-                    matmul::matmul_cols(self.isa, x, 1, k, w.rows_view(), cols, o, 0, 1);
+                    w.with_rows(|w| w.matmul_cols(self.isa, x, 1, k, cols, o, 0, 1));
                 })
             });
             return Ok(());
@@ -491,7 +557,7 @@ impl Backend for CpuBackend {
                 t.par_chunks_mut(nb * m).enumerate().for_each(|(b, o)| {
                     let j0 = b * nb;
                     let cols = j0..j0 + o.len() / m;
-                    matmul::matmul_cols(self.isa, x, m, k, w.rows_view(), cols, o, 1, m);
+                    w.with_rows(|w| w.matmul_cols(self.isa, x, m, k, cols, o, 1, m));
                 })
             });
             for (j, col) in t.chunks_exact(m).enumerate() {

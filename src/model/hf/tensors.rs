@@ -73,6 +73,11 @@ impl<'a> TensorSet<'a> {
         Ok(data)
     }
 
+    /// How many tensors the checkpoint holds.
+    pub(super) fn len(&self) -> usize {
+        self.owner.len()
+    }
+
     /// Whether the checkpoint holds a tensor named `name`.
     pub(super) fn has(&self, name: &str) -> bool {
         self.owner.contains_key(name)

@@ -13,7 +13,7 @@
 //! ignored when the peer proved nothing, but fails its request when the
 //! authenticated peer sends it.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,60 @@
+//! Matmul over weights kept in a ggml block format (a GGUF checkpoint's
+//! Q4_1, Q8_0, Q4_K, ...). A tile of weight rows is dequantized into a
+//! small cache-resident f32 buffer, exactly as a full dequantization would
+//! (same f32 values), and the f32 tiles run over it: every output element
+//! is the same fused multiply-add chain and lane tree as with the matrix
+//! dequantized up front, so results equal that reference bit for bit and
+//! stay independent of the batch. Activations stay f32.
+
+use std::cell::RefCell;
+
+use crate::backend::cpu::Isa;
+use crate::backend::cpu::matmul::{WeightRows, matmul_cols};
+use crate::model::gguf::QuantMatrix;
+
+/// Weight rows dequantized per tile: 16 rows of up to a few thousand
+/// elements stay within L2 while every activation row reads them.
+const ROWS_PER_TILE: usize = 16;
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `matmul_cols` (see there) for a quantized `w` (`[n, k]`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_cols_quant(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &QuantMatrix,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) {
+    TILE.with(|tile| {
+        let mut tile = tile.borrow_mut();
+        if tile.len() < ROWS_PER_TILE * k {
+            tile.resize(ROWS_PER_TILE * k, 0.0);
+        }
+        let mut j = cols.start;
+        while j < cols.end {
+            let nr = ROWS_PER_TILE.min(cols.end - j);
+            for r in 0..nr {
+                dequantize_row(isa, w, j + r, &mut tile[r * k..(r + 1) * k]);
+            }
+            let o = &mut out[(j - cols.start) * col_stride..];
+            let rows = WeightRows::F32(&tile[..nr * k]);
+            matmul_cols(isa, x, m, k, rows, 0..nr, o, row_stride, col_stride);
+            j += nr;
+        }
+    });
+}
+
+/// Row `r` of `w` as f32, the same values as [`QuantMatrix::dequantize`].
+#[inline]
+pub(crate) fn dequantize_row(isa: Isa, w: &QuantMatrix, r: usize, out: &mut [f32]) {
+    let _ = isa;
+    w.dequantize_row(r, out);
+}

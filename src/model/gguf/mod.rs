@@ -1,0 +1,56 @@
+//! GGUF files (llama.cpp's format, versions 2 and 3): the metadata and the
+//! tensor directory ([`GgufFile`]), parsed with every count, length and
+//! offset checked against the file before it sizes anything.
+
+mod error;
+mod file;
+pub(crate) mod model;
+mod reader;
+mod types;
+mod value;
+
+pub use error::GgufError;
+pub use file::{GgufFile, TensorInfo};
+pub use types::GgmlType;
+pub use value::{GgufArray, GgufValue};
+mod write;
+pub use write::GgufWriter;
+mod quant;
+pub use quant::QuantMatrix;
+pub(crate) use quant::dequantize;
+
+use std::path::Path;
+
+use crate::backend::Backend;
+use crate::model::place::{Collect, Placer};
+use crate::model::{Model, ModelError, ModelWeights};
+
+/// Loads a GGUF model with every tensor dequantized to f32 (a reference, or
+/// for backends without quantized kernels; [`Model::load`] keeps quantized
+/// matrices quantized on the CPU).
+///
+/// ```no_run
+/// let w = handoff::model::gguf::load_gguf(std::path::Path::new("model.gguf"))?;
+/// println!("{} layers", w.config.n_layers);
+/// # Ok::<(), handoff::model::ModelError>(())
+/// ```
+pub fn load_gguf(path: &Path) -> Result<ModelWeights, ModelError> {
+    let f = GgufFile::open(path)?;
+    let c = model::config(&f)?;
+    model::assemble(&f, &c, Collect::new(c.clone()))
+}
+
+/// [`load_gguf`] from bytes in memory (fuzzing, hosts that fetch files).
+pub fn load_gguf_bytes(bytes: Vec<u8>) -> Result<ModelWeights, ModelError> {
+    let f = GgufFile::from_bytes(bytes)?;
+    let c = model::config(&f)?;
+    model::assemble(&f, &c, Collect::new(c.clone()))
+}
+
+/// Places a GGUF model on `backend` layer by layer; quantized matrices go
+/// through [`Backend::upload_quant`].
+pub(crate) fn load_gguf_on<B: Backend>(backend: B, path: &Path) -> Result<Model<B>, ModelError> {
+    let f = GgufFile::open(path)?;
+    let c = model::config(&f)?;
+    model::assemble(&f, &c, Placer::new(backend, c.clone())?)
+}

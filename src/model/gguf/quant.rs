@@ -1,0 +1,289 @@
+//! ggml's block formats, dequantized exactly as ggml's reference
+//! `dequantize_row_*` functions do (each product and sum rounded to f32 in
+//! the same order, no fused multiply-add), so a quantized matrix kept
+//! quantized and one dequantized up front hold the same f32 values.
+
+use crate::model::gguf::{GgmlType, GgufError};
+
+/// A matrix `[rows, cols]` kept in a ggml storage type: each row is
+/// `cols / block_elems` blocks. Built only through [`QuantMatrix::new`],
+/// which checks that the bytes are exactly that long and the type is one
+/// handoff computes with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl QuantMatrix {
+    /// A matrix of `rows` rows of `cols` elements stored as `ty` in `data`;
+    /// `tensor` names it in errors.
+    pub fn new(
+        tensor: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, GgufError> {
+        if !ty.computable() {
+            return Err(GgufError::UnsupportedType {
+                tensor: tensor.to_string(),
+                ty,
+            });
+        }
+        let block = ty.block_elems() as usize;
+        let shape_err = || GgufError::BadDims {
+            tensor: tensor.to_string(),
+            dims: vec![cols as u64, rows as u64],
+        };
+        if cols == 0 || rows == 0 || !cols.is_multiple_of(block) {
+            return Err(shape_err());
+        }
+        let row_bytes = (cols / block)
+            .checked_mul(ty.block_bytes() as usize)
+            .ok_or_else(shape_err)?;
+        let want = row_bytes.checked_mul(rows).ok_or_else(shape_err)?;
+        if data.len() != want {
+            return Err(GgufError::Truncated {
+                what: format!("tensor {tensor}"),
+                needed: want as u64,
+                available: data.len() as u64,
+            });
+        }
+        Ok(QuantMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// The stored bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+    /// Stored bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows
+    }
+    /// The stored bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Row `r` as f32 into `out` (`cols` long).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        dequantize(self.ty, self.row(r), out);
+    }
+
+    /// Every element as f32, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        dequantize(self.ty, &self.data, &mut out);
+        out
+    }
+}
+
+#[inline(always)]
+fn f16(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// `src` (whole blocks of `ty`) as f32 into `out`, one element per slot of
+/// `out` up to the blocks' elements. `ty` must be computable (checked when
+/// a [`QuantMatrix`] is built); others leave `out` as it is.
+pub(crate) fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) {
+    let be = ty.block_elems() as usize;
+    let bb = ty.block_bytes() as usize;
+    for (b, y) in src.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        block(ty, b, y);
+    }
+}
+
+/// One block of `ty` into `y` (`block_elems` long).
+#[inline(always)]
+pub(crate) fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
+    match ty {
+        GgmlType::F32 => {
+            for (v, c) in y.iter_mut().zip(b.chunks_exact(4)) {
+                *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => y[0] = f16(b, 0),
+        GgmlType::Bf16 => y[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+        GgmlType::Q8_0 => {
+            let d = f16(b, 0);
+            for (v, &q) in y.iter_mut().zip(&b[2..34]) {
+                *v = f32::from(q as i8) * d;
+            }
+        }
+        GgmlType::Q4_0 => {
+            let d = f16(b, 0);
+            let qs = &b[2..18];
+            for j in 0..16 {
+                y[j] = (i32::from(qs[j] & 0xf) - 8) as f32 * d;
+                y[j + 16] = (i32::from(qs[j] >> 4) - 8) as f32 * d;
+            }
+        }
+        GgmlType::Q4_1 => {
+            let (d, m) = (f16(b, 0), f16(b, 2));
+            let qs = &b[4..20];
+            for j in 0..16 {
+                y[j] = f32::from(qs[j] & 0xf) * d + m;
+                y[j + 16] = f32::from(qs[j] >> 4) * d + m;
+            }
+        }
+        GgmlType::Q5_0 => {
+            let d = f16(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            let qs = &b[6..22];
+            for j in 0..16 {
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                y[j] = ((u32::from(qs[j] & 0xf) | h0) as i32 - 16) as f32 * d;
+                y[j + 16] = ((u32::from(qs[j] >> 4) | h1) as i32 - 16) as f32 * d;
+            }
+        }
+        GgmlType::Q5_1 => {
+            let (d, m) = (f16(b, 0), f16(b, 2));
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            let qs = &b[8..24];
+            for j in 0..16 {
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                y[j] = (u32::from(qs[j] & 0xf) | h0) as f32 * d + m;
+                y[j + 16] = (u32::from(qs[j] >> 4) | h1) as f32 * d + m;
+            }
+        }
+        GgmlType::Q4K => {
+            let (d, dmin) = (f16(b, 0), f16(b, 2));
+            let scales = &b[4..16];
+            let qs = &b[16..144];
+            for (g, q) in qs.chunks_exact(32).enumerate() {
+                let (sc1, m1) = scale_min_k4(2 * g, scales);
+                let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+                let (d1, m1) = (d * f32::from(sc1), dmin * f32::from(m1));
+                let (d2, m2) = (d * f32::from(sc2), dmin * f32::from(m2));
+                let y = &mut y[64 * g..64 * g + 64];
+                for l in 0..32 {
+                    y[l] = d1 * f32::from(q[l] & 0xf) - m1;
+                    y[l + 32] = d2 * f32::from(q[l] >> 4) - m2;
+                }
+            }
+        }
+        GgmlType::Q5K => {
+            let (d, dmin) = (f16(b, 0), f16(b, 2));
+            let scales = &b[4..16];
+            let qh = &b[16..48];
+            let qs = &b[48..176];
+            for (g, ql) in qs.chunks_exact(32).enumerate() {
+                let (sc1, m1) = scale_min_k4(2 * g, scales);
+                let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+                let (d1, m1) = (d * f32::from(sc1), dmin * f32::from(m1));
+                let (d2, m2) = (d * f32::from(sc2), dmin * f32::from(m2));
+                let (u1, u2) = (1u8 << (2 * g), 2u8 << (2 * g));
+                let y = &mut y[64 * g..64 * g + 64];
+                for l in 0..32 {
+                    let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+                    let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+                    y[l] = d1 * f32::from((ql[l] & 0xf) + h1) - m1;
+                    y[l + 32] = d2 * f32::from((ql[l] >> 4) + h2) - m2;
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            let ql = &b[0..128];
+            let qh = &b[128..192];
+            let sc = &b[192..208];
+            let d = f16(b, 208);
+            for n in 0..2 {
+                let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
+                let y = &mut y[128 * n..128 * n + 128];
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q1 = i32::from((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32;
+                    let q2 = i32::from((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    let s = |i: usize| f32::from(sc[i] as i8);
+                    y[l] = d * s(is) * q1 as f32;
+                    y[l + 32] = d * s(is + 2) * q2 as f32;
+                    y[l + 64] = d * s(is + 4) * q3 as f32;
+                    y[l + 96] = d * s(is + 6) * q4 as f32;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Scale and min of sub-block `j` of a Q4_K/Q5_K block (6 bits each,
+/// packed in 12 bytes), as ggml's `get_scale_min_k4`.
+#[inline(always)]
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(v: f32) -> [u8; 2] {
+        half::f16::from_f32(v).to_bits().to_le_bytes()
+    }
+
+    #[test]
+    fn q4_1_and_q8_0_blocks_decode_as_ggml_defines_them() {
+        // Q4_1: d = 0.5, m = -1; nibbles j and j+16 in byte j.
+        let mut b = Vec::new();
+        b.extend(h(0.5));
+        b.extend(h(-1.0));
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let q = QuantMatrix::new("t", GgmlType::Q4_1, 1, 32, b).unwrap();
+        let y = q.dequantize();
+        assert_eq!(y[0], -1.0);
+        assert_eq!(y[3], 0.5);
+        assert_eq!(y[16], 6.5);
+        // Q8_0: d = 0.25, q = -128..
+        let mut b = Vec::new();
+        b.extend(h(0.25));
+        b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let y = QuantMatrix::new("t", GgmlType::Q8_0, 1, 32, b)
+            .unwrap()
+            .dequantize();
+        assert_eq!(y[0], -4.0);
+        assert_eq!(y[31], 3.75);
+    }
+
+    #[test]
+    fn wrong_sizes_and_uncomputable_types_are_refused_naming_the_tensor() {
+        let e = QuantMatrix::new("w", GgmlType::Q4_1, 2, 32, vec![0; 20]).unwrap_err();
+        assert!(e.to_string().contains("tensor w"), "{e}");
+        let e = QuantMatrix::new("w", GgmlType::Q4_1, 1, 33, vec![0; 20]).unwrap_err();
+        assert!(matches!(e, GgufError::BadDims { .. }), "{e}");
+        let e = QuantMatrix::new("w", GgmlType::Q2K, 1, 256, vec![0; 84]).unwrap_err();
+        assert!(
+            e.to_string().contains("Q2_K") && e.to_string().contains('w'),
+            "{e}"
+        );
+    }
+}
