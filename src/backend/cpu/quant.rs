@@ -55,6 +55,14 @@ pub(crate) fn matmul_cols_quant(
 /// Row `r` of `w` as f32, the same values as [`QuantMatrix::dequantize`].
 #[inline]
 pub(crate) fn dequantize_row(isa: Isa, w: &QuantMatrix, r: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        // reported AVX2 and FMA.
+        if unsafe { crate::backend::cpu::x86::dequantize_row(w.ggml_type(), w.row(r), out) } {
+            return;
+        }
+    }
     let _ = isa;
     w.dequantize_row(r, out);
 }
