@@ -9,7 +9,8 @@
 use std::cell::RefCell;
 
 use crate::backend::cpu::Isa;
-use crate::backend::cpu::matmul::{WeightRows, matmul_cols};
+use crate::backend::cpu::kernel::WeightRows;
+use crate::backend::cpu::matmul::matmul_cols;
 use crate::model::gguf::QuantMatrix;
 
 /// Weight rows dequantized per tile: 16 rows of up to a few thousand

@@ -1,5 +1,8 @@
 //! AVX2 + FMA kernels, entered only when the CPU has both.
 //!
+//! A leaf: it imports the shared kernel pieces (`kernel`, `attend`,
+//! `fastmath`), never the modules that dispatch into it.
+//!
 //! The kernel type [`Avx2`] is private to this module, so AVX2 instructions
 //! can only run inside the `#[target_feature]` entry points below, which a
 //! `CpuBackend` calls only after `Isa::detect` saw AVX2 and FMA.
@@ -14,9 +17,9 @@ use std::arch::x86_64::{
 };
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attention::{self, Scratch, as_f32};
+use crate::backend::cpu::attend::{self as attention, Scratch, as_f32};
 use crate::backend::cpu::fastmath;
-use crate::backend::cpu::matmul::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
+use crate::backend::cpu::kernel::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
 use crate::model::gguf::GgmlType;
 
@@ -525,7 +528,7 @@ pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         }
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
     }
-    let mut ss = crate::backend::cpu::matmul::reduce(&lanes);
+    let mut ss = crate::backend::cpu::kernel::reduce(&lanes);
     for &v in xt {
         ss += v * v;
     }
@@ -879,7 +882,7 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::attention::Scratch;
+    use crate::backend::cpu::attend::Scratch;
     use crate::config::{KvDtype, KvGeometry};
     use crate::ids::RequestId;
     use crate::kv::{KvPool, PoolConfig};
