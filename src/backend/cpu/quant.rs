@@ -59,7 +59,7 @@ pub(crate) fn dequantize_row(isa: Isa, w: &QuantMatrix, r: usize, out: &mut [f32
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma {
         // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
-        // reported AVX2 and FMA.
+        // reported AVX2, FMA and F16C (`Isa::detect`).
         if unsafe { crate::backend::cpu::x86::dequantize_row(w.ggml_type(), w.row(r), out) } {
             return;
         }
