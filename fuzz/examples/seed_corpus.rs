@@ -11,6 +11,7 @@ fn main() -> std::io::Result<()> {
     let fixture = root.join("../tests/fixtures/hf_tiny_llama");
     for (target, seeds) in [
         ("llama2c", harness::seeds::llama2c()),
+        ("gguf", harness::seeds::gguf()),
         ("hf", harness::seeds::hf(&fixture)),
         ("tcp_frames", harness::seeds::tcp_frames()),
         ("receipt_verify", harness::seeds::receipt_verify()),

@@ -51,6 +51,16 @@ fn llama2c_corpus() {
 }
 
 #[test]
+fn gguf_corpus() {
+    replay("gguf", harness::gguf);
+}
+
+#[test]
+fn gguf_seeds_load_or_are_refused_as_named() {
+    seeds_behave(harness::seeds::gguf(), harness::gguf_outcome);
+}
+
+#[test]
 fn hf_corpus() {
     replay("hf", harness::hf);
 }

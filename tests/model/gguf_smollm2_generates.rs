@@ -1,8 +1,10 @@
 //! The real SmolLM2-135M-Instruct Q4_1 GGUF file loads, with its quantized
 //! matrices kept quantized, and continues a prompt greedily with the tokens
-//! llama.cpp's own greedy decoding gives (fixtures made by
-//! tools/llamacpp_greedy.sh from llama.cpp's binary). Skips, saying so,
-//! when the file is absent (scripts/fetch-models.sh fetches it).
+//! an independent implementation gives: the committed fixture
+//! tests/fixtures/smollm2_q4_1_greedy.txt, made by
+//! tools/gguf_greedy_reference.py (llama.cpp's gguf-py dequantizer and a
+//! float64 numpy forward pass). Skips, saying so, when the file is absent
+//! (scripts/fetch-models.sh fetches it).
 
 use std::path::{Path, PathBuf};
 
@@ -84,6 +86,15 @@ fn smollm2_continues_a_prompt_greedily() {
         .collect();
     eprintln!("prompt {prompt:?} -> {out:?} = {text:?}");
     assert!(text.contains("Paris"), "{text}");
+
+    // The independent reference's greedy tokens for the same prompt.
+    let fixture = include_str!("../fixtures/smollm2_q4_1_greedy.txt");
+    let line = |tag: &str| -> Vec<u32> {
+        let l = fixture.lines().find_map(|l| l.strip_prefix(tag)).unwrap();
+        l.trim().split(',').map(|t| t.parse().unwrap()).collect()
+    };
+    assert_eq!(line("prompt "), prompt);
+    assert_eq!(out, line("greedy "), "handoff vs the float64 reference");
 }
 
 fn prefill_logits(m: &Model, prompts: &[&[u32]]) -> Vec<Vec<u32>> {

@@ -11,6 +11,7 @@ mod cpu_backend_ops;
 mod fingerprint_across_builds;
 mod forward_misuse;
 mod fuzz_regressions;
+mod gguf_malformed;
 mod gguf_metadata;
 mod gguf_quantized_matmul;
 mod gguf_smollm2_generates;

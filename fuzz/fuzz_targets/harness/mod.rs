@@ -6,6 +6,7 @@
 // Each target and the test use a different subset of the bodies.
 #![allow(dead_code, unused_imports)]
 
+mod gguf;
 mod hf;
 mod kv_ops;
 mod llama2c;
@@ -14,6 +15,7 @@ mod receipt_verify;
 pub mod seeds;
 mod tcp_frames;
 
+pub use gguf::{gguf, gguf_outcome};
 pub use hf::{HfInput, hf, hf_outcome};
 pub use kv_ops::kv_ops;
 pub use llama2c::{llama2c, llama2c_outcome};

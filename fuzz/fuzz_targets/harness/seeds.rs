@@ -483,3 +483,107 @@ pub fn receipt_verify() -> Vec<Seed> {
     }
     out
 }
+
+/// `w` as a GGUF file of architecture `llama`: matrices as f32, or as Q8_0
+/// blocks (dims must then be multiples of 32), norms f32.
+fn gguf_of(w: &ModelWeights, q8: bool) -> Vec<u8> {
+    use handoff::model::gguf::{GgmlType, GgufValue, GgufWriter};
+    let c = &w.config;
+    let u = |v: usize| GgufValue::U64(v as u64);
+    let mut out = GgufWriter::new()
+        .kv("general.architecture", GgufValue::String("llama".into()))
+        .kv("llama.block_count", u(c.n_layers))
+        .kv("llama.embedding_length", u(c.dim))
+        .kv("llama.feed_forward_length", u(c.hidden_dim))
+        .kv("llama.attention.head_count", u(c.n_heads))
+        .kv("llama.attention.head_count_kv", u(c.n_kv_heads))
+        .kv("llama.context_length", u(c.max_seq_len))
+        .kv("llama.rope.freq_base", GgufValue::F32(c.rope_theta))
+        .kv(
+            "llama.attention.layer_norm_rms_epsilon",
+            GgufValue::F32(c.norm_eps),
+        );
+    let mat = |out: GgufWriter, name: &str, v: &[f32], rows: usize, cols: usize| {
+        let dims = [cols as u64, rows as u64];
+        if !q8 {
+            return out.f32_tensor(name, &dims, v);
+        }
+        let bytes = v
+            .chunks(32)
+            .flat_map(|b| {
+                let d = b.iter().fold(0f32, |a, x| a.max(x.abs())) / 127.0;
+                let mut blk = half::f16::from_f32(d).to_bits().to_le_bytes().to_vec();
+                blk.extend(
+                    b.iter()
+                        .map(|x| (if d > 0.0 { (x / d).round() } else { 0.0 }) as i8 as u8),
+                );
+                blk
+            })
+            .collect();
+        out.tensor(name, &dims, GgmlType::Q8_0, bytes)
+    };
+    let (d, h) = (c.dim, c.hidden_dim);
+    let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    out = mat(out, "token_embd.weight", &w.embedding, c.vocab_size, d);
+    for (i, l) in w.layers.iter().enumerate() {
+        let n = |t: &str| format!("blk.{i}.{t}.weight");
+        out = out.f32_tensor(&n("attn_norm"), &[d as u64], &l.attn_norm);
+        out = mat(out, &n("attn_q"), &l.wq, qd, d);
+        out = mat(out, &n("attn_k"), &l.wk, kvd, d);
+        out = mat(out, &n("attn_v"), &l.wv, kvd, d);
+        out = mat(out, &n("attn_output"), &l.wo, d, qd);
+        out = out.f32_tensor(&n("ffn_norm"), &[d as u64], &l.ffn_norm);
+        out = mat(out, &n("ffn_gate"), &l.w1, h, d);
+        out = mat(out, &n("ffn_down"), &l.w2, d, h);
+        out = mat(out, &n("ffn_up"), &l.w3, h, d);
+    }
+    out = out.f32_tensor("output_norm.weight", &[d as u64], &w.final_norm);
+    if let Some(head) = &w.lm_head {
+        out = mat(out, "output.weight", head, c.vocab_size, d);
+    }
+    out.finish()
+}
+
+/// GGUF files: f32 and Q8_0, tied and untied, then truncations, a lying
+/// tensor count, a NaN norm and another architecture.
+pub fn gguf() -> Vec<Seed> {
+    let f32_cfg = ModelConfig {
+        tied_embeddings: true,
+        ..tiny(8, 4, 2, 1)
+    };
+    let q8_cfg = ModelConfig {
+        hidden_dim: 64,
+        ..tiny(32, 4, 2, 2)
+    };
+    let mut out = vec![
+        (
+            "valid-f32-tied".to_string(),
+            gguf_of(&random_weights(&f32_cfg, 1), false),
+        ),
+        (
+            "valid-f32-untied".to_string(),
+            gguf_of(&random_weights(&tiny(8, 2, 1, 2), 2), false),
+        ),
+        (
+            "valid-q8".to_string(),
+            gguf_of(&random_weights(&q8_cfg, 3), true),
+        ),
+    ];
+    let base = out[2].1.clone();
+    let n = base.len();
+    for cut in [3, 20, 100, n / 2, n - 1] {
+        out.push((format!("cut-{cut}"), base[..cut].to_vec()));
+    }
+    let mut lying = base.clone();
+    lying[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    out.push(("lying-tensor-count".into(), lying));
+    let mut other = base.clone();
+    let at = other.windows(5).position(|w| w == b"llama").unwrap_or(0);
+    other[at..at + 5].copy_from_slice(b"gpt2x");
+    out.push(("other-architecture".into(), other));
+    let mut nan = gguf_of(&random_weights(&f32_cfg, 1), false);
+    let len = nan.len();
+    nan[len - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    out.push(("nan-norm".into(), nan));
+    out
+}

@@ -4,8 +4,10 @@
 //! the buffers have grown); matmuls and attention big enough to pay for it
 //! are split over a private rayon pool.
 
+mod attend;
 mod attention;
 mod fastmath;
+mod kernel;
 pub(crate) mod matmul;
 mod ops;
 mod quant;
@@ -18,7 +20,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::backend::cpu::matmul::{Bf16, Elem, F16, Half, WeightRows};
+use crate::backend::cpu::kernel::{Bf16, Elem, F16, Half, WeightRows};
 use crate::backend::{
     AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
 };

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use crate::backend::Rope;
 use crate::backend::cpu::Isa;
 use crate::backend::cpu::fastmath;
-use crate::backend::cpu::matmul::dot;
+use crate::backend::cpu::kernel::dot;
 use crate::backend::{RopeScaling, RopeStyle};
 
 /// `out = x / sqrt(mean(x²) + eps) ⊙ w`, one row.

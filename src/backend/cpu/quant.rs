@@ -9,7 +9,8 @@
 use std::cell::RefCell;
 
 use crate::backend::cpu::Isa;
-use crate::backend::cpu::matmul::{WeightRows, matmul_cols};
+use crate::backend::cpu::kernel::WeightRows;
+use crate::backend::cpu::matmul::matmul_cols;
 use crate::model::gguf::QuantMatrix;
 
 /// Weight rows dequantized per tile: 16 rows of up to a few thousand
@@ -55,6 +56,14 @@ pub(crate) fn matmul_cols_quant(
 /// Row `r` of `w` as f32, the same values as [`QuantMatrix::dequantize`].
 #[inline]
 pub(crate) fn dequantize_row(isa: Isa, w: &QuantMatrix, r: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        // reported AVX2, FMA and F16C (`Isa::detect`).
+        if unsafe { crate::backend::cpu::x86::dequantize_row(w.ggml_type(), w.row(r), out) } {
+            return;
+        }
+    }
     let _ = isa;
     w.dequantize_row(r, out);
 }

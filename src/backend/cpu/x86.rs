@@ -1,5 +1,8 @@
 //! AVX2 + FMA kernels, entered only when the CPU has both.
 //!
+//! A leaf: it imports the shared kernel pieces (`kernel`, `attend`,
+//! `fastmath`), never the modules that dispatch into it.
+//!
 //! The kernel type [`Avx2`] is private to this module, so AVX2 instructions
 //! can only run inside the `#[target_feature]` entry points below, which a
 //! `CpuBackend` calls only after `Isa::detect` saw AVX2 and FMA.
@@ -14,10 +17,11 @@ use std::arch::x86_64::{
 };
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attention::{self, Scratch, as_f32};
+use crate::backend::cpu::attend::{self as attention, Scratch, as_f32};
 use crate::backend::cpu::fastmath;
-use crate::backend::cpu::matmul::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
+use crate::backend::cpu::kernel::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
+use crate::model::gguf::GgmlType;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
 /// and the lane tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` for every dot
@@ -524,7 +528,7 @@ pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         }
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
     }
-    let mut ss = crate::backend::cpu::matmul::reduce(&lanes);
+    let mut ss = crate::backend::cpu::kernel::reduce(&lanes);
     for &v in xt {
         ss += v * v;
     }
@@ -816,10 +820,73 @@ fn hd8<const NH: usize, const NKV: usize>(
     }
 }
 
+/// One row of Q8_0 or Q4_1 blocks (`src`, whole blocks) as f32 into `out`,
+/// eight lanes at a time: the same operations as the scalar reference
+/// (`model::gguf::quant`), each rounded once in the same order (a multiply,
+/// then for Q4_1 an add, never fused), so the same bits. Returns false,
+/// leaving `out` alone, for other types.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool {
+    use std::arch::x86_64::{
+        _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
+        _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
+        _mm256_cvtepu8_epi32,
+    };
+    // An f16 scale widened by F16C (exact, as `half`'s conversion), inline.
+    let f16 = |b: &[u8], at: usize| {
+        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    };
+    match ty {
+        GgmlType::Q8_0 => {
+            for (b, y) in src.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+                let d = f16(b, 0);
+                let qs = &b[2..34];
+                // SAFETY: AVX2 is enabled on this function; each load reads
+                // 8 bytes at qs[8 * i..], inside the 32-byte `qs`; each store
+                // writes 8 floats at y[8 * i..], inside the 32-float `y`.
+                unsafe {
+                    let dv = _mm256_set1_ps(d);
+                    for i in 0..4 {
+                        let q = _mm_loadl_epi64(qs.as_ptr().add(8 * i).cast::<__m128i>());
+                        let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                        _mm256_storeu_ps(y.as_mut_ptr().add(8 * i), _mm256_mul_ps(v, dv));
+                    }
+                }
+            }
+            true
+        }
+        GgmlType::Q4_1 => {
+            for (b, y) in src.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
+                let (d, m) = (f16(b, 0), f16(b, 2));
+                let qs = &b[4..20];
+                // SAFETY: AVX2 is enabled on this function; the load reads
+                // the 16 bytes of `qs`; each store writes 8 floats at
+                // y[8 * i..], inside the 32-float `y`.
+                unsafe {
+                    let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
+                    let raw = _mm_loadu_si128(qs.as_ptr().cast::<__m128i>());
+                    let mask = _mm_set1_epi8(0x0f);
+                    let lo = _mm_and_si128(raw, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                    let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+                    for (i, p) in parts.into_iter().enumerate() {
+                        let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
+                        let r = _mm256_add_ps(_mm256_mul_ps(v, dv), mv);
+                        _mm256_storeu_ps(y.as_mut_ptr().add(8 * i), r);
+                    }
+                }
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::attention::Scratch;
+    use crate::backend::cpu::attend::Scratch;
     use crate::ids::RequestId;
     use crate::kv::{KvDtype, KvGeometry};
     use crate::kv::{KvPool, PoolConfig};
