@@ -74,6 +74,14 @@ pub enum KvError {
         layer: usize,
         slot: usize,
     },
+    #[error(
+        "no randomness for the prefix cache's server secret: {reason}; pass one with CacheSecret::from_bytes"
+    )]
+    NoEntropy { reason: String },
+    #[error(
+        "prefix keys do not fit this sequence: {reason}; derive them from this pool's cache for this request"
+    )]
+    PrefixMismatch { reason: &'static str },
 }
 
 impl HttpStatus for KvError {
