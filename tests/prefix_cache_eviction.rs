@@ -84,6 +84,7 @@ fn a_cache_full_of_idle_pages_still_admits_a_request_that_fits() {
     assert!(st.balanced());
     // The deepest pages went first: the first 3 pages still hit.
     let keys = cache.keys(TenantId(1), &prompt);
+    assert_eq!(cache.probe(&keys), 3);
     let again = cache.reserve(RequestId(3), &keys, prompt.len());
     let again = again.unwrap_err();
     assert!(matches!(again, KvError::Exhausted { .. }), "{again}");

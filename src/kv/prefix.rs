@@ -130,6 +130,22 @@ impl PrefixCache {
         )
     }
 
+    /// Reusable pages of `keys` the cache holds now (the run a
+    /// [`PrefixCache::reserve`] would lease), for a planner sizing a start:
+    /// it leases nothing, so eviction may still take them before the
+    /// reserve, which then computes more and never reads less.
+    pub fn probe(&self, keys: &PrefixKeys) -> usize {
+        if self.check_keys(keys).is_err() {
+            return 0;
+        }
+        let want = keys.reusable_pages().min(keys.keys.len());
+        let m = self.pool.shared.meta.lock();
+        keys.keys[..want]
+            .iter()
+            .take_while(|k| m.cache.find(k).is_some())
+            .count()
+    }
+
     /// Reserves room for `tokens` tokens for `owner`, starting from the
     /// longest run of the prompt's reusable pages that the tenant has
     /// cached: those are leased (see [`KvSeq::reused_tokens`]), the rest is
