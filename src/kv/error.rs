@@ -13,6 +13,8 @@ pub enum KvError {
     )]
     Exhausted {
         requested: usize,
+        /// Pages free, counting idle prefix-cache pages (which an
+        /// allocation evicts): what the request could have had.
         free: usize,
         capacity: usize,
     },
