@@ -13,6 +13,8 @@ pub enum KvError {
     )]
     Exhausted {
         requested: usize,
+        /// Pages free, counting idle prefix-cache pages (which an
+        /// allocation evicts): what the request could have had.
         free: usize,
         capacity: usize,
     },
@@ -74,6 +76,14 @@ pub enum KvError {
         layer: usize,
         slot: usize,
     },
+    #[error(
+        "no randomness for the prefix cache's server secret: {reason}; pass one with CacheSecret::from_bytes"
+    )]
+    NoEntropy { reason: String },
+    #[error(
+        "prefix keys do not fit this sequence: {reason}; derive them from this pool's cache for this request"
+    )]
+    PrefixMismatch { reason: &'static str },
 }
 
 /// Why a pool (or a KV geometry) could not be built. Every variant names the

@@ -38,11 +38,15 @@ impl PageId {
     }
 }
 
-/// Where a page is in its life cycle. `free + in_use + held == capacity`.
+/// Where a page is in its life cycle.
+/// `free + in_use + held + cached == capacity`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PageState {
     Free,
     InUse,
     /// Out of use but not free: a write may still land in it.
     Held,
+    /// In the prefix cache: complete, shared, read-only, reference-counted
+    /// (see `kv::prefix`). Freed only by eviction, and only with no reader.
+    Cached,
 }

@@ -1,5 +1,5 @@
 //! The page pool: fixed capacity, O(1) allocation and release, generations,
-//! and the accounting invariant `free + in_use + held == capacity`.
+//! and the accounting invariant `free + in_use + held + cached == capacity`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -7,6 +7,7 @@ use crate::kv::pages_for;
 use crate::sync::{Arc, Mutex};
 
 use crate::ids::RequestId;
+use crate::kv::cache_index::CacheIndex;
 use crate::kv::page::{PageState, PoolId};
 use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
 use crate::kv::storage::Storage;
@@ -82,7 +83,8 @@ impl PoolConfig {
     }
 }
 
-/// A snapshot of pool accounting. `free + in_use + held == capacity` always.
+/// A snapshot of pool accounting.
+/// `free + in_use + held + cached == capacity` always.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolStats {
     pub capacity: usize,
@@ -90,28 +92,50 @@ pub struct PoolStats {
     pub in_use: usize,
     /// Pages out of use that a write may still land in (deferred release).
     pub held: usize,
+    /// Pages in the prefix cache (shared, read-only), with or without readers.
+    pub cached: usize,
+    /// Cached pages no sequence reads: reclaimable, evicted (scrubbed) when
+    /// an allocation needs them, so admission counts them as available.
+    pub cached_idle: usize,
     /// Isolation violations detected by the audit trail (always 0 without
     /// the `audit` feature, which does not check).
     pub isolation_violations: u64,
 }
 
 impl PoolStats {
-    /// True when every page is free and nothing is held.
+    /// True when every page is back: nothing in use, nothing held, and each
+    /// page free or cached with no reader (reclaimable). Without a prefix
+    /// cache that is every page free; [`PoolStats::all_free`] also asks
+    /// that the cache be empty.
     pub fn is_full(&self) -> bool {
-        self.free == self.capacity && self.in_use == 0 && self.held == 0
+        self.in_use == 0
+            && self.held == 0
+            && self.cached == self.cached_idle
+            && self.free + self.cached_idle == self.capacity
+    }
+    /// True when every page is on the free list (no cached page either).
+    pub fn all_free(&self) -> bool {
+        self.is_full() && self.free == self.capacity
+    }
+    /// Pages an allocation can have now: free plus idle cached pages.
+    pub fn available(&self) -> usize {
+        self.free + self.cached_idle
     }
     /// True when the accounting invariant holds.
     pub fn balanced(&self) -> bool {
-        self.free + self.in_use + self.held == self.capacity
+        self.cached_idle <= self.cached
+            && self.free + self.in_use + self.held + self.cached == self.capacity
     }
 }
 
 pub(crate) struct Meta {
-    free: Vec<u32>,
-    generation: Vec<u64>,
-    state: Vec<PageState>,
-    in_use: usize,
-    held: usize,
+    pub(super) free: Vec<u32>,
+    pub(super) generation: Vec<u64>,
+    pub(super) state: Vec<PageState>,
+    pub(super) in_use: usize,
+    pub(super) held: usize,
+    /// The prefix cache's index (pages in state `Cached`).
+    pub(super) cache: CacheIndex,
 }
 
 pub(crate) struct Shared {
@@ -188,6 +212,7 @@ impl KvPool {
                     state: vec![PageState::Free; cfg.pages],
                     in_use: 0,
                     held: 0,
+                    cache: CacheIndex::new(cfg.pages),
                 }),
                 storage,
                 violations: AtomicU64::new(0),
@@ -233,6 +258,8 @@ impl KvPool {
             free: m.free.len(),
             in_use: m.in_use,
             held: m.held,
+            cached: m.cache.cached(),
+            cached_idle: m.cache.idle(),
             isolation_violations: self.shared.violations.load(Ordering::Relaxed),
         }
     }
@@ -273,12 +300,19 @@ impl KvPool {
             });
         }
         let mut m = self.shared.meta.lock();
-        if n > m.free.len() {
+        if n > m.free.len() + m.cache.idle() {
             return Err(KvError::Exhausted {
                 requested: n,
-                free: m.free.len(),
+                free: m.free.len() + m.cache.idle(),
                 capacity,
             });
+        }
+        // Idle cached pages count as available: evict (and scrub) the least
+        // recently used until the free list covers the request.
+        while m.free.len() < n {
+            if !self.evict_one(&mut m) {
+                break;
+            }
         }
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
@@ -314,7 +348,7 @@ impl KvPool {
         match from {
             PageState::InUse => m.in_use -= pages.len(),
             PageState::Held => m.held -= pages.len(),
-            PageState::Free => {}
+            PageState::Free | PageState::Cached => {}
         }
     }
 
@@ -360,6 +394,18 @@ impl KvPool {
     /// the pool's bookkeeping (readers on several threads validate their
     /// sequences every layer; one lock per page made them queue).
     pub(crate) fn check_pages(&self, pages: &[PageId], held: bool) -> Result<(), KvError> {
+        self.check_seq_pages(pages, 0, held)
+    }
+
+    /// [`KvPool::check_pages`] for a sequence's page table whose first
+    /// `shared` pages are its leased prefix: those must be cached, at their
+    /// generation, with a reader (the lease); the rest in use (or held).
+    pub(crate) fn check_seq_pages(
+        &self,
+        pages: &[PageId],
+        shared: usize,
+        held: bool,
+    ) -> Result<(), KvError> {
         if let Some(&page) = pages
             .iter()
             .find(|p| p.pool != self.shared.id || p.index as usize >= self.shared.cfg.pages)
@@ -372,7 +418,7 @@ impl KvPool {
             PageState::InUse
         };
         let m = self.shared.meta.lock();
-        for &page in pages {
+        for (j, &page) in pages.iter().enumerate() {
             let i = page.index as usize;
             if m.generation[i] != page.generation {
                 return Err(KvError::StalePage {
@@ -380,7 +426,12 @@ impl KvPool {
                     current: m.generation[i],
                 });
             }
-            if m.state[i] != want {
+            let ok = if j < shared {
+                m.state[i] == PageState::Cached && m.cache.readers(page.index) > 0
+            } else {
+                m.state[i] == want
+            };
+            if !ok {
                 return Err(KvError::PageNotInUse { page });
             }
         }

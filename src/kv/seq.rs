@@ -10,13 +10,21 @@
 //!
 //! A handle is not `Clone`; dropping it (or [`KvSeq::release`], which takes
 //! it by value) scrubs its pages per the pool's policy and frees them.
+//!
+//! A sequence may start from a leased prefix of cached pages (see
+//! [`crate::kv::PrefixCache`]): its page table then begins with pages it
+//! shares read-only with other sequences of its tenant, counted as written
+//! in every layer; its own writes land only in the private pages after them,
+//! and dropping it scrubs and frees only those, returning the lease.
 
 use std::marker::PhantomData;
 
 use crate::ids::RequestId;
+use crate::ids::TenantId;
 use crate::kv::KvGeometry;
 use crate::kv::page::PageState;
 use crate::kv::pages_for;
+use crate::kv::prefix::SharedPrefix;
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -106,7 +114,12 @@ impl Writable for Ready {}
 pub struct KvSeq<S: SeqState> {
     pool: KvPool,
     owner: RequestId,
+    /// The page table: the leased prefix's pages (`prefix`), then this
+    /// handle's private pages.
     pages: Vec<PageId>,
+    /// The lease on the cached pages at the front of `pages` (empty for a
+    /// sequence that did not start from the cache).
+    prefix: SharedPrefix,
     /// Tokens written so far, per layer.
     written: Vec<usize>,
     _state: PhantomData<S>,
@@ -118,6 +131,7 @@ impl<S: SeqState> std::fmt::Debug for KvSeq<S> {
             .field("state", &std::any::type_name::<S>())
             .field("owner", &self.owner)
             .field("pages", &self.pages.len())
+            .field("shared_pages", &self.prefix.len())
             .field("written", &self.written)
             .finish()
     }
@@ -125,14 +139,55 @@ impl<S: SeqState> std::fmt::Debug for KvSeq<S> {
 
 impl<S: SeqState> KvSeq<S> {
     pub(crate) fn new(pool: KvPool, owner: RequestId, pages: Vec<PageId>) -> Self {
+        let prefix = SharedPrefix::none(pool.clone());
+        Self::with_prefix(prefix, owner, pages)
+    }
+
+    /// A sequence reading the leased `prefix` (counted as written in every
+    /// layer), then writing its `private` pages.
+    pub(crate) fn with_prefix(
+        prefix: SharedPrefix,
+        owner: RequestId,
+        private: Vec<PageId>,
+    ) -> Self {
+        let pool = prefix.pool().clone();
         let n_layers = pool.config().geometry().n_layers;
+        let mut pages = Vec::with_capacity(prefix.len() + private.len());
+        pages.extend_from_slice(prefix.pages());
+        pages.extend(private);
+        let reused = prefix.len() * pool.page_size();
         KvSeq {
             pool,
             owner,
             pages,
-            written: vec![0; n_layers],
+            prefix,
+            written: vec![reused; n_layers],
             _state: PhantomData,
         }
+    }
+
+    /// Pages at the front of [`KvSeq::pages`] that are leased from the
+    /// prefix cache: shared, read-only, not this handle's to free.
+    pub fn shared_pages(&self) -> usize {
+        self.prefix.len()
+    }
+    /// Tokens this sequence reuses from the prefix cache (positions it did
+    /// not compute).
+    pub fn reused_tokens(&self) -> usize {
+        self.prefix.len() * self.pool.page_size()
+    }
+    /// Pages this handle owns privately (freed when it is dropped).
+    pub fn private_pages(&self) -> usize {
+        self.pages.len() - self.prefix.len()
+    }
+    /// The tenant whose cached pages this sequence reads or published
+    /// (`None` for a sequence that never used the cache).
+    pub fn tenant(&self) -> Option<TenantId> {
+        self.prefix.tenant()
+    }
+    /// The lease, for the cache's publishing (same module family).
+    pub(crate) fn prefix_mut(&mut self) -> &mut SharedPrefix {
+        &mut self.prefix
     }
 
     /// The request that owns these pages.
@@ -183,19 +238,23 @@ impl<S: SeqState> KvSeq<S> {
 
     /// Moves the pages to the held state: counted as held, readable, never
     /// written, freed when the returned handle is dropped.
+    /// A leased prefix stays cached (and leased) until the handle drops.
     pub fn hold(self) -> KvSeq<Held> {
         if !S::HELD {
-            self.pool.set_held(&self.pages, true);
+            self.pool.set_held(&self.pages[self.prefix.len()..], true);
         }
         self.into_state()
     }
 
     fn into_state<T: SeqState>(mut self) -> KvSeq<T> {
-        // Move the pages out; the emptied husk's drop frees nothing.
+        // Move the pages and the lease out; the emptied husk's drop frees
+        // nothing and returns no lease.
+        let none = SharedPrefix::none(self.pool.clone());
         let next = KvSeq {
             pool: self.pool.clone(),
             owner: self.owner,
             pages: std::mem::take(&mut self.pages),
+            prefix: std::mem::replace(&mut self.prefix, none),
             written: std::mem::take(&mut self.written),
             _state: PhantomData,
         };
@@ -586,18 +645,18 @@ impl KvSeq<Held> {
             return Ok(());
         }
         let ps = self.pool.page_size();
-        let pages = self
-            .pages
-            .get(start / ps..pages_for(start + n, ps))
-            .unwrap_or(&[]);
-        self.pool.check_pages(pages, true)
+        let (first, end) = (start / ps, pages_for(start + n, ps));
+        let pages = self.pages.get(first..end).unwrap_or(&[]);
+        let shared = self.prefix.len().saturating_sub(first);
+        self.pool.check_seq_pages(pages, shared, true)
     }
 }
 
 impl<S: SeqState> Drop for KvSeq<S> {
     fn drop(&mut self) {
-        if self.pages.is_empty() {
-            return;
+        let private = self.pages.get(self.prefix.len()..).unwrap_or(&[]);
+        if private.is_empty() {
+            return; // the lease (a field) is returned after this
         }
         let from = if S::HELD {
             PageState::Held
@@ -607,6 +666,6 @@ impl<S: SeqState> Drop for KvSeq<S> {
         // Scrub while this handle still owns the pages, then give them up.
         let fill = self.pool.scrub_fill();
         self.pages_write().scrub(fill);
-        self.pool.free_pages(&self.pages, from);
+        self.pool.free_pages(&self.pages[self.prefix.len()..], from);
     }
 }

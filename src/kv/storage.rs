@@ -13,9 +13,18 @@
 //! the page list of one handle; `KvSeq` is not `Clone` and its pages leave it
 //! only when it is dropped, after its scrub). So Rust's borrow rules on the
 //! handles are the locking: many readers or one writer per sequence, and
-//! different sequences never share a byte. A page moves between threads
-//! with its handle (a channel or lock gives the happens-before), or through
-//! the free list under the pool's bookkeeping mutex.
+//! different sequences never share a byte they can write. A page moves
+//! between threads with its handle (a channel or lock gives the
+//! happens-before), or through the free list under the pool's bookkeeping
+//! mutex.
+//!
+//! Cached prefix pages are the one kind shared between sequences, and they
+//! are never written: a [`PagesWrite`] is built from a sequence's *private*
+//! pages only (the slice after its leased prefix), so no `&mut` path reaches
+//! a cached page's bytes. A page becomes cached after its last write, under
+//! the bookkeeping mutex that every later lease also takes (happens-before),
+//! and leaves the cache only by eviction, under that mutex, with no lease
+//! left on it ([`Storage::scrub_evicted`]).
 //!
 //! Under `--cfg loom` every page access is also reported to a per-page
 //! `loom::cell::UnsafeCell`, so the model checker flags any two accesses
@@ -27,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::{bf16, f16};
 
+use crate::ids::{RequestId, TenantId};
 use crate::kv::PageId;
 use crate::kv::pool::Meta;
 use crate::kv::seq::{KvSeq, SeqState};
@@ -172,6 +182,10 @@ pub(crate) struct Storage {
     /// The audit trail, when on: per (page, layer, slot), 0 = never written
     /// since the page was handed out, otherwise `RequestId + 1` of the writer.
     writers: Option<Box<[AtomicU64]>>,
+    /// With the audit trail, per page: `[RequestId + 1, TenantId + 1]` of
+    /// the sequence that published it into the prefix cache (0s for a page
+    /// not cached). Readers of a cached page check both.
+    publishers: Option<Box<[AtomicU64]>>,
     #[cfg(loom)]
     track: Box<[Tracker]>,
 }
@@ -208,14 +222,17 @@ impl Storage {
     ) -> Result<Self, usize> {
         let bytes = pages * page_stride(&geometry, page_size) * geometry.dtype.size_bytes();
         let arena = Arena::zeroed(bytes).ok_or(bytes)?;
-        let writers = if audit {
-            let slots = pages * geometry.n_layers * page_size;
+        let zeroed = |n: usize| -> Result<Box<[AtomicU64]>, usize> {
             let mut w: Vec<AtomicU64> = Vec::new();
-            w.try_reserve_exact(slots).map_err(|_| slots * 8)?;
-            w.extend((0..slots).map(|_| AtomicU64::new(0)));
-            Some(w.into_boxed_slice())
+            w.try_reserve_exact(n).map_err(|_| n.saturating_mul(8))?;
+            w.extend((0..n).map(|_| AtomicU64::new(0)));
+            Ok(w.into_boxed_slice())
+        };
+        let (writers, publishers) = if audit {
+            let slots = pages * geometry.n_layers * page_size;
+            (Some(zeroed(slots)?), Some(zeroed(pages * 2)?))
         } else {
-            None
+            (None, None)
         };
         Ok(Storage {
             arena,
@@ -223,6 +240,7 @@ impl Storage {
             page_size,
             pages,
             writers,
+            publishers,
             #[cfg(loom)]
             track: (0..pages)
                 .map(|_| Tracker(loom::cell::UnsafeCell::new(())))
@@ -349,6 +367,49 @@ impl Storage {
                 x.store(0, Ordering::Relaxed);
             }
         }
+        self.set_publisher(page, 0, 0);
+    }
+
+    fn set_publisher(&self, page: u32, request: u64, tenant: u64) {
+        let i = page as usize * 2;
+        if let Some(p) = self.publishers.as_ref().and_then(|p| p.get(i..i + 2)) {
+            p[0].store(request, Ordering::Relaxed);
+            p[1].store(tenant, Ordering::Relaxed);
+        }
+    }
+
+    /// Records, in the audit trail, who published `page` into the cache.
+    pub(crate) fn record_publisher(&self, page: u32, request: RequestId, tenant: TenantId) {
+        self.set_publisher(page, request.0 + 1, u64::from(tenant.0) + 1);
+    }
+
+    /// The recorded publisher of `page` (`RequestId + 1`, `TenantId + 1`;
+    /// zeros for a page never published since its last scrub), or `None`
+    /// with the audit trail off or a page out of range.
+    pub(crate) fn publisher(&self, page: u32) -> Option<(u64, u64)> {
+        let i = page as usize * 2;
+        let p = self.publishers.as_ref()?.get(i..i + 2)?;
+        Some((p[0].load(Ordering::Relaxed), p[1].load(Ordering::Relaxed)))
+    }
+
+    /// Scrubs a cached page that eviction has just taken out of the cache,
+    /// per `fill` (zero, poison, or bytes left), and clears its audit trail.
+    /// The caller holds the pool's bookkeeping lock and has seen the page
+    /// cached with no reader: no sequence's page table holds it (a lease is
+    /// a reader), and no lookup can lease it until the lock is released.
+    pub(crate) fn scrub_evicted(&self, page: u32, fill: Option<bool>, _locked: &Meta) {
+        if (page as usize) >= self.pages {
+            return;
+        }
+        if let Some(poison) = fill {
+            let stride = self.page_stride();
+            self.track(page, true);
+            // SAFETY: in range (checked); no handle can reach the page (see
+            // above), so this is the only reference to its bytes.
+            let bytes = unsafe { self.bytes_mut(page as usize * stride, stride) };
+            fill_page(self.geometry.dtype, bytes, poison);
+        }
+        self.clear_writers(page);
     }
 
     /// A free page's elements as f32, for the pool's scrub audit. The
@@ -395,42 +456,54 @@ pub(crate) fn checked_page_stride(g: &KvGeometry, page_size: usize) -> Option<us
 
 /// Read access to the bytes of one sequence's pages, for as long as the
 /// sequence is borrowed. Pages are addressed by their position in the
-/// sequence (`0..pages.len()`).
+/// sequence: `pages[0]` is position `offset` (0 for a whole page table).
 #[derive(Clone, Copy)]
 pub(crate) struct PagesRead<'a> {
     st: &'a Storage,
     pages: &'a [PageId],
+    offset: usize,
 }
 
-/// Write access to the bytes of one sequence's pages, for as long as the
-/// sequence is borrowed mutably.
+/// Write access to the bytes of one sequence's *private* pages, for as long
+/// as the sequence is borrowed mutably. It holds only the pages after the
+/// leased prefix, so a cached page cannot be reached through it.
 pub(crate) struct PagesWrite<'a> {
     read: PagesRead<'a>,
 }
 
 impl<S: SeqState> KvSeq<S> {
-    /// Read access to this sequence's pages (module docs: the shared borrow
-    /// of the owning handle excludes every writer).
+    /// Read access to this sequence's pages, the leased prefix included
+    /// (module docs: the shared borrow of the owning handle excludes every
+    /// writer of its private pages; nobody writes cached pages).
     pub(crate) fn pages_read(&self) -> PagesRead<'_> {
         PagesRead {
             st: &self.pool().shared.storage,
             pages: self.pages(),
+            offset: 0,
         }
     }
 
-    /// Write access to this sequence's pages (module docs: the exclusive
-    /// borrow of the owning handle excludes every other access).
+    /// Write access to this sequence's private pages (module docs: the
+    /// exclusive borrow of the owning handle excludes every other access).
     pub(crate) fn pages_write(&mut self) -> PagesWrite<'_> {
+        let shared = self.shared_pages();
         PagesWrite {
             read: PagesRead {
                 st: &self.pool().shared.storage,
-                pages: self.pages(),
+                pages: self.pages().get(shared..).unwrap_or(&[]),
+                offset: shared,
             },
         }
     }
 }
 
 impl<'a> PagesRead<'a> {
+    /// The pool index of the sequence's `i`-th page, if this view has it.
+    #[inline]
+    fn page(&self, i: usize) -> Option<u32> {
+        Some(self.pages.get(i.checked_sub(self.offset)?)?.index)
+    }
+
     /// Elements of K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in
     /// the sequence's `i`-th page, or `None` when out of range.
     #[inline]
@@ -442,12 +515,13 @@ impl<'a> PagesRead<'a> {
         slot: usize,
         n: usize,
     ) -> Option<KvSlice<'a>> {
-        let page = self.pages.get(i)?.index;
+        let page = self.page(i)?;
         let off = self.st.offset(page, layer, kv, slot, n)?;
         self.st.track(page, false);
         let len = n * self.st.geometry.kv_dim();
         // SAFETY: in range (offset checked); the page belongs to the
-        // sequence this view borrows immutably for 'a, so nothing writes it.
+        // sequence this view borrows immutably for 'a, so nothing writes it
+        // (a private page: the borrow; a cached page: no writer exists).
         Some(unsafe { self.st.slice(off, len) })
     }
 
@@ -459,7 +533,8 @@ impl<'a> PagesRead<'a> {
 
 impl PagesWrite<'_> {
     /// K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
-    /// sequence's `i`-th page as raw bytes, or `None` when out of range.
+    /// sequence's `i`-th page as raw bytes, or `None` when out of range or
+    /// the page is not private.
     #[inline]
     pub(crate) fn rows_mut(
         &mut self,
@@ -469,13 +544,13 @@ impl PagesWrite<'_> {
         slot: usize,
         n: usize,
     ) -> Option<&mut [u8]> {
-        let PagesRead { st, pages } = self.read;
-        let page = pages.get(i)?.index;
+        let st = self.read.st;
+        let page = self.read.page(i)?;
         let off = st.offset(page, layer, kv, slot, n)?;
         st.track(page, true);
-        // SAFETY: in range (offset checked); the page belongs to the sequence
-        // borrowed mutably for this writer's life, and `&mut self` makes the
-        // returned rows the only live reference into it.
+        // SAFETY: in range (offset checked); the page is one of the private
+        // pages of the sequence borrowed mutably for this writer's life, and
+        // `&mut self` makes the returned rows the only live reference into it.
         Some(unsafe { st.bytes_mut(off, n * st.geometry.kv_dim()) })
     }
 
@@ -526,7 +601,7 @@ impl PagesWrite<'_> {
     }
 
     /// Records `writer` in the audit trail for rows `[slot, slot + n)` of
-    /// `layer` in the `i`-th page.
+    /// `layer` in the `i`-th page (a private page only).
     pub(crate) fn record_writers(
         &self,
         i: usize,
@@ -535,15 +610,15 @@ impl PagesWrite<'_> {
         n: usize,
         writer: u64,
     ) {
-        if let Some(p) = self.read.pages.get(i) {
-            self.read.st.record_writers(p.index, layer, slot, n, writer);
+        if let Some(p) = self.read.page(i) {
+            self.read.st.record_writers(p, layer, slot, n, writer);
         }
     }
 
-    /// Overwrites every page with `fill` (zero or poison) and clears its
-    /// audit trail: the scrub before the pages go back to the pool.
+    /// Overwrites every private page with `fill` (zero or poison) and clears
+    /// its audit trail: the scrub before the pages go back to the pool.
     pub(crate) fn scrub(&mut self, poison: Option<bool>) {
-        let PagesRead { st, pages } = self.read;
+        let PagesRead { st, pages, .. } = self.read;
         let stride = st.page_stride();
         for p in pages {
             if (p.index as usize) >= st.pages {
@@ -551,26 +626,31 @@ impl PagesWrite<'_> {
             }
             if let Some(poison) = poison {
                 st.track(p.index, true);
-                // SAFETY: in range (checked); the page belongs to the sequence
-                // borrowed mutably for this writer's life.
+                // SAFETY: in range (checked); the page is a private page of
+                // the sequence borrowed mutably for this writer's life.
                 let bytes = unsafe { st.bytes_mut(p.index as usize * stride, stride) };
-                match st.geometry.dtype {
-                    KvDtype::F32 => fill::<f32>(bytes, poison),
-                    KvDtype::F16 => fill::<f16>(bytes, poison),
-                    KvDtype::BF16 => fill::<bf16>(bytes, poison),
-                }
+                fill_page(st.geometry.dtype, bytes, poison);
             }
             st.clear_writers(p.index);
         }
-        fn fill<T: KvElem>(bytes: &mut [u8], poison: bool) {
-            if !poison {
-                bytes.fill(0);
-                return;
-            }
-            let v = T::POISON;
-            for d in bytes.chunks_exact_mut(std::mem::size_of::<T>()) {
-                d.copy_from_slice(bytemuck::bytes_of(&v));
-            }
+    }
+}
+
+/// Fills a page's bytes with zeros or the dtype's poison.
+fn fill_page(dtype: KvDtype, bytes: &mut [u8], poison: bool) {
+    fn fill<T: KvElem>(bytes: &mut [u8], poison: bool) {
+        if !poison {
+            bytes.fill(0);
+            return;
         }
+        let v = T::POISON;
+        for d in bytes.chunks_exact_mut(std::mem::size_of::<T>()) {
+            d.copy_from_slice(bytemuck::bytes_of(&v));
+        }
+    }
+    match dtype {
+        KvDtype::F32 => fill::<f32>(bytes, poison),
+        KvDtype::F16 => fill::<f16>(bytes, poison),
+        KvDtype::BF16 => fill::<bf16>(bytes, poison),
     }
 }

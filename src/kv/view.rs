@@ -24,11 +24,14 @@ impl<'p> KvReader<'p> {
         if !seq.pool().same_pool(self.pool) {
             return Err(seq.foreign_pool());
         }
-        self.pool.check_pages(seq.pages(), S::HELD)?;
+        self.pool
+            .check_seq_pages(seq.pages(), seq.shared_pages(), S::HELD)?;
         Ok(SeqView {
             reader: self,
             read: seq.pages_read(),
             pages: seq.pages(),
+            shared: seq.shared_pages(),
+            tenant: seq.tenant(),
             written: seq.written_per_layer(),
             owner: seq.owner(),
         })
@@ -40,14 +43,19 @@ pub struct SeqView<'a> {
     reader: &'a KvReader<'a>,
     read: PagesRead<'a>,
     pages: &'a [PageId],
+    /// Leading pages leased from the prefix cache.
+    shared: usize,
+    tenant: Option<crate::TenantId>,
     written: &'a [usize],
     owner: crate::RequestId,
 }
 
 impl<'a> SeqView<'a> {
     /// The written positions of `layer`. With the `audit` feature, checks
-    /// that every slot read was written by this sequence's owner; a mismatch
-    /// is an [`KvError::IsolationViolation`], counted in the pool's stats.
+    /// that every slot read was written by this sequence's owner or, in a
+    /// page leased from the prefix cache, by the page's recorded publisher,
+    /// who must be of this sequence's tenant; a mismatch is an
+    /// [`KvError::IsolationViolation`], counted in the pool's stats.
     pub fn layer(&self, layer: usize) -> Result<LayerView<'a>, KvError> {
         let n_layers = self.written.len();
         let len = *self
@@ -61,9 +69,15 @@ impl<'a> SeqView<'a> {
         let pages = if st.audited() { pages_for(len, ps) } else { 0 };
         for (i, p) in self.pages.iter().enumerate().take(pages) {
             let n = (len - i * ps).min(ps);
-            let mismatch = match st.writers(p.index, layer, 0, n) {
-                Some(slots) => slots.enumerate().find(|&(_, w)| w != self.owner.0 + 1),
-                None => Some((0, 0)),
+            let expected = if i < self.shared {
+                self.cached_writer(p.index)
+            } else {
+                Some(self.owner.0 + 1)
+            };
+            let mismatch = match (expected, st.writers(p.index, layer, 0, n)) {
+                (Some(e), Some(slots)) => slots.enumerate().find(|&(_, w)| w != e),
+                (None, Some(mut slots)) => Some((0, slots.next().unwrap_or(0))),
+                (_, None) => Some((0, 0)),
             };
             if let Some((slot, w)) = mismatch {
                 self.reader.pool.record_violation();
@@ -89,6 +103,15 @@ impl<'a> SeqView<'a> {
     /// The owner of the sequence.
     pub fn owner(&self) -> crate::RequestId {
         self.owner
+    }
+
+    /// The writer every slot of cached page `page` must have: its recorded
+    /// publisher, when that publisher is of this sequence's tenant; `None`
+    /// (every slot fails the audit) otherwise.
+    fn cached_writer(&self, page: u32) -> Option<u64> {
+        let (request, tenant) = self.read.storage().publisher(page)?;
+        let mine = self.tenant.map(|t| u64::from(t.0) + 1)?;
+        (request != 0 && tenant == mine).then_some(request)
     }
 }
 

@@ -3,10 +3,12 @@
 
 mod admission;
 mod batch;
+mod chunk;
 mod rejection;
 
 pub use admission::{AdmissionLimits, sampler_for};
 pub use batch::{BatchLimits, RunningSeq, StartCost, StepPlan};
+pub use chunk::{Chunk, ChunkBudget, PartialPrefill, plan_chunks};
 pub use rejection::Rejection;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
