@@ -262,3 +262,84 @@ impl StopMatcher {
         std::mem::take(&mut self.pending)
     }
 }
+
+/// The model's own tokenizer and chat template (`handoff::text`): a GGUF
+/// file's vocabulary and template, or a Hugging Face folder's
+/// `tokenizer.json` and `tokenizer_config.json`. The text model lives as
+/// long as the process (the server loads it once), so each stream's decoder
+/// can borrow it.
+pub struct ModelCodec {
+    text: &'static handoff::text::TextModel,
+}
+
+impl ModelCodec {
+    /// The codec of the model at `path`, or `None` (with the reason) when it
+    /// carries no tokenizer.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = handoff::text::TextModel::load(path).map_err(|e| e.to_string())?;
+        Ok(ModelCodec {
+            text: Box::leak(Box::new(text)),
+        })
+    }
+}
+
+fn text_error(e: handoff::text::TextError) -> ApiError {
+    use handoff::HttpStatus;
+    ApiError::new(e.http_status(), e.to_string())
+}
+
+impl TextCodec for ModelCodec {
+    fn describe(&self) -> String {
+        format!(
+            "the model's tokenizer ({} tokens) and chat template",
+            self.text.tokenizer().vocab_size()
+        )
+    }
+    fn has_text(&self) -> bool {
+        true
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.text.tokenizer().encode(text).map_err(text_error)
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let messages: Vec<handoff::text::Message> = messages
+            .iter()
+            .map(|m| handoff::text::Message::new(m.role.clone(), m.content.clone()))
+            .collect();
+        self.text
+            .render_chat(&messages)
+            .map(|(_, ids)| ids)
+            .map_err(text_error)
+    }
+    fn decoder(&self) -> Box<dyn StreamText> {
+        Box::new(ModelStream {
+            inner: Some(handoff::text::StreamDecoder::new(
+                self.text.tokenizer(),
+                true,
+            )),
+        })
+    }
+    fn stop_ids(&self) -> Vec<u32> {
+        self.text.stop_ids().to_vec()
+    }
+}
+
+/// Whole characters of the model's text as ids stream in.
+struct ModelStream {
+    inner: Option<handoff::text::StreamDecoder<'static>>,
+}
+
+impl StreamText for ModelStream {
+    fn push(&mut self, id: u32) -> String {
+        match self.inner.as_mut().map(|d| d.push(id)) {
+            Some(Ok(Some(text))) => text,
+            _ => String::new(),
+        }
+    }
+    fn finish(&mut self) -> String {
+        self.inner
+            .take()
+            .and_then(|d| d.finish().ok())
+            .unwrap_or_default()
+    }
+}

@@ -83,7 +83,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::auth::Auth;
-use crate::codec::{ByteCodec, IdsOnly, TextCodec};
+use crate::codec::{ByteCodec, IdsOnly, ModelCodec, TextCodec};
 use crate::routes::AppState;
 use crate::stack::Stack;
 
@@ -181,6 +181,15 @@ async fn run(args: args::Args) -> Result<bool, String> {
     let stack = Stack::start(&args)?;
     let codec: Arc<dyn TextCodec> = match (&args.model, ByteCodec::new(stack.vocab)) {
         (None, Some(bytes)) => Arc::new(bytes),
+        // A model file with a tokenizer (GGUF metadata, or tokenizer.json in a
+        // Hugging Face folder) serves text; one without serves token ids only.
+        (Some(path), _) => match ModelCodec::load(path) {
+            Ok(codec) => Arc::new(codec),
+            Err(why) => {
+                tracing::warn!(%why, "no tokenizer in the model: serving token ids only");
+                Arc::new(IdsOnly)
+            }
+        },
         _ => Arc::new(IdsOnly),
     };
     let model_name = args
