@@ -16,7 +16,7 @@
 // range follow each other (the scramble chains them).
 //
 // The bodies live in this header so that tests/checksum_host.rs can also
-// run them on the host against the SIMT emulator of tests/sim/.
+// run them on the host against the SIMT emulator of tests/support/sim/.
 #pragma once
 #ifdef HANDOFF_SIMT_HOST
 #include "simt_host.h"

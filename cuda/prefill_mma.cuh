@@ -30,7 +30,7 @@
 //
 // The kernel body lives in this header so that tests/prefill_mma_host.rs can
 // also compile it on the host, with HANDOFF_SIMT_HOST defined, against a
-// SIMT emulator (tests/sim/simt_host.h: 128 threads per block, barriers for
+// SIMT emulator (tests/support/sim/simt_host.h: 128 threads per block, barriers for
 // __syncthreads and shuffles, mma.sync computed from the PTX fragment
 // layout). prefill_mma.cu instantiates it for the GPU.
 #pragma once

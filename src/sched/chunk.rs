@@ -11,7 +11,7 @@
 //! A chunk only changes how many prompt tokens one pass carries: the model
 //! appends each chunk after the KV already written and attends over it
 //! through the same paged views, so the KV and logits are those of an
-//! unchunked prefill (tests/prefix_cache_chunked.rs runs prompts in planned chunks).
+//! unchunked prefill (tests/isolation/prefix_cache_chunked.rs runs prompts in planned chunks).
 
 use crate::ids::RequestId;
 

@@ -2,7 +2,7 @@
 //! matrices kept quantized, and continues a prompt greedily with the tokens
 //! an independent implementation gives: the committed fixture
 //! tests/fixtures/smollm2_q4_1_greedy.txt, made by
-//! tools/gguf_greedy_reference.py (llama.cpp's gguf-py dequantizer and a
+//! scripts/gguf_greedy_reference.py (llama.cpp's gguf-py dequantizer and a
 //! float64 numpy forward pass). Skips, saying so, when the file is absent
 //! (scripts/fetch-models.sh fetches it).
 

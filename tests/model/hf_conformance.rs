@@ -1,6 +1,6 @@
 //! Story: a user serves a Hugging Face Llama checkpoint and expects the
 //! tokens transformers would produce. tests/fixtures/hf_tiny_llama was
-//! written by transformers itself (tools/make_hf_fixture.py): a random
+//! written by transformers itself (scripts/make_hf_fixture.py): a random
 //! LlamaForCausalLM with GQA (4 query / 2 KV heads), a separate lm_head, RoPE
 //! base 1000 in the newer `rope_parameters` spelling, and random RMSNorm
 //! weights, plus transformers' float32 logits at every position of three

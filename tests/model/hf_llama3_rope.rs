@@ -4,7 +4,7 @@
 //! nonsense, so before this was implemented the loader refused the file.
 //!
 //! tests/fixtures/hf_tiny_llama3 was written by transformers itself
-//! (`tools/make_hf_fixture.py hf_tiny_llama3`): a random LlamaForCausalLM
+//! (`scripts/make_hf_fixture.py hf_tiny_llama3`): a random LlamaForCausalLM
 //! whose scaling keeps one frequency, blends one and stretches the other six,
 //! with transformers' float32 logits and greedy tokens for three prompts.
 

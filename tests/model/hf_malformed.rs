@@ -6,7 +6,7 @@
 //! where there is one), never a panic and never a partially loaded model.
 //!
 //! Every case starts from the real, valid fixture written by
-//! tools/make_hf_fixture.py and damages one thing.
+//! scripts/make_hf_fixture.py and damages one thing.
 
 use std::collections::BTreeMap;
 use std::fs;

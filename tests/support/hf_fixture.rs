@@ -1,6 +1,6 @@
 //! tests/fixtures/hf_tiny_llama (and hf_tiny_llama3, the same shape with
 //! Llama 3.1's RoPE scaling), written by transformers itself
-//! (tools/make_hf_fixture.py): where they are, and what transformers
+//! (scripts/make_hf_fixture.py): where they are, and what transformers
 //! recorded for them in expected.json.
 
 use std::path::Path;

@@ -106,7 +106,7 @@ pub fn smollm2() -> Option<TextModel> {
     Some(TextModel::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
 }
 
-/// The committed fixture made by tools/make_text_fixtures.py.
+/// The committed fixture made by scripts/make_text_fixtures.py.
 pub fn fixture() -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/smollm2.json");
     serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()

@@ -3,7 +3,7 @@
 //! chat template as Hugging Face's `apply_chat_template` renders it. The
 //! expected renderings were made by Python's jinja2 with Hugging Face's
 //! settings (tests/fixtures/text/chat_templates.json, from
-//! tools/make_text_fixtures.py): SmolLM2's ChatML template from its GGUF,
+//! scripts/make_text_fixtures.py): SmolLM2's ChatML template from its GGUF,
 //! a Mistral-style template that refuses non-alternating roles with
 //! `raise_exception`, a Llama 3-style one, and one using block trimming and
 //! Python string methods. A refusal is a typed client error (400) carrying

@@ -3,10 +3,10 @@
 //! Hugging Face `tokenizer.json`, or the vocabulary inside a GGUF file. The
 //! SmolLM2 GGUF's ids are compared with an independent implementation's
 //! (tests/fixtures/text/smollm2_tokens.json, made by
-//! tools/make_text_fixtures.py; its "source" field says which: Hugging Face
+//! scripts/make_text_fixtures.py; its "source" field says which: Hugging Face
 //! transformers' GGUF tokenizer converter, or llama.cpp), the Hugging Face folder's
 //! with Python's `tokenizers` (tests/fixtures/text/hf_tiny, made by
-//! tools/make_text_hf_fixture.py). Special tokens written in the text are
+//! scripts/make_text_hf_fixture.py). Special tokens written in the text are
 //! single tokens; BOS is added only where the model says so; a vocabulary the
 //! crate cannot reproduce exactly is refused with the key that is wrong.
 

@@ -6,9 +6,9 @@ written from the Llama architecture (RMSNorm, RoPE on adjacent pairs, as
 llama.cpp applies it to its converter's permuted Q/K rows, GQA attention,
 SwiGLU, tied or separate output).
 
-Writes the fixture tests/gguf_smollm2_generates.rs compares against:
+Writes the fixture tests/model/gguf_smollm2_generates.rs compares against:
 
-    GGUF_PY=/path/to/llama.cpp/gguf-py python3 tools/gguf_greedy_reference.py \
+    GGUF_PY=/path/to/llama.cpp/gguf-py python3 scripts/gguf_greedy_reference.py \
         models/SmolLM2-135M-Instruct.Q4_1.gguf 504,3575,282,4649,314 12 \
         > tests/fixtures/smollm2_q4_1_greedy.txt
 

@@ -6,7 +6,7 @@ lm_head, non-default RoPE base, random RMSNorm weights), saves it with
 transformers' own `save_pretrained` (config.json + model.safetensors, plus a
 sharded copy with model.safetensors.index.json), and records transformers' own
 float32 logits at every position of a few prompts and its greedy tokens in
-expected.json. tests/hf_conformance.rs checks handoff against that record.
+expected.json. tests/model/hf_conformance.rs checks handoff against that record.
 
 Weights are scaled (rather than left at transformers' 0.02 init) so logits are
 O(1..10) and the top-2 logit gap along every greedy step is far above float
@@ -17,8 +17,8 @@ MIN_GAP and prints it.
 Usage (CPU only; torch from PyPI):
     python3 -m venv /tmp/hfvenv
     /tmp/hfvenv/bin/pip install torch transformers safetensors
-    /tmp/hfvenv/bin/python tools/make_hf_fixture.py                 # hf_tiny_llama
-    /tmp/hfvenv/bin/python tools/make_hf_fixture.py hf_tiny_llama3  # Llama 3.1 RoPE scaling
+    /tmp/hfvenv/bin/python scripts/make_hf_fixture.py                 # hf_tiny_llama
+    /tmp/hfvenv/bin/python scripts/make_hf_fixture.py hf_tiny_llama3  # Llama 3.1 RoPE scaling
 """
 
 import json
@@ -155,7 +155,7 @@ def main():
             os.remove(gen_cfg)
 
     expected = {
-        "generator": "tools/make_hf_fixture.py",
+        "generator": "scripts/make_hf_fixture.py",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "seed": seed,

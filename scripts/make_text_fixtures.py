@@ -10,13 +10,13 @@ with implementations independent of handoff's:
   and for the rendered chats (special tokens in text parsed) from REFERENCE:
   `transformers` (Hugging Face's GGUF tokenizer converter; install
   transformers==4.47.1 tokenizers gguf) or the path of llama.cpp's own
-  tokenizer (tools/llama_tokenize_ids.cpp linked against libllama; BOS only
+  tokenizer (scripts/llama_tokenize_ids.cpp linked against libllama; BOS only
   where the GGUF says).
 
 Setup (the tests read the committed JSON and need none of this):
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install gguf jinja2
     build llama.cpp's libraries (cmake -B build && cmake --build build --target llama),
-    then tools/llama_tokenize_ids.cpp as its header says
+    then scripts/llama_tokenize_ids.cpp as its header says
 """
 
 import hashlib
@@ -167,14 +167,14 @@ def templates(path):
     ]
     return {
         "source": "jinja2 " + jinja2.__version__ + " with Hugging Face's apply_chat_template settings "
-        "(trim_blocks, lstrip_blocks, loopcontrols); made by tools/make_text_fixtures.py",
+        "(trim_blocks, lstrip_blocks, loopcontrols); made by scripts/make_text_fixtures.py",
         "smollm2": {"chat_template": template_src, "bos_token": bos, "eos_token": eos, "chats": chats},
         "templates": render_all(env, "<s>", "</s>"),
     }
 
 
 def llama_tokenize(binary, path, text, add_special):
-    """Token ids from llama.cpp (tools/llama_tokenize_ids.cpp built against
+    """Token ids from llama.cpp (scripts/llama_tokenize_ids.cpp built against
     libllama): special tokens in the text parsed; BOS as the GGUF says when
     add_special."""
     args = [binary, path] + ([] if add_special else ["--no-special"])
@@ -196,7 +196,7 @@ def tokens(path, reference):
     """Ids for TEXTS and the rendered chats, from `reference`: "transformers"
     (its converter adds BOS whatever the GGUF says, so ids are taken without
     special tokens added; SmolLM2's add_bos_token is false) or the path of
-    tools/llama_tokenize_ids built against llama.cpp (BOS as the GGUF says)."""
+    scripts/llama_tokenize_ids built against llama.cpp (BOS as the GGUF says)."""
     with open(path, "rb") as fh:
         sha = hashlib.sha256(fh.read()).hexdigest()
     rendered = templates(path)["smollm2"]["chats"]
@@ -208,9 +208,9 @@ def tokens(path, reference):
         source = "Hugging Face transformers " + transformers.__version__ + " GGUF tokenizer converter"
     else:
         encode = lambda text, add_special: llama_tokenize(reference, path, text, add_special)
-        source = "llama.cpp's llama_tokenize (tools/llama_tokenize_ids.cpp, llama.cpp " + LLAMA_CPP_VERSION + ")"
+        source = "llama.cpp's llama_tokenize (scripts/llama_tokenize_ids.cpp, llama.cpp " + LLAMA_CPP_VERSION + ")"
     return {
-        "source": source + " on the GGUF file; made by tools/make_text_fixtures.py",
+        "source": source + " on the GGUF file; made by scripts/make_text_fixtures.py",
         "model": os.path.basename(path),
         "model_sha256": sha,
         "texts": [{"text": t, "ids": encode(t, True)} for t in TEXTS],

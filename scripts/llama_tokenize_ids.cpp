@@ -1,8 +1,8 @@
 // Token ids for stdin's text from llama.cpp's own tokenizer, as a JSON array:
 // the independent reference for tests/fixtures/text/smollm2_tokens.json
-// (see tools/make_text_fixtures.py). Loads only the vocabulary.
+// (see scripts/make_text_fixtures.py). Loads only the vocabulary.
 //
-//   g++ -O1 -std=c++17 tools/llama_tokenize_ids.cpp -I LLAMA/include -I LLAMA/ggml/include \
+//   g++ -O1 -std=c++17 scripts/llama_tokenize_ids.cpp -I LLAMA/include -I LLAMA/ggml/include \
 //       LLAMA/build/src/libllama.a LLAMA/build/ggml/src/libggml.a \
 //       LLAMA/build/ggml/src/libggml-cpu.a LLAMA/build/ggml/src/libggml-base.a \
 //       -fopenmp -lpthread -ldl -o /tmp/llama_tokenize_ids

@@ -6,7 +6,7 @@ gives for some texts with add_special_tokens=True (its post-processor adds
 <s>).
 
     /tmp/tokvenv/bin/pip install tokenizers
-    /tmp/tokvenv/bin/python tools/make_text_hf_fixture.py tests/fixtures/text/hf_tiny
+    /tmp/tokvenv/bin/python scripts/make_text_hf_fixture.py tests/fixtures/text/hf_tiny
 """
 
 import json
