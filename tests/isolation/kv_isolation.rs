@@ -20,17 +20,19 @@ fn geometry(dtype: KvDtype) -> KvGeometry {
 }
 
 /// The value request `r` writes at (layer, pos, element, k|v): a different
-/// f32 for every tuple. The tuple is packed into 19 bits (asserted), mixed
+/// f32 for every tuple. The tuple is packed into 20 bits (asserted), mixed
 /// by a bijection on 24 bits (so that neighbouring tuples differ in their
 /// high bits and stay apart after rounding to f16/bf16), and mapped exactly
 /// onto a multiple of 2^-21 in [-4, 4).
 fn value(r: u64, layer: usize, pos: usize, e: usize, kv: usize) -> f32 {
     assert!(
-        r < 128 && layer < 4 && pos < 64 && e < 8 && kv < 2,
-        "tuple fits 19 bits"
+        // pos reaches past a reservation: a write refused as beyond it still
+        // computes its rows first (up to 48 + 19 positions here).
+        r < 128 && layer < 4 && pos < 128 && e < 8 && kv < 2,
+        "tuple fits 20 bits"
     );
     let packed =
-        (r << 12) | ((layer as u64) << 10) | ((pos as u64) << 4) | ((e as u64) << 1) | kv as u64;
+        (r << 13) | ((layer as u64) << 11) | ((pos as u64) << 4) | ((e as u64) << 1) | kv as u64;
     const MASK: u64 = (1 << 24) - 1;
     // Odd multipliers and right xor-shifts are bijections mod 2^24.
     let mut x = packed.wrapping_mul(0x9e_3779) & MASK;
