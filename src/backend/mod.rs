@@ -17,12 +17,16 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod ggml;
+pub(crate) mod quant;
 mod rope;
 
 use std::ops::Range;
 
 pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, GROUP_WEIGHT_BYTES, Isa};
 pub use error::BackendError;
+pub use ggml::GgmlType;
+pub use quant::{QuantError, QuantMatrix};
 pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 
 use crate::kv::{KvSeq, LayerView, Writable};
@@ -161,7 +165,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Places a weight matrix kept in a ggml block format (a GGUF
     /// checkpoint's). Default: dequantized to f32 and [`Backend::upload`]ed;
     /// a backend with kernels for the format keeps it quantized.
-    fn upload_quant(&self, q: crate::model::gguf::QuantMatrix) -> Result<Self::Mat, BackendError> {
+    fn upload_quant(&self, q: QuantMatrix) -> Result<Self::Mat, BackendError> {
         let (rows, cols) = (q.rows(), q.cols());
         self.upload(q.dequantize(), rows, cols)
     }

@@ -11,9 +11,7 @@ use crate::ids::RequestId;
 use crate::kv::{Filling, KvPool, KvSeq, PoolStats, pages_for};
 use crate::model::Model;
 use crate::request::Request;
-use crate::sched::{
-    AdmissionLimits, BatchLimits, Rejection, RunningSeq, Scheduler, StartCost, sampler_for,
-};
+use crate::sched::{AdmissionLimits, BatchLimits, Rejection, RunningSeq, Scheduler, StartCost};
 
 /// Engine settings beyond the [`EngineConfig`] (the scrub policy is the
 /// config's: [`crate::EngineConfigBuilder::scrub`]).
@@ -98,15 +96,9 @@ impl<B: Backend> Engine<B> {
 
     /// Admits `req` or rejects it at once (typed, before any allocation).
     pub fn submit(&mut self, req: Request) -> Result<RequestHandle, Rejection> {
-        let (id, max_new) = (req.id, req.max_new_tokens);
-        let admitted = sampler_for(&req).and_then(|sampler| {
-            let _ticket = self.sched.submit(req)?;
-            Ok(self.core.register(id, max_new, sampler))
-        });
-        if admitted.is_err() {
-            self.core.count_rejected();
-        }
-        admitted
+        let sched = &mut self.sched;
+        self.core
+            .admit(req, |req| sched.submit(req).map(|_ticket| ()))
     }
 
     /// Cancels `id` now. Returns false if it is not live.

@@ -13,7 +13,7 @@ use crate::ids::RequestId;
 use crate::kv::KvPool;
 use crate::model::Model;
 use crate::request::Request;
-use crate::sched::{AdmissionLimits, Rejection, sampler_for};
+use crate::sched::{AdmissionLimits, Rejection};
 use crate::transfer::{
     DecodeLink, DecodeOutcome, DecodeSide, IntegrityError, LinkError, TransferConfig, TransferError,
 };
@@ -148,21 +148,11 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
 
     /// Admits `req` or rejects it at once (typed, before any allocation).
     pub fn submit(&mut self, req: Request) -> Result<RequestHandle, Rejection> {
-        let (id, max_new) = (req.id, req.max_new_tokens);
-        let admitted = sampler_for(&req).and_then(|sampler| {
-            // The transfer side frees an id once its KV is verified; the id
-            // stays taken here until the request ends, so tokens of one
-            // request can never reach another's handle.
-            if self.core.is_live(id) {
-                return Err(Rejection::DuplicateId { id });
-            }
-            let _ticket = self.side.submit(req)?;
-            Ok(self.core.register(id, max_new, sampler))
-        });
-        if admitted.is_err() {
-            self.core.count_rejected();
-        }
-        admitted
+        // The transfer side frees an id once its KV is verified; the core
+        // keeps it taken until the request ends.
+        let side = &mut self.side;
+        self.core
+            .admit(req, |req| side.submit(req).map(|_ticket| ()))
     }
 
     /// Cancels `id` now: a transfer in flight is fenced before its pages are

@@ -17,6 +17,7 @@ use crate::kv::{Filling, KvSeq, Ready};
 use crate::model::{ForwardError, Model, Scratch};
 use crate::request::Request;
 use crate::sampling::Sampler;
+use crate::sched::{Rejection, sampler_for};
 
 /// A request known to a server (waiting, transferring or running).
 struct Client {
@@ -112,12 +113,7 @@ impl<B: Backend> Generator<B> {
     }
 
     /// Registers an admitted request and returns its client's handle.
-    pub(crate) fn register(
-        &mut self,
-        id: RequestId,
-        max_new: usize,
-        sampler: Sampler,
-    ) -> RequestHandle {
+    fn register(&mut self, id: RequestId, max_new: usize, sampler: Sampler) -> RequestHandle {
         let (tx, events) = crossbeam_channel::unbounded();
         let cancel = Canceller::default();
         self.clients.insert(
@@ -133,9 +129,29 @@ impl<B: Backend> Generator<B> {
         RequestHandle::new(id, events, cancel)
     }
 
-    /// Counts a submission turned away before it was registered.
-    pub(crate) fn count_rejected(&mut self) {
-        self.total.rejected += 1;
+    /// Admits `req`: its sampling parameters, an id not live here, then
+    /// `queue` (the server's own admission, which takes the request); on
+    /// success registers the client. A refusal is counted and allocates
+    /// nothing.
+    pub(crate) fn admit(
+        &mut self,
+        req: Request,
+        queue: impl FnOnce(Request) -> Result<(), Rejection>,
+    ) -> Result<RequestHandle, Rejection> {
+        let (id, max_new) = (req.id, req.max_new_tokens);
+        let admitted = sampler_for(&req).and_then(|sampler| {
+            // The id stays taken here until the request ends, so tokens of
+            // one request can never reach another's handle.
+            if self.is_live(id) {
+                return Err(Rejection::DuplicateId { id });
+            }
+            queue(req)?;
+            Ok(self.register(id, max_new, sampler))
+        });
+        if admitted.is_err() {
+            self.total.rejected += 1;
+        }
+        admitted
     }
 
     /// Live requests whose client has cancelled (or dropped its handle).

@@ -349,7 +349,7 @@ mod tests {
             head_dim: 1,
             dtype: KvDtype::F32,
         };
-        let pool = KvPool::new(PoolConfig::new(g, 2, 8)).unwrap();
+        let pool = KvPool::new(PoolConfig::new(g, 2, 8).audit(true)).unwrap(); // the stories below read the audit trail, in release too
         PrefixCache::new(&pool, 1, CacheSecret::from_bytes([5; 32]))
     }
 

@@ -20,12 +20,12 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::backend::QuantMatrix;
 use crate::backend::cpu::kernel::{Bf16, Elem, F16, Half, WeightRows};
 use crate::backend::{
     AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
 use crate::kv::{KvSeq, LayerView, Writable};
-use crate::model::gguf::QuantMatrix;
 
 /// Multiply-adds below which an op stays on the calling thread by default:
 /// handing work to the pool and joining costs tens of microseconds on a
@@ -92,7 +92,7 @@ impl CpuMat {
     }
 
     /// The ggml block format the matrix is kept in, if it is quantized.
-    pub fn quant_type(&self) -> Option<crate::model::gguf::GgmlType> {
+    pub fn quant_type(&self) -> Option<crate::backend::GgmlType> {
         match &self.data {
             Stored::Quant(q) => Some(q.ggml_type()),
             _ => None,

@@ -8,10 +8,10 @@
 
 use std::cell::RefCell;
 
+use crate::backend::QuantMatrix;
 use crate::backend::cpu::Isa;
 use crate::backend::cpu::kernel::WeightRows;
 use crate::backend::cpu::matmul::matmul_cols;
-use crate::model::gguf::QuantMatrix;
 
 /// Weight rows dequantized per tile: 16 rows of up to a few thousand
 /// elements stay within L2 while every activation row reads them.

@@ -17,11 +17,11 @@ use std::arch::x86_64::{
 };
 
 use crate::backend::AttnShape;
+use crate::backend::GgmlType;
 use crate::backend::cpu::attend::{self as attention, Scratch, as_f32};
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::kernel::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
 use crate::kv::LayerView;
-use crate::model::gguf::GgmlType;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
 /// and the lane tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` for every dot

@@ -6,18 +6,16 @@ mod error;
 mod file;
 pub(crate) mod model;
 mod reader;
-mod types;
 mod value;
 
+pub use crate::backend::GgmlType;
 pub use error::GgufError;
 pub use file::{GgufFile, TensorInfo};
-pub use types::GgmlType;
 pub use value::{GgufArray, GgufValue};
 mod write;
+pub use crate::backend::QuantMatrix;
+pub(crate) use crate::backend::quant::dequantize;
 pub use write::GgufWriter;
-mod quant;
-pub use quant::QuantMatrix;
-pub(crate) use quant::dequantize;
 
 use std::path::Path;
 

@@ -296,7 +296,8 @@ fn matrix(f: &GgufFile, t: &TensorInfo) -> Result<Tensor, ModelError> {
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => values(f, t).map(Tensor::F32),
         ty => {
             let (cols, rows) = (t.dims()[0] as usize, t.dims()[1] as usize);
-            let q = QuantMatrix::new(t.name(), ty, rows, cols, f.tensor_bytes(t).to_vec())?;
+            let q = QuantMatrix::new(t.name(), ty, rows, cols, f.tensor_bytes(t).to_vec())
+                .map_err(GgufError::from)?;
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 q.dequantize_row(r, &mut row);

@@ -3,7 +3,24 @@
 //! the same order, no fused multiply-add), so a quantized matrix kept
 //! quantized and one dequantized up front hold the same f32 values.
 
-use crate::model::gguf::{GgmlType, GgufError};
+use crate::backend::GgmlType;
+
+/// Why bytes are not a quantized matrix handoff computes with. The GGUF
+/// loader reports each as the matching [`GgufError`](crate::model::gguf::GgufError).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuantError {
+    #[error("tensor {tensor} is stored as {ty}, which handoff cannot compute with")]
+    UnsupportedType { tensor: String, ty: GgmlType },
+    #[error("tensor {tensor} has dims {dims:?}, not whole blocks of its type")]
+    BadDims { tensor: String, dims: Vec<u64> },
+    #[error("{what}: needs {needed} bytes, {available} given")]
+    Truncated {
+        what: String,
+        needed: u64,
+        available: u64,
+    },
+}
 
 /// A matrix `[rows, cols]` kept in a ggml storage type: each row is
 /// `cols / block_elems` blocks. Built only through [`QuantMatrix::new`],
@@ -26,15 +43,15 @@ impl QuantMatrix {
         rows: usize,
         cols: usize,
         data: Vec<u8>,
-    ) -> Result<Self, GgufError> {
+    ) -> Result<Self, QuantError> {
         if !ty.computable() {
-            return Err(GgufError::UnsupportedType {
+            return Err(QuantError::UnsupportedType {
                 tensor: tensor.to_string(),
                 ty,
             });
         }
         let block = ty.block_elems() as usize;
-        let shape_err = || GgufError::BadDims {
+        let shape_err = || QuantError::BadDims {
             tensor: tensor.to_string(),
             dims: vec![cols as u64, rows as u64],
         };
@@ -46,7 +63,7 @@ impl QuantMatrix {
             .ok_or_else(shape_err)?;
         let want = row_bytes.checked_mul(rows).ok_or_else(shape_err)?;
         if data.len() != want {
-            return Err(GgufError::Truncated {
+            return Err(QuantError::Truncated {
                 what: format!("tensor {tensor}"),
                 needed: want as u64,
                 available: data.len() as u64,
@@ -279,7 +296,7 @@ mod tests {
         let e = QuantMatrix::new("w", GgmlType::Q4_1, 2, 32, vec![0; 20]).unwrap_err();
         assert!(e.to_string().contains("tensor w"), "{e}");
         let e = QuantMatrix::new("w", GgmlType::Q4_1, 1, 33, vec![0; 20]).unwrap_err();
-        assert!(matches!(e, GgufError::BadDims { .. }), "{e}");
+        assert!(matches!(e, QuantError::BadDims { .. }), "{e}");
         let e = QuantMatrix::new("w", GgmlType::Q2K, 1, 256, vec![0; 84]).unwrap_err();
         assert!(
             e.to_string().contains("Q2_K") && e.to_string().contains('w'),
