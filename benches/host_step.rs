@@ -149,6 +149,7 @@ fn model_config() -> ModelConfig {
     let mut c = ModelConfig::tiny_gqa();
     c.n_layers = 1;
     c.vocab_size = 32;
+    c.max_seq_len = 2048;
     c
 }
 
@@ -156,18 +157,23 @@ fn null_model() -> Model<NullBackend> {
     Model::new(NullBackend, random_weights(&model_config(), 1)).expect("null model")
 }
 
-fn requests(n: usize) -> Vec<Request> {
+fn requests(n: usize, max_new: usize) -> Vec<Request> {
     (0..n)
         .map(|i| {
             Request::new(
                 RequestId(i as u64),
                 TenantId(i as u32 % 8),
                 vec![1; PROMPT],
-                MAX_NEW,
+                max_new,
             )
         })
         .collect()
 }
+
+/// The decode worker lands its requests over many steps while the first
+/// ones already generate: they must not finish before the timed steps end.
+const DECODE_WINDOW: usize = 1024;
+const DECODE_MAX_NEW: usize = DECODE_WINDOW - PROMPT;
 
 /// Host microseconds per colocated engine step with `n` sequences running.
 fn engine_step_us(n: usize) -> f64 {
@@ -184,7 +190,7 @@ fn engine_step_us(n: usize) -> f64 {
         },
     };
     let mut e = Engine::with_options(m, cfg, opts).expect("engine");
-    let handles: Vec<RequestHandle> = requests(n)
+    let handles: Vec<RequestHandle> = requests(n, MAX_NEW)
         .into_iter()
         .map(|r| e.submit(r).expect("admitted"))
         .collect();
@@ -210,13 +216,13 @@ fn decode_step_us(n: usize) -> f64 {
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).expect("link");
     let pcfg = EngineConfig::prefill(g)
-        .max_context(WINDOW)
-        .pool_tokens(2 * WINDOW * n.max(2))
+        .max_context(DECODE_WINDOW)
+        .pool_tokens(2 * DECODE_WINDOW * n.max(2))
         .build()
         .expect("prefill config");
     let dcfg = EngineConfig::decode(g)
-        .max_context(WINDOW)
-        .pool_tokens(WINDOW * n.max(2))
+        .max_context(DECODE_WINDOW)
+        .pool_tokens(DECODE_WINDOW * n.max(2))
         .build()
         .expect("decode config");
     let mut prefill = PrefillWorker::new(p, null_model(), pcfg, t.clone()).expect("prefill");
@@ -231,7 +237,7 @@ fn decode_step_us(n: usize) -> f64 {
             prefill.shutdown();
         })
     };
-    let handles: Vec<RequestHandle> = requests(n)
+    let handles: Vec<RequestHandle> = requests(n, DECODE_MAX_NEW)
         .into_iter()
         .map(|r| decode.submit(r).expect("admitted"))
         .collect();
@@ -249,6 +255,11 @@ fn decode_step_us(n: usize) -> f64 {
         decode.step();
     }
     let us = t0.elapsed().as_secs_f64() * 1e6 / TIMED_STEPS as f64;
+    assert_eq!(
+        decode.tally().finished,
+        0,
+        "every sequence generated through the timed steps"
+    );
     drop(handles);
     decode.run_until_idle();
     stop.store(true, Ordering::Release);
