@@ -1,27 +1,27 @@
-//! Synchronisation primitives, swapped for loom's under `cfg(loom)` so the
+//! Synchronisation primitives, swapped for loom's under `cfg(handoff_loom)` so the
 //! shared state of the pool (tests/loom_pool.rs) and of the transfer layer
 //! (landing zone, in-flight credits: tests/loom_transfer.rs) can be
-//! model-checked. Without `cfg(loom)` these are parking_lot's and std's
+//! model-checked. Without `cfg(handoff_loom)` these are parking_lot's and std's
 //! types, unchanged.
 
-#[cfg(not(loom))]
+#[cfg(not(handoff_loom))]
 pub(crate) use parking_lot::{Condvar, Mutex};
-#[cfg(not(loom))]
+#[cfg(not(handoff_loom))]
 pub(crate) use std::sync::Arc;
 
-/// Atomics (std's, or loom's under `cfg(loom)`).
+/// Atomics (std's, or loom's under `cfg(handoff_loom)`).
 pub(crate) mod atomic {
-    #[cfg(loom)]
+    #[cfg(handoff_loom)]
     pub(crate) use loom::sync::atomic::AtomicU64;
-    #[cfg(not(loom))]
+    #[cfg(not(handoff_loom))]
     pub(crate) use std::sync::atomic::AtomicU64;
     pub(crate) use std::sync::atomic::Ordering;
 }
 
-#[cfg(loom)]
+#[cfg(handoff_loom)]
 pub(crate) use loom::sync::Arc;
 
-#[cfg(loom)]
+#[cfg(handoff_loom)]
 mod loom_shim {
     use std::time::Instant;
 
@@ -93,5 +93,5 @@ mod loom_shim {
         }
     }
 }
-#[cfg(loom)]
+#[cfg(handoff_loom)]
 pub(crate) use loom_shim::{Condvar, Mutex};

@@ -6,9 +6,9 @@
 //! accesses (a write and anything else) are not ordered, e.g. a scrub
 //! racing the page's next owner.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_pool`
-//! (CI runs it; without `--cfg loom` this file compiles to nothing).
-#![cfg(loom)]
+//! Run: `RUSTFLAGS="--cfg handoff_loom" cargo test --release --test loom_pool`
+//! (CI runs it; without `--cfg handoff_loom` this file compiles to nothing).
+#![cfg(handoff_loom)]
 
 use handoff::{KvDtype, KvError, KvGeometry, KvPool, PoolConfig, RequestId};
 use loom::thread;

@@ -8,9 +8,9 @@
 //! fails the model if an eviction's scrub is not ordered after the last
 //! read of the page.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_prefix`
-//! (CI runs it; without `--cfg loom` this file compiles to nothing).
-#![cfg(loom)]
+//! Run: `RUSTFLAGS="--cfg handoff_loom" cargo test --release --test loom_prefix`
+//! (CI runs it; without `--cfg handoff_loom` this file compiles to nothing).
+#![cfg(handoff_loom)]
 
 use handoff::kv::{CacheSecret, PrefixCache};
 use handoff::{KvDtype, KvError, KvGeometry, KvPool, PoolConfig, RequestId, TenantId};

@@ -18,12 +18,12 @@
 //!   freed exactly once, by the last holder, never while a write can still
 //!   read them, and a reservation racing the release gets them only after.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test
-//! --release --test loom_transfer` (without `--cfg loom` this file compiles
+//! Run: `RUSTFLAGS="--cfg handoff_loom" CARGO_TARGET_DIR=target/loom cargo test
+//! --release --test loom_transfer` (without `--cfg handoff_loom` this file compiles
 //! to nothing). Bounds: 2 or 3 threads, 2 pages of one token slot, at most
 //! 2 writes per thread; loom explores every interleaving (no preemption
 //! bound).
-#![cfg(loom)]
+#![cfg(handoff_loom)]
 
 use handoff::transfer::loom_api::{Credits, Landed, Landing};
 use handoff::transfer::{LinkError, Nonce, WriteBatch};

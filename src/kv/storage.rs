@@ -26,7 +26,7 @@
 //! and leaves the cache only by eviction, under that mutex, with no lease
 //! left on it ([`Storage::scrub_evicted`]).
 //!
-//! Under `--cfg loom` every page access is also reported to a per-page
+//! Under `--cfg handoff_loom` every page access is also reported to a per-page
 //! `loom::cell::UnsafeCell`, so the model checker flags any two accesses
 //! to one page that this argument fails to order.
 
@@ -186,18 +186,18 @@ pub(crate) struct Storage {
     /// the sequence that published it into the prefix cache (0s for a page
     /// not cached). Readers of a cached page check both.
     publishers: Option<Box<[AtomicU64]>>,
-    #[cfg(loom)]
+    #[cfg(handoff_loom)]
     track: Box<[Tracker]>,
 }
 
 /// One page's access tracker for loom (no data; loom checks the accesses'
 /// causality).
-#[cfg(loom)]
+#[cfg(handoff_loom)]
 struct Tracker(loom::cell::UnsafeCell<()>);
 
 // SAFETY: loom's cell holds no data here; it only records accesses, which
 // loom itself checks for races (the point of sharing it).
-#[cfg(loom)]
+#[cfg(handoff_loom)]
 unsafe impl Sync for Tracker {}
 
 impl std::fmt::Debug for Storage {
@@ -241,7 +241,7 @@ impl Storage {
             pages,
             writers,
             publishers,
-            #[cfg(loom)]
+            #[cfg(handoff_loom)]
             track: (0..pages)
                 .map(|_| Tracker(loom::cell::UnsafeCell::new(())))
                 .collect(),
@@ -269,7 +269,7 @@ impl Storage {
     /// Tells loom about an access to `page` (nothing otherwise).
     #[inline(always)]
     fn track(&self, _page: u32, _write: bool) {
-        #[cfg(loom)]
+        #[cfg(handoff_loom)]
         if let Some(cell) = self.track.get(_page as usize) {
             if _write {
                 cell.0.with_mut(|_| ());

@@ -123,7 +123,7 @@ impl Credits {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(handoff_loom)))]
 mod tests {
     use super::*;
 

@@ -1,5 +1,5 @@
 //! Entry points into the transfer layer's shared state, for the loom models
-//! in tests/loom_transfer.rs. Compiled only under `cfg(loom)`: these
+//! in tests/loom_transfer.rs. Compiled only under `cfg(handoff_loom)`: these
 //! wrappers expose crate-private operations (registering a destination,
 //! landing a write, fencing) that no normal build makes public.
 

@@ -66,7 +66,7 @@ mod gate;
 mod inproc;
 mod landing;
 mod link;
-#[cfg(loom)]
+#[cfg(handoff_loom)]
 #[doc(hidden)]
 pub mod loom_api;
 mod prefill;
