@@ -248,6 +248,7 @@ fn engine_rate(w: &ModelWeights, batch: usize, prompt_len: usize, new: usize) ->
             max_running: batch,
             max_prefill_tokens: 1 << 20,
         },
+        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(model, cfg, opts).unwrap();
     let vocab = w.config.vocab_size;

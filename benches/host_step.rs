@@ -188,6 +188,7 @@ fn engine_step_us(n: usize) -> f64 {
             max_running: n,
             max_prefill_tokens: 1 << 20,
         },
+        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(m, cfg, opts).expect("engine");
     let handles: Vec<RequestHandle> = requests(n, MAX_NEW)

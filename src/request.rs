@@ -71,6 +71,9 @@ pub struct Request {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub priority: Priority,
+    /// May this request reuse (and add to) its tenant's cached prompt KV?
+    /// True by default; a server without a prefix cache ignores it.
+    pub prefix_cache: bool,
 }
 
 impl Request {
@@ -83,6 +86,7 @@ impl Request {
             max_new_tokens,
             sampling: SamplingParams::greedy(),
             priority: Priority::default(),
+            prefix_cache: true,
         }
     }
 
@@ -97,6 +101,14 @@ impl Request {
     #[must_use]
     pub fn with_priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// Opts this request in or out of the prefix cache (on by default):
+    /// out, it computes its whole prompt and publishes nothing.
+    #[must_use]
+    pub fn with_prefix_cache(mut self, on: bool) -> Self {
+        self.prefix_cache = on;
         self
     }
 

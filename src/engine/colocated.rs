@@ -5,19 +5,44 @@ use std::time::Duration;
 
 use crate::backend::{Backend, CpuBackend};
 use crate::config::{Colocated, EngineConfig};
+use crate::engine::filling::{self, MIN_CHUNK, Prefilling};
 use crate::engine::generate::{Delivery, Generator, PassFailed, Running, Steps};
 use crate::engine::{EngineError, Outcome, RequestHandle, Tally, setup};
 use crate::ids::RequestId;
-use crate::kv::{Filling, KvPool, KvSeq, PoolStats, pages_for};
+use crate::kv::{CacheSecret, KvPool, KvSeq, PoolStats, PrefixCache, pages_for};
 use crate::model::Model;
 use crate::request::Request;
-use crate::sched::{AdmissionLimits, BatchLimits, Rejection, RunningSeq, Scheduler, StartCost};
+use crate::sched::{
+    AdmissionLimits, BatchLimits, ChunkBudget, Rejection, RunningSeq, Scheduler, StartCost,
+};
 
 /// Engine settings beyond the [`EngineConfig`] (the scrub policy is the
 /// config's: [`crate::EngineConfigBuilder::scrub`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineOptions {
     pub limits: BatchLimits,
+    /// Keep the full prompt pages each request computes in a tenant-scoped
+    /// prefix cache, and start later requests of the same tenant from the
+    /// pages of their prompt it holds (see [`crate::kv::PrefixCache`]).
+    /// On by default; a request opts out with
+    /// [`Request::with_prefix_cache`].
+    pub prefix_cache: bool,
+    /// Share each step's token budget (`limits.max_prefill_tokens`)
+    /// between the running decodes (a token each) and chunks of the prompts
+    /// being prefilled, oldest first, so a long prompt never stalls the
+    /// decodes for its whole prefill. Off: each admitted prompt is computed
+    /// whole in the step that admits it. On by default.
+    pub chunked_prefill: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            limits: BatchLimits::default(),
+            prefix_cache: true,
+            chunked_prefill: true,
+        }
+    }
 }
 
 /// A colocated inference engine. See the [module documentation](crate::engine).
@@ -26,6 +51,10 @@ pub struct Engine<B: Backend = CpuBackend> {
     pool: KvPool,
     sched: Scheduler,
     limits: BatchLimits,
+    chunked: bool,
+    cache: Option<PrefixCache>,
+    /// Prompts being prefilled, oldest first.
+    filling: Vec<Prefilling>,
 }
 
 impl<B: Backend> std::fmt::Debug for Engine<B> {
@@ -34,6 +63,7 @@ impl<B: Backend> std::fmt::Debug for Engine<B> {
             .field("model", &self.core.model)
             .field("pool", &self.pool)
             .field("waiting", &self.sched.waiting())
+            .field("prefilling", &self.filling.len())
             .field("running", &self.core.running().len())
             .finish()
     }
@@ -46,11 +76,38 @@ impl<B: Backend> Engine<B> {
         Self::with_options(model, cfg, EngineOptions::default())
     }
 
-    /// [`Engine::new`] with batch limits.
+    /// [`Engine::new`] with batch limits and prefill options. The prefix
+    /// cache's server secret is drawn from the operating system.
     pub fn with_options(
         model: Model<B>,
         cfg: EngineConfig<Colocated>,
         opts: EngineOptions,
+    ) -> Result<Self, EngineError> {
+        let secret = if opts.prefix_cache {
+            Some(CacheSecret::random()?)
+        } else {
+            None
+        };
+        Self::build(model, cfg, opts, secret)
+    }
+
+    /// [`Engine::with_options`] with the prefix cache's server secret given
+    /// (from the host's secret store), so tenant salts are stable across
+    /// restarts of the host. Ignored when `opts.prefix_cache` is off.
+    pub fn with_cache_secret(
+        model: Model<B>,
+        cfg: EngineConfig<Colocated>,
+        opts: EngineOptions,
+        secret: CacheSecret,
+    ) -> Result<Self, EngineError> {
+        Self::build(model, cfg, opts, opts.prefix_cache.then_some(secret))
+    }
+
+    fn build(
+        model: Model<B>,
+        cfg: EngineConfig<Colocated>,
+        opts: EngineOptions,
+        secret: Option<CacheSecret>,
     ) -> Result<Self, EngineError> {
         setup::check(&model, &cfg)?;
         if opts.limits.max_running == 0 || opts.limits.max_prefill_tokens == 0 {
@@ -59,11 +116,15 @@ impl<B: Backend> Engine<B> {
         let pool = KvPool::new(cfg.pool_config())?;
         let sched =
             Scheduler::new(AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size));
+        let cache = secret.map(|s| PrefixCache::new(&pool, model.fingerprint().to_u64(), s));
         Ok(Engine {
             core: Generator::new(model),
             pool,
             sched,
             limits: opts.limits,
+            chunked: opts.chunked_prefill,
+            cache,
+            filling: Vec::new(),
         })
     }
 
@@ -81,9 +142,19 @@ impl<B: Backend> Engine<B> {
     pub fn waiting(&self) -> usize {
         self.sched.waiting()
     }
-    /// Sequences holding pages.
+    /// Sequences generating (their prompt computed).
     pub fn running(&self) -> usize {
         self.core.running().len()
+    }
+    /// Prompts being prefilled (pages reserved, part of the prompt still to
+    /// compute).
+    pub fn prefilling(&self) -> usize {
+        self.filling.len()
+    }
+    /// The prefix cache, when on: its counters (hits, misses, evictions)
+    /// and the pool's `cached` pages say what it holds.
+    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
+        self.cache.as_ref()
     }
     /// True when no request is waiting or running.
     pub fn is_idle(&self) -> bool {
@@ -132,6 +203,7 @@ impl<B: Backend> Engine<B> {
     pub fn shutdown(&mut self) {
         self.sched.close();
         let running: Vec<RequestId> = self.core.stop_all_running().iter().map(|r| r.id).collect();
+        self.filling.clear();
         while self.sched.pop_if(|_| true).is_some() {}
         let ended = self.core.end_all(|id, generated| {
             if running.contains(&id) || !generated.is_empty() {
@@ -151,10 +223,13 @@ impl<B: Backend> Engine<B> {
     ///    between steps);
     /// 2. asks the scheduler for a plan ([`Scheduler::plan_step`]): preempt
     ///    the newest sequences if the running ones cannot all grow, else
-    ///    admit waiting requests whose pages fit;
-    /// 3. prefills the admitted requests in one batched pass (a preempted
-    ///    request recomputes its prompt plus what it had generated) and
-    ///    samples their first token;
+    ///    admit waiting requests whose pages fit (pages the prefix cache
+    ///    holds idle count as free: they are evicted on demand);
+    /// 3. reserves the admitted requests' pages, leasing the cached pages of
+    ///    their prompt, and prefills a chunk of every prompt the step's
+    ///    budget reaches in one batched pass (a preempted request recomputes
+    ///    its prompt plus what it had generated); a prompt whose last chunk
+    ///    ran samples its first token and starts generating;
     /// 4. decodes one token for every other running sequence in one batched
     ///    pass.
     pub fn step(&mut self) -> Tally {
@@ -162,25 +237,53 @@ impl<B: Backend> Engine<B> {
             self.cancel_now(id);
         }
         let page_size = self.pool.page_size();
-        let running: Vec<RunningSeq> = self
+        let decodes = self.core.running().len();
+        let mut running: Vec<RunningSeq> = self
             .core
             .running()
             .iter()
             .map(|r| RunningSeq {
                 id: r.req.id,
-                pages_held: r.seq.pages().len(),
-                pages_next: pages_for(r.seq.complete_len().unwrap_or(0) + 1, page_size),
+                pages_held: r.seq.private_pages(),
+                pages_next: pages_for(r.seq.complete_len().unwrap_or(0) + 1, page_size)
+                    .saturating_sub(r.seq.shared_pages()),
             })
             .collect();
+        // Prompts being prefilled reserved all their pages when admitted:
+        // they never grow, and are the newest, so preempted first.
+        running.extend(self.filling.iter().map(|f| RunningSeq {
+            id: f.req.id,
+            pages_held: f.seq.private_pages(),
+            pages_next: f.seq.private_pages(),
+        }));
+        let mut limits = self.limits;
+        let chunk_cap = limits.max_prefill_tokens;
+        if self.chunked {
+            // Admit only into what the budget has left after the decodes and
+            // the prompts already being prefilled.
+            let left = limits.max_prefill_tokens.saturating_sub(
+                decodes
+                    + self
+                        .filling
+                        .iter()
+                        .map(Prefilling::remaining)
+                        .sum::<usize>(),
+            );
+            if left == 0 && !self.filling.is_empty() {
+                limits.max_running = 0;
+            }
+            limits.max_prefill_tokens = left;
+        }
         let core = &self.core;
+        let chunked = self.chunked;
         let plan = self.sched.plan_step(
             &running,
-            self.pool.stats().free,
-            self.limits,
+            self.pool.stats().available(),
+            limits,
             |r: &Request| {
                 let len = r.prompt.len() + core.generated(r.id).len();
                 StartCost {
-                    prefill_tokens: len,
+                    prefill_tokens: if chunked { len.min(chunk_cap) } else { len },
                     pages: pages_for(len + 1, page_size),
                 }
             },
@@ -193,7 +296,8 @@ impl<B: Backend> Engine<B> {
         for id in self.core.grow_running() {
             self.preempt(id);
         }
-        let newly = self.prefill(plan.admit);
+        self.start_filling(plan.admit);
+        let newly = self.prefill();
         match self.core.decode() {
             Ok(ended) => {
                 for id in ended {
@@ -214,7 +318,10 @@ impl<B: Backend> Engine<B> {
             return false;
         }
         if self.core.stop_running(id).is_none() {
-            let _ = self.sched.remove_waiting(id);
+            match filling::position(&self.filling, id) {
+                Some(i) => drop(self.filling.remove(i)),
+                None => drop(self.sched.remove_waiting(id)),
+            }
         }
         self.end(id, Outcome::Cancelled);
         true
@@ -223,7 +330,11 @@ impl<B: Backend> Engine<B> {
     /// Releases a running sequence's pages and requeues its request at the
     /// head of the queue; it will recompute prompt + generated tokens.
     fn preempt(&mut self, id: RequestId) {
-        if let Some(req) = self.core.stop_running(id) {
+        let req = match filling::position(&self.filling, id) {
+            Some(i) => Some(self.filling.remove(i).req),
+            None => self.core.stop_running(id),
+        };
+        if let Some(req) = req {
             self.core.step_mut().preempted += 1;
             self.sched.requeue_front(req);
         }
@@ -235,23 +346,30 @@ impl<B: Backend> Engine<B> {
         self.sched.finish(id);
     }
 
-    /// Prefills `admit` in one pass; returns the sequences that go on.
-    fn prefill(&mut self, admit: Vec<Request>) -> Vec<Running> {
-        if admit.is_empty() {
-            return Vec::new();
-        }
-        let mut reqs = Vec::with_capacity(admit.len());
-        let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(admit.len());
-        let mut seqs: Vec<KvSeq<Filling>> = Vec::with_capacity(admit.len());
+    /// Reserves pages for each admitted request (leasing its tenant's
+    /// cached prefix where it has one) and queues its prompt for prefill.
+    fn start_filling(&mut self, admit: Vec<Request>) {
         let mut admitted = admit.into_iter();
         while let Some(req) = admitted.next() {
             let mut input = req.prompt.clone();
             input.extend_from_slice(self.core.generated(req.id));
-            match self.pool.reserve(req.id, input.len() + 1) {
+            let keys = match &self.cache {
+                Some(cache) if req.prefix_cache => Some(cache.keys(req.tenant, &input)),
+                _ => None,
+            };
+            let reserved = match (&self.cache, &keys) {
+                (Some(cache), Some(keys)) => cache.reserve(req.id, keys, input.len() + 1),
+                _ => self.pool.reserve(req.id, input.len() + 1),
+            };
+            match reserved {
                 Ok(seq) => {
-                    seqs.push(seq);
-                    inputs.push(input);
-                    reqs.push(req);
+                    self.core.step_mut().reused_tokens += seq.reused_tokens() as u64;
+                    self.filling.push(Prefilling {
+                        req,
+                        seq,
+                        input,
+                        keys,
+                    });
                 }
                 Err(_) => {
                     // The plan said it fits; the pool says not now: this
@@ -267,31 +385,80 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-        if reqs.is_empty() {
+    }
+
+    /// Prefills this step's chunk of every prompt the budget reaches in one
+    /// pass; returns the sequences whose prompt is now complete and whose
+    /// first token streamed.
+    fn prefill(&mut self) -> Vec<Running> {
+        let budget = self.chunked.then_some(ChunkBudget {
+            step_tokens: self.limits.max_prefill_tokens,
+            min_chunk: MIN_CHUNK,
+        });
+        let lengths = filling::chunk_lengths(&self.filling, budget, self.core.running().len());
+        let (mut go, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.filling)
+            .into_iter()
+            .zip(lengths)
+            .partition(|(_, len)| *len > 0);
+        self.filling = wait.into_iter().map(|(f, _)| f).collect();
+        if go.is_empty() {
             return Vec::new();
         }
-        let ids: Vec<RequestId> = reqs.iter().map(|r| r.id).collect();
-        let delivered = match self.core.prefill(&mut seqs, &inputs, &ids) {
+        let finals: Vec<Option<RequestId>> = go
+            .iter()
+            .map(|(f, len)| (*len >= f.remaining()).then_some(f.req.id))
+            .collect();
+        let result = {
+            let (mut seqs, chunks): (Vec<&mut KvSeq<_>>, Vec<&[u32]>) = go
+                .iter_mut()
+                .map(|(f, len)| {
+                    let start = f.done();
+                    (&mut f.seq, &f.input[start..start + *len])
+                })
+                .unzip();
+            self.core.prefill(&mut seqs, &chunks, &finals)
+        };
+        let delivered = match result {
             Ok(d) => d,
             Err(error) => {
-                drop(seqs);
+                let reqs = go.into_iter().map(|(f, _)| f.req).collect();
                 self.pass_failed(PassFailed { error, reqs });
                 return Vec::new();
             }
         };
-        let mut out = Vec::with_capacity(reqs.len());
+        let mut out = Vec::new();
         let mut ended = Vec::new();
-        for (((req, seq), input), d) in reqs.into_iter().zip(seqs).zip(&inputs).zip(delivered) {
-            let id = req.id;
+        let mut still = Vec::new();
+        for (((mut f, _), last), d) in go.into_iter().zip(&finals).zip(delivered) {
+            let id = f.req.id;
+            if last.is_none() {
+                still.push(f);
+                continue;
+            }
             match d {
                 None => {}
-                Some(Delivery::Continue(next)) => match seq.seal(input.len()) {
-                    Ok(seq) => out.push(Running { req, seq, next }),
-                    Err(e) => ended.push((id, Outcome::Failed(EngineError::Kv(e.error)))),
-                },
+                Some(Delivery::Continue(next)) => {
+                    if let (Some(cache), Some(keys)) = (&self.cache, &f.keys) {
+                        // Only whole pages of the computed input enter the
+                        // cache; a refusal leaves them private, never lost.
+                        let _ = cache.publish(&mut f.seq, keys);
+                    }
+                    match f.seq.seal(f.input.len()) {
+                        Ok(seq) => out.push(Running {
+                            req: f.req,
+                            seq,
+                            next,
+                        }),
+                        Err(e) => ended.push((id, Outcome::Failed(EngineError::Kv(e.error)))),
+                    }
+                }
                 Some(Delivery::End(outcome)) => ended.push((id, outcome)),
             }
         }
+        // Prompts partway through stay in front of those that waited: the
+        // oldest keeps going first.
+        still.append(&mut self.filling);
+        self.filling = still;
         for (id, outcome) in ended {
             self.end(id, outcome);
         }

@@ -37,7 +37,8 @@ fn requests_the_pool_cannot_take_go_back_in_queue_order() {
     // Five of the eight pages go elsewhere: A fits in what is left, B does not.
     let hog = e.pool.reserve(RequestId(99), 5 * 16).unwrap();
 
-    let started = e.prefill(admit);
+    e.start_filling(admit);
+    let started = e.prefill();
     let started_ids: Vec<u64> = started.iter().map(|r| r.req.id.0).collect();
     assert_eq!(started_ids, [1]);
     let queued: Vec<Request> = std::iter::from_fn(|| e.sched.pop_if(|_| true)).collect();

@@ -214,26 +214,27 @@ impl<B: Backend> Generator<B> {
         Some(stream(c, token))
     }
 
-    /// Prefills `seqs` with `inputs` in one batched pass, then samples and
-    /// streams each request's first token (`None` where the request is no
-    /// longer live). On a failed pass nothing is streamed.
+    /// Prefills `seqs` with `chunks` in one batched pass (each chunk
+    /// appended after what its sequence holds). Where `finals[i]` names a
+    /// request, the chunk ends its prompt: samples and streams its first
+    /// token (`None` where the request is no longer live, and for every
+    /// chunk that does not end a prompt). On a failed pass nothing is
+    /// streamed.
     pub(crate) fn prefill(
         &mut self,
-        seqs: &mut [KvSeq<Filling>],
-        inputs: &[Vec<u32>],
-        ids: &[RequestId],
+        seqs: &mut [&mut KvSeq<Filling>],
+        chunks: &[&[u32]],
+        finals: &[Option<RequestId>],
     ) -> Result<Vec<Option<Delivery>>, ForwardError> {
-        let mut refs: Vec<&mut KvSeq<Filling>> = seqs.iter_mut().collect();
-        let prompts: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
-        let logits = self.model.prefill(&mut self.scratch, &mut refs, &prompts)?;
+        let logits = self.model.prefill(&mut self.scratch, seqs, chunks)?;
         let step = &mut self.step;
-        step.prefilled += ids.len() as u64;
-        step.prefill_tokens += inputs.iter().map(|i| i.len() as u64).sum::<u64>();
-        Ok(ids
+        step.prefilled += finals.iter().flatten().count() as u64;
+        step.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
+        Ok(finals
             .iter()
             .enumerate()
             .map(|(i, id)| {
-                let c = self.clients.get_mut(id)?;
+                let c = self.clients.get_mut(id.as_ref()?)?;
                 Some(sample_and_stream(c, logits.row(i)))
             })
             .collect())

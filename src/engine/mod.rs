@@ -24,6 +24,7 @@
 mod colocated;
 mod decode_worker;
 mod error;
+mod filling;
 mod generate;
 mod prefill_worker;
 pub(crate) mod setup;

@@ -12,6 +12,8 @@ pub struct Tally {
     pub prefilled: u64,
     /// Prompt (and recomputed) tokens prefilled.
     pub prefill_tokens: u64,
+    /// Prompt tokens whose KV came from the prefix cache, not computed.
+    pub reused_tokens: u64,
     /// Requests whose verified KV landed and started generating (decode
     /// worker).
     pub landed: u64,
@@ -50,6 +52,7 @@ impl Tally {
         let Tally {
             prefilled,
             prefill_tokens,
+            reused_tokens,
             landed,
             decoded,
             preempted,
@@ -60,6 +63,7 @@ impl Tally {
         } = *other;
         self.prefilled += prefilled;
         self.prefill_tokens += prefill_tokens;
+        self.reused_tokens += reused_tokens;
         self.landed += landed;
         self.decoded += decoded;
         self.preempted += preempted;

@@ -36,9 +36,10 @@ impl Default for BatchLimits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunningSeq {
     pub id: RequestId,
-    /// Pages it holds now.
+    /// Private pages it holds now (preempting it frees them; pages it
+    /// shares from a prefix cache are not counted).
     pub pages_held: usize,
-    /// Pages it needs to run its next decode step.
+    /// Private pages it needs to run its next decode step.
     pub pages_next: usize,
 }
 

@@ -597,10 +597,11 @@ impl Case<'_> {
         let st = self.e.pool_stats();
         prop_assert!(st.balanced(), "accounting broke: {st:?}");
         prop_assert_eq!(st.isolation_violations, 0, "a cross-request read");
-        let running = self.e.running();
+        // Prompts partway through a chunked prefill hold their pages too.
+        let running = self.e.running() + self.e.prefilling();
         prop_assert!(running <= self.s.max_running, "{running} running");
-        // Only running sequences hold pages: waiting (and preempted)
-        // requests hold none.
+        // Only running (and prefilling) sequences hold pages: waiting (and
+        // preempted) requests hold none.
         prop_assert_eq!(running == 0, st.is_full(), "{} running, {:?}", running, st);
         self.drain()?;
         if self.e.is_idle() {
@@ -848,6 +849,7 @@ fn run_case(s: &Setup, ops: &[Op], shutdown: bool) -> Result<Tally, TestCaseErro
             max_running: s.max_running,
             max_prefill_tokens: s.max_prefill_tokens,
         },
+        ..EngineOptions::default()
     };
     let mut case = Case {
         s,

@@ -124,6 +124,7 @@ fn cancellation_works_while_waiting_and_while_running() {
             max_running: 1,
             max_prefill_tokens: 1024,
         },
+        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(m, c, opts).unwrap();
     let running = e.submit(req(1, 50)).unwrap();
@@ -189,6 +190,7 @@ fn one_running_one_waiting() -> (Engine, RequestHandle, RequestHandle) {
             max_running: 1,
             max_prefill_tokens: 1024,
         },
+        ..EngineOptions::default()
     };
     let mut e = Engine::with_options(m, c, opts).unwrap();
     let running = e.submit(req(1, 50)).unwrap();
