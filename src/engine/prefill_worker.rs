@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::backend::{Backend, CpuBackend};
 use crate::config::{EngineConfig, Prefill};
 use crate::engine::{EngineError, setup};
-use crate::kv::{Filling, KvPool, KvSeq};
+use crate::kv::{CacheSecret, Filling, KvPool, KvSeq, PrefixCache};
 use crate::model::{Model, Scratch};
 use crate::sampling::Sampler;
 use crate::sched::AdmissionLimits;
@@ -39,7 +39,10 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// A worker for `model` under a `Prefill` configuration (whose pool
     /// holds twice the window by default), sending over `link`. It computes
     /// KV only for plans naming `model`'s [fingerprint](Model::fingerprint)
-    /// (set into `transfer`).
+    /// (set into `transfer`). Its tenant-scoped prefix cache is on, under a
+    /// secret drawn from the operating system
+    /// ([`PrefillWorker::with_cache_secret`],
+    /// [`PrefillWorker::without_prefix_cache`]).
     pub fn new(
         link: L,
         model: Model<B>,
@@ -69,14 +72,24 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         setup::check(&model, &cfg)?;
         setup::check_pool(&cfg, &pool)?;
         let limits = AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size);
-        Ok(Self::build(
-            link,
-            model,
-            pool,
-            limits,
-            transfer,
-            cfg.max_context(),
-        ))
+        let worker = Self::build(link, model, pool, limits, transfer, cfg.max_context());
+        Ok(worker.with_cache_secret(CacheSecret::random()?))
+    }
+
+    /// Keys the prefix cache under `secret` (from the host's secret store,
+    /// so tenant salts are stable across restarts), turning it on.
+    #[must_use]
+    pub fn with_cache_secret(mut self, secret: CacheSecret) -> Self {
+        let cache = PrefixCache::new(self.pool(), self.model.fingerprint().to_u64(), secret);
+        self.side.set_prefix_cache(Some(cache));
+        self
+    }
+
+    /// Turns the prefix cache off: every job computes its whole prompt.
+    #[must_use]
+    pub fn without_prefix_cache(mut self) -> Self {
+        self.side.set_prefix_cache(None);
+        self
     }
 
     /// A worker over a `pool` and admission `limits` that no configuration
@@ -96,14 +109,8 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         let window = limits.max_context();
         setup::check_model(&model, pool.config().geometry(), window)?;
         let limits = limits.vocab(model.config().vocab_size);
-        Ok(Self::build(
-            link,
-            model,
-            pool,
-            limits,
-            transfer,
-            window.max(1),
-        ))
+        let worker = Self::build(link, model, pool, limits, transfer, window.max(1));
+        Ok(worker.with_cache_secret(CacheSecret::random()?))
     }
 
     /// The worker over checked parts; it computes KV only for plans naming
@@ -153,11 +160,11 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
             }) => return Ok(0),
             Err(e) => return Err(e),
         };
-        let mut tokens = jobs[0].prompt().len();
+        let mut tokens = jobs[0].to_compute().len();
         while tokens < self.max_batch_tokens {
             match self.side.next_job_within(Duration::ZERO) {
                 Ok(job) => {
-                    tokens += job.prompt().len();
+                    tokens += job.to_compute().len();
                     jobs.push(job);
                 }
                 Err(_) => break,
@@ -197,7 +204,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// `None` where the pass or sampling failed (the whole batch fails on a
     /// pass error: its KV may be half-written).
     fn compute(&mut self, jobs: &mut [PrefillJob]) -> Vec<Option<u32>> {
-        let prompts: Vec<Vec<u32>> = jobs.iter().map(|j| j.prompt().to_vec()).collect();
+        let prompts: Vec<Vec<u32>> = jobs.iter().map(|j| j.to_compute().to_vec()).collect();
         let samplers: Vec<Option<Sampler>> = jobs
             .iter()
             .map(|j| Sampler::new(&j.plan().sampling).ok())

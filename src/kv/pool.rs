@@ -264,6 +264,13 @@ impl KvPool {
         }
     }
 
+    /// The counters of the prefix cache over this pool (all zero when no
+    /// [`crate::kv::PrefixCache`] uses it): a server's cache is reachable
+    /// through its pool.
+    pub fn cache_counters(&self) -> crate::kv::CacheCounters {
+        self.shared.meta.lock().cache.counters
+    }
+
     /// Reserves room for `tokens` tokens (all layers) for `owner`. Fails with
     /// [`KvError::NeverFits`] when the pool could never hold that many, and
     /// [`KvError::Exhausted`] when it cannot now; nothing is allocated then.

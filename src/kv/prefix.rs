@@ -242,7 +242,7 @@ impl PrefixCache {
 
     /// The cache's counters since the pool was built.
     pub fn counters(&self) -> CacheCounters {
-        self.pool.shared.meta.lock().cache.counters
+        self.pool.cache_counters()
     }
 
     /// Evicts (scrubs and frees) every cached page no sequence reads;

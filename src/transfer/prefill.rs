@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ids::RequestId;
-use crate::kv::{Filling, Held, KvPool, KvSeq};
+use crate::kv::{Filling, Held, KvPool, KvSeq, PrefixCache, PrefixKeys};
 use crate::sched::AdmissionLimits;
 use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
@@ -22,13 +22,17 @@ use crate::transfer::protocol::{
 const DRAIN: usize = 1024;
 
 /// A plan accepted by prefill, with the source pages to compute its KV
-/// into. Compute every layer's KV for the whole prompt, then hand it back
-/// to [`PrefillSide::complete`] (or [`PrefillSide::fail`]).
+/// into. Compute every layer's KV for the rest of the prompt
+/// ([`PrefillJob::to_compute`]: all of it, unless the prefix cache held its
+/// first pages), then hand it back to [`PrefillSide::complete`] (or
+/// [`PrefillSide::fail`]).
 #[derive(Debug)]
 #[must_use = "a job holds source pages; complete or fail it"]
 pub struct PrefillJob {
     plan: Plan,
     seq: KvSeq<Filling>,
+    /// The prompt's prefix-cache keys, when the side has a cache.
+    keys: Option<PrefixKeys>,
 }
 
 impl PrefillJob {
@@ -36,9 +40,19 @@ impl PrefillJob {
     pub fn plan(&self) -> &Plan {
         &self.plan
     }
-    /// The prompt to compute.
+    /// The whole prompt.
     pub fn prompt(&self) -> &[u32] {
         &self.plan.prompt
+    }
+    /// The part of the prompt whose KV is not in the source pages yet: what
+    /// the model must compute and append.
+    pub fn to_compute(&self) -> &[u32] {
+        let done = self.seq.complete_len().unwrap_or(0);
+        self.plan.prompt.get(done..).unwrap_or(&[])
+    }
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub fn reused_tokens(&self) -> usize {
+        self.seq.reused_tokens()
     }
     /// The request.
     pub fn request(&self) -> RequestId {
@@ -99,6 +113,8 @@ pub struct PrefillSide<L: PrefillLink> {
     hog: PoolHog,
     /// An injected fault asks to turn the next plan away.
     reject_next: bool,
+    /// The tenant-scoped prefix cache over `pool`, when on.
+    cache: Option<PrefixCache>,
 }
 
 /// Why sending a job's KV stopped early.
@@ -126,9 +142,29 @@ impl<L: PrefillLink> PrefillSide<L> {
             stats: PrefillStats::default(),
             hog: PoolHog::default(),
             reject_next: false,
+            cache: None,
         }
     }
 
+    /// With `Some(cache)`, starts each job from the pages of its prompt
+    /// that `cache` holds for the plan's tenant, and publishes each computed
+    /// prompt's full pages into it (the receipt still covers every page
+    /// sent); `None` turns the cache off for later jobs. The cache must be
+    /// over this side's pool: else nothing changes and this returns false.
+    pub fn set_prefix_cache(&mut self, cache: Option<PrefixCache>) -> bool {
+        if cache
+            .as_ref()
+            .is_some_and(|c| !c.pool().same_pool(&self.pool))
+        {
+            return false;
+        }
+        self.cache = cache;
+        true
+    }
+    /// The prefix cache, when on.
+    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
+        self.cache.as_ref()
+    }
     /// The source pool.
     pub fn pool(&self) -> &KvPool {
         &self.pool
@@ -212,7 +248,7 @@ impl<L: PrefillLink> PrefillSide<L> {
         job: PrefillJob,
         first_token: Option<u32>,
     ) -> Result<(), TransferError> {
-        let PrefillJob { plan, seq } = job;
+        let PrefillJob { plan, seq, keys } = job;
         self.out.remove(&plan.nonce);
         if self.cancelled.remove(&plan.nonce) {
             self.stats.cancelled_jobs += 1;
@@ -223,13 +259,18 @@ impl<L: PrefillLink> PrefillSide<L> {
         if let Some(e) = &self.link_error {
             return Err(TransferError::Link(e.clone()));
         }
-        let ready = match seq.seal(plan.tokens as usize) {
+        let mut ready = match seq.seal(plan.tokens as usize) {
             Ok(ready) => ready,
             Err(e) => {
                 self.abort(&plan, AbortReason::ComputeFailed);
                 return Err(TransferError::Kv(e.error));
             }
         };
+        if let (Some(cache), Some(keys)) = (&self.cache, &keys) {
+            // The prompt's full pages, complete in every layer, become the
+            // tenant's to reuse; a refusal leaves them private.
+            let _ = cache.publish(&mut ready, keys);
+        }
         let held = ready.hold();
         // Audit the source once: every slot must be this request's own.
         if let Err(e) = audit_source(&self.pool, &held) {
@@ -410,14 +451,23 @@ impl<L: PrefillLink> PrefillSide<L> {
     fn try_start(&mut self) -> Option<PrefillJob> {
         let plan = self.pending.front()?;
         let need = self.pool.pages_for(plan.tokens as usize);
-        if need > self.pool.stats().free {
+        // Idle cached pages are evicted on demand: they count as free.
+        if need > self.pool.stats().available() {
             return None;
         }
         let plan = self.pending.pop_front()?;
-        match self.pool.reserve(plan.request, plan.tokens as usize) {
+        let keys = self
+            .cache
+            .as_ref()
+            .map(|c| c.keys(plan.tenant, &plan.prompt));
+        let reserved = match (&self.cache, &keys) {
+            (Some(cache), Some(keys)) => cache.reserve(plan.request, keys, plan.tokens as usize),
+            _ => self.pool.reserve(plan.request, plan.tokens as usize),
+        };
+        match reserved {
             Ok(seq) => {
                 self.out.insert(plan.nonce);
-                Some(PrefillJob { plan, seq })
+                Some(PrefillJob { plan, seq, keys })
             }
             Err(_) => {
                 self.pending.push_front(plan);

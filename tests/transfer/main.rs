@@ -13,6 +13,7 @@ mod fault_interleavings;
 mod fault_matrix;
 mod host_misconfiguration;
 mod pd_model_mismatch;
+mod pd_prefix_cache;
 mod prefill_then_decode;
 mod transfer_auth;
 mod transfer_faults;
