@@ -198,8 +198,8 @@ impl<B: Backend> Engine<B> {
     /// tokens (running, or preempted and waiting for recompute) fails
     /// ([`EngineError::Shutdown`], 503); one that never generated is turned
     /// away ([`Rejection::ShuttingDown`]: a client may retry it elsewhere).
-    /// Every page is released: nothing is in flight between steps. Dropping
-    /// the engine does the same.
+    /// Every page is released (the prefix cache's too, scrubbed): nothing is
+    /// in flight between steps. Dropping the engine does the same.
     pub fn shutdown(&mut self) {
         self.sched.close();
         let running: Vec<RequestId> = self.core.stop_all_running().iter().map(|r| r.id).collect();
@@ -214,6 +214,9 @@ impl<B: Backend> Engine<B> {
         });
         for id in ended {
             self.sched.finish(id);
+        }
+        if let Some(cache) = &self.cache {
+            cache.evict_idle();
         }
         self.core.take_step();
     }

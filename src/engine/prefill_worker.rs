@@ -195,9 +195,14 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         Ok(())
     }
 
-    /// Closes the link; held source pages are released.
+    /// Closes the link; held source pages are released, and the prefix
+    /// cache's idle pages scrubbed and freed (no tenant's KV outlives the
+    /// worker's service).
     pub fn shutdown(&mut self) {
         self.side.shutdown();
+        if let Some(cache) = self.side.prefix_cache() {
+            cache.evict_idle();
+        }
     }
 
     /// Prefills the jobs in one pass; returns each one's first token, or
