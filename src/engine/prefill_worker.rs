@@ -205,27 +205,67 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         }
     }
 
-    /// Prefills the jobs in one pass; returns each one's first token, or
-    /// `None` where the pass or sampling failed (the whole batch fails on a
-    /// pass error: its KV may be half-written).
+    /// Prefills the jobs in passes of at most `max_batch_tokens` prompt
+    /// tokens (a prompt longer than that is computed in chunks, appended
+    /// after the KV already written, which gives the KV and logits of one
+    /// pass); returns each job's first token, or `None` where a pass or
+    /// sampling failed (every job in a failed pass fails: its KV may be
+    /// half-written).
     fn compute(&mut self, jobs: &mut [PrefillJob]) -> Vec<Option<u32>> {
         let prompts: Vec<Vec<u32>> = jobs.iter().map(|j| j.to_compute().to_vec()).collect();
-        let samplers: Vec<Option<Sampler>> = jobs
+        let mut samplers: Vec<Option<Sampler>> = jobs
             .iter()
             .map(|j| Sampler::new(&j.plan().sampling).ok())
             .collect();
-        let mut refs: Vec<&mut KvSeq<Filling>> = jobs.iter_mut().map(|j| j.seq_mut()).collect();
-        let prompt_refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
-        match self
-            .model
-            .prefill(&mut self.scratch, &mut refs, &prompt_refs)
-        {
-            Ok(logits) => samplers
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| s.and_then(|mut s| s.sample(logits.row(i)).ok()))
-                .collect(),
-            Err(_) => vec![None; jobs.len()],
+        let mut firsts: Vec<Option<u32>> = vec![None; jobs.len()];
+        let mut done = vec![0usize; jobs.len()];
+        let mut failed = vec![false; jobs.len()];
+        loop {
+            // This pass: chunks of the jobs in order, within the budget.
+            let mut budget = self.max_batch_tokens;
+            let mut pass: Vec<(usize, usize)> = Vec::new();
+            for (i, p) in prompts.iter().enumerate() {
+                let left = p.len() - done[i];
+                if left == 0 || failed[i] || budget == 0 {
+                    continue;
+                }
+                let len = left.min(budget);
+                budget -= len;
+                pass.push((i, len));
+            }
+            if pass.is_empty() {
+                break;
+            }
+            let mut refs: Vec<&mut KvSeq<Filling>> = Vec::with_capacity(pass.len());
+            let mut chunks: Vec<&[u32]> = Vec::with_capacity(pass.len());
+            let mut next = pass.iter().peekable();
+            for (i, job) in jobs.iter_mut().enumerate() {
+                if let Some(&&(j, len)) = next.peek()
+                    && i == j
+                {
+                    refs.push(job.seq_mut());
+                    chunks.push(&prompts[i][done[i]..done[i] + len]);
+                    next.next();
+                }
+            }
+            match self.model.prefill(&mut self.scratch, &mut refs, &chunks) {
+                Ok(logits) => {
+                    for (row, &(i, len)) in pass.iter().enumerate() {
+                        done[i] += len;
+                        if done[i] == prompts[i].len() {
+                            firsts[i] = samplers[i]
+                                .as_mut()
+                                .and_then(|s| s.sample(logits.row(row)).ok());
+                        }
+                    }
+                }
+                Err(_) => {
+                    for &(i, _) in &pass {
+                        failed[i] = true;
+                    }
+                }
+            }
         }
+        firsts
     }
 }

@@ -87,12 +87,16 @@ fn disaggregated<T: Transfer>(
     c: &Case,
     reqs: &[Request],
     transfer: TransferConfig,
+    prefill_pass_cap: Option<usize>,
 ) -> Vec<(Vec<u32>, Outcome)> {
     let (pl, dl) = t.connect(&transfer).unwrap();
     let w = weights();
     let pcfg = config::<Prefill>(&w, c);
     let mut prefill =
         PrefillWorker::new(pl, Model::cpu(w).unwrap(), pcfg, transfer.clone()).unwrap();
+    if let Some(cap) = prefill_pass_cap {
+        prefill = prefill.with_max_batch_tokens(cap);
+    }
     let w = weights();
     let dcfg = config::<Decode>(&w, c);
     let mut decode = DecodeWorker::new(dl, Model::cpu(w).unwrap(), dcfg, transfer).unwrap();
@@ -150,10 +154,21 @@ fn disaggregated<T: Transfer>(
 }
 
 fn assert_same_as_colocated<T: Transfer>(t: &T, weights: impl Fn() -> ModelWeights, c: &Case) {
+    assert_same_as_colocated_capped(t, weights, c, None);
+}
+
+/// [`assert_same_as_colocated`] with the prefill worker's passes capped at
+/// `cap` prompt tokens: longer prompts are prefilled in chunks.
+fn assert_same_as_colocated_capped<T: Transfer>(
+    t: &T,
+    weights: impl Fn() -> ModelWeights,
+    c: &Case,
+    cap: Option<usize>,
+) {
     let vocab = weights().config.vocab_size as u32;
     let reqs = workload(vocab);
     let expected = colocated(weights(), c, &reqs);
-    let got = disaggregated(t, &weights, c, &reqs, TransferConfig::default());
+    let got = disaggregated(t, &weights, c, &reqs, TransferConfig::default(), cap);
     for ((r, want), (tokens, outcome)) in reqs.iter().zip(&expected).zip(got) {
         assert!(
             matches!(outcome, Outcome::Finished(_)),
@@ -233,6 +248,19 @@ fn random_model_over_authenticated_tcp_matches_colocated() {
     }
 }
 
+/// A prefill worker whose passes hold at most 5 (or 16) prompt tokens
+/// computes the 7- to 90-token prompts in chunks, appending each after the
+/// KV already written: the tokens are still the colocated engine's.
+#[test]
+fn prefill_in_capped_passes_matches_colocated() {
+    for cap in [5, 16] {
+        for c in &CASES[..2] {
+            assert_same_as_colocated_capped(&InProcess, random_model, c, Some(cap));
+        }
+        assert_same_as_colocated_capped(&Tcp, random_model, &CASES[2], Some(cap));
+    }
+}
+
 #[test]
 fn stories260k_in_process_matches_colocated() {
     let Some(w) = stories() else { return };
@@ -259,7 +287,7 @@ fn a_corrupted_receipt_fails_only_its_request_and_generates_nothing() {
         let faults = FaultPlan::new()
             .with(FaultRule::at(Step::ReceiptSent, Fault::Corrupt).for_request(victim));
         let cfg = TransferConfig::default().with_faults(Arc::new(faults));
-        let got = disaggregated(t, random_model, c, &reqs, cfg);
+        let got = disaggregated(t, random_model, c, &reqs, cfg, None);
         for ((r, want), (tokens, outcome)) in reqs.iter().zip(&expected).zip(got) {
             if r.id == victim {
                 assert!(tokens.is_empty(), "no token for the corrupted transfer");
