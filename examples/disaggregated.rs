@@ -48,13 +48,17 @@ use std::time::{Duration, Instant};
 
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeLink, Fault, FaultPlan, FaultRule, InProcess, LinkError, LinkKey, PrefillLink, Step,
-    TcpDecodeListener, TcpPrefill, Transfer, TransferConfig,
+    DecodeLink, InProcess, LinkError, LinkKey, PrefillLink, TcpDecodeListener, TcpPrefill,
+    Transfer, TransferConfig,
 };
 use handoff::{
     Engine, EngineConfig, HttpStatus, KvDtype, Outcome, PoolStats, Rejection, Request,
     RequestHandle, RequestId, Role, TenantId,
 };
+
+#[path = "support/staged_link.rs"]
+mod staged_link;
+use staged_link::{StagedLink, Staging};
 
 const CANCELLED: RequestId = RequestId(8);
 const CORRUPTED: RequestId = RequestId(9);
@@ -147,19 +151,15 @@ fn config<R: RoleKind>(w: &ModelWeights) -> Result<EngineConfig<R>, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The faults the prefill side injects: the cancelled request's second
+/// What the prefill end of the link stages (see `support/staged_link.rs`,
+/// which needs no test-only crate feature): the cancelled request's second
 /// write batch is slow (so the cancel lands mid-transfer), and with
 /// `--inject-corrupt-receipt` one receipt has a flipped checksum bit.
-fn transfer_config(corrupt: bool) -> TransferConfig {
-    let mut plan = FaultPlan::new().with(
-        FaultRule::at(Step::KvWriting, Fault::Delay(Duration::from_millis(600)))
-            .for_request(CANCELLED)
-            .skip(1),
-    );
-    if corrupt {
-        plan = plan.with(FaultRule::at(Step::ReceiptSent, Fault::Corrupt).for_request(CORRUPTED));
+fn staging(corrupt: bool) -> Staging {
+    Staging {
+        slow_second_write: Some((CANCELLED, Duration::from_millis(600))),
+        corrupt_receipt_of: corrupt.then_some(CORRUPTED),
     }
-    TransferConfig::default().with_faults(Arc::new(plan))
 }
 
 fn workload(w: &ModelWeights) -> Vec<Request> {
@@ -201,12 +201,13 @@ fn workload(w: &ModelWeights) -> Vec<Request> {
 fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     let w = weights(args.model.as_deref())?;
     let cfg = config::<Prefill>(&w)?;
-    let mut tcfg = transfer_config(args.corrupt);
+    let mut tcfg = TransferConfig::default();
     // The decode process hands over the deployment's link key, if any.
     if let Ok(hex) = std::env::var(KEY_ENV) {
         tcfg = tcfg.with_link_key(LinkKey::from_hex(&hex).map_err(|e| e.to_string())?);
     }
     let link = TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?;
+    let link = StagedLink::new(link, staging(args.corrupt));
     std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
     let model = Model::cpu(w).map_err(|e| e.to_string())?;
     let mut worker = PrefillWorker::new(link, model, cfg, tcfg).map_err(|e| e.to_string())?;
@@ -388,7 +389,7 @@ fn run(args: &Args) -> Result<bool, String> {
     );
     let reqs = workload(&w);
     let dcfg = config::<Decode>(&w)?;
-    let mut tcfg = transfer_config(args.corrupt);
+    let mut tcfg = TransferConfig::default();
     let key = if args.tcp && !args.no_auth {
         let key = LinkKey::generate().map_err(|e| e.to_string())?;
         tcfg = tcfg.with_link_key(key.clone());
@@ -468,6 +469,7 @@ fn run(args: &Args) -> Result<bool, String> {
         (served, late, PoolAudit::new(d_drained, d_after), prefill)
     } else {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
+        let pl = StagedLink::new(pl, staging(args.corrupt));
         let pcfg = config::<Prefill>(&w)?;
         let pmodel = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
         let mut prefill =

@@ -69,6 +69,8 @@ mod reply;
 mod routes;
 mod sse;
 mod stack;
+#[path = "../support/staged_link.rs"]
+mod staged_link;
 mod wire;
 
 use std::io::{IsTerminal, Write};

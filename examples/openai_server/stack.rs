@@ -13,8 +13,8 @@ use handoff::backend::CpuBackend;
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::service::{Service, Submitter};
 use handoff::transfer::{
-    Fault, FaultPlan, FaultRule, InProcess, InProcessDecode, InProcessPrefill, LinkError, Step,
-    Transfer, TransferConfig, TransferError,
+    InProcess, InProcessDecode, InProcessPrefill, LinkError, Transfer, TransferConfig,
+    TransferError,
 };
 use handoff::{
     Colocated, Decode, DecodeWorker, Engine, EngineConfig, EngineConfigBuilder, KvDtype, KvPool,
@@ -22,6 +22,7 @@ use handoff::{
 };
 
 use crate::args::Args;
+use crate::staged_link::{StagedLink, Staging};
 
 /// Seed of the embedded random-weights model (as in the other examples).
 pub const RANDOM_SEED: u64 = 2026;
@@ -30,7 +31,7 @@ enum Kind {
     Colocated(Service<Engine>),
     Disaggregated {
         decode: Service<DecodeWorker<InProcessDecode>>,
-        prefill: JoinHandle<PrefillWorker<InProcessPrefill>>,
+        prefill: JoinHandle<PrefillWorker<StagedLink<InProcessPrefill>>>,
         stop: Arc<AtomicBool>,
     },
 }
@@ -110,13 +111,15 @@ impl Stack {
         let dcfg = config::<Decode>(args, &m)?;
         let pcfg = config::<Prefill>(args, &pm)?;
         let per_token = (dcfg.bytes_per_page() / dcfg.page_size()) as u64;
-        let mut transfer = TransferConfig::default();
-        if let Some(id) = args.corrupt_receipt_of {
-            let plan = FaultPlan::new()
-                .with(FaultRule::at(Step::ReceiptSent, Fault::Corrupt).for_request(RequestId(id)));
-            transfer = transfer.with_faults(Arc::new(plan));
-        }
+        let transfer = TransferConfig::default();
         let (to_decode, to_prefill) = InProcess.connect(&transfer).map_err(|e| e.to_string())?;
+        // The test aid acts as a lying prefill peer through the public link
+        // trait (examples/support/staged_link.rs): no test-only feature.
+        let staging = Staging {
+            corrupt_receipt_of: args.corrupt_receipt_of.map(RequestId),
+            ..Staging::default()
+        };
+        let to_decode = StagedLink::new(to_decode, staging);
         let mut prefill =
             PrefillWorker::new(to_decode, pm, pcfg, transfer.clone()).map_err(|e| e.to_string())?;
         let decode = DecodeWorker::new(to_prefill, m, dcfg, transfer).map_err(|e| e.to_string())?;
