@@ -120,35 +120,10 @@ impl<B: Backend> WeightSink for Placer<B> {
     }
 
     fn layer(&mut self, l: LayerWeights) -> Result<(), ModelError> {
-        let i = self.layers.len();
-        let c = &self.config;
-        if i >= c.n_layers {
-            return Err(ModelError::Shape {
-                tensor: "layers".into(),
-                expected: vec![c.n_layers],
-                got: vec![i + 1],
-            });
-        }
-        l.check(i, c)?;
+        let i = self.next_layer()?;
+        l.check(i, &self.config)?;
         self.fingerprint.layer(&l);
-        let (d, h) = (c.dim, c.hidden_dim);
-        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let placed = Layer::<B> {
-            attn_norm: self.vec("attn_norm", l.attn_norm)?,
-            wq: self.up("wq", l.wq, qd, d)?,
-            wk: self.up("wk", l.wk, kvd, d)?,
-            wv: self.up("wv", l.wv, kvd, d)?,
-            wo: self.up("wo", l.wo, d, qd)?,
-            bq: l.bq.map(|b| self.vec("bq", b)).transpose()?,
-            bk: l.bk.map(|b| self.vec("bk", b)).transpose()?,
-            bv: l.bv.map(|b| self.vec("bv", b)).transpose()?,
-            ffn_norm: self.vec("ffn_norm", l.ffn_norm)?,
-            w1: self.up("w1", l.w1, h, d)?,
-            w2: self.up("w2", l.w2, d, h)?,
-            w3: self.up("w3", l.w3, h, d)?,
-        };
-        self.layers.push(placed);
-        Ok(())
+        self.place_layer(LayerTensors::from(l))
     }
 
     fn finish(
@@ -156,6 +131,52 @@ impl<B: Backend> WeightSink for Placer<B> {
         final_norm: Vec<f32>,
         lm_head: Option<Vec<f32>>,
     ) -> Result<Model<B>, ModelError> {
+        self.check_finish(&final_norm, lm_head.as_deref())?;
+        self.complete(final_norm, lm_head.map(Tensor::F32))
+    }
+}
+
+impl<B: Backend> Placer<B> {
+    /// The index of the layer about to be placed; refused past the config's
+    /// layer count.
+    fn next_layer(&self) -> Result<usize, ModelError> {
+        let (i, n) = (self.layers.len(), self.config.n_layers);
+        if i >= n {
+            return Err(ModelError::Shape {
+                tensor: "layers".into(),
+                expected: vec![n],
+                got: vec![i + 1],
+            });
+        }
+        Ok(i)
+    }
+
+    /// Places one layer whose shapes were checked, f32 or quantized.
+    fn place_layer(&mut self, l: LayerTensors) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (d, h) = (c.dim, c.hidden_dim);
+        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let placed = Layer::<B> {
+            attn_norm: self.vec("attn_norm", l.attn_norm)?,
+            wq: self.up_t("wq", l.wq, qd, d)?,
+            wk: self.up_t("wk", l.wk, kvd, d)?,
+            wv: self.up_t("wv", l.wv, kvd, d)?,
+            wo: self.up_t("wo", l.wo, d, qd)?,
+            bq: l.bq.map(|b| self.vec("bq", b)).transpose()?,
+            bk: l.bk.map(|b| self.vec("bk", b)).transpose()?,
+            bv: l.bv.map(|b| self.vec("bv", b)).transpose()?,
+            ffn_norm: self.vec("ffn_norm", l.ffn_norm)?,
+            w1: self.up_t("w1", l.w1, h, d)?,
+            w2: self.up_t("w2", l.w2, d, h)?,
+            w3: self.up_t("w3", l.w3, h, d)?,
+        };
+        self.layers.push(placed);
+        Ok(())
+    }
+
+    /// Every layer placed; the final norm and output projection (f32 view)
+    /// of the right shapes.
+    fn check_finish(&self, final_norm: &[f32], head: Option<&[f32]>) -> Result<(), ModelError> {
         let c = &self.config;
         if self.layers.len() != c.n_layers {
             return Err(ModelError::Shape {
@@ -164,13 +185,10 @@ impl<B: Backend> WeightSink for Placer<B> {
                 got: vec![self.layers.len()],
             });
         }
-        check("final_norm".into(), &final_norm, vec![c.dim])?;
-        check_output(lm_head.as_deref(), c)?;
-        self.complete(final_norm, lm_head.map(Tensor::F32))
+        check("final_norm".into(), final_norm, vec![c.dim])?;
+        check_output(head, c)
     }
-}
 
-impl<B: Backend> Placer<B> {
     /// Hashes the final norm and the output projection (dequantized, when
     /// quantized), places them and builds the model. Shapes were checked.
     fn complete(self, final_norm: Vec<f32>, head: Option<Tensor>) -> Result<Model<B>, ModelError> {
@@ -258,6 +276,26 @@ pub(crate) struct LayerTensors {
     pub(crate) w1: Tensor,
     pub(crate) w2: Tensor,
     pub(crate) w3: Tensor,
+}
+
+impl From<LayerWeights> for LayerTensors {
+    /// An f32 layer, moved (no copy).
+    fn from(l: LayerWeights) -> Self {
+        LayerTensors {
+            attn_norm: l.attn_norm,
+            wq: Tensor::F32(l.wq),
+            wk: Tensor::F32(l.wk),
+            wv: Tensor::F32(l.wv),
+            wo: Tensor::F32(l.wo),
+            bq: l.bq,
+            bk: l.bk,
+            bv: l.bv,
+            ffn_norm: l.ffn_norm,
+            w1: Tensor::F32(l.w1),
+            w2: Tensor::F32(l.w2),
+            w3: Tensor::F32(l.w3),
+        }
+    }
 }
 
 impl LayerTensors {
@@ -360,37 +398,12 @@ impl<B: Backend> TensorSink for Placer<B> {
     }
 
     fn layer_t(&mut self, l: LayerTensors) -> Result<(), ModelError> {
-        let i = self.layers.len();
-        let c = &self.config;
-        if i >= c.n_layers {
-            return Err(ModelError::Shape {
-                tensor: "layers".into(),
-                expected: vec![c.n_layers],
-                got: vec![i + 1],
-            });
-        }
+        let i = self.next_layer()?;
         let flat = l.to_f32();
-        flat.check(i, c)?;
+        flat.check(i, &self.config)?;
         self.fingerprint.layer(&flat);
         drop(flat);
-        let (d, h) = (c.dim, c.hidden_dim);
-        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let placed = Layer::<B> {
-            attn_norm: self.vec("attn_norm", l.attn_norm)?,
-            wq: self.up_t("wq", l.wq, qd, d)?,
-            wk: self.up_t("wk", l.wk, kvd, d)?,
-            wv: self.up_t("wv", l.wv, kvd, d)?,
-            wo: self.up_t("wo", l.wo, d, qd)?,
-            bq: l.bq.map(|b| self.vec("bq", b)).transpose()?,
-            bk: l.bk.map(|b| self.vec("bk", b)).transpose()?,
-            bv: l.bv.map(|b| self.vec("bv", b)).transpose()?,
-            ffn_norm: self.vec("ffn_norm", l.ffn_norm)?,
-            w1: self.up_t("w1", l.w1, h, d)?,
-            w2: self.up_t("w2", l.w2, d, h)?,
-            w3: self.up_t("w3", l.w3, h, d)?,
-        };
-        self.layers.push(placed);
-        Ok(())
+        self.place_layer(l)
     }
 
     fn finish_t(
@@ -398,19 +411,9 @@ impl<B: Backend> TensorSink for Placer<B> {
         final_norm: Vec<f32>,
         lm_head: Option<Tensor>,
     ) -> Result<Model<B>, ModelError> {
-        let Some(head) = lm_head else {
-            return self.finish(final_norm, None);
-        };
-        let c = &self.config;
-        if self.layers.len() != c.n_layers {
-            return Err(ModelError::Shape {
-                tensor: "layers".into(),
-                expected: vec![c.n_layers],
-                got: vec![self.layers.len()],
-            });
-        }
-        check("final_norm".into(), &final_norm, vec![c.dim])?;
-        check_output(Some(&head.to_f32()), c)?;
-        self.complete(final_norm, Some(head))
+        let flat = lm_head.as_ref().map(Tensor::to_f32);
+        self.check_finish(&final_norm, flat.as_deref())?;
+        drop(flat);
+        self.complete(final_norm, lm_head)
     }
 }
