@@ -204,7 +204,12 @@ async fn run(args: args::Args) -> Result<bool, String> {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into()),
         });
-    let metrics = metrics::Metrics::install(stack.pools(), args.audit, stack.kv_bytes_per_token)?;
+    let metrics = metrics::Metrics::install(
+        stack.pools(),
+        args.audit,
+        stack.kv_bytes_per_token,
+        stack.submitter(),
+    )?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();

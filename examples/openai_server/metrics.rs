@@ -15,20 +15,24 @@
 //!   is tokens/s.
 //! - `requests_awaiting_first_token` (queued, prefilling or transferring),
 //!   `requests_streaming`: gauges.
-//! - `pool_pages{pool,state}` (`free`, `in_use`, `held`),
-//!   `pool_capacity_pages{pool}`, `isolation_violations{pool}` (must stay
-//!   0; counted only with the audit trail, see `audit_enabled`): read from
-//!   each KV pool at scrape time.
+//! - `pool_pages{pool,state}` (`free`, `in_use`, `held`, `cached`,
+//!   `cached_idle`), `pool_capacity_pages{pool}`, `isolation_violations{pool}`
+//!   (must stay 0; counted only with the audit trail, see `audit_enabled`):
+//!   read from each KV pool at scrape time.
+//! - `prefix_cache_pages_total{pool,event}` (`hit`, `miss`, `published`,
+//!   `evicted`) and `prefix_cache_lookups_total{pool}`: each pool's prefix
+//!   cache, read at scrape time.
+//! - `preemptions_total`, `queue_length` (requests admitted and waiting for
+//!   pages), `prefill_tokens_total`, `reused_prompt_tokens_total` (prompt
+//!   tokens the prefix cache saved): the engine's (or decode worker's)
+//!   counters as its service thread last reported them.
 //! - `transfer_kv_bytes_total` (disaggregated: prompt tokens times KV bytes
 //!   per token, for each transfer decode verified and generated from),
 //!   `transfer_integrity_failures_total` (requests failed by the verifier).
-//!
-//! Not exported, because the embedding API does not expose them while the
-//! engine runs behind a `Service`: preemptions and the scheduler's own
-//! queue length (`requests_awaiting_first_token` is the server's view).
 
 use std::time::Duration;
 
+use handoff::service::Submitter;
 use handoff::{KvPool, Rejection};
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -45,6 +49,8 @@ pub struct Metrics {
     handle: PrometheusHandle,
     pools: Vec<(&'static str, KvPool)>,
     kv_bytes_per_token: u64,
+    /// The service whose counters are read at scrape time.
+    server: Submitter,
 }
 
 impl Metrics {
@@ -53,6 +59,7 @@ impl Metrics {
         pools: Vec<(&'static str, KvPool)>,
         audit: bool,
         kv_bytes_per_token: u64,
+        server: Submitter,
     ) -> Result<Metrics, String> {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
@@ -100,6 +107,7 @@ impl Metrics {
             handle,
             pools,
             kv_bytes_per_token,
+            server,
         })
     }
 
@@ -111,10 +119,29 @@ impl Metrics {
             gauge!("handoff_pool_pages", "pool" => name, "state" => "free").set(s.free as f64);
             gauge!("handoff_pool_pages", "pool" => name, "state" => "in_use").set(s.in_use as f64);
             gauge!("handoff_pool_pages", "pool" => name, "state" => "held").set(s.held as f64);
+            gauge!("handoff_pool_pages", "pool" => name, "state" => "cached").set(s.cached as f64);
+            gauge!("handoff_pool_pages", "pool" => name, "state" => "cached_idle")
+                .set(s.cached_idle as f64);
+            let c = pool.cache_counters();
+            for (event, n) in [
+                ("hit", c.hit_pages),
+                ("miss", c.missed_pages),
+                ("published", c.published),
+                ("evicted", c.evictions),
+            ] {
+                counter!("handoff_prefix_cache_pages_total", "pool" => name, "event" => event)
+                    .absolute(n);
+            }
+            counter!("handoff_prefix_cache_lookups_total", "pool" => name).absolute(c.lookups);
             gauge!("handoff_pool_capacity_pages", "pool" => name).set(s.capacity as f64);
             gauge!("handoff_isolation_violations", "pool" => name)
                 .set(s.isolation_violations as f64);
         }
+        let st = self.server.stats();
+        counter!("handoff_preemptions_total").absolute(st.tally.preempted);
+        counter!("handoff_prefill_tokens_total").absolute(st.tally.prefill_tokens);
+        counter!("handoff_reused_prompt_tokens_total").absolute(st.tally.reused_tokens);
+        gauge!("handoff_queue_length").set(st.waiting as f64);
         self.handle.run_upkeep();
         self.handle.render()
     }

@@ -55,12 +55,15 @@ mod serve;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use parking_lot::Mutex;
 
 pub use error::ServiceError;
 pub use serve::Serve;
 
-use crate::engine::RequestHandle;
+use crate::engine::{RequestHandle, Tally};
 use crate::kv::{KvPool, PoolStats};
 use crate::request::Request;
 use crate::sched::Rejection;
@@ -80,6 +83,18 @@ enum Command {
 #[derive(Clone, Debug)]
 pub struct Submitter {
     tx: Sender<Command>,
+    stats: Arc<Mutex<ServiceStats>>,
+}
+
+/// What the service thread last reported of its server, after its latest
+/// step or submission: for metrics, read without stopping the thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// The server's counters (preemptions, prefilled and reused tokens,
+    /// outcomes).
+    pub tally: Tally,
+    /// Requests admitted and waiting for pages.
+    pub waiting: usize,
 }
 
 impl Submitter {
@@ -96,6 +111,11 @@ impl Submitter {
         // The thread answers every submission it takes; one it never takes
         // (it stopped first) drops the reply sender, which ends this wait.
         answer.recv().unwrap_or(Err(Rejection::ShuttingDown { id }))
+    }
+
+    /// The server's counters and queue length as of its latest step.
+    pub fn stats(&self) -> ServiceStats {
+        *self.stats.lock()
     }
 }
 
@@ -116,11 +136,16 @@ impl<S: Serve> Service<S> {
     pub fn spawn(server: S) -> Result<Self, ServiceError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let pool = server.pool().clone();
+        let stats = Arc::new(Mutex::new(ServiceStats {
+            tally: server.tally(),
+            waiting: server.waiting(),
+        }));
+        let shared = stats.clone();
         let thread = std::thread::Builder::new()
             .name("handoff-service".into())
-            .spawn(move || serve(server, rx))?;
+            .spawn(move || serve(server, rx, &shared))?;
         Ok(Service {
-            submitter: Submitter { tx },
+            submitter: Submitter { tx, stats },
             pool,
             thread: Some(thread),
         })
@@ -139,6 +164,11 @@ impl<S: Serve> Service<S> {
     /// The server's pool accounting, read without stopping the thread.
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// [`Submitter::stats`] on this service.
+    pub fn stats(&self) -> ServiceStats {
+        self.submitter.stats()
     }
 
     /// Stops taking requests (later ones get [`Rejection::ShuttingDown`]),
@@ -215,12 +245,16 @@ impl<S: Serve> Turn<S> {
 
 /// The service thread: takes commands between steps, steps while anything
 /// is live, sleeps on the channel when nothing is.
-fn serve<S: Serve>(server: S, rx: Receiver<Command>) -> S {
+fn serve<S: Serve>(server: S, rx: Receiver<Command>, stats: &Mutex<ServiceStats>) -> S {
     let mut t = Turn {
         server,
         draining: None,
     };
     while !t.done() {
+        *stats.lock() = ServiceStats {
+            tally: t.server.tally(),
+            waiting: t.server.waiting(),
+        };
         if t.server.is_idle() {
             // Nothing to step: sleep until a command comes.
             let cmd = if t.server.polls_when_idle() {
@@ -263,6 +297,10 @@ fn serve<S: Serve>(server: S, rx: Receiver<Command>) -> S {
     }
     let mut server = t.server;
     server.shutdown();
+    *stats.lock() = ServiceStats {
+        tally: server.tally(),
+        waiting: server.waiting(),
+    };
     // Turn away what arrived after the last turn; senders that come later
     // find the channel closed when this thread's receiver drops.
     while let Ok(cmd) = rx.try_recv() {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::engine::{DecodeWorker, Engine, RequestHandle};
+use crate::engine::{DecodeWorker, Engine, RequestHandle, Tally};
 use crate::kv::KvPool;
 use crate::request::Request;
 use crate::sched::Rejection;
@@ -29,6 +29,11 @@ pub trait Serve: sealed::Sealed + Send + 'static {
     fn shutdown(&mut self);
     /// The KV pool (a shared handle, for stats).
     fn pool(&self) -> &KvPool;
+    /// How requests have ended so far, and what every step did.
+    fn tally(&self) -> Tally;
+    /// Requests admitted and waiting for pages (or for their transfer to
+    /// start).
+    fn waiting(&self) -> usize;
     /// Whether an idle server still has messages to take now and then
     /// (a decode worker's link: late receipts are read and counted rather
     /// than left to fill its buffers).
@@ -53,6 +58,12 @@ impl<B: Backend + Send + 'static> Serve for Engine<B> {
     }
     fn pool(&self) -> &KvPool {
         Engine::pool(self)
+    }
+    fn tally(&self) -> Tally {
+        Engine::tally(self)
+    }
+    fn waiting(&self) -> usize {
+        Engine::waiting(self)
     }
     fn polls_when_idle(&self) -> bool {
         false
@@ -88,6 +99,12 @@ where
     }
     fn pool(&self) -> &KvPool {
         DecodeWorker::pool(self)
+    }
+    fn tally(&self) -> Tally {
+        DecodeWorker::tally(self)
+    }
+    fn waiting(&self) -> usize {
+        DecodeWorker::side(self).waiting()
     }
     fn polls_when_idle(&self) -> bool {
         true

@@ -427,3 +427,46 @@ fn submissions_racing_a_shutdown_are_each_answered_and_no_page_is_lost() {
         );
     }
 }
+
+/// A host's metrics read the server's counters and queue from any thread
+/// while the service runs: the backlog shows as waiting, and once every
+/// request has ended the counters say how each did.
+#[test]
+fn the_service_reports_its_queue_and_counters_while_it_runs() {
+    let w = pd::weights();
+    let reqs: Vec<Request> = (0..60)
+        .map(|i| Request::new(RequestId(i), TenantId(2), vec![1 + i as u32 % 90; 8], 12))
+        .collect();
+    let mut e = engine(&w);
+    let handles: Vec<RequestHandle> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    let service = Service::spawn(e).unwrap();
+    let early = service.submitter().stats();
+    assert!(
+        early.waiting > 0,
+        "a backlog of 60 shows as waiting: {early:?}"
+    );
+    for h in &handles {
+        assert!(matches!(wait(h).1, Outcome::Finished(_)));
+    }
+    let until = std::time::Instant::now() + PATIENCE;
+    let done = loop {
+        let s = service.stats();
+        if s.tally.finished == 60 || std::time::Instant::now() > until {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(done.tally.finished, 60, "{done:?}");
+    assert_eq!(done.waiting, 0);
+    assert!(done.tally.prefill_tokens + done.tally.reused_tokens >= 60 * 8);
+    // Each request's first token comes from its prefill, the other 11 from
+    // decode steps, except that a preempted request's recompute prefill
+    // yields the token a decode step would have.
+    assert_eq!(
+        done.tally.decoded + done.tally.preempted,
+        60 * 11,
+        "{done:?}"
+    );
+    let engine = service.shutdown(Duration::ZERO).unwrap();
+    assert!(engine.pool_stats().is_full());
+}

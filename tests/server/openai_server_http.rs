@@ -274,4 +274,12 @@ fn curl_against_the_random_model() {
         0.0,
         "{m}"
     );
+    // The engine's own counters, as its service thread reported them.
+    assert_eq!(sample(&m, "handoff_queue_length", &[]), 0.0, "{m}");
+    assert!(sample(&m, "handoff_prefill_tokens_total", &[]) > 0.0, "{m}");
+    assert!(m.contains("handoff_preemptions_total"), "{m}");
+    assert!(
+        m.contains("handoff_prefix_cache_pages_total") && m.contains("state=\"cached\""),
+        "{m}"
+    );
 }
