@@ -16,3 +16,4 @@ mod openai_server_greedy;
 mod openai_server_http;
 mod openai_server_python;
 mod openai_server_shutdown;
+mod openai_server_smollm2;
