@@ -5,9 +5,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub const USAGE: &str = "usage: openai_server [--model PATH|random] [--host 127.0.0.1] [--port 8000] \
-[--api-keys FILE] [--disaggregated] [--max-context N] [--pool-tokens N] [--max-queue N] \
+[--api-keys FILE] [--disaggregated [--transport inproc|tcp]] [--max-context N] [--pool-tokens N] [--max-queue N] \
 [--grace-secs S] [--served-model-name NAME] [--threads N] [--no-audit] \
 [--corrupt-receipt-of-request ID (test aid, with --disaggregated)]";
+
+/// The link between the workers of `--disaggregated`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// Channels in this process (the default).
+    InProcess,
+    /// Loopback TCP, authenticated under a fresh link key (Noise NNpsk0,
+    /// every frame sealed): the wire path of two machines.
+    Tcp,
+}
 
 #[derive(Clone, Debug)]
 pub struct Args {
@@ -18,6 +28,8 @@ pub struct Args {
     pub port: u16,
     pub api_keys: Option<PathBuf>,
     pub disaggregated: bool,
+    /// How the two workers of `--disaggregated` are joined.
+    pub transport: LinkKind,
     /// The context window; default: the model's, capped at 2048.
     pub max_context: Option<usize>,
     /// KV pool size in tokens; default: 8 windows.
@@ -47,6 +59,7 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         port: 8000,
         api_keys: None,
         disaggregated: false,
+        transport: LinkKind::InProcess,
         max_context: None,
         pool_tokens: None,
         max_queue: None,
@@ -67,6 +80,14 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--port" => a.port = num(&flag, &value()?)?,
             "--api-keys" => a.api_keys = Some(PathBuf::from(value()?)),
             "--disaggregated" => a.disaggregated = true,
+            "--transport" => {
+                a.transport = match value()?.as_str() {
+                    "inproc" => LinkKind::InProcess,
+                    "tcp" => LinkKind::Tcp,
+                    // NIXL is not built yet (issue #17).
+                    other => return Err(format!("--transport {other:?}: expected inproc or tcp")),
+                }
+            }
             "--max-context" => a.max_context = Some(num(&flag, &value()?)?),
             "--pool-tokens" => a.pool_tokens = Some(num(&flag, &value()?)?),
             "--max-queue" => a.max_queue = Some(num(&flag, &value()?)?),
@@ -82,6 +103,9 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "-h" | "--help" => return Err("help".into()),
             other => return Err(format!("unknown flag {other}")),
         }
+    }
+    if a.transport != LinkKind::InProcess && !a.disaggregated {
+        return Err("--transport needs --disaggregated".into());
     }
     if a.corrupt_receipt_of.is_some() && !a.disaggregated {
         return Err("--corrupt-receipt-of-request needs --disaggregated".into());

@@ -1,7 +1,8 @@
 //! The engine behind the HTTP server: colocated (one [`Engine`] behind a
 //! [`Service`]) or disaggregated (a decode worker behind a [`Service`] and
-//! a prefill worker on its own thread, joined in-process). The routes see
-//! only a [`Submitter`] either way.
+//! a prefill worker on its own thread, joined in-process or, with
+//! `--transport tcp`, over an authenticated loopback TCP link under a fresh
+//! link key). The routes see only a [`Submitter`] either way.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,16 +13,13 @@ use std::time::Duration;
 use handoff::backend::CpuBackend;
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::service::{Service, Submitter};
-use handoff::transfer::{
-    InProcess, InProcessDecode, InProcessPrefill, LinkError, Transfer, TransferConfig,
-    TransferError,
-};
+use handoff::transfer::{InProcess, LinkError, TcpAuth, Transfer, TransferConfig, TransferError};
 use handoff::{
     Colocated, Decode, DecodeWorker, Engine, EngineConfig, EngineConfigBuilder, KvDtype, KvPool,
     PoolStats, Prefill, PrefillWorker, RequestId, RoleKind,
 };
 
-use crate::args::Args;
+use crate::args::{Args, LinkKind};
 use crate::staged_link::{StagedLink, Staging};
 
 /// Seed of the embedded random-weights model (as in the other examples).
@@ -29,11 +27,50 @@ pub const RANDOM_SEED: u64 = 2026;
 
 enum Kind {
     Colocated(Service<Engine>),
-    Disaggregated {
-        decode: Service<DecodeWorker<InProcessDecode>>,
-        prefill: JoinHandle<PrefillWorker<StagedLink<InProcessPrefill>>>,
-        stop: Arc<AtomicBool>,
-    },
+    Disaggregated(Box<dyn Pair>),
+}
+
+/// A decode worker behind a [`Service`] and a prefill worker on its own
+/// thread, over one transport; stopped as one.
+trait Pair: Send {
+    fn submitter(&self) -> Submitter;
+    fn shutdown(self: Box<Self>, grace: Duration) -> Result<Stopped, String>;
+}
+
+struct PairOver<T: Transfer> {
+    decode: Service<DecodeWorker<T::Decode>>,
+    prefill: JoinHandle<PrefillWorker<StagedLink<T::Prefill>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl<T: Transfer> Pair for PairOver<T>
+where
+    T::Decode: Send,
+    T::Prefill: Send,
+{
+    fn submitter(&self) -> Submitter {
+        self.decode.submitter()
+    }
+
+    fn shutdown(self: Box<Self>, grace: Duration) -> Result<Stopped, String> {
+        let PairOver {
+            decode,
+            prefill,
+            stop,
+        } = *self;
+        let worker = decode.shutdown(grace);
+        stop.store(true, Ordering::Release);
+        let prefill = prefill
+            .join()
+            .map_err(|_| "the prefill worker's thread panicked".to_string())?;
+        let worker = worker.map_err(|e| e.to_string())?;
+        Ok(Stopped {
+            pools: vec![
+                ("decode", worker.pool().stats()),
+                ("prefill", prefill.pool().stats()),
+            ],
+        })
+    }
 }
 
 /// A running engine (or pair of workers).
@@ -111,50 +148,16 @@ impl Stack {
         let dcfg = config::<Decode>(args, &m)?;
         let pcfg = config::<Prefill>(args, &pm)?;
         let per_token = (dcfg.bytes_per_page() / dcfg.page_size()) as u64;
-        let transfer = TransferConfig::default();
-        let (to_decode, to_prefill) = InProcess.connect(&transfer).map_err(|e| e.to_string())?;
-        // The test aid acts as a lying prefill peer through the public link
-        // trait (examples/support/staged_link.rs): no test-only feature.
-        let staging = Staging {
-            corrupt_receipt_of: args.corrupt_receipt_of.map(RequestId),
-            ..Staging::default()
+        let window = dcfg.max_context();
+        let (pair, pools) = match args.transport {
+            LinkKind::InProcess => start_pair(&InProcess, args, pm, pcfg, m, dcfg)?,
+            // A fresh link key, so only this process's two workers can join.
+            LinkKind::Tcp => start_pair(&TcpAuth, args, pm, pcfg, m, dcfg)?,
         };
-        let to_decode = StagedLink::new(to_decode, staging);
-        let mut prefill =
-            PrefillWorker::new(to_decode, pm, pcfg, transfer.clone()).map_err(|e| e.to_string())?;
-        let decode = DecodeWorker::new(to_prefill, m, dcfg, transfer).map_err(|e| e.to_string())?;
-        let pools = vec![
-            ("decode", decode.pool().clone()),
-            ("prefill", prefill.pool().clone()),
-        ];
-        let stop = Arc::new(AtomicBool::new(false));
-        let prefill = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("prefill-worker".into())
-                .spawn(move || {
-                    match prefill.run(&stop) {
-                        Ok(()) => {}
-                        // The decode worker closes the link when it shuts down.
-                        Err(TransferError::Link(LinkError::Disconnected)) => {
-                            tracing::info!("the decode worker closed the link: prefill stops")
-                        }
-                        Err(e) => tracing::error!(error = %e, "the prefill worker's link failed"),
-                    }
-                    prefill.shutdown();
-                    prefill
-                })
-                .map_err(|e| e.to_string())?
-        };
-        let decode = Service::spawn(decode).map_err(|e| e.to_string())?;
         Ok(Stack {
-            kind: Kind::Disaggregated {
-                decode,
-                prefill,
-                stop,
-            },
+            kind: Kind::Disaggregated(pair),
             pools,
-            window: dcfg.max_context(),
+            window,
             vocab,
             kv_bytes_per_token: per_token,
         })
@@ -163,7 +166,7 @@ impl Stack {
     pub fn submitter(&self) -> Submitter {
         match &self.kind {
             Kind::Colocated(s) => s.submitter(),
-            Kind::Disaggregated { decode, .. } => decode.submitter(),
+            Kind::Disaggregated(pair) => pair.submitter(),
         }
     }
 
@@ -172,7 +175,7 @@ impl Stack {
     }
 
     pub fn disaggregated(&self) -> bool {
-        matches!(self.kind, Kind::Disaggregated { .. })
+        matches!(self.kind, Kind::Disaggregated(_))
     }
 
     /// Stops taking requests, lets live ones run for `grace`, ends the rest
@@ -185,24 +188,67 @@ impl Stack {
                     pools: vec![("colocated", engine.pool_stats())],
                 })
             }
-            Kind::Disaggregated {
-                decode,
-                prefill,
-                stop,
-            } => {
-                let worker = decode.shutdown(grace);
-                stop.store(true, Ordering::Release);
-                let prefill = prefill
-                    .join()
-                    .map_err(|_| "the prefill worker's thread panicked".to_string())?;
-                let worker = worker.map_err(|e| e.to_string())?;
-                Ok(Stopped {
-                    pools: vec![
-                        ("decode", worker.pool().stats()),
-                        ("prefill", prefill.pool().stats()),
-                    ],
-                })
-            }
+            Kind::Disaggregated(pair) => pair.shutdown(grace),
         }
     }
+}
+
+type Pools = Vec<(&'static str, KvPool)>;
+
+/// Starts a prefill worker on its own thread and a decode worker behind a
+/// service, joined by `t`.
+fn start_pair<T: Transfer + 'static>(
+    t: &T,
+    args: &Args,
+    pm: Model,
+    pcfg: EngineConfig<Prefill>,
+    m: Model,
+    dcfg: EngineConfig<Decode>,
+) -> Result<(Box<dyn Pair>, Pools), String>
+where
+    T::Decode: Send,
+    T::Prefill: Send,
+{
+    let transfer = TransferConfig::default();
+    let (to_decode, to_prefill) = t.connect(&transfer).map_err(|e| e.to_string())?;
+    // The test aid acts as a lying prefill peer through the public link
+    // trait (examples/support/staged_link.rs): no test-only feature.
+    let staging = Staging {
+        corrupt_receipt_of: args.corrupt_receipt_of.map(RequestId),
+        ..Staging::default()
+    };
+    let to_decode = StagedLink::new(to_decode, staging);
+    let mut prefill =
+        PrefillWorker::new(to_decode, pm, pcfg, transfer.clone()).map_err(|e| e.to_string())?;
+    let decode = DecodeWorker::new(to_prefill, m, dcfg, transfer).map_err(|e| e.to_string())?;
+    let pools = vec![
+        ("decode", decode.pool().clone()),
+        ("prefill", prefill.pool().clone()),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let prefill = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("prefill-worker".into())
+            .spawn(move || {
+                match prefill.run(&stop) {
+                    Ok(()) => {}
+                    // The decode worker closes the link when it shuts down.
+                    Err(TransferError::Link(LinkError::Disconnected)) => {
+                        tracing::info!("the decode worker closed the link: prefill stops")
+                    }
+                    Err(e) => tracing::error!(error = %e, "the prefill worker's link failed"),
+                }
+                prefill.shutdown();
+                prefill
+            })
+            .map_err(|e| e.to_string())?
+    };
+    let decode = Service::spawn(decode).map_err(|e| e.to_string())?;
+    let pair = PairOver::<T> {
+        decode,
+        prefill,
+        stop,
+    };
+    Ok((Box::new(pair), pools))
 }

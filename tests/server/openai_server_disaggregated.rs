@@ -3,7 +3,9 @@
 //! generating. One receipt is corrupted on purpose (a test aid): that
 //! request gets a 500 `kv_integrity_failure` before any byte of its stream,
 //! never a 200 with made-up text, and nobody else notices. The others get
-//! the tokens colocated serving gives. SIGTERM leaves both pools full.
+//! the tokens colocated serving gives. SIGTERM leaves both pools full. The
+//! same holds with the workers joined in-process and over an authenticated
+//! loopback TCP link (`--transport tcp`).
 
 use crate::support::openai_client;
 
@@ -37,9 +39,23 @@ fn answer_ids(a: &openai_client::Answer) -> Vec<u64> {
 
 #[test]
 fn disaggregated_serving_verifies_every_transfer() {
+    verifies_every_transfer("inproc");
+}
+
+#[test]
+fn disaggregated_serving_over_authenticated_tcp_verifies_every_transfer() {
+    verifies_every_transfer("tcp");
+}
+
+fn verifies_every_transfer(transport: &str) {
     // Request 1's receipt is corrupted by the prefill worker.
-    let Some(mut server) = Server::start(&["--disaggregated", "--corrupt-receipt-of-request", "1"])
-    else {
+    let Some(mut server) = Server::start(&[
+        "--disaggregated",
+        "--transport",
+        transport,
+        "--corrupt-receipt-of-request",
+        "1",
+    ]) else {
         return;
     };
     let prompt: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % 256).collect();
