@@ -355,7 +355,16 @@ fn argmax(row: &[f32]) -> u32 {
 fn main() {
     // `cargo test` runs benches with --bench absent: keep that quick.
     let quick = !std::env::args().any(|a| a == "--bench");
-    let sizes: &[usize] = if quick { &[1, 32] } else { &[1, 32, 256, 1024] };
+    // HOST_STEP_SIZES=1024 (comma-separated) times only those sizes, for a
+    // profiler run.
+    let only: Option<Vec<usize>> = std::env::var("HOST_STEP_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect());
+    let sizes: &[usize] = match &only {
+        Some(v) => v,
+        None if quick => &[1, 32],
+        None => &[1, 32, 256, 1024],
+    };
     println!("host cost per step on a backend that computes nothing ({TIMED_STEPS} steps each)");
     println!(
         "{:>8} {:>14} {:>14} {:>16} {:>16}",
@@ -375,7 +384,7 @@ fn main() {
             println!("host_us_per_step_per_1k_decode={:.1}", per_k(d));
         }
     }
-    if !quick {
+    if !quick && only.is_none() {
         stories_side_by_side();
     }
 }
