@@ -4,7 +4,10 @@
 //! (same f32 values), and the f32 tiles run over it: every output element
 //! is the same fused multiply-add chain and lane tree as with the matrix
 //! dequantized up front, so results equal that reference bit for bit and
-//! stay independent of the batch. Activations stay f32.
+//! stay independent of the batch. Activations stay f32. For a few
+//! activation rows (decode), Q8_0 and Q4_1 blocks are dequantized in
+//! registers and multiplied at once, by the same operations in the same
+//! order: the same bits again.
 
 use std::cell::RefCell;
 
@@ -16,6 +19,12 @@ use crate::backend::cpu::matmul::matmul_cols;
 /// Weight rows dequantized per tile: 16 rows of up to a few thousand
 /// elements stay within L2 while every activation row reads them.
 const ROWS_PER_TILE: usize = 16;
+
+/// Up to this many activation rows (decode steps of small batches), Q8_0
+/// and Q4_1 blocks are dequantized in registers and used at once
+/// (`x86::matmul_cols_q`): the same bits as the tiles, without writing the
+/// f32 rows out. More rows share each dequantized tile instead.
+const FUSED_ROWS: usize = 4;
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -34,6 +43,25 @@ pub(crate) fn matmul_cols_quant(
     row_stride: usize,
     col_stride: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && (1..=FUSED_ROWS).contains(&m) {
+        use crate::backend::cpu::x86::matmul_cols_q;
+        let (ty, row) = (w.ggml_type(), |r: usize| w.row(r));
+        let c = cols.clone();
+        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        // reported AVX2, FMA and F16C (`Isa::detect`).
+        let done = unsafe {
+            match m {
+                1 => matmul_cols_q::<1>(ty, x, k, row, c, out, row_stride, col_stride),
+                2 => matmul_cols_q::<2>(ty, x, k, row, c, out, row_stride, col_stride),
+                3 => matmul_cols_q::<3>(ty, x, k, row, c, out, row_stride, col_stride),
+                _ => matmul_cols_q::<4>(ty, x, k, row, c, out, row_stride, col_stride),
+            }
+        };
+        if done {
+            return;
+        }
+    }
     TILE.with(|tile| {
         let mut tile = tile.borrow_mut();
         if tile.len() < ROWS_PER_TILE * k {

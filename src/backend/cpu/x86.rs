@@ -883,6 +883,96 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool 
     }
 }
 
+/// Dot products of `M` (1 to 4) activation rows (`x: [m, k]`, rows
+/// `row_stride` apart in `out`) with every weight row `j` in `cols` of a
+/// Q8_0 or Q4_1 matrix (`row(j)`: its blocks), each block dequantized in
+/// registers by the operations of [`dequantize_row`] and multiplied into one
+/// accumulator per pair in chunk order, then reduced by `tree`: the chain
+/// `Avx2::tile` runs over the dequantized rows, so the same bits, without
+/// writing the f32 rows out and reading them back. `out[(j - cols.start) *
+/// col_stride + i * row_stride]`. Returns false (nothing written) for other
+/// types, `k` not a whole number of blocks, or rows that do not hold them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_cols_q<'w, const M: usize>(
+    ty: GgmlType,
+    x: &[f32],
+    k: usize,
+    row: impl Fn(usize) -> &'w [u8],
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) -> bool {
+    use std::arch::x86_64::{
+        _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
+        _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
+        _mm256_cvtepu8_epi32,
+    };
+    let block_bytes = match ty {
+        GgmlType::Q8_0 => 34,
+        GgmlType::Q4_1 => 20,
+        _ => return false,
+    };
+    if !k.is_multiple_of(32) || x.len() < M * k || cols.is_empty() {
+        return false;
+    }
+    let blocks = k / 32;
+    let last = (cols.end - 1 - cols.start) * col_stride + (M - 1) * row_stride;
+    if out.len() <= last || cols.clone().any(|j| row(j).len() < blocks * block_bytes) {
+        return false;
+    }
+    let f16 = |b: &[u8], at: usize| {
+        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    };
+    for j in cols.clone() {
+        let src = row(j);
+        // SAFETY: AVX2, FMA and F16C are enabled on this function. Checked
+        // above: `src` holds `blocks` whole blocks (each load reads inside
+        // block `b`'s `block_bytes`), every x row holds k = 32 * blocks
+        // floats (loads read 8 at `i * k + 32 * b + 8 * c`, c < 4).
+        let acc = unsafe {
+            let mut acc = [_mm256_setzero_ps(); M];
+            for b in 0..blocks {
+                let blk = &src[b * block_bytes..(b + 1) * block_bytes];
+                let w: [__m256; 4] = match ty {
+                    GgmlType::Q8_0 => {
+                        let dv = _mm256_set1_ps(f16(blk, 0));
+                        std::array::from_fn(|c| {
+                            let q = _mm_loadl_epi64(blk.as_ptr().add(2 + 8 * c).cast::<__m128i>());
+                            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), dv)
+                        })
+                    }
+                    _ => {
+                        let (dv, mv) = (_mm256_set1_ps(f16(blk, 0)), _mm256_set1_ps(f16(blk, 2)));
+                        let raw = _mm_loadu_si128(blk.as_ptr().add(4).cast::<__m128i>());
+                        let mask = _mm_set1_epi8(0x0f);
+                        let lo = _mm_and_si128(raw, mask);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                        let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+                        parts.map(|p| {
+                            let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
+                            _mm256_add_ps(_mm256_mul_ps(v, dv), mv)
+                        })
+                    }
+                };
+                for (c, wv) in w.iter().enumerate() {
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + 32 * b + 8 * c));
+                        *a = _mm256_fmadd_ps(xv, *wv, *a);
+                    }
+                }
+            }
+            acc
+        };
+        for (i, a) in acc.iter().enumerate() {
+            out[(j - cols.start) * col_stride + i * row_stride] = tree(*a);
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
