@@ -51,11 +51,13 @@ pub(crate) fn matmul_cols_quant(
         // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
         // reported AVX2, FMA and F16C (`Isa::detect`).
         let done = unsafe {
+            // Weight rows per pass: enough independent chains to hide the
+            // multiply-add latency, few enough for the 16 registers.
             match m {
-                1 => matmul_cols_q::<1>(ty, x, k, row, c, out, row_stride, col_stride),
-                2 => matmul_cols_q::<2>(ty, x, k, row, c, out, row_stride, col_stride),
-                3 => matmul_cols_q::<3>(ty, x, k, row, c, out, row_stride, col_stride),
-                _ => matmul_cols_q::<4>(ty, x, k, row, c, out, row_stride, col_stride),
+                1 => matmul_cols_q::<1, 8>(ty, x, k, row, c, out, row_stride, col_stride),
+                2 => matmul_cols_q::<2, 4>(ty, x, k, row, c, out, row_stride, col_stride),
+                3 => matmul_cols_q::<3, 2>(ty, x, k, row, c, out, row_stride, col_stride),
+                _ => matmul_cols_q::<4, 2>(ty, x, k, row, c, out, row_stride, col_stride),
             }
         };
         if done {

@@ -885,16 +885,18 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool 
 
 /// Dot products of `M` (1 to 4) activation rows (`x: [m, k]`, rows
 /// `row_stride` apart in `out`) with every weight row `j` in `cols` of a
-/// Q8_0 or Q4_1 matrix (`row(j)`: its blocks), each block dequantized in
-/// registers by the operations of [`dequantize_row`] and multiplied into one
-/// accumulator per pair in chunk order, then reduced by `tree`: the chain
-/// `Avx2::tile` runs over the dequantized rows, so the same bits, without
-/// writing the f32 rows out and reading them back. `out[(j - cols.start) *
-/// col_stride + i * row_stride]`. Returns false (nothing written) for other
-/// types, `k` not a whole number of blocks, or rows that do not hold them.
+/// Q8_0 or Q4_1 matrix (`row(j)`: its blocks), `R` weight rows at a time
+/// (independent accumulator chains, so the multiply-adds overlap), each
+/// block dequantized in registers by the operations of [`dequantize_row`]
+/// and multiplied into one accumulator per pair in chunk order, then
+/// reduced by `tree`: the chain `Avx2::tile` runs over the dequantized
+/// rows, so the same bits, without writing the f32 rows out and reading
+/// them back. `out[(j - cols.start) * col_stride + i * row_stride]`.
+/// Returns false (nothing written) for other types, `k` not a whole number
+/// of blocks, or rows that do not hold them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_cols_q<'w, const M: usize>(
+pub(crate) fn matmul_cols_q<'w, const M: usize, const R: usize>(
     ty: GgmlType,
     x: &[f32],
     k: usize,
@@ -904,11 +906,6 @@ pub(crate) fn matmul_cols_q<'w, const M: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    use std::arch::x86_64::{
-        _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
-        _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
-        _mm256_cvtepu8_epi32,
-    };
     let block_bytes = match ty {
         GgmlType::Q8_0 => 34,
         GgmlType::Q4_1 => 20,
@@ -922,55 +919,106 @@ pub(crate) fn matmul_cols_q<'w, const M: usize>(
     if out.len() <= last || cols.clone().any(|j| row(j).len() < blocks * block_bytes) {
         return false;
     }
-    let f16 = |b: &[u8], at: usize| {
-        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    let mut put = |j: usize, sums: &[[f32; M]]| {
+        for (r, s) in sums.iter().enumerate() {
+            for (i, v) in s.iter().enumerate() {
+                out[(j + r - cols.start) * col_stride + i * row_stride] = *v;
+            }
+        }
     };
-    for j in cols.clone() {
-        let src = row(j);
-        // SAFETY: AVX2, FMA and F16C are enabled on this function. Checked
-        // above: `src` holds `blocks` whole blocks (each load reads inside
-        // block `b`'s `block_bytes`), every x row holds k = 32 * blocks
-        // floats (loads read 8 at `i * k + 32 * b + 8 * c`, c < 4).
-        let acc = unsafe {
-            let mut acc = [_mm256_setzero_ps(); M];
-            for b in 0..blocks {
-                let blk = &src[b * block_bytes..(b + 1) * block_bytes];
-                let w: [__m256; 4] = match ty {
-                    GgmlType::Q8_0 => {
-                        let dv = _mm256_set1_ps(f16(blk, 0));
-                        std::array::from_fn(|c| {
-                            let q = _mm_loadl_epi64(blk.as_ptr().add(2 + 8 * c).cast::<__m128i>());
-                            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), dv)
-                        })
+    let mut j = cols.start;
+    while j + R <= cols.end {
+        let rows: [&[u8]; R] = std::array::from_fn(|r| row(j + r));
+        // SAFETY: AVX2, FMA and F16C are enabled on this function; the rows
+        // and x were checked above as `q_rows` requires.
+        put(j, &unsafe {
+            q_rows::<M, R>(ty, block_bytes, blocks, x, k, rows)
+        });
+        j += R;
+    }
+    for j in j..cols.end {
+        // SAFETY: as above.
+        put(j, &unsafe {
+            q_rows::<M, 1>(ty, block_bytes, blocks, x, k, [row(j)])
+        });
+    }
+    true
+}
+
+/// The `M x R` dot products of [`matmul_cols_q`] for `R` weight rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C; every row in `w` holds `blocks` blocks of
+/// `block_bytes` (34 for Q8_0, 20 for Q4_1, as `ty`); `x` holds `M` rows of
+/// `k = 32 * blocks` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q_rows<const M: usize, const R: usize>(
+    ty: GgmlType,
+    block_bytes: usize,
+    blocks: usize,
+    x: &[f32],
+    k: usize,
+    w: [&[u8]; R],
+) -> [[f32; M]; R] {
+    use std::arch::x86_64::{
+        _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
+        _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
+        _mm256_cvtepu8_epi32,
+    };
+    // SAFETY (whole body): the caller guarantees the features and that
+    // block `b < blocks` of each row lies inside it (each load reads inside
+    // its block's bytes), and that x holds M rows of k floats (loads read 8
+    // at `i * k + 32 * b + 8 * c`, c < 4).
+    unsafe {
+        // No closures below: a closure does not inherit this function's
+        // target features, so intrinsics inside one would not inline.
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let mut wv = [_mm256_setzero_ps(); 4];
+        let mask = _mm_set1_epi8(0x0f);
+        for b in 0..blocks {
+            for r in 0..R {
+                let blk = w[r].as_ptr().add(b * block_bytes);
+                let d = u16::from_le_bytes([*blk, *blk.add(1)]);
+                let dv =
+                    _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)))));
+                if ty == GgmlType::Q8_0 {
+                    for (c, v) in wv.iter_mut().enumerate() {
+                        let q = _mm_loadl_epi64(blk.add(2 + 8 * c).cast::<__m128i>());
+                        *v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), dv);
                     }
-                    _ => {
-                        let (dv, mv) = (_mm256_set1_ps(f16(blk, 0)), _mm256_set1_ps(f16(blk, 2)));
-                        let raw = _mm_loadu_si128(blk.as_ptr().add(4).cast::<__m128i>());
-                        let mask = _mm_set1_epi8(0x0f);
-                        let lo = _mm_and_si128(raw, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-                        let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
-                        parts.map(|p| {
-                            let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
-                            _mm256_add_ps(_mm256_mul_ps(v, dv), mv)
-                        })
+                } else {
+                    let mb = u16::from_le_bytes([*blk.add(2), *blk.add(3)]);
+                    let mv = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                        i32::from(mb),
+                    ))));
+                    let raw = _mm_loadu_si128(blk.add(4).cast::<__m128i>());
+                    let lo = _mm_and_si128(raw, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                    let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+                    for (v, p) in wv.iter_mut().zip(parts) {
+                        let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
+                        *v = _mm256_add_ps(_mm256_mul_ps(q, dv), mv);
                     }
-                };
-                for (c, wv) in w.iter().enumerate() {
-                    for (i, a) in acc.iter_mut().enumerate() {
+                }
+                for (c, wc) in wv.iter().enumerate() {
+                    for (i, a) in acc[r].iter_mut().enumerate() {
                         let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + 32 * b + 8 * c));
-                        *a = _mm256_fmadd_ps(xv, *wv, *a);
+                        *a = _mm256_fmadd_ps(xv, *wc, *a);
                     }
                 }
             }
-            acc
-        };
-        for (i, a) in acc.iter().enumerate() {
-            out[(j - cols.start) * col_stride + i * row_stride] = tree(*a);
         }
+        let mut sums = [[0f32; M]; R];
+        for (s, a) in sums.iter_mut().zip(&acc) {
+            for (v, lanes) in s.iter_mut().zip(a) {
+                let mut l = [0f32; LANES];
+                _mm256_storeu_ps(l.as_mut_ptr(), *lanes);
+                // The lane tree of `tree`, written out here to inline.
+                *v = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+            }
+        }
+        sums
     }
-    true
 }
 
 #[cfg(test)]
