@@ -318,6 +318,7 @@ impl<L: DecodeLink> DecodeSide<L> {
             pages: pages.clone(),
             sampling: req.sampling.clone(),
             model: self.cfg.model(),
+            prefix_cache: req.prefix_cache,
         };
         self.link
             .landing()

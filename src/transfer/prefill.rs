@@ -459,6 +459,7 @@ impl<L: PrefillLink> PrefillSide<L> {
         let keys = self
             .cache
             .as_ref()
+            .filter(|_| plan.prefix_cache)
             .map(|c| c.keys(plan.tenant, &plan.prompt));
         let reserved = match (&self.cache, &keys) {
             (Some(cache), Some(keys)) => cache.reserve(plan.request, keys, plan.tokens as usize),

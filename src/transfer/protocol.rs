@@ -94,6 +94,9 @@ pub struct Plan {
     ///
     /// [`TransferConfig::with_model`]: crate::transfer::TransferConfig::with_model
     pub model: Option<ModelFingerprint>,
+    /// Whether prefill may start from (and add to) its prefix cache for
+    /// this request ([`crate::Request::with_prefix_cache`]).
+    pub prefix_cache: bool,
 }
 
 /// One batch of KV rows: `tokens` positions from `start` of one layer, K

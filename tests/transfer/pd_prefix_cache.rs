@@ -4,8 +4,9 @@
 //! default) and starts the tenant's next turn from them, computing only the
 //! rest; it still sends the whole prompt's KV, every page under the receipt,
 //! and decode verifies it as ever. Another tenant with the very same prompt
-//! gets no page of it. Every answer is the colocated engine's, and both
-//! pools end full.
+//! gets no page of it, and a request that opts out of the cache is computed
+//! whole and leaves nothing in it. Every answer is the colocated engine's,
+//! and both pools end full.
 
 use crate::support;
 use crate::support::pd;
@@ -74,6 +75,17 @@ fn reuse_only_within_the_tenant<T: Transfer>(t: T) {
     assert_eq!(
         third.hit_pages, second.hit_pages,
         "a cross-tenant hit: {third:?}"
+    );
+
+    // The tenant's request that opts out: the plan carries its choice, and
+    // prefill neither reuses nor publishes for it.
+    let out = Request::new(RequestId(4), TenantId(1), prompt(4), 5).with_prefix_cache(false);
+    let _ = serve(&mut pair, out);
+    let fourth = counters(&pair);
+    assert_eq!(
+        (fourth.hit_pages, fourth.published, fourth.lookups),
+        (third.hit_pages, third.published, third.lookups),
+        "an opted-out request touched the cache: {fourth:?}"
     );
 
     pair.pools_return_to_full(support::DEADLINE).unwrap();

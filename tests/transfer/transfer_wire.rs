@@ -231,6 +231,7 @@ fn held_plan() -> Plan {
             .collect(),
         sampling: handoff::SamplingParams::default(),
         model: None,
+        prefix_cache: false,
     }
 }
 
@@ -582,6 +583,7 @@ fn sample_frames() -> Vec<Frame<'static>> {
             model: Some(handoff::model::ModelFingerprint::from_u64(
                 0xabcd_ef01_2345_6789,
             )),
+            prefix_cache: true,
         })),
         Frame::ToPrefill(ToPrefill::Answer(Answer {
             request: RequestId(7),

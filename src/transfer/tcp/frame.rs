@@ -261,6 +261,15 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
     let pages = read_pages(r)?;
     let sampling = read_sampling(r)?;
     let model = read_model(r)?;
+    let prefix_cache = match r.u8("prefix cache flag")? {
+        0 => false,
+        1 => true,
+        _ => {
+            return Err(WireError::Invalid {
+                what: "prefix cache flag",
+            });
+        }
+    };
     Ok(Plan {
         request,
         tenant,
@@ -272,6 +281,7 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
         pages,
         sampling,
         model,
+        prefix_cache,
     })
 }
 
@@ -488,6 +498,7 @@ fn write_plan(w: &mut Wr<'_>, p: &Plan) {
         w.u32(t);
     }
     write_model(w, p.model);
+    w.u8(u8::from(p.prefix_cache));
 }
 
 fn write_pages(w: &mut Wr<'_>, pages: &[PlannedPage]) {
