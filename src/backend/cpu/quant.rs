@@ -4,7 +4,7 @@
 //! (same f32 values), and the f32 tiles run over it: every output element
 //! is the same fused multiply-add chain and lane tree as with the matrix
 //! dequantized up front, so results equal that reference bit for bit and
-//! stay independent of the batch. Activations stay f32. For a few
+//! stay independent of the batch. Activations stay f32. For up to eight
 //! activation rows (decode), Q8_0 and Q4_1 blocks are dequantized in
 //! registers and multiplied at once, by the same operations in the same
 //! order: the same bits again.
@@ -24,7 +24,7 @@ const ROWS_PER_TILE: usize = 16;
 /// and Q4_1 blocks are dequantized in registers and used at once
 /// (`x86::matmul_cols_q`): the same bits as the tiles, without writing the
 /// f32 rows out. More rows share each dequantized tile instead.
-const FUSED_ROWS: usize = 4;
+const FUSED_ROWS: usize = 8;
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -57,7 +57,11 @@ pub(crate) fn matmul_cols_quant(
                 1 => matmul_cols_q::<1, 8>(ty, x, k, row, c, out, row_stride, col_stride),
                 2 => matmul_cols_q::<2, 4>(ty, x, k, row, c, out, row_stride, col_stride),
                 3 => matmul_cols_q::<3, 2>(ty, x, k, row, c, out, row_stride, col_stride),
-                _ => matmul_cols_q::<4, 2>(ty, x, k, row, c, out, row_stride, col_stride),
+                4 => matmul_cols_q::<4, 2>(ty, x, k, row, c, out, row_stride, col_stride),
+                5 => matmul_cols_q::<5, 1>(ty, x, k, row, c, out, row_stride, col_stride),
+                6 => matmul_cols_q::<6, 1>(ty, x, k, row, c, out, row_stride, col_stride),
+                7 => matmul_cols_q::<7, 1>(ty, x, k, row, c, out, row_stride, col_stride),
+                _ => matmul_cols_q::<8, 1>(ty, x, k, row, c, out, row_stride, col_stride),
             }
         };
         if done {

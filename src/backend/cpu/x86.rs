@@ -883,7 +883,7 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool 
     }
 }
 
-/// Dot products of `M` (1 to 4) activation rows (`x: [m, k]`, rows
+/// Dot products of `M` (1 to 8) activation rows (`x: [m, k]`, rows
 /// `row_stride` apart in `out`) with every weight row `j` in `cols` of a
 /// Q8_0 or Q4_1 matrix (`row(j)`: its blocks), `R` weight rows at a time
 /// (independent accumulator chains, so the multiply-adds overlap), each
