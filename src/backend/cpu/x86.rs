@@ -820,67 +820,83 @@ fn hd8<const NH: usize, const NKV: usize>(
     }
 }
 
-/// One row of Q8_0 or Q4_1 blocks (`src`, whole blocks) as f32 into `out`,
-/// eight lanes at a time: the same operations as the scalar reference
+/// Bytes of one Q8_0 or Q4_1 block; `None` for the other types.
+fn q_block_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q8_0 => Some(34),
+        GgmlType::Q4_1 => Some(20),
+        _ => None,
+    }
+}
+
+/// The 32 values of one Q8_0 (`q8 == true`) or Q4_1 block at `blk`, eight
+/// lanes at a time: the same operations as the scalar reference
 /// (`model::gguf::quant`), each rounded once in the same order (a multiply,
-/// then for Q4_1 an add, never fused), so the same bits. Returns false,
-/// leaving `out` alone, for other types.
+/// then for Q4_1 an add, never fused), so the same bits. The one decoder of
+/// [`dequantize_row`] and [`matmul_cols_q`]: the fused matmul multiplies
+/// exactly the values a dequantized row holds.
+///
+/// # Safety
+/// AVX2 and F16C; `blk` points at a whole block (34 bytes for Q8_0, 20 for
+/// Q4_1).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool {
+unsafe fn q_block(q8: bool, blk: *const u8) -> [__m256; 4] {
     use std::arch::x86_64::{
         _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
         _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
         _mm256_cvtepu8_epi32,
     };
-    // An f16 scale widened by F16C (exact, as `half`'s conversion), inline.
-    let f16 = |b: &[u8], at: usize| {
-        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-    };
-    match ty {
-        GgmlType::Q8_0 => {
-            for (b, y) in src.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-                let d = f16(b, 0);
-                let qs = &b[2..34];
-                // SAFETY: AVX2 is enabled on this function; each load reads
-                // 8 bytes at qs[8 * i..], inside the 32-byte `qs`; each store
-                // writes 8 floats at y[8 * i..], inside the 32-float `y`.
-                unsafe {
-                    let dv = _mm256_set1_ps(d);
-                    for i in 0..4 {
-                        let q = _mm_loadl_epi64(qs.as_ptr().add(8 * i).cast::<__m128i>());
-                        let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-                        _mm256_storeu_ps(y.as_mut_ptr().add(8 * i), _mm256_mul_ps(v, dv));
-                    }
-                }
+    // SAFETY (whole body): the caller guarantees the features and the
+    // block's bytes; every load below reads inside them. No closures: a
+    // closure would not inherit the target features, and its intrinsics
+    // would not inline.
+    unsafe {
+        let mut v = [_mm256_setzero_ps(); 4];
+        // An f16 scale widened by F16C (exact, as `half`'s conversion).
+        let d = u16::from_le_bytes([*blk, *blk.add(1)]);
+        let dv = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)))));
+        if q8 {
+            for (c, out) in v.iter_mut().enumerate() {
+                let q = _mm_loadl_epi64(blk.add(2 + 8 * c).cast::<__m128i>());
+                *out = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), dv);
             }
-            true
-        }
-        GgmlType::Q4_1 => {
-            for (b, y) in src.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
-                let (d, m) = (f16(b, 0), f16(b, 2));
-                let qs = &b[4..20];
-                // SAFETY: AVX2 is enabled on this function; the load reads
-                // the 16 bytes of `qs`; each store writes 8 floats at
-                // y[8 * i..], inside the 32-float `y`.
-                unsafe {
-                    let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
-                    let raw = _mm_loadu_si128(qs.as_ptr().cast::<__m128i>());
-                    let mask = _mm_set1_epi8(0x0f);
-                    let lo = _mm_and_si128(raw, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-                    let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
-                    for (i, p) in parts.into_iter().enumerate() {
-                        let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
-                        let r = _mm256_add_ps(_mm256_mul_ps(v, dv), mv);
-                        _mm256_storeu_ps(y.as_mut_ptr().add(8 * i), r);
-                    }
-                }
+        } else {
+            let m = u16::from_le_bytes([*blk.add(2), *blk.add(3)]);
+            let mv = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(m)))));
+            let raw = _mm_loadu_si128(blk.add(4).cast::<__m128i>());
+            let mask = _mm_set1_epi8(0x0f);
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+            let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+            for (out, p) in v.iter_mut().zip(parts) {
+                let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
+                *out = _mm256_add_ps(_mm256_mul_ps(q, dv), mv);
             }
-            true
         }
-        _ => false,
+        v
     }
+}
+
+/// One row of Q8_0 or Q4_1 blocks (`src`, whole blocks) as f32 into `out`
+/// (see [`q_block`]). Returns false, leaving `out` alone, for other types.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool {
+    let Some(bb) = q_block_bytes(ty) else {
+        return false;
+    };
+    for (b, y) in src.chunks_exact(bb).zip(out.chunks_exact_mut(32)) {
+        // SAFETY: AVX2 and F16C are enabled on this function; `b` is one
+        // whole block; each store writes 8 floats at y[8 * c..], inside the
+        // 32-float `y`.
+        unsafe {
+            let v = q_block(ty == GgmlType::Q8_0, b.as_ptr());
+            for (c, lanes) in v.iter().enumerate() {
+                _mm256_storeu_ps(y.as_mut_ptr().add(8 * c), *lanes);
+            }
+        }
+    }
+    true
 }
 
 /// Dot products of `M` (1 to 8) activation rows (`x: [m, k]`, rows
@@ -906,10 +922,8 @@ pub(crate) fn matmul_cols_q<'w, const M: usize, const R: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let block_bytes = match ty {
-        GgmlType::Q8_0 => 34,
-        GgmlType::Q4_1 => 20,
-        _ => return false,
+    let Some(block_bytes) = q_block_bytes(ty) else {
+        return false;
     };
     if !k.is_multiple_of(32) || x.len() < M * k || cols.is_empty() {
         return false;
@@ -960,46 +974,16 @@ unsafe fn q_rows<const M: usize, const R: usize>(
     k: usize,
     w: [&[u8]; R],
 ) -> [[f32; M]; R] {
-    use std::arch::x86_64::{
-        _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
-        _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
-        _mm256_cvtepu8_epi32,
-    };
     // SAFETY (whole body): the caller guarantees the features and that
     // block `b < blocks` of each row lies inside it (each load reads inside
     // its block's bytes), and that x holds M rows of k floats (loads read 8
     // at `i * k + 32 * b + 8 * c`, c < 4).
     unsafe {
-        // No closures below: a closure does not inherit this function's
-        // target features, so intrinsics inside one would not inline.
         let mut acc = [[_mm256_setzero_ps(); M]; R];
-        let mut wv = [_mm256_setzero_ps(); 4];
-        let mask = _mm_set1_epi8(0x0f);
+        let q8 = ty == GgmlType::Q8_0;
         for b in 0..blocks {
             for r in 0..R {
-                let blk = w[r].as_ptr().add(b * block_bytes);
-                let d = u16::from_le_bytes([*blk, *blk.add(1)]);
-                let dv =
-                    _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)))));
-                if ty == GgmlType::Q8_0 {
-                    for (c, v) in wv.iter_mut().enumerate() {
-                        let q = _mm_loadl_epi64(blk.add(2 + 8 * c).cast::<__m128i>());
-                        *v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), dv);
-                    }
-                } else {
-                    let mb = u16::from_le_bytes([*blk.add(2), *blk.add(3)]);
-                    let mv = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                        i32::from(mb),
-                    ))));
-                    let raw = _mm_loadu_si128(blk.add(4).cast::<__m128i>());
-                    let lo = _mm_and_si128(raw, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-                    let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
-                    for (v, p) in wv.iter_mut().zip(parts) {
-                        let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p));
-                        *v = _mm256_add_ps(_mm256_mul_ps(q, dv), mv);
-                    }
-                }
+                let wv = q_block(q8, w[r].as_ptr().add(b * block_bytes));
                 for (c, wc) in wv.iter().enumerate() {
                     for (i, a) in acc[r].iter_mut().enumerate() {
                         let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + 32 * b + 8 * c));
