@@ -9,7 +9,7 @@ use crate::engine::filling::{self, MIN_CHUNK, Prefilling};
 use crate::engine::generate::{Delivery, Generator, PassFailed, Running, Steps};
 use crate::engine::{EngineError, Outcome, RequestHandle, Tally, setup};
 use crate::ids::RequestId;
-use crate::kv::{CacheSecret, KvPool, KvSeq, PoolStats, PrefixCache, pages_for};
+use crate::kv::{CacheSecret, KvPool, KvSeq, PoolStats, PrefixCache, pages_for, reserve_prompt};
 use crate::model::Model;
 use crate::request::Request;
 use crate::sched::{
@@ -356,16 +356,16 @@ impl<B: Backend> Engine<B> {
         while let Some(req) = admitted.next() {
             let mut input = req.prompt.clone();
             input.extend_from_slice(self.core.generated(req.id));
-            let keys = match &self.cache {
-                Some(cache) if req.prefix_cache => Some(cache.keys(req.tenant, &input)),
-                _ => None,
-            };
-            let reserved = match (&self.cache, &keys) {
-                (Some(cache), Some(keys)) => cache.reserve(req.id, keys, input.len() + 1),
-                _ => self.pool.reserve(req.id, input.len() + 1),
-            };
-            match reserved {
-                Ok(seq) => {
+            let cache = self.cache.as_ref().filter(|_| req.prefix_cache);
+            match reserve_prompt(
+                &self.pool,
+                cache,
+                req.id,
+                req.tenant,
+                &input,
+                input.len() + 1,
+            ) {
+                Ok((seq, keys)) => {
                     self.core.step_mut().reused_tokens += seq.reused_tokens() as u64;
                     self.filling.push(Prefilling {
                         req,

@@ -26,6 +26,7 @@ pub use geometry::{KvDtype, KvGeometry};
 pub use page::{PageId, PoolId, pages_for};
 pub use pool::{KvPool, PoolConfig, PoolStats, ScrubPolicy};
 pub use prefix::PrefixCache;
+pub(crate) use prefix::reserve_prompt;
 pub use prefix_key::{CacheSecret, PageKey, PrefixKeys};
 pub use seq::{Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Writable};
 pub use storage::{KvElem, KvSlice};

@@ -91,6 +91,28 @@ impl Drop for SharedPrefix {
     }
 }
 
+/// Reserves `tokens` tokens in `pool` for `owner`'s `prompt`: through
+/// `cache` when one is given (the keys of `prompt` for `tenant`, leasing the
+/// run of them it holds; see [`PrefixCache::reserve`]), else all private.
+/// Returns the sequence and the keys to publish its pages under once they
+/// are computed. The one reservation path of every server that prefills.
+pub(crate) fn reserve_prompt(
+    pool: &KvPool,
+    cache: Option<&PrefixCache>,
+    owner: RequestId,
+    tenant: TenantId,
+    prompt: &[u32],
+    tokens: usize,
+) -> Result<(KvSeq<Filling>, Option<PrefixKeys>), KvError> {
+    match cache {
+        Some(cache) => {
+            let keys = cache.keys(tenant, prompt);
+            Ok((cache.reserve(owner, &keys, tokens)?, Some(keys)))
+        }
+        None => Ok((pool.reserve(owner, tokens)?, None)),
+    }
+}
+
 /// The prefix cache of one pool, for one model, under one server secret.
 /// Cheap to clone. Every operation takes the pool's bookkeeping lock once.
 #[derive(Clone, Debug)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ids::RequestId;
-use crate::kv::{Filling, Held, KvPool, KvSeq, PrefixCache, PrefixKeys};
+use crate::kv::{Filling, Held, KvPool, KvSeq, PrefixCache, PrefixKeys, reserve_prompt};
 use crate::sched::AdmissionLimits;
 use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
@@ -456,17 +456,10 @@ impl<L: PrefillLink> PrefillSide<L> {
             return None;
         }
         let plan = self.pending.pop_front()?;
-        let keys = self
-            .cache
-            .as_ref()
-            .filter(|_| plan.prefix_cache)
-            .map(|c| c.keys(plan.tenant, &plan.prompt));
-        let reserved = match (&self.cache, &keys) {
-            (Some(cache), Some(keys)) => cache.reserve(plan.request, keys, plan.tokens as usize),
-            _ => self.pool.reserve(plan.request, plan.tokens as usize),
-        };
-        match reserved {
-            Ok(seq) => {
+        let cache = self.cache.as_ref().filter(|_| plan.prefix_cache);
+        let (owner, tenant, tokens) = (plan.request, plan.tenant, plan.tokens as usize);
+        match reserve_prompt(&self.pool, cache, owner, tenant, &plan.prompt, tokens) {
+            Ok((seq, keys)) => {
                 self.out.insert(plan.nonce);
                 Some(PrefillJob { plan, seq, keys })
             }

@@ -8,8 +8,9 @@
 //! steps, and the running chats stream a token in every one of them. Either
 //! way, each request streams exactly what it streams on an engine with both
 //! off; a request may opt out of the cache; cancelling a prompt halfway
-//! through its prefill returns its pages; and a cache full of idle pages
-//! never turns away a request that fits the pool.
+//! through its prefill returns its pages; a cache full of idle pages never
+//! turns away a request that fits the pool; and shutdown frees every cached
+//! page.
 
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::{
@@ -116,6 +117,11 @@ fn a_tenant_reuses_its_own_prefix_and_never_another_tenants() {
     assert_eq!(st.isolation_violations, 0);
     assert!(plain.prefix_cache().is_none());
     assert_eq!(plain.pool_stats().cached, 0);
+    // Shutdown scrubs and frees the cached pages: no tenant's KV outlives
+    // the engine's service.
+    e.shutdown();
+    let st = e.pool_stats();
+    assert!(st.all_free(), "cached pages left after shutdown: {st:?}");
 }
 
 #[test]
