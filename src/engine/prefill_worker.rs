@@ -212,58 +212,55 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// sampling failed (every job in a failed pass fails: its KV may be
     /// half-written).
     fn compute(&mut self, jobs: &mut [PrefillJob]) -> Vec<Option<u32>> {
-        let prompts: Vec<Vec<u32>> = jobs.iter().map(|j| j.to_compute().to_vec()).collect();
         let mut samplers: Vec<Option<Sampler>> = jobs
             .iter()
             .map(|j| Sampler::new(&j.plan().sampling).ok())
             .collect();
         let mut firsts: Vec<Option<u32>> = vec![None; jobs.len()];
-        let mut done = vec![0usize; jobs.len()];
         let mut failed = vec![false; jobs.len()];
         loop {
-            // This pass: chunks of the jobs in order, within the budget.
+            // This pass: a chunk of each job in order, within the budget;
+            // what is left of a prompt follows from the KV it holds.
             let mut budget = self.max_batch_tokens;
-            let mut pass: Vec<(usize, usize)> = Vec::new();
-            for (i, p) in prompts.iter().enumerate() {
-                let left = p.len() - done[i];
-                if left == 0 || failed[i] || budget == 0 {
-                    continue;
-                }
-                let len = left.min(budget);
-                budget -= len;
-                pass.push((i, len));
-            }
+            let lens: Vec<usize> = jobs
+                .iter()
+                .zip(&failed)
+                .map(|(j, &failed)| {
+                    let len = if failed {
+                        0
+                    } else {
+                        j.to_compute().len().min(budget)
+                    };
+                    budget -= len;
+                    len
+                })
+                .collect();
+            let pass: Vec<usize> = (0..jobs.len()).filter(|&i| lens[i] > 0).collect();
             if pass.is_empty() {
                 break;
             }
-            let mut refs: Vec<&mut KvSeq<Filling>> = Vec::with_capacity(pass.len());
-            let mut chunks: Vec<&[u32]> = Vec::with_capacity(pass.len());
-            let mut next = pass.iter().peekable();
-            for (i, job) in jobs.iter_mut().enumerate() {
-                if let Some(&&(j, len)) = next.peek()
-                    && i == j
-                {
-                    refs.push(job.seq_mut());
-                    chunks.push(&prompts[i][done[i]..done[i] + len]);
-                    next.next();
-                }
-            }
-            match self.model.prefill(&mut self.scratch, &mut refs, &chunks) {
+            let (mut refs, chunks): (Vec<&mut KvSeq<Filling>>, Vec<&[u32]>) = jobs
+                .iter_mut()
+                .zip(&lens)
+                .filter(|(_, len)| **len > 0)
+                .map(|(j, &len)| {
+                    let (seq, rest) = j.compute_parts();
+                    (seq, &rest[..len])
+                })
+                .unzip();
+            let logits = self.model.prefill(&mut self.scratch, &mut refs, &chunks);
+            drop(refs);
+            match logits {
                 Ok(logits) => {
-                    for (row, &(i, len)) in pass.iter().enumerate() {
-                        done[i] += len;
-                        if done[i] == prompts[i].len() {
+                    for (row, &i) in pass.iter().enumerate() {
+                        if jobs[i].to_compute().is_empty() {
                             firsts[i] = samplers[i]
                                 .as_mut()
                                 .and_then(|s| s.sample(logits.row(row)).ok());
                         }
                     }
                 }
-                Err(_) => {
-                    for &(i, _) in &pass {
-                        failed[i] = true;
-                    }
-                }
+                Err(_) => pass.iter().for_each(|&i| failed[i] = true),
             }
         }
         firsts

@@ -50,6 +50,13 @@ impl PrefillJob {
         let done = self.seq.complete_len().unwrap_or(0);
         self.plan.prompt.get(done..).unwrap_or(&[])
     }
+    /// The source pages and, at once, the part of the prompt still to
+    /// compute ([`PrefillJob::to_compute`]), for a pass that appends a chunk
+    /// of it.
+    pub fn compute_parts(&mut self) -> (&mut KvSeq<Filling>, &[u32]) {
+        let done = self.seq.complete_len().unwrap_or(0);
+        (&mut self.seq, self.plan.prompt.get(done..).unwrap_or(&[]))
+    }
     /// Prompt tokens whose KV came from the prefix cache.
     pub fn reused_tokens(&self) -> usize {
         self.seq.reused_tokens()
