@@ -136,10 +136,7 @@ impl<S: Serve> Service<S> {
     pub fn spawn(server: S) -> Result<Self, ServiceError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let pool = server.pool().clone();
-        let stats = Arc::new(Mutex::new(ServiceStats {
-            tally: server.tally(),
-            waiting: server.waiting(),
-        }));
+        let stats = Arc::new(Mutex::new(ServiceStats::of(&server)));
         let shared = stats.clone();
         let thread = std::thread::Builder::new()
             .name("handoff-service".into())
@@ -243,6 +240,20 @@ impl<S: Serve> Turn<S> {
     }
 }
 
+impl ServiceStats {
+    fn of<S: Serve>(server: &S) -> Self {
+        ServiceStats {
+            tally: server.tally(),
+            waiting: server.waiting(),
+        }
+    }
+}
+
+/// Publishes `server`'s counters for [`Submitter::stats`].
+fn publish<S: Serve>(stats: &Mutex<ServiceStats>, server: &S) {
+    *stats.lock() = ServiceStats::of(server);
+}
+
 /// The service thread: takes commands between steps, steps while anything
 /// is live, sleeps on the channel when nothing is.
 fn serve<S: Serve>(server: S, rx: Receiver<Command>, stats: &Mutex<ServiceStats>) -> S {
@@ -251,10 +262,7 @@ fn serve<S: Serve>(server: S, rx: Receiver<Command>, stats: &Mutex<ServiceStats>
         draining: None,
     };
     while !t.done() {
-        *stats.lock() = ServiceStats {
-            tally: t.server.tally(),
-            waiting: t.server.waiting(),
-        };
+        publish(stats, &t.server);
         if t.server.is_idle() {
             // Nothing to step: sleep until a command comes.
             let cmd = if t.server.polls_when_idle() {
@@ -297,10 +305,7 @@ fn serve<S: Serve>(server: S, rx: Receiver<Command>, stats: &Mutex<ServiceStats>
     }
     let mut server = t.server;
     server.shutdown();
-    *stats.lock() = ServiceStats {
-        tally: server.tally(),
-        waiting: server.waiting(),
-    };
+    publish(stats, &server);
     // Turn away what arrived after the last turn; senders that come later
     // find the channel closed when this thread's receiver drops.
     while let Ok(cmd) = rx.try_recv() {
