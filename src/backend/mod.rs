@@ -151,6 +151,14 @@ pub trait Backend: Send + Sync + 'static {
         tasks.into_iter().map(|f| f()).collect()
     }
 
+    /// Runs one whole forward pass (`f`) where its ops split their work
+    /// cheapest: a backend with a thread pool runs it on one of the pool's
+    /// threads, so that each op's split is a fork inside the pool rather
+    /// than a hand-off from an outside thread and back. Default: here.
+    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, f: F) -> R {
+        f()
+    }
+
     /// Refuses attention shapes this backend has no kernels for, when a
     /// model is placed, so that no request is admitted only to fail at its
     /// first pass. Default: every shape runs.

@@ -517,7 +517,9 @@ impl<B: Backend> Model<B> {
             // Here, or a single sequence of a small model: its large ops
             // still split over the threads.
             PassPlan::Here | PassPlan::Groups(_) => {
-                self.pass_here(scratch, seqs, input, want, decode)
+                let input = &input;
+                self.backend
+                    .run_pass(|| self.pass_here(scratch, seqs, input, want, decode))
             }
         }
     }
