@@ -197,11 +197,26 @@ fn main() {
         mib(proc_status("VmHWM").unwrap_or(0)),
     ));
 
-    // Warm up (page in, grow buffers), then measure.
+    // Warm up (page in, grow buffers), then measure. `HANDOFF_BENCH_ONLY=decode`
+    // (or `batch8`, `prefill`) runs one figure alone, for a profiler.
+    let only = std::env::var("HANDOFF_BENCH_ONLY").unwrap_or_default();
+    let run = |name: &str| only.is_empty() || only == name;
     let _ = decode_rate(&m, 1, 8);
-    let single = decode_rate(&m, 1, 128);
-    let batch8 = decode_rate(&m, 8, 64);
-    let t512 = ttft(&m, 512, 3);
+    let single = if run("decode") {
+        decode_rate(&m, 1, 128)
+    } else {
+        f64::NAN
+    };
+    let batch8 = if run("batch8") {
+        decode_rate(&m, 8, 64)
+    } else {
+        f64::NAN
+    };
+    let t512 = if run("prefill") {
+        ttft(&m, 512, 3)
+    } else {
+        f64::NAN
+    };
 
     let llama = std::env::var_os("LLAMA_CPP_BIN").map(|b| llama_cpp(Path::new(&b), threads));
     let l = llama.unwrap_or(Llama {

@@ -1,7 +1,10 @@
-//! ggml's block formats, dequantized exactly as ggml's reference
-//! `dequantize_row_*` functions do (each product and sum rounded to f32 in
-//! the same order, no fused multiply-add), so a quantized matrix kept
-//! quantized and one dequantized up front hold the same f32 values.
+//! ggml's block formats, dequantized as ggml's reference
+//! `dequantize_row_*` functions define them: each value rounded to f32 once
+//! per operation in the same order, except that `q * d + m` (Q4_1, Q5_1)
+//! is one fused multiply-add, rounded once (as ggml's C compiles on FMA
+//! hardware). This module is the definition: a quantized matrix kept
+//! quantized by a backend and one dequantized up front hold the same f32
+//! values.
 
 use crate::backend::GgmlType;
 
@@ -115,7 +118,7 @@ impl QuantMatrix {
 
 #[inline(always)]
 fn f16(b: &[u8], at: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 /// `src` (whole blocks of `ty`) as f32 into `out`, one element per slot of
@@ -140,12 +143,7 @@ pub(crate) fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
         }
         GgmlType::F16 => y[0] = f16(b, 0),
         GgmlType::Bf16 => y[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-        GgmlType::Q8_0 => {
-            let d = f16(b, 0);
-            for (v, &q) in y.iter_mut().zip(&b[2..34]) {
-                *v = f32::from(q as i8) * d;
-            }
-        }
+        GgmlType::Q8_0 => q8_0_values(f16(b, 0), &b[2..34], y),
         GgmlType::Q4_0 => {
             let d = f16(b, 0);
             let qs = &b[2..18];
@@ -154,14 +152,7 @@ pub(crate) fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
                 y[j + 16] = (i32::from(qs[j] >> 4) - 8) as f32 * d;
             }
         }
-        GgmlType::Q4_1 => {
-            let (d, m) = (f16(b, 0), f16(b, 2));
-            let qs = &b[4..20];
-            for j in 0..16 {
-                y[j] = f32::from(qs[j] & 0xf) * d + m;
-                y[j + 16] = f32::from(qs[j] >> 4) * d + m;
-            }
-        }
+        GgmlType::Q4_1 => q4_1_values(f16(b, 0), f16(b, 2), &b[4..20], y),
         GgmlType::Q5_0 => {
             let d = f16(b, 0);
             let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
@@ -180,8 +171,8 @@ pub(crate) fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
             for j in 0..16 {
                 let h0 = ((qh >> j) << 4) & 0x10;
                 let h1 = (qh >> (j + 12)) & 0x10;
-                y[j] = (u32::from(qs[j] & 0xf) | h0) as f32 * d + m;
-                y[j + 16] = (u32::from(qs[j] >> 4) | h1) as f32 * d + m;
+                y[j] = ((u32::from(qs[j] & 0xf) | h0) as f32).mul_add(d, m);
+                y[j + 16] = ((u32::from(qs[j] >> 4) | h1) as f32).mul_add(d, m);
             }
         }
         GgmlType::Q4K => {
@@ -244,6 +235,32 @@ pub(crate) fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
         }
         _ => {}
     }
+}
+
+/// The 32 values of a Q8_0 block: scale `d` (widened from f16) and its 32
+/// signed bytes `qs`, each `q * d`.
+#[inline(always)]
+pub(crate) fn q8_0_values(d: f32, qs: &[u8], y: &mut [f32]) {
+    for (v, &q) in y.iter_mut().zip(&qs[..32]) {
+        *v = f32::from(q as i8) * d;
+    }
+}
+
+/// The 32 values of a Q4_1 block: scale `d`, minimum `m` (both widened from
+/// f16) and its 16 bytes `qs`, value `j` in the low nibble of byte `j` and
+/// value `j + 16` in its high nibble, each `q * d + m` fused.
+#[inline(always)]
+pub(crate) fn q4_1_values(d: f32, m: f32, qs: &[u8], y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = f32::from(qs[j] & 0xf).mul_add(d, m);
+        y[j + 16] = f32::from(qs[j] >> 4).mul_add(d, m);
+    }
+}
+
+/// An f16 bit pattern widened to f32 (exact).
+#[inline(always)]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
 }
 
 /// Scale and min of sub-block `j` of a Q4_K/Q5_K block (6 bits each,

@@ -13,6 +13,8 @@ mod ops;
 mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_quant;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -66,6 +68,9 @@ enum Stored {
     /// A ggml block format (a GGUF checkpoint's), dequantized tile by tile
     /// inside the matmul.
     Quant(QuantMatrix),
+    /// Q8_0 or Q4_1 with the scales out of the blocks, for the AVX2
+    /// kernels (see [`quant::SplitQuant`]).
+    Split(quant::SplitQuant),
 }
 
 impl CpuMat {
@@ -76,6 +81,7 @@ impl CpuMat {
             Stored::Bf16(v) => Cow::Owned(v.iter().map(|b| b.f32()).collect()),
             Stored::F16(v) => Cow::Owned(v.iter().map(|h| h.f32()).collect()),
             Stored::Quant(q) => Cow::Owned(q.dequantize()),
+            Stored::Split(q) => Cow::Owned(q.dequantize()),
         }
     }
 
@@ -87,7 +93,7 @@ impl CpuMat {
         match self.data {
             Stored::F32(_) => 4,
             Stored::Bf16(_) | Stored::F16(_) => 2,
-            Stored::Quant(_) => 0,
+            Stored::Quant(_) | Stored::Split(_) => 0,
         }
     }
 
@@ -95,6 +101,7 @@ impl CpuMat {
     pub fn quant_type(&self) -> Option<crate::backend::GgmlType> {
         match &self.data {
             Stored::Quant(q) => Some(q.ggml_type()),
+            Stored::Split(q) => Some(q.ggml_type()),
             _ => None,
         }
     }
@@ -106,6 +113,7 @@ impl CpuMat {
             Stored::Bf16(v) => f(Rows::Plain(WeightRows::Bf16(v))),
             Stored::F16(v) => f(Rows::Plain(WeightRows::F16(v))),
             Stored::Quant(q) => f(Rows::Quant(q)),
+            Stored::Split(q) => f(Rows::Split(q)),
         }
     }
 }
@@ -115,6 +123,7 @@ impl CpuMat {
 enum Rows<'a> {
     Plain(WeightRows<'a>),
     Quant(&'a QuantMatrix),
+    Split(&'a quant::SplitQuant),
 }
 
 impl Rows<'_> {
@@ -137,6 +146,9 @@ impl Rows<'_> {
             }
             Rows::Quant(q) => {
                 quant::matmul_cols_quant(isa, x, m, k, q, cols, out, row_stride, col_stride)
+            }
+            Rows::Split(q) => {
+                quant::matmul_cols_split(isa, x, m, k, q, cols, out, row_stride, col_stride)
             }
         }
     }
@@ -373,6 +385,16 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, f: F) -> R {
+        match &self.pool {
+            // From inside the pool, an op's split pushes its halves on this
+            // worker's own queue for the others to steal, and the caller
+            // works on them too: no wake-up of an outside thread per op.
+            Some(pool) if !SERIAL_OPS.get() => pool.install(f),
+            _ => f(),
+        }
+    }
+
     fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
         match &self.pool {
             // Each group runs with its ops serial (see `par_pool`): a
@@ -424,8 +446,12 @@ impl Backend for CpuBackend {
             // Short dot products run from packed f32 panels.
             return self.upload(q.dequantize(), rows, cols);
         }
+        // The AVX2 kernels read Q8_0 and Q4_1 with their scales split out.
+        let split = (self.isa == Isa::Avx2Fma)
+            .then(|| quant::SplitQuant::split(&q))
+            .flatten();
         Ok(CpuMat {
-            data: Stored::Quant(q),
+            data: split.map_or(Stored::Quant(q), Stored::Split),
             rows,
             cols,
             packed: None,
@@ -446,6 +472,7 @@ impl Backend for CpuBackend {
             Stored::Bf16(v) => held(v),
             Stored::F16(v) => held(v),
             Stored::Quant(q) => q.bytes().len(),
+            Stored::Split(q) => q.bytes(),
         };
         rows + m.packed.as_ref().map_or(0, held)
     }
@@ -481,7 +508,8 @@ impl Backend for CpuBackend {
                 Stored::F32(v) => o.copy_from_slice(&v[r * d..(r + 1) * d]),
                 Stored::Bf16(v) => widen(&v[r * d..(r + 1) * d], o),
                 Stored::F16(v) => widen(&v[r * d..(r + 1) * d], o),
-                Stored::Quant(q) => quant::dequantize_row(self.isa, q, r, o),
+                Stored::Quant(q) => q.dequantize_row(r, o),
+                Stored::Split(q) => q.dequantize_row(self.isa, r, o),
             }
         }
         Ok(())

@@ -1,36 +1,201 @@
 //! Matmul over weights kept in a ggml block format (a GGUF checkpoint's
 //! Q4_1, Q8_0, Q4_K, ...). A tile of weight rows is dequantized into a
 //! small cache-resident f32 buffer, exactly as a full dequantization would
-//! (same f32 values), and the f32 tiles run over it: every output element
-//! is the same fused multiply-add chain and lane tree as with the matrix
-//! dequantized up front, so results equal that reference bit for bit and
-//! stay independent of the batch. Activations stay f32. For up to eight
-//! activation rows (decode), Q8_0 and Q4_1 blocks are dequantized in
-//! registers and multiplied at once, by the same operations in the same
-//! order: the same bits again.
+//! (same f32 values, [`crate::backend::quant`]), and the f32 tiles run over
+//! it: every output element is the same fused multiply-add chain and lane
+//! tree as with the matrix dequantized up front, so results equal that
+//! reference bit for bit and stay independent of the batch. Activations
+//! stay f32.
+//!
+//! With AVX2, Q8_0 and Q4_1 matrices are kept [`SplitQuant`]: the same
+//! bytes, with each row's f16 scales moved out of the blocks into one run
+//! of their own, so that a kernel widens a row's scales eight at a time
+//! instead of one block at a time. For up to eight activation rows
+//! (decode), their blocks are dequantized in registers and multiplied at
+//! once (`x86_quant::matmul_cols_split`), by the same operations in the
+//! same order: the same bits again.
 
 use std::cell::RefCell;
 
-use crate::backend::QuantMatrix;
 use crate::backend::cpu::Isa;
 use crate::backend::cpu::kernel::WeightRows;
 use crate::backend::cpu::matmul::matmul_cols;
+use crate::backend::quant::{f16_to_f32, q4_1_values, q8_0_values};
+use crate::backend::{GgmlType, QuantMatrix};
 
 /// Weight rows dequantized per tile: 16 rows of up to a few thousand
 /// elements stay within L2 while every activation row reads them.
 const ROWS_PER_TILE: usize = 16;
 
-/// Up to this many activation rows (decode steps of small batches), Q8_0
-/// and Q4_1 blocks are dequantized in registers and used at once
-/// (`x86::matmul_cols_q`): the same bits as the tiles, without writing the
-/// f32 rows out. More rows share each dequantized tile instead.
+/// Up to this many activation rows (decode steps of small batches), split
+/// Q8_0 and Q4_1 blocks are dequantized in registers and used at once: the
+/// same bits as the tiles, without writing the f32 rows out. More rows
+/// share each dequantized tile instead.
 const FUSED_ROWS: usize = 8;
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `matmul_cols` (see there) for a quantized `w` (`[n, k]`).
+/// A Q8_0 or Q4_1 matrix with its scales split from its quants: the
+/// blocks' quant bytes in one array (32 bytes a block for Q8_0, 16 for
+/// Q4_1, rows one after another) and their f16 scales in another (`d`, or
+/// `d, m`, per block). The same bytes as the GGUF blocks, the same values.
+#[derive(Clone, Debug)]
+pub(crate) struct SplitQuant {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    qs: Vec<u8>,
+    scales: Vec<u16>,
+}
+
+impl SplitQuant {
+    /// `q` split, when it is Q8_0 or Q4_1; `None` for the other types.
+    pub(crate) fn split(q: &QuantMatrix) -> Option<Self> {
+        let (qb, sb) = Self::layout(q.ggml_type())?;
+        let bb = q.ggml_type().block_bytes() as usize;
+        let blocks = q.rows() * q.cols() / 32;
+        let mut qs = Vec::with_capacity(blocks * qb);
+        let mut scales = Vec::with_capacity(blocks * sb);
+        for b in q.bytes().chunks_exact(bb) {
+            for s in b[..2 * sb].chunks_exact(2) {
+                scales.push(u16::from_le_bytes([s[0], s[1]]));
+            }
+            qs.extend_from_slice(&b[2 * sb..]);
+        }
+        Some(SplitQuant {
+            ty: q.ggml_type(),
+            rows: q.rows(),
+            cols: q.cols(),
+            qs,
+            scales,
+        })
+    }
+
+    /// Quant bytes and f16 scales per block of `ty`, for the split types.
+    fn layout(ty: GgmlType) -> Option<(usize, usize)> {
+        match ty {
+            GgmlType::Q8_0 => Some((32, 1)),
+            GgmlType::Q4_1 => Some((16, 2)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Bytes held (quants and scales).
+    pub(crate) fn bytes(&self) -> usize {
+        self.qs.len() + 2 * self.scales.len()
+    }
+
+    fn q8(&self) -> bool {
+        self.ty == GgmlType::Q8_0
+    }
+
+    /// Row `r`'s quant bytes and scales.
+    pub(crate) fn row(&self, r: usize) -> (&[u8], &[u16]) {
+        let (qb, sb) = if self.q8() { (32, 1) } else { (16, 2) };
+        let blocks = self.cols / 32;
+        (
+            &self.qs[r * blocks * qb..(r + 1) * blocks * qb],
+            &self.scales[r * blocks * sb..(r + 1) * blocks * sb],
+        )
+    }
+
+    /// Row `r` as f32 into `out` (`cols` long): the values of
+    /// [`QuantMatrix::dequantize_row`].
+    pub(crate) fn dequantize_row(&self, isa: Isa, r: usize, out: &mut [f32]) {
+        let (qs, sc) = self.row(r);
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2Fma {
+            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+            // reported AVX2, FMA and F16C (`Isa::detect`).
+            if unsafe { crate::backend::cpu::x86_quant::dequantize_row(self.q8(), qs, sc, out) } {
+                return;
+            }
+        }
+        let _ = isa;
+        if self.q8() {
+            for ((q, &d), y) in qs.chunks_exact(32).zip(sc).zip(out.chunks_exact_mut(32)) {
+                q8_0_values(f16_to_f32(d), q, y);
+            }
+        } else {
+            for ((q, s), y) in qs
+                .chunks_exact(16)
+                .zip(sc.chunks_exact(2))
+                .zip(out.chunks_exact_mut(32))
+            {
+                q4_1_values(f16_to_f32(s[0]), f16_to_f32(s[1]), q, y);
+            }
+        }
+    }
+
+    /// Every element as f32, row-major.
+    pub(crate) fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(Isa::Portable, r, o);
+        }
+        out
+    }
+}
+
+/// `matmul_cols` (see there) for a split `w` (`[n, k]`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_cols_split(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &SplitQuant,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && (1..=FUSED_ROWS).contains(&m) {
+        use crate::backend::cpu::x86_quant::matmul_cols_split as fused;
+        let (q8, row) = (w.q8(), |r: usize| w.row(r));
+        let c = cols.clone();
+        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        // reported AVX2, FMA and F16C (`Isa::detect`).
+        let done = unsafe {
+            // Weight rows per pass: enough independent chains to hide the
+            // multiply-add latency, few enough for the 16 registers.
+            match m {
+                1 => fused::<1, 4>(q8, x, k, row, c, out, row_stride, col_stride),
+                2 => fused::<2, 4>(q8, x, k, row, c, out, row_stride, col_stride),
+                3 => fused::<3, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                4 => fused::<4, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                5 => fused::<5, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+                6 => fused::<6, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+                7 => fused::<7, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+                _ => fused::<8, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+            }
+        };
+        if done {
+            return;
+        }
+    }
+    tiles(
+        isa,
+        x,
+        m,
+        k,
+        |r, o| w.dequantize_row(isa, r, o),
+        cols,
+        out,
+        row_stride,
+        col_stride,
+    );
+}
+
+/// `matmul_cols` (see there) for a quantized `w` (`[n, k]`) kept in its
+/// GGUF blocks.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_cols_quant(
     isa: Isa,
@@ -43,31 +208,23 @@ pub(crate) fn matmul_cols_quant(
     row_stride: usize,
     col_stride: usize,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && (1..=FUSED_ROWS).contains(&m) {
-        use crate::backend::cpu::x86::matmul_cols_q;
-        let (ty, row) = (w.ggml_type(), |r: usize| w.row(r));
-        let c = cols.clone();
-        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
-        // reported AVX2, FMA and F16C (`Isa::detect`).
-        let done = unsafe {
-            // Weight rows per pass: enough independent chains to hide the
-            // multiply-add latency, few enough for the 16 registers.
-            match m {
-                1 => matmul_cols_q::<1, 8>(ty, x, k, row, c, out, row_stride, col_stride),
-                2 => matmul_cols_q::<2, 4>(ty, x, k, row, c, out, row_stride, col_stride),
-                3 => matmul_cols_q::<3, 2>(ty, x, k, row, c, out, row_stride, col_stride),
-                4 => matmul_cols_q::<4, 2>(ty, x, k, row, c, out, row_stride, col_stride),
-                5 => matmul_cols_q::<5, 1>(ty, x, k, row, c, out, row_stride, col_stride),
-                6 => matmul_cols_q::<6, 1>(ty, x, k, row, c, out, row_stride, col_stride),
-                7 => matmul_cols_q::<7, 1>(ty, x, k, row, c, out, row_stride, col_stride),
-                _ => matmul_cols_q::<8, 1>(ty, x, k, row, c, out, row_stride, col_stride),
-            }
-        };
-        if done {
-            return;
-        }
-    }
+    let row = |r: usize, o: &mut [f32]| w.dequantize_row(r, o);
+    tiles(isa, x, m, k, row, cols, out, row_stride, col_stride);
+}
+
+/// The f32 tiles over rows `cols` dequantized by `dequantize(r, out)`.
+#[allow(clippy::too_many_arguments)]
+fn tiles(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    dequantize: impl Fn(usize, &mut [f32]),
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) {
     TILE.with(|tile| {
         let mut tile = tile.borrow_mut();
         if tile.len() < ROWS_PER_TILE * k {
@@ -77,7 +234,7 @@ pub(crate) fn matmul_cols_quant(
         while j < cols.end {
             let nr = ROWS_PER_TILE.min(cols.end - j);
             for r in 0..nr {
-                dequantize_row(isa, w, j + r, &mut tile[r * k..(r + 1) * k]);
+                dequantize(j + r, &mut tile[r * k..(r + 1) * k]);
             }
             let o = &mut out[(j - cols.start) * col_stride..];
             let rows = WeightRows::F32(&tile[..nr * k]);
@@ -85,19 +242,4 @@ pub(crate) fn matmul_cols_quant(
             j += nr;
         }
     });
-}
-
-/// Row `r` of `w` as f32, the same values as [`QuantMatrix::dequantize`].
-#[inline]
-pub(crate) fn dequantize_row(isa: Isa, w: &QuantMatrix, r: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
-        // reported AVX2, FMA and F16C (`Isa::detect`).
-        if unsafe { crate::backend::cpu::x86::dequantize_row(w.ggml_type(), w.row(r), out) } {
-            return;
-        }
-    }
-    let _ = isa;
-    w.dequantize_row(r, out);
 }
