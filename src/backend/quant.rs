@@ -108,6 +108,30 @@ impl QuantMatrix {
         dequantize(self.ty, self.row(r), out);
     }
 
+    /// The row-major index of the first element that dequantizes to an
+    /// infinity or NaN, if any. A block's values are all finite exactly
+    /// when its f16 scale fields are (the largest finite scales times the
+    /// largest quants stay far inside f32's range; a test checks every
+    /// type at its extremes), so only blocks with a non-finite scale are
+    /// dequantized to find it.
+    pub fn first_non_finite(&self) -> Option<usize> {
+        let bb = self.ty.block_bytes() as usize;
+        let be = self.ty.block_elems() as usize;
+        let fields = scale_fields(self.ty);
+        let mut y = [0f32; 256];
+        for (i, b) in self.data.chunks_exact(bb).enumerate() {
+            let suspect = fields.is_none_or(|f| f.iter().any(|&at| !f16(b, at).is_finite()));
+            if suspect {
+                let y = &mut y[..be];
+                block(self.ty, b, y);
+                if let Some(j) = y.iter().position(|v| !v.is_finite()) {
+                    return Some(i * be + j);
+                }
+            }
+        }
+        None
+    }
+
     /// Every element as f32, row-major.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
@@ -119,6 +143,17 @@ impl QuantMatrix {
 #[inline(always)]
 fn f16(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Byte offsets of the f16 scale fields in a block of `ty`; `None` for the
+/// plain float types, whose elements are their own values.
+fn scale_fields(ty: GgmlType) -> Option<&'static [usize]> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(&[0]),
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => Some(&[0, 2]),
+        GgmlType::Q6K => Some(&[208]),
+        _ => None,
+    }
 }
 
 /// `src` (whole blocks of `ty`) as f32 into `out`, one element per slot of
@@ -280,6 +315,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     fn h(v: f32) -> [u8; 2] {
         half::f16::from_f32(v).to_bits().to_le_bytes()
@@ -306,6 +342,47 @@ mod tests {
             .dequantize();
         assert_eq!(y[0], -4.0);
         assert_eq!(y[31], 3.75);
+    }
+
+    #[test]
+    fn finite_scales_give_finite_values_and_a_nan_scale_is_found_where_it_is() {
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+        ];
+        for ty in types {
+            let (bb, be) = (ty.block_bytes() as usize, ty.block_elems() as usize);
+            let fields = scale_fields(ty).unwrap();
+            // Every quant, scale and min byte at its extremes, the f16
+            // fields at the largest finite magnitude, both signs.
+            for (fill, scale) in [(0xffu8, f16::MAX), (0x80, f16::MIN), (0x00, f16::MAX)] {
+                let mut b = vec![fill; 3 * bb];
+                for blk in b.chunks_exact_mut(bb) {
+                    for &at in fields {
+                        blk[at..at + 2].copy_from_slice(&scale.to_bits().to_le_bytes());
+                    }
+                }
+                let q = QuantMatrix::new("t", ty, 1, 3 * be, b.clone()).unwrap();
+                assert!(
+                    q.dequantize().iter().all(|v| v.is_finite()),
+                    "{ty} {fill:#x}"
+                );
+                assert_eq!(q.first_non_finite(), None, "{ty}");
+                // A NaN scale in the second block: found in that block.
+                let at = bb + fields[0];
+                b[at..at + 2].copy_from_slice(&f16::NAN.to_bits().to_le_bytes());
+                let q = QuantMatrix::new("t", ty, 1, 3 * be, b).unwrap();
+                let i = q.dequantize().iter().position(|v| !v.is_finite());
+                assert_eq!(q.first_non_finite(), i, "{ty}");
+                assert!(i.is_some_and(|i| (be..2 * be).contains(&i)), "{ty}");
+            }
+        }
     }
 
     #[test]

@@ -9,14 +9,20 @@
 //! dequantized up front.
 
 use std::arch::x86_64::{
-    __m128i, __m256, _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32,
-    _mm_loadl_epi64, _mm_loadu_si128, _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128,
+    __m128i, __m256, _MM_HINT_T0, _mm_and_si128, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32,
+    _mm_loadl_epi64, _mm_loadu_si128, _mm_prefetch, _mm_set1_epi8, _mm_srli_epi16, _mm_srli_si128,
     _mm256_broadcast_ss, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32,
     _mm256_cvtph_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps,
     _mm256_storeu_ps,
 };
 
 use crate::backend::cpu::kernel::LANES;
+
+/// Bytes ahead of the block being decoded that its row's quants are
+/// prefetched: a weight matrix streams from memory once per decode step,
+/// and the hardware prefetcher alone leaves the loads waiting (measured:
+/// 5.1 -> 3.8 ns per Q4_1 block on a 54 MB matrix, one thread).
+const PREFETCH: usize = 2048;
 
 /// Blocks whose scales are widened at once, into a buffer on the stack.
 const SCALE_RUN: usize = 32;
@@ -162,13 +168,23 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const R: usize>(
         let rows: [(&[u8], &[u16]); R] = std::array::from_fn(|r| row(j + r));
         // SAFETY: AVX2, FMA and F16C are enabled on this function; the rows
         // and x were checked above as `split_rows` requires.
-        put(j, &unsafe { split_rows::<M, R>(q8, blocks, x, k, rows) });
+        put(j, &unsafe {
+            if q8 {
+                split_rows::<M, R, true>(blocks, x, k, rows)
+            } else {
+                split_rows::<M, R, false>(blocks, x, k, rows)
+            }
+        });
         j += R;
     }
     for j in j..cols.end {
         // SAFETY: as above.
         put(j, &unsafe {
-            split_rows::<M, 1>(q8, blocks, x, k, [row(j)])
+            if q8 {
+                split_rows::<M, 1, true>(blocks, x, k, [row(j)])
+            } else {
+                split_rows::<M, 1, false>(blocks, x, k, [row(j)])
+            }
         });
     }
     true
@@ -180,14 +196,13 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const R: usize>(
 /// AVX2, FMA and F16C; every row in `w` holds `blocks` blocks (quants and
 /// scales, as `q8`); `x` holds `M` rows of `k = 32 * blocks` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn split_rows<const M: usize, const R: usize>(
-    q8: bool,
+unsafe fn split_rows<const M: usize, const R: usize, const Q8: bool>(
     blocks: usize,
     x: &[f32],
     k: usize,
     w: [(&[u8], &[u16]); R],
 ) -> [[f32; M]; R] {
-    let (sb, qb) = layout(q8);
+    let (sb, qb) = layout(Q8);
     // SAFETY (whole body): the caller guarantees the features and that
     // block `b < blocks` of each row lies inside it (quant loads read
     // inside its `qb` bytes, scale reads inside its `sb` values), and that
@@ -207,7 +222,10 @@ unsafe fn split_rows<const M: usize, const R: usize>(
                 for r in 0..R {
                     let d = _mm256_broadcast_ss(&scales[r][bi * sb]);
                     let m = _mm256_broadcast_ss(&scales[r][bi * sb + sb - 1]);
-                    let wv = values(q8, w[r].0.as_ptr().add(b * qb), d, m);
+                    let at = w[r].0.as_ptr().add(b * qb);
+                    // A hint: never faults, so it may point past the row.
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast::<i8>());
+                    let wv = values(Q8, at, d, m);
                     for (c, wc) in wv.iter().enumerate() {
                         for (i, a) in acc[r].iter_mut().enumerate() {
                             let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + 32 * b + 8 * c));

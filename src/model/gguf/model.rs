@@ -298,16 +298,12 @@ fn matrix(f: &GgufFile, t: &TensorInfo) -> Result<Tensor, ModelError> {
             let (cols, rows) = (t.dims()[0] as usize, t.dims()[1] as usize);
             let q = QuantMatrix::new(t.name(), ty, rows, cols, f.tensor_bytes(t).to_vec())
                 .map_err(GgufError::from)?;
-            let mut row = vec![0f32; cols];
-            for r in 0..rows {
-                q.dequantize_row(r, &mut row);
-                if let Some(i) = row.iter().position(|x| !x.is_finite()) {
-                    return Err(GgufError::NonFinite {
-                        tensor: t.name().to_string(),
-                        index: r * cols + i,
-                    }
-                    .into());
+            if let Some(index) = q.first_non_finite() {
+                return Err(GgufError::NonFinite {
+                    tensor: t.name().to_string(),
+                    index,
                 }
+                .into());
             }
             Ok(Tensor::Quant(q))
         }
