@@ -19,6 +19,7 @@ mod x86_quant;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
@@ -223,6 +224,33 @@ thread_local! {
     static SERIAL_OPS: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Runs the pool's pending work on this worker as soon as there is any,
+/// until `done`: a worker that sleeps when idle takes tens of microseconds
+/// to wake, once per op of a pass, which on two cores cost a quarter of a
+/// decode step. Returns at once on the thread running the pass itself
+/// (which could pick this job up while it waits), so it never waits for
+/// its own end.
+fn poll_until(done: &AtomicBool, pass_thread: Option<usize>) {
+    if rayon::current_thread_index() == pass_thread {
+        return;
+    }
+    while !done.load(Ordering::Acquire) {
+        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Sets its flag when dropped, so a pass that unwinds still ends the
+/// workers polling for it.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// Marks this thread as running a group pass until dropped (restoring the
 /// previous mark, so nesting and unwinding leave it right).
 struct SerialOps(bool);
@@ -388,9 +416,21 @@ impl Backend for CpuBackend {
     fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, f: F) -> R {
         match &self.pool {
             // From inside the pool, an op's split pushes its halves on this
-            // worker's own queue for the others to steal, and the caller
-            // works on them too: no wake-up of an outside thread per op.
-            Some(pool) if !SERIAL_OPS.get() => pool.install(f),
+            // worker's own queue and the caller works on them too; the
+            // other workers poll for them for the whole pass (see
+            // `poll_until`) instead of falling asleep between two ops and
+            // being woken for each.
+            Some(pool) if !SERIAL_OPS.get() => pool.install(|| {
+                let done = AtomicBool::new(false);
+                let pass_thread = rayon::current_thread_index();
+                rayon::scope(|s| {
+                    for _ in 1..self.threads {
+                        s.spawn(|_| poll_until(&done, pass_thread));
+                    }
+                    let _end = SetOnDrop(&done);
+                    f()
+                })
+            }),
             _ => f(),
         }
     }

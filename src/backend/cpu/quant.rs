@@ -170,7 +170,7 @@ pub(crate) fn matmul_cols_split(
                 1 => fused::<1, 4>(q8, x, k, row, c, out, row_stride, col_stride),
                 2 => fused::<2, 4>(q8, x, k, row, c, out, row_stride, col_stride),
                 3 => fused::<3, 2>(q8, x, k, row, c, out, row_stride, col_stride),
-                4 => fused::<4, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                4 => fused::<4, 1>(q8, x, k, row, c, out, row_stride, col_stride),
                 5 => fused::<5, 1>(q8, x, k, row, c, out, row_stride, col_stride),
                 6 => fused::<6, 1>(q8, x, k, row, c, out, row_stride, col_stride),
                 7 => fused::<7, 1>(q8, x, k, row, c, out, row_stride, col_stride),
