@@ -93,6 +93,10 @@ impl QuantMatrix {
     pub fn bytes(&self) -> &[u8] {
         &self.data
     }
+    /// The stored bytes, taken.
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.data
+    }
     /// Stored bytes per row.
     pub fn row_bytes(&self) -> usize {
         self.data.len() / self.rows

@@ -487,11 +487,12 @@ impl Backend for CpuBackend {
             return self.upload(q.dequantize(), rows, cols);
         }
         // The AVX2 kernels read Q8_0 and Q4_1 with their scales split out.
-        let split = (self.isa == Isa::Avx2Fma)
-            .then(|| quant::SplitQuant::split(&q))
-            .flatten();
+        let data = match self.isa {
+            Isa::Avx2Fma => quant::SplitQuant::split(q).map_or_else(Stored::Quant, Stored::Split),
+            Isa::Portable => Stored::Quant(q),
+        };
         Ok(CpuMat {
-            data: split.map_or(Stored::Quant(q), Stored::Split),
+            data,
             rows,
             cols,
             packed: None,

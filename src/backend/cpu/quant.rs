@@ -51,24 +51,35 @@ pub(crate) struct SplitQuant {
 }
 
 impl SplitQuant {
-    /// `q` split, when it is Q8_0 or Q4_1; `None` for the other types.
-    pub(crate) fn split(q: &QuantMatrix) -> Option<Self> {
-        let (qb, sb) = Self::layout(q.ggml_type())?;
-        let bb = q.ggml_type().block_bytes() as usize;
-        let blocks = q.rows() * q.cols() / 32;
-        let mut qs = Vec::with_capacity(blocks * qb);
+    /// `q` split, when it is Q8_0 or Q4_1 (`q` back for the other types).
+    /// The quants are moved down inside `q`'s own buffer, which is then
+    /// trimmed: no second copy of the matrix is ever held.
+    pub(crate) fn split(q: QuantMatrix) -> Result<Self, QuantMatrix> {
+        let Some((qb, sb)) = Self::layout(q.ggml_type()) else {
+            return Err(q);
+        };
+        let (ty, rows, cols) = (q.ggml_type(), q.rows(), q.cols());
+        let bb = ty.block_bytes() as usize;
+        let mut data = q.into_bytes();
+        let blocks = data.len() / bb;
         let mut scales = Vec::with_capacity(blocks * sb);
-        for b in q.bytes().chunks_exact(bb) {
-            for s in b[..2 * sb].chunks_exact(2) {
+        for i in 0..blocks {
+            let at = i * bb;
+            for s in data[at..at + 2 * sb].chunks_exact(2) {
                 scales.push(u16::from_le_bytes([s[0], s[1]]));
             }
-            qs.extend_from_slice(&b[2 * sb..]);
+            // Block i's quants land at i * qb, below its own start and
+            // above every block already moved: nothing unread is
+            // overwritten.
+            data.copy_within(at + 2 * sb..at + bb, i * qb);
         }
-        Some(SplitQuant {
-            ty: q.ggml_type(),
-            rows: q.rows(),
-            cols: q.cols(),
-            qs,
+        data.truncate(blocks * qb);
+        data.shrink_to_fit();
+        Ok(SplitQuant {
+            ty,
+            rows,
+            cols,
+            qs: data,
             scales,
         })
     }
