@@ -224,19 +224,38 @@ thread_local! {
     static SERIAL_OPS: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Longest a worker polls without finding work before it goes back to
+/// sleeping until woken: a pass stuck in a long serial stretch (or a
+/// machine with more runnable threads than cores) does not keep it busy.
+const POLL_IDLE: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// Runs the pool's pending work on this worker as soon as there is any,
 /// until `done`: a worker that sleeps when idle takes tens of microseconds
 /// to wake, once per op of a pass, which on two cores cost a quarter of a
-/// decode step. Returns at once on the thread running the pass itself
-/// (which could pick this job up while it waits), so it never waits for
-/// its own end.
+/// decode step. Between polls it yields its core to any other runnable
+/// thread, and it gives up after [`POLL_IDLE`] without work. Returns at
+/// once on the thread running the pass itself (which could pick this job
+/// up while it waits), so it never waits for its own end.
 fn poll_until(done: &AtomicBool, pass_thread: Option<usize>) {
     if rayon::current_thread_index() == pass_thread {
         return;
     }
+    let mut idle_since = std::time::Instant::now();
+    let mut polls = 0u32;
     while !done.load(Ordering::Acquire) {
-        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            polls = 0;
+            idle_since = std::time::Instant::now();
+            continue;
+        }
+        polls += 1;
+        if polls < 64 {
             std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+            if polls.is_multiple_of(64) && idle_since.elapsed() > POLL_IDLE {
+                return;
+            }
         }
     }
 }
