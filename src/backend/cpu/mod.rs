@@ -932,4 +932,28 @@ mod tests {
         assert_eq!(inside, vec![false; 4], "a group's ops must stay serial");
         assert!(b.par_pool(1).is_some(), "the mark is lifted afterwards");
     }
+
+    #[test]
+    fn a_pass_that_unwinds_releases_the_polling_workers() {
+        let b = CpuBackend::with_threads(2).min_parallel_work(1);
+        // A pass whose split ops run on both threads, then panics.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            b.run_pass(|| {
+                let mut v = vec![0u32; 1 << 12];
+                if let Some(pool) = b.par_pool(1) {
+                    pool.install(|| v.par_iter_mut().for_each(|x| *x += 1));
+                }
+                assert_eq!(v.iter().sum::<u32>(), 1 << 12);
+                panic!("a pass that fails");
+            })
+        }));
+        assert!(unwound.is_err());
+        // The pool is free again: a pass needing both threads completes.
+        let sum: u64 = b.run_pass(|| {
+            b.par_pool(1)
+                .map(|p| p.install(|| (0..1u64 << 16).into_par_iter().sum()))
+                .unwrap_or(0)
+        });
+        assert_eq!(sum, (1u64 << 16) * ((1u64 << 16) - 1) / 2);
+    }
 }
