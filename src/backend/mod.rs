@@ -151,11 +151,14 @@ pub trait Backend: Send + Sync + 'static {
         tasks.into_iter().map(|f| f()).collect()
     }
 
-    /// Runs one whole forward pass (`f`) where its ops split their work
-    /// cheapest: a backend with a thread pool runs it on one of the pool's
-    /// threads, so that each op's split is a fork inside the pool rather
-    /// than a hand-off from an outside thread and back. Default: here.
-    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, f: F) -> R {
+    /// Runs one whole forward pass (`f`) of `rows` token rows through
+    /// `weights` weight elements where its ops split their work cheapest:
+    /// a backend with a thread pool runs a pass large enough to split on
+    /// one of the pool's threads, so that each op's split is a fork inside
+    /// the pool rather than a hand-off from an outside thread and back.
+    /// Default: here.
+    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, rows: usize, weights: usize, f: F) -> R {
+        let _ = (rows, weights);
         f()
     }
 

@@ -518,8 +518,9 @@ impl<B: Backend> Model<B> {
             // still split over the threads.
             PassPlan::Here | PassPlan::Groups(_) => {
                 let input = &input;
-                self.backend
-                    .run_pass(|| self.pass_here(scratch, seqs, input, want, decode))
+                self.backend.run_pass(rows, self.weight_elems, || {
+                    self.pass_here(scratch, seqs, input, want, decode)
+                })
             }
         }
     }

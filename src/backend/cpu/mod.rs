@@ -349,6 +349,12 @@ impl CpuBackend {
             .filter(|_| work >= self.min_parallel_work && !SERIAL_OPS.get())
     }
 
+    /// Whether a pass of `rows` token rows through `weights` weight
+    /// elements is large enough for any of its ops to split over threads.
+    fn splits(&self, rows: usize, weights: usize) -> bool {
+        self.pool.is_some() && rows.saturating_mul(weights) >= 4 * self.min_parallel_work
+    }
+
     /// Ops with fewer multiply-adds than this run on the calling thread
     /// (default [`DEFAULT_PARALLEL_WORK`]).
     #[must_use]
@@ -421,7 +427,7 @@ impl Backend for CpuBackend {
     }
 
     fn plan_pass(&self, rows: usize, weights: usize) -> PassPlan {
-        if self.pool.is_none() || rows.saturating_mul(weights) < 4 * self.min_parallel_work {
+        if !self.splits(rows, weights) {
             // Too small for any op to pay for another thread.
             return PassPlan::Here;
         }
@@ -432,7 +438,12 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, f: F) -> R {
+    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, rows: usize, weights: usize, f: F) -> R {
+        if SERIAL_OPS.get() || !self.splits(rows, weights) {
+            // No op of this pass splits: handing it to the pool would only
+            // add a hand-off.
+            return f();
+        }
         match &self.pool {
             // From inside the pool, an op's split pushes its halves on this
             // worker's own queue and the caller works on them too; the
@@ -938,7 +949,7 @@ mod tests {
         let b = CpuBackend::with_threads(2).min_parallel_work(1);
         // A pass whose split ops run on both threads, then panics.
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            b.run_pass(|| {
+            b.run_pass(1, usize::MAX, || {
                 let mut v = vec![0u32; 1 << 12];
                 if let Some(pool) = b.par_pool(1) {
                     pool.install(|| v.par_iter_mut().for_each(|x| *x += 1));
@@ -949,7 +960,7 @@ mod tests {
         }));
         assert!(unwound.is_err());
         // The pool is free again: a pass needing both threads completes.
-        let sum: u64 = b.run_pass(|| {
+        let sum: u64 = b.run_pass(1, usize::MAX, || {
             b.par_pool(1)
                 .map(|p| p.install(|| (0..1u64 << 16).into_par_iter().sum()))
                 .unwrap_or(0)
