@@ -109,6 +109,13 @@ impl GgmlType {
         self.entry().4
     }
 
+    /// Every type ggml defines, in id order (for tests that must cover
+    /// each type of a kind).
+    #[cfg(test)]
+    pub(crate) fn every() -> impl Iterator<Item = GgmlType> {
+        TABLE.iter().map(|e| e.0)
+    }
+
     /// Whether handoff can compute with tensors of this type.
     pub fn computable(self) -> bool {
         use GgmlType::*;
