@@ -439,30 +439,29 @@ impl Backend for CpuBackend {
     }
 
     fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, rows: usize, weights: usize, f: F) -> R {
-        if SERIAL_OPS.get() || !self.splits(rows, weights) {
-            // No op of this pass splits: handing it to the pool would only
-            // add a hand-off.
+        // A pass no op of which splits (or one inside a group pass) runs
+        // here: handing it to the pool would only add a hand-off.
+        let Some(pool) =
+            (self.pool.as_ref()).filter(|_| !SERIAL_OPS.get() && self.splits(rows, weights))
+        else {
             return f();
-        }
-        match &self.pool {
-            // From inside the pool, an op's split pushes its halves on this
-            // worker's own queue and the caller works on them too; the
-            // other workers poll for them for the whole pass (see
-            // `poll_until`) instead of falling asleep between two ops and
-            // being woken for each.
-            Some(pool) if !SERIAL_OPS.get() => pool.install(|| {
-                let done = AtomicBool::new(false);
-                let pass_thread = rayon::current_thread_index();
-                rayon::scope(|s| {
-                    for _ in 1..self.threads {
-                        s.spawn(|_| poll_until(&done, pass_thread));
-                    }
-                    let _end = SetOnDrop(&done);
-                    f()
-                })
-            }),
-            _ => f(),
-        }
+        };
+        // From inside the pool, an op's split pushes its halves on this
+        // worker's own queue and the caller works on them too; the other
+        // workers poll for them for the whole pass (see `poll_until`)
+        // instead of falling asleep between two ops and being woken for
+        // each.
+        pool.install(|| {
+            let done = AtomicBool::new(false);
+            let pass_thread = rayon::current_thread_index();
+            rayon::scope(|s| {
+                for _ in 1..self.threads {
+                    s.spawn(|_| poll_until(&done, pass_thread));
+                }
+                let _end = SetOnDrop(&done);
+                f()
+            })
+        })
     }
 
     fn run_groups<R: Send, F: FnOnce() -> R + Send>(&self, tasks: Vec<F>) -> Vec<R> {
