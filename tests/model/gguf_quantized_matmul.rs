@@ -70,8 +70,10 @@ fn quantized_matmul_gives_the_dequantized_reference_bits_batched_or_alone() {
                 .min_parallel_work(1);
             for ty in TYPES {
                 // k of 256 and 512 (K-quants need 256), n not a multiple
-                // of any tile, so leftover columns are covered.
-                for (n, k) in [(37, 256), (20, 512)] {
+                // of any tile, so leftover columns are covered; and a k of
+                // 48 blocks of 32, past the 32-block runs in which the AVX2
+                // kernels widen scales.
+                for (n, k) in [(37, 256), (20, 512), (9, 1536)] {
                     let bytes = blocks(ty, n, k, n as u64 * 31 + k as u64);
                     let q = QuantMatrix::new("w", ty, n, k, bytes).unwrap();
                     let reference = b.upload(q.dequantize(), n, k).unwrap();

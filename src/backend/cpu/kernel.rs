@@ -13,6 +13,31 @@ pub(crate) fn reduce(acc: &[f32; LANES]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
+/// A split Q8_0 (`q8`) or Q4_1 block (`quant::SplitQuant`): its quant
+/// bytes (32 signed bytes, or 16 bytes of two nibbles) and its f16 scales
+/// (`d`, or `d, m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SplitBlock {
+    pub(crate) quant_bytes: usize,
+    pub(crate) scales: usize,
+}
+
+impl SplitBlock {
+    pub(crate) const fn of(q8: bool) -> Self {
+        if q8 {
+            SplitBlock {
+                quant_bytes: 32,
+                scales: 1,
+            }
+        } else {
+            SplitBlock {
+                quant_bytes: 16,
+                scales: 2,
+            }
+        }
+    }
+}
+
 /// A stored weight element, widened exactly to f32 before any arithmetic:
 /// f32 itself, or a 16-bit format ([`Bf16`], [`F16`]) for weights that are
 /// all exactly such values (a bf16 or f16 checkpoint), which then take half

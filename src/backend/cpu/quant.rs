@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 
 use crate::backend::cpu::Isa;
-use crate::backend::cpu::kernel::WeightRows;
+use crate::backend::cpu::kernel::{SplitBlock, WeightRows};
 use crate::backend::cpu::matmul::matmul_cols;
 use crate::backend::quant::{f16_to_f32, q4_1_values, q8_0_values};
 use crate::backend::{GgmlType, QuantMatrix};
@@ -55,9 +55,15 @@ impl SplitQuant {
     /// The quants are moved down inside `q`'s own buffer, which is then
     /// trimmed: no second copy of the matrix is ever held.
     pub(crate) fn split(q: QuantMatrix) -> Result<Self, QuantMatrix> {
-        let Some((qb, sb)) = Self::layout(q.ggml_type()) else {
-            return Err(q);
+        let q8 = match q.ggml_type() {
+            GgmlType::Q8_0 => true,
+            GgmlType::Q4_1 => false,
+            _ => return Err(q),
         };
+        let SplitBlock {
+            quant_bytes: qb,
+            scales: sb,
+        } = SplitBlock::of(q8);
         let (ty, rows, cols) = (q.ggml_type(), q.rows(), q.cols());
         let bb = ty.block_bytes() as usize;
         let mut data = q.into_bytes();
@@ -84,22 +90,14 @@ impl SplitQuant {
         })
     }
 
-    /// Quant bytes and f16 scales per block of `ty`, for the split types.
-    fn layout(ty: GgmlType) -> Option<(usize, usize)> {
-        match ty {
-            GgmlType::Q8_0 => Some((32, 1)),
-            GgmlType::Q4_1 => Some((16, 2)),
-            _ => None,
-        }
-    }
-
     pub(crate) fn ggml_type(&self) -> GgmlType {
         self.ty
     }
 
-    /// Bytes held (quants and scales).
+    /// Bytes the two allocations hold (quants and scales), spare capacity
+    /// included, as `Backend::mat_bytes` counts.
     pub(crate) fn bytes(&self) -> usize {
-        self.qs.len() + 2 * self.scales.len()
+        self.qs.capacity() + 2 * self.scales.capacity()
     }
 
     fn q8(&self) -> bool {
@@ -108,11 +106,12 @@ impl SplitQuant {
 
     /// Row `r`'s quant bytes and scales.
     pub(crate) fn row(&self, r: usize) -> (&[u8], &[u16]) {
-        let (qb, sb) = if self.q8() { (32, 1) } else { (16, 2) };
+        let b = SplitBlock::of(self.q8());
         let blocks = self.cols / 32;
+        let (qr, sr) = (blocks * b.quant_bytes, blocks * b.scales);
         (
-            &self.qs[r * blocks * qb..(r + 1) * blocks * qb],
-            &self.scales[r * blocks * sb..(r + 1) * blocks * sb],
+            &self.qs[r * qr..(r + 1) * qr],
+            &self.scales[r * sr..(r + 1) * sr],
         )
     }
 

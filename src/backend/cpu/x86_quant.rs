@@ -16,7 +16,7 @@ use std::arch::x86_64::{
     _mm256_storeu_ps,
 };
 
-use crate::backend::cpu::kernel::LANES;
+use crate::backend::cpu::kernel::{LANES, SplitBlock};
 
 /// Bytes ahead of the block being decoded that its row's quants are
 /// prefetched: a weight matrix streams from memory once per decode step,
@@ -88,32 +88,44 @@ unsafe fn widen_scales(src: *const u16, n: usize, out: *mut f32) {
     }
 }
 
-/// Scales per block and quant bytes per block of a Q8_0 (`q8`) or Q4_1 row.
-fn layout(q8: bool) -> (usize, usize) {
-    if q8 { (1, 32) } else { (2, 16) }
-}
-
 /// One split row (`qs`, `scales`, whole blocks) as f32 into `out`. Returns
 /// false, leaving `out` alone, when the slices do not hold `out.len() / 32`
 /// blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dequantize_row(q8: bool, qs: &[u8], scales: &[u16], out: &mut [f32]) -> bool {
-    let (sb, qb) = layout(q8);
+    let SplitBlock {
+        quant_bytes: qb,
+        scales: sb,
+    } = SplitBlock::of(q8);
     let blocks = out.len() / 32;
     if !out.len().is_multiple_of(32) || qs.len() < blocks * qb || scales.len() < blocks * sb {
         return false;
     }
-    let mut s = [0f32; 2];
-    for (b, y) in out.chunks_exact_mut(32).enumerate() {
-        // SAFETY: AVX2, FMA and F16C are enabled on this function; block
-        // `b` lies inside `qs` and `scales` (checked above); each store
-        // writes 8 floats at y[8 * c..], inside the 32-float `y`.
+    // Scales widened a run of blocks at a time, as in `split_rows`.
+    let mut s = [0f32; 2 * SCALE_RUN];
+    for (r, ys) in out.chunks_mut(32 * SCALE_RUN).enumerate() {
+        let b0 = r * SCALE_RUN;
+        // SAFETY: AVX2 and F16C are enabled on this function; the run's
+        // `ys.len() / 32 <= SCALE_RUN` blocks lie inside `scales` (checked
+        // above) and their scales fit `s`.
         unsafe {
-            widen_scales(scales.as_ptr().add(b * sb), sb, s.as_mut_ptr());
-            let (d, m) = (_mm256_broadcast_ss(&s[0]), _mm256_broadcast_ss(&s[1]));
-            let v = values(q8, qs.as_ptr().add(b * qb), d, m);
-            for (c, lanes) in v.iter().enumerate() {
-                _mm256_storeu_ps(y.as_mut_ptr().add(8 * c), *lanes);
+            widen_scales(
+                scales.as_ptr().add(b0 * sb),
+                ys.len() / 32 * sb,
+                s.as_mut_ptr(),
+            )
+        };
+        for (bi, y) in ys.chunks_exact_mut(32).enumerate() {
+            // SAFETY: AVX2, FMA and F16C are enabled on this function;
+            // block `b0 + bi` lies inside `qs` (checked above); each store
+            // writes 8 floats at y[8 * c..], inside the 32-float `y`.
+            unsafe {
+                let d = _mm256_broadcast_ss(&s[bi * sb]);
+                let m = _mm256_broadcast_ss(&s[bi * sb + sb - 1]);
+                let v = values(q8, qs.as_ptr().add((b0 + bi) * qb), d, m);
+                for (c, lanes) in v.iter().enumerate() {
+                    _mm256_storeu_ps(y.as_mut_ptr().add(8 * c), *lanes);
+                }
             }
         }
     }
@@ -143,7 +155,10 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const R: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let (sb, qb) = layout(q8);
+    let SplitBlock {
+        quant_bytes: qb,
+        scales: sb,
+    } = SplitBlock::of(q8);
     if !k.is_multiple_of(32) || x.len() < M * k || cols.is_empty() {
         return false;
     }
@@ -202,7 +217,10 @@ unsafe fn split_rows<const M: usize, const R: usize, const Q8: bool>(
     k: usize,
     w: [(&[u8], &[u16]); R],
 ) -> [[f32; M]; R] {
-    let (sb, qb) = layout(Q8);
+    let SplitBlock {
+        quant_bytes: qb,
+        scales: sb,
+    } = SplitBlock::of(Q8);
     // SAFETY (whole body): the caller guarantees the features and that
     // block `b < blocks` of each row lies inside it (quant loads read
     // inside its `qb` bytes, scale reads inside its `sb` values), and that
