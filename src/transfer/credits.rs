@@ -37,6 +37,8 @@ struct State {
     closed: bool,
     /// Senders waiting for room now.
     waiters: usize,
+    /// Bytes given back since the link began.
+    released: u64,
 }
 
 /// Byte credits shared by the two ends of a link.
@@ -56,6 +58,7 @@ impl Credits {
                 },
                 closed: false,
                 waiters: 0,
+                released: 0,
             }),
             cv: Condvar::new(),
         }
@@ -105,6 +108,7 @@ impl Credits {
     pub(crate) fn release(&self, bytes: usize) {
         let mut st = self.state.lock();
         st.stats.current = st.stats.current.saturating_sub(bytes);
+        st.released = st.released.saturating_add(bytes as u64);
         let wake = st.waiters > 0 && st.stats.current <= st.stats.cap / 2;
         drop(st);
         if wake {
@@ -116,6 +120,12 @@ impl Credits {
     pub(crate) fn close(&self) {
         self.state.lock().closed = true;
         self.cv.notify_all();
+    }
+
+    /// Bytes given back since the link began (the receiver gives back in
+    /// the order it landed them).
+    pub(crate) fn released_total(&self) -> u64 {
+        self.state.lock().released
     }
 
     pub(crate) fn stats(&self) -> InFlightStats {
@@ -141,6 +151,7 @@ mod tests {
             }
         ));
         c.release(60);
+        assert_eq!(c.released_total(), 60);
         c.acquire(100, Duration::from_millis(1)).unwrap();
         assert_eq!(c.stats().peak, 100);
         c.close();

@@ -105,6 +105,16 @@ pub enum LinkError {
          and can reach this address"
     )]
     AcceptTimeout { waited_ms: u128 },
+    #[error(
+        "NIXL is not available in this process: {reason}; run scripts/install-nixl.sh and set \
+         HANDOFF_NIXL_LIB to the libnixl_capi.so it prints, or use the TCP transport"
+    )]
+    NixlUnavailable { reason: String },
+    #[error(
+        "the link's data plane failed ({what}): {detail}; transfers in flight on this link fail; \
+         reconnect"
+    )]
+    DataPlane { what: &'static str, detail: String },
 }
 
 impl From<std::io::Error> for LinkError {
@@ -293,10 +303,13 @@ impl HttpStatus for LinkError {
         match self {
             LinkError::BackpressureTimeout { .. } => 503,
             // This host's own settings, not the peer: a server fault.
-            LinkError::Config { .. } | LinkError::NotLoopback { .. } => 500,
+            LinkError::Config { .. }
+            | LinkError::NotLoopback { .. }
+            | LinkError::NixlUnavailable { .. } => 500,
             LinkError::Disconnected
             | LinkError::Io { .. }
             | LinkError::Wire(_)
+            | LinkError::DataPlane { .. }
             | LinkError::Killed => 502,
             LinkError::AcceptTimeout { .. } => 504,
             LinkError::Auth(e) => e.http_status(),

@@ -69,6 +69,8 @@ mod link;
 #[cfg(handoff_loom)]
 #[doc(hidden)]
 pub mod loom_api;
+#[cfg(feature = "nixl")]
+pub mod nixl;
 mod prefill;
 pub mod protocol;
 pub mod synthetic;
@@ -85,6 +87,8 @@ pub use gate::Step;
 pub use inproc::{InProcess, InProcessDecode, InProcessPrefill};
 pub use landing::LandingZone;
 pub use link::{DecodeLink, PrefillLink, Transfer};
+#[cfg(feature = "nixl")]
+pub use nixl::{Nixl, NixlConfig};
 pub use prefill::{PrefillJob, PrefillSide, PrefillStats};
 pub use protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,

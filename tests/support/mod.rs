@@ -28,6 +28,7 @@ macro_rules! on_both_transports {
 pub mod example_bin;
 pub mod hf_fixture;
 pub mod naive_llama;
+pub mod nixl;
 pub mod openai_client;
 pub mod pd;
 pub mod serving_path;

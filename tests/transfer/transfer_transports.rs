@@ -46,6 +46,16 @@ fn authenticated_tcp_transport_conforms() {
     conformance(TcpAuth);
 }
 
+#[test]
+fn nixl_transport_conforms() {
+    #[cfg(feature = "nixl")]
+    if let Some(t) = support::nixl::nixl() {
+        conformance(t);
+    }
+    #[cfg(not(feature = "nixl"))]
+    support::nixl::skip();
+}
+
 fn kv_arrives_intact_across_page_sizes_and_dtypes<T: Transfer>(t: T) {
     for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
         for (prefill_page, decode_page) in [(16, 16), (16, 4), (4, 32), (8, 8)] {

@@ -50,6 +50,8 @@ pub enum Kind {
     Write = 5,
     Receipt = 6,
     Abort = 7,
+    Staged = 8,
+    DataPlane = 9,
 }
 
 impl Kind {
@@ -62,6 +64,8 @@ impl Kind {
             5 => Kind::Write,
             6 => Kind::Receipt,
             7 => Kind::Abort,
+            8 => Kind::Staged,
+            9 => Kind::DataPlane,
             kind => return Err(WireError::UnknownKind { kind }),
         })
     }
@@ -75,6 +79,8 @@ impl Kind {
             Kind::Write => "write",
             Kind::Receipt => "receipt",
             Kind::Abort => "abort",
+            Kind::Staged => "staged write",
+            Kind::DataPlane => "data plane",
         }
     }
 }
@@ -103,8 +109,29 @@ pub enum Frame<'a> {
     Credit(u64),
     /// A write batch and its bytes: K rows then V rows, equal halves.
     Write(WriteBatch, &'a [u8]),
+    /// A write batch whose bytes travelled outside the frames (a data plane
+    /// such as NIXL) into the decode end's staging region, where `Staged`
+    /// says.
+    Staged(WriteBatch, Staged),
     ToDecode(ToDecode),
+    /// The decode end's data-plane parameters (opaque to this layer), sent
+    /// once, right after its hello, on a link with a data plane.
+    DataPlane(&'a [u8]),
 }
+
+/// Where a staged write's bytes lie in the decode end's staging region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Staged {
+    /// The write's number on its link: 0, 1, 2, ... in send order.
+    pub id: u64,
+    /// Offset of the K rows in the staging region; the V rows follow.
+    pub offset: u64,
+    /// Bytes of K and V together.
+    pub len: u64,
+}
+
+/// Bytes of a staged write's payload.
+pub const STAGED_LEN: usize = WRITE_PREFIX_LEN + 24;
 
 impl Frame<'_> {
     /// The frame's kind.
@@ -115,8 +142,10 @@ impl Frame<'_> {
             Frame::ToPrefill(ToPrefill::Answer(_)) => Kind::Answer,
             Frame::Credit(_) => Kind::Credit,
             Frame::Write(..) => Kind::Write,
+            Frame::Staged(..) => Kind::Staged,
             Frame::ToDecode(ToDecode::Receipt(_)) => Kind::Receipt,
             Frame::ToDecode(ToDecode::Abort(_)) => Kind::Abort,
+            Frame::DataPlane(_) => Kind::DataPlane,
         }
     }
 }
@@ -208,13 +237,7 @@ pub fn decode_payload(kind: Kind, p: &[u8]) -> Result<Frame<'_>, WireError> {
         }
         Kind::Credit => Frame::Credit(r.u64("credit")?),
         Kind::Write => {
-            let batch = WriteBatch {
-                request: RequestId(r.u64("request")?),
-                nonce: Nonce(r.u64("nonce")?),
-                layer: r.u32("layer")?,
-                start: r.u32("start")?,
-                tokens: r.u32("tokens")?,
-            };
+            let batch = read_batch(&mut r)?;
             let bytes = r.rest();
             if !bytes.len().is_multiple_of(2) {
                 return Err(WireError::Invalid {
@@ -223,6 +246,21 @@ pub fn decode_payload(kind: Kind, p: &[u8]) -> Result<Frame<'_>, WireError> {
             }
             return Ok(Frame::Write(batch, bytes));
         }
+        Kind::Staged => {
+            let batch = read_batch(&mut r)?;
+            let staged = Staged {
+                id: r.u64("staged id")?,
+                offset: r.u64("staged offset")?,
+                len: r.u64("staged length")?,
+            };
+            if !staged.len.is_multiple_of(2) {
+                return Err(WireError::Invalid {
+                    what: "staged length (K and V halves differ)",
+                });
+            }
+            Frame::Staged(batch, staged)
+        }
+        Kind::DataPlane => return Ok(Frame::DataPlane(r.rest())),
         Kind::Receipt => Frame::ToDecode(ToDecode::Receipt(read_receipt(&mut r)?)),
         Kind::Abort => Frame::ToDecode(ToDecode::Abort(Abort {
             request: RequestId(r.u64("request")?),
@@ -237,6 +275,16 @@ pub fn decode_payload(kind: Kind, p: &[u8]) -> Result<Frame<'_>, WireError> {
         });
     }
     Ok(frame)
+}
+
+fn read_batch(r: &mut Rd<'_>) -> Result<WriteBatch, WireError> {
+    Ok(WriteBatch {
+        request: RequestId(r.u64("request")?),
+        nonce: Nonce(r.u64("nonce")?),
+        layer: r.u32("layer")?,
+        start: r.u32("start")?,
+        tokens: r.u32("tokens")?,
+    })
 }
 
 fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
@@ -436,6 +484,13 @@ pub fn encode_frame(out: &mut Vec<u8>, seq: u32, frame: &Frame<'_>) {
             write_batch(&mut w, b);
             w.0.extend_from_slice(bytes);
         }
+        Frame::Staged(b, s) => {
+            write_batch(&mut w, b);
+            w.u64(s.id);
+            w.u64(s.offset);
+            w.u64(s.len);
+        }
+        Frame::DataPlane(bytes) => w.0.extend_from_slice(bytes),
         Frame::ToDecode(ToDecode::Receipt(r)) => write_receipt(&mut w, r),
         Frame::ToDecode(ToDecode::Abort(a)) => {
             w.u64(a.request.0);
@@ -726,5 +781,55 @@ mod tests {
                 other => panic!("{reason:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn staged_writes_and_data_plane_parameters_survive_the_wire() {
+        let batch = WriteBatch {
+            request: RequestId(5),
+            nonce: Nonce(77),
+            layer: 3,
+            start: 16,
+            tokens: 8,
+        };
+        let staged = Staged {
+            id: 9,
+            offset: 4096,
+            len: 1024,
+        };
+        let frames = [Frame::Staged(batch, staged), Frame::DataPlane(b"agent md")];
+        for f in frames {
+            let mut buf = Vec::new();
+            encode_frame(&mut buf, 4, &f);
+            match decode_frame(&buf, 1 << 20) {
+                Ok(Some((h, got, used))) => {
+                    assert_eq!((h.kind, h.seq, &got, used), (f.kind(), 4, &f, buf.len()));
+                }
+                other => panic!("{f:?}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            {
+                let mut buf = Vec::new();
+                encode_frame(&mut buf, 0, &Frame::Staged(batch, staged));
+                buf.len() - HEADER_LEN
+            },
+            STAGED_LEN
+        );
+        let odd = Frame::Staged(
+            batch,
+            Staged {
+                len: 1023,
+                ..staged
+            },
+        );
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, 0, &odd);
+        assert_eq!(
+            decode_frame(&buf, 1 << 20).err(),
+            Some(WireError::Invalid {
+                what: "staged length (K and V halves differ)"
+            })
+        );
     }
 }

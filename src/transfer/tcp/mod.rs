@@ -23,8 +23,10 @@
 
 mod accept;
 pub mod frame;
+mod plane;
 
 pub use accept::{MAX_PENDING, Refusal};
+pub(crate) use plane::{PlaneReceiver, PlaneSender, SenderFactory};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -342,7 +344,7 @@ impl TcpDecodeListener {
     /// ([`TcpDecodeListener::refusals`]) while the wait goes on. A listener
     /// bound to a non-loopback address refuses to accept without a link key.
     pub fn accept(&self, cfg: &TransferConfig) -> Result<TcpDecode, LinkError> {
-        self.accept_until(cfg, None)
+        self.accept_until(cfg, None, None)
     }
 
     /// [`TcpDecodeListener::accept`], or [`LinkError::AcceptTimeout`] once
@@ -354,20 +356,35 @@ impl TcpDecodeListener {
         cfg: &TransferConfig,
         limit: std::time::Duration,
     ) -> Result<TcpDecode, LinkError> {
-        self.accept_until(cfg, Some(limit))
+        self.accept_until(cfg, Some(limit), None)
+    }
+
+    /// Accepts one prefill peer (as [`TcpDecodeListener::accept_within`])
+    /// for a link whose KV bytes come by a data plane that `plane` sets up
+    /// once the peer has proved itself.
+    #[cfg(feature = "nixl")]
+    pub(crate) fn accept_with_plane(
+        &self,
+        cfg: &TransferConfig,
+        limit: Option<Duration>,
+        plane: &dyn Fn() -> Result<Box<dyn PlaneReceiver>, LinkError>,
+    ) -> Result<TcpDecode, LinkError> {
+        self.accept_until(cfg, limit, Some(plane))
     }
 
     fn accept_until(
         &self,
         cfg: &TransferConfig,
         limit: Option<Duration>,
+        plane: Option<&dyn Fn() -> Result<Box<dyn PlaneReceiver>, LinkError>>,
     ) -> Result<TcpDecode, LinkError> {
         cfg.validate()?;
         check_address(self.local_addr()?, Some(cfg))?;
         // Concurrent accepts on one listener take turns.
         let mut pending = self.pending.lock();
         let won = accept::accept_loop(&self.listener, cfg, limit, &mut pending, &self.refusals)?;
-        TcpDecode::start(won.stream, cfg, won.session)
+        let plane = plane.map(|make| make()).transpose()?;
+        TcpDecode::start(won.stream, cfg, won.session, plane)
     }
 
     /// The connections refused most recently (up to 64), oldest first.
@@ -395,11 +412,13 @@ pub struct TcpDecode {
 
 impl TcpDecode {
     /// Starts the link on a connection whose hello the accept loop has read
-    /// (and, with a session, opened).
+    /// (and, with a session, opened); with a data plane, sends its
+    /// parameters right after the hello.
     fn start(
         stream: TcpStream,
         cfg: &TransferConfig,
         session: Option<Session>,
+        plane: Option<Box<dyn PlaneReceiver>>,
     ) -> Result<Self, LinkError> {
         let (w, r) = stream_pair(&stream, cfg)?;
         let authenticated = session.is_some();
@@ -409,6 +428,9 @@ impl TcpDecode {
         };
         let writer = Arc::new(Mutex::new(FrameWriter::new(w, sealer)));
         writer.lock().send(&Frame::Hello(Role::Decode))?;
+        if let Some(p) = &plane {
+            writer.lock().send(&Frame::DataPlane(p.parameters()))?;
+        }
         let landing = Arc::new(LandingZone::new());
         let (tx, events) = crossbeam_channel::unbounded();
         let mut reader = FrameReader::new(r, cfg, Role::Prefill, opener);
@@ -420,7 +442,7 @@ impl TcpDecode {
             std::thread::Builder::new()
                 .name("handoff-tcp-decode-reader".into())
                 .spawn(move || {
-                    let e = decode_reader(reader, &landing, &writer, &tx, delay);
+                    let e = decode_reader(reader, &landing, &writer, &tx, delay, plane);
                     let _ = writer.lock().stream.shutdown(Shutdown::Both);
                     let _ = tx.send(Err(e));
                 })?
@@ -443,6 +465,18 @@ impl TcpDecode {
     }
 }
 
+/// Lands one write batch whose K and V rows are `bytes` (equal halves).
+fn land(landing: &LandingZone, batch: &WriteBatch, bytes: &[u8]) {
+    let half = bytes.len() / 2;
+    let row = half.checked_div(batch.tokens as usize).unwrap_or(0);
+    landing.apply(batch, half, None, |kv, done, dst| {
+        let at = kv * half + done * row;
+        if let Some(src) = bytes.get(at..at + dst.len()) {
+            dst.copy_from_slice(src);
+        }
+    });
+}
+
 /// Reads frames until the connection ends; returns why it ended.
 fn decode_reader(
     mut rd: FrameReader,
@@ -450,7 +484,10 @@ fn decode_reader(
     writer: &Mutex<FrameWriter>,
     events: &Sender<Result<ToDecode, LinkError>>,
     delay: Option<Duration>,
+    mut plane: Option<Box<dyn PlaneReceiver>>,
 ) -> LinkError {
+    // The number the next staged write must carry.
+    let mut next_staged = 0u64;
     loop {
         let header = match rd.next() {
             Ok(h) => h,
@@ -469,15 +506,34 @@ fn decode_reader(
                 if let Some(d) = delay {
                     std::thread::sleep(d);
                 }
-                let half = bytes.len() / 2;
-                let row = half.checked_div(batch.tokens as usize).unwrap_or(0);
-                landing.apply(&batch, half, None, |kv, done, dst| {
-                    let at = kv * half + done * row;
-                    if let Some(src) = bytes.get(at..at + dst.len()) {
-                        dst.copy_from_slice(src);
-                    }
-                });
+                land(landing, &batch, bytes);
                 if let Err(e) = writer.lock().send(&Frame::Credit(bytes.len() as u64)) {
+                    return e;
+                }
+            }
+            Frame::Staged(batch, staged) => {
+                let Some(p) = plane.as_mut() else {
+                    return WireError::Unexpected {
+                        kind: header.kind.name(),
+                        context: "on a link without a data plane",
+                    }
+                    .into();
+                };
+                if staged.id != next_staged {
+                    return WireError::Invalid {
+                        what: "staged write number (out of order)",
+                    }
+                    .into();
+                }
+                next_staged += 1;
+                if let Some(d) = delay {
+                    std::thread::sleep(d);
+                }
+                match p.arrived(&staged, rd.limit) {
+                    Ok(bytes) => land(landing, &batch, bytes),
+                    Err(e) => return e,
+                }
+                if let Err(e) = writer.lock().send(&Frame::Credit(staged.len)) {
                     return e;
                 }
             }
@@ -486,7 +542,7 @@ fn decode_reader(
                     return LinkError::Disconnected;
                 }
             }
-            Frame::ToPrefill(_) | Frame::Credit(_) => {
+            Frame::ToPrefill(_) | Frame::Credit(_) | Frame::DataPlane(_) => {
                 return WireError::Unexpected {
                     kind: header.kind.name(),
                     context: "from a prefill worker",
@@ -560,6 +616,8 @@ pub struct TcpPrefill {
     cfg: TransferConfig,
     reader: Option<JoinHandle<()>>,
     closed: bool,
+    /// Moves KV bytes outside the frames, on a link with a data plane.
+    plane: Option<Box<dyn PlaneSender>>,
 }
 
 impl TcpPrefill {
@@ -568,6 +626,17 @@ impl TcpPrefill {
     /// must prove it holds the same key (within
     /// [`TransferConfig::auth_timeout`]) before this returns.
     pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
+        Self::connect_with(addr, cfg, None)
+    }
+
+    /// [`TcpPrefill::connect`]; with `plane`, the decode end must offer a
+    /// data plane (its parameters, right after its hello, within the auth
+    /// timeout), from which `plane` makes this end's.
+    pub(crate) fn connect_with(
+        addr: SocketAddr,
+        cfg: &TransferConfig,
+        plane: Option<SenderFactory<'_>>,
+    ) -> Result<Self, LinkError> {
         cfg.validate()?;
         check_address(addr, Some(cfg))?;
         let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
@@ -585,6 +654,8 @@ impl TcpPrefill {
         let credits = Arc::new(Credits::new(cfg.max_in_flight_bytes()));
         let (tx, incoming) = crossbeam_channel::unbounded();
         let reader = FrameReader::new(r, cfg, Role::Decode, opener);
+        let (params_tx, params_rx) = crossbeam_channel::bounded(1);
+        let params_tx = plane.is_some().then_some(params_tx);
         let handle = {
             let credits = credits.clone();
             // A bad frame closes the connection at once, as at the decode
@@ -593,13 +664,13 @@ impl TcpPrefill {
             std::thread::Builder::new()
                 .name("handoff-tcp-prefill-reader".into())
                 .spawn(move || {
-                    let e = prefill_reader(reader, &credits, &tx);
+                    let e = prefill_reader(reader, &credits, &tx, params_tx);
                     let _ = closer.shutdown(Shutdown::Both);
                     credits.close();
                     let _ = tx.send(Err(e));
                 })?
         };
-        Ok(TcpPrefill {
+        let mut link = TcpPrefill {
             stream,
             writer,
             incoming,
@@ -609,7 +680,25 @@ impl TcpPrefill {
             cfg: cfg.clone(),
             reader: Some(handle),
             closed: false,
-        })
+            plane: None,
+        };
+        if let Some(make) = plane {
+            let params = match params_rx.recv_timeout(cfg.auth_timeout()) {
+                Ok(p) => p,
+                // The reader ended first: why it ended.
+                Err(_) => {
+                    return Err(match link.incoming.try_recv() {
+                        Ok(Err(e)) => e,
+                        _ => LinkError::DataPlane {
+                            what: "the decode end offered no data plane within the auth timeout",
+                            detail: "is it serving this transport?".into(),
+                        },
+                    });
+                }
+            };
+            link.plane = Some(make(&params)?);
+        }
+        Ok(link)
     }
 
     fn send_write(&mut self, w: WriteMsg, src: &KvSeq<Held>) -> Result<(), LinkError> {
@@ -621,6 +710,23 @@ impl TcpPrefill {
             what: "write batch larger than 4 GiB",
         })?;
         self.credits.acquire(2 * each, self.cfg.write_timeout())?;
+        if let Some(plane) = self.plane.as_mut() {
+            let layer = b.layer as usize;
+            let credited = self.credits.released_total();
+            let staged = plane.send(2 * each, credited, &mut |dst| {
+                for kv in 0..2 {
+                    let part = &mut dst[kv * each..(kv + 1) * each];
+                    crate::transfer::link::copy_rows(src, layer, kv, b.start as usize, row, part);
+                }
+                if w.corrupt
+                    && let Some(x) = dst.first_mut()
+                {
+                    *x ^= 1;
+                }
+            })?;
+            self.writer.send(&Frame::Staged(b, staged))?;
+            return plane.settle(self.cfg.write_timeout());
+        }
         let fw = &mut self.writer;
         fw.buf.clear();
         let seq = fw.next_seq();
@@ -695,11 +801,14 @@ fn read_until(
     Ok(())
 }
 
-/// Reads frames from decode until the connection ends; returns why.
+/// Reads frames from decode until the connection ends; returns why. With
+/// `params`, the first frame after the hello must be the decode end's
+/// data-plane parameters, handed over on it.
 fn prefill_reader(
     mut rd: FrameReader,
     credits: &Credits,
     out: &Sender<Result<ToPrefill, LinkError>>,
+    mut params: Option<Sender<Vec<u8>>>,
 ) -> LinkError {
     loop {
         let header = match rd.next() {
@@ -713,15 +822,28 @@ fn prefill_reader(
         if let Err(e) = rd.check_hello(&frame) {
             return e;
         }
+        let want_params = params.is_some() && !matches!(frame, Frame::Hello(_));
         match frame {
             Frame::Hello(_) => {}
+            Frame::DataPlane(p) if want_params => {
+                if let Some(tx) = params.take() {
+                    let _ = tx.send(p.to_vec());
+                }
+            }
+            _ if want_params => {
+                return WireError::Unexpected {
+                    kind: header.kind.name(),
+                    context: "before the data plane's parameters",
+                }
+                .into();
+            }
             Frame::Credit(n) => credits.release(usize::try_from(n).unwrap_or(usize::MAX)),
             Frame::ToPrefill(m) => {
                 if out.send(Ok(m)).is_err() {
                     return LinkError::Disconnected;
                 }
             }
-            Frame::Write(..) | Frame::ToDecode(_) => {
+            Frame::Write(..) | Frame::Staged(..) | Frame::ToDecode(_) | Frame::DataPlane(_) => {
                 return WireError::Unexpected {
                     kind: header.kind.name(),
                     context: "from a decode worker",

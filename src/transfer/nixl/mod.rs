@@ -1,0 +1,165 @@
+//! NIXL transport: KV bytes move by NIXL WRITE (NVIDIA's Inference Xfer
+//! Library, over UCX: shared memory on one host, RDMA or TCP across hosts)
+//! from the prefill end's registered send buffer into a registered staging
+//! ring at the decode end; plans, receipts, credits and NIXL's own metadata
+//! go over the authenticated TCP link ([`crate::transfer::tcp`]), sealed.
+//!
+//! The staging ring, not the pool's pages, is what NIXL may write: the
+//! decode end lands each write from the ring into its destination pages
+//! under the landing zone's fence, after the same checks as a framed write,
+//! and only once NIXL's notification for it has arrived. So the guarantees
+//! of every other transport hold unchanged (a write never lands in pages the
+//! landing zone let go of; a receipt is verified against the plan and the
+//! landed bytes), at the price of one copy at the decode end. The ring's
+//! address and remote key travel only inside the sealed link, so a process
+//! without the link key cannot name it.
+//!
+//! NIXL comes from the `nixl-cu12` wheel (`scripts/install-nixl.sh`): this
+//! crate loads `libnixl_capi.so` at run time ([`load`], or the path in
+//! `$HANDOFF_NIXL_LIB`), and every entry point answers
+//! [`LinkError::NixlUnavailable`] when it cannot, never aborting.
+//!
+//! ```no_run
+//! use handoff::transfer::{Nixl, NixlConfig, TcpDecodeListener, TransferConfig, LinkKey};
+//! # fn main() -> Result<(), handoff::transfer::LinkError> {
+//! let cfg = TransferConfig::default().with_link_key(LinkKey::generate()?);
+//! // Decode process:
+//! let listener = TcpDecodeListener::bind_with("127.0.0.1:24000".parse().unwrap(), &cfg)?;
+//! # let decode = std::thread::spawn({ let cfg = cfg.clone(); move || {
+//! let decode_link = Nixl::accept(&listener, &cfg, &NixlConfig::default())?;
+//! # Ok::<_, handoff::transfer::LinkError>(decode_link) }});
+//! // Prefill process:
+//! let prefill_link = Nixl::connect("127.0.0.1:24000".parse().unwrap(), &cfg, &NixlConfig::default())?;
+//! # Ok(()) }
+//! ```
+
+mod plane;
+mod region;
+mod ring;
+mod runtime;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+pub use runtime::LIB_ENV;
+
+use crate::transfer::auth::LinkKey;
+use crate::transfer::config::TransferConfig;
+use crate::transfer::error::LinkError;
+use crate::transfer::link::Transfer;
+use crate::transfer::tcp::{PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill};
+
+/// Loads `libnixl_capi.so` from `path` for this process (its dependencies,
+/// UCX and NIXL's plugins, resolve from beside it, as the wheel lays them
+/// out). The first load, or the first use of NIXL, decides for the process.
+pub fn load(path: &Path) -> Result<(), LinkError> {
+    runtime::load(path)
+}
+
+/// Whether NIXL can be used in this process (see [`load`]); the error says
+/// why not.
+pub fn available() -> Result<(), LinkError> {
+    runtime::ready()
+}
+
+/// How an end's NIXL agent reaches its peer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NixlConfig {
+    /// UCX network devices to use (UCX's `UCX_NET_DEVICES` syntax, e.g.
+    /// `"lo"` or `"mlx5_0:1"`); `None` lets UCX choose. Shared-memory
+    /// transports between processes on one host are used either way.
+    pub ucx_devices: Option<String>,
+}
+
+/// NIXL between two ends in this process, over loopback: the control link
+/// is authenticated TCP (with the configuration's link key, or a fresh
+/// random one), UCX restricted to the loopback device. For two processes
+/// use [`Nixl::accept`] and [`Nixl::connect`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Nixl;
+
+impl Nixl {
+    /// Accepts one prefill peer on `listener` (as
+    /// [`TcpDecodeListener::accept`]: strangers are refused meanwhile) and
+    /// sets up the NIXL data plane once it has proved itself.
+    pub fn accept(
+        listener: &TcpDecodeListener,
+        cfg: &TransferConfig,
+        nixl: &NixlConfig,
+    ) -> Result<TcpDecode, LinkError> {
+        runtime::ready()?;
+        let cap = cfg.max_in_flight_bytes();
+        let devices = nixl.ucx_devices.clone();
+        listener.accept_with_plane(cfg, None, &move || {
+            let r = plane::Receiver::new(cap, devices.as_deref())?;
+            Ok(Box::new(r) as Box<dyn PlaneReceiver>)
+        })
+    }
+
+    /// Connects to a decode end at `addr` that serves NIXL
+    /// ([`Nixl::accept`]), as [`TcpPrefill::connect`], then sets up the
+    /// NIXL data plane from the parameters it sends.
+    pub fn connect(
+        addr: SocketAddr,
+        cfg: &TransferConfig,
+        nixl: &NixlConfig,
+    ) -> Result<TcpPrefill, LinkError> {
+        runtime::ready()?;
+        let cap = cfg.max_in_flight_bytes();
+        let devices = nixl.ucx_devices.clone();
+        let make = move |params: &[u8]| {
+            let s = plane::Sender::new(params, cap, devices.as_deref())?;
+            Ok(Box::new(s) as Box<dyn PlaneSender>)
+        };
+        TcpPrefill::connect_with(addr, cfg, Some(&make))
+    }
+}
+
+impl Transfer for Nixl {
+    type Prefill = TcpPrefill;
+    type Decode = TcpDecode;
+
+    fn name(&self) -> &'static str {
+        "nixl"
+    }
+
+    fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
+        runtime::ready()?;
+        let cfg = match cfg.link_key() {
+            Some(_) => cfg.clone(),
+            None => cfg.clone().with_link_key(LinkKey::generate()?),
+        };
+        let listener = bind_below_ucx()?;
+        let addr = listener.local_addr()?;
+        let nixl = NixlConfig {
+            ucx_devices: Some("lo".into()),
+        };
+        let (dcfg, dnixl) = (cfg.clone(), nixl.clone());
+        let accept = std::thread::spawn(move || Nixl::accept(&listener, &dcfg, &dnixl));
+        let prefill = Nixl::connect(addr, &cfg, &nixl);
+        let decode = accept.join().map_err(|_| LinkError::Disconnected)?;
+        Ok((prefill?, decode?))
+    }
+}
+
+/// A loopback listener on a port below UCX's ephemeral range
+/// (32768-60999), where UCX binds its own sockets.
+fn bind_below_ucx() -> Result<TcpDecodeListener, LinkError> {
+    let mut b = [0u8; 2];
+    getrandom::fill(&mut b).map_err(|e| LinkError::DataPlane {
+        what: "choosing a control port",
+        detail: e.to_string(),
+    })?;
+    let start = 20_000 + u16::from_le_bytes(b) % 10_000;
+    let mut last = None;
+    for i in 0..64u16 {
+        let port = 20_000 + (start - 20_000 + i * 157) % 12_000;
+        match TcpDecodeListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or(LinkError::Config {
+        what: "no free control port below 32768",
+    }))
+}

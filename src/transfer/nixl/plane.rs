@@ -1,0 +1,355 @@
+//! The two ends of the NIXL data plane (see [`crate::transfer::tcp`]'s
+//! data-plane hooks): the decode end registers a staging ring and sends
+//! what the prefill end needs to write into it; the prefill end stages each
+//! write in its own registered buffer, WRITEs it into the ring with a NIXL
+//! notification carrying the write's number, and the decode end waits for
+//! that notification before it lands the bytes.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use nixl_sys::{Agent, Backend, NotificationMap, OptArgs, RegistrationHandle, XferDescList};
+use nixl_sys::{MemType, XferOp, XferRequest, XferStatus};
+
+use super::region::Region;
+use super::ring::Ring;
+use super::runtime::{agent, agent_name, failed};
+use crate::transfer::error::LinkError;
+use crate::transfer::tcp::frame::Staged;
+use crate::transfer::tcp::{PlaneReceiver, PlaneSender};
+
+/// Version of the parameters' layout.
+const PARAMS_VERSION: u8 = 1;
+/// How far ahead of the write being waited for a notification is kept.
+const AHEAD: u64 = 1 << 16;
+
+/// What the decode end sends the prefill end.
+#[derive(Debug, PartialEq, Eq)]
+struct Params {
+    ring_addr: u64,
+    ring_len: u64,
+    /// The name the prefill end's agent must take: the decode end accepts
+    /// notifications from that agent only.
+    prefill_name: String,
+    /// The decode agent's NIXL metadata (its UCX address and the ring's
+    /// remote key).
+    md: Vec<u8>,
+}
+
+impl Params {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = vec![PARAMS_VERSION];
+        out.extend_from_slice(&self.ring_addr.to_le_bytes());
+        out.extend_from_slice(&self.ring_len.to_le_bytes());
+        for field in [self.prefill_name.as_bytes(), &self.md] {
+            out.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            out.extend_from_slice(field);
+        }
+        out
+    }
+
+    fn decode(p: &[u8]) -> Result<Params, LinkError> {
+        let bad = |why: &str| LinkError::DataPlane {
+            what: "malformed NIXL data-plane parameters",
+            detail: why.to_string(),
+        };
+        let (&version, mut rest) = p.split_first().ok_or_else(|| bad("empty"))?;
+        if version != PARAMS_VERSION {
+            return Err(bad(&format!(
+                "version {version}, this build speaks {PARAMS_VERSION}"
+            )));
+        }
+        let mut u64_field = |what: &str| -> Result<u64, LinkError> {
+            let (b, r) = rest.split_first_chunk::<8>().ok_or_else(|| bad(what))?;
+            rest = r;
+            Ok(u64::from_le_bytes(*b))
+        };
+        let ring_addr = u64_field("ring address")?;
+        let ring_len = u64_field("ring length")?;
+        let mut fields = Vec::with_capacity(2);
+        for what in ["agent name", "metadata"] {
+            let (n, r) = rest.split_first_chunk::<4>().ok_or_else(|| bad(what))?;
+            let n = u32::from_le_bytes(*n) as usize;
+            if r.len() < n {
+                return Err(bad(what));
+            }
+            let (field, r) = r.split_at(n);
+            fields.push(field.to_vec());
+            rest = r;
+        }
+        if !rest.is_empty() {
+            return Err(bad("trailing bytes"));
+        }
+        let md = fields.pop().unwrap_or_default();
+        let prefill_name =
+            String::from_utf8(fields.pop().unwrap_or_default()).map_err(|_| bad("agent name"))?;
+        Ok(Params {
+            ring_addr,
+            ring_len,
+            prefill_name,
+            md,
+        })
+    }
+}
+
+/// The decode end: a registered staging ring of twice the in-flight cap.
+pub(super) struct Receiver {
+    agent: Agent,
+    _backend: Backend,
+    // Deregisters before the region is freed (fields drop in order).
+    _reg: RegistrationHandle,
+    ring: Region,
+    params: Vec<u8>,
+    peer: String,
+    /// Numbers of writes whose notification came, not yet landed.
+    notified: BTreeSet<u64>,
+    /// The lowest number not yet landed.
+    next: u64,
+}
+
+impl Receiver {
+    pub(super) fn new(in_flight_cap: usize, devices: Option<&str>) -> Result<Self, LinkError> {
+        let name = agent_name("decode")?;
+        let peer = agent_name("prefill")?;
+        let (agent, backend) = agent(&name, devices)?;
+        let ring = Region::new(in_flight_cap.saturating_mul(2))?;
+        let reg = agent
+            .register_memory(&ring, None)
+            .map_err(failed("registering the staging ring"))?;
+        let md = agent
+            .get_local_md()
+            .map_err(failed("reading the decode agent's metadata"))?;
+        let params = Params {
+            ring_addr: ring.addr() as u64,
+            ring_len: ring.len() as u64,
+            prefill_name: peer.clone(),
+            md,
+        }
+        .encode();
+        Ok(Receiver {
+            agent,
+            _backend: backend,
+            _reg: reg,
+            ring,
+            params,
+            peer,
+            notified: BTreeSet::new(),
+            next: 0,
+        })
+    }
+
+    /// Takes the notifications that came (driving the agent's progress).
+    fn poll(&mut self) -> Result<(), LinkError> {
+        let mut map = NotificationMap::new().map_err(failed("reading NIXL notifications"))?;
+        self.agent
+            .get_notifications(&mut map, None)
+            .map_err(failed("reading NIXL notifications"))?;
+        let notes = map
+            .take_notifs()
+            .map_err(failed("reading NIXL notifications"))?;
+        for (from, msgs) in notes {
+            // Only the link's own peer names writes; anything else is
+            // dropped.
+            if from != self.peer {
+                continue;
+            }
+            for m in msgs {
+                if let Ok(id) = m.parse::<u64>()
+                    && (self.next..self.next.saturating_add(AHEAD)).contains(&id)
+                {
+                    self.notified.insert(id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PlaneReceiver for Receiver {
+    fn parameters(&self) -> &[u8] {
+        &self.params
+    }
+
+    fn arrived(&mut self, staged: &Staged, limit: Duration) -> Result<&[u8], LinkError> {
+        let (at, len) = (
+            usize::try_from(staged.offset).unwrap_or(usize::MAX),
+            usize::try_from(staged.len).unwrap_or(usize::MAX),
+        );
+        if self.ring.get(at, len).is_none() {
+            return Err(LinkError::DataPlane {
+                what: "a staged write outside the staging ring",
+                detail: format!("{len} bytes at {at} of {}", self.ring.len()),
+            });
+        }
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        while !self.notified.remove(&staged.id) {
+            if t0.elapsed() > limit {
+                return Err(LinkError::DataPlane {
+                    what: "no NIXL notification for a staged write within the write timeout",
+                    detail: format!("write {} after {} ms", staged.id, limit.as_millis()),
+                });
+            }
+            self.poll()?;
+            polls += 1;
+            if polls > 64 && !self.notified.contains(&staged.id) {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        self.next = staged.id + 1;
+        self.ring.get(at, len).ok_or(LinkError::DataPlane {
+            what: "a staged write outside the staging ring",
+            detail: String::new(),
+        })
+    }
+}
+
+/// The prefill end: a registered send buffer of the in-flight cap (one
+/// write at a time) and the bookkeeping of the peer's ring.
+pub(super) struct Sender {
+    agent: Agent,
+    _backend: Backend,
+    _reg: RegistrationHandle,
+    buf: Region,
+    remote: String,
+    ring_addr: u64,
+    ring: Ring,
+    next_id: u64,
+    /// The write sent last, until it has left this end.
+    pending: Option<XferRequest>,
+}
+
+impl Sender {
+    pub(super) fn new(
+        params: &[u8],
+        in_flight_cap: usize,
+        devices: Option<&str>,
+    ) -> Result<Self, LinkError> {
+        let p = Params::decode(params)?;
+        let (agent, backend) = agent(&p.prefill_name, devices)?;
+        let buf = Region::new(in_flight_cap)?;
+        let reg = agent
+            .register_memory(&buf, None)
+            .map_err(failed("registering the send buffer"))?;
+        let remote = agent
+            .load_remote_md(&p.md)
+            .map_err(failed("loading the decode agent's metadata"))?;
+        Ok(Sender {
+            agent,
+            _backend: backend,
+            _reg: reg,
+            buf,
+            remote,
+            ring_addr: p.ring_addr,
+            ring: Ring::new(p.ring_len),
+            next_id: 0,
+            pending: None,
+        })
+    }
+}
+
+impl PlaneSender for Sender {
+    fn send(
+        &mut self,
+        len: usize,
+        credited: u64,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<Staged, LinkError> {
+        if self.pending.is_some() {
+            return Err(LinkError::DataPlane {
+                what: "a NIXL WRITE never settled",
+                detail: "the link failed mid-write; reconnect".into(),
+            });
+        }
+        let dst = self.buf.head_mut(len).ok_or(LinkError::Config {
+            what: "a write batch larger than the in-flight cap",
+        })?;
+        fill(dst);
+        self.ring.free_through(credited);
+        let at = self.ring.alloc(len as u64).ok_or(LinkError::DataPlane {
+            what: "the decode end's staging ring is full",
+            detail: "the peer credited back fewer bytes than it landed".into(),
+        })?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut local = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
+        local.add_desc(self.buf.addr(), len, 0);
+        let mut remote = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
+        remote.add_desc((self.ring_addr + at) as usize, len, 0);
+        let mut args = OptArgs::new().map_err(failed("describing a write"))?;
+        args.set_has_notification(true)
+            .and_then(|()| args.set_notification_message(id.to_string().as_bytes()))
+            .map_err(failed("describing a write"))?;
+        let req = self
+            .agent
+            .create_xfer_req(XferOp::Write, &local, &remote, &self.remote, Some(&args))
+            .map_err(failed("creating a NIXL WRITE"))?;
+        let in_progress = self
+            .agent
+            .post_xfer_req(&req, Some(&args))
+            .map_err(failed("posting a NIXL WRITE"))?;
+        self.pending = in_progress.then_some(req);
+        Ok(Staged {
+            id,
+            offset: at,
+            len: len as u64,
+        })
+    }
+
+    fn settle(&mut self, limit: Duration) -> Result<(), LinkError> {
+        let Some(req) = self.pending.take() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match self.agent.get_xfer_status(&req) {
+                Ok(XferStatus::Success) => return Ok(()),
+                Ok(XferStatus::InProgress) if t0.elapsed() <= limit => {}
+                Ok(XferStatus::InProgress) => {
+                    return Err(LinkError::DataPlane {
+                        what: "a NIXL WRITE did not complete within the write timeout",
+                        detail: format!("{} ms", limit.as_millis()),
+                    });
+                }
+                Err(e) => return Err(failed("completing a NIXL WRITE")(e)),
+            }
+            polls += 1;
+            if polls > 64 {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_round_trip_and_malformed_ones_are_refused() {
+        let p = Params {
+            ring_addr: 0x7f00_0000_1000,
+            ring_len: 1 << 27,
+            prefill_name: "handoff-prefill-00ff".into(),
+            md: vec![1, 2, 3, 250],
+        };
+        let bytes = p.encode();
+        assert_eq!(Params::decode(&bytes).ok(), Some(p));
+        for cut in 0..bytes.len() {
+            assert!(
+                matches!(
+                    Params::decode(&bytes[..cut]),
+                    Err(LinkError::DataPlane { .. })
+                ),
+                "truncated at {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Params::decode(&longer).is_err());
+        let mut newer = bytes;
+        newer[0] = PARAMS_VERSION + 1;
+        assert!(Params::decode(&newer).is_err());
+    }
+}

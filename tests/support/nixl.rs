@@ -1,0 +1,31 @@
+//! NIXL for the stories that run on every transport: loaded from
+//! `$HANDOFF_NIXL_LIB`, or from where `scripts/install-nixl.sh` puts it.
+//! Without it (or without the `nixl` feature) a story prints why it skips.
+
+/// Why NIXL stories skip in a build without the feature.
+#[cfg(not(feature = "nixl"))]
+pub fn skip() {
+    eprintln!(
+        "SKIP: built without the nixl feature (scripts/install-nixl.sh, then \
+         cargo test --features nixl)"
+    );
+}
+
+/// The NIXL transport, or `None` with a printed reason.
+#[cfg(feature = "nixl")]
+pub fn nixl() -> Option<handoff::transfer::Nixl> {
+    use handoff::transfer::nixl;
+    let path = std::env::var_os(nixl::LIB_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(".nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so")
+        });
+    match nixl::load(&path) {
+        Ok(()) => Some(handoff::transfer::Nixl),
+        Err(e) => {
+            eprintln!("SKIP: {e}");
+            None
+        }
+    }
+}
