@@ -4,9 +4,11 @@
 #![allow(dead_code)]
 
 /// Runs each story `name => fn` against every transport, as the tests
-/// `in_process::name`, `tcp::name` and `tcp_auth::name` (authenticated TCP)
-/// (the generic conformance pattern); each test binary declares
-/// `#[macro_use] mod support;` first.
+/// `in_process::name`, `tcp::name`, `tcp_auth::name` (authenticated TCP)
+/// and `nixl::name` (NIXL WRITEs beside authenticated TCP; printed SKIP
+/// where NIXL is not installed or the feature is off) (the generic
+/// conformance pattern); each test binary declares `#[macro_use] mod
+/// support;` first.
 #[allow(unused_macros)]
 macro_rules! on_both_transports {
     ($($name:ident => $body:expr;)*) => {
@@ -22,7 +24,26 @@ macro_rules! on_both_transports {
             use super::*;
             $(#[test] fn $name() { ($body)(handoff::transfer::TcpAuth) })*
         }
+        mod nixl {
+            #[allow(unused_imports)]
+            use super::*;
+            $(#[test] fn $name() { on_nixl!($body) })*
+        }
     };
+}
+
+/// Runs `body` (a closure taking a transport) on NIXL, or prints why it
+/// skips.
+#[allow(unused_macros)]
+macro_rules! on_nixl {
+    ($body:expr) => {{
+        #[cfg(feature = "nixl")]
+        if let Some(t) = crate::support::nixl::nixl() {
+            ($body)(t)
+        }
+        #[cfg(not(feature = "nixl"))]
+        crate::support::nixl::skip();
+    }};
 }
 
 pub mod example_bin;

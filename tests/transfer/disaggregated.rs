@@ -248,6 +248,15 @@ fn random_model_over_authenticated_tcp_matches_colocated() {
     }
 }
 
+#[test]
+fn random_model_over_nixl_matches_colocated() {
+    on_nixl!(|t| {
+        for c in &CASES {
+            assert_same_as_colocated(&t, random_model, c);
+        }
+    });
+}
+
 /// A prefill worker whose passes hold at most 5 (or 16) prompt tokens
 /// computes the 7- to 90-token prompts in chunks, appending each after the
 /// KV already written: the tokens are still the colocated engine's.
@@ -306,4 +315,5 @@ fn a_corrupted_receipt_fails_only_its_request_and_generates_nothing() {
     run(&InProcess);
     run(&Tcp);
     run(&handoff::transfer::TcpAuth);
+    on_nixl!(|t| run(&t));
 }

@@ -248,3 +248,8 @@ fn every_fault_at_every_step_over_tcp() {
 fn every_fault_at_every_step_over_authenticated_tcp() {
     matrix(handoff::transfer::TcpAuth);
 }
+
+#[test]
+fn every_fault_at_every_step_over_nixl() {
+    on_nixl!(matrix);
+}

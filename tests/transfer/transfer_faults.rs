@@ -171,6 +171,11 @@ fn every_fault_at_every_step_over_authenticated_tcp() {
 }
 
 #[test]
+fn every_fault_at_every_step_over_nixl() {
+    on_nixl!(matrix);
+}
+
+#[test]
 fn a_duplicated_plan_is_served_once() {
     let faults = FaultPlan::new().with(FaultRule::at(Step::PlanSent, Fault::Duplicate));
     let cfg = TransferConfig::default().with_faults(Arc::new(faults));

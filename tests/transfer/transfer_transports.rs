@@ -48,12 +48,7 @@ fn authenticated_tcp_transport_conforms() {
 
 #[test]
 fn nixl_transport_conforms() {
-    #[cfg(feature = "nixl")]
-    if let Some(t) = support::nixl::nixl() {
-        conformance(t);
-    }
-    #[cfg(not(feature = "nixl"))]
-    support::nixl::skip();
+    on_nixl!(conformance);
 }
 
 fn kv_arrives_intact_across_page_sizes_and_dtypes<T: Transfer>(t: T) {
