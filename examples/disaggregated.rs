@@ -4,6 +4,8 @@
 //! ```sh
 //! cargo run --release --example disaggregated
 //! cargo run --release --example disaggregated -- --transport tcp --inject-corrupt-receipt
+//! bash scripts/install-nixl.sh   # prints: export HANDOFF_NIXL_LIB=...
+//! cargo run --release --features nixl --example disaggregated -- --transport nixl
 //! cargo run --release --example disaggregated -- --model ../shared/models/stories260K.bin
 //! ```
 //!
@@ -27,11 +29,13 @@
 //! shutdown. The exit status is 0 only when nothing was lost, leaked, held
 //! or seen by another request, and every output matches colocated serving.
 //!
-//! Flags: `--transport inproc|tcp` (threads in one process, the default, or
-//! a second process of this example on 127.0.0.1; the TCP link
+//! Flags: `--transport inproc|tcp|nixl` (threads in one process, the
+//! default, or a second process of this example on 127.0.0.1; the TCP link
 //! authenticates both processes with a fresh link key, handed to the prefill
 //! process in its environment, and seals every frame; `--no-auth` runs it
-//! unauthenticated, as loopback without a key allows), `--model PATH` (a
+//! unauthenticated, as loopback without a key allows; `nixl` moves the KV
+//! bytes by NIXL WRITE between the processes, beside the same TCP link, and
+//! needs the `nixl` feature and `$HANDOFF_NIXL_LIB`), `--model PATH` (a
 //! llama2.c `.bin` file or a Hugging Face folder; default: an embedded model
 //! with seeded random weights), `--inject-corrupt-receipt`.
 
@@ -67,8 +71,16 @@ const MAX_NEW: usize = 16;
 /// (readable by this user only, unlike the command line).
 const KEY_ENV: &str = "HANDOFF_LINK_KEY";
 
+/// How the two workers are joined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Threads,
+    Tcp,
+    Nixl,
+}
+
 struct Args {
-    tcp: bool,
+    link: Link,
     /// `--no-auth`: the TCP link without a link key (loopback only).
     no_auth: bool,
     model: Option<PathBuf>,
@@ -82,7 +94,7 @@ struct Args {
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
-        tcp: false,
+        link: Link::Threads,
         no_auth: false,
         model: None,
         corrupt: false,
@@ -93,9 +105,10 @@ fn parse() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         match flag.as_str() {
             "--transport" => match it.next().as_deref() {
-                Some("tcp") => a.tcp = true,
-                Some("inproc") | Some("threads") => a.tcp = false,
-                other => return Err(format!("--transport inproc|tcp, got {other:?}")),
+                Some("tcp") => a.link = Link::Tcp,
+                Some("nixl") => a.link = Link::Nixl,
+                Some("inproc") | Some("threads") => a.link = Link::Threads,
+                other => return Err(format!("--transport inproc|tcp|nixl, got {other:?}")),
             },
             "--model" => a.model = Some(it.next().ok_or("--model needs a path")?.into()),
             "--inject-corrupt-receipt" => a.corrupt = true,
@@ -110,8 +123,8 @@ fn parse() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err(
-                    "usage: disaggregated [--transport inproc|tcp] [--no-auth (tcp without a \
-                            link key)] [--model PATH] \
+                    "usage: disaggregated [--transport inproc|tcp|nixl] [--no-auth (tcp or nixl \
+                            without a link key)] [--model PATH] \
                             [--inject-corrupt-receipt] [--prefill-stall-ms N (tcp: the prefill \
                             process waits N ms after connecting; a test aid)]"
                         .into(),
@@ -206,7 +219,10 @@ fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     if let Ok(hex) = std::env::var(KEY_ENV) {
         tcfg = tcfg.with_link_key(LinkKey::from_hex(&hex).map_err(|e| e.to_string())?);
     }
-    let link = TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?;
+    let link = match args.link {
+        Link::Nixl => nixl::connect(addr, &tcfg)?,
+        _ => TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?,
+    };
     let link = StagedLink::new(link, staging(args.corrupt));
     std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
     let model = Model::cpu(w).map_err(|e| e.to_string())?;
@@ -390,7 +406,8 @@ fn run(args: &Args) -> Result<bool, String> {
     let reqs = workload(&w);
     let dcfg = config::<Decode>(&w)?;
     let mut tcfg = TransferConfig::default();
-    let key = if args.tcp && !args.no_auth {
+    let two_processes = args.link != Link::Threads;
+    let key = if two_processes && !args.no_auth {
         let key = LinkKey::generate().map_err(|e| e.to_string())?;
         tcfg = tcfg.with_link_key(key.clone());
         Some(key)
@@ -400,23 +417,34 @@ fn run(args: &Args) -> Result<bool, String> {
     eprintln!(
         "model: {name}; window {} tokens; transport {}; corrupt receipt: {}",
         dcfg.max_context(),
-        match (args.tcp, &key) {
-            (true, Some(_)) => "tcp (two processes, authenticated: Noise NNpsk0, sealed frames)",
-            (true, None) => "tcp (two processes, unauthenticated loopback)",
-            (false, _) => "in-process (threads)",
+        match (args.link, &key) {
+            (Link::Tcp, Some(_)) =>
+                "tcp (two processes, authenticated: Noise NNpsk0, sealed frames)",
+            (Link::Tcp, None) => "tcp (two processes, unauthenticated loopback)",
+            (Link::Nixl, Some(_)) =>
+                "nixl (two processes: KV by NIXL WRITE over UCX; plans and receipts on \
+                 authenticated tcp)",
+            (Link::Nixl, None) => "nixl (two processes; control link unauthenticated loopback)",
+            (Link::Threads, _) => "in-process (threads)",
         },
         args.corrupt
     );
     let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
 
     type Run = (Vec<Served>, Late, PoolAudit, Result<PoolAudit, String>);
-    let (served, late, decode_audit, prefill_audit): Run = if args.tcp {
-        let mut listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .map_err(|e| e.to_string())?;
+    let (served, late, decode_audit, prefill_audit): Run = if two_processes {
+        let mut listener = match args.link {
+            Link::Nixl => nixl::bind()?,
+            _ => TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .map_err(|e| e.to_string())?,
+        };
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
         cmd.arg("--role-prefill-of").arg(addr.to_string());
+        if args.link == Link::Nixl {
+            cmd.arg("--transport").arg("nixl");
+        }
         match &key {
             Some(k) => cmd.env(KEY_ENV, k.to_hex()),
             None => cmd.env_remove(KEY_ENV),
@@ -440,7 +468,11 @@ fn run(args: &Args) -> Result<bool, String> {
         // Wait for the prefill process to connect, unless it dies or hangs.
         let until = Instant::now() + PREFILL_DEADLINE;
         let link = loop {
-            match listener.accept_within(&tcfg, Duration::from_millis(200)) {
+            let accepted = match args.link {
+                Link::Nixl => nixl::accept_within(&listener, &tcfg, Duration::from_millis(200)),
+                _ => listener.accept_within(&tcfg, Duration::from_millis(200)),
+            };
+            match accepted {
                 Ok(link) => break link,
                 Err(LinkError::AcceptTimeout { .. }) => {
                     if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
@@ -741,5 +773,66 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--transport nixl`: both processes on this host, UCX on the loopback
+/// device (shared memory between the processes where UCX offers it).
+#[cfg(feature = "nixl")]
+mod nixl {
+    use handoff::transfer::{
+        LinkError, Nixl, NixlConfig, TcpDecode, TcpDecodeListener, TcpPrefill, TransferConfig,
+    };
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    fn config() -> NixlConfig {
+        NixlConfig {
+            ucx_devices: Some("lo".into()),
+        }
+    }
+
+    pub fn bind() -> Result<TcpDecodeListener, String> {
+        handoff::transfer::nixl::available().map_err(|e| e.to_string())?;
+        handoff::transfer::nixl::bind_loopback().map_err(|e| e.to_string())
+    }
+
+    pub fn accept_within(
+        l: &TcpDecodeListener,
+        cfg: &TransferConfig,
+        limit: Duration,
+    ) -> Result<TcpDecode, LinkError> {
+        Nixl::accept_within(l, cfg, &config(), limit)
+    }
+
+    pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<TcpPrefill, String> {
+        Nixl::connect(addr, cfg, &config()).map_err(|e| e.to_string())
+    }
+}
+
+/// `--transport nixl` in a build without the `nixl` feature: refused.
+#[cfg(not(feature = "nixl"))]
+mod nixl {
+    use handoff::transfer::{LinkError, TcpDecode, TcpDecodeListener, TcpPrefill, TransferConfig};
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    const WHY: &str = "--transport nixl needs a build with the nixl feature: \
+                       cargo run --release --features nixl --example disaggregated";
+
+    pub fn bind() -> Result<TcpDecodeListener, String> {
+        Err(WHY.into())
+    }
+
+    pub fn accept_within(
+        _: &TcpDecodeListener,
+        _: &TransferConfig,
+        _: Duration,
+    ) -> Result<TcpDecode, LinkError> {
+        Err(LinkError::Config { what: WHY })
+    }
+
+    pub fn connect(_: SocketAddr, _: &TransferConfig) -> Result<TcpPrefill, String> {
+        Err(WHY.into())
     }
 }

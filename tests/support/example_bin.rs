@@ -58,9 +58,15 @@ fn mtime(path: &Path) -> std::time::SystemTime {
 
 /// Runs the example with `args`; `None` when it is not built.
 pub fn run(name: &str, args: &[&str]) -> Option<Output> {
+    run_with_env(name, args, &[])
+}
+
+/// [`run`] with `env` added to the example's environment.
+pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Option<Output> {
     let bin = path(name)?;
     let out = Command::new(&bin)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
     Some(out)

@@ -11,17 +11,22 @@ pub fn skip() {
     );
 }
 
-/// The NIXL transport, or `None` with a printed reason.
+/// Where `libnixl_capi.so` is: `$HANDOFF_NIXL_LIB`, else where
+/// `scripts/install-nixl.sh` puts it.
 #[cfg(feature = "nixl")]
-pub fn nixl() -> Option<handoff::transfer::Nixl> {
-    use handoff::transfer::nixl;
-    let path = std::env::var_os(nixl::LIB_ENV)
+pub fn lib_path() -> std::path::PathBuf {
+    std::env::var_os(handoff::transfer::nixl::LIB_ENV)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(".nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so")
-        });
-    match nixl::load(&path) {
+        })
+}
+
+/// The NIXL transport, or `None` with a printed reason.
+#[cfg(feature = "nixl")]
+pub fn nixl() -> Option<handoff::transfer::Nixl> {
+    match handoff::transfer::nixl::load(&lib_path()) {
         Ok(()) => Some(handoff::transfer::Nixl),
         Err(e) => {
             eprintln!("SKIP: {e}");

@@ -75,7 +75,15 @@ fn parse_audit(line: &str) -> Audit {
 /// Returns the audit and the per-request lines; `None` when the example
 /// was not built.
 fn run_checked(args: &[&str]) -> Option<(Audit, Vec<String>)> {
-    let out = example_bin::run("disaggregated", args)?;
+    run_checked_with(args, &[])
+}
+
+/// [`run_checked`] with `env` added to the example's environment.
+fn run_checked_with(
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Option<(Audit, Vec<String>)> {
+    let out = example_bin::run_with_env("disaggregated", args, env)?;
     let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -187,6 +195,53 @@ fn two_processes_over_unauthenticated_loopback_tcp_serve_the_workload_too() {
         return;
     };
     assert_eq!(a.failed, 0, "nothing fails without an injected fault");
+}
+
+/// `--transport nixl`: the KV bytes cross between the two processes by
+/// NIXL WRITE, the plans and receipts over authenticated TCP; the audit is
+/// the same, and so is a corrupted receipt's fate.
+#[test]
+fn two_processes_over_nixl_serve_the_workload_with_a_clean_audit() {
+    on_nixl!(|_| {
+        let lib = crate::support::nixl::lib_path();
+        let env = [(handoff::transfer::nixl::LIB_ENV, lib.as_os_str())];
+        let Some((a, _)) = run_checked_with(&["--transport", "nixl"], &env) else {
+            return;
+        };
+        assert_eq!(a.failed, 0, "nothing fails without an injected fault");
+        let Some((a, lines)) =
+            run_checked_with(&["--transport", "nixl", "--inject-corrupt-receipt"], &env)
+        else {
+            return;
+        };
+        assert_corrupt_receipt_failed(&a, &lines);
+    });
+}
+
+/// Without its library, `--transport nixl` is a typed refusal naming the
+/// fix, and the process exits with an error status, not nixl-sys's abort.
+#[test]
+fn nixl_without_its_library_is_a_typed_refusal_not_an_abort() {
+    on_nixl!(|_| {
+        let env = [(
+            handoff::transfer::nixl::LIB_ENV,
+            std::ffi::OsStr::new("/nonexistent/libnixl_capi.so"),
+        )];
+        let Some(out) = example_bin::run_with_env("disaggregated", &["--transport", "nixl"], &env)
+        else {
+            return;
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "an error exit, not a signal: {stderr}"
+        );
+        assert!(
+            stderr.contains("NIXL is not available") && stderr.contains("install-nixl.sh"),
+            "{stderr}"
+        );
+    });
 }
 
 #[test]

@@ -159,6 +159,38 @@ fn frame_for_the_other_direction_closes_the_connection() {
     assert!(pool.stats().is_full());
 }
 
+/// The frames of a link with a data plane (NIXL) mean nothing on a plain
+/// one: a staged write names no bytes this end could land, and only a
+/// decode end sends data-plane parameters.
+#[test]
+fn data_plane_frames_on_a_plain_link_close_the_connection() {
+    let batch = WriteBatch {
+        request: RequestId(1),
+        nonce: Nonce(1),
+        layer: 0,
+        start: 0,
+        tokens: 4,
+    };
+    let staged = frame::Staged {
+        id: 0,
+        offset: 0,
+        len: 64,
+    };
+    for (f, kind) in [
+        (Frame::Staged(batch, staged), "staged write"),
+        (Frame::DataPlane(b"parameters"), "data plane"),
+    ] {
+        let mut b = Vec::new();
+        encode_frame(&mut b, 1, &f);
+        let (e, pool) = decode_receives(b);
+        assert!(
+            matches!(wire(e.clone()), WireError::Unexpected { kind: k, .. } if k == kind),
+            "{kind}: {e:?}"
+        );
+        assert!(pool.stats().is_full());
+    }
+}
+
 #[test]
 fn unknown_version_and_flags_are_refused() {
     let mut b = Vec::new();

@@ -40,6 +40,7 @@ mod runtime;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
 pub use runtime::LIB_ENV;
 
@@ -87,10 +88,30 @@ impl Nixl {
         cfg: &TransferConfig,
         nixl: &NixlConfig,
     ) -> Result<TcpDecode, LinkError> {
+        Self::accept_until(listener, cfg, nixl, None)
+    }
+
+    /// [`Nixl::accept`], or [`LinkError::AcceptTimeout`] once `limit` has
+    /// passed without a peer that proved itself.
+    pub fn accept_within(
+        listener: &TcpDecodeListener,
+        cfg: &TransferConfig,
+        nixl: &NixlConfig,
+        limit: Duration,
+    ) -> Result<TcpDecode, LinkError> {
+        Self::accept_until(listener, cfg, nixl, Some(limit))
+    }
+
+    fn accept_until(
+        listener: &TcpDecodeListener,
+        cfg: &TransferConfig,
+        nixl: &NixlConfig,
+        limit: Option<Duration>,
+    ) -> Result<TcpDecode, LinkError> {
         runtime::ready()?;
         let cap = cfg.max_in_flight_bytes();
         let devices = nixl.ucx_devices.clone();
-        listener.accept_with_plane(cfg, None, &move || {
+        listener.accept_with_plane(cfg, limit, &move || {
             let r = plane::Receiver::new(cap, devices.as_deref())?;
             Ok(Box::new(r) as Box<dyn PlaneReceiver>)
         })
@@ -129,7 +150,7 @@ impl Transfer for Nixl {
             Some(_) => cfg.clone(),
             None => cfg.clone().with_link_key(LinkKey::generate()?),
         };
-        let listener = bind_below_ucx()?;
+        let listener = bind_loopback()?;
         let addr = listener.local_addr()?;
         let nixl = NixlConfig {
             ucx_devices: Some("lo".into()),
@@ -142,9 +163,10 @@ impl Transfer for Nixl {
     }
 }
 
-/// A loopback listener on a port below UCX's ephemeral range
-/// (32768-60999), where UCX binds its own sockets.
-fn bind_below_ucx() -> Result<TcpDecodeListener, LinkError> {
+/// A decode listener on 127.0.0.1 at a free port below the ephemeral
+/// range (32768-60999) where UCX binds its own sockets, so the two never
+/// collide (binding port 0 would pick from that range).
+pub fn bind_loopback() -> Result<TcpDecodeListener, LinkError> {
     let mut b = [0u8; 2];
     getrandom::fill(&mut b).map_err(|e| LinkError::DataPlane {
         what: "choosing a control port",
