@@ -1,13 +1,23 @@
 //! NIXL for the stories that run on every transport: loaded from
 //! `$HANDOFF_NIXL_LIB`, or from where `scripts/install-nixl.sh` puts it.
-//! Without it (or without the `nixl` feature) a story prints why it skips.
+//! Without it (or without the `nixl` feature) a story prints why it skips,
+//! unless `HANDOFF_REQUIRE_NIXL=1` (as `.ci/run` sets), which makes that a
+//! failure.
+
+/// Fails the story when NIXL is required, else prints why it skips.
+fn skip_or_fail(why: &str) {
+    if std::env::var_os("HANDOFF_REQUIRE_NIXL").is_some_and(|v| v == "1") {
+        panic!("HANDOFF_REQUIRE_NIXL=1 but {why}");
+    }
+    eprintln!("SKIP: {why}");
+}
 
 /// Why NIXL stories skip in a build without the feature.
 #[cfg(not(feature = "nixl"))]
 pub fn skip() {
-    eprintln!(
-        "SKIP: built without the nixl feature (scripts/install-nixl.sh, then \
-         cargo test --features nixl)"
+    skip_or_fail(
+        "built without the nixl feature (scripts/install-nixl.sh, then \
+         cargo test --features nixl)",
     );
 }
 
@@ -29,7 +39,7 @@ pub fn nixl() -> Option<handoff::transfer::Nixl> {
     match handoff::transfer::nixl::load(&lib_path()) {
         Ok(()) => Some(handoff::transfer::Nixl),
         Err(e) => {
-            eprintln!("SKIP: {e}");
+            skip_or_fail(&e.to_string());
             None
         }
     }
