@@ -16,6 +16,12 @@
 //!   time per side as a share of the plain TCP transfer (`seal %`: the
 //!   sender seals and the receiver opens on their own threads, in parallel,
 //!   so this is about what a quiet machine adds);
+//! - NIXL (`--features nixl`, `$HANDOFF_NIXL_LIB` from
+//!   `scripts/install-nixl.sh`): the KV bytes by NIXL WRITE (UCX, loopback
+//!   device; shared memory between the ends where UCX offers it) into the
+//!   decode end's staging ring, plans and receipts on authenticated TCP, in
+//!   the same reps: `nixl/tcp` and `nixl/auth` are the TCP transfer's time
+//!   over NIXL's, per rep (goal: >= 1.0 against TCP);
 //! - checksum cost, as a share of each transfer's wall time, from the same
 //!   bytes copied region by region (32 KiB: one page of one layer of K or V)
 //!   on one thread: `lander` is what hashing adds to the landing thread's
@@ -349,6 +355,21 @@ impl Rates {
     }
 }
 
+/// One NIXL transfer per call, or why NIXL cannot run here.
+type Once = Box<dyn FnMut(&[u8]) -> Duration>;
+
+#[cfg(feature = "nixl")]
+fn nixl_pair(tokens: usize, pools: &Pools) -> Result<Once, String> {
+    handoff::transfer::nixl::available().map_err(|e| e.to_string())?;
+    let mut p = Pair::new(handoff::transfer::Nixl, tcp_config(), tokens, pools);
+    Ok(Box::new(move |src| p.once(src)))
+}
+
+#[cfg(not(feature = "nixl"))]
+fn nixl_pair(_: usize, _: &Pools) -> Result<Once, String> {
+    Err("built without the nixl feature (cargo bench --features nixl --bench transfer)".into())
+}
+
 fn mem_available() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -407,10 +428,15 @@ fn main() {
         let mut inproc = Pair::new(InProcess, inproc_config(), tokens, &pools);
         let mut tcp = Pair::new(Tcp, tcp_config(), tokens, &pools);
         let mut auth = Pair::new(TcpAuth, tcp_config(), tokens, &pools);
+        let mut nixl = nixl_pair(tokens, &pools);
         // Warm-up: every page touched once.
         let _ = inproc.once(&src);
         let _ = tcp.once(&src);
         let _ = auth.once(&src);
+        if let Ok(n) = nixl.as_mut() {
+            let _ = n(&src);
+        }
+        let (mut nixl_rate, mut nixl_tcp, mut nixl_auth) = (Vec::new(), Vec::new(), Vec::new());
         // Interleaved reps: a machine that speeds up or slows down affects
         // a transfer and its baseline alike; ratios are per rep.
         let reps = if bytes > (1 << 30) { 3 } else { REPS };
@@ -421,6 +447,12 @@ fn main() {
             let ds = socket_once(&copy_src, &mut copy_dst);
             let dt = tcp.once(&src);
             let da = auth.once(&src);
+            if let Ok(n) = nixl.as_mut() {
+                let dn = n(&src);
+                nixl_rate.push(gbps(bytes, dn));
+                nixl_tcp.push(dt.as_secs_f64() / dn.as_secs_f64());
+                nixl_auth.push(da.as_secs_f64() / dn.as_secs_f64());
+            }
             let c = checksum_once(&copy_src, &mut copy_dst);
             m.push(bytes, [dm, di, ds, dt, da], &c);
         }
@@ -447,5 +479,16 @@ fn main() {
             median(fused_ip),
             median(fused_tcp),
         );
+        match &nixl {
+            Ok(_) => println!(
+                "{:>7} {:>6} | nixl {:>5.2}GB/s  nixl/tcp {:>5.2}  nixl/auth {:>5.2}",
+                tokens,
+                bytes >> 20,
+                median(nixl_rate),
+                median(nixl_tcp),
+                median(nixl_auth),
+            ),
+            Err(why) => println!("{tokens:>7} {:>6} | nixl skipped: {why}", bytes >> 20),
+        }
     }
 }

@@ -245,6 +245,13 @@ impl KvPool {
         self.shared.cfg.pages
     }
 
+    /// The page arena's address and length in bytes (see
+    /// `Storage::span`).
+    #[cfg(feature = "nixl")]
+    pub(crate) fn arena_span(&self) -> (usize, usize) {
+        self.shared.storage.span()
+    }
+
     /// Pages a sequence of `tokens` tokens needs.
     pub fn pages_for(&self, tokens: usize) -> usize {
         pages_for(tokens, self.page_size())

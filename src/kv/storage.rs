@@ -252,6 +252,16 @@ impl Storage {
         page_stride(&self.geometry, self.page_size)
     }
 
+    /// The arena's address and length in bytes, for a transport that
+    /// registers it to read held pages in place (NIXL). Reading through it
+    /// is the transport's business: it may read only rows that
+    /// [`KvSeq::read_rows`](crate::kv::KvSeq) hands out, of pages held for
+    /// it.
+    #[cfg(feature = "nixl")]
+    pub(crate) fn span(&self) -> (usize, usize) {
+        (self.arena.ptr.as_ptr() as usize, self.arena.layout.size())
+    }
+
     /// Element offset of (page, layer, k=0|v=1, slot), or `None` when any
     /// coordinate (or `slot + n`) is out of range.
     #[inline]

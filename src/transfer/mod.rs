@@ -10,10 +10,12 @@
 //! - [`PrefillSide`]: refuses plans beyond its limits with a typed abort (no
 //!   receipt, no placeholder), computes, sends, and holds the source pages
 //!   until decode answers or the transfer is abandoned and drained.
-//! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy) and
+//! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy),
 //!   [`Tcp`] (framed, bounded; loopback without a link key, any address
-//!   with one: [`auth`] authenticates both ends and seals every frame), with
-//!   a cap on KV bytes in flight.
+//!   with one: [`auth`] authenticates both ends and seals every frame), and
+//!   with the `nixl` feature `Nixl` (the KV bytes by NIXL WRITE into a
+//!   staging ring at the decode end, everything else on authenticated TCP;
+//!   see `nixl`), each with a cap on KV bytes in flight.
 //!
 //! The workers that run a model on each side, [`crate::engine::PrefillWorker`]
 //! and [`crate::engine::DecodeWorker`], live in the engine layer above this

@@ -1,7 +1,8 @@
 //! NIXL transport: KV bytes move by NIXL WRITE (NVIDIA's Inference Xfer
 //! Library, over UCX: shared memory on one host, RDMA or TCP across hosts)
-//! from the prefill end's registered send buffer into a registered staging
-//! ring at the decode end; plans, receipts, credits and NIXL's own metadata
+//! straight from the held pages of the prefill end's pool (its page arena
+//! is registered; its metadata is never exported, so no peer can read it)
+//! into a registered staging ring at the decode end; plans, receipts, credits and NIXL's own metadata
 //! go over the authenticated TCP link ([`crate::transfer::tcp`]), sealed.
 //!
 //! The staging ring, not the pool's pages, is what NIXL may write: the

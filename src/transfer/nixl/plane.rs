@@ -9,12 +9,15 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use nixl_sys::{Agent, Backend, NotificationMap, OptArgs, RegistrationHandle, XferDescList};
-use nixl_sys::{MemType, XferOp, XferRequest, XferStatus};
+use nixl_sys::{MemType, MemoryRegion, NixlDescriptor, XferOp, XferRequest, XferStatus};
 
 use super::region::Region;
 use super::ring::Ring;
 use super::runtime::{agent, agent_name, failed};
+use crate::kv::{Held, KvPool, KvSeq};
 use crate::transfer::error::LinkError;
+use crate::transfer::link::copy_rows;
+use crate::transfer::protocol::WriteBatch;
 use crate::transfer::tcp::frame::Staged;
 use crate::transfer::tcp::{PlaneReceiver, PlaneSender};
 
@@ -217,6 +220,38 @@ pub(super) struct Sender {
     next_id: u64,
     /// The write sent last, until it has left this end.
     pending: Option<XferRequest>,
+    /// The pools whose page arenas this end's agent has registered (rows
+    /// are sent from the held pages in place), kept alive while registered.
+    pools: Vec<(KvPool, RegistrationHandle)>,
+}
+
+/// A registered span of host memory that this end does not own: a pool's
+/// page arena, kept alive by the pool handle stored beside its
+/// registration.
+#[derive(Debug)]
+struct Span {
+    addr: usize,
+    len: usize,
+}
+
+impl MemoryRegion for Span {
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.addr as *const u8
+    }
+
+    fn size(&self) -> usize {
+        self.len
+    }
+}
+
+impl NixlDescriptor for Span {
+    fn mem_type(&self) -> MemType {
+        MemType::Dram
+    }
+
+    fn device_id(&self) -> u64 {
+        0
+    }
 }
 
 impl Sender {
@@ -244,16 +279,71 @@ impl Sender {
             ring: Ring::new(p.ring_len),
             next_id: 0,
             pending: None,
+            pools: Vec::new(),
         })
+    }
+}
+
+impl Sender {
+    /// The registration of `pool`'s page arena with this end's agent, made
+    /// on first use and kept (with the pool) for the life of the link.
+    fn register_pool(&mut self, pool: &KvPool) -> Result<(), LinkError> {
+        if self.pools.iter().any(|(p, _)| p.same_pool(pool)) {
+            return Ok(());
+        }
+        let (addr, len) = pool.arena_span();
+        let reg = self
+            .agent
+            .register_memory(&Span { addr, len }, None)
+            .map_err(failed("registering the pool's pages"))?;
+        self.pools.push((pool.clone(), reg));
+        Ok(())
+    }
+
+    /// Describes the batch's rows where they lie in `src`'s held pages
+    /// (one descriptor per run of slots in a page), paired with where they
+    /// go in the peer's ring; `false` when the rows cannot be read (the
+    /// caller stages them instead).
+    fn describe_in_place(
+        &mut self,
+        src: &KvSeq<Held>,
+        b: &WriteBatch,
+        row: usize,
+        at: u64,
+        local: &mut XferDescList<'_>,
+        remote: &mut XferDescList<'_>,
+    ) -> Result<bool, LinkError> {
+        self.register_pool(src.pool())?;
+        let half = b.tokens as usize * row;
+        let base = self.ring_addr + at;
+        for kv in 0..2 {
+            let read = src.read_rows(
+                b.layer as usize,
+                kv,
+                b.start as usize,
+                b.tokens as usize,
+                |done, bytes| {
+                    local.add_desc(bytes.as_ptr() as usize, bytes.len(), 0);
+                    let to = base + (kv * half + done * row) as u64;
+                    remote.add_desc(to as usize, bytes.len(), 0);
+                },
+            );
+            if read.is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
 impl PlaneSender for Sender {
     fn send(
         &mut self,
-        len: usize,
+        src: &KvSeq<Held>,
+        b: &WriteBatch,
+        row: usize,
         credited: u64,
-        fill: &mut dyn FnMut(&mut [u8]),
+        corrupt: bool,
     ) -> Result<Staged, LinkError> {
         if self.pending.is_some() {
             return Err(LinkError::DataPlane {
@@ -261,21 +351,38 @@ impl PlaneSender for Sender {
                 detail: "the link failed mid-write; reconnect".into(),
             });
         }
-        let dst = self.buf.head_mut(len).ok_or(LinkError::Config {
-            what: "a write batch larger than the in-flight cap",
-        })?;
-        fill(dst);
+        let half = b.tokens as usize * row;
+        let len = 2 * half;
         self.ring.free_through(credited);
         let at = self.ring.alloc(len as u64).ok_or(LinkError::DataPlane {
             what: "the decode end's staging ring is full",
             detail: "the peer credited back fewer bytes than it landed".into(),
         })?;
+        let mut local = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
+        let mut remote = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
+        // The rows go from the held pages themselves, unless the fault
+        // injector must alter them (never the pool's bytes) or they cannot
+        // be read: then from a copy in the send buffer.
+        let in_place =
+            !corrupt && self.describe_in_place(src, b, row, at, &mut local, &mut remote)?;
+        if !in_place {
+            local.clear();
+            remote.clear();
+            let dst = self.buf.head_mut(len).ok_or(LinkError::Config {
+                what: "a write batch larger than the in-flight cap",
+            })?;
+            for kv in 0..2 {
+                let part = &mut dst[kv * half..(kv + 1) * half];
+                copy_rows(src, b.layer as usize, kv, b.start as usize, row, part);
+            }
+            if corrupt && let Some(x) = dst.first_mut() {
+                *x ^= 1;
+            }
+            local.add_desc(self.buf.addr(), len, 0);
+            remote.add_desc((self.ring_addr + at) as usize, len, 0);
+        }
         let id = self.next_id;
         self.next_id += 1;
-        let mut local = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
-        local.add_desc(self.buf.addr(), len, 0);
-        let mut remote = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
-        remote.add_desc((self.ring_addr + at) as usize, len, 0);
         let mut args = OptArgs::new().map_err(failed("describing a write"))?;
         args.set_has_notification(true)
             .and_then(|()| args.set_notification_message(id.to_string().as_bytes()))

@@ -1,8 +1,10 @@
 //! Page-aligned host memory that a NIXL agent registers: the decode end's
-//! staging ring and the prefill end's send buffer. Nothing else in this
-//! process is ever registered, so a peer's NIXL writes can reach these
-//! bytes and no others (the pool's pages are filled from here, under the
-//! landing zone's fence).
+//! staging ring and the prefill end's send buffer. At the decode end the
+//! ring is the only registered memory, so a peer's NIXL writes can reach
+//! its bytes and no others (the pool's pages are filled from it, under the
+//! landing zone's fence). The prefill end also registers its pool's page
+//! arena, to send held rows in place, but never exports its own metadata:
+//! no peer holds a key to read or write it.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;

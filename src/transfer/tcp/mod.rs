@@ -711,19 +711,8 @@ impl TcpPrefill {
         })?;
         self.credits.acquire(2 * each, self.cfg.write_timeout())?;
         if let Some(plane) = self.plane.as_mut() {
-            let layer = b.layer as usize;
             let credited = self.credits.released_total();
-            let staged = plane.send(2 * each, credited, &mut |dst| {
-                for kv in 0..2 {
-                    let part = &mut dst[kv * each..(kv + 1) * each];
-                    crate::transfer::link::copy_rows(src, layer, kv, b.start as usize, row, part);
-                }
-                if w.corrupt
-                    && let Some(x) = dst.first_mut()
-                {
-                    *x ^= 1;
-                }
-            })?;
+            let staged = plane.send(src, &b, row, credited, w.corrupt)?;
             self.writer.send(&Frame::Staged(b, staged))?;
             return plane.settle(self.cfg.write_timeout());
         }

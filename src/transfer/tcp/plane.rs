@@ -12,7 +12,9 @@
 
 use std::time::Duration;
 
+use crate::kv::{Held, KvSeq};
 use crate::transfer::error::LinkError;
+use crate::transfer::protocol::WriteBatch;
 use crate::transfer::tcp::frame::Staged;
 
 /// The prefill end of a data plane. A write is [`PlaneSender::send`],
@@ -20,16 +22,19 @@ use crate::transfer::tcp::frame::Staged;
 /// [`PlaneSender::settle`]: the peer makes progress on the transfer while
 /// it waits for it, which it starts doing when the frame arrives.
 pub(crate) trait PlaneSender: Send {
-    /// Stages `len` bytes that `fill` writes (K rows, then V rows) and
-    /// starts moving them into the peer's staging region. `credited` is how
-    /// many bytes the peer has credited back on this link so far: writes
-    /// are credited in the order they were sent, which frees the region in
-    /// order.
+    /// Starts moving rows `[batch.start, batch.start + batch.tokens)` of
+    /// `batch.layer` of `src` (K rows, then V rows, `row` bytes each) into
+    /// the peer's staging region, with the first byte flipped when
+    /// `corrupt` (fault injection). `credited` is how many bytes the peer
+    /// has credited back on this link so far: writes are credited in the
+    /// order they were sent, which frees the region in order.
     fn send(
         &mut self,
-        len: usize,
+        src: &KvSeq<Held>,
+        batch: &WriteBatch,
+        row: usize,
         credited: u64,
-        fill: &mut dyn FnMut(&mut [u8]),
+        corrupt: bool,
     ) -> Result<Staged, LinkError>;
     /// Waits, at most `limit`, until the write sent last has left this end
     /// (its staging memory may be reused).
