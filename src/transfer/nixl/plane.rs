@@ -194,9 +194,11 @@ impl PlaneReceiver for Receiver {
                 });
             }
             self.poll()?;
+            // The bytes are still being written by the peer, which on a
+            // small host needs the core this thread would spin on.
             polls += 1;
-            if polls > 64 && !self.notified.contains(&staged.id) {
-                std::thread::sleep(Duration::from_micros(20));
+            if polls > 4 && !self.notified.contains(&staged.id) {
+                std::thread::sleep(Duration::from_micros(10));
             }
         }
         self.next = staged.id + 1;
