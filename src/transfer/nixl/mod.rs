@@ -38,6 +38,8 @@ mod plane;
 mod region;
 mod ring;
 mod runtime;
+#[cfg(test)]
+mod tests;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
