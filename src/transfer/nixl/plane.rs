@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nixl_sys::{Agent, Backend, NotificationMap, OptArgs, RegistrationHandle, XferDescList};
 use nixl_sys::{MemType, MemoryRegion, NixlDescriptor, XferOp, XferRequest, XferStatus};
 
-use super::region::Region;
+use super::region::{Exposure, Region};
 use super::ring::Ring;
 use super::runtime::{agent, agent_name, failed};
 use crate::kv::{Held, KvPool, KvSeq};
@@ -115,7 +115,7 @@ impl Receiver {
         let name = agent_name("decode")?;
         let peer = agent_name("prefill")?;
         let (agent, backend) = agent(&name, devices)?;
-        let ring = Region::new(in_flight_cap.saturating_mul(2))?;
+        let ring = Region::new(in_flight_cap.saturating_mul(2), Exposure::PeerWritable)?;
         let reg = agent
             .register_memory(&ring, None)
             .map_err(failed("registering the staging ring"))?;
@@ -264,7 +264,7 @@ impl Sender {
     ) -> Result<Self, LinkError> {
         let p = Params::decode(params)?;
         let (agent, backend) = agent(&p.prefill_name, devices)?;
-        let buf = Region::new(in_flight_cap)?;
+        let buf = Region::new(in_flight_cap, Exposure::Private)?;
         let reg = agent
             .register_memory(&buf, None)
             .map_err(failed("registering the send buffer"))?;
