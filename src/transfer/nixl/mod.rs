@@ -13,7 +13,10 @@
 //! landing zone let go of; a receipt is verified against the plan and the
 //! landed bytes), at the price of one copy at the decode end. The ring's
 //! address and remote key travel only inside the sealed link, so a process
-//! without the link key cannot name it.
+//! without the link key cannot name it; and a ring is never handed back to
+//! the allocator (its mapping is made inaccessible when the link ends), so
+//! a WRITE still in flight then can only fault, never land in reused
+//! memory.
 //!
 //! NIXL comes from the `nixl-cu12` wheel (`scripts/install-nixl.sh`): this
 //! crate loads `libnixl_capi.so` at run time ([`load`], or the path in
