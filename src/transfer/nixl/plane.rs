@@ -9,9 +9,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use nixl_sys::{Agent, Backend, NotificationMap, OptArgs, RegistrationHandle, XferDescList};
-use nixl_sys::{MemType, MemoryRegion, NixlDescriptor, XferOp, XferRequest, XferStatus};
+use nixl_sys::{MemType, XferOp, XferRequest, XferStatus};
 
-use super::region::{Exposure, Region};
+use super::region::{Exposure, Region, Span};
 use super::ring::Ring;
 use super::runtime::{agent, agent_name, failed};
 use crate::kv::{Held, KvPool, KvSeq};
@@ -117,7 +117,7 @@ impl Receiver {
         let (agent, backend) = agent(&name, devices)?;
         let ring = Region::new(in_flight_cap.saturating_mul(2), Exposure::PeerWritable)?;
         let reg = agent
-            .register_memory(&ring, None)
+            .register_memory(&Span::from(&ring), None)
             .map_err(failed("registering the staging ring"))?;
         let md = agent
             .get_local_md()
@@ -227,35 +227,6 @@ pub(super) struct Sender {
     pools: Vec<(KvPool, RegistrationHandle)>,
 }
 
-/// A registered span of host memory that this end does not own: a pool's
-/// page arena, kept alive by the pool handle stored beside its
-/// registration.
-#[derive(Debug)]
-struct Span {
-    addr: usize,
-    len: usize,
-}
-
-impl MemoryRegion for Span {
-    unsafe fn as_ptr(&self) -> *const u8 {
-        self.addr as *const u8
-    }
-
-    fn size(&self) -> usize {
-        self.len
-    }
-}
-
-impl NixlDescriptor for Span {
-    fn mem_type(&self) -> MemType {
-        MemType::Dram
-    }
-
-    fn device_id(&self) -> u64 {
-        0
-    }
-}
-
 impl Sender {
     pub(super) fn new(
         params: &[u8],
@@ -266,7 +237,7 @@ impl Sender {
         let (agent, backend) = agent(&p.prefill_name, devices)?;
         let buf = Region::new(in_flight_cap, Exposure::Private)?;
         let reg = agent
-            .register_memory(&buf, None)
+            .register_memory(&Span::from(&buf), None)
             .map_err(failed("registering the send buffer"))?;
         let remote = agent
             .load_remote_md(&p.md)
@@ -284,9 +255,7 @@ impl Sender {
             pools: Vec::new(),
         })
     }
-}
 
-impl Sender {
     /// The registration of `pool`'s page arena with this end's agent, made
     /// on first use and kept (with the pool) for the life of the link.
     fn register_pool(&mut self, pool: &KvPool) -> Result<(), LinkError> {

@@ -132,9 +132,26 @@ impl Drop for Region {
     }
 }
 
-impl MemoryRegion for Region {
+/// Host memory as NIXL registers it: a region of ours, or a span we do not
+/// own (a pool's page arena, kept alive by whoever registers it).
+#[derive(Debug)]
+pub(super) struct Span {
+    pub(super) addr: usize,
+    pub(super) len: usize,
+}
+
+impl From<&Region> for Span {
+    fn from(r: &Region) -> Self {
+        Span {
+            addr: r.addr(),
+            len: r.len(),
+        }
+    }
+}
+
+impl MemoryRegion for Span {
     unsafe fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
+        self.addr as *const u8
     }
 
     fn size(&self) -> usize {
@@ -142,7 +159,7 @@ impl MemoryRegion for Region {
     }
 }
 
-impl NixlDescriptor for Region {
+impl NixlDescriptor for Span {
     fn mem_type(&self) -> MemType {
         MemType::Dram
     }
