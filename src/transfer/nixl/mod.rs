@@ -50,11 +50,12 @@ use std::time::Duration;
 
 pub use runtime::LIB_ENV;
 
-use crate::transfer::auth::LinkKey;
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::LinkError;
 use crate::transfer::link::Transfer;
-use crate::transfer::tcp::{PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill};
+use crate::transfer::tcp::{
+    PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill, keyed,
+};
 
 /// Loads `libnixl_capi.so` from `path` for this process (its dependencies,
 /// UCX and NIXL's plugins, resolve from beside it, as the wheel lays them
@@ -152,10 +153,7 @@ impl Transfer for Nixl {
 
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
         runtime::ready()?;
-        let cfg = match cfg.link_key() {
-            Some(_) => cfg.clone(),
-            None => cfg.clone().with_link_key(LinkKey::generate()?),
-        };
+        let cfg = keyed(cfg)?;
         let listener = bind_loopback()?;
         let addr = listener.local_addr()?;
         let nixl = NixlConfig {

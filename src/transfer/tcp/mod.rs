@@ -72,11 +72,7 @@ impl Transfer for TcpAuth {
     }
 
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
-        let cfg = match cfg.link_key() {
-            Some(_) => cfg.clone(),
-            None => cfg.clone().with_link_key(LinkKey::generate()?),
-        };
-        Tcp.connect(&cfg)
+        Tcp.connect(&keyed(cfg)?)
     }
 }
 
@@ -97,6 +93,15 @@ impl Transfer for Tcp {
         let decode = accept.join().map_err(|_| LinkError::Disconnected)?;
         Ok((prefill?, decode?))
     }
+}
+
+/// `cfg` with its link key, or with a fresh random one: for transports
+/// that connect both ends in this process, always authenticated.
+pub(crate) fn keyed(cfg: &TransferConfig) -> Result<TransferConfig, LinkError> {
+    Ok(match cfg.link_key() {
+        Some(_) => cfg.clone(),
+        None => cfg.clone().with_link_key(LinkKey::generate()?),
+    })
 }
 
 /// Refuses a non-loopback address unless links authenticate.
