@@ -211,7 +211,12 @@ impl PlaneReceiver for Receiver {
 
 /// The prefill end: a registered send buffer of the in-flight cap (one
 /// write at a time) and the bookkeeping of the peer's ring.
+///
+/// Fields drop in order: a write still in flight is released first, while
+/// the memory it reads is registered and mapped.
 pub(super) struct Sender {
+    /// The write sent last, until it has left this end.
+    pending: Option<XferRequest>,
     agent: Agent,
     _backend: Backend,
     _reg: RegistrationHandle,
@@ -220,8 +225,6 @@ pub(super) struct Sender {
     ring_addr: u64,
     ring: Ring,
     next_id: u64,
-    /// The write sent last, until it has left this end.
-    pending: Option<XferRequest>,
     /// The pools whose page arenas this end's agent has registered (rows
     /// are sent from the held pages in place), kept alive while registered.
     pools: Vec<(KvPool, RegistrationHandle)>,
@@ -243,6 +246,7 @@ impl Sender {
             .load_remote_md(&p.md)
             .map_err(failed("loading the decode agent's metadata"))?;
         Ok(Sender {
+            pending: None,
             agent,
             _backend: backend,
             _reg: reg,
@@ -251,7 +255,6 @@ impl Sender {
             ring_addr: p.ring_addr,
             ring: Ring::new(p.ring_len),
             next_id: 0,
-            pending: None,
             pools: Vec::new(),
         })
     }
