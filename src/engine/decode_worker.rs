@@ -118,7 +118,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     }
 
     /// How long a step waits on the link for a landing when nothing is
-    /// generating (default [`DEFAULT_IDLE_WAIT`]); a step that has
+    /// generating (default 20 ms); a step that has
     /// sequences to decode never waits.
     #[must_use]
     pub fn with_idle_wait(mut self, wait: Duration) -> Self {

@@ -1,6 +1,6 @@
 //! A serving thread for hosts whose clients arrive on many threads.
 //!
-//! [`Engine`](crate::Engine) and [`DecodeWorker`](crate::transfer::DecodeWorker)
+//! [`Engine`](crate::Engine) and [`DecodeWorker`](crate::DecodeWorker)
 //! are stepped by their owner through `&mut self`. A server whose
 //! connections live on many threads would otherwise write the same loop
 //! around them: a command channel, a reply per submission, a step when
@@ -120,7 +120,7 @@ impl Submitter {
 }
 
 /// A server ([`Engine`](crate::Engine) or
-/// [`DecodeWorker`](crate::transfer::DecodeWorker)) stepped by a thread of
+/// [`DecodeWorker`](crate::DecodeWorker)) stepped by a thread of
 /// its own. See the [module documentation](self).
 #[must_use = "dropping the service shuts it down at once, ending its live requests"]
 #[derive(Debug)]

@@ -16,7 +16,7 @@
 //! Any frame that cannot be accepted (bad magic or version, unknown kind,
 //! oversized, malformed, out of sequence, not valid for its direction, or
 //! failing authentication) ends the connection at once with a typed
-//! [`WireError`] or [`AuthError`](crate::transfer::AuthError); the
+//! [`WireError`] or [`AuthError`]; the
 //! offending frame is never applied. A frame begun must be complete within
 //! the write timeout, counted for the whole frame; between frames a link
 //! may idle.
