@@ -1,9 +1,9 @@
 //! The two ends of the NIXL data plane (see [`crate::transfer::tcp`]'s
 //! data-plane hooks): the decode end registers a staging ring and sends
-//! what the prefill end needs to write into it; the prefill end stages each
-//! write in its own registered buffer, WRITEs it into the ring with a NIXL
-//! notification carrying the write's number, and the decode end waits for
-//! that notification before it lands the bytes.
+//! what the prefill end needs to write into it; the prefill end WRITEs each
+//! batch's rows from its held pages into the ring with a NIXL notification
+//! carrying the write's number, and the decode end waits for that
+//! notification before it lands the bytes.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ use crate::transfer::tcp::{PlaneReceiver, PlaneSender};
 
 /// Version of the parameters' layout.
 const PARAMS_VERSION: u8 = 1;
-/// How far ahead of the write being waited for a notification is kept.
+/// How far past the write being waited for a notification is kept.
 const AHEAD: u64 = 1 << 16;
 
 /// What the decode end sends the prefill end.
@@ -97,17 +97,22 @@ impl Params {
 
 /// The decode end: a registered staging ring of twice the in-flight cap.
 pub(super) struct Receiver {
-    agent: Agent,
+    // Fields drop in order: the agent goes (with its notifications), then
+    // the ring is deregistered, then fenced.
+    notes: Notes,
     _backend: Backend,
-    // Deregisters before the region is freed (fields drop in order).
     _reg: RegistrationHandle,
     ring: Region,
     params: Vec<u8>,
+}
+
+/// The notifications of the decode end's agent.
+struct Notes {
+    agent: Agent,
+    /// The prefill end's agent: the only one whose notifications count.
     peer: String,
     /// Numbers of writes whose notification came, not yet landed.
-    notified: BTreeSet<u64>,
-    /// The lowest number not yet landed.
-    next: u64,
+    came: BTreeSet<u64>,
 }
 
 impl Receiver {
@@ -130,19 +135,46 @@ impl Receiver {
         }
         .encode();
         Ok(Receiver {
-            agent,
+            notes: Notes {
+                agent,
+                peer,
+                came: BTreeSet::new(),
+            },
             _backend: backend,
             _reg: reg,
             ring,
             params,
-            peer,
-            notified: BTreeSet::new(),
-            next: 0,
         })
     }
+}
 
-    /// Takes the notifications that came (driving the agent's progress).
-    fn poll(&mut self) -> Result<(), LinkError> {
+impl Notes {
+    /// Waits, at most `limit`, for the notification of write `id` (writes
+    /// are waited for in order: earlier numbers have landed).
+    fn wait(&mut self, id: u64, limit: Duration) -> Result<(), LinkError> {
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        while !self.came.remove(&id) {
+            if t0.elapsed() > limit {
+                return Err(LinkError::DataPlane {
+                    what: "no NIXL notification for a staged write within the write timeout",
+                    detail: format!("write {id} after {} ms", limit.as_millis()),
+                });
+            }
+            self.poll(id)?;
+            // The bytes are still being written by the peer, which on a
+            // small host needs the core this thread would spin on.
+            polls += 1;
+            if polls > 4 && !self.came.contains(&id) {
+                std::thread::sleep(Duration::from_micros(10));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the notifications that came (driving the agent's progress),
+    /// keeping those for writes `[first, first + AHEAD)`.
+    fn poll(&mut self, first: u64) -> Result<(), LinkError> {
         let mut map = NotificationMap::new().map_err(failed("reading NIXL notifications"))?;
         self.agent
             .get_notifications(&mut map, None)
@@ -158,9 +190,9 @@ impl Receiver {
             }
             for m in msgs {
                 if let Ok(id) = m.parse::<u64>()
-                    && (self.next..self.next.saturating_add(AHEAD)).contains(&id)
+                    && (first..first.saturating_add(AHEAD)).contains(&id)
                 {
-                    self.notified.insert(id);
+                    self.came.insert(id);
                 }
             }
         }
@@ -178,39 +210,18 @@ impl PlaneReceiver for Receiver {
             usize::try_from(staged.offset).unwrap_or(usize::MAX),
             usize::try_from(staged.len).unwrap_or(usize::MAX),
         );
-        if self.ring.get(at, len).is_none() {
-            return Err(LinkError::DataPlane {
-                what: "a staged write outside the staging ring",
-                detail: format!("{len} bytes at {at} of {}", self.ring.len()),
-            });
-        }
-        let t0 = Instant::now();
-        let mut polls = 0u32;
-        while !self.notified.remove(&staged.id) {
-            if t0.elapsed() > limit {
-                return Err(LinkError::DataPlane {
-                    what: "no NIXL notification for a staged write within the write timeout",
-                    detail: format!("write {} after {} ms", staged.id, limit.as_millis()),
-                });
-            }
-            self.poll()?;
-            // The bytes are still being written by the peer, which on a
-            // small host needs the core this thread would spin on.
-            polls += 1;
-            if polls > 4 && !self.notified.contains(&staged.id) {
-                std::thread::sleep(Duration::from_micros(10));
-            }
-        }
-        self.next = staged.id + 1;
-        self.ring.get(at, len).ok_or(LinkError::DataPlane {
+        let bytes = self.ring.get(at, len).ok_or(LinkError::DataPlane {
             what: "a staged write outside the staging ring",
-            detail: String::new(),
-        })
+            detail: format!("{len} bytes at {at} of {}", self.ring.len()),
+        })?;
+        self.notes.wait(staged.id, limit)?;
+        Ok(bytes)
     }
 }
 
-/// The prefill end: a registered send buffer of the in-flight cap (one
-/// write at a time) and the bookkeeping of the peer's ring.
+/// The prefill end: the registrations of the pools it sends from, the
+/// bookkeeping of the peer's ring, and a registered send buffer of the
+/// in-flight cap (backed lazily) for the batches that cannot go in place.
 ///
 /// Fields drop in order: a write still in flight is released first, while
 /// the memory it reads is registered and mapped.
