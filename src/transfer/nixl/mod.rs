@@ -54,7 +54,7 @@ use crate::transfer::config::TransferConfig;
 use crate::transfer::error::LinkError;
 use crate::transfer::link::Transfer;
 use crate::transfer::tcp::{
-    PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill, keyed,
+    PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill, join_in_process, keyed,
 };
 
 /// Loads `libnixl_capi.so` from `path` for this process (its dependencies,
@@ -154,16 +154,15 @@ impl Transfer for Nixl {
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
         runtime::ready()?;
         let cfg = keyed(cfg)?;
-        let listener = bind_loopback()?;
-        let addr = listener.local_addr()?;
         let nixl = NixlConfig {
             ucx_devices: Some("lo".into()),
         };
         let (dcfg, dnixl) = (cfg.clone(), nixl.clone());
-        let accept = std::thread::spawn(move || Nixl::accept(&listener, &dcfg, &dnixl));
-        let prefill = Nixl::connect(addr, &cfg, &nixl);
-        let decode = accept.join().map_err(|_| LinkError::Disconnected)?;
-        Ok((prefill?, decode?))
+        join_in_process(
+            bind_loopback()?,
+            move |l| Nixl::accept(l, &dcfg, &dnixl),
+            |addr| Nixl::connect(addr, &cfg, &nixl),
+        )
     }
 }
 

@@ -86,13 +86,27 @@ impl Transfer for Tcp {
 
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
         let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
-        let addr = listener.local_addr()?;
         let dcfg = cfg.clone();
-        let accept = std::thread::spawn(move || listener.accept(&dcfg));
-        let prefill = TcpPrefill::connect(addr, cfg);
-        let decode = accept.join().map_err(|_| LinkError::Disconnected)?;
-        Ok((prefill?, decode?))
+        join_in_process(
+            listener,
+            move |l| l.accept(&dcfg),
+            |addr| TcpPrefill::connect(addr, cfg),
+        )
     }
+}
+
+/// Joins two ends in this process: `accept` on `listener` on a thread of
+/// its own while `connect` dials its address.
+pub(crate) fn join_in_process(
+    listener: TcpDecodeListener,
+    accept: impl FnOnce(&TcpDecodeListener) -> Result<TcpDecode, LinkError> + Send + 'static,
+    connect: impl FnOnce(SocketAddr) -> Result<TcpPrefill, LinkError>,
+) -> Result<(TcpPrefill, TcpDecode), LinkError> {
+    let addr = listener.local_addr()?;
+    let accept = std::thread::spawn(move || accept(&listener));
+    let prefill = connect(addr);
+    let decode = accept.join().map_err(|_| LinkError::Disconnected)?;
+    Ok((prefill?, decode?))
 }
 
 /// `cfg` with its link key, or with a fresh random one: for transports
