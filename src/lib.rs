@@ -99,8 +99,8 @@ pub use config::{
     EngineConfigBuilder, Headroom, Prefill, PrefillConfig, Role, RoleKind,
 };
 pub use engine::{
-    Canceller, DecodeWorker, Engine, EngineError, EngineOptions, Event, FinishReason, Outcome,
-    PrefillWorker, RequestHandle, Tally,
+    Canceller, DecodeWorker, Engine, EngineError, EngineOptions, Event, Events, FinishReason,
+    Outcome, PrefillWorker, RequestHandle, Tally,
 };
 pub use http::HttpStatus;
 pub use ids::{RequestId, TenantId};

@@ -8,10 +8,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
-
 use crate::backend::Backend;
-use crate::engine::{Canceller, EngineError, Event, FinishReason, Outcome, RequestHandle, Tally};
+use crate::engine::events::{self, EventSender};
+use crate::engine::{Canceller, EngineError, FinishReason, Outcome, RequestHandle, Tally};
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvSeq, Ready};
 use crate::model::{ForwardError, Model, Scratch};
@@ -25,7 +24,7 @@ struct Client {
     generated: Vec<u32>,
     max_new: usize,
     sampler: Sampler,
-    tx: Sender<Event>,
+    tx: EventSender,
     cancel: Canceller,
 }
 
@@ -114,7 +113,7 @@ impl<B: Backend> Generator<B> {
 
     /// Registers an admitted request and returns its client's handle.
     fn register(&mut self, id: RequestId, max_new: usize, sampler: Sampler) -> RequestHandle {
-        let (tx, events) = crossbeam_channel::unbounded();
+        let (tx, events) = events::stream();
         let cancel = Canceller::default();
         self.clients.insert(
             id,
@@ -289,7 +288,7 @@ impl<B: Backend> Generator<B> {
             return false;
         };
         self.step.count(&outcome);
-        let _ = c.tx.send(Event::Done(outcome));
+        c.tx.done(outcome);
         true
     }
 
@@ -319,7 +318,7 @@ fn sample_and_stream(c: &mut Client, logits: &[f32]) -> Delivery {
 /// Streams `token` to `c`'s client and says whether its request goes on.
 fn stream(c: &mut Client, token: u32) -> Delivery {
     c.generated.push(token);
-    if c.tx.send(Event::Token(token)).is_err() {
+    if c.tx.token(token).is_err() {
         // The client is gone: stop spending pages on it.
         return Delivery::End(Outcome::Cancelled);
     }

@@ -24,6 +24,7 @@
 mod colocated;
 mod decode_worker;
 mod error;
+mod events;
 mod filling;
 mod generate;
 mod prefill_worker;
@@ -34,6 +35,7 @@ mod tally;
 pub use colocated::{Engine, EngineOptions};
 pub use decode_worker::DecodeWorker;
 pub use error::EngineError;
+pub use events::{Event, Events, RecvError, RecvTimeoutError, TryRecvError};
 pub use prefill_worker::PrefillWorker;
-pub use stream::{Canceller, Event, FinishReason, Outcome, RequestHandle};
+pub use stream::{Canceller, FinishReason, Outcome, RequestHandle};
 pub use tally::Tally;

@@ -5,9 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
-
 use crate::engine::EngineError;
+use crate::engine::events::{Event, Events, RecvTimeoutError};
 use crate::ids::RequestId;
 use crate::sched::Rejection;
 
@@ -45,13 +44,6 @@ impl crate::http::HttpStatus for Outcome {
     }
 }
 
-/// One message of a request's stream.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    Token(u32),
-    Done(Outcome),
-}
-
 /// Cancels one request from any thread. The engine releases the request's
 /// pages at its next step, when no write to them can be in flight.
 #[derive(Clone, Debug, Default)]
@@ -72,7 +64,7 @@ impl Canceller {
 #[derive(Debug)]
 pub struct RequestHandle {
     pub(crate) id: RequestId,
-    pub(crate) events: Receiver<Event>,
+    pub(crate) events: Events,
     pub(crate) cancel: Canceller,
     /// The final outcome once [`RequestHandle::try_collect`] has read it:
     /// answered again on every later call, never replaced by a guess from
@@ -81,7 +73,7 @@ pub struct RequestHandle {
 }
 
 impl RequestHandle {
-    pub(crate) fn new(id: RequestId, events: Receiver<Event>, cancel: Canceller) -> Self {
+    pub(crate) fn new(id: RequestId, events: Events, cancel: Canceller) -> Self {
         RequestHandle {
             id,
             events,
@@ -97,7 +89,7 @@ impl RequestHandle {
     /// consumes it: [`RequestHandle::try_collect`] and
     /// [`RequestHandle::wait`] report only what they read themselves, and
     /// once the stream is closed they can no longer tell how it ended.
-    pub fn events(&self) -> &Receiver<Event> {
+    pub fn events(&self) -> &Events {
         &self.events
     }
     /// A canceller to hand to another thread.
@@ -118,17 +110,12 @@ impl RequestHandle {
         if let Some(o) = self.outcome.get() {
             return (tokens, Some(o.clone()));
         }
-        loop {
-            match self.events.try_recv() {
-                Ok(Event::Token(t)) => tokens.push(t),
-                Ok(Event::Done(o)) => return (tokens, Some(self.settle(o))),
-                Err(TryRecvError::Empty) => return (tokens, None),
-                Err(TryRecvError::Disconnected) => {
-                    let o = self.settle(Outcome::Failed(EngineError::Shutdown));
-                    return (tokens, Some(o));
-                }
-            }
-        }
+        let outcome = match self.events.drain_into(&mut tokens) {
+            Some(Ok(o)) => Some(self.settle(o)),
+            Some(Err(_)) => Some(self.settle(Outcome::Failed(EngineError::Shutdown))),
+            None => None,
+        };
+        (tokens, outcome)
     }
 
     /// Blocks until the outcome arrives (the engine must be stepping on

@@ -1,0 +1,297 @@
+//! One request's event stream: the tokens the engine streams, in order,
+//! then exactly one [`Event::Done`]. The engine appends under a short lock
+//! (no allocation per token once the queue has grown, no message slots);
+//! the client reads on its own thread, and blocks only when it asks to.
+//!
+//! A channel per request cost the host about a third of each decode step
+//! (benches/host_step.rs): an 80-byte slot per token and a new block every
+//! 31 of them. Here a token is four bytes in a queue the client drains.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use crossbeam_channel::{RecvError, RecvTimeoutError, TryRecvError};
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::Outcome;
+
+/// One message of a request's stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(u32),
+    Done(Outcome),
+}
+
+/// What both ends share.
+#[derive(Debug, Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when a token or the outcome arrives, or the engine's end
+    /// goes away.
+    arrived: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    tokens: VecDeque<u32>,
+    /// The outcome, once sent; read after every token.
+    done: Option<Outcome>,
+    /// The engine's end was dropped (after the outcome, or without one).
+    closed: bool,
+    /// The client's end was dropped: nobody reads any more.
+    abandoned: bool,
+}
+
+impl Queue {
+    /// The next event, if one is there.
+    fn pop(&mut self) -> Option<Event> {
+        match self.tokens.pop_front() {
+            Some(t) => Some(Event::Token(t)),
+            None => self.done.take().map(Event::Done),
+        }
+    }
+    /// Live with nothing to read (a wait that timed out as an event
+    /// arrived reads the event instead).
+    fn waiting(&self) -> bool {
+        self.tokens.is_empty() && self.done.is_none() && !self.closed
+    }
+}
+
+/// A new stream: the engine's end and the client's.
+pub(crate) fn stream() -> (EventSender, Events) {
+    let shared = Arc::new(Shared::default());
+    (
+        EventSender {
+            shared: shared.clone(),
+        },
+        Events { shared },
+    )
+}
+
+/// The engine's end of a stream.
+#[derive(Debug)]
+pub(crate) struct EventSender {
+    shared: Arc<Shared>,
+}
+
+/// The client is gone: nothing sent will be read.
+#[derive(Debug)]
+pub(crate) struct Abandoned;
+
+impl EventSender {
+    /// Appends a token; `Err` when the client has dropped its end.
+    pub(crate) fn token(&self, t: u32) -> Result<(), Abandoned> {
+        let mut q = self.shared.queue.lock();
+        if q.abandoned {
+            return Err(Abandoned);
+        }
+        q.tokens.push_back(t);
+        drop(q);
+        // Cheap without a waiter (one atomic load).
+        self.shared.arrived.notify_one();
+        Ok(())
+    }
+    /// Sends the final outcome (the engine sends it once, last).
+    pub(crate) fn done(&self, outcome: Outcome) {
+        let mut q = self.shared.queue.lock();
+        if q.abandoned {
+            return;
+        }
+        q.done = Some(outcome);
+        drop(q);
+        self.shared.arrived.notify_one();
+    }
+}
+
+impl Drop for EventSender {
+    fn drop(&mut self) {
+        self.shared.queue.lock().closed = true;
+        self.shared.arrived.notify_all();
+    }
+}
+
+/// The client's end of a request's stream (see [`crate::RequestHandle::events`]).
+/// Its methods are named as a channel receiver's: `try_recv`, `recv`,
+/// `recv_timeout`, `recv_deadline`, `try_iter`, with the same errors.
+#[derive(Debug)]
+pub struct Events {
+    shared: Arc<Shared>,
+}
+
+impl Events {
+    /// The next event if one has arrived: `Empty` while the request is live
+    /// and nothing is waiting, `Disconnected` once the stream has ended and
+    /// everything in it was read (or the engine went away without an
+    /// outcome).
+    pub fn try_recv(&self) -> Result<Event, TryRecvError> {
+        let mut q = self.shared.queue.lock();
+        match q.pop() {
+            Some(ev) => Ok(ev),
+            None if q.closed => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// Blocks for the next event; `Err` once the stream has ended and
+    /// everything in it was read.
+    pub fn recv(&self) -> Result<Event, RecvError> {
+        self.recv_until(None).map_err(|_| RecvError)
+    }
+
+    /// Like [`Events::recv`], for at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Event, RecvTimeoutError> {
+        // A timeout too large for the clock waits without a deadline.
+        self.recv_until(Instant::now().checked_add(timeout))
+    }
+
+    /// Like [`Events::recv`], until `deadline`.
+    pub fn recv_deadline(&self, deadline: Instant) -> Result<Event, RecvTimeoutError> {
+        self.recv_until(Some(deadline))
+    }
+
+    fn recv_until(&self, deadline: Option<Instant>) -> Result<Event, RecvTimeoutError> {
+        let mut q = self.shared.queue.lock();
+        loop {
+            if let Some(ev) = q.pop() {
+                return Ok(ev);
+            }
+            if q.closed {
+                return Err(RecvTimeoutError::Disconnected);
+            }
+            match deadline {
+                None => self.shared.arrived.wait(&mut q),
+                Some(d) => {
+                    if self.shared.arrived.wait_until(&mut q, d).timed_out() && q.waiting() {
+                        return Err(RecvTimeoutError::Timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The events that have arrived, read one at a time as the iterator
+    /// advances (as a channel's `try_iter`: an event that arrives while it
+    /// is being iterated, the outcome of a cancel made in the loop body
+    /// included, is read too); it stops when none is waiting.
+    pub fn try_iter(&self) -> impl Iterator<Item = Event> + '_ {
+        std::iter::from_fn(|| self.try_recv().ok())
+    }
+
+    /// True when no event is waiting to be read.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Events waiting to be read.
+    pub fn len(&self) -> usize {
+        let q = self.shared.queue.lock();
+        q.tokens.len() + usize::from(q.done.is_some())
+    }
+
+    /// Appends what has arrived to `tokens` under one lock, and says how
+    /// the stream stands: `Some(Ok(outcome))` when it ended with one,
+    /// `Some(Err(Disconnected))` when it ended without, `None` while live.
+    pub(crate) fn drain_into(&self, tokens: &mut Vec<u32>) -> Option<Result<Outcome, RecvError>> {
+        let mut q = self.shared.queue.lock();
+        tokens.extend(q.tokens.drain(..));
+        match q.done.take() {
+            Some(o) => Some(Ok(o)),
+            None if q.closed => Some(Err(RecvError)),
+            None => None,
+        }
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let mut q = self.shared.queue.lock();
+        q.abandoned = true;
+        // Nothing will read these: free them now, not when the engine ends
+        // the request.
+        q.tokens = VecDeque::new();
+        q.done = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::FinishReason;
+
+    #[test]
+    fn tokens_then_the_outcome_then_disconnected() {
+        let (tx, rx) = stream();
+        tx.token(1).unwrap();
+        tx.token(2).unwrap();
+        tx.done(Outcome::Finished(FinishReason::Length));
+        drop(tx);
+        assert_eq!(rx.len(), 3);
+        assert_eq!(rx.try_recv(), Ok(Event::Token(1)));
+        assert_eq!(rx.recv(), Ok(Event::Token(2)));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(1)),
+            Ok(Event::Done(Outcome::Finished(FinishReason::Length)))
+        );
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+        assert_eq!(rx.recv(), Err(RecvError));
+    }
+
+    #[test]
+    fn an_empty_live_stream_times_out_and_a_dropped_engine_disconnects() {
+        let (tx, rx) = stream();
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(5)),
+            Err(RecvTimeoutError::Timeout)
+        );
+        drop(tx);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)),
+            Err(RecvTimeoutError::Disconnected)
+        );
+    }
+
+    #[test]
+    fn a_blocked_reader_wakes_for_a_token_from_another_thread() {
+        let (tx, rx) = stream();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            tx.token(7).unwrap();
+            tx
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(Event::Token(7))
+        );
+        drop(t.join().unwrap());
+        assert_eq!(rx.recv(), Err(RecvError));
+    }
+
+    #[test]
+    fn a_dropped_client_end_refuses_tokens() {
+        let (tx, rx) = stream();
+        tx.token(1).unwrap();
+        drop(rx);
+        assert!(tx.token(2).is_err());
+    }
+
+    #[test]
+    fn try_iter_reads_what_arrives_while_it_iterates() {
+        let (tx, rx) = stream();
+        for t in 0..5 {
+            tx.token(t).unwrap();
+        }
+        let mut evs = Vec::new();
+        for ev in rx.try_iter() {
+            if ev == Event::Token(4) {
+                // As a host that cancels in the loop body sees its outcome.
+                tx.done(Outcome::Cancelled);
+            }
+            evs.push(ev);
+        }
+        assert_eq!(evs.len(), 6);
+        assert_eq!(evs[5], Event::Done(Outcome::Cancelled));
+        assert!(rx.is_empty());
+    }
+}
