@@ -21,20 +21,40 @@ impl<'p> KvReader<'p> {
     /// Validates that every page of `seq` belongs to this pool at its
     /// current generation and returns a view of its written positions.
     pub fn seq<'a, S: Readable>(&'a self, seq: &'a KvSeq<S>) -> Result<SeqView<'a>, KvError> {
-        if !seq.pool().same_pool(self.pool) {
-            return Err(seq.foreign_pool());
+        let mut views = self.seqs(std::iter::once(seq)).map_err(|(_, e)| e)?;
+        // One sequence in, one view out.
+        views.pop().ok_or_else(|| seq.foreign_pool())
+    }
+
+    /// [`KvReader::seq`] for every sequence of a batch, validated under one
+    /// lock of the pool's bookkeeping; the error names the failing
+    /// sequence's place in the batch.
+    pub fn seqs<'a, S: Readable>(
+        &'a self,
+        seqs: impl IntoIterator<Item = &'a KvSeq<S>>,
+    ) -> Result<Vec<SeqView<'a>>, (usize, KvError)> {
+        let seqs: Vec<&'a KvSeq<S>> = seqs.into_iter().collect();
+        if let Some((i, seq)) = seqs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !s.pool().same_pool(self.pool))
+        {
+            return Err((i, seq.foreign_pool()));
         }
         self.pool
-            .check_seq_pages(seq.pages(), seq.shared_pages(), S::HELD)?;
-        Ok(SeqView {
-            reader: self,
-            read: seq.pages_read(),
-            pages: seq.pages(),
-            shared: seq.shared_pages(),
-            tenant: seq.tenant(),
-            written: seq.written_per_layer(),
-            owner: seq.owner(),
-        })
+            .check_many_seqs(&seqs, |s| (s.pages(), s.shared_pages()), S::HELD)?;
+        Ok(seqs
+            .into_iter()
+            .map(|seq| SeqView {
+                reader: self,
+                read: seq.pages_read(),
+                pages: seq.pages(),
+                shared: seq.shared_pages(),
+                tenant: seq.tenant(),
+                written: seq.written_per_layer(),
+                owner: seq.owner(),
+            })
+            .collect())
     }
 }
 

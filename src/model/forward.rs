@@ -643,10 +643,13 @@ impl<B: Backend> Model<B> {
             {
                 let pool = seqs[0].pool();
                 let reader = pool.reader();
+                // Every sequence's pages checked under one lock.
+                let seq_views = reader
+                    .seqs(seqs.iter().map(|s| &**s))
+                    .map_err(|(i, e)| kv_err(i, seqs[i].owner())(e))?;
                 let mut views = Vec::with_capacity(seqs.len());
-                for (i, seq) in seqs.iter().enumerate() {
-                    let sv = reader.seq(&**seq).map_err(kv_err(i, seq.owner()))?;
-                    views.push(sv.layer(li).map_err(kv_err(i, seq.owner()))?);
+                for (i, sv) in seq_views.iter().enumerate() {
+                    views.push(sv.layer(li).map_err(kv_err(i, sv.owner()))?);
                 }
                 if decode {
                     b.attention_decode(&s.q, &views, shape, &mut s.att)?;
