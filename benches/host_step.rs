@@ -140,8 +140,26 @@ impl Backend for NullBackend {
 const PROMPT: usize = 4;
 const WARM_STEPS: usize = 3;
 const TIMED_STEPS: usize = 50;
-const MAX_NEW: usize = WARM_STEPS + TIMED_STEPS + 16;
-const WINDOW: usize = 128;
+
+/// Timed steps per size: `HOST_STEP_TIMED=N` (default 50) lengthens them,
+/// for a profiler run whose samples should be mostly timed steps.
+fn timed_steps() -> usize {
+    std::env::var("HOST_STEP_TIMED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(TIMED_STEPS)
+}
+
+/// Tokens each engine request generates: past the timed steps.
+fn max_new() -> usize {
+    WARM_STEPS + timed_steps() + 16
+}
+
+/// The engine's context window: the prompt and `max_new()` tokens.
+fn window() -> usize {
+    (PROMPT + max_new()).next_power_of_two().max(128)
+}
 
 fn model_config() -> ModelConfig {
     // One layer, one KV head of 2: the KV bytes are negligible, the page
@@ -172,15 +190,18 @@ fn requests(n: usize, max_new: usize) -> Vec<Request> {
 
 /// The decode worker lands its requests over many steps while the first
 /// ones already generate: they must not finish before the timed steps end.
-const DECODE_WINDOW: usize = 1024;
-const DECODE_MAX_NEW: usize = DECODE_WINDOW - PROMPT;
+/// (On a loaded machine landing 1,024 requests took over 1,000 steps, so
+/// the window is four times that.)
+fn decode_window() -> usize {
+    (4 * (PROMPT + max_new())).next_power_of_two().max(4096)
+}
 
 /// Host microseconds per colocated engine step with `n` sequences running.
 fn engine_step_us(n: usize) -> f64 {
     let m = null_model();
     let cfg = EngineConfig::colocated(m.kv_geometry(KvDtype::F32))
-        .max_context(WINDOW)
-        .pool_tokens(2 * WINDOW * n.max(2))
+        .max_context(window())
+        .pool_tokens(2 * window() * n.max(2))
         .build()
         .expect("config");
     let opts = EngineOptions {
@@ -192,7 +213,7 @@ fn engine_step_us(n: usize) -> f64 {
     };
     let mut e = Engine::with_options(m, cfg, opts).expect("engine");
     touch_pool(e.pool());
-    let handles: Vec<RequestHandle> = requests(n, MAX_NEW)
+    let handles: Vec<RequestHandle> = requests(n, max_new())
         .into_iter()
         .map(|r| e.submit(r).expect("admitted"))
         .collect();
@@ -202,13 +223,13 @@ fn engine_step_us(n: usize) -> f64 {
     }
     assert_eq!(e.running(), n, "every sequence runs before timing");
     let mut spent = Duration::ZERO;
-    for _ in 0..TIMED_STEPS {
+    for _ in 0..timed_steps() {
         let t = Instant::now();
         e.step();
         spent += t.elapsed();
         drain(&handles);
     }
-    let us = spent.as_secs_f64() * 1e6 / TIMED_STEPS as f64;
+    let us = spent.as_secs_f64() * 1e6 / timed_steps() as f64;
     drop(handles);
     e.run_until_idle();
     assert!(e.pool_stats().is_full());
@@ -222,13 +243,13 @@ fn decode_step_us(n: usize) -> f64 {
     let t = TransferConfig::default();
     let (p, d) = InProcess.connect(&t).expect("link");
     let pcfg = EngineConfig::prefill(g)
-        .max_context(DECODE_WINDOW)
-        .pool_tokens(2 * DECODE_WINDOW * n.max(2))
+        .max_context(decode_window())
+        .pool_tokens(2 * decode_window() * n.max(2))
         .build()
         .expect("prefill config");
     let dcfg = EngineConfig::decode(g)
-        .max_context(DECODE_WINDOW)
-        .pool_tokens(DECODE_WINDOW * n.max(2))
+        .max_context(decode_window())
+        .pool_tokens(decode_window() * n.max(2))
         .build()
         .expect("decode config");
     let mut prefill = PrefillWorker::new(p, null_model(), pcfg, t.clone()).expect("prefill");
@@ -244,7 +265,7 @@ fn decode_step_us(n: usize) -> f64 {
         })
     };
     touch_pool(decode.pool());
-    let handles: Vec<RequestHandle> = requests(n, DECODE_MAX_NEW)
+    let handles: Vec<RequestHandle> = requests(n, decode_window() - PROMPT)
         .into_iter()
         .map(|r| decode.submit(r).expect("admitted"))
         .collect();
@@ -259,13 +280,13 @@ fn decode_step_us(n: usize) -> f64 {
         "every sequence landed before timing"
     );
     let mut spent = Duration::ZERO;
-    for _ in 0..TIMED_STEPS {
+    for _ in 0..timed_steps() {
         let t = Instant::now();
         decode.step();
         spent += t.elapsed();
         drain(&handles);
     }
-    let us = spent.as_secs_f64() * 1e6 / TIMED_STEPS as f64;
+    let us = spent.as_secs_f64() * 1e6 / timed_steps() as f64;
     assert_eq!(
         decode.tally().finished,
         0,
@@ -394,7 +415,10 @@ fn main() {
         None if quick => &[1, 32],
         None => &[1, 32, 256, 1024],
     };
-    println!("host cost per step on a backend that computes nothing ({TIMED_STEPS} steps each)");
+    println!(
+        "host cost per step on a backend that computes nothing ({} steps each)",
+        timed_steps()
+    );
     println!(
         "{:>8} {:>14} {:>14} {:>16} {:>16}",
         "running", "engine us", "decode us", "engine us/1k", "decode us/1k"
