@@ -562,6 +562,18 @@ mod tests {
     }
 
     #[test]
+    fn a_read_checks_only_the_pages_holding_written_positions() {
+        let pool = pool();
+        let mut a = pool.reserve(RequestId(1), 8).unwrap();
+        assert!(a.readable_pages().is_empty());
+        a.append(0, &[1.0; 6], &[2.0; 6]).unwrap();
+        assert_eq!(a.readable_pages(), &a.pages()[..2]);
+        let reader = pool.reader();
+        let view = reader.seq(&a).unwrap().layer(0).unwrap();
+        assert_eq!((view.len(), view.n_pages()), (3, 2));
+    }
+
+    #[test]
     fn a_page_id_from_another_pool_is_foreign() {
         let (p1, p2) = (pool(), pool());
         let a = p1.reserve(RequestId(1), 2).unwrap();

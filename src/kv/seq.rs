@@ -198,6 +198,15 @@ impl<S: SeqState> KvSeq<S> {
     pub fn pages(&self) -> &[PageId] {
         &self.pages
     }
+    /// The pages holding written positions of some layer: all that a view
+    /// of this sequence can read. A sequence reserved for its whole window
+    /// has most of its pages still empty; checking those too on every read
+    /// cost a decode worker with long windows a third of each step.
+    pub(crate) fn readable_pages(&self) -> &[PageId] {
+        let written = self.written.iter().copied().max().unwrap_or(0);
+        let n = pages_for(written, self.pool.page_size()).min(self.pages.len());
+        &self.pages[..n]
+    }
     /// The pool the pages belong to.
     pub fn pool(&self) -> &KvPool {
         &self.pool

@@ -18,8 +18,9 @@ impl<'p> KvReader<'p> {
         KvReader { pool }
     }
 
-    /// Validates that every page of `seq` belongs to this pool at its
-    /// current generation and returns a view of its written positions.
+    /// Validates that every page of `seq` holding written positions belongs
+    /// to this pool, is the sequence's at its current generation, and
+    /// returns a view of those positions (a view reads no other page).
     pub fn seq<'a, S: Readable>(&'a self, seq: &'a KvSeq<S>) -> Result<SeqView<'a>, KvError> {
         let mut views = self.seqs(std::iter::once(seq)).map_err(|(_, e)| e)?;
         // One sequence in, one view out.
@@ -41,8 +42,9 @@ impl<'p> KvReader<'p> {
         {
             return Err((i, seq.foreign_pool()));
         }
+        // Only the pages a view can read (see `KvSeq::readable_pages`).
         self.pool
-            .check_many_seqs(&seqs, |s| (s.pages(), s.shared_pages()), S::HELD)?;
+            .check_many_seqs(&seqs, |s| (s.readable_pages(), s.shared_pages()), S::HELD)?;
         Ok(seqs
             .into_iter()
             .map(|seq| SeqView {
