@@ -167,7 +167,7 @@ fn model_config() -> ModelConfig {
     let mut c = ModelConfig::tiny_gqa();
     c.n_layers = 1;
     c.vocab_size = 32;
-    c.max_seq_len = 2048;
+    c.max_seq_len = 1 << 14;
     c
 }
 
