@@ -574,6 +574,28 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_checked_once_reads_what_it_appended_and_rechecks_a_changed_table() {
+        let pool = pool();
+        let mut a = pool.reserve(RequestId(1), 2).unwrap();
+        a.append(0, &[1.0; 2], &[2.0; 2]).unwrap();
+        let reader = pool.reader();
+        // Checked for one more token: the whole first page.
+        let check = reader.check_pass(&[&a], |_| 1).unwrap();
+        a.append(0, &[3.0; 2], &[4.0; 2]).unwrap();
+        let views = reader.pass_views(&check, [&a]).unwrap();
+        assert_eq!(views[0].layer(0).unwrap().len(), 2);
+        // A table that grew past what was checked is checked again.
+        a.ensure_capacity(4).unwrap();
+        a.append(0, &[5.0; 2], &[6.0; 2]).unwrap();
+        let views = reader.pass_views(&check, [&a]).unwrap();
+        assert_eq!(views[0].layer(0).unwrap().n_pages(), 2);
+        // And one from another pool is refused, at its place.
+        let other = super::tests::pool().reserve(RequestId(2), 2).unwrap();
+        let err = reader.pass_views(&check, [&other]).err();
+        assert!(matches!(err, Some((0, KvError::ForeignPage { .. }))));
+    }
+
+    #[test]
     fn a_page_id_from_another_pool_is_foreign() {
         let (p1, p2) = (pool(), pool());
         let a = p1.reserve(RequestId(1), 2).unwrap();

@@ -45,18 +45,96 @@ impl<'p> KvReader<'p> {
         // Only the pages a view can read (see `KvSeq::readable_pages`).
         self.pool
             .check_many_seqs(&seqs, |s| (s.readable_pages(), s.shared_pages()), S::HELD)?;
-        Ok(seqs
-            .into_iter()
-            .map(|seq| SeqView {
-                reader: self,
-                read: seq.pages_read(),
-                pages: seq.pages(),
-                shared: seq.shared_pages(),
-                tenant: seq.tenant(),
-                written: seq.written_per_layer(),
-                owner: seq.owner(),
+        Ok(seqs.into_iter().map(|seq| self.view(seq)).collect())
+    }
+
+    /// The view of a checked sequence.
+    fn view<'a, S: Readable>(&'a self, seq: &'a KvSeq<S>) -> SeqView<'a> {
+        SeqView {
+            reader: self,
+            read: seq.pages_read(),
+            pages: seq.pages(),
+            shared: seq.shared_pages(),
+            tenant: seq.tenant(),
+            written: seq.written_per_layer(),
+            owner: seq.owner(),
+        }
+    }
+}
+
+/// Proof that a batch's page tables were checked once for a whole forward
+/// pass ([`KvReader::check_pass`]): each sequence's pages that hold written
+/// positions, or will once the pass has appended its rows. The pass holds
+/// every sequence mutably from the check to its last read, so no page table
+/// can change meanwhile; [`KvReader::pass_views`] still compares each table
+/// with the one checked and checks again, under the lock, any that differs.
+pub(crate) struct PassCheck {
+    /// Per sequence: its page table's address and length when checked, and
+    /// how many of its leading pages were checked.
+    tables: Vec<(usize, usize, usize)>,
+}
+
+impl<'p> KvReader<'p> {
+    /// Checks, under one lock, the pages each sequence of a pass may read:
+    /// those holding written positions now and the next `adds(i)` tokens of
+    /// sequence `i`.
+    pub(crate) fn check_pass<S: Readable>(
+        &self,
+        seqs: &[&KvSeq<S>],
+        adds: impl Fn(usize) -> usize,
+    ) -> Result<PassCheck, (usize, KvError)> {
+        if let Some((i, seq)) = seqs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !s.pool().same_pool(self.pool))
+        {
+            return Err((i, seq.foreign_pool()));
+        }
+        let ps = self.pool.page_size();
+        let reach: Vec<usize> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let written = s.written_per_layer().iter().copied().max().unwrap_or(0);
+                pages_for(written.saturating_add(adds(i)), ps).min(s.pages().len())
             })
-            .collect())
+            .collect();
+        let items: Vec<(&[PageId], usize)> = seqs
+            .iter()
+            .zip(&reach)
+            .map(|(s, &n)| (&s.pages()[..n], s.shared_pages()))
+            .collect();
+        self.pool.check_many_seqs(&items, |&t| t, S::HELD)?;
+        Ok(PassCheck {
+            tables: seqs
+                .iter()
+                .zip(reach)
+                .map(|(s, n)| (s.pages().as_ptr() as usize, s.pages().len(), n))
+                .collect(),
+        })
+    }
+
+    /// Views of a batch checked by [`KvReader::check_pass`], taking no lock
+    /// while every page table is the one checked and reads no page past
+    /// those checked; otherwise the batch is checked again as
+    /// [`KvReader::seqs`] does.
+    pub(crate) fn pass_views<'a, S: Readable>(
+        &'a self,
+        check: &PassCheck,
+        seqs: impl IntoIterator<Item = &'a KvSeq<S>>,
+    ) -> Result<Vec<SeqView<'a>>, (usize, KvError)> {
+        let seqs: Vec<&'a KvSeq<S>> = seqs.into_iter().collect();
+        let unchanged = seqs.len() == check.tables.len()
+            && seqs.iter().zip(&check.tables).all(|(s, &(addr, len, n))| {
+                s.pages().as_ptr() as usize == addr
+                    && s.pages().len() == len
+                    && s.readable_pages().len() <= n
+                    && s.pool().same_pool(self.pool)
+            });
+        if !unchanged {
+            return self.seqs(seqs);
+        }
+        Ok(seqs.into_iter().map(|seq| self.view(seq)).collect())
     }
 }
 

@@ -619,6 +619,16 @@ impl<B: Backend> Model<B> {
             }
         };
         b.embed(&self.embedding, &s.tokens, &mut s.x)?;
+        // Every page this pass can read (what is written and the rows it
+        // appends) checked once, under one lock, not once a layer.
+        let pool = seqs[0].pool().clone();
+        let reader = pool.reader();
+        let check = {
+            let all: Vec<&KvSeq<S>> = seqs.iter().map(|s| &**s).collect();
+            reader
+                .check_pass(&all, |i| s.spans.get(i).map_or(0, |sp| sp.rows))
+                .map_err(|(i, e)| kv_err(i, seqs[i].owner())(e))?
+        };
         for (li, layer) in self.layers.iter().enumerate() {
             b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
             b.matmul(&s.xn, &layer.wq, &mut s.q)?;
@@ -641,11 +651,8 @@ impl<B: Backend> Model<B> {
                     other => ForwardError::Backend(other),
                 })?;
             {
-                let pool = seqs[0].pool();
-                let reader = pool.reader();
-                // Every sequence's pages checked under one lock.
                 let seq_views = reader
-                    .seqs(seqs.iter().map(|s| &**s))
+                    .pass_views(&check, seqs.iter().map(|s| &**s))
                     .map_err(|(i, e)| kv_err(i, seqs[i].owner())(e))?;
                 let mut views = Vec::with_capacity(seqs.len());
                 for (i, sv) in seq_views.iter().enumerate() {
