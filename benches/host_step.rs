@@ -165,7 +165,13 @@ fn model_config() -> ModelConfig {
     // One layer, one KV head of 2: the KV bytes are negligible, the page
     // bookkeeping is not.
     let mut c = ModelConfig::tiny_gqa();
-    c.n_layers = 1;
+    // HOST_STEP_LAYERS=N: a deeper null model, for what grows per layer
+    // (the decode worker's pools grow with it: engine only past a few).
+    c.n_layers = std::env::var("HOST_STEP_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
     c.vocab_size = 32;
     c.max_seq_len = 1 << 14;
     c
