@@ -593,6 +593,8 @@ mod tests {
         let other = super::tests::pool().reserve(RequestId(2), 2).unwrap();
         let err = reader.pass_views(&check, [&other]).err();
         assert!(matches!(err, Some((0, KvError::ForeignPage { .. }))));
+        let err = reader.check_pass(&[&a, &other], |_| 0).err();
+        assert!(matches!(err, Some((1, KvError::ForeignPage { .. }))));
     }
 
     #[test]

@@ -35,17 +35,23 @@ impl<'p> KvReader<'p> {
         seqs: impl IntoIterator<Item = &'a KvSeq<S>>,
     ) -> Result<Vec<SeqView<'a>>, (usize, KvError)> {
         let seqs: Vec<&'a KvSeq<S>> = seqs.into_iter().collect();
-        if let Some((i, seq)) = seqs
-            .iter()
-            .enumerate()
-            .find(|(_, s)| !s.pool().same_pool(self.pool))
-        {
-            return Err((i, seq.foreign_pool()));
-        }
+        self.all_mine(&seqs)?;
         // Only the pages a view can read (see `KvSeq::readable_pages`).
         self.pool
             .check_many_seqs(&seqs, |s| (s.readable_pages(), s.shared_pages()), S::HELD)?;
         Ok(seqs.into_iter().map(|seq| self.view(seq)).collect())
+    }
+
+    /// Refuses the first sequence of `seqs` from another pool, at its place.
+    fn all_mine<S: Readable>(&self, seqs: &[&KvSeq<S>]) -> Result<(), (usize, KvError)> {
+        match seqs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !s.pool().same_pool(self.pool))
+        {
+            Some((i, seq)) => Err((i, seq.foreign_pool())),
+            None => Ok(()),
+        }
     }
 
     /// The view of a checked sequence.
@@ -83,13 +89,7 @@ impl<'p> KvReader<'p> {
         seqs: &[&KvSeq<S>],
         adds: impl Fn(usize) -> usize,
     ) -> Result<PassCheck, (usize, KvError)> {
-        if let Some((i, seq)) = seqs
-            .iter()
-            .enumerate()
-            .find(|(_, s)| !s.pool().same_pool(self.pool))
-        {
-            return Err((i, seq.foreign_pool()));
-        }
+        self.all_mine(seqs)?;
         let ps = self.pool.page_size();
         let reach: Vec<usize> = seqs
             .iter()
