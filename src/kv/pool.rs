@@ -582,13 +582,28 @@ mod tests {
         // Checked for one more token: the whole first page.
         let check = reader.check_pass(&[&a], |_| 1).unwrap();
         a.append(0, &[3.0; 2], &[4.0; 2]).unwrap();
+        assert!(
+            check.covers(&[&a], &pool),
+            "what the pass appended was checked"
+        );
         let views = reader.pass_views(&check, [&a]).unwrap();
         assert_eq!(views[0].layer(0).unwrap().len(), 2);
         // A table that grew past what was checked is checked again.
         a.ensure_capacity(4).unwrap();
+        assert!(
+            !check.covers(&[&a], &pool),
+            "a changed table is not covered"
+        );
         a.append(0, &[5.0; 2], &[6.0; 2]).unwrap();
         let views = reader.pass_views(&check, [&a]).unwrap();
         assert_eq!(views[0].layer(0).unwrap().n_pages(), 2);
+        // Rows past what the pass said it would append are checked again,
+        // even in a table that did not change.
+        let mut b = pool.reserve(RequestId(3), 4).unwrap();
+        let check_b = reader.check_pass(&[&b], |_| 0).unwrap();
+        b.append(0, &[7.0; 2], &[8.0; 2]).unwrap();
+        assert!(!check_b.covers(&[&b], &pool), "an unchecked page is read");
+        assert_eq!(reader.pass_views(&check_b, [&b]).unwrap().len(), 1);
         // And one from another pool is refused, at its place.
         let other = super::tests::pool().reserve(RequestId(2), 2).unwrap();
         let err = reader.pass_views(&check, [&other]).err();

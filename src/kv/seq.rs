@@ -203,8 +203,14 @@ impl<S: SeqState> KvSeq<S> {
     /// has most of its pages still empty; checking those too on every read
     /// cost a decode worker with long windows a third of each step.
     pub(crate) fn readable_pages(&self) -> &[PageId] {
+        self.readable_pages_after(0)
+    }
+    /// The pages [`KvSeq::readable_pages`] will be once `adds` more tokens
+    /// are written (at most every page it has).
+    pub(crate) fn readable_pages_after(&self, adds: usize) -> &[PageId] {
         let written = self.written.iter().copied().max().unwrap_or(0);
-        let n = pages_for(written, self.pool.page_size()).min(self.pages.len());
+        let tokens = written.saturating_add(adds);
+        let n = pages_for(tokens, self.pool.page_size()).min(self.pages.len());
         &self.pages[..n]
     }
     /// The pool the pages belong to.

@@ -80,6 +80,20 @@ pub(crate) struct PassCheck {
     tables: Vec<(usize, usize, usize)>,
 }
 
+impl PassCheck {
+    /// True when `seqs` are the sequences checked, of `pool`, each with the
+    /// page table checked and reading no page past those checked.
+    pub(crate) fn covers<S: Readable>(&self, seqs: &[&KvSeq<S>], pool: &KvPool) -> bool {
+        seqs.len() == self.tables.len()
+            && seqs.iter().zip(&self.tables).all(|(s, &(addr, len, n))| {
+                s.pages().as_ptr() as usize == addr
+                    && s.pages().len() == len
+                    && s.readable_pages().len() <= n
+                    && s.pool().same_pool(pool)
+            })
+    }
+}
+
 impl<'p> KvReader<'p> {
     /// Checks, under one lock, the pages each sequence of a pass may read:
     /// those holding written positions now and the next `adds(i)` tokens of
@@ -90,26 +104,19 @@ impl<'p> KvReader<'p> {
         adds: impl Fn(usize) -> usize,
     ) -> Result<PassCheck, (usize, KvError)> {
         self.all_mine(seqs)?;
-        let ps = self.pool.page_size();
-        let reach: Vec<usize> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let written = s.written_per_layer().iter().copied().max().unwrap_or(0);
-                pages_for(written.saturating_add(adds(i)), ps).min(s.pages().len())
-            })
-            .collect();
         let items: Vec<(&[PageId], usize)> = seqs
             .iter()
-            .zip(&reach)
-            .map(|(s, &n)| (&s.pages()[..n], s.shared_pages()))
+            .enumerate()
+            .map(|(i, s)| (s.readable_pages_after(adds(i)), s.shared_pages()))
             .collect();
         self.pool.check_many_seqs(&items, |&t| t, S::HELD)?;
         Ok(PassCheck {
             tables: seqs
                 .iter()
-                .zip(reach)
-                .map(|(s, n)| (s.pages().as_ptr() as usize, s.pages().len(), n))
+                .zip(&items)
+                .map(|(s, (checked, _))| {
+                    (s.pages().as_ptr() as usize, s.pages().len(), checked.len())
+                })
                 .collect(),
         })
     }
@@ -124,14 +131,7 @@ impl<'p> KvReader<'p> {
         seqs: impl IntoIterator<Item = &'a KvSeq<S>>,
     ) -> Result<Vec<SeqView<'a>>, (usize, KvError)> {
         let seqs: Vec<&'a KvSeq<S>> = seqs.into_iter().collect();
-        let unchanged = seqs.len() == check.tables.len()
-            && seqs.iter().zip(&check.tables).all(|(s, &(addr, len, n))| {
-                s.pages().as_ptr() as usize == addr
-                    && s.pages().len() == len
-                    && s.readable_pages().len() <= n
-                    && s.pool().same_pool(self.pool)
-            });
-        if !unchanged {
+        if !check.covers(&seqs, self.pool) {
             return self.seqs(seqs);
         }
         Ok(seqs.into_iter().map(|seq| self.view(seq)).collect())
