@@ -25,6 +25,7 @@ use crate::kv::KvGeometry;
 use crate::kv::page::PageState;
 use crate::kv::pages_for;
 use crate::kv::prefix::SharedPrefix;
+use crate::kv::storage::prefetch;
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -321,30 +322,45 @@ impl<S: Writable> KvSeq<S> {
         Ok(())
     }
 
-    /// [`KvSeq::append`] for several sequences of one pool at once: item
-    /// `i` appends its K and V rows to `layer` of its sequence. Every item
-    /// is checked (same pool as the first, within its reservation) before
-    /// anything is written, so on an error nothing is appended; the error
-    /// names the item.
-    pub fn append_each(
+    /// [`KvSeq::append`] for several sequences of one pool at once:
+    /// sequence `i` appends the K and V rows `rows(i)` to `layer`. Every
+    /// sequence is checked (same pool as the first, within its reservation)
+    /// before anything is written, so on an error nothing is appended; the
+    /// error names the sequence's place in `seqs`. Allocates nothing: a
+    /// decode pass calls it once a layer for the whole batch.
+    pub fn append_each<'r>(
         layer: usize,
-        items: &mut [(&mut KvSeq<S>, &[f32], &[f32])],
+        seqs: &mut [&mut KvSeq<S>],
+        rows: impl Fn(usize) -> (&'r [f32], &'r [f32]),
     ) -> Result<(), (usize, KvError)> {
-        let Some(pool) = items.first().map(|(seq, ..)| seq.pool.clone()) else {
+        let Some(first) = seqs.first() else {
             return Ok(());
         };
-        let mut ns = Vec::with_capacity(items.len());
-        for (i, (seq, k, v)) in items.iter().enumerate() {
-            if !seq.pool.same_pool(&pool) {
+        let kvd = first.geometry().kv_dim();
+        let ps = first.pool.page_size();
+        // Sequences a few places ahead are fetched while this one is
+        // handled: their counters, then the page-table entry and KV rows
+        // they write next.
+        const AHEAD: usize = 8;
+        for (i, seq) in seqs.iter().enumerate() {
+            if let Some(next) = seqs.get(i + AHEAD) {
+                prefetch(next.written.as_ptr().wrapping_add(layer));
+            }
+            if !seq.pool.same_pool(&first.pool) {
                 return Err((i, seq.foreign_pool()));
             }
-            ns.push(
-                seq.check_append(layer, k.len(), v.len())
-                    .map_err(|e| (i, e))?,
-            );
+            let (k, v) = rows(i);
+            seq.check_append(layer, k.len(), v.len())
+                .map_err(|e| (i, e))?;
+            prefetch(seq.pages.as_ptr().wrapping_add(seq.written[layer] / ps));
         }
-        for ((seq, k, v), &n) in items.iter_mut().zip(&ns) {
-            seq.store_rows(layer, n, k, v);
+        for i in 0..seqs.len() {
+            if let Some(next) = seqs.get(i + AHEAD) {
+                let at = next.written[layer];
+                next.pages_read().prefetch_kv(at / ps, layer, at % ps);
+            }
+            let (k, v) = rows(i);
+            seqs[i].store_rows(layer, k.len() / kvd, k, v);
         }
         Ok(())
     }
@@ -357,9 +373,7 @@ impl<S: Writable> KvSeq<S> {
         let mut w = self.pages_write();
         for (i, slot, done, run) in runs(start, n, ps) {
             let rows = done * kvd..(done + run) * kvd;
-            w.store_f32(i, layer, 0, slot, &k[rows.clone()]);
-            w.store_f32(i, layer, 1, slot, &v[rows]);
-            w.record_writers(i, layer, slot, run, writer);
+            w.store_kv_f32(i, layer, slot, &k[rows.clone()], &v[rows], writer);
         }
         self.written[layer] += n;
     }

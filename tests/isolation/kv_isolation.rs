@@ -296,10 +296,9 @@ fn a_batched_append_writes_each_sequence_its_own_rows_or_nothing_at_all() {
     let (ka, va) = (rows(1, 0, 0, 3, kvd, 0), rows(1, 0, 0, 3, kvd, 1));
     let (kb, vb) = (rows(2, 0, 0, 5, kvd, 0), rows(2, 0, 0, 5, kvd, 1));
     // b asks for 5 tokens with 4 reserved: refused, naming b, and a got nothing.
-    let err = KvSeq::append_each(
-        0,
-        &mut [(&mut a, &ka[..], &va[..]), (&mut b, &kb[..], &vb[..])],
-    )
+    let err = KvSeq::append_each(0, &mut [&mut a, &mut b], |i| {
+        [(&ka[..], &va[..]), (&kb[..], &vb[..])][i]
+    })
     .unwrap_err();
     assert!(
         matches!(err, (1, KvError::BeyondReservation { .. })),
@@ -307,13 +306,9 @@ fn a_batched_append_writes_each_sequence_its_own_rows_or_nothing_at_all() {
     );
     assert_eq!((a.written(0), b.written(0)), (0, 0));
     // Within the reservations, each sequence reads exactly its own rows.
-    KvSeq::append_each(
-        0,
-        &mut [
-            (&mut a, &ka[..], &va[..]),
-            (&mut b, &kb[..4 * kvd], &vb[..4 * kvd]),
-        ],
-    )
+    KvSeq::append_each(0, &mut [&mut a, &mut b], |i| {
+        [(&ka[..], &va[..]), (&kb[..4 * kvd], &vb[..4 * kvd])][i]
+    })
     .unwrap();
     let reader = pool.reader();
     for (seq, r, n) in [(&a, 1, 3), (&b, 2, 4)] {
@@ -326,6 +321,81 @@ fn a_batched_append_writes_each_sequence_its_own_rows_or_nothing_at_all() {
         }
     }
     drop((a, b));
+    assert!(pool.stats().is_full());
+}
+
+/// A decode pass appends one token a layer for every sequence of the batch
+/// at once (fetching sequences ahead of the one it writes): with more
+/// sequences than it looks ahead, pages crossed at different steps, and
+/// sequences of different lengths, each still reads back exactly its own
+/// rows at every position of every layer.
+#[test]
+fn a_large_batched_append_writes_every_sequence_its_own_rows() {
+    let g = geometry(KvDtype::F32);
+    let kvd = g.kv_dim();
+    let pool = KvPool::new(PoolConfig::new(g, 4, 20 * 4)).unwrap();
+    let mut seqs: Vec<KvSeq<_>> = (0..20u64)
+        .map(|r| pool.reserve(RequestId(r), 1 + r as usize % 3).unwrap())
+        .collect();
+    // Sequence r starts with r % 3 tokens written in every layer.
+    for (r, s) in seqs.iter_mut().enumerate() {
+        let n = r % 3;
+        for layer in 0..g.n_layers {
+            let (k, v) = (
+                rows(r as u64, layer, 0, n, kvd, 0),
+                rows(r as u64, layer, 0, n, kvd, 1),
+            );
+            s.append(layer, &k, &v).unwrap();
+        }
+    }
+    for _step in 0..9 {
+        for s in seqs.iter_mut() {
+            let w = s.written(0);
+            s.ensure_capacity(w + 1).unwrap();
+        }
+        for layer in 0..g.n_layers {
+            let rows_now: Vec<(Vec<f32>, Vec<f32>)> = seqs
+                .iter()
+                .enumerate()
+                .map(|(r, s)| {
+                    let p = s.written(layer);
+                    (
+                        rows(r as u64, layer, p, 1, kvd, 0),
+                        rows(r as u64, layer, p, 1, kvd, 1),
+                    )
+                })
+                .collect();
+            let mut refs: Vec<&mut KvSeq<_>> = seqs.iter_mut().collect();
+            KvSeq::append_each(layer, &mut refs, |i| {
+                (&rows_now[i].0[..], &rows_now[i].1[..])
+            })
+            .unwrap();
+        }
+    }
+    let reader = pool.reader();
+    for (r, s) in seqs.iter().enumerate() {
+        assert_eq!(s.complete_len(), Some(r % 3 + 9));
+        let sv = reader.seq(s).unwrap();
+        for layer in 0..g.n_layers {
+            let view = sv.layer(layer).unwrap();
+            for pos in 0..r % 3 + 9 {
+                let (mut k, mut v) = (vec![0.0; kvd], vec![0.0; kvd]);
+                view.key(pos).unwrap().to_f32_into(&mut k);
+                view.value(pos).unwrap().to_f32_into(&mut v);
+                assert_eq!(
+                    k,
+                    rows(r as u64, layer, pos, 1, kvd, 0),
+                    "seq {r} layer {layer} pos {pos}"
+                );
+                assert_eq!(
+                    v,
+                    rows(r as u64, layer, pos, 1, kvd, 1),
+                    "seq {r} layer {layer} pos {pos}"
+                );
+            }
+        }
+    }
+    drop(seqs);
     assert!(pool.stats().is_full());
 }
 

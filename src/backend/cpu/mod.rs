@@ -793,15 +793,11 @@ impl Backend for CpuBackend {
             let end = spans[i].first_row + spans[i].rows;
             return Err((i, shape_err("kv_append", "row range within", n, end)));
         }
-        let mut items: Vec<(&mut KvSeq<S>, &[f32], &[f32])> = seqs
-            .iter_mut()
-            .zip(spans)
-            .map(|(seq, s)| {
-                let r = s.first_row * kvd..(s.first_row + s.rows) * kvd;
-                (&mut **seq, &k[r.clone()], &v[r])
-            })
-            .collect();
-        KvSeq::append_each(layer, &mut items).map_err(|(i, e)| (i, BackendError::Kv(e)))
+        KvSeq::append_each(layer, seqs, |i| {
+            let r = spans[i].first_row * kvd..(spans[i].first_row + spans[i].rows) * kvd;
+            (&k[r.clone()], &v[r])
+        })
+        .map_err(|(i, e)| (i, BackendError::Kv(e)))
     }
 
     fn attention_prefill(
