@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::backend::{Backend, CpuBackend};
 use crate::config::{Colocated, EngineConfig};
 use crate::engine::filling::{self, MIN_CHUNK, Prefilling};
-use crate::engine::generate::{Delivery, Generator, PassFailed, Running, Steps};
+use crate::engine::generate::{Delivery, Generator, PassFailed, Started, Steps};
 use crate::engine::{EngineError, Outcome, RequestHandle, Tally, setup};
 use crate::ids::RequestId;
 use crate::kv::{CacheSecret, KvPool, KvSeq, PoolStats, PrefixCache, pages_for, reserve_prompt};
@@ -393,7 +393,7 @@ impl<B: Backend> Engine<B> {
     /// Prefills this step's chunk of every prompt the budget reaches in one
     /// pass; returns the sequences whose prompt is now complete and whose
     /// first token streamed.
-    fn prefill(&mut self) -> Vec<Running> {
+    fn prefill(&mut self) -> Vec<Started> {
         let budget = self.chunked.then_some(ChunkBudget {
             step_tokens: self.limits.max_prefill_tokens,
             min_chunk: MIN_CHUNK,
@@ -447,7 +447,7 @@ impl<B: Backend> Engine<B> {
                         let _ = cache.publish(&mut f.seq, keys);
                     }
                     match f.seq.seal(f.input.len()) {
-                        Ok(seq) => out.push(Running {
+                        Ok(seq) => out.push(Started {
                             req: f.req,
                             seq,
                             next,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::backend::{Backend, CpuBackend};
 use crate::config::{Decode, EngineConfig};
-use crate::engine::generate::{Delivery, Generator, PassFailed, Running, Steps};
+use crate::engine::generate::{Delivery, Generator, PassFailed, Started, Steps};
 use crate::engine::{EngineError, Outcome, RequestHandle, Tally, setup};
 use crate::ids::RequestId;
 use crate::kv::KvPool;
@@ -301,7 +301,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         self.core.step_mut().landed += 1;
         match self.core.deliver_drawn(id, first) {
             None => {}
-            Some(Delivery::Continue(next)) => self.core.start(Running { req, seq, next }),
+            Some(Delivery::Continue(next)) => self.core.start(Started { req, seq, next }),
             Some(Delivery::End(outcome)) => {
                 drop(seq);
                 self.core.end(id, outcome);

@@ -20,6 +20,9 @@ use crate::sched::{Rejection, sampler_for};
 
 /// A request known to a server (waiting, transferring or running).
 struct Client {
+    /// The request it serves: a slot is reused once its request ends, so a
+    /// running sequence streams only to the record of its own id.
+    id: RequestId,
     /// Tokens streamed so far (a preempted request recomputes them).
     generated: Vec<u32>,
     max_new: usize,
@@ -28,12 +31,24 @@ struct Client {
     cancel: Canceller,
 }
 
-/// A request with verified or sealed KV, generating.
+/// A request whose KV is complete (sealed by prefill, or verified on
+/// landing), handed to the core to generate.
+pub(crate) struct Started {
+    pub(crate) req: Request,
+    pub(crate) seq: KvSeq<Ready>,
+    /// The token to feed at the first decode step.
+    pub(crate) next: u32,
+}
+
+/// A request generating.
 pub(crate) struct Running {
     pub(crate) req: Request,
     pub(crate) seq: KvSeq<Ready>,
     /// The token to feed at the next decode step.
     pub(crate) next: u32,
+    /// Its client record's place in [`Generator::clients`]: a decode step
+    /// streams to it without a lookup by id.
+    slot: usize,
 }
 
 /// What streaming one token did to its request.
@@ -56,7 +71,13 @@ pub(crate) struct PassFailed {
 pub(crate) struct Generator<B: Backend> {
     pub(crate) model: Model<B>,
     pub(crate) scratch: Scratch<B>,
-    clients: HashMap<RequestId, Client>,
+    /// Client records, each at a slot that stays its own while the request
+    /// is live (freed slots are reused).
+    clients: Vec<Option<Client>>,
+    /// Free slots of `clients`.
+    free: Vec<usize>,
+    /// Each live request's slot.
+    slots: HashMap<RequestId, usize>,
     /// In the order they started, oldest first.
     running: Vec<Running>,
     tokens: Vec<u32>,
@@ -71,7 +92,9 @@ impl<B: Backend> Generator<B> {
         Generator {
             scratch: model.scratch(),
             model,
-            clients: HashMap::new(),
+            clients: Vec::new(),
+            free: Vec::new(),
+            slots: HashMap::new(),
             running: Vec::new(),
             tokens: Vec::new(),
             step: Tally::default(),
@@ -81,17 +104,28 @@ impl<B: Backend> Generator<B> {
 
     /// True when no request is live.
     pub(crate) fn is_idle(&self) -> bool {
-        self.clients.is_empty()
+        self.slots.is_empty()
     }
     pub(crate) fn is_live(&self, id: RequestId) -> bool {
-        self.clients.contains_key(&id)
+        self.slots.contains_key(&id)
+    }
+    /// The slot of `id`'s client record (tests of slot reuse).
+    #[cfg(test)]
+    pub(crate) fn slot_of(&self, id: RequestId) -> Option<usize> {
+        self.slots.get(&id).copied()
+    }
+    fn client(&self, id: RequestId) -> Option<&Client> {
+        self.clients.get(*self.slots.get(&id)?)?.as_ref()
+    }
+    fn client_mut(&mut self, id: RequestId) -> Option<&mut Client> {
+        self.clients.get_mut(*self.slots.get(&id)?)?.as_mut()
     }
     pub(crate) fn running(&self) -> &[Running] {
         &self.running
     }
     /// Tokens `id` has streamed so far (empty if it is not live).
     pub(crate) fn generated(&self, id: RequestId) -> &[u32] {
-        self.clients.get(&id).map_or(&[], |c| &c.generated)
+        self.client(id).map_or(&[], |c| &c.generated)
     }
     /// Every step's counts so far (and rejected submissions).
     pub(crate) fn tally(&self) -> Tally {
@@ -115,16 +149,25 @@ impl<B: Backend> Generator<B> {
     fn register(&mut self, id: RequestId, max_new: usize, sampler: Sampler) -> RequestHandle {
         let (tx, events) = events::stream();
         let cancel = Canceller::default();
-        self.clients.insert(
+        let client = Client {
             id,
-            Client {
-                generated: Vec::new(),
-                max_new,
-                sampler,
-                tx,
-                cancel: cancel.clone(),
-            },
-        );
+            generated: Vec::new(),
+            max_new,
+            sampler,
+            tx,
+            cancel: cancel.clone(),
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.clients[slot] = Some(client);
+                slot
+            }
+            None => {
+                self.clients.push(Some(client));
+                self.clients.len() - 1
+            }
+        };
+        self.slots.insert(id, slot);
         RequestHandle::new(id, events, cancel)
     }
 
@@ -155,22 +198,37 @@ impl<B: Backend> Generator<B> {
 
     /// Live requests whose client has cancelled (or dropped its handle).
     pub(crate) fn cancelled(&self) -> Vec<RequestId> {
-        self.clients
+        self.slots
             .iter()
-            .filter(|(_, c)| c.cancel.is_cancelled())
+            .filter(|&(_, &slot)| {
+                self.clients
+                    .get(slot)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|c| c.cancel.is_cancelled())
+            })
             .map(|(&id, _)| id)
             .collect()
     }
     /// Cancels `id` as its client would (an injected fault's cancel).
     pub(crate) fn cancel_as_client(&self, id: RequestId) {
-        if let Some(c) = self.clients.get(&id) {
+        if let Some(c) = self.client(id) {
             c.cancel.cancel();
         }
     }
 
-    /// Starts generating `r`.
-    pub(crate) fn start(&mut self, r: Running) {
-        self.running.push(r);
+    /// Starts generating `s` (a request no longer live releases its pages
+    /// instead: it ended meanwhile).
+    pub(crate) fn start(&mut self, s: Started) {
+        let Some(&slot) = self.slots.get(&s.req.id) else {
+            s.seq.release();
+            return;
+        };
+        self.running.push(Running {
+            req: s.req,
+            seq: s.seq,
+            next: s.next,
+            slot,
+        });
     }
     /// Takes `id` out of the running set, pages released; its request back.
     pub(crate) fn stop_running(&mut self, id: RequestId) -> Option<Request> {
@@ -208,7 +266,7 @@ impl<B: Backend> Generator<B> {
     /// draws exactly once per token), so later tokens match colocated
     /// serving.
     pub(crate) fn deliver_drawn(&mut self, id: RequestId, token: u32) -> Option<Delivery> {
-        let c = self.clients.get_mut(&id)?;
+        let c = self.client_mut(id)?;
         let _ = c.sampler.sample(&[0.0]);
         Some(stream(c, token))
     }
@@ -229,11 +287,12 @@ impl<B: Backend> Generator<B> {
         let step = &mut self.step;
         step.prefilled += finals.iter().flatten().count() as u64;
         step.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
+        let (slots, clients) = (&self.slots, &mut self.clients);
         Ok(finals
             .iter()
             .enumerate()
             .map(|(i, id)| {
-                let c = self.clients.get_mut(id.as_ref()?)?;
+                let c = clients.get_mut(*slots.get(id.as_ref()?)?)?.as_mut()?;
                 Some(sample_and_stream(c, logits.row(i)))
             })
             .collect())
@@ -264,7 +323,8 @@ impl<B: Backend> Generator<B> {
         self.step.decoded += self.running.len() as u64;
         let mut ended = Vec::new();
         for (i, r) in self.running.iter_mut().enumerate() {
-            let Some(c) = self.clients.get_mut(&r.req.id) else {
+            let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
+            let Some(c) = client.filter(|c| c.id == r.req.id) else {
                 continue;
             };
             match sample_and_stream(c, logits.row(i)) {
@@ -284,9 +344,13 @@ impl<B: Backend> Generator<B> {
     /// Sends `id`'s final outcome, counts it, and forgets the client.
     /// False if `id` was not live (it ended already).
     pub(crate) fn end(&mut self, id: RequestId, outcome: Outcome) -> bool {
-        let Some(c) = self.clients.remove(&id) else {
+        let Some(slot) = self.slots.remove(&id) else {
             return false;
         };
+        let Some(c) = self.clients.get_mut(slot).and_then(Option::take) else {
+            return false;
+        };
+        self.free.push(slot);
         self.step.count(&outcome);
         c.tx.done(outcome);
         true
@@ -298,7 +362,7 @@ impl<B: Backend> Generator<B> {
         &mut self,
         mut outcome_for: impl FnMut(RequestId, &[u32]) -> Outcome,
     ) -> Vec<RequestId> {
-        let ids: Vec<RequestId> = self.clients.keys().copied().collect();
+        let ids: Vec<RequestId> = self.slots.keys().copied().collect();
         for &id in &ids {
             let outcome = outcome_for(id, self.generated(id));
             self.end(id, outcome);
