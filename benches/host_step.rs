@@ -114,6 +114,31 @@ impl Backend for NullBackend {
         }
         Ok(())
     }
+    fn kv_append_each<S: Writable>(
+        &self,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        k: &Len,
+        v: &Len,
+        spans: &[handoff::backend::SeqSpan],
+    ) -> Result<(), (usize, BackendError)> {
+        // As the CPU backend does: one checked, batched append a layer.
+        let Some(kvd) = seqs.first().map(|s| s.pool().config().geometry().kv_dim()) else {
+            return Ok(());
+        };
+        if spans.iter().any(|s| s.rows * kvd > ZEROS.len()) {
+            for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
+                self.kv_append(seq, layer, k, v, span.row_range())
+                    .map_err(|e| (i, e))?;
+            }
+            return Ok(());
+        }
+        KvSeq::append_each(layer, seqs, |i| {
+            let n = spans[i].rows * kvd;
+            (&ZEROS[..n], &ZEROS[..n])
+        })
+        .map_err(|(i, e)| (i, BackendError::Kv(e)))
+    }
     fn attention_prefill(
         &self,
         q: &Len,
@@ -162,9 +187,22 @@ fn window() -> usize {
 }
 
 fn model_config() -> ModelConfig {
-    // One layer, one KV head of 2: the KV bytes are negligible, the page
-    // bookkeeping is not.
+    // One layer with one KV head of 2 elements: every page, count, table
+    // and view is real, but a KV row is 8 bytes, so the step measures the
+    // host's bookkeeping, not writing KV bytes (on a GPU backend the
+    // device writes them; on the CPU backend they are the model's work).
+    // HOST_STEP_WIDE_KV=1 keeps tiny_gqa's 2 KV heads of 16 instead
+    // (256 bytes of K and V per sequence and layer): each step then also
+    // writes a fresh cache line or four per sequence, which costs about
+    // 100 ns per sequence on this machine.
     let mut c = ModelConfig::tiny_gqa();
+    if std::env::var("HOST_STEP_WIDE_KV").is_err() {
+        c.dim = 2;
+        c.hidden_dim = 4;
+        c.n_heads = 1;
+        c.n_kv_heads = 1;
+        c.head_dim = 2;
+    }
     // HOST_STEP_LAYERS=N: a deeper null model, for what grows per layer
     // (the decode worker's pools grow with it: engine only past a few).
     c.n_layers = std::env::var("HOST_STEP_LAYERS")
