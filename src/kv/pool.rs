@@ -10,7 +10,7 @@ use crate::ids::RequestId;
 use crate::kv::cache_index::CacheIndex;
 use crate::kv::page::{PageState, PoolId};
 use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
-use crate::kv::storage::Storage;
+use crate::kv::storage::{Storage, prefetch};
 use crate::kv::{KvError, KvGeometry, KvReader, PageId, PoolError};
 
 /// What happens to a page's bytes when it returns to the pool.
@@ -449,7 +449,16 @@ impl KvPool {
             PageState::InUse
         };
         let m = self.shared.meta.lock();
+        // The bookkeeping of a large pool spans megabytes and each
+        // sequence's pages sit apart in it: fetch a later sequence's first
+        // entries while this one is checked.
+        const AHEAD: usize = 8;
         for (i, (pages, shared)) in seqs.iter().map(&table).enumerate() {
+            if let Some(&first) = seqs.get(i + AHEAD).and_then(|t| table(t).0.first()) {
+                let p = (first.index as usize).min(m.generation.len().saturating_sub(1));
+                prefetch(m.generation.as_ptr().wrapping_add(p));
+                prefetch(m.state.as_ptr().wrapping_add(p));
+            }
             for (j, &page) in pages.iter().enumerate() {
                 let p = page.index as usize;
                 if m.generation[p] != page.generation {
