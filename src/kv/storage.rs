@@ -552,23 +552,20 @@ impl<'a> PagesRead<'a> {
         Some(unsafe { self.st.slice(off, len) })
     }
 
-    /// Prefetches the K and V rows at `slot` of `layer` in the `i`-th page
-    /// (where the next
-    /// [`PagesWrite::store_kv_f32`] of a decode step lands); nothing when out of
-    /// range.
+    /// Prefetches the K and V rows at `slot` of `layer` in the `i`-th page,
+    /// where a decode step's next [`PagesWrite::store_kv_f32`] lands;
+    /// nothing when out of range.
     #[inline]
     pub(crate) fn prefetch_kv(&self, i: usize, layer: usize, slot: usize) {
-        let st = self.st;
-        let Some(off) = self
-            .page(i)
-            .and_then(|page| st.offset(page, layer, 0, slot, 1))
-        else {
+        let Some(page) = self.page(i) else {
             return;
         };
-        let esz = st.geometry.dtype.size_bytes();
-        let base = st.arena.ptr.as_ptr().wrapping_add(off * esz);
-        prefetch(base);
-        prefetch(base.wrapping_add(st.page_size * st.geometry.kv_dim() * esz));
+        let esz = self.st.geometry.dtype.size_bytes();
+        for kv in 0..2 {
+            if let Some(off) = self.st.offset(page, layer, kv, slot, 1) {
+                prefetch(self.st.arena.ptr.as_ptr().wrapping_add(off * esz));
+            }
+        }
     }
 
     /// The pool's storage (audit trail).
@@ -645,16 +642,15 @@ impl PagesWrite<'_> {
         let Some(page) = self.read.page(i) else {
             return;
         };
-        // K rows of (page, layer) come first, then V rows, each
-        // `page_size * kv_dim` elements: V's offset is K's plus that.
-        let Some(ko) = st.offset(page, layer, 0, slot, n) else {
+        let (Some(ko), Some(vo)) = (
+            st.offset(page, layer, 0, slot, n),
+            st.offset(page, layer, 1, slot, n),
+        ) else {
             return;
         };
-        let vo = ko + st.page_size * kvd;
         st.track(page, true);
         for (off, src) in [(ko, k), (vo, v)] {
-            // SAFETY: in range (K's offset checked; V's rows lie at the same
-            // slots one K block later in the same page and layer); the page
+            // SAFETY: in range (both offsets checked for `n` rows); the page
             // is a private page of the sequence borrowed mutably for this
             // writer's life, and `&mut self` makes these rows the only live
             // reference into it.
