@@ -17,9 +17,10 @@ bundle=gpu-bundle
 rm -rf "$bundle"
 mkdir -p "$bundle/tests" "$bundle/benches" target
 
-# Test binaries that exercise the GPU: every tests/cuda_*.rs.
-cargo test --release --features cuda --no-run --message-format=json \
-  $(for f in tests/cuda_*.rs; do n=$(basename "$f" .rs); printf -- '--test %s ' "$n"; done) \
+# Test binaries that exercise the GPU: the `cuda` test binary
+# (tests/cuda/main.rs, one module per story). A missing binary fails here,
+# not on the GPU machine.
+cargo test --release --features cuda --no-run --message-format=json --test cuda \
   > target/gpu-bundle-tests.json
 cargo bench --features cuda --no-run --message-format=json --bench cuda_attention --bench cuda_decode \
   > target/gpu-bundle-benches.json
@@ -41,6 +42,9 @@ PY
 }
 for f in $(pick target/gpu-bundle-tests.json "$bundle/tests") $(pick target/gpu-bundle-benches.json "$bundle/benches"); do
   strip "$f"
+done
+for f in tests/cuda benches/cuda_decode benches/cuda_attention; do
+  [[ -x "$bundle/$f" ]] || { echo "gpu-bundle: $f was not built" >&2; exit 1; }
 done
 model=../shared/models/stories260K.bin
 [[ -f "$model" ]] && cp "$model" "$bundle/stories260K.bin"
