@@ -8,7 +8,7 @@ use crate::sync::{Arc, Mutex};
 
 use crate::ids::RequestId;
 use crate::kv::cache_index::CacheIndex;
-use crate::kv::page::{PageState, PoolId};
+use crate::kv::page::{PageEntry, PageState, PoolId};
 use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
 use crate::kv::storage::{Storage, prefetch};
 use crate::kv::{KvError, KvGeometry, KvReader, PageId, PoolError};
@@ -130,8 +130,8 @@ impl PoolStats {
 
 pub(crate) struct Meta {
     pub(super) free: Vec<u32>,
-    pub(super) generation: Vec<u64>,
-    pub(super) state: Vec<PageState>,
+    /// Each page's generation and state.
+    pub(super) pages: Vec<PageEntry>,
     pub(super) in_use: usize,
     pub(super) held: usize,
     /// The prefix cache's index (pages in state `Cached`).
@@ -208,8 +208,7 @@ impl KvPool {
                 id: PoolId::fresh(),
                 meta: Mutex::new(Meta {
                     free,
-                    generation: vec![0; cfg.pages],
-                    state: vec![PageState::Free; cfg.pages],
+                    pages: vec![PageEntry::default(); cfg.pages],
                     in_use: 0,
                     held: 0,
                     cache: CacheIndex::new(cfg.pages),
@@ -332,13 +331,11 @@ impl KvPool {
         for _ in 0..n {
             // Checked above: n <= free.len().
             let Some(index) = m.free.pop() else { break };
-            let i = index as usize;
-            m.generation[i] += 1;
-            m.state[i] = PageState::InUse;
+            let generation = m.pages[index as usize].hand_out();
             out.push(PageId {
                 pool: self.shared.id,
                 index,
-                generation: m.generation[i],
+                generation,
             });
         }
         m.in_use += out.len();
@@ -353,10 +350,9 @@ impl KvPool {
         }
         let mut m = self.shared.meta.lock();
         for p in pages {
-            let i = p.index as usize;
-            debug_assert_eq!(m.state[i], from);
-            debug_assert_eq!(m.generation[i], p.generation);
-            m.state[i] = PageState::Free;
+            let e = &mut m.pages[p.index as usize];
+            debug_assert!(e.is(p.generation, from));
+            e.set_state(PageState::Free);
             m.free.push(p.index);
         }
         match from {
@@ -386,8 +382,9 @@ impl KvPool {
             (PageState::Held, PageState::InUse)
         };
         for p in pages {
-            debug_assert_eq!(m.state[p.index as usize], from);
-            m.state[p.index as usize] = to;
+            let e = &mut m.pages[p.index as usize];
+            debug_assert_eq!(e.state(), from);
+            e.set_state(to);
         }
         if held {
             m.in_use -= pages.len();
@@ -435,7 +432,16 @@ impl KvPool {
         table: impl Fn(&T) -> (&[PageId], usize),
         held: bool,
     ) -> Result<(), (usize, KvError)> {
+        // Each sequence's page table and bookkeeping sit apart in memory, so
+        // a pass over a thousand sequences would wait on each in turn: the
+        // table of the sequence `AHEAD` places on is fetched while this one
+        // is checked, and its first pages' entries on the next loop.
+        const AHEAD: usize = 8;
+        let ahead = |i: usize| seqs.get(i + AHEAD).map(&table);
         for (i, (pages, _)) in seqs.iter().map(&table).enumerate() {
+            if let Some((next, _)) = ahead(i) {
+                prefetch(next.as_ptr());
+            }
             if let Some(&page) = pages
                 .iter()
                 .find(|p| p.pool != self.shared.id || p.index as usize >= self.shared.cfg.pages)
@@ -449,29 +455,28 @@ impl KvPool {
             PageState::InUse
         };
         let m = self.shared.meta.lock();
-        // The bookkeeping of a large pool spans megabytes and each
-        // sequence's pages sit apart in it: fetch a later sequence's first
-        // entries while this one is checked.
-        const AHEAD: usize = 8;
         for (i, (pages, shared)) in seqs.iter().map(&table).enumerate() {
-            if let Some(&first) = seqs.get(i + AHEAD).and_then(|t| table(t).0.first()) {
-                let p = (first.index as usize).min(m.generation.len().saturating_sub(1));
-                prefetch(m.generation.as_ptr().wrapping_add(p));
-                prefetch(m.state.as_ptr().wrapping_add(p));
+            if let Some(&first) = ahead(i).and_then(|(next, _)| next.first()) {
+                // In range: the first loop checked every index.
+                prefetch(m.pages.as_ptr().wrapping_add(first.index as usize));
             }
             for (j, &page) in pages.iter().enumerate() {
-                let p = page.index as usize;
-                if m.generation[p] != page.generation {
-                    let current = m.generation[p];
-                    return Err((i, KvError::StalePage { page, current }));
-                }
+                let e = m.pages[page.index as usize];
                 let ok = if j < shared {
-                    m.state[p] == PageState::Cached && m.cache.readers(page.index) > 0
+                    e.is(page.generation, PageState::Cached) && m.cache.readers(page.index) > 0
                 } else {
-                    m.state[p] == want
+                    e.is(page.generation, want)
                 };
                 if !ok {
-                    return Err((i, KvError::PageNotInUse { page }));
+                    let error = if e.generation() != page.generation {
+                        KvError::StalePage {
+                            page,
+                            current: e.generation(),
+                        }
+                    } else {
+                        KvError::PageNotInUse { page }
+                    };
+                    return Err((i, error));
                 }
             }
         }
@@ -502,8 +507,8 @@ impl KvPool {
         // The bookkeeping lock stays held while the page is read: a free
         // page cannot be handed out (and written) meanwhile.
         let m = self.shared.meta.lock();
-        let generation = match m.generation.get(index as usize) {
-            Some(&g) if m.state[index as usize] == PageState::Free => g,
+        let generation = match m.pages.get(index as usize) {
+            Some(e) if e.state() == PageState::Free => e.generation(),
             _ => return false,
         };
         let st = &self.shared.storage;

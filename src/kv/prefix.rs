@@ -242,10 +242,10 @@ impl PrefixCache {
                 .zip(&keys.keys[start.min(end)..end])
             {
                 let i = page.index as usize;
-                if m.state[i] != PageState::InUse || !m.cache.insert(page.index, *key) {
+                if m.pages[i].state() != PageState::InUse || !m.cache.insert(page.index, *key) {
                     break;
                 }
-                m.state[i] = PageState::Cached;
+                m.pages[i].set_state(PageState::Cached);
                 m.in_use -= 1;
                 self.pool
                     .shared
@@ -295,15 +295,15 @@ impl KvPool {
                 let Some(index) = m.cache.find(key) else {
                     break;
                 };
-                let i = index as usize;
-                if m.state[i] != PageState::Cached {
+                let e = m.pages[index as usize];
+                if e.state() != PageState::Cached {
                     break; // bookkeeping disagrees: recompute rather than read
                 }
                 m.cache.add_reader(index);
                 pages.push(PageId {
                     pool: self.shared.id,
                     index,
-                    generation: m.generation[i],
+                    generation: e.generation(),
                 });
             }
         }
@@ -327,7 +327,10 @@ impl KvPool {
         let mut m = self.shared.meta.lock();
         for p in pages.iter().rev() {
             let i = p.index as usize;
-            if m.generation.get(i) == Some(&p.generation) && m.state[i] == PageState::Cached {
+            if m.pages
+                .get(i)
+                .is_some_and(|e| e.is(p.generation, PageState::Cached))
+            {
                 m.cache.remove_reader(p.index);
             }
         }
@@ -342,7 +345,7 @@ impl KvPool {
         self.shared
             .storage
             .scrub_evicted(index, self.scrub_fill(), m);
-        m.state[index as usize] = PageState::Free;
+        m.pages[index as usize].set_state(PageState::Free);
         m.free.push(index);
         true
     }

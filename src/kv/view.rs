@@ -104,10 +104,17 @@ impl<'p> KvReader<'p> {
         adds: impl Fn(usize) -> usize,
     ) -> Result<PassCheck, (usize, KvError)> {
         self.all_mine(seqs)?;
+        // Each sequence's written counts are a separate allocation: fetch
+        // those of the sequence a few places on while this one is read.
         let items: Vec<(&[PageId], usize)> = seqs
             .iter()
             .enumerate()
-            .map(|(i, s)| (s.readable_pages_after(adds(i)), s.shared_pages()))
+            .map(|(i, s)| {
+                if let Some(next) = seqs.get(i + 8) {
+                    next.prefetch_counts();
+                }
+                (s.readable_pages_after(adds(i)), s.shared_pages())
+            })
             .collect();
         self.pool.check_many_seqs(&items, |&t| t, S::HELD)?;
         Ok(PassCheck {
