@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use crossbeam_channel::{RecvError, RecvTimeoutError, TryRecvError};
@@ -23,9 +24,14 @@ pub enum Event {
     Done(Outcome),
 }
 
-/// What both ends share.
+/// What both ends share. The cancel flag sits beside the queue's lock: the
+/// engine reads the flag of every live request each step and streams to the
+/// queue right after, so both are one cache line.
 #[derive(Debug, Default)]
+#[repr(C)]
 struct Shared {
+    /// Set by the client's [`crate::Canceller`] (or its dropped handle).
+    cancelled: AtomicBool,
     queue: Mutex<Queue>,
     /// Signalled when a token or the outcome arrives, or the engine's end
     /// goes away.
@@ -79,7 +85,26 @@ pub(crate) struct EventSender {
 #[derive(Debug)]
 pub(crate) struct Abandoned;
 
+/// A request's cancel flag, kept in its stream's shared allocation (see
+/// [`crate::Canceller`], which wraps it for clients).
+#[derive(Clone, Debug)]
+pub(crate) struct CancelFlag(Arc<Shared>);
+
+impl CancelFlag {
+    pub(crate) fn set(&self) {
+        self.0.cancelled.store(true, Ordering::Release);
+    }
+}
+
 impl EventSender {
+    /// The stream's cancel flag, for the client's canceller.
+    pub(crate) fn cancel_flag(&self) -> CancelFlag {
+        CancelFlag(self.shared.clone())
+    }
+    /// True once the client has cancelled (or dropped its handle).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.shared.cancelled.load(Ordering::Acquire)
+    }
     /// Appends a token; `Err` when the client has dropped its end.
     pub(crate) fn token(&self, t: u32) -> Result<(), Abandoned> {
         let mut q = self.shared.queue.lock();
@@ -235,6 +260,18 @@ mod tests {
         );
         assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
         assert_eq!(rx.recv(), Err(RecvError));
+    }
+
+    #[test]
+    fn a_cancel_from_any_clone_of_the_flag_reaches_the_engines_end() {
+        let (tx, rx) = stream();
+        let flag = tx.cancel_flag();
+        assert!(!tx.is_cancelled());
+        let other = flag.clone();
+        std::thread::spawn(move || other.set()).join().unwrap();
+        assert!(tx.is_cancelled());
+        // Cancelling does not end the stream: the engine sends the outcome.
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
     }
 
     #[test]

@@ -27,8 +27,9 @@ struct Client {
     generated: Vec<u32>,
     max_new: usize,
     sampler: Sampler,
+    /// The client's stream, whose shared allocation also holds its cancel
+    /// flag.
     tx: EventSender,
-    cancel: Canceller,
 }
 
 /// A request whose KV is complete (sealed by prefill, or verified on
@@ -148,14 +149,13 @@ impl<B: Backend> Generator<B> {
     /// Registers an admitted request and returns its client's handle.
     fn register(&mut self, id: RequestId, max_new: usize, sampler: Sampler) -> RequestHandle {
         let (tx, events) = events::stream();
-        let cancel = Canceller::default();
+        let cancel = Canceller(tx.cancel_flag());
         let client = Client {
             id,
             generated: Vec::new(),
             max_new,
             sampler,
             tx,
-            cancel: cancel.clone(),
         };
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -197,22 +197,20 @@ impl<B: Backend> Generator<B> {
     }
 
     /// Live requests whose client has cancelled (or dropped its handle).
+    /// Walks the client records in slot order (one cache line each for the
+    /// flag), not the id map, whose order is scattered.
     pub(crate) fn cancelled(&self) -> Vec<RequestId> {
-        self.slots
+        self.clients
             .iter()
-            .filter(|&(_, &slot)| {
-                self.clients
-                    .get(slot)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|c| c.cancel.is_cancelled())
-            })
-            .map(|(&id, _)| id)
+            .flatten()
+            .filter(|c| c.tx.is_cancelled())
+            .map(|c| c.id)
             .collect()
     }
     /// Cancels `id` as its client would (an injected fault's cancel).
     pub(crate) fn cancel_as_client(&self, id: RequestId) {
         if let Some(c) = self.client(id) {
-            c.cancel.cancel();
+            c.tx.cancel_flag().set();
         }
     }
 

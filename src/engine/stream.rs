@@ -1,12 +1,11 @@
 //! What a client holds for a submitted request: a stream of tokens ending
 //! in exactly one final [`Outcome`], and a way to cancel.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::engine::EngineError;
-use crate::engine::events::{Event, Events, RecvTimeoutError};
+use crate::engine::events::{CancelFlag, Event, Events, RecvTimeoutError};
 use crate::ids::RequestId;
 use crate::sched::Rejection;
 
@@ -46,15 +45,12 @@ impl crate::http::HttpStatus for Outcome {
 
 /// Cancels one request from any thread. The engine releases the request's
 /// pages at its next step, when no write to them can be in flight.
-#[derive(Clone, Debug, Default)]
-pub struct Canceller(pub(crate) Arc<AtomicBool>);
+#[derive(Clone, Debug)]
+pub struct Canceller(pub(crate) CancelFlag);
 
 impl Canceller {
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.set();
     }
 }
 
