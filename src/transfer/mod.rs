@@ -81,7 +81,7 @@ pub mod tcp;
 pub use auth::{AuthError, LinkKey};
 pub use config::TransferConfig;
 pub use credits::InFlightStats;
-pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, VerifiedKv};
+pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, POLL_BURST, VerifiedKv};
 pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::{Fault, FaultPlan, FaultRule};

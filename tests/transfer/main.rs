@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod decode_lands_a_burst;
 mod decode_worker_shutdown;
 mod disaggregated;
 mod example_disaggregated;
