@@ -236,8 +236,11 @@ impl<B: Backend> Engine<B> {
     /// 4. decodes one token for every other running sequence in one batched
     ///    pass.
     pub fn step(&mut self) -> Tally {
-        for id in self.core.cancelled() {
-            self.cancel_now(id);
+        for (id, was_running) in self.core.stop_cancelled() {
+            if !was_running {
+                self.drop_queued(id);
+            }
+            self.end(id, Outcome::Cancelled);
         }
         let page_size = self.pool.page_size();
         let decodes = self.core.running().len();
@@ -321,13 +324,19 @@ impl<B: Backend> Engine<B> {
             return false;
         }
         if self.core.stop_running(id).is_none() {
-            match filling::position(&self.filling, id) {
-                Some(i) => drop(self.filling.remove(i)),
-                None => drop(self.sched.remove_waiting(id)),
-            }
+            self.drop_queued(id);
         }
         self.end(id, Outcome::Cancelled);
         true
+    }
+
+    /// Drops a request that is not running from the prompts being prefilled
+    /// (pages released) or the waiting queue.
+    fn drop_queued(&mut self, id: RequestId) {
+        match filling::position(&self.filling, id) {
+            Some(i) => drop(self.filling.remove(i)),
+            None => drop(self.sched.remove_waiting(id)),
+        }
     }
 
     /// Releases a running sequence's pages and requeues its request at the

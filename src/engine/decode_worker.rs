@@ -179,8 +179,11 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         for id in self.side.requested_cancels() {
             self.core.cancel_as_client(id);
         }
-        for id in self.core.cancelled() {
-            self.cancel_now(id);
+        for (id, was_running) in self.core.stop_cancelled() {
+            if !was_running {
+                let _ = self.side.cancel(id);
+            }
+            self.core.end(id, Outcome::Cancelled);
         }
         let wait = if self.core.running().is_empty() {
             wait

@@ -5,7 +5,7 @@
 //! its count. The engine adds admission, prefill and preemption on top; the
 //! decode worker adds landing verified KV.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
@@ -199,12 +199,26 @@ impl<B: Backend> Generator<B> {
     /// Live requests whose client has cancelled (or dropped its handle).
     /// Walks the client records in slot order (one cache line each for the
     /// flag), not the id map, whose order is scattered.
-    pub(crate) fn cancelled(&self) -> Vec<RequestId> {
+    fn cancelled(&self) -> Vec<RequestId> {
         self.clients
             .iter()
             .flatten()
             .filter(|c| c.tx.is_cancelled())
             .map(|c| c.id)
+            .collect()
+    }
+    /// Takes the live requests whose client has cancelled out of the
+    /// running set (pages released, in one pass); returns each with whether
+    /// it was running. The server drops the others from its own queues and
+    /// ends them all.
+    pub(crate) fn stop_cancelled(&mut self) -> Vec<(RequestId, bool)> {
+        let ids = self.cancelled();
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        let stopped = self.stop_running_each(&ids.iter().copied().collect());
+        ids.into_iter()
+            .map(|id| (id, stopped.contains(&id)))
             .collect()
     }
     /// Cancels `id` as its client would (an injected fault's cancel).
@@ -234,6 +248,20 @@ impl<B: Backend> Generator<B> {
         let r = self.running.remove(i);
         r.seq.release();
         Some(r.req)
+    }
+    /// Takes every running sequence whose id is in `ids` out of the running
+    /// set in one pass (the others keep their order), pages released;
+    /// returns the ids it took. Removing them one at a time shifted the
+    /// running set once per request: quadratic when a thousand requests end
+    /// or disconnect in one step.
+    fn stop_running_each(&mut self, ids: &HashSet<RequestId>) -> HashSet<RequestId> {
+        self.running
+            .extract_if(.., |r| ids.contains(&r.req.id))
+            .map(|r| {
+                r.seq.release();
+                r.req.id
+            })
+            .collect()
     }
     /// Takes every running sequence out, pages released; their requests back.
     pub(crate) fn stop_all_running(&mut self) -> Vec<Request> {
@@ -330,9 +358,11 @@ impl<B: Backend> Generator<B> {
                 Delivery::End(outcome) => ended.push((r.req.id, outcome)),
             }
         }
+        if !ended.is_empty() {
+            self.stop_running_each(&ended.iter().map(|&(id, _)| id).collect());
+        }
         let mut ids = Vec::with_capacity(ended.len());
         for (id, outcome) in ended {
-            self.stop_running(id);
             self.end(id, outcome);
             ids.push(id);
         }

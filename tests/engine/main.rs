@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cancel_storm;
 mod engine_batching_invariance;
 mod engine_interleavings;
 mod engine_poisoned_request;
