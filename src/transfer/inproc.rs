@@ -19,7 +19,7 @@ use crate::transfer::credits::{Credits, InFlightStats};
 use crate::transfer::error::LinkError;
 use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
 use crate::transfer::landing::LandingZone;
-use crate::transfer::link::{DecodeLink, PrefillLink, Transfer};
+use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
 /// The in-process transport.
@@ -169,7 +169,7 @@ impl PrefillLink for InProcessPrefill {
         if self.to_decode.is_none() {
             return Err(LinkError::Disconnected);
         }
-        match self.from_decode.recv_timeout(timeout) {
+        match recv_within(&self.from_decode, timeout) {
             Ok(m) => Ok(Some(m)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => Err(LinkError::Disconnected),
@@ -248,7 +248,7 @@ impl DecodeLink for InProcessDecode {
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<ToDecode>, LinkError> {
-        match self.events.recv_timeout(timeout) {
+        match recv_within(&self.events, timeout) {
             Ok(Ok(m)) => Ok(Some(m)),
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => {

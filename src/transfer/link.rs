@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
 use crate::kv::{Held, KvSeq};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::credits::InFlightStats;
@@ -87,4 +89,45 @@ pub(crate) fn copy_rows(
             d.copy_from_slice(bytes);
         }
     });
+}
+
+/// `rx.recv_timeout(timeout)`, except that a zero timeout only looks.
+/// crossbeam's `recv_timeout` spins and then yields the thread before it
+/// checks its deadline (about 5 us, and a `sched_yield`), and a decode
+/// worker that is generating polls its link with a zero timeout every step.
+pub(crate) fn recv_within<T>(rx: &Receiver<T>, timeout: Duration) -> Result<T, RecvTimeoutError> {
+    if !timeout.is_zero() {
+        return rx.recv_timeout(timeout);
+    }
+    rx.try_recv().map_err(|e| match e {
+        TryRecvError::Empty => RecvTimeoutError::Timeout,
+        TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_wait_reads_what_is_there_and_reports_an_empty_or_closed_channel() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        assert_eq!(
+            recv_within(&rx, Duration::ZERO),
+            Err(RecvTimeoutError::Timeout)
+        );
+        tx.send(7).unwrap();
+        assert_eq!(recv_within(&rx, Duration::ZERO), Ok(7));
+        tx.send(8).unwrap();
+        assert_eq!(recv_within(&rx, Duration::from_millis(5)), Ok(8));
+        assert_eq!(
+            recv_within(&rx, Duration::from_millis(5)),
+            Err(RecvTimeoutError::Timeout)
+        );
+        drop(tx);
+        assert_eq!(
+            recv_within(&rx, Duration::ZERO),
+            Err(RecvTimeoutError::Disconnected)
+        );
+    }
 }

@@ -46,7 +46,7 @@ use crate::transfer::credits::{Credits, InFlightStats};
 use crate::transfer::error::{LinkError, WireError};
 use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
 use crate::transfer::landing::LandingZone;
-use crate::transfer::link::{DecodeLink, PrefillLink, Transfer};
+use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 use frame::{FLAG_SEALED, Frame, HEADER_LEN, Kind, Role};
 
@@ -601,7 +601,7 @@ impl DecodeLink for TcpDecode {
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<ToDecode>, LinkError> {
-        match self.events.recv_timeout(timeout) {
+        match recv_within(&self.events, timeout) {
             Ok(Ok(m)) => Ok(Some(m)),
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) if !self.closed => Ok(None),
@@ -864,7 +864,7 @@ fn prefill_reader(
 
 impl PrefillLink for TcpPrefill {
     fn recv(&mut self, timeout: Duration) -> Result<Option<ToPrefill>, LinkError> {
-        match self.incoming.recv_timeout(timeout) {
+        match recv_within(&self.incoming, timeout) {
             Ok(Ok(m)) => Ok(Some(m)),
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) if !self.closed => Ok(None),
