@@ -183,6 +183,11 @@ impl<L: DecodeLink> DecodeSide<L> {
     pub fn in_flight(&self) -> usize {
         self.live.len()
     }
+    /// Receipts and aborts that have arrived on the link and wait for the
+    /// next [`DecodeSide::poll`] (the backlog the next step lands).
+    pub fn arrived(&self) -> usize {
+        self.link.arrived()
+    }
     /// Requests waiting for destination pages.
     pub fn waiting(&self) -> usize {
         self.sched.waiting()

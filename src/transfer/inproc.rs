@@ -262,6 +262,10 @@ impl DecodeLink for InProcessDecode {
         }
     }
 
+    fn arrived(&self) -> usize {
+        self.events.len()
+    }
+
     fn close(&mut self) {
         self.to_prefill = None;
         self.stop = None;

@@ -66,6 +66,9 @@ pub trait DecodeLink: Send {
     /// The next receipt or abort, waiting at most `timeout`; `None` when
     /// nothing came in time.
     fn recv(&mut self, timeout: Duration) -> Result<Option<ToDecode>, LinkError>;
+    /// Receipts and aborts that have arrived (every write before them
+    /// landed) and wait for [`DecodeLink::recv`].
+    fn arrived(&self) -> usize;
     /// Closes the link; the peer sees a disconnect. Idempotent.
     fn close(&mut self);
 }

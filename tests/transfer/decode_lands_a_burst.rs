@@ -5,7 +5,7 @@
 //! first token. Every receipt already waiting lands at the next step, on
 //! every transport, and generation goes on exactly as before.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use handoff::model::Model;
 use handoff::transfer::{InProcess, Transfer, TransferConfig};
@@ -16,7 +16,7 @@ use crate::support::pd::{engine_config, reference, weights};
 /// Requests that arrive together while one sequence is generating.
 const BURST: u64 = 8;
 
-fn run<T: Transfer>(t: &T, settle: Duration) {
+fn run<T: Transfer>(t: &T) {
     let w = weights();
     let cfg = TransferConfig::default();
     let (p, d) = t.connect(&cfg).expect("link");
@@ -54,7 +54,14 @@ fn run<T: Transfer>(t: &T, settle: Duration) {
     while sent < BURST as usize {
         sent += prefill.step(Duration::from_secs(5)).expect("prefill");
     }
-    std::thread::sleep(settle);
+    // Every transport hands receipts over from its own thread (the
+    // in-process lander, the socket reader) once the writes before them
+    // have landed: wait until all of them are waiting on the link.
+    let until = Instant::now() + Duration::from_secs(30);
+    while decode.side().arrived() < BURST as usize {
+        assert!(Instant::now() < until, "the receipts never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let landed_before = decode.tally().landed;
     decode.step();
     let landed = decode.tally().landed - landed_before;
@@ -81,10 +88,8 @@ fn run<T: Transfer>(t: &T, settle: Duration) {
 
 #[test]
 fn every_receipt_waiting_lands_at_the_next_decode_step() {
-    run(&InProcess, Duration::ZERO);
-    // Over a socket the receipts reach decode's reader a moment after
-    // prefill sent them.
-    run(&handoff::transfer::Tcp, Duration::from_millis(300));
-    run(&handoff::transfer::TcpAuth, Duration::from_millis(300));
-    on_nixl!(|t| run(&t, Duration::from_millis(300)));
+    run(&InProcess);
+    run(&handoff::transfer::Tcp);
+    run(&handoff::transfer::TcpAuth);
+    on_nixl!(|t| run(&t));
 }

@@ -609,6 +609,10 @@ impl DecodeLink for TcpDecode {
         }
     }
 
+    fn arrived(&self) -> usize {
+        self.events.len()
+    }
+
     fn close(&mut self) {
         self.closed = true;
         let _ = self.stream.shutdown(Shutdown::Both);
