@@ -134,6 +134,12 @@ pub trait Backend: Send + Sync + 'static {
     /// A short name for logs.
     fn name(&self) -> &'static str;
 
+    /// Where this backend reads and writes KV page bytes: a worker refuses
+    /// a pool whose pages live elsewhere. Default: host memory.
+    fn kv_residence(&self) -> crate::kv::Residence {
+        crate::kv::Residence::Host
+    }
+
     /// How to run a forward pass of `rows` token rows through a model of
     /// `weights` weight elements (see [`PassPlan`]). Default: here.
     fn plan_pass(&self, rows: usize, weights: usize) -> PassPlan {
@@ -353,6 +359,16 @@ pub(crate) fn check_view(
     span: usize,
     needed: usize,
 ) -> Result<(), BackendError> {
+    // Both backends read the rows from host memory today (the CUDA one
+    // through its mirror): a view of device-resident pages has none.
+    if view.residence() != crate::kv::Residence::Host {
+        return Err(BackendError::Unsupported {
+            what: "KV pages in device memory",
+            detail:
+                "(this backend reads KV rows from host memory: build its pool with KvPool::new)"
+                    .into(),
+        });
+    }
     if view.kv_dim() != shape.kv_dim() {
         return Err(shape_err(
             "attention",

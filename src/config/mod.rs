@@ -420,6 +420,13 @@ pub enum ConfigError {
         "the KV pool's {bytes} bytes could not be allocated: build a smaller pool or free memory"
     )]
     OutOfMemory { bytes: usize },
+    #[error(
+        "the device memory given for the KV pool holds {have} bytes, the pool needs {need}: \
+         give it more or build a smaller pool"
+    )]
+    DeviceTooSmall { have: usize, need: usize },
+    #[error("the KV pool's device memory could not be scrubbed: {0}")]
+    Device(crate::kv::DeviceError),
     #[error("model geometry is inconsistent: {0}")]
     Geometry(String),
 }
@@ -435,6 +442,8 @@ impl From<PoolError> for ConfigError {
             }
             PoolError::Overflow { what } => ConfigError::Overflow { what },
             PoolError::OutOfMemory { bytes } => ConfigError::OutOfMemory { bytes },
+            PoolError::DeviceTooSmall { have, need } => ConfigError::DeviceTooSmall { have, need },
+            PoolError::Device(e) => ConfigError::Device(e),
         }
     }
 }
@@ -443,7 +452,7 @@ impl HttpStatus for ConfigError {
     fn http_status(&self) -> u16 {
         match self {
             // The machine lacks the memory now: another may have it.
-            ConfigError::OutOfMemory { .. } => 503,
+            ConfigError::OutOfMemory { .. } | ConfigError::Device(_) => 503,
             // A refused deployment is the operator's error, a server fault,
             // as are the engine's and the link's own refusals of a setup.
             _ => 500,

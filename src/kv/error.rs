@@ -1,6 +1,7 @@
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::PageId;
+use crate::kv::device::DeviceError;
 
 /// Errors of the KV layer. None of them ever comes with data: a read that
 /// would be stale, foreign or out of range is refused, not served.
@@ -84,6 +85,11 @@ pub enum KvError {
         "prefix keys do not fit this sequence: {reason}; derive them from this pool's cache for this request"
     )]
     PrefixMismatch { reason: &'static str },
+    #[error(
+        "the KV pool's device failed: {0}; the pool hands out no more pages: \
+         send the request to another worker and rebuild this one's pool"
+    )]
+    Device(DeviceError),
 }
 
 /// Why a pool (or a KV geometry) could not be built. Every variant names the
@@ -102,13 +108,20 @@ pub enum PoolError {
         "the KV pool's {bytes} bytes could not be allocated: build a smaller pool or free memory"
     )]
     OutOfMemory { bytes: usize },
+    #[error(
+        "the device memory given for the KV pool holds {have} bytes, the pool needs {need}: \
+         give it more or build a smaller pool"
+    )]
+    DeviceTooSmall { have: usize, need: usize },
+    #[error("the KV pool's device memory could not be scrubbed: {0}")]
+    Device(DeviceError),
 }
 
 impl HttpStatus for PoolError {
     fn http_status(&self) -> u16 {
         match self {
             // The machine lacks the memory now: another may have it.
-            PoolError::OutOfMemory { .. } => 503,
+            PoolError::OutOfMemory { .. } | PoolError::Device(_) => 503,
             _ => 500,
         }
     }
@@ -119,6 +132,8 @@ impl HttpStatus for KvError {
         match self {
             KvError::Exhausted { .. } => 503,
             KvError::NeverFits { .. } => 413,
+            // The device is gone here; another worker may serve it.
+            KvError::Device(_) => 503,
             _ => 500,
         }
     }

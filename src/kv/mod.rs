@@ -10,6 +10,7 @@
 //!   tenant, keyed by a salted hash chain ([`PrefixKeys`]), evicted LRU.
 
 mod cache_index;
+mod device;
 mod error;
 mod geometry;
 mod page;
@@ -21,6 +22,7 @@ mod storage;
 mod view;
 
 pub use cache_index::CacheCounters;
+pub use device::{DeviceError, DevicePages, Residence, StagedHostPages};
 pub use error::{KvError, PoolError};
 pub use geometry::{KvDtype, KvGeometry};
 pub use page::{PageId, PoolId, pages_for};

@@ -8,9 +8,10 @@ use crate::sync::{Arc, Mutex};
 
 use crate::ids::RequestId;
 use crate::kv::cache_index::CacheIndex;
+use crate::kv::device::{DevicePages, Residence};
 use crate::kv::page::{PageEntry, PageState, PoolId};
 use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
-use crate::kv::storage::{Storage, prefetch};
+use crate::kv::storage::{DeviceOrMemory, Storage, prefetch};
 use crate::kv::{KvError, KvGeometry, KvReader, PageId, PoolError};
 
 /// What happens to a page's bytes when it returns to the pool.
@@ -80,6 +81,14 @@ impl PoolConfig {
     }
     pub fn scrub_policy(&self) -> ScrubPolicy {
         self.scrub
+    }
+    /// Bytes of page storage this pool holds (what
+    /// [`KvPool::with_device_pages`] needs of a device), or `None` when
+    /// that overflows.
+    pub fn storage_bytes(&self) -> Option<usize> {
+        crate::kv::storage::checked_page_stride(&self.geometry, self.page_size)?
+            .checked_mul(self.pages)?
+            .checked_mul(self.geometry.dtype.size_bytes())
     }
 }
 
@@ -167,8 +176,47 @@ impl std::fmt::Debug for KvPool {
 }
 
 impl KvPool {
-    /// Builds a pool. Storage is allocated lazily by the OS (zeroed pages).
+    /// Builds a pool in host memory. Storage is allocated lazily by the OS
+    /// (zeroed pages).
     pub fn new(cfg: PoolConfig) -> Result<Self, PoolError> {
+        Self::validate(&cfg)?;
+        let storage = Storage::new(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit)
+            .map_err(|bytes| PoolError::OutOfMemory { bytes })?;
+        Ok(Self::with_storage(cfg, storage))
+    }
+
+    /// Builds a pool whose page bytes live in `pages`, a backend's device
+    /// memory ([`DevicePages`]); ownership, generations, written counts and
+    /// the audit trail stay on the host. The memory is zeroed before any
+    /// page is handed out. Views of such a pool give page tables for the
+    /// backend's kernels and no rows in place
+    /// ([`crate::kv::LayerView::copy_key_f32`] stages a copy).
+    pub fn with_device_pages(
+        cfg: PoolConfig,
+        pages: Box<dyn DevicePages>,
+    ) -> Result<Self, PoolError> {
+        Self::validate(&cfg)?;
+        let need = Storage::bytes_for(&cfg.geometry, cfg.page_size, cfg.pages);
+        if pages.len() < need {
+            return Err(PoolError::DeviceTooSmall {
+                have: pages.len(),
+                need,
+            });
+        }
+        let storage = Storage::on_device(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit, pages)
+            .map_err(|e| match e {
+                DeviceOrMemory::Device(e) => PoolError::Device(e),
+                DeviceOrMemory::Memory(bytes) => PoolError::OutOfMemory { bytes },
+            })?;
+        Ok(Self::with_storage(cfg, storage))
+    }
+
+    /// Where this pool's page bytes live.
+    pub fn residence(&self) -> Residence {
+        self.shared.storage.residence()
+    }
+
+    fn validate(cfg: &PoolConfig) -> Result<(), PoolError> {
         cfg.geometry.validate()?;
         if cfg.page_size == 0 || !cfg.page_size.is_power_of_two() {
             return Err(PoolError::PageSizeNotPowerOfTwo {
@@ -199,11 +247,13 @@ impl KvPool {
                     what: "audit trail size",
                 })?;
         }
-        let storage = Storage::new(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit)
-            .map_err(|bytes| PoolError::OutOfMemory { bytes })?;
+        Ok(())
+    }
+
+    fn with_storage(cfg: PoolConfig, storage: Storage) -> Self {
         // Free list popped from the end: hand out low indices first.
         let free: Vec<u32> = (0..cfg.pages as u32).rev().collect();
-        Ok(KvPool {
+        KvPool {
             shared: Arc::new(Shared {
                 id: PoolId::fresh(),
                 meta: Mutex::new(Meta {
@@ -218,7 +268,7 @@ impl KvPool {
                 claimed: AtomicBool::new(false),
                 cfg,
             }),
-        })
+        }
     }
 
     /// Marks the pool as one worker's own; false if a worker already took
@@ -246,8 +296,9 @@ impl KvPool {
 
     /// The page arena's address and length in bytes (see
     /// `Storage::span`).
+    /// `None` for a device-resident pool.
     #[cfg(feature = "nixl")]
-    pub(crate) fn arena_span(&self) -> (usize, usize) {
+    pub(crate) fn arena_span(&self) -> Option<(usize, usize)> {
         self.shared.storage.span()
     }
 
@@ -313,6 +364,9 @@ impl KvPool {
             });
         }
         let mut m = self.shared.meta.lock();
+        if let Some(e) = self.shared.storage.failure() {
+            return Err(KvError::Device(e));
+        }
         if n > m.free.len() + m.cache.idle() {
             return Err(KvError::Exhausted {
                 requested: n,
@@ -512,7 +566,9 @@ impl KvPool {
             _ => return false,
         };
         let st = &self.shared.storage;
-        let vals = st.free_page_f32(index, &m);
+        let Some(vals) = st.free_page_f32(index, &m) else {
+            return false;
+        };
         let no_writers = st.no_writers(index);
         let bytes_ok = match (generation, self.shared.cfg.scrub) {
             (0, _) | (_, ScrubPolicy::Zero) => vals.iter().all(|&x| x == 0.0),

@@ -324,8 +324,7 @@ impl<S: Writable> KvSeq<S> {
     /// `layer`. `k` and `v` are `[n, n_kv_heads * head_dim]`.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let n = self.check_append(layer, k.len(), v.len())?;
-        self.store_rows(layer, n, k, v);
-        Ok(())
+        self.store_rows(layer, n, k, v)
     }
 
     /// [`KvSeq::append`] for several sequences of one pool at once:
@@ -333,7 +332,9 @@ impl<S: Writable> KvSeq<S> {
     /// sequence is checked (same pool as the first, within its reservation)
     /// before anything is written, so on an error nothing is appended; the
     /// error names the sequence's place in `seqs`. Allocates nothing: a
-    /// decode pass calls it once a layer for the whole batch.
+    /// decode pass calls it once a layer for the whole batch. A device
+    /// failure ([`KvError::Device`]) stops the batch at the sequence it
+    /// hit; those before it have their rows.
     pub fn append_each<'r>(
         layer: usize,
         seqs: &mut [&mut KvSeq<S>],
@@ -366,22 +367,25 @@ impl<S: Writable> KvSeq<S> {
                 next.pages_read().prefetch_kv(at / ps, layer, at % ps);
             }
             let (k, v) = rows(i);
-            seqs[i].store_rows(layer, k.len() / kvd, k, v);
+            seqs[i]
+                .store_rows(layer, k.len() / kvd, k, v)
+                .map_err(|e| (i, e))?;
         }
         Ok(())
     }
 
     /// Writes `n` checked rows of K and V at the next positions of `layer`
-    /// and counts them written.
-    fn store_rows(&mut self, layer: usize, n: usize, k: &[f32], v: &[f32]) {
+    /// and counts them written (not on a device failure).
+    fn store_rows(&mut self, layer: usize, n: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let kvd = self.geometry().kv_dim();
         let (ps, start, writer) = (self.pool.page_size(), self.written[layer], self.owner.0);
         let mut w = self.pages_write();
         for (i, slot, done, run) in runs(start, n, ps) {
             let rows = done * kvd..(done + run) * kvd;
-            w.store_kv_f32(i, layer, slot, &k[rows.clone()], &v[rows], writer);
+            w.store_kv_f32(i, layer, slot, &k[rows.clone()], &v[rows], writer)?;
         }
         self.written[layer] += n;
+        Ok(())
     }
 
     /// Appends `n` tokens given as raw bytes of the storage dtype (what a
@@ -399,11 +403,12 @@ impl<S: Writable> KvSeq<S> {
         let row = self.geometry().kv_dim() * esz;
         let (ps, start, writer) = (self.pool.page_size(), self.written[layer], self.owner.0);
         let mut w = self.pages_write();
+        let mut scratch = Vec::new();
         for (i, slot, done, run) in runs(start, n, ps) {
             for (kv, src) in [(0, k), (1, v)] {
-                if let Some(dst) = w.rows_mut(i, layer, kv, slot, run) {
+                w.write_rows(i, layer, kv, (slot, run), &mut scratch, |dst| {
                     dst.copy_from_slice(&src[done * row..(done + run) * row]);
-                }
+                })?;
             }
             w.record_writers(i, layer, slot, run, writer);
         }
@@ -531,13 +536,17 @@ impl KvSeq<Received> {
         self.check_append(layer, n * kvd, n * kvd)?;
         let (ps, start) = (self.pool.page_size(), self.written[layer]);
         let mut w = self.pages_write();
+        let mut scratch = Vec::new();
         for (i, slot, done, run) in runs(start, n, ps) {
             for kv in 0..2 {
-                if let Some(dst) = w.rows_mut(i, layer, kv, slot, run) {
+                w.write_rows(i, layer, kv, (slot, run), &mut scratch, |dst| {
                     fill(kv, done, dst);
-                }
-                if let Some(rows) = w.read().rows(i, layer, kv, 0, slot + run) {
-                    landed(i, kv, rows.as_bytes());
+                })?;
+                if let Some(rows) =
+                    w.read()
+                        .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
+                {
+                    landed(i, kv, rows);
                 }
             }
         }
@@ -574,6 +583,7 @@ impl KvSeq<Received> {
         let row = g.kv_dim() * g.dtype.size_bytes();
         let src_ps = src.pool.page_size();
         let r = src.pages_read();
+        let (mut staged, mut failed) = (Vec::new(), None);
         self.receive_rows(
             layer,
             n,
@@ -581,18 +591,24 @@ impl KvSeq<Received> {
                 if src_held {
                     let rows = dst.len() / row.max(1);
                     for (j, slot, at, run) in runs(src_start + done, rows, src_ps) {
-                        if let (Some(s), Some(d)) = (
-                            r.rows(j, layer, kv, slot, run),
-                            dst.get_mut(at * row..(at + run) * row),
-                        ) {
-                            d.copy_from_slice(s.as_bytes());
+                        let s = match r.rows_bytes(j, layer, kv, slot, run, &mut staged) {
+                            Ok(s) => s,
+                            Err(e) => {
+                                failed.get_or_insert(e);
+                                None
+                            }
+                        };
+                        if let (Some(s), Some(d)) = (s, dst.get_mut(at * row..(at + run) * row)) {
+                            d.copy_from_slice(s);
                         }
                     }
                 }
                 after(kv, done, dst);
             },
             landed,
-        )
+        )?;
+        // The source's device failed: what landed is incomplete.
+        failed.map_or(Ok(()), Err)
     }
 
     /// Hashes, with `hash`, the written K and V rows of every layer of each
@@ -610,10 +626,17 @@ impl KvSeq<Received> {
         let written = &self.written;
         let per_page = |i: usize| -> Vec<u64> {
             let mut out = Vec::with_capacity(2 * written.len());
+            let mut scratch = Vec::new();
             for (layer, &w) in written.iter().enumerate() {
                 let t = w.saturating_sub(i * ps).min(ps);
                 for kv in 0..2 {
-                    let bytes = r.rows(i, layer, kv, 0, t).map(|s| hash(s.as_bytes()));
+                    // Rows a device could not read hash as no rows, which
+                    // no receipt's checksum matches unless none were sent.
+                    let bytes = r
+                        .rows_bytes(i, layer, kv, 0, t, &mut scratch)
+                        .ok()
+                        .flatten()
+                        .map(&hash);
                     out.push(bytes.unwrap_or_else(|| hash(&[])));
                 }
             }
@@ -644,9 +667,10 @@ impl KvSeq<Held> {
         self.check_rows(layer, start, n)?;
         self.check_rows_held(start, n)?;
         let r = self.pages_read();
+        let mut scratch = Vec::new();
         for (i, slot, done, run) in runs(start, n, self.pool.page_size()) {
-            if let Some(s) = r.rows(i, layer, kv, slot, run) {
-                f(done, s.as_bytes());
+            if let Some(s) = r.rows_bytes(i, layer, kv, slot, run, &mut scratch)? {
+                f(done, s);
             }
         }
         Ok(())

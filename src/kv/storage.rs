@@ -1,5 +1,12 @@
-//! Host storage for KV pages: one contiguous arena, addressed by page index.
-//! This is the crate's raw-buffer layer for KV bytes.
+//! Storage for KV pages: one contiguous arena, addressed by page index, in
+//! host memory or behind a backend's [`DevicePages`]. This is the crate's
+//! raw-buffer layer for KV bytes.
+//!
+//! Host bytes are handed out in place ([`PagesRead::rows`]); device bytes
+//! only as staged copies of one run of rows ([`PagesRead::with_rows`],
+//! [`PagesWrite::write_rows`]), so that every path the pool itself takes
+//! (appends, transfers, checksums, scrubs) works on both. A device access
+//! that fails marks the storage failed: the pool then hands out no page.
 //!
 //! Page layout, in elements: `[layer][k|v][slot][kv_dim]`, so the K rows of
 //! one layer within one page are contiguous (what attention streams over).
@@ -38,9 +45,10 @@ use half::{bf16, f16};
 
 use crate::ids::{RequestId, TenantId};
 use crate::kv::PageId;
+use crate::kv::device::{DeviceError, DevicePages, Residence};
 use crate::kv::pool::Meta;
 use crate::kv::seq::{KvSeq, SeqState};
-use crate::kv::{KvDtype, KvGeometry};
+use crate::kv::{KvDtype, KvError, KvGeometry};
 
 /// A stored KV element type.
 pub trait KvElem: Copy + Send + Sync + bytemuck::Pod + 'static {
@@ -90,6 +98,17 @@ impl KvElem for bf16 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         bf16::from_f32(x)
+    }
+}
+
+impl<'a> KvSlice<'a> {
+    /// The raw bytes, for as long as the elements are borrowed.
+    pub fn into_bytes(self) -> &'a [u8] {
+        match self {
+            KvSlice::F32(s) => bytemuck::cast_slice(s),
+            KvSlice::F16(s) => bytemuck::cast_slice(s),
+            KvSlice::BF16(s) => bytemuck::cast_slice(s),
+        }
     }
 }
 
@@ -173,9 +192,18 @@ unsafe impl Send for Arena {}
 // and `PagesWrite`, whose constructors borrow the owning `KvSeq`.
 unsafe impl Sync for Arena {}
 
+/// Where the bytes are.
+enum Bytes {
+    Host(Arena),
+    Device(Box<dyn DevicePages>),
+}
+
 /// The arena plus, when the audit trail is on, who wrote each slot.
 pub(crate) struct Storage {
-    arena: Arena,
+    bytes: Bytes,
+    /// The first device access that failed: no page is handed out after
+    /// it (its scrub may not have landed).
+    failure: std::sync::OnceLock<DeviceError>,
     geometry: KvGeometry,
     page_size: usize,
     pages: usize,
@@ -206,6 +234,7 @@ impl std::fmt::Debug for Storage {
             .field("pages", &self.pages)
             .field("page_size", &self.page_size)
             .field("audit", &self.writers.is_some())
+            .field("residence", &self.residence())
             .finish()
     }
 }
@@ -220,8 +249,43 @@ impl Storage {
         pages: usize,
         audit: bool,
     ) -> Result<Self, usize> {
-        let bytes = pages * page_stride(&geometry, page_size) * geometry.dtype.size_bytes();
+        let bytes = Self::bytes_for(&geometry, page_size, pages);
         let arena = Arena::zeroed(bytes).ok_or(bytes)?;
+        Self::with_bytes(geometry, page_size, pages, audit, Bytes::Host(arena))
+    }
+
+    /// Storage whose page bytes are `dev`'s (at least
+    /// [`Storage::bytes_for`] of them, checked by the pool), zeroed here
+    /// before any page can be handed out: fresh device memory holds
+    /// whatever was there.
+    pub(crate) fn on_device(
+        geometry: KvGeometry,
+        page_size: usize,
+        pages: usize,
+        audit: bool,
+        dev: Box<dyn DevicePages>,
+    ) -> Result<Self, DeviceOrMemory> {
+        let len = Self::bytes_for(&geometry, page_size, pages);
+        let esz = geometry.dtype.size_bytes();
+        dev.fill(0, len, &vec![0u8; esz])
+            .map_err(DeviceOrMemory::Device)?;
+        Self::with_bytes(geometry, page_size, pages, audit, Bytes::Device(dev))
+            .map_err(DeviceOrMemory::Memory)
+    }
+
+    /// Bytes of `pages` pages (the pool has checked that it does not
+    /// overflow).
+    pub(crate) fn bytes_for(geometry: &KvGeometry, page_size: usize, pages: usize) -> usize {
+        pages * page_stride(geometry, page_size) * geometry.dtype.size_bytes()
+    }
+
+    fn with_bytes(
+        geometry: KvGeometry,
+        page_size: usize,
+        pages: usize,
+        audit: bool,
+        bytes: Bytes,
+    ) -> Result<Self, usize> {
         let zeroed = |n: usize| -> Result<Box<[AtomicU64]>, usize> {
             let mut w: Vec<AtomicU64> = Vec::new();
             w.try_reserve_exact(n).map_err(|_| n.saturating_mul(8))?;
@@ -235,7 +299,8 @@ impl Storage {
             (None, None)
         };
         Ok(Storage {
-            arena,
+            bytes,
+            failure: std::sync::OnceLock::new(),
             geometry,
             page_size,
             pages,
@@ -252,14 +317,70 @@ impl Storage {
         page_stride(&self.geometry, self.page_size)
     }
 
+    /// Bytes of one K or V row.
+    fn row_bytes(&self) -> usize {
+        self.geometry.kv_dim() * self.geometry.dtype.size_bytes()
+    }
+
     /// The arena's address and length in bytes, for a transport that
     /// registers it to read held pages in place (NIXL). Reading through it
     /// is the transport's business: it may read only rows that
     /// [`KvSeq::read_rows`](crate::kv::KvSeq) hands out, of pages held for
     /// it.
+    /// `None` for device storage, which has no host address.
     #[cfg(feature = "nixl")]
-    pub(crate) fn span(&self) -> (usize, usize) {
-        (self.arena.ptr.as_ptr() as usize, self.arena.layout.size())
+    pub(crate) fn span(&self) -> Option<(usize, usize)> {
+        match &self.bytes {
+            Bytes::Host(a) => Some((a.ptr.as_ptr() as usize, a.layout.size())),
+            Bytes::Device(_) => None,
+        }
+    }
+
+    /// The stored element type.
+    pub(crate) fn dtype(&self) -> KvDtype {
+        self.geometry.dtype
+    }
+
+    /// Where the page bytes live.
+    pub(crate) fn residence(&self) -> Residence {
+        match self.bytes {
+            Bytes::Host(_) => Residence::Host,
+            Bytes::Device(_) => Residence::Device,
+        }
+    }
+
+    /// The first device access that failed, if one has.
+    pub(crate) fn failure(&self) -> Option<DeviceError> {
+        self.failure.get().cloned()
+    }
+
+    /// Records a device failure (the pool refuses allocations from now on)
+    /// and turns it into the KV layer's error.
+    fn device_failed(&self, e: DeviceError) -> KvError {
+        let _ = self.failure.set(e.clone());
+        KvError::Device(e)
+    }
+
+    /// Fills elements `[start, start + len)` with zeros or the poison, in
+    /// range (checked by the caller).
+    ///
+    /// # Safety
+    /// No one else may read or write these elements meanwhile.
+    unsafe fn fill(&self, start: usize, len: usize, poison: bool) -> Result<(), KvError> {
+        match &self.bytes {
+            Bytes::Host(_) => {
+                // SAFETY: in range and exclusive, per the contract.
+                let bytes = unsafe { self.bytes_mut(start, len) };
+                fill_page(self.geometry.dtype, bytes, poison);
+                Ok(())
+            }
+            Bytes::Device(d) => {
+                let esz = self.geometry.dtype.size_bytes();
+                let element = element_bytes(self.geometry.dtype, poison);
+                d.fill(start * esz, len * esz, &element)
+                    .map_err(|e| self.device_failed(e))
+            }
+        }
     }
 
     /// Element offset of (page, layer, k=0|v=1, slot), or `None` when any
@@ -293,33 +414,75 @@ impl Storage {
     ///
     /// # Safety
     /// No one may write these elements while the returned slice lives.
-    unsafe fn slice(&self, start: usize, len: usize) -> KvSlice<'_> {
+    /// `None` for device storage (no host address).
+    unsafe fn slice(&self, start: usize, len: usize) -> Option<KvSlice<'_>> {
+        let Bytes::Host(arena) = &self.bytes else {
+            return None;
+        };
         let esz = self.geometry.dtype.size_bytes();
         // SAFETY: in range of the arena (the caller's offset was checked), and
         // aligned for the dtype (arena aligned to 16, offsets in elements).
-        let p = unsafe { self.arena.ptr.as_ptr().add(start * esz) };
+        let p = unsafe { arena.ptr.as_ptr().add(start * esz) };
         // SAFETY: in range and aligned as above; no writer, per the contract.
-        unsafe {
+        Some(unsafe {
             match self.geometry.dtype {
                 KvDtype::F32 => KvSlice::F32(std::slice::from_raw_parts(p.cast(), len)),
                 KvDtype::F16 => KvSlice::F16(std::slice::from_raw_parts(p.cast(), len)),
                 KvDtype::BF16 => KvSlice::BF16(std::slice::from_raw_parts(p.cast(), len)),
             }
-        }
+        })
     }
 
     /// Elements `[start, start + len)` as bytes, in range (checked by
-    /// `offset`).
+    /// `offset`), of host storage (empty for device storage, which callers
+    /// have ruled out).
     ///
     /// # Safety
     /// No one else may read or write these elements while the returned slice
     /// lives.
     #[allow(clippy::mut_from_ref)]
     unsafe fn bytes_mut(&self, start: usize, len: usize) -> &mut [u8] {
+        let Bytes::Host(arena) = &self.bytes else {
+            return &mut [];
+        };
         let esz = self.geometry.dtype.size_bytes();
         // SAFETY: in range of the arena; exclusive per the contract.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.arena.ptr.as_ptr().add(start * esz), len * esz)
+        unsafe { std::slice::from_raw_parts_mut(arena.ptr.as_ptr().add(start * esz), len * esz) }
+    }
+
+    /// Reads elements `[start, start + len)` into `dst` (`len` elements'
+    /// bytes), in range (checked by `offset`).
+    ///
+    /// # Safety
+    /// No one may write these elements meanwhile.
+    unsafe fn read_into(&self, start: usize, dst: &mut [u8]) -> Result<(), KvError> {
+        let esz = self.geometry.dtype.size_bytes();
+        match &self.bytes {
+            Bytes::Host(_) => {
+                // SAFETY: per the contract.
+                if let Some(s) = unsafe { self.slice(start, dst.len() / esz) } {
+                    dst.copy_from_slice(s.as_bytes());
+                }
+                Ok(())
+            }
+            Bytes::Device(d) => d.read(start * esz, dst).map_err(|e| self.device_failed(e)),
+        }
+    }
+
+    /// Writes `src` over elements from `start`, in range (checked by
+    /// `offset`).
+    ///
+    /// # Safety
+    /// No one else may read or write these elements meanwhile.
+    unsafe fn write_from(&self, start: usize, src: &[u8]) -> Result<(), KvError> {
+        let esz = self.geometry.dtype.size_bytes();
+        match &self.bytes {
+            Bytes::Host(_) => {
+                // SAFETY: per the contract.
+                unsafe { self.bytes_mut(start, src.len() / esz) }.copy_from_slice(src);
+                Ok(())
+            }
+            Bytes::Device(d) => d.write(start * esz, src).map_err(|e| self.device_failed(e)),
         }
     }
 
@@ -415,9 +578,9 @@ impl Storage {
             let stride = self.page_stride();
             self.track(page, true);
             // SAFETY: in range (checked); no handle can reach the page (see
-            // above), so this is the only reference to its bytes.
-            let bytes = unsafe { self.bytes_mut(page as usize * stride, stride) };
-            fill_page(self.geometry.dtype, bytes, poison);
+            // above), so this is the only reference to its bytes. A device
+            // failure marks the storage failed (no page is handed out).
+            let _ = unsafe { self.fill(page as usize * stride, stride, poison) };
         }
         self.clear_writers(page);
     }
@@ -425,17 +588,20 @@ impl Storage {
     /// A free page's elements as f32, for the pool's scrub audit. The
     /// caller holds the pool's bookkeeping lock and has seen the page free:
     /// no handle owns it, and none can until the lock is released.
-    pub(crate) fn free_page_f32(&self, page: u32, _bookkeeping_locked: &Meta) -> Vec<f32> {
+    /// `None` when the page is out of range or its bytes cannot be read.
+    pub(crate) fn free_page_f32(&self, page: u32, _bookkeeping_locked: &Meta) -> Option<Vec<f32>> {
         let stride = self.page_stride();
-        let mut out = vec![0f32; stride];
-        if (page as usize) < self.pages {
-            self.track(page, false);
-            // SAFETY: in range (checked); the page is free and the pool's
-            // bookkeeping lock is held, so nothing writes it meanwhile.
-            let s = unsafe { self.slice(page as usize * stride, stride) };
-            s.to_f32_into(&mut out);
+        if (page as usize) >= self.pages {
+            return None;
         }
-        out
+        self.track(page, false);
+        let mut bytes = vec![0u8; stride * self.geometry.dtype.size_bytes()];
+        // SAFETY: in range (checked); the page is free and the pool's
+        // bookkeeping lock is held, so nothing writes it meanwhile.
+        unsafe { self.read_into(page as usize * stride, &mut bytes) }.ok()?;
+        let mut out = vec![0f32; stride];
+        bytes_to_f32(self.geometry.dtype, &bytes, &mut out);
+        Some(out)
     }
 
     /// True when no writer is recorded for any slot of `page` (always,
@@ -549,7 +715,41 @@ impl<'a> PagesRead<'a> {
         // SAFETY: in range (offset checked); the page belongs to the
         // sequence this view borrows immutably for 'a, so nothing writes it
         // (a private page: the borrow; a cached page: no writer exists).
-        Some(unsafe { self.st.slice(off, len) })
+        // `None` for device storage.
+        unsafe { self.st.slice(off, len) }
+    }
+
+    /// The bytes of K (`kv == 0`) or V rows `[slot, slot + n)` of `layer`
+    /// in the sequence's `i`-th page: in place for host storage, copied
+    /// into `scratch` for device storage. `Ok(None)` when out of range.
+    pub(crate) fn rows_bytes<'s>(
+        &self,
+        i: usize,
+        layer: usize,
+        kv: usize,
+        slot: usize,
+        n: usize,
+        scratch: &'s mut Vec<u8>,
+    ) -> Result<Option<&'s [u8]>, KvError>
+    where
+        'a: 's,
+    {
+        if self.st.residence() == Residence::Host {
+            return Ok(self.rows(i, layer, kv, slot, n).map(KvSlice::into_bytes));
+        }
+        let Some(page) = self.page(i) else {
+            return Ok(None);
+        };
+        let Some(off) = self.st.offset(page, layer, kv, slot, n) else {
+            return Ok(None);
+        };
+        self.st.track(page, false);
+        scratch.clear();
+        scratch.resize(n * self.st.row_bytes(), 0);
+        // SAFETY: in range (offset checked); the page belongs to the
+        // sequence this view borrows immutably, so nothing writes it.
+        unsafe { self.st.read_into(off, scratch) }?;
+        Ok(Some(&scratch[..]))
     }
 
     /// Prefetches the K and V rows at `slot` of `layer` in the `i`-th page,
@@ -560,10 +760,13 @@ impl<'a> PagesRead<'a> {
         let Some(page) = self.page(i) else {
             return;
         };
+        let Bytes::Host(arena) = &self.st.bytes else {
+            return;
+        };
         let esz = self.st.geometry.dtype.size_bytes();
         for kv in 0..2 {
             if let Some(off) = self.st.offset(page, layer, kv, slot, 1) {
-                prefetch(self.st.arena.ptr.as_ptr().wrapping_add(off * esz));
+                prefetch(arena.ptr.as_ptr().wrapping_add(off * esz));
             }
         }
     }
@@ -576,8 +779,9 @@ impl<'a> PagesRead<'a> {
 
 impl PagesWrite<'_> {
     /// K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
-    /// sequence's `i`-th page as raw bytes, or `None` when out of range or
-    /// the page is not private.
+    /// sequence's `i`-th page as raw bytes, or `None` when out of range,
+    /// the page is not private, or the storage is a device's (see
+    /// [`PagesWrite::write_rows`]).
     #[inline]
     pub(crate) fn rows_mut(
         &mut self,
@@ -588,6 +792,9 @@ impl PagesWrite<'_> {
         n: usize,
     ) -> Option<&mut [u8]> {
         let st = self.read.st;
+        if st.residence() != Residence::Host {
+            return None;
+        }
         let page = self.read.page(i)?;
         let off = st.offset(page, layer, kv, slot, n)?;
         st.track(page, true);
@@ -595,6 +802,43 @@ impl PagesWrite<'_> {
         // pages of the sequence borrowed mutably for this writer's life, and
         // `&mut self` makes the returned rows the only live reference into it.
         Some(unsafe { st.bytes_mut(off, n * st.geometry.kv_dim()) })
+    }
+
+    /// Writes K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
+    /// sequence's `i`-th page with `fill`, which gets their bytes: in place
+    /// for host storage, staged in `scratch` and copied for device storage.
+    /// `Ok(false)` when out of range or the page is not private.
+    pub(crate) fn write_rows(
+        &mut self,
+        i: usize,
+        layer: usize,
+        kv: usize,
+        (slot, n): (usize, usize),
+        scratch: &mut Vec<u8>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, KvError> {
+        if let Some(dst) = self.rows_mut(i, layer, kv, slot, n) {
+            fill(dst);
+            return Ok(true);
+        }
+        let st = self.read.st;
+        let Some(off) = self
+            .read
+            .page(i)
+            .and_then(|p| st.offset(p, layer, kv, slot, n))
+        else {
+            return Ok(false);
+        };
+        if st.residence() == Residence::Host {
+            return Ok(false);
+        }
+        scratch.clear();
+        scratch.resize(n * st.row_bytes(), 0);
+        fill(scratch);
+        // SAFETY: in range (offset checked); a private page of the
+        // sequence borrowed mutably for this writer's life.
+        unsafe { st.write_from(off, scratch) }?;
+        Ok(true)
     }
 
     /// The same pages for reading (what just landed, for the verifier),
@@ -607,7 +851,8 @@ impl PagesWrite<'_> {
     /// Stores K and V rows (f32, converted to the storage dtype) starting
     /// at `slot` of `layer` in the `i`-th page, and records `writer` for
     /// them in the audit trail: one range check for both. Nothing is
-    /// written when out of range (the caller checked the reservation).
+    /// written when out of range (the caller checked the reservation); an
+    /// error only from a device.
     pub(crate) fn store_kv_f32(
         &mut self,
         i: usize,
@@ -616,7 +861,7 @@ impl PagesWrite<'_> {
         k: &[f32],
         v: &[f32],
         writer: u64,
-    ) {
+    ) -> Result<(), KvError> {
         fn put<T: KvElem>(dst: &mut [u8], src: &[f32]) {
             // The arena is aligned for every dtype, so the typed view exists;
             // the byte loop only keeps this total.
@@ -637,18 +882,31 @@ impl PagesWrite<'_> {
         let kvd = st.geometry.kv_dim();
         let n = k.len() / kvd.max(1);
         if v.len() != k.len() {
-            return;
+            return Ok(());
         }
         let Some(page) = self.read.page(i) else {
-            return;
+            return Ok(());
         };
         let (Some(ko), Some(vo)) = (
             st.offset(page, layer, 0, slot, n),
             st.offset(page, layer, 1, slot, n),
         ) else {
-            return;
+            return Ok(());
         };
         st.track(page, true);
+        if st.residence() == Residence::Device {
+            let mut staged = Vec::with_capacity(k.len() * st.geometry.dtype.size_bytes());
+            for (off, src) in [(ko, k), (vo, v)] {
+                staged.clear();
+                f32_to_bytes(st.geometry.dtype, src, &mut staged);
+                // SAFETY: in range (both offsets checked for `n` rows); a
+                // private page of the sequence borrowed mutably for this
+                // writer's life.
+                unsafe { st.write_from(off, &staged) }?;
+            }
+            st.record_writers(page, layer, slot, n, writer);
+            return Ok(());
+        }
         for (off, src) in [(ko, k), (vo, v)] {
             // SAFETY: in range (both offsets checked for `n` rows); the page
             // is a private page of the sequence borrowed mutably for this
@@ -662,6 +920,7 @@ impl PagesWrite<'_> {
             }
         }
         st.record_writers(page, layer, slot, n, writer);
+        Ok(())
     }
 
     /// Records `writer` in the audit trail for rows `[slot, slot + n)` of
@@ -691,12 +950,51 @@ impl PagesWrite<'_> {
             if let Some(poison) = poison {
                 st.track(p.index, true);
                 // SAFETY: in range (checked); the page is a private page of
-                // the sequence borrowed mutably for this writer's life.
-                let bytes = unsafe { st.bytes_mut(p.index as usize * stride, stride) };
-                fill_page(st.geometry.dtype, bytes, poison);
+                // the sequence borrowed mutably for this writer's life. A
+                // device failure marks the storage failed, so the page is
+                // never handed out unscrubbed.
+                let _ = unsafe { st.fill(p.index as usize * stride, stride, poison) };
             }
             st.clear_writers(p.index);
         }
+    }
+}
+
+/// One element of zeros or of the dtype's poison, as bytes.
+fn element_bytes(dtype: KvDtype, poison: bool) -> Vec<u8> {
+    let mut out = vec![0u8; dtype.size_bytes()];
+    if poison {
+        fill_page(dtype, &mut out, true);
+    }
+    out
+}
+
+/// Converts stored elements' bytes to f32 (`out` has one per element).
+pub(crate) fn bytes_to_f32(dtype: KvDtype, bytes: &[u8], out: &mut [f32]) {
+    fn conv<T: KvElem>(bytes: &[u8], out: &mut [f32]) {
+        let esz = std::mem::size_of::<T>();
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(esz)) {
+            *o = bytemuck::pod_read_unaligned::<T>(b).to_f32();
+        }
+    }
+    match dtype {
+        KvDtype::F32 => conv::<f32>(bytes, out),
+        KvDtype::F16 => conv::<f16>(bytes, out),
+        KvDtype::BF16 => conv::<bf16>(bytes, out),
+    }
+}
+
+/// Appends f32 values converted to the storage dtype's bytes.
+fn f32_to_bytes(dtype: KvDtype, src: &[f32], out: &mut Vec<u8>) {
+    fn conv<T: KvElem>(src: &[f32], out: &mut Vec<u8>) {
+        for &x in src {
+            out.extend_from_slice(bytemuck::bytes_of(&T::from_f32(x)));
+        }
+    }
+    match dtype {
+        KvDtype::F32 => out.extend_from_slice(bytemuck::cast_slice(src)),
+        KvDtype::F16 => conv::<f16>(src, out),
+        KvDtype::BF16 => conv::<bf16>(src, out),
     }
 }
 
@@ -717,4 +1015,12 @@ fn fill_page(dtype: KvDtype, bytes: &mut [u8], poison: bool) {
         KvDtype::F16 => fill::<f16>(bytes, poison),
         KvDtype::BF16 => fill::<bf16>(bytes, poison),
     }
+}
+
+/// Why device storage could not be set up.
+pub(crate) enum DeviceOrMemory {
+    /// The device refused the initial scrub.
+    Device(DeviceError),
+    /// The host could not allocate the audit trail (bytes).
+    Memory(usize),
 }

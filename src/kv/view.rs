@@ -3,7 +3,7 @@
 use crate::kv::pages_for;
 use crate::kv::seq::{KvSeq, Readable};
 use crate::kv::storage::{KvSlice, PagesRead};
-use crate::kv::{KvError, KvPool, PageId};
+use crate::kv::{KvError, KvPool, PageId, Residence};
 
 /// Reads of one pool's KV for a batched read phase. It holds no lock: a
 /// view borrows the sequence it reads, so that sequence cannot be appended
@@ -281,8 +281,17 @@ impl<'a> LayerView<'a> {
             .rows(i, self.layer, kv, 0, n)
             .unwrap_or(KvSlice::F32(&[]))
     }
+    /// Where the pool's page bytes live. The row accessors below that
+    /// borrow rows in place ([`LayerView::keys`], [`LayerView::values`],
+    /// [`LayerView::key`], [`LayerView::value`]) give nothing for a
+    /// [`Residence::Device`] pool: a backend that reads rows on the host
+    /// refuses such a pool, and the copying accessors
+    /// ([`LayerView::copy_key_f32`]) work on both.
+    pub fn residence(&self) -> Residence {
+        self.read.storage().residence()
+    }
     /// K rows `[tokens_in_page(i), kv_dim]` of page `i` (empty past the
-    /// sequence's pages).
+    /// sequence's pages, and for a device-resident pool).
     pub fn keys(&self, i: usize) -> KvSlice<'a> {
         self.rows(i, 0)
     }
@@ -290,7 +299,8 @@ impl<'a> LayerView<'a> {
     pub fn values(&self, i: usize) -> KvSlice<'a> {
         self.rows(i, 1)
     }
-    /// K row of position `pos` (`pos < len`), or `None`.
+    /// K row of position `pos` (`pos < len`), or `None` (also for a
+    /// device-resident pool).
     pub fn key(&self, pos: usize) -> Option<KvSlice<'a>> {
         self.row(pos, 0)
     }
@@ -304,5 +314,45 @@ impl<'a> LayerView<'a> {
         }
         let ps = self.page_size;
         self.read.rows(pos / ps, self.layer, kv, pos % ps, 1)
+    }
+
+    /// Copies the K row of position `pos` into `out` (`kv_dim` values) as
+    /// f32, wherever the pages live: from host memory in place, from a
+    /// device as a staged copy. Refused past the written positions.
+    pub fn copy_key_f32(&self, pos: usize, out: &mut [f32]) -> Result<(), KvError> {
+        self.copy_row_f32(pos, 0, out)
+    }
+    /// [`LayerView::copy_key_f32`] for the V row.
+    pub fn copy_value_f32(&self, pos: usize, out: &mut [f32]) -> Result<(), KvError> {
+        self.copy_row_f32(pos, 1, out)
+    }
+    fn copy_row_f32(&self, pos: usize, kv: usize, out: &mut [f32]) -> Result<(), KvError> {
+        if pos >= self.len {
+            return Err(KvError::Incomplete {
+                layer: self.layer,
+                written: self.len,
+                expected: pos.saturating_add(1),
+            });
+        }
+        if out.len() != self.kv_dim {
+            return Err(KvError::Shape {
+                what: "row buffer (n_kv_heads * head_dim values)",
+                expected: self.kv_dim,
+                got: out.len(),
+            });
+        }
+        let ps = self.page_size;
+        let dtype = self.read.storage().dtype();
+        let mut scratch = Vec::new();
+        let bytes = self
+            .read
+            .rows_bytes(pos / ps, self.layer, kv, pos % ps, 1, &mut scratch)?
+            .ok_or(KvError::Incomplete {
+                layer: self.layer,
+                written: self.len,
+                expected: pos + 1,
+            })?;
+        crate::kv::storage::bytes_to_f32(dtype, bytes, out);
+        Ok(())
     }
 }

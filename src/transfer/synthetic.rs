@@ -61,11 +61,17 @@ pub fn check<S: Readable>(
         let lv = view.layer(layer)?;
         for pos in 0..lv.len() {
             for kv in 0..2 {
-                let r = if kv == 0 { lv.key(pos) } else { lv.value(pos) };
-                let Some(r) = r else {
-                    return Ok(Err((layer, pos)));
+                // Copies work wherever the pages live (host or device).
+                let r = if kv == 0 {
+                    lv.copy_key_f32(pos, &mut row)
+                } else {
+                    lv.copy_value_f32(pos, &mut row)
                 };
-                r.to_f32_into(&mut row);
+                match r {
+                    Ok(()) => {}
+                    Err(KvError::Device(e)) => return Err(KvError::Device(e)),
+                    Err(_) => return Ok(Err((layer, pos))),
+                }
                 if (0..kvd).any(|j| row[j] != value(request, layer, pos, kv, j)) {
                     return Ok(Err((layer, pos)));
                 }

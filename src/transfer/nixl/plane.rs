@@ -276,7 +276,12 @@ impl Sender {
         if self.pools.iter().any(|(p, _)| p.same_pool(pool)) {
             return Ok(());
         }
-        let (addr, len) = pool.arena_span();
+        let Some((addr, len)) = pool.arena_span() else {
+            return Err(LinkError::DataPlane {
+                what: "registering the pool's pages",
+                detail: "they live in device memory, which this transport does not register".into(),
+            });
+        };
         let reg = self
             .agent
             .register_memory(&Span { addr, len }, None)
@@ -298,6 +303,11 @@ impl Sender {
         local: &mut XferDescList<'_>,
         remote: &mut XferDescList<'_>,
     ) -> Result<bool, LinkError> {
+        // Device-resident pages have no host address to describe: read_rows
+        // hands out staged copies that do not outlive the call.
+        if src.pool().residence() != crate::kv::Residence::Host {
+            return Ok(false);
+        }
         self.register_pool(src.pool())?;
         let half = b.tokens as usize * row;
         let base = self.ring_addr + at;

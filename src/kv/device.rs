@@ -1,0 +1,205 @@
+//! Page bytes that live outside host memory: the pool keeps every page's
+//! metadata (owner, generation, written counts, reservations, the audit
+//! trail) on the host, and a backend that computes elsewhere (a GPU) keeps
+//! the bytes where it computes, behind [`DevicePages`].
+//!
+//! The pool reaches device bytes only through the same handles as host
+//! bytes (a [`crate::kv::KvSeq`] names the pages it owns), so the ownership
+//! argument of the storage module carries over unchanged: two accesses the
+//! pool issues concurrently never overlap unless both are reads. Each access
+//! is a staged copy (or a fill) of one run of rows; a backend's kernels
+//! read and write the pages directly, from page tables built only from
+//! validated views.
+
+use crate::http::HttpStatus;
+
+/// Where a pool's page bytes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residence {
+    /// Host memory: views hand out the rows in place.
+    Host,
+    /// Device memory behind [`DevicePages`]: views give page tables and
+    /// lengths, and rows reach the host only as staged copies
+    /// ([`crate::kv::LayerView::copy_key_f32`]).
+    Device,
+}
+
+/// A device access that failed. After one, the pool hands out no more
+/// pages (a page whose scrub may not have happened must never be reused):
+/// rebuild the pool, or the device, and retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{device}: {what} failed: {reason}")]
+pub struct DeviceError {
+    /// The device, as its backend names it ("cuda:0").
+    pub device: String,
+    /// The access ("write 4096 bytes at 81920").
+    pub what: String,
+    /// What the device said.
+    pub reason: String,
+}
+
+impl HttpStatus for DeviceError {
+    fn http_status(&self) -> u16 {
+        500
+    }
+}
+
+/// A pool's page bytes in device memory, `len()` bytes laid out as the host
+/// arena is (`[page][layer][k|v][slot][kv_dim]` elements of the pool's
+/// dtype). The pool calls these only for byte ranges of pages that the
+/// calling handle owns (or, for a fill, pages no handle can reach), so
+/// concurrent calls never touch overlapping bytes unless all of them read.
+///
+/// Every call completes its access before it returns, as seen by later
+/// calls and by the backend's kernels on the device (for CUDA: the copy is
+/// ordered on the stream the kernels use, and a read waits for it): a page
+/// is never handed out before its scrub has landed.
+pub trait DevicePages: Send + Sync + 'static {
+    /// Bytes of device memory behind this pool.
+    fn len(&self) -> usize;
+    /// True when [`DevicePages::len`] is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `src` to bytes `[at, at + src.len())`.
+    fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError>;
+    /// Copies bytes `[at, at + dst.len())` into `dst`.
+    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError>;
+    /// Fills bytes `[at, at + len)` with `element` repeated (`len` is a
+    /// multiple of its length): the scrub (zeros) or the poison (NaN).
+    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError>;
+    /// The device's name in errors ("cuda:0").
+    fn device_name(&self) -> String;
+}
+
+/// [`DevicePages`] kept in host memory behind a lock, each access a copy:
+/// a pool with this storage behaves as a device-resident pool does (no row
+/// is ever borrowed in place), so every test of the pool's rules runs
+/// against the staged path on a machine without a GPU. Not for serving.
+pub struct StagedHostPages {
+    bytes: parking_lot::Mutex<Box<[u8]>>,
+    /// Accesses after which every further one fails (fault injection: a
+    /// device that dies mid-run); `usize::MAX` for never.
+    fail_after: std::sync::atomic::AtomicUsize,
+}
+
+impl StagedHostPages {
+    /// `len` bytes, filled with a non-zero pattern (fresh device memory is
+    /// not zeroed: the pool must scrub it before it hands a page out).
+    pub fn new(len: usize) -> Self {
+        StagedHostPages {
+            bytes: parking_lot::Mutex::new(vec![0xA5; len].into_boxed_slice()),
+            fail_after: std::sync::atomic::AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// Makes every access after the next `n` fail, as a device that is
+    /// lost would.
+    pub fn fail_after(&self, n: usize) {
+        self.fail_after
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn access(&self, what: impl FnOnce() -> String) -> Result<(), DeviceError> {
+        use std::sync::atomic::Ordering;
+        let left = self
+            .fail_after
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(if n == usize::MAX {
+                    n
+                } else {
+                    n.saturating_sub(1)
+                })
+            })
+            .unwrap_or(0);
+        if left == 0 {
+            return Err(DeviceError {
+                device: self.device_name(),
+                what: what(),
+                reason: "device lost (injected)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn out_of_range(&self, what: String) -> DeviceError {
+        DeviceError {
+            device: self.device_name(),
+            what,
+            reason: "out of range".into(),
+        }
+    }
+}
+
+impl DevicePages for StagedHostPages {
+    fn len(&self) -> usize {
+        self.bytes.lock().len()
+    }
+
+    fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError> {
+        let what = || format!("write of {} bytes at {at}", src.len());
+        self.access(what)?;
+        let mut b = self.bytes.lock();
+        let dst = at
+            .checked_add(src.len())
+            .and_then(|end| b.get_mut(at..end))
+            .ok_or_else(|| self.out_of_range(what()))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let what = || format!("read of {} bytes at {at}", dst.len());
+        self.access(what)?;
+        let b = self.bytes.lock();
+        let src = at
+            .checked_add(dst.len())
+            .and_then(|end| b.get(at..end))
+            .ok_or_else(|| self.out_of_range(what()))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError> {
+        let what = || format!("fill of {len} bytes at {at}");
+        self.access(what)?;
+        let mut b = self.bytes.lock();
+        let dst = at
+            .checked_add(len)
+            .and_then(|end| b.get_mut(at..end))
+            .filter(|_| !element.is_empty() && len.is_multiple_of(element.len()))
+            .ok_or_else(|| self.out_of_range(what()))?;
+        for d in dst.chunks_exact_mut(element.len()) {
+            d.copy_from_slice(element);
+        }
+        Ok(())
+    }
+
+    fn device_name(&self) -> String {
+        "staged-host".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_pages_copy_fill_and_refuse_out_of_range() {
+        let d = StagedHostPages::new(16);
+        let mut out = [0u8; 4];
+        d.read(0, &mut out).unwrap();
+        assert_eq!(out, [0xA5; 4], "fresh memory is not zeroed");
+        d.fill(0, 16, &[0, 0, 0xC0, 0x7F]).unwrap();
+        d.write(4, &[1, 2, 3, 4]).unwrap();
+        d.read(2, &mut out).unwrap();
+        assert_eq!(out, [0xC0, 0x7F, 1, 2]);
+        assert!(d.read(14, &mut out).is_err());
+        assert!(d.write(usize::MAX, &[1]).is_err());
+        assert!(d.fill(0, 3, &[0, 0]).is_err());
+        d.fail_after(1);
+        assert!(d.read(0, &mut out).is_ok());
+        let e = d.read(0, &mut out).unwrap_err();
+        assert!(e.to_string().contains("device lost"), "{e}");
+    }
+}
