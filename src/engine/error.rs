@@ -40,6 +40,16 @@ pub enum EngineError {
          build it with KvPool::new(cfg.pool_config())"
     )]
     PoolMismatch,
+    /// A worker was given a pool whose pages live where its backend does
+    /// not compute (device pages for a host backend, or the reverse).
+    #[error(
+        "the pool given keeps its pages in {pool:?} memory, the backend computes on {backend:?} memory: \
+         build the pool where the backend computes"
+    )]
+    PoolResidence {
+        pool: crate::kv::Residence,
+        backend: crate::kv::Residence,
+    },
     /// A worker was given a pool whose pages something already holds.
     #[error(
         "the pool given has {in_use} pages in use and {held} held: give a worker a pool of its own"
@@ -73,6 +83,7 @@ impl HttpStatus for EngineError {
             | EngineError::ContextBeyondModel { .. }
             | EngineError::Limits
             | EngineError::PoolMismatch
+            | EngineError::PoolResidence { .. }
             | EngineError::PoolInUse { .. }
             | EngineError::PoolClaimed => 500,
         }

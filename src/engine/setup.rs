@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::config::{EngineConfig, RoleKind};
 use crate::engine::EngineError;
-use crate::kv::KvPool;
+use crate::kv::{KvPool, Residence};
 use crate::model::Model;
 
 /// Refuses a configuration whose KV geometry or context window does not
@@ -45,14 +45,22 @@ pub(crate) fn check_model<B: Backend>(
 }
 
 /// Refuses a host-built `pool` that is not the pool `cfg` describes (scrub
-/// policy included), whose pages something already holds, or that another
-/// worker already took; then takes it.
+/// policy included), whose pages live where the backend does not compute,
+/// whose pages something already holds, or that another worker already
+/// took; then takes it.
 pub(crate) fn check_pool<R: RoleKind>(
     cfg: &EngineConfig<R>,
     pool: &KvPool,
+    backend: Residence,
 ) -> Result<(), EngineError> {
     if *pool.config() != cfg.pool_config() {
         return Err(EngineError::PoolMismatch);
+    }
+    if pool.residence() != backend {
+        return Err(EngineError::PoolResidence {
+            pool: pool.residence(),
+            backend,
+        });
     }
     let s = pool.stats();
     if !s.is_full() {
