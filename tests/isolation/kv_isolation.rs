@@ -2,11 +2,12 @@
 //! pages it owns at their current generation. Random interleavings of
 //! reserve, write, read, hold and release across many requests never show
 //! another request's bytes, never break accounting, and leave released
-//! pages scrubbed.
+//! pages scrubbed. The same holds with the page bytes in device memory
+//! (staged here: every access a copy), where no row is ever lent in place.
 
 use std::collections::HashMap;
 
-use handoff::kv::{Filling, KvSeq, Ready};
+use handoff::kv::{Filling, KvSeq, Ready, Residence, StagedHostPages};
 use handoff::{KvDtype, KvError, KvGeometry, KvPool, PoolConfig, RequestId, ScrubPolicy};
 use proptest::prelude::*;
 
@@ -41,6 +42,17 @@ fn value(r: u64, layer: usize, pos: usize, e: usize, kv: usize) -> f32 {
     x ^= x >> 11;
     // |x - 2^23| < 2^24: exact in f32, and so is the power-of-two scaling.
     (x as i64 - (1 << 23)) as f32 * (1.0 / (1u64 << 21) as f32)
+}
+
+/// A pool of `cfg`, its page bytes in host memory or (`device`) behind
+/// staged device pages.
+fn pool_of(cfg: PoolConfig, device: bool) -> KvPool {
+    if device {
+        let bytes = cfg.storage_bytes().unwrap();
+        KvPool::with_device_pages(cfg, Box::new(StagedHostPages::new(bytes))).unwrap()
+    } else {
+        KvPool::new(cfg).unwrap()
+    }
 }
 
 fn rows(r: u64, layer: usize, start: usize, n: usize, kvd: usize, kv: usize) -> Vec<f32> {
@@ -92,16 +104,31 @@ fn check_reads<S: handoff::kv::Readable>(pool: &KvPool, seq: &KvSeq<S>) {
         let lv = sv.layer(layer).expect("no isolation violation");
         assert_eq!(lv.len(), seq.written(layer));
         let mut buf = vec![0f32; kvd];
+        let in_place = pool.residence() == Residence::Host;
         for pos in 0..lv.len() {
-            lv.key(pos).unwrap().to_f32_into(&mut buf);
             let owner = seq.owner().0;
+            lv.copy_key_f32(pos, &mut buf).unwrap();
             assert_eq!(buf, stored_rows(dtype, owner, layer, pos, 1, kvd, 0));
-            lv.value(pos).unwrap().to_f32_into(&mut buf);
+            lv.copy_value_f32(pos, &mut buf).unwrap();
             assert_eq!(buf, stored_rows(dtype, owner, layer, pos, 1, kvd, 1));
+            // Rows are lent in place only from host memory, and say the same.
+            assert_eq!(lv.key(pos).is_some(), in_place);
+            if let Some(k) = lv.key(pos) {
+                let mut direct = vec![0f32; kvd];
+                k.to_f32_into(&mut direct);
+                assert_eq!(direct, stored_rows(dtype, owner, layer, pos, 1, kvd, 0));
+            }
         }
         assert!(
             lv.key(lv.len()).is_none(),
             "unwritten positions are never served"
+        );
+        assert!(
+            matches!(
+                lv.copy_key_f32(lv.len(), &mut buf),
+                Err(KvError::Incomplete { .. })
+            ),
+            "nor copied"
         );
     }
 }
@@ -142,8 +169,9 @@ proptest! {
         page_size in prop_oneof![Just(1usize), Just(4), Just(16)],
         dtype in prop_oneof![Just(KvDtype::F32), Just(KvDtype::F16), Just(KvDtype::BF16)],
         policy in prop_oneof![Just(ScrubPolicy::Zero), Just(ScrubPolicy::Poison), Just(ScrubPolicy::AcceptStaleBytes)],
+        device in any::<bool>(),
     ) {
-        let pool = KvPool::new(PoolConfig::new(geometry(dtype), page_size, 32).scrub(policy)).unwrap();
+        let pool = pool_of(PoolConfig::new(geometry(dtype), page_size, 32).scrub(policy), device);
         let kvd = geometry(dtype).kv_dim();
         let mut live: Vec<Live> = Vec::new();
         let mut next = 0u64;
@@ -226,10 +254,15 @@ proptest! {
 
 #[test]
 fn a_new_owner_never_sees_the_previous_owners_bytes() {
-    let pool = KvPool::new(
+    a_new_owner_never_sees_the_previous_owners_bytes_on(false);
+    a_new_owner_never_sees_the_previous_owners_bytes_on(true);
+}
+
+fn a_new_owner_never_sees_the_previous_owners_bytes_on(device: bool) {
+    let pool = pool_of(
         PoolConfig::new(geometry(KvDtype::F32), 4, 2).scrub(ScrubPolicy::AcceptStaleBytes),
-    )
-    .unwrap();
+        device,
+    );
     let kvd = geometry(KvDtype::F32).kv_dim();
     let mut a = pool.reserve(RequestId(1), 8).unwrap();
     append_all(&mut a, 8, kvd).unwrap();
@@ -255,6 +288,8 @@ fn a_new_owner_never_sees_the_previous_owners_bytes() {
         let lv = sv.layer(layer).unwrap();
         assert_eq!(lv.len(), 0);
         assert!(lv.key(0).is_none());
+        let mut buf = vec![0f32; kvd];
+        assert!(lv.copy_key_f32(0, &mut buf).is_err() && lv.copy_value_f32(0, &mut buf).is_err());
         // Page by page too: a reserved page holds no written row, and a
         // page index past the sequence's pages is empty, not a panic.
         for i in 0..b.pages().len() + 2 {

@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod device_resident_pages;
 mod engine_prefix_cache;
 mod incident_config;
 mod incident_replay;

@@ -4,6 +4,7 @@
 use handoff::RoleKind;
 use std::time::{Duration, Instant};
 
+use handoff::kv::StagedHostPages;
 use handoff::transfer::{
     DecodeOutcome, DecodeSide, PrefillSide, Transfer, TransferConfig, TransferError, synthetic,
 };
@@ -51,11 +52,35 @@ impl Default for RigSpec {
     }
 }
 
+thread_local! {
+    static DEVICE_PAGES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the page bytes of every pool the rig builds on this
+/// thread behind [`StagedHostPages`]: device-resident storage, every access
+/// a staged copy, as on a GPU.
+pub fn with_device_pages<R>(f: impl FnOnce() -> R) -> R {
+    DEVICE_PAGES.with(|d| d.set(true));
+    let out = f();
+    DEVICE_PAGES.with(|d| d.set(false));
+    out
+}
+
+/// A pool of `cfg`, in host memory or (inside [`with_device_pages`]) on
+/// staged device pages.
+pub fn pool(cfg: PoolConfig) -> KvPool {
+    if DEVICE_PAGES.with(|d| d.get()) {
+        let bytes = cfg.storage_bytes().unwrap();
+        KvPool::with_device_pages(cfg, Box::new(StagedHostPages::new(bytes))).unwrap()
+    } else {
+        KvPool::new(cfg).unwrap()
+    }
+}
+
 pub fn rig<T: Transfer>(t: &T, cfg: TransferConfig, spec: RigSpec) -> Rig<T> {
     let g = geometry(spec.dtype);
-    let prefill_pool =
-        KvPool::new(PoolConfig::new(g, spec.prefill_page, spec.prefill_pages)).unwrap();
-    let decode_pool = KvPool::new(PoolConfig::new(g, spec.decode_page, spec.decode_pages)).unwrap();
+    let prefill_pool = pool(PoolConfig::new(g, spec.prefill_page, spec.prefill_pages));
+    let decode_pool = pool(PoolConfig::new(g, spec.decode_page, spec.decode_pages));
     let (pl, dl) = t.connect(&cfg).unwrap();
     let prefill = PrefillSide::new(
         pl,

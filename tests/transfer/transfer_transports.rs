@@ -7,7 +7,9 @@
 //! frees nothing a write may still target; every wait ends in a typed
 //! error; a dead peer hangs nobody; an oversized prompt is refused by
 //! prefill with an abort and never becomes a placeholder. After each story
-//! both pools are back to full capacity with nothing held.
+//! both pools are back to full capacity with nothing held. The in-process
+//! and authenticated TCP suites run again with both pools' pages in
+//! (staged) device memory.
 
 use crate::support;
 
@@ -49,6 +51,18 @@ fn authenticated_tcp_transport_conforms() {
 #[test]
 fn nixl_transport_conforms() {
     on_nixl!(conformance);
+}
+
+// The same promises with both pools' page bytes in (staged) device memory:
+// every append, landing, checksum, read and scrub goes through copies.
+#[test]
+fn in_process_transport_conforms_with_device_resident_pages() {
+    support::with_device_pages(|| conformance(InProcess));
+}
+
+#[test]
+fn authenticated_tcp_transport_conforms_with_device_resident_pages() {
+    support::with_device_pages(|| conformance(TcpAuth));
 }
 
 fn kv_arrives_intact_across_page_sizes_and_dtypes<T: Transfer>(t: T) {
