@@ -8,5 +8,6 @@ mod support;
 
 mod cuda_backend;
 mod cuda_kernels;
+mod cuda_pages;
 mod prefill_mma_host;
 mod xxh3_host;

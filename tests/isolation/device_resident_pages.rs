@@ -176,3 +176,11 @@ fn a_worker_refuses_a_pool_whose_pages_live_where_its_backend_does_not_compute()
     );
     assert!(pool.stats().is_full());
 }
+
+#[test]
+fn staged_device_pages_keep_every_rule_of_a_pool() {
+    crate::support::device_pages::device_pages_keep_every_rule(&|cfg: PoolConfig| {
+        let bytes = cfg.storage_bytes().unwrap();
+        KvPool::with_device_pages(cfg, Box::new(StagedHostPages::new(bytes))).unwrap()
+    });
+}

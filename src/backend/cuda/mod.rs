@@ -12,6 +12,8 @@
 //! - Launch policy (`plan.rs`): kernel choice, split-KV chunking, workspace
 //!   and grid sizes, planned from sizes alone before a launch.
 //! - [`DeviceKvArena`]: KV pages in device memory, the host arena's layout.
+//! - [`CudaPages`]: a device-resident pool's page bytes
+//!   ([`crate::kv::DevicePages`]), scrubbed and copied on the stream.
 //! - [`PageTables`] / [`SlotMap`]: page tables and append slots, validated
 //!   against the arena before they can reach a kernel.
 
@@ -21,6 +23,7 @@ mod device;
 mod error;
 mod kernels;
 mod launch;
+mod pages;
 mod params;
 mod plan;
 // Shared with build.rs, which reads the instantiation list and the params
@@ -34,6 +37,7 @@ pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;
 pub use launch::{DecodeWorkspace, PageChecksums};
+pub use pages::CudaPages;
 pub use plan::{PREFILL_MAX_GROUP, PrefillKernel, Split};
 pub use table::{DECODE_GROUPS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS};
 

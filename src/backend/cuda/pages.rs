@@ -1,0 +1,146 @@
+//! [`CudaPages`]: a device-resident pool's page bytes in GPU memory
+//! ([`crate::kv::DevicePages`]). The pool keeps every page's metadata on
+//! the host and reaches these bytes only as staged copies of rows it owns
+//! (appends, transfer landings, checksums) and fills (scrubs), each queued
+//! on the device's one stream, so a kernel launched after a scrub reads
+//! the scrubbed page, and each call waits for its copy to finish.
+
+use cudarc::driver::CudaSlice;
+
+use super::{CudaDevice, CudaError};
+use crate::kv::{DeviceError, DevicePages};
+
+/// How many bytes of a fill pattern are uploaded at a time.
+const FILL_CHUNK: usize = 1 << 20;
+
+/// Page bytes in device memory.
+pub struct CudaPages {
+    dev: CudaDevice,
+    /// The bytes; the lock orders the pool's copies on the host side (the
+    /// stream orders them on the device).
+    data: parking_lot::Mutex<CudaSlice<u8>>,
+    len: usize,
+}
+
+impl std::fmt::Debug for CudaPages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaPages")
+            .field("device", &self.dev.name())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl CudaPages {
+    /// `len` bytes of device memory (for a pool: its config's
+    /// [`crate::kv::PoolConfig::storage_bytes`]); the pool scrubs them
+    /// before handing out a page.
+    pub fn alloc(dev: &CudaDevice, len: usize) -> Result<Self, CudaError> {
+        Ok(CudaPages {
+            dev: dev.clone(),
+            data: parking_lot::Mutex::new(dev.zeros::<u8>(len.max(1))?),
+            len,
+        })
+    }
+
+    fn err(&self, what: String, e: impl std::fmt::Display) -> DeviceError {
+        DeviceError {
+            device: self.device_name(),
+            what,
+            reason: e.to_string(),
+        }
+    }
+
+    /// `[at, at + n)`, or an error naming the access.
+    fn range(
+        &self,
+        at: usize,
+        n: usize,
+        what: &str,
+    ) -> Result<std::ops::Range<usize>, DeviceError> {
+        at.checked_add(n)
+            .filter(|&end| end <= self.len)
+            .map(|end| at..end)
+            .ok_or_else(|| self.err(format!("{what} of {n} bytes at {at}"), "out of range"))
+    }
+}
+
+impl DevicePages for CudaPages {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError> {
+        let r = self.range(at, src.len(), "write")?;
+        if r.is_empty() {
+            return Ok(());
+        }
+        let what = || format!("write of {} bytes at {at}", src.len());
+        let mut data = self.data.lock();
+        let mut dst = data.slice_mut(r);
+        self.dev
+            .stream()
+            .memcpy_htod(src, &mut dst)
+            .map_err(|e| self.err(what(), e))?;
+        // `src` is the caller's: the copy must have read it on return.
+        self.dev.synchronize().map_err(|e| self.err(what(), e))
+    }
+
+    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let r = self.range(at, dst.len(), "read")?;
+        if r.is_empty() {
+            return Ok(());
+        }
+        let what = format!("read of {} bytes at {at}", dst.len());
+        let data = self.data.lock();
+        let src = data.slice(r);
+        self.dev
+            .stream()
+            .memcpy_dtoh(&src, dst)
+            .map_err(|e| self.err(what.clone(), e))?;
+        self.dev.synchronize().map_err(|e| self.err(what, e))
+    }
+
+    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError> {
+        let r = self.range(at, len, "fill")?;
+        let what = || format!("fill of {len} bytes at {at}");
+        if element.is_empty() || !len.is_multiple_of(element.len()) {
+            return Err(self.err(what(), "the length is not a whole number of elements"));
+        }
+        if r.is_empty() {
+            return Ok(());
+        }
+        let mut data = self.data.lock();
+        let stream = self.dev.stream();
+        if element.iter().all(|&b| b == 0) {
+            let mut dst = data.slice_mut(r);
+            stream
+                .memset_zeros(&mut dst)
+                .map_err(|e| self.err(what(), e))?;
+        } else {
+            // The pattern, a whole number of elements, uploaded a chunk at
+            // a time.
+            let chunk = (FILL_CHUNK / element.len()).max(1) * element.len();
+            let pattern: Vec<u8> = element
+                .iter()
+                .copied()
+                .cycle()
+                .take(chunk.min(len))
+                .collect();
+            let mut off = r.start;
+            while off < r.end {
+                let n = pattern.len().min(r.end - off);
+                let mut dst = data.slice_mut(off..off + n);
+                stream
+                    .memcpy_htod(&pattern[..n], &mut dst)
+                    .map_err(|e| self.err(what(), e))?;
+                off += n;
+            }
+        }
+        self.dev.synchronize().map_err(|e| self.err(what(), e))
+    }
+
+    fn device_name(&self) -> String {
+        self.dev.name().to_string()
+    }
+}

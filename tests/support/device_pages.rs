@@ -1,0 +1,93 @@
+//! One story body for every device-resident page storage: the staged host
+//! stand-in on every machine, CUDA memory where a GPU is present.
+
+use handoff::kv::Residence;
+use handoff::{KvDtype, KvError, KvGeometry, KvPool, PoolConfig, RequestId, ScrubPolicy};
+
+/// Builds a device-resident pool of a configuration.
+pub type MakePool<'a> = &'a dyn Fn(PoolConfig) -> KvPool;
+
+/// Rows of request `r` from position `start`: distinct per (request,
+/// position, K|V), and exact in bf16 (at most 8 significant bits, scaled
+/// by a power of two per element).
+pub fn rows(r: u64, start: usize, n: usize, kvd: usize, kv: usize) -> Vec<f32> {
+    assert!(r < 7 && start + n <= 32);
+    (start..start + n)
+        .flat_map(|p| (0..kvd).map(move |e| (r * 32 + p as u64) as f32 * (1u32 << (e % 4)) as f32))
+        .map(|x| if kv == 1 { -x } else { x })
+        .collect()
+}
+
+/// Fresh memory scrubbed; interleaved sequences each read back exactly
+/// their own rows through copies (none lent in place), across page
+/// boundaries; released pages scrubbed or poisoned per the policy; the
+/// accounting whole and full at the end.
+pub fn device_pages_keep_every_rule(make: MakePool<'_>) {
+    // Rows of 16 bytes or more (the CUDA arena's rule): 2 heads x 8 bf16.
+    let g = KvGeometry {
+        n_layers: 2,
+        n_kv_heads: 2,
+        head_dim: 8,
+        dtype: KvDtype::BF16,
+    };
+    let kvd = g.kv_dim();
+    for policy in [ScrubPolicy::Zero, ScrubPolicy::Poison] {
+        let pool = make(PoolConfig::new(g, 4, 16).scrub(policy));
+        assert_eq!(pool.residence(), Residence::Device);
+        for page in 0..pool.capacity() as u32 {
+            assert!(pool.audit_page_matches_scrub(page), "fresh page {page}");
+        }
+        let mut seqs: Vec<_> = (1..=3u64)
+            .map(|r| pool.reserve(RequestId(r), 13).unwrap())
+            .collect();
+        // Interleaved appends of uneven lengths, crossing pages.
+        for chunk in [3usize, 1, 5, 4] {
+            for seq in seqs.iter_mut() {
+                let r = seq.owner().0;
+                for layer in 0..2 {
+                    let at = seq.written(layer);
+                    seq.append(
+                        layer,
+                        &rows(r, at, chunk, kvd, 0),
+                        &rows(r, at, chunk, kvd, 1),
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        let reader = pool.reader();
+        let mut buf = vec![0f32; kvd];
+        for seq in &seqs {
+            let r = seq.owner().0;
+            let view = reader.seq(seq).unwrap();
+            for layer in 0..2 {
+                let lv = view.layer(layer).unwrap();
+                assert_eq!(lv.len(), 13);
+                for pos in 0..13 {
+                    assert!(lv.key(pos).is_none(), "no row is lent in place");
+                    lv.copy_key_f32(pos, &mut buf).unwrap();
+                    assert_eq!(buf, rows(r, pos, 1, kvd, 0), "{r} layer {layer} pos {pos}");
+                    lv.copy_value_f32(pos, &mut buf).unwrap();
+                    assert_eq!(buf, rows(r, pos, 1, kvd, 1));
+                }
+                assert!(matches!(
+                    lv.copy_key_f32(13, &mut buf),
+                    Err(KvError::Incomplete { .. })
+                ));
+            }
+        }
+        let pages: Vec<u32> = seqs
+            .iter()
+            .flat_map(|s| s.pages().iter().map(|p| p.index()))
+            .collect();
+        drop(seqs);
+        let s = pool.stats();
+        assert!(s.balanced() && s.is_full(), "{s:?}");
+        for page in pages {
+            assert!(
+                pool.audit_page_matches_scrub(page),
+                "{policy:?}: page {page}"
+            );
+        }
+    }
+}
