@@ -212,6 +212,13 @@ impl<R: RoleKind> From<&EngineConfig<R>> for PoolConfig {
     }
 }
 
+/// How the pool's size was given.
+#[derive(Clone, Copy, Debug)]
+enum PoolSize {
+    Tokens(usize),
+    Bytes(u64),
+}
+
 /// Builder for [`EngineConfig`]`<R>`; see [`EngineConfig::colocated`],
 /// [`EngineConfig::prefill`] and [`EngineConfig::decode`].
 #[derive(Clone, Debug)]
@@ -220,7 +227,7 @@ pub struct EngineConfigBuilder<R: RoleKind> {
     geometry: KvGeometry,
     max_context: Option<usize>,
     page_size: usize,
-    pool_tokens: Option<usize>,
+    pool: Option<PoolSize>,
     headroom: Headroom,
     audit: Option<bool>,
     scrub: ScrubPolicy,
@@ -237,7 +244,7 @@ impl<R: RoleKind> EngineConfigBuilder<R> {
             geometry,
             max_context: None,
             page_size: 16,
-            pool_tokens: None,
+            pool: None,
             headroom: Headroom::DEFAULT,
             audit: None,
             scrub: ScrubPolicy::default(),
@@ -256,9 +263,19 @@ impl<R: RoleKind> EngineConfigBuilder<R> {
         self.page_size = tokens;
         self
     }
-    /// Pool capacity in token slots (required). Rounded down to whole pages.
+    /// Pool capacity in token slots (this or [`Self::pool_memory`] is
+    /// required; the last call wins). Rounded down to whole pages.
     pub fn pool_tokens(mut self, tokens: usize) -> Self {
-        self.pool_tokens = Some(tokens);
+        self.pool = Some(PoolSize::Tokens(tokens));
+        self
+    }
+    /// Pool capacity as a memory budget in bytes: as many whole pages as
+    /// fit (for a GPU, the free device memory left after weights and
+    /// workspaces). The window check then applies to those pages, and a
+    /// budget that cannot hold the window is refused with the bytes it
+    /// needs ([`ConfigError::BudgetCannotHoldWindow`]).
+    pub fn pool_memory(mut self, bytes: u64) -> Self {
+        self.pool = Some(PoolSize::Bytes(bytes));
         self
     }
     /// Required headroom for roles that prefill (default 2x, min 1x).
@@ -298,7 +315,7 @@ impl<R: RoleKind> EngineConfigBuilder<R> {
         let max_context = self.max_context.ok_or(ConfigError::Missing {
             field: "max_context",
         })?;
-        let pool_tokens = self.pool_tokens.ok_or(ConfigError::Missing {
+        let pool = self.pool.ok_or(ConfigError::Missing {
             field: "pool_tokens",
         })?;
         if max_context == 0 {
@@ -320,12 +337,22 @@ impl<R: RoleKind> EngineConfigBuilder<R> {
                 max_context,
             });
         }
-        if u32::try_from(pool_tokens / self.page_size).is_err() {
-            return Err(ConfigError::Overflow {
-                what: "page count (at most u32::MAX pages)",
-            });
-        }
-        let pool_pages = pool_tokens / self.page_size;
+        let page_bytes =
+            (self.geometry.bytes_per_token() as u64).saturating_mul(self.page_size as u64);
+        let pool_pages = match pool {
+            PoolSize::Tokens(t) => (t / self.page_size) as u64,
+            PoolSize::Bytes(b) => b / page_bytes.max(1),
+        };
+        let pool_pages =
+            u32::try_from(pool_pages)
+                .map(|p| p as usize)
+                .map_err(|_| ConfigError::Overflow {
+                    what: "page count (at most u32::MAX pages)",
+                })?;
+        let pool_tokens = match pool {
+            PoolSize::Tokens(t) => t,
+            PoolSize::Bytes(_) => pool_pages * self.page_size,
+        };
         let headroom = match R::ROLE {
             Role::Colocated | Role::Prefill => self.headroom,
             Role::Decode => Headroom::MIN,
@@ -341,6 +368,16 @@ impl<R: RoleKind> EngineConfigBuilder<R> {
             let mut max_fit = (usable as f64 / headroom.factor()).floor() as usize;
             while max_fit > 0 && !fits(max_fit) {
                 max_fit -= 1;
+            }
+            if let PoolSize::Bytes(budget) = pool {
+                return Err(ConfigError::BudgetCannotHoldWindow {
+                    role: R::ROLE,
+                    budget,
+                    max_context,
+                    headroom: headroom.factor(),
+                    required_bytes: required_pages as u128 * page_bytes as u128,
+                    max_fit,
+                });
             }
             return Err(ConfigError::PoolCannotHoldWindow {
                 role: R::ROLE,
@@ -396,7 +433,26 @@ pub enum ConfigError {
         /// The largest context window this pool holds (0: none).
         max_fit: usize,
     },
-    #[error("{field} must be set: call the builder's {field}() before build()")]
+    #[error(
+        "{role:?} KV pool in a budget of {budget} bytes cannot hold a context window of {max_context} tokens \
+         (needs {headroom}x = {required_bytes} bytes of whole pages): give it at least {required_bytes} bytes \
+         (free device memory after weights and workspaces){or_lower}",
+        or_lower = if *max_fit > 0 {
+            format!(" or lower max_context to at most {max_fit} tokens")
+        } else {
+            String::new()
+        }
+    )]
+    BudgetCannotHoldWindow {
+        role: Role,
+        budget: u64,
+        max_context: usize,
+        headroom: f64,
+        required_bytes: u128,
+        /// The largest context window the budget holds (0: none).
+        max_fit: usize,
+    },
+    #[error("{field} must be set: call the builder's {field}() (or pool_memory()) before build()")]
     Missing { field: &'static str },
     #[error("{field} is zero: every size must be at least 1")]
     Zero { field: &'static str },
@@ -463,6 +519,46 @@ impl HttpStatus for ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_memory_budget_holds_the_whole_pages_that_fit_and_its_advice_builds() {
+        let g = geom();
+        let page_bytes = (g.bytes_per_token() * 16) as u64;
+        let build = |budget: u64| {
+            EngineConfigBuilder::<Colocated>::new(g)
+                .max_context(64)
+                .page_size(16)
+                .pool_memory(budget)
+                .build()
+        };
+        // Ten pages and all but one byte of an eleventh: ten pages.
+        let cfg = build(11 * page_bytes - 1).unwrap();
+        assert_eq!(cfg.pool_pages(), 10);
+        assert_eq!(cfg.pool_bytes(), 10 * page_bytes as u128);
+        // A window of 64 at 2x headroom needs 8 pages; 7 hold 56 tokens.
+        match build(8 * page_bytes - 1) {
+            Err(e @ ConfigError::BudgetCannotHoldWindow { required_bytes, .. }) => {
+                assert_eq!(required_bytes, 8 * page_bytes as u128);
+                assert!(e.to_string().contains(&required_bytes.to_string()), "{e}");
+                assert!(e.to_string().contains("at most 56 tokens"), "{e}");
+                assert!(build(required_bytes as u64).is_ok());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            build(0),
+            Err(ConfigError::BudgetCannotHoldWindow { max_fit: 0, .. })
+        ));
+        // The last size given wins.
+        let cfg = EngineConfigBuilder::<Colocated>::new(g)
+            .max_context(64)
+            .page_size(16)
+            .pool_memory(0)
+            .pool_tokens(256)
+            .build()
+            .unwrap();
+        assert_eq!(cfg.pool_tokens(), 256);
+    }
 
     #[test]
     fn the_advice_of_a_refused_window_is_a_window_that_builds() {

@@ -16,3 +16,38 @@ fn cuda_pages_keep_every_rule_of_a_pool() {
         KvPool::with_device_pages(cfg, Box::new(pages)).unwrap()
     });
 }
+
+#[test]
+fn a_pool_planned_from_free_device_memory_builds_and_more_than_the_device_is_a_typed_error() {
+    use handoff::{Colocated, EngineConfigBuilder, KvDtype, KvGeometry};
+    let Some(dev) = device_for_test("a_pool_planned_from_free_device_memory") else {
+        return;
+    };
+    let (free, total) = dev.memory_info().unwrap();
+    assert!(free > 0 && free <= total, "{free} of {total}");
+    let g = KvGeometry {
+        n_layers: 16,
+        n_kv_heads: 8,
+        head_dim: 64,
+        dtype: KvDtype::BF16,
+    };
+    // A tenth of what is free now: the pool takes the whole pages in it.
+    let cfg = EngineConfigBuilder::<Colocated>::new(g)
+        .max_context(4096)
+        .pool_memory(free as u64 / 10)
+        .build()
+        .unwrap();
+    let bytes = cfg.pool_config().storage_bytes().unwrap();
+    assert!(bytes as u64 <= free as u64 / 10);
+    let pages = CudaPages::alloc(&dev, bytes).unwrap();
+    let pool = KvPool::with_device_pages(cfg.pool_config(), Box::new(pages)).unwrap();
+    let (after, _) = dev.memory_info().unwrap();
+    assert!(
+        after + bytes / 2 <= free,
+        "the pool's pages are on the device"
+    );
+    drop(pool);
+    // More than the device holds is an error to report, not a crash.
+    let e = CudaPages::alloc(&dev, total.saturating_mul(2)).unwrap_err();
+    eprintln!("asking for twice the device: {e}");
+}

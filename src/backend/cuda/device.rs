@@ -114,6 +114,18 @@ impl CudaDevice {
         &self.inner.name
     }
 
+    /// Free and total device memory in bytes, now: what a device-resident
+    /// pool's budget is planned from (free memory after the weights and
+    /// workspaces are placed, less a margin the host chooses; see
+    /// [`crate::EngineConfigBuilder::pool_memory`]).
+    pub fn memory_info(&self) -> Result<(usize, usize), CudaError> {
+        self.inner
+            .stream
+            .context()
+            .mem_get_info()
+            .map_err(CudaError::driver("asking the device for its free memory"))
+    }
+
     /// Streaming multiprocessors (used to size split-KV decode).
     pub fn sm_count(&self) -> u32 {
         self.inner.sm_count
