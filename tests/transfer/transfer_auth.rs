@@ -529,31 +529,39 @@ fn a_handshake_spanning_several_bounded_accepts_is_not_dropped() {
     // when a slice ends.
     let key = LinkKey::generate().unwrap();
     let cfg = config(&key);
-    let mut listener = TcpDecodeListener::bind(loopback()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let peer = {
-        let cfg = cfg.clone();
-        std::thread::spawn(move || TcpPrefill::connect(addr, &cfg))
-    };
-    // The peer has connected and sent its first message.
-    std::thread::sleep(Duration::from_millis(50));
-    let until = Instant::now() + Duration::from_secs(20);
-    let mut slices = 0;
-    let link = loop {
-        slices += 1;
-        // Slices too short for a handshake: each ends right after the
-        // listener's first pass over its connections.
-        match listener.accept_within(&cfg, Duration::from_nanos(1)) {
-            Ok(link) => break link,
-            Err(LinkError::AcceptTimeout { .. }) if Instant::now() < until => {}
-            Err(e) => panic!("{e}"),
+    // A handshake usually spans several 1 ns slices; on a loaded machine
+    // one slice can last long enough for the peer to finish within it,
+    // which is not the case this story is about: try again then.
+    for _ in 0..10 {
+        let mut listener = TcpDecodeListener::bind(loopback()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = {
+            let cfg = cfg.clone();
+            std::thread::spawn(move || TcpPrefill::connect(addr, &cfg))
+        };
+        // The peer has connected and sent its first message.
+        std::thread::sleep(Duration::from_millis(50));
+        let until = Instant::now() + Duration::from_secs(20);
+        let mut slices = 0;
+        let link = loop {
+            slices += 1;
+            // Slices too short for a handshake: each ends right after the
+            // listener's first pass over its connections.
+            match listener.accept_within(&cfg, Duration::from_nanos(1)) {
+                Ok(link) => break link,
+                Err(LinkError::AcceptTimeout { .. }) if Instant::now() < until => {}
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let prefill = peer
+            .join()
+            .unwrap()
+            .expect("the peer's handshake completed");
+        assert!(listener.refusals().is_empty(), "{:?}", listener.refusals());
+        if slices > 1 {
+            real_peer_is_served(rig(prefill, link, &cfg));
+            return;
         }
-    };
-    let prefill = peer
-        .join()
-        .unwrap()
-        .expect("the peer's handshake completed");
-    assert!(slices > 1, "the handshake spanned {slices} slice(s)");
-    assert!(listener.refusals().is_empty(), "{:?}", listener.refusals());
-    real_peer_is_served(rig(prefill, link, &cfg));
+    }
+    panic!("ten handshakes in a row each completed within one accept slice");
 }
