@@ -134,10 +134,11 @@ pub trait Backend: Send + Sync + 'static {
     /// A short name for logs.
     fn name(&self) -> &'static str;
 
-    /// Where this backend reads and writes KV page bytes: a worker refuses
-    /// a pool whose pages live elsewhere. Default: host memory.
-    fn kv_residence(&self) -> crate::kv::Residence {
-        crate::kv::Residence::Host
+    /// True when this backend computes on KV pages that live at `r`: a
+    /// worker refuses a pool whose pages live elsewhere. Default: host
+    /// memory only.
+    fn accepts_kv(&self, r: crate::kv::Residence) -> bool {
+        r == crate::kv::Residence::Host
     }
 
     /// How to run a forward pass of `rows` token rows through a model of
@@ -359,16 +360,6 @@ pub(crate) fn check_view(
     span: usize,
     needed: usize,
 ) -> Result<(), BackendError> {
-    // Both backends read the rows from host memory today (the CUDA one
-    // through its mirror): a view of device-resident pages has none.
-    if view.residence() != crate::kv::Residence::Host {
-        return Err(BackendError::Unsupported {
-            what: "KV pages in device memory",
-            detail:
-                "(this backend reads KV rows from host memory: build its pool with KvPool::new)"
-                    .into(),
-        });
-    }
     if view.kv_dim() != shape.kv_dim() {
         return Err(shape_err(
             "attention",

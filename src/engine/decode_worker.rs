@@ -77,7 +77,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
         setup::check(&model, &cfg)?;
-        setup::check_pool(&cfg, &pool, model.backend().kv_residence())?;
+        setup::check_pool(&cfg, &pool, |r| model.backend().accepts_kv(r))?;
         let limits = AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size);
         Ok(Self::build(link, model, pool, limits, transfer))
     }

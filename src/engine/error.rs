@@ -41,15 +41,12 @@ pub enum EngineError {
     )]
     PoolMismatch,
     /// A worker was given a pool whose pages live where its backend does
-    /// not compute (device pages for a host backend, or the reverse).
+    /// not compute (device pages for a host backend).
     #[error(
-        "the pool given keeps its pages in {pool:?} memory, the backend computes on {backend:?} memory: \
-         build the pool where the backend computes"
+        "the pool given keeps its pages in {pool:?} memory, where this backend does not compute: \
+         build the pool where the backend computes (KvPool::new for host memory)"
     )]
-    PoolResidence {
-        pool: crate::kv::Residence,
-        backend: crate::kv::Residence,
-    },
+    PoolResidence { pool: crate::kv::Residence },
     /// A worker was given a pool whose pages something already holds.
     #[error(
         "the pool given has {in_use} pages in use and {held} held: give a worker a pool of its own"

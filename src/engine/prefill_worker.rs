@@ -70,7 +70,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
         setup::check(&model, &cfg)?;
-        setup::check_pool(&cfg, &pool, model.backend().kv_residence())?;
+        setup::check_pool(&cfg, &pool, |r| model.backend().accepts_kv(r))?;
         let limits = AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size);
         let worker = Self::build(link, model, pool, limits, transfer, cfg.max_context());
         Ok(worker.with_cache_secret(CacheSecret::random()?))

@@ -51,15 +51,14 @@ pub(crate) fn check_model<B: Backend>(
 pub(crate) fn check_pool<R: RoleKind>(
     cfg: &EngineConfig<R>,
     pool: &KvPool,
-    backend: Residence,
+    accepts: impl Fn(Residence) -> bool,
 ) -> Result<(), EngineError> {
     if *pool.config() != cfg.pool_config() {
         return Err(EngineError::PoolMismatch);
     }
-    if pool.residence() != backend {
+    if !accepts(pool.residence()) {
         return Err(EngineError::PoolResidence {
             pool: pool.residence(),
-            backend,
         });
     }
     let s = pool.stats();

@@ -70,6 +70,9 @@ pub trait DevicePages: Send + Sync + 'static {
     fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError>;
     /// The device's name in errors ("cuda:0").
     fn device_name(&self) -> String;
+    /// The storage itself, so that the backend that made it can reach its
+    /// device memory for kernels (by downcasting to its own type).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// [`DevicePages`] kept in host memory behind a lock, each access a copy:
@@ -177,6 +180,10 @@ impl DevicePages for StagedHostPages {
 
     fn device_name(&self) -> String {
         "staged-host".into()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -86,6 +86,11 @@ pub enum KvError {
     )]
     PrefixMismatch { reason: &'static str },
     #[error(
+        "rows written on a device are committed only to a device-resident pool; \
+         this one keeps its pages in host memory: append through KvSeq::append"
+    )]
+    NotDeviceResident,
+    #[error(
         "the KV pool's device failed: {0}; the pool hands out no more pages: \
          send the request to another worker and rebuild this one's pool"
     )]

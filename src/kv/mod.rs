@@ -30,6 +30,8 @@ pub use pool::{KvPool, PoolConfig, PoolStats, ScrubPolicy};
 pub use prefix::PrefixCache;
 pub(crate) use prefix::reserve_prompt;
 pub use prefix_key::{CacheSecret, PageKey, PrefixKeys};
-pub use seq::{Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Writable};
+pub use seq::{
+    DeviceAppend, Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Writable,
+};
 pub use storage::{KvElem, KvSlice};
 pub use view::{KvReader, LayerView, SeqView};

@@ -216,6 +216,13 @@ impl KvPool {
         self.shared.storage.residence()
     }
 
+    /// The device storage, for the backend that made it (`None` in host
+    /// memory).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn device_pages(&self) -> Option<&dyn DevicePages> {
+        self.shared.storage.device_pages()
+    }
+
     fn validate(cfg: &PoolConfig) -> Result<(), PoolError> {
         cfg.geometry.validate()?;
         if cfg.page_size == 0 || !cfg.page_size.is_power_of_two() {

@@ -416,6 +416,43 @@ impl<S: Writable> KvSeq<S> {
         Ok(())
     }
 
+    /// Starts an append of `n` rows to `layer` that a backend's kernel
+    /// writes straight into this device-resident pool's pages: checks the
+    /// layer and the reservation as [`KvSeq::append`] does and gives, for
+    /// each new position, the pool page and slot the kernel may write.
+    /// Nothing counts as written (or readable) until
+    /// [`DeviceAppend::commit`], which the backend calls once the kernel is
+    /// enqueued on the stream every later read of the pages is ordered
+    /// after. Refused for a pool in host memory, whose bytes the pool
+    /// writes itself.
+    pub fn device_append(
+        &mut self,
+        layer: usize,
+        n: usize,
+    ) -> Result<DeviceAppend<'_, S>, KvError> {
+        if self.pool.residence() != crate::kv::Residence::Device {
+            return Err(KvError::NotDeviceResident);
+        }
+        let kvd = self.geometry().kv_dim();
+        let elems = n.checked_mul(kvd).ok_or(KvError::BeyondReservation {
+            layer,
+            written: self.written.get(layer).copied().unwrap_or(0),
+            adding: n,
+            reserved: self.reserved_tokens(),
+        })?;
+        self.check_append(layer, elems, elems)?;
+        let (ps, start) = (self.pool.page_size(), self.written[layer]);
+        let slots = (start..start + n)
+            .map(|pos| (self.pages[pos / ps].index, (pos % ps) as u32))
+            .collect();
+        Ok(DeviceAppend {
+            seq: self,
+            layer,
+            n,
+            slots,
+        })
+    }
+
     /// Validates an append of `k_elems`/`v_elems` elements; returns tokens.
     fn check_append(&self, layer: usize, k_elems: usize, v_elems: usize) -> Result<usize, KvError> {
         let g = self.geometry();
@@ -450,6 +487,38 @@ impl<S: Writable> KvSeq<S> {
             });
         }
         Ok(n)
+    }
+}
+
+/// Rows of one layer that a backend's kernel writes on the device
+/// ([`KvSeq::device_append`]): they count as written once committed, and
+/// not at all if this is dropped (a failed launch), so a view never reads
+/// a slot the kernel may not have written.
+#[must_use = "the rows count as written only once committed"]
+pub struct DeviceAppend<'s, S: Writable> {
+    seq: &'s mut KvSeq<S>,
+    layer: usize,
+    n: usize,
+    slots: Vec<(u32, u32)>,
+}
+
+impl<S: Writable> DeviceAppend<'_, S> {
+    /// `(pool page index, slot)` of each new position, in order: the only
+    /// places the kernel may write (pages the sequence owns, slots past
+    /// what it has written, within its reservation).
+    pub fn slots(&self) -> &[(u32, u32)] {
+        &self.slots
+    }
+    /// Counts the rows written (and, with the audit trail, records the
+    /// sequence's owner as their writer).
+    pub fn commit(self) {
+        let seq = self.seq;
+        let (ps, start, writer) = (seq.pool.page_size(), seq.written[self.layer], seq.owner.0);
+        let w = seq.pages_write();
+        for (i, slot, _, run) in runs(start, self.n, ps) {
+            w.record_writers(i, self.layer, slot, run, writer);
+        }
+        seq.written[self.layer] += self.n;
     }
 }
 

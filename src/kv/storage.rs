@@ -349,6 +349,15 @@ impl Storage {
         }
     }
 
+    /// The device storage, for the backend that made it (kernels reach its
+    /// memory directly); `None` for host storage.
+    pub(crate) fn device_pages(&self) -> Option<&dyn DevicePages> {
+        match &self.bytes {
+            Bytes::Host(_) => None,
+            Bytes::Device(d) => Some(d.as_ref()),
+        }
+    }
+
     /// The first device access that failed, if one has.
     pub(crate) fn failure(&self) -> Option<DeviceError> {
         self.failure.get().cloned()

@@ -264,6 +264,13 @@ impl<'a> LayerView<'a> {
     pub(crate) fn page_ids(&self) -> &'a [PageId] {
         &self.pages[..self.n_pages()]
     }
+    /// The pool's device storage (`None` in host memory): a GPU backend's
+    /// kernels read the pages there, through page tables built from this
+    /// view.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn device_pages(&self) -> Option<&'a dyn crate::kv::DevicePages> {
+        self.read.storage().device_pages()
+    }
     /// The layer this view reads.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn layer_index(&self) -> usize {

@@ -50,6 +50,9 @@ impl DevicePages for Shared {
     fn device_name(&self) -> String {
         self.0.device_name()
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 fn device_pool(cfg: PoolConfig) -> (KvPool, Arc<StagedHostPages>) {
@@ -168,8 +171,7 @@ fn a_worker_refuses_a_pool_whose_pages_live_where_its_backend_does_not_compute()
         matches!(
             e,
             EngineError::PoolResidence {
-                pool: Residence::Device,
-                backend: Residence::Host
+                pool: Residence::Device
             }
         ),
         "{e}"
@@ -183,4 +185,105 @@ fn staged_device_pages_keep_every_rule_of_a_pool() {
         let bytes = cfg.storage_bytes().unwrap();
         KvPool::with_device_pages(cfg, Box::new(StagedHostPages::new(bytes))).unwrap()
     });
+}
+
+/// Where the K (`kv == 0`) or V row of (`page`, `layer`, `slot`) lies in a
+/// pool's page bytes (the documented layout `[page][layer][k|v][slot][kv_dim]`).
+fn row_offset(
+    g: KvGeometry,
+    page_size: usize,
+    page: u32,
+    layer: usize,
+    kv: usize,
+    slot: u32,
+) -> usize {
+    let row = g.kv_dim() * g.dtype.size_bytes();
+    let page_bytes = g.n_layers * 2 * page_size * row;
+    page as usize * page_bytes + ((layer * 2 + kv) * page_size + slot as usize) * row
+}
+
+#[test]
+fn rows_a_kernel_writes_on_the_device_count_only_once_committed() {
+    let g = geometry();
+    let (pool, dev) = device_pool(PoolConfig::new(g, 4, 8));
+    let mut seq = pool.reserve(RequestId(5), 6).unwrap();
+    // The "kernel": writes bf16 rows where the slots say.
+    let kernel = |slots: &[(u32, u32)], first: usize| {
+        for (i, &(page, slot)) in slots.iter().enumerate() {
+            for kv in 0..2 {
+                let vals: Vec<u8> = rows(5, 1, kv)
+                    .iter()
+                    .map(|x| half::bf16::from_f32(x + (first + i) as f32))
+                    .flat_map(|b| b.to_le_bytes())
+                    .collect();
+                dev.write(row_offset(g, 4, page, 0, kv, slot), &vals)
+                    .unwrap();
+            }
+        }
+    };
+    let (p0, p1) = (seq.pages()[0].index(), seq.pages()[1].index());
+    let app = seq.device_append(0, 3).unwrap();
+    let slots = app.slots().to_vec();
+    assert_eq!(slots, vec![(p0, 0), (p0, 1), (p0, 2)]);
+    kernel(&slots, 0);
+    app.commit();
+    assert_eq!(seq.written(0), 3);
+    // A launch that failed: dropped uncommitted, nothing counts.
+    let app = seq.device_append(0, 2).unwrap();
+    let slots = app.slots().to_vec();
+    assert_eq!(slots[0], (p0, 3), "continues after the written rows");
+    assert_eq!(slots[1], (p1, 0), "and crosses into the next page");
+    drop(app);
+    assert_eq!(seq.written(0), 3);
+    // Past the reservation (two pages: 8 slots) is refused before any slot is given.
+    assert!(matches!(
+        seq.device_append(0, 6),
+        Err(KvError::BeyondReservation { .. })
+    ));
+    let app = seq.device_append(0, 3).unwrap();
+    let slots = app.slots().to_vec();
+    kernel(&slots, 3);
+    app.commit();
+    let reader = pool.reader();
+    let lv = reader.seq(&seq).unwrap().layer(0).unwrap();
+    assert_eq!(lv.len(), 6);
+    let mut buf = [0f32; 4];
+    for pos in 0..6 {
+        lv.copy_key_f32(pos, &mut buf).unwrap();
+        let want: Vec<f32> = rows(5, 1, 0)
+            .iter()
+            .map(|x| half::bf16::from_f32(x + pos as f32).to_f32())
+            .collect();
+        assert_eq!(buf.to_vec(), want, "pos {pos}");
+    }
+    drop(seq);
+    assert!(pool.stats().is_full());
+    // A host pool writes its own bytes: no kernel may.
+    let host = KvPool::new(PoolConfig::new(g, 4, 8)).unwrap();
+    let mut s = host.reserve(RequestId(6), 4).unwrap();
+    assert!(matches!(
+        s.device_append(0, 1).map(|_| ()),
+        Err(KvError::NotDeviceResident)
+    ));
+}
+
+#[test]
+fn the_cpu_backend_refuses_attention_over_device_pages_instead_of_computing_on_nothing() {
+    let mc = ModelConfig::tiny_gqa();
+    let model = Model::cpu(random_weights(&mc, 3)).unwrap();
+    let cfg = PoolConfig::new(mc.kv_geometry(KvDtype::F32), 8, 8);
+    let pool = KvPool::with_device_pages(
+        cfg,
+        Box::new(StagedHostPages::new(cfg.storage_bytes().unwrap())),
+    )
+    .unwrap();
+    let mut seq = pool.reserve(RequestId(1), 8).unwrap();
+    let mut scratch = model.scratch();
+    let e = model
+        .prefill(&mut scratch, &mut [&mut seq], &[&[1, 2, 3]])
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("device memory"), "{e}");
+    drop(seq);
+    assert!(pool.stats().is_full());
 }

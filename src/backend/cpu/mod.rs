@@ -831,6 +831,7 @@ impl Backend for CpuBackend {
             }
             next_row += span.rows;
             check_view(view, shape, s, span.end_pos())?;
+            host_rows(view)?;
         }
         if next_row != rows {
             return Err(shape_err(
@@ -894,6 +895,7 @@ impl Backend for CpuBackend {
         }
         for (s, view) in kv.iter().enumerate() {
             check_view(view, shape, s, 1)?;
+            host_rows(view)?;
         }
         resize(out, q.len());
         let work = kv
@@ -924,6 +926,20 @@ impl Backend for CpuBackend {
         }
         Ok(())
     }
+}
+
+/// This backend reads KV rows in host memory: a view of device-resident
+/// pages lends none, so attention over it is refused, not computed on
+/// nothing.
+fn host_rows(view: &LayerView<'_>) -> Result<(), BackendError> {
+    if view.residence() == crate::kv::Residence::Host {
+        return Ok(());
+    }
+    Err(BackendError::Unsupported {
+        what: "KV pages in device memory",
+        detail: "(the CPU backend reads KV rows in host memory: build its pool with KvPool::new)"
+            .into(),
+    })
 }
 
 #[cfg(test)]
