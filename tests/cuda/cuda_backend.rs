@@ -20,7 +20,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use handoff::backend::cuda::{CudaBackend, device_for_test};
+use handoff::backend::cuda::{CudaBackend, CudaPages, device_for_test};
 use handoff::kv::{Filling, KvSeq, Ready};
 use handoff::model::{ForwardError, Model, ModelWeights, load_llama2c};
 use handoff::sampling::argmax;
@@ -138,6 +138,37 @@ fn stories260k_greedy_tokens_on_cuda_equal_the_cpu_backends() {
         let _ = writeln!(std::io::stderr(), "page {ps}: cpu {:?}", want[0]);
         assert_eq!(got, want, "page size {ps}: alone");
         // Batched with a second, longer prompt (ragged prefill and decode).
+        let want = greedy(&cpu, &pc, 10, &[a, b], 80);
+        let got = greedy(&gpu, &pg, 10, &[a, b], 80);
+        assert_eq!(got, want, "page size {ps}: batched");
+        assert!(pc.stats().is_full() && pg.stats().is_full());
+    }
+}
+
+/// The first story with the GPU's pool device-resident (`CudaPages`): the
+/// append kernel writes the pool's own pages, attention reads them there,
+/// released pages are poisoned on the device, and no row is ever copied to
+/// the host.
+#[test]
+fn stories260k_greedy_tokens_on_device_resident_pages_equal_the_cpu_backends() {
+    let test = "stories260k_greedy_tokens_on_device_resident_pages_equal_the_cpu_backends";
+    let Some((cpu, gpu)) = models(test) else {
+        return;
+    };
+    let a: &[u32] = &[1];
+    let b: &[u32] = &[
+        1, 403, 407, 261, 378, 426, 271, 385, 280, 264, 280, 261, 300,
+    ];
+    for ps in [1, 16] {
+        let pc = pool(&cpu, ps, 4096 / ps, ScrubPolicy::Zero);
+        let cfg = PoolConfig::new(gpu.kv_geometry(KvDtype::F32), ps, 4096 / ps)
+            .scrub(ScrubPolicy::Poison);
+        let pages = CudaPages::for_pool(gpu.backend().device(), &cfg).unwrap();
+        let pg = KvPool::with_device_pages(cfg, Box::new(pages)).unwrap();
+        let want = greedy(&cpu, &pc, 1, &[a], 120);
+        let got = greedy(&gpu, &pg, 1, &[a], 120);
+        assert_eq!(got, want, "page size {ps}: alone");
+        // Batched, on pages the first run released (poisoned on the device).
         let want = greedy(&cpu, &pc, 10, &[a, b], 80);
         let got = greedy(&gpu, &pg, 10, &[a, b], 80);
         assert_eq!(got, want, "page size {ps}: batched");

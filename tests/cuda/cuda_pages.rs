@@ -12,7 +12,7 @@ fn cuda_pages_keep_every_rule_of_a_pool() {
         return;
     };
     crate::support::device_pages::device_pages_keep_every_rule(&|cfg: PoolConfig| {
-        let pages = CudaPages::alloc(&dev, cfg.storage_bytes().unwrap()).unwrap();
+        let pages = CudaPages::for_pool(&dev, &cfg).unwrap();
         KvPool::with_device_pages(cfg, Box::new(pages)).unwrap()
     });
 }
@@ -39,7 +39,7 @@ fn a_pool_planned_from_free_device_memory_builds_and_more_than_the_device_is_a_t
         .unwrap();
     let bytes = cfg.pool_config().storage_bytes().unwrap();
     assert!(bytes as u64 <= free as u64 / 10);
-    let pages = CudaPages::alloc(&dev, bytes).unwrap();
+    let pages = CudaPages::for_pool(&dev, &cfg.pool_config()).unwrap();
     let pool = KvPool::with_device_pages(cfg.pool_config(), Box::new(pages)).unwrap();
     let (after, _) = dev.memory_info().unwrap();
     assert!(
@@ -48,6 +48,7 @@ fn a_pool_planned_from_free_device_memory_builds_and_more_than_the_device_is_a_t
     );
     drop(pool);
     // More than the device holds is an error to report, not a crash.
-    let e = CudaPages::alloc(&dev, total.saturating_mul(2)).unwrap_err();
+    let huge = handoff::PoolConfig::new(g, 16, total / cfg.bytes_per_page() * 2);
+    let e = CudaPages::for_pool(&dev, &huge).unwrap_err();
     eprintln!("asking for twice the device: {e}");
 }

@@ -17,6 +17,13 @@
 //!   arrived by transfer, for example) is uploaded from the view first. The
 //!   page tables uploaded per step come from those views and are validated
 //!   against the arena again before launch.
+//!
+//! A pool built on [`CudaPages`] (device-resident, #15) needs no mirror: its
+//! bytes are already here. `kv_append` checks the reservation on the host
+//! ([`KvSeq::device_append`]), writes the rows with the append kernel
+//! straight into the pool's pages and then counts them written; attention
+//! builds its page tables from the views against the pool's own arena. The
+//! pool scrubs (or poisons) a page on the device when it is released.
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -24,13 +31,15 @@ use std::sync::Mutex;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::{
-    CudaDevice, CudaError, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS, PageTables,
-    SeqPages, SlotMap, Split,
+    CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
+    PageTables, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
-use crate::kv::{KvPool, KvSeq, LayerView, PageId, PoolId, ScrubPolicy, Writable};
+use crate::kv::{
+    DevicePages, KvPool, KvSeq, LayerView, PageId, PoolId, Residence, ScrubPolicy, Writable,
+};
 
 /// An activation buffer in device memory (grow-only).
 #[derive(Default)]
@@ -204,8 +213,8 @@ impl CudaBackend {
             .map_err(|_| BackendError::Device("KV mirror lock poisoned by a panic".into()))
     }
 
-    /// Checks the views against the mirrored pool and the attention shape,
-    /// syncs what they need, and builds validated page tables.
+    /// Checks the views against the mirrored pool, syncs what they need,
+    /// and builds validated page tables.
     fn tables(
         &self,
         mirror: &mut KvMirror,
@@ -213,16 +222,6 @@ impl CudaBackend {
         lens: &[(usize, usize)],
         shape: AttnShape,
     ) -> Result<PageTables, BackendError> {
-        let g = mirror.arena.geometry();
-        if shape.n_kv_heads != g.n_kv_heads || shape.head_dim != g.head_dim {
-            return Err(shape_err(
-                "attention",
-                "KV heads x head_dim of the pool",
-                g.kv_dim(),
-                shape.kv_dim(),
-            ));
-        }
-        let mut page_lists = Vec::with_capacity(kv.len());
         for (view, &(kv_len, _)) in kv.iter().zip(lens) {
             if view.page_ids().iter().any(|p| p.pool != mirror.pool) {
                 return Err(BackendError::Device(
@@ -231,8 +230,73 @@ impl CudaBackend {
                 ));
             }
             mirror.sync_view(&self.dev, view, kv_len).map_err(dev_err)?;
-            page_lists.push(view.page_table().collect::<Vec<u32>>());
         }
+        self.page_tables(&mirror.arena, kv, lens, shape)
+    }
+
+    /// The pool's own pages, when they are [`CudaPages`] on this device.
+    fn own_pages<'a>(
+        &self,
+        pages: Option<&'a dyn DevicePages>,
+    ) -> Result<&'a CudaPages, BackendError> {
+        let cuda = pages
+            .and_then(|p| p.as_any().downcast_ref::<CudaPages>())
+            .ok_or_else(|| {
+                BackendError::Device(
+                    "a device-resident pool whose pages are not CUDA memory: build it with CudaPages::for_pool"
+                        .into(),
+                )
+            })?;
+        if !cuda.device().same(&self.dev) {
+            return Err(BackendError::Device(
+                "a pool on another device (or context): build it with this backend's device".into(),
+            ));
+        }
+        Ok(cuda)
+    }
+
+    /// The device-resident pool the views read, when they read one: each
+    /// view must be of that same pool.
+    fn views_pages<'a>(&self, kv: &[LayerView<'a>]) -> Result<Option<&'a CudaPages>, BackendError> {
+        let Some(first) = kv.first().and_then(|v| v.device_pages()) else {
+            return match kv.iter().any(|v| v.residence() == Residence::Device) {
+                true => Err(BackendError::Device(
+                    "views of pools in host and device memory in one batch".into(),
+                )),
+                false => Ok(None),
+            };
+        };
+        let same = |v: &LayerView<'_>| {
+            v.device_pages().is_some_and(|p| {
+                std::ptr::addr_eq(p as *const dyn DevicePages, first as *const dyn DevicePages)
+            })
+        };
+        if !kv.iter().all(same) {
+            return Err(BackendError::Device(
+                "views of more than one pool in one batch".into(),
+            ));
+        }
+        self.own_pages(Some(first)).map(Some)
+    }
+
+    /// Validated page tables of the views' pages in `arena`.
+    fn page_tables(
+        &self,
+        arena: &DeviceKvArena,
+        kv: &[LayerView<'_>],
+        lens: &[(usize, usize)],
+        shape: AttnShape,
+    ) -> Result<PageTables, BackendError> {
+        let g = arena.geometry();
+        if shape.n_kv_heads != g.n_kv_heads || shape.head_dim != g.head_dim {
+            return Err(shape_err(
+                "attention",
+                "KV heads x head_dim of the pool",
+                g.kv_dim(),
+                shape.kv_dim(),
+            ));
+        }
+        let page_lists: Vec<Vec<u32>> = kv.iter().map(|v| v.page_table().collect()).collect();
         let seqs: Vec<SeqPages<'_>> = page_lists
             .iter()
             .zip(lens)
@@ -242,7 +306,7 @@ impl CudaBackend {
                 q_len,
             })
             .collect();
-        PageTables::new(&self.dev, &mirror.arena, &seqs).map_err(dev_err)
+        PageTables::new(&self.dev, arena, &seqs).map_err(dev_err)
     }
 }
 
@@ -262,6 +326,11 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    /// Host pools (mirrored) and device-resident pools on [`CudaPages`].
+    fn accepts_kv(&self, _r: Residence) -> bool {
+        true
     }
 
     fn supports(&self, s: AttnShape) -> Result<(), BackendError> {
@@ -455,6 +524,20 @@ impl Backend for CudaBackend {
         let elems = rows.start * kvd..rows.end * kvd;
         let k_rows = k.view()?.slice(elems.clone());
         let v_rows = v.view()?.slice(elems);
+        if pool.residence() == Residence::Device {
+            // The reservation on the host, the rows by the kernel into the
+            // pool's own pages, then the count: nothing is readable before
+            // the launch that writes it is enqueued.
+            let cuda = self.own_pages(pool.device_pages())?;
+            let append = seq.device_append(layer, rows.len())?;
+            let mut arena = cuda.arena();
+            let map = SlotMap::new(&self.dev, &arena, append.slots()).map_err(dev_err)?;
+            self.dev
+                .kv_append(&mut arena, layer, &map, &k_rows, &v_rows)
+                .map_err(dev_err)?;
+            append.commit();
+            return Ok(());
+        }
         // Host first: reservation check, accounting, audit trail, host bytes.
         let k_host = self.dev.download(&k_rows).map_err(dev_err)?;
         let v_host = self.dev.download(&v_rows).map_err(dev_err)?;
@@ -549,6 +632,22 @@ impl Backend for CudaBackend {
                 next_row,
             ));
         }
+        if let Some(cuda) = self.views_pages(kv)? {
+            let arena = cuda.arena();
+            let tables = self.page_tables(&arena, kv, &lens, shape)?;
+            out.ensure(&self.dev, q.len)?;
+            return self
+                .dev
+                .prefill_attention(
+                    &arena,
+                    kv[0].layer_index(),
+                    &tables,
+                    shape.n_heads,
+                    &q.view()?,
+                    &mut out.view_mut()?,
+                )
+                .map_err(dev_err);
+        }
         let mut guard = self.mirror()?;
         let mirror = guard.as_mut().ok_or_else(|| {
             BackendError::Device("attention before any KV append on this backend".into())
@@ -596,6 +695,30 @@ impl Backend for CudaBackend {
                 0,
             ));
         }
+        let mut ws = self
+            .workspace
+            .lock()
+            .map_err(|_| BackendError::Device("decode workspace lock poisoned".into()))?;
+        if let Some(cuda) = self.views_pages(kv)? {
+            let arena = cuda.arena();
+            let tables = self.page_tables(&arena, kv, &lens, shape)?;
+            out.ensure(&self.dev, q.len)?;
+            return self
+                .dev
+                .decode_attention(
+                    &arena,
+                    kv[0].layer_index(),
+                    &tables,
+                    shape.n_heads,
+                    &q.view()?,
+                    &mut out.view_mut()?,
+                    &mut ws,
+                    Split::Auto,
+                )
+                .map(drop)
+                .map_err(dev_err);
+        }
+        drop(ws);
         let mut guard = self.mirror()?;
         let mirror = guard.as_mut().ok_or_else(|| {
             BackendError::Device("attention before any KV append on this backend".into())

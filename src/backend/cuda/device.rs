@@ -109,6 +109,12 @@ impl CudaDevice {
         })
     }
 
+    /// True when both handles are the same opened device (one context and
+    /// stream): memory of one is only for the other's kernels then.
+    pub fn same(&self, other: &CudaDevice) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The device's name, e.g. "NVIDIA H200".
     pub fn name(&self) -> &str {
         &self.inner.name

@@ -5,20 +5,19 @@
 //! on the device's one stream, so a kernel launched after a scrub reads
 //! the scrubbed page, and each call waits for its copy to finish.
 
-use cudarc::driver::CudaSlice;
-
-use super::{CudaDevice, CudaError};
-use crate::kv::{DeviceError, DevicePages};
+use super::{CudaDevice, CudaError, DeviceKvArena};
+use crate::kv::{DeviceError, DevicePages, PoolConfig};
 
 /// How many bytes of a fill pattern are uploaded at a time.
 const FILL_CHUNK: usize = 1 << 20;
 
-/// Page bytes in device memory.
+/// Page bytes in device memory, as a [`DeviceKvArena`] the backend's
+/// kernels index through validated page tables.
 pub struct CudaPages {
     dev: CudaDevice,
-    /// The bytes; the lock orders the pool's copies on the host side (the
-    /// stream orders them on the device).
-    data: parking_lot::Mutex<CudaSlice<u8>>,
+    /// The arena; the lock orders the pool's copies and the backend's
+    /// launches on the host side (the stream orders them on the device).
+    arena: parking_lot::Mutex<DeviceKvArena>,
     len: usize,
 }
 
@@ -32,15 +31,28 @@ impl std::fmt::Debug for CudaPages {
 }
 
 impl CudaPages {
-    /// `len` bytes of device memory (for a pool: its config's
-    /// [`crate::kv::PoolConfig::storage_bytes`]); the pool scrubs them
-    /// before handing out a page.
-    pub fn alloc(dev: &CudaDevice, len: usize) -> Result<Self, CudaError> {
+    /// Device memory for a pool of `cfg` (its geometry, page size and
+    /// pages; see [`crate::kv::KvPool::with_device_pages`]). Out of device
+    /// memory is an error, never a panic.
+    pub fn for_pool(dev: &CudaDevice, cfg: &PoolConfig) -> Result<Self, CudaError> {
+        let arena = DeviceKvArena::new(dev, cfg.geometry(), cfg.page_size(), cfg.pages())?;
+        let len = arena.page_bytes() * arena.pages();
         Ok(CudaPages {
             dev: dev.clone(),
-            data: parking_lot::Mutex::new(dev.zeros::<u8>(len.max(1))?),
+            arena: parking_lot::Mutex::new(arena),
             len,
         })
+    }
+
+    /// The device the pages are on.
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// The arena, for a launch (held for as long as the launch is
+    /// enqueued).
+    pub(super) fn arena(&self) -> parking_lot::MutexGuard<'_, DeviceKvArena> {
+        self.arena.lock()
     }
 
     fn err(&self, what: String, e: impl std::fmt::Display) -> DeviceError {
@@ -76,8 +88,8 @@ impl DevicePages for CudaPages {
             return Ok(());
         }
         let what = || format!("write of {} bytes at {at}", src.len());
-        let mut data = self.data.lock();
-        let mut dst = data.slice_mut(r);
+        let mut arena = self.arena.lock();
+        let mut dst = arena.data.slice_mut(r);
         self.dev
             .stream()
             .memcpy_htod(src, &mut dst)
@@ -92,8 +104,8 @@ impl DevicePages for CudaPages {
             return Ok(());
         }
         let what = format!("read of {} bytes at {at}", dst.len());
-        let data = self.data.lock();
-        let src = data.slice(r);
+        let arena = self.arena.lock();
+        let src = arena.data.slice(r);
         self.dev
             .stream()
             .memcpy_dtoh(&src, dst)
@@ -110,10 +122,10 @@ impl DevicePages for CudaPages {
         if r.is_empty() {
             return Ok(());
         }
-        let mut data = self.data.lock();
+        let mut arena = self.arena.lock();
         let stream = self.dev.stream();
         if element.iter().all(|&b| b == 0) {
-            let mut dst = data.slice_mut(r);
+            let mut dst = arena.data.slice_mut(r);
             stream
                 .memset_zeros(&mut dst)
                 .map_err(|e| self.err(what(), e))?;
@@ -130,7 +142,7 @@ impl DevicePages for CudaPages {
             let mut off = r.start;
             while off < r.end {
                 let n = pattern.len().min(r.end - off);
-                let mut dst = data.slice_mut(off..off + n);
+                let mut dst = arena.data.slice_mut(off..off + n);
                 stream
                     .memcpy_htod(&pattern[..n], &mut dst)
                     .map_err(|e| self.err(what(), e))?;
@@ -142,5 +154,9 @@ impl DevicePages for CudaPages {
 
     fn device_name(&self) -> String {
         self.dev.name().to_string()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
