@@ -9,7 +9,7 @@
 //! prefill with an abort and never becomes a placeholder. After each story
 //! both pools are back to full capacity with nothing held. The in-process
 //! and authenticated TCP suites run again with both pools' pages in
-//! (staged) device memory.
+//! (staged) device memory, and so does NIXL's where it runs.
 
 use crate::support;
 
@@ -63,6 +63,12 @@ fn in_process_transport_conforms_with_device_resident_pages() {
 #[test]
 fn authenticated_tcp_transport_conforms_with_device_resident_pages() {
     support::with_device_pages(|| conformance(TcpAuth));
+}
+
+// NIXL reads host pages in place; device-resident pages it stages.
+#[test]
+fn nixl_transport_conforms_with_device_resident_pages() {
+    support::with_device_pages(|| on_nixl!(conformance));
 }
 
 fn kv_arrives_intact_across_page_sizes_and_dtypes<T: Transfer>(t: T) {
