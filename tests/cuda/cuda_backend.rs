@@ -118,62 +118,55 @@ fn greedy<B: handoff::backend::Backend>(
     out
 }
 
+/// Greedy tokens on the GPU equal the CPU's at page sizes 1 and 16, alone
+/// and batched with a longer prompt (ragged prefill and decode), the
+/// second run on pages the first released; `gpu_pool(page_size)` builds
+/// the GPU's pool.
+fn greedy_equals_cpu(cpu: &Model, gpu: &Model<CudaBackend>, gpu_pool: impl Fn(usize) -> KvPool) {
+    let a: &[u32] = &[1];
+    let b: &[u32] = &[
+        1, 403, 407, 261, 378, 426, 271, 385, 280, 264, 280, 261, 300,
+    ];
+    for ps in [1, 16] {
+        let (pc, pg) = (pool(cpu, ps, 4096 / ps, ScrubPolicy::Zero), gpu_pool(ps));
+        let want = greedy(cpu, &pc, 1, &[a], 120);
+        let got = greedy(gpu, &pg, 1, &[a], 120);
+        let _ = writeln!(std::io::stderr(), "page {ps}: cpu {:?}", want[0]);
+        assert_eq!(got, want, "page size {ps}: alone");
+        let want = greedy(cpu, &pc, 10, &[a, b], 80);
+        let got = greedy(gpu, &pg, 10, &[a, b], 80);
+        assert_eq!(got, want, "page size {ps}: batched");
+        assert!(pc.stats().is_full() && pg.stats().is_full());
+    }
+}
+
 #[test]
 fn stories260k_greedy_tokens_on_cuda_equal_the_cpu_backends() {
     let test = "stories260k_greedy_tokens_on_cuda_equal_the_cpu_backends";
     let Some((cpu, gpu)) = models(test) else {
         return;
     };
-    let a: &[u32] = &[1];
-    let b: &[u32] = &[
-        1, 403, 407, 261, 378, 426, 271, 385, 280, 264, 280, 261, 300,
-    ];
-    for ps in [1, 16] {
-        let (pc, pg) = (
-            pool(&cpu, ps, 4096 / ps, ScrubPolicy::Zero),
-            pool(&gpu, ps, 4096 / ps, ScrubPolicy::Poison),
-        );
-        let want = greedy(&cpu, &pc, 1, &[a], 120);
-        let got = greedy(&gpu, &pg, 1, &[a], 120);
-        let _ = writeln!(std::io::stderr(), "page {ps}: cpu {:?}", want[0]);
-        assert_eq!(got, want, "page size {ps}: alone");
-        // Batched with a second, longer prompt (ragged prefill and decode).
-        let want = greedy(&cpu, &pc, 10, &[a, b], 80);
-        let got = greedy(&gpu, &pg, 10, &[a, b], 80);
-        assert_eq!(got, want, "page size {ps}: batched");
-        assert!(pc.stats().is_full() && pg.stats().is_full());
-    }
+    greedy_equals_cpu(&cpu, &gpu, |ps| {
+        pool(&gpu, ps, 4096 / ps, ScrubPolicy::Poison)
+    });
 }
 
-/// The first story with the GPU's pool device-resident (`CudaPages`): the
-/// append kernel writes the pool's own pages, attention reads them there,
-/// released pages are poisoned on the device, and no row is ever copied to
-/// the host.
+/// The same with the GPU's pool device-resident (`CudaPages`): the append
+/// kernel writes the pool's own pages, attention reads them there,
+/// released pages are poisoned on the device, and no row is copied to the
+/// host.
 #[test]
 fn stories260k_greedy_tokens_on_device_resident_pages_equal_the_cpu_backends() {
     let test = "stories260k_greedy_tokens_on_device_resident_pages_equal_the_cpu_backends";
     let Some((cpu, gpu)) = models(test) else {
         return;
     };
-    let a: &[u32] = &[1];
-    let b: &[u32] = &[
-        1, 403, 407, 261, 378, 426, 271, 385, 280, 264, 280, 261, 300,
-    ];
-    for ps in [1, 16] {
-        let pc = pool(&cpu, ps, 4096 / ps, ScrubPolicy::Zero);
+    greedy_equals_cpu(&cpu, &gpu, |ps| {
         let cfg = PoolConfig::new(gpu.kv_geometry(KvDtype::F32), ps, 4096 / ps)
             .scrub(ScrubPolicy::Poison);
         let pages = CudaPages::for_pool(gpu.backend().device(), &cfg).unwrap();
-        let pg = KvPool::with_device_pages(cfg, Box::new(pages)).unwrap();
-        let want = greedy(&cpu, &pc, 1, &[a], 120);
-        let got = greedy(&gpu, &pg, 1, &[a], 120);
-        assert_eq!(got, want, "page size {ps}: alone");
-        // Batched, on pages the first run released (poisoned on the device).
-        let want = greedy(&cpu, &pc, 10, &[a, b], 80);
-        let got = greedy(&gpu, &pg, 10, &[a, b], 80);
-        assert_eq!(got, want, "page size {ps}: batched");
-        assert!(pc.stats().is_full() && pg.stats().is_full());
-    }
+        KvPool::with_device_pages(cfg, Box::new(pages)).unwrap()
+    });
 }
 
 #[test]

@@ -234,6 +234,29 @@ impl CudaBackend {
         self.page_tables(&mirror.arena, kv, lens, shape)
     }
 
+    /// Runs `f` on the arena the views' pages are in, with validated page
+    /// tables: a device-resident pool's own arena, or the mirror (synced
+    /// first) of a pool in host memory.
+    fn with_arena<R>(
+        &self,
+        kv: &[LayerView<'_>],
+        lens: &[(usize, usize)],
+        shape: AttnShape,
+        f: impl FnOnce(&DeviceKvArena, &PageTables) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        if let Some(cuda) = self.views_pages(kv)? {
+            let arena = cuda.arena();
+            let tables = self.page_tables(&arena, kv, lens, shape)?;
+            return f(&arena, &tables);
+        }
+        let mut guard = self.mirror()?;
+        let mirror = guard.as_mut().ok_or_else(|| {
+            BackendError::Device("attention before any KV append on this backend".into())
+        })?;
+        let tables = self.tables(mirror, kv, lens, shape)?;
+        f(&mirror.arena, &tables)
+    }
+
     /// The pool's own pages, when they are [`CudaPages`] on this device.
     fn own_pages<'a>(
         &self,
@@ -632,38 +655,19 @@ impl Backend for CudaBackend {
                 next_row,
             ));
         }
-        if let Some(cuda) = self.views_pages(kv)? {
-            let arena = cuda.arena();
-            let tables = self.page_tables(&arena, kv, &lens, shape)?;
-            out.ensure(&self.dev, q.len)?;
-            return self
-                .dev
+        out.ensure(&self.dev, q.len)?;
+        self.with_arena(kv, &lens, shape, |arena, tables| {
+            self.dev
                 .prefill_attention(
-                    &arena,
+                    arena,
                     kv[0].layer_index(),
-                    &tables,
+                    tables,
                     shape.n_heads,
                     &q.view()?,
                     &mut out.view_mut()?,
                 )
-                .map_err(dev_err);
-        }
-        let mut guard = self.mirror()?;
-        let mirror = guard.as_mut().ok_or_else(|| {
-            BackendError::Device("attention before any KV append on this backend".into())
-        })?;
-        let tables = self.tables(mirror, kv, &lens, shape)?;
-        out.ensure(&self.dev, q.len)?;
-        self.dev
-            .prefill_attention(
-                &mirror.arena,
-                kv[0].layer_index(),
-                &tables,
-                shape.n_heads,
-                &q.view()?,
-                &mut out.view_mut()?,
-            )
-            .map_err(dev_err)
+                .map_err(dev_err)
+        })
     }
 
     fn attention_decode(
@@ -695,20 +699,17 @@ impl Backend for CudaBackend {
                 0,
             ));
         }
+        out.ensure(&self.dev, q.len)?;
         let mut ws = self
             .workspace
             .lock()
             .map_err(|_| BackendError::Device("decode workspace lock poisoned".into()))?;
-        if let Some(cuda) = self.views_pages(kv)? {
-            let arena = cuda.arena();
-            let tables = self.page_tables(&arena, kv, &lens, shape)?;
-            out.ensure(&self.dev, q.len)?;
-            return self
-                .dev
+        self.with_arena(kv, &lens, shape, |arena, tables| {
+            self.dev
                 .decode_attention(
-                    &arena,
+                    arena,
                     kv[0].layer_index(),
-                    &tables,
+                    tables,
                     shape.n_heads,
                     &q.view()?,
                     &mut out.view_mut()?,
@@ -716,31 +717,7 @@ impl Backend for CudaBackend {
                     Split::Auto,
                 )
                 .map(drop)
-                .map_err(dev_err);
-        }
-        drop(ws);
-        let mut guard = self.mirror()?;
-        let mirror = guard.as_mut().ok_or_else(|| {
-            BackendError::Device("attention before any KV append on this backend".into())
-        })?;
-        let tables = self.tables(mirror, kv, &lens, shape)?;
-        out.ensure(&self.dev, q.len)?;
-        let mut ws = self
-            .workspace
-            .lock()
-            .map_err(|_| BackendError::Device("decode workspace lock poisoned".into()))?;
-        self.dev
-            .decode_attention(
-                &mirror.arena,
-                kv[0].layer_index(),
-                &tables,
-                shape.n_heads,
-                &q.view()?,
-                &mut out.view_mut()?,
-                &mut ws,
-                Split::Auto,
-            )
-            .map(drop)
-            .map_err(dev_err)
+                .map_err(dev_err)
+        })
     }
 }
