@@ -175,13 +175,36 @@ fn poison_mode_no_nan_reaches_logits_after_cancels_and_failures() {
     let Some((cpu, gpu)) = models(test) else {
         return;
     };
+    let gpu_pool = pool(&gpu, 16, 24, ScrubPolicy::Poison);
+    no_nan_after_cancels_and_failures(&cpu, &gpu, gpu_pool);
+}
+
+/// The same with the pool's pages in device memory (`CudaPages`): the
+/// poison is written on the device when a page is released, and the
+/// kernels read the pool's own pages.
+#[test]
+fn poison_mode_on_device_resident_pages_no_nan_reaches_logits() {
+    let test = "poison_mode_on_device_resident_pages_no_nan_reaches_logits";
+    let Some((cpu, gpu)) = models(test) else {
+        return;
+    };
+    let cfg = PoolConfig::new(gpu.kv_geometry(KvDtype::F32), 16, 24).scrub(ScrubPolicy::Poison);
+    let pages = CudaPages::for_pool(gpu.backend().device(), &cfg).unwrap();
+    let gpu_pool = KvPool::with_device_pages(cfg, Box::new(pages)).unwrap();
+    no_nan_after_cancels_and_failures(&cpu, &gpu, gpu_pool);
+}
+
+/// A workload with cancelled requests, refused requests and abandoned
+/// half-written KV on `pool`, a small poisoned GPU pool whose freed pages
+/// are handed out again: no logit is ever NaN, the uninterrupted request
+/// generates what it generates alone on the CPU, and the pool is full at
+/// the end.
+fn no_nan_after_cancels_and_failures(cpu: &Model, gpu: &Model<CudaBackend>, pool: KvPool) {
     // What request A generates alone, undisturbed, on the CPU.
     let prompt_a: &[u32] = &[1, 403, 407, 261];
-    let cpu_pool = pool(&cpu, 16, 64, ScrubPolicy::Zero);
-    let want_a = greedy(&cpu, &cpu_pool, 1, &[prompt_a], 60).remove(0);
+    let cpu_pool = self::pool(cpu, 16, 64, ScrubPolicy::Zero);
+    let want_a = greedy(cpu, &cpu_pool, 1, &[prompt_a], 60).remove(0);
 
-    // A small poisoned pool, so that freed pages are handed out again.
-    let pool = pool(&gpu, 16, 24, ScrubPolicy::Poison);
     let mut scratch = gpu.scratch();
     let finite = |rows: &mut dyn Iterator<Item = &[f32]>, when: &str| {
         for r in rows {
