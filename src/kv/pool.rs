@@ -11,7 +11,7 @@ use crate::kv::cache_index::CacheIndex;
 use crate::kv::device::{DevicePages, Residence};
 use crate::kv::page::{PageEntry, PageState, PoolId};
 use crate::kv::seq::{Filling, KvSeq, Received, SeqState};
-use crate::kv::storage::{DeviceOrMemory, Storage, prefetch};
+use crate::kv::storage::{Storage, prefetch};
 use crate::kv::{KvError, KvGeometry, KvReader, PageId, PoolError};
 
 /// What happens to a page's bytes when it returns to the pool.
@@ -203,11 +203,7 @@ impl KvPool {
                 need,
             });
         }
-        let storage = Storage::on_device(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit, pages)
-            .map_err(|e| match e {
-                DeviceOrMemory::Device(e) => PoolError::Device(e),
-                DeviceOrMemory::Memory(bytes) => PoolError::OutOfMemory { bytes },
-            })?;
+        let storage = Storage::on_device(cfg.geometry, cfg.page_size, cfg.pages, cfg.audit, pages)?;
         Ok(Self::with_storage(cfg, storage))
     }
 

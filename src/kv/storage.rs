@@ -3,7 +3,7 @@
 //! raw-buffer layer for KV bytes.
 //!
 //! Host bytes are handed out in place ([`PagesRead::rows`]); device bytes
-//! only as staged copies of one run of rows ([`PagesRead::with_rows`],
+//! only as staged copies of one run of rows ([`PagesRead::rows_bytes`],
 //! [`PagesWrite::write_rows`]), so that every path the pool itself takes
 //! (appends, transfers, checksums, scrubs) works on both. A device access
 //! that fails marks the storage failed: the pool then hands out no page.
@@ -48,7 +48,7 @@ use crate::kv::PageId;
 use crate::kv::device::{DeviceError, DevicePages, Residence};
 use crate::kv::pool::Meta;
 use crate::kv::seq::{KvSeq, SeqState};
-use crate::kv::{KvDtype, KvError, KvGeometry};
+use crate::kv::{KvDtype, KvError, KvGeometry, PoolError};
 
 /// A stored KV element type.
 pub trait KvElem: Copy + Send + Sync + bytemuck::Pod + 'static {
@@ -264,13 +264,13 @@ impl Storage {
         pages: usize,
         audit: bool,
         dev: Box<dyn DevicePages>,
-    ) -> Result<Self, DeviceOrMemory> {
+    ) -> Result<Self, PoolError> {
         let len = Self::bytes_for(&geometry, page_size, pages);
         let esz = geometry.dtype.size_bytes();
         dev.fill(0, len, &vec![0u8; esz])
-            .map_err(DeviceOrMemory::Device)?;
+            .map_err(PoolError::Device)?;
         Self::with_bytes(geometry, page_size, pages, audit, Bytes::Device(dev))
-            .map_err(DeviceOrMemory::Memory)
+            .map_err(|bytes| PoolError::OutOfMemory { bytes })
     }
 
     /// Bytes of `pages` pages (the pool has checked that it does not
@@ -826,11 +826,10 @@ impl PagesWrite<'_> {
         scratch: &mut Vec<u8>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<bool, KvError> {
-        if let Some(dst) = self.rows_mut(i, layer, kv, slot, n) {
-            fill(dst);
-            return Ok(true);
-        }
         let st = self.read.st;
+        if st.residence() == Residence::Host {
+            return Ok(self.rows_mut(i, layer, kv, slot, n).map(fill).is_some());
+        }
         let Some(off) = self
             .read
             .page(i)
@@ -838,9 +837,6 @@ impl PagesWrite<'_> {
         else {
             return Ok(false);
         };
-        if st.residence() == Residence::Host {
-            return Ok(false);
-        }
         scratch.clear();
         scratch.resize(n * st.row_bytes(), 0);
         fill(scratch);
@@ -871,22 +867,6 @@ impl PagesWrite<'_> {
         v: &[f32],
         writer: u64,
     ) -> Result<(), KvError> {
-        fn put<T: KvElem>(dst: &mut [u8], src: &[f32]) {
-            // The arena is aligned for every dtype, so the typed view exists;
-            // the byte loop only keeps this total.
-            match bytemuck::try_cast_slice_mut::<u8, T>(dst) {
-                Ok(d) => {
-                    for (d, s) in d.iter_mut().zip(src) {
-                        *d = T::from_f32(*s);
-                    }
-                }
-                Err(_) => {
-                    for (d, s) in dst.chunks_exact_mut(std::mem::size_of::<T>()).zip(src) {
-                        d.copy_from_slice(bytemuck::bytes_of(&T::from_f32(*s)));
-                    }
-                }
-            }
-        }
         let st = self.read.st;
         let kvd = st.geometry.kv_dim();
         let n = k.len() / kvd.max(1);
@@ -903,29 +883,24 @@ impl PagesWrite<'_> {
             return Ok(());
         };
         st.track(page, true);
-        if st.residence() == Residence::Device {
-            let mut staged = Vec::with_capacity(k.len() * st.geometry.dtype.size_bytes());
-            for (off, src) in [(ko, k), (vo, v)] {
-                staged.clear();
-                f32_to_bytes(st.geometry.dtype, src, &mut staged);
+        let (dtype, device) = (st.geometry.dtype, st.residence() == Residence::Device);
+        // Device rows are converted here and copied over (no allocation on
+        // the host path).
+        let mut staged = Vec::new();
+        for (off, src) in [(ko, k), (vo, v)] {
+            if device {
+                staged.resize(src.len() * dtype.size_bytes(), 0);
+                store_f32(dtype, &mut staged, src);
                 // SAFETY: in range (both offsets checked for `n` rows); a
                 // private page of the sequence borrowed mutably for this
                 // writer's life.
                 unsafe { st.write_from(off, &staged) }?;
-            }
-            st.record_writers(page, layer, slot, n, writer);
-            return Ok(());
-        }
-        for (off, src) in [(ko, k), (vo, v)] {
-            // SAFETY: in range (both offsets checked for `n` rows); the page
-            // is a private page of the sequence borrowed mutably for this
-            // writer's life, and `&mut self` makes these rows the only live
-            // reference into it.
-            let dst = unsafe { st.bytes_mut(off, src.len()) };
-            match st.geometry.dtype {
-                KvDtype::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-                KvDtype::F16 => put::<f16>(dst, src),
-                KvDtype::BF16 => put::<bf16>(dst, src),
+            } else {
+                // SAFETY: in range (both offsets checked for `n` rows); the
+                // page is a private page of the sequence borrowed mutably for
+                // this writer's life, and `&mut self` makes these rows the
+                // only live reference into it.
+                store_f32(dtype, unsafe { st.bytes_mut(off, src.len()) }, src);
             }
         }
         st.record_writers(page, layer, slot, n, writer);
@@ -993,17 +968,29 @@ pub(crate) fn bytes_to_f32(dtype: KvDtype, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Appends f32 values converted to the storage dtype's bytes.
-fn f32_to_bytes(dtype: KvDtype, src: &[f32], out: &mut Vec<u8>) {
-    fn conv<T: KvElem>(src: &[f32], out: &mut Vec<u8>) {
-        for &x in src {
-            out.extend_from_slice(bytemuck::bytes_of(&T::from_f32(x)));
+/// Writes f32 values converted to the storage dtype into `dst` (one
+/// element's bytes per value).
+fn store_f32(dtype: KvDtype, dst: &mut [u8], src: &[f32]) {
+    fn put<T: KvElem>(dst: &mut [u8], src: &[f32]) {
+        // The arena is aligned for every dtype, so the typed view exists
+        // there; a staging buffer may not be, hence the byte loop.
+        match bytemuck::try_cast_slice_mut::<u8, T>(dst) {
+            Ok(d) => {
+                for (d, s) in d.iter_mut().zip(src) {
+                    *d = T::from_f32(*s);
+                }
+            }
+            Err(_) => {
+                for (d, s) in dst.chunks_exact_mut(std::mem::size_of::<T>()).zip(src) {
+                    d.copy_from_slice(bytemuck::bytes_of(&T::from_f32(*s)));
+                }
+            }
         }
     }
     match dtype {
-        KvDtype::F32 => out.extend_from_slice(bytemuck::cast_slice(src)),
-        KvDtype::F16 => conv::<f16>(src, out),
-        KvDtype::BF16 => conv::<bf16>(src, out),
+        KvDtype::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
+        KvDtype::F16 => put::<f16>(dst, src),
+        KvDtype::BF16 => put::<bf16>(dst, src),
     }
 }
 
@@ -1024,12 +1011,4 @@ fn fill_page(dtype: KvDtype, bytes: &mut [u8], poison: bool) {
         KvDtype::F16 => fill::<f16>(bytes, poison),
         KvDtype::BF16 => fill::<bf16>(bytes, poison),
     }
-}
-
-/// Why device storage could not be set up.
-pub(crate) enum DeviceOrMemory {
-    /// The device refused the initial scrub.
-    Device(DeviceError),
-    /// The host could not allocate the audit trail (bytes).
-    Memory(usize),
 }

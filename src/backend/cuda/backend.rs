@@ -282,12 +282,12 @@ impl CudaBackend {
     /// view must be of that same pool.
     fn views_pages<'a>(&self, kv: &[LayerView<'a>]) -> Result<Option<&'a CudaPages>, BackendError> {
         let Some(first) = kv.first().and_then(|v| v.device_pages()) else {
-            return match kv.iter().any(|v| v.residence() == Residence::Device) {
-                true => Err(BackendError::Device(
+            if kv.iter().any(|v| v.residence() == Residence::Device) {
+                return Err(BackendError::Device(
                     "views of pools in host and device memory in one batch".into(),
-                )),
-                false => Ok(None),
-            };
+                ));
+            }
+            return Ok(None);
         };
         let same = |v: &LayerView<'_>| {
             v.device_pages().is_some_and(|p| {
