@@ -25,15 +25,15 @@ pub(crate) fn attend_row(
         let mut s = s.borrow_mut();
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma if crate::backend::cpu::x86::has_hd8_kernel(shape) => {
+            Isa::Avx2Fma | Isa::Avx512 if crate::backend::cpu::x86::has_hd8_kernel(shape) => {
                 // SAFETY: as below (AVX2 and FMA were detected).
                 unsafe {
                     crate::backend::cpu::x86::attend_row_hd8(q, kv, n_keys, shape, out, &mut s)
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma => {
-                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+            Isa::Avx2Fma | Isa::Avx512 => {
+                // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the
                 // CPU reported AVX2 and FMA (see `Isa::detect`).
                 unsafe { crate::backend::cpu::x86::attend_row(q, kv, n_keys, shape, out, &mut s) }
             }

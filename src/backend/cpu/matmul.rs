@@ -53,8 +53,8 @@ fn matmul_cols_of<W: Elem>(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => {
-            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        Isa::Avx2Fma | Isa::Avx512 => {
+            // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2 and FMA (`CpuBackend::build` validates it).
             unsafe {
                 crate::backend::cpu::x86::matmul_cols(x, m, k, w, cols, out, row_stride, col_stride)
@@ -102,8 +102,8 @@ pub(crate) fn matmul_packed(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => {
-            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        Isa::Avx2Fma | Isa::Avx512 => {
+            // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2 and FMA (`CpuBackend::build` validates it).
             unsafe { crate::backend::cpu::x86::matmul_packed(x, m, k, packed, n, out) }
         }

@@ -15,6 +15,8 @@ mod quant;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;
+#[cfg(target_arch = "x86_64")]
+mod x86_quant512;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -163,6 +165,11 @@ pub enum Isa {
     /// AVX2 with fused multiply-add (x86-64 CPUs since ~2013), and F16C
     /// (which every such CPU has) to widen f16 weights.
     Avx2Fma,
+    /// Everything of [`Isa::Avx2Fma`], and AVX-512 (F, BW, DQ, VL): the
+    /// quantized decode kernels (Q8_0 and Q4_1, one to eight activation
+    /// rows) run 16 lanes wide, two weight rows at once. The same bits as
+    /// `Avx2Fma`: each lane does the same operations in the same order.
+    Avx512,
 }
 
 impl Isa {
@@ -173,6 +180,13 @@ impl Isa {
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
+                return Isa::Avx512;
+            }
             return Isa::Avx2Fma;
         }
         Isa::Portable
@@ -180,11 +194,17 @@ impl Isa {
 
     /// Every instruction set this CPU supports.
     pub fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Portable];
-        if Isa::detect() == Isa::Avx2Fma {
-            v.push(Isa::Avx2Fma);
+        match Isa::detect() {
+            Isa::Portable => vec![Isa::Portable],
+            Isa::Avx2Fma => vec![Isa::Portable, Isa::Avx2Fma],
+            Isa::Avx512 => vec![Isa::Portable, Isa::Avx2Fma, Isa::Avx512],
         }
-        v
+    }
+
+    /// Whether the AVX2, FMA and F16C kernels may run (a backend holds
+    /// such an `Isa` only after the CPU reported those features).
+    pub(crate) fn avx2(self) -> bool {
+        matches!(self, Isa::Avx2Fma | Isa::Avx512)
     }
 }
 
@@ -489,8 +509,8 @@ impl Backend for CpuBackend {
         if data.len() != want {
             return Err(shape_err("upload", "rows * cols", want, data.len()));
         }
-        let packed = (self.isa == Isa::Avx2Fma && matmul::packs(rows, cols))
-            .then(|| matmul::pack(&data, rows, cols));
+        let packed =
+            (self.isa.avx2() && matmul::packs(rows, cols)).then(|| matmul::pack(&data, rows, cols));
         let compact = self.compact_weights && packed.is_none() && rows > 1;
         let data = if !compact {
             Stored::F32(shrunk(data))
@@ -511,13 +531,15 @@ impl Backend for CpuBackend {
 
     fn upload_quant(&self, q: QuantMatrix) -> Result<CpuMat, BackendError> {
         let (rows, cols) = (q.rows(), q.cols());
-        if self.isa == Isa::Avx2Fma && matmul::packs(rows, cols) {
+        if self.isa.avx2() && matmul::packs(rows, cols) {
             // Short dot products run from packed f32 panels.
             return self.upload(q.dequantize(), rows, cols);
         }
         // The AVX2 kernels read Q8_0 and Q4_1 with their scales split out.
         let data = match self.isa {
-            Isa::Avx2Fma => quant::SplitQuant::split(q).map_or_else(Stored::Quant, Stored::Split),
+            Isa::Avx2Fma | Isa::Avx512 => {
+                quant::SplitQuant::split(q).map_or_else(Stored::Quant, Stored::Split)
+            }
             Isa::Portable => Stored::Quant(q),
         };
         Ok(CpuMat {
@@ -600,9 +622,9 @@ impl Backend for CpuBackend {
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             match self.isa {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+                // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the
                 // CPU reported AVX2 and FMA.
-                Isa::Avx2Fma => unsafe { x86::rms_norm_row(xr, &weight, eps, or) },
+                Isa::Avx2Fma | Isa::Avx512 => unsafe { x86::rms_norm_row(xr, &weight, eps, or) },
                 _ => ops::rms_norm_row(xr, &weight, eps, or),
             }
         }
@@ -716,9 +738,9 @@ impl Backend for CpuBackend {
         }
         match self.isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+            // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2 and FMA.
-            Isa::Avx2Fma => unsafe { x86::swiglu(gate, up) },
+            Isa::Avx2Fma | Isa::Avx512 => unsafe { x86::swiglu(gate, up) },
             _ => ops::swiglu(gate, up),
         }
         Ok(())

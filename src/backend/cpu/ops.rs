@@ -67,11 +67,11 @@ pub(crate) fn rope_rows(isa: Isa, x: &mut [f32], positions: &[usize], r: Rope) {
             .zip(t.cs.chunks_exact(half.max(1)))
         {
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2Fma
+            if isa.avx2()
                 && r.style == RopeStyle::Interleaved
                 && crate::backend::cpu::x86::rope_fits(r.head_dim)
             {
-                // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the
+                // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the
                 // CPU reported AVX2 and FMA.
                 unsafe { crate::backend::cpu::x86::rope_interleaved_row(row, r.head_dim, cs) };
                 continue;

@@ -120,8 +120,8 @@ impl SplitQuant {
     pub(crate) fn dequantize_row(&self, isa: Isa, r: usize, out: &mut [f32]) {
         let (qs, sc) = self.row(r);
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2Fma {
-            // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        if isa.avx2() {
+            // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2, FMA and F16C (`Isa::detect`).
             if unsafe { crate::backend::cpu::x86_quant::dequantize_row(self.q8(), qs, sc, out) } {
                 return;
@@ -167,11 +167,36 @@ pub(crate) fn matmul_cols_split(
     col_stride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && (1..=FUSED_ROWS).contains(&m) {
+    if isa == Isa::Avx512 && (1..=FUSED_ROWS).contains(&m) {
+        use crate::backend::cpu::x86_quant512::matmul_cols_split as fused;
+        let (q8, row) = (w.q8(), |r: usize| w.row(r));
+        let c = cols.clone();
+        // SAFETY: a CpuBackend holds `Isa::Avx512` only after the CPU
+        // reported AVX2, FMA, F16C and AVX-512 F, BW, DQ and VL.
+        let done = unsafe {
+            // Pairs of weight rows per pass: enough independent chains to
+            // hide the multiply-add latency, few enough for 32 registers.
+            match m {
+                1 => fused::<1, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                2 => fused::<2, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                3 => fused::<3, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                4 => fused::<4, 2>(q8, x, k, row, c, out, row_stride, col_stride),
+                5 => fused::<5, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+                6 => fused::<6, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+                7 => fused::<7, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+                _ => fused::<8, 1>(q8, x, k, row, c, out, row_stride, col_stride),
+            }
+        };
+        if done {
+            return;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && (1..=FUSED_ROWS).contains(&m) {
         use crate::backend::cpu::x86_quant::matmul_cols_split as fused;
         let (q8, row) = (w.q8(), |r: usize| w.row(r));
         let c = cols.clone();
-        // SAFETY: a CpuBackend holds `Isa::Avx2Fma` only after the CPU
+        // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
         // reported AVX2, FMA and F16C (`Isa::detect`).
         let done = unsafe {
             // Weight rows per pass: enough independent chains to hide the

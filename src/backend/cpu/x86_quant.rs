@@ -22,10 +22,10 @@ use crate::backend::cpu::kernel::{LANES, SplitBlock};
 /// prefetched: a weight matrix streams from memory once per decode step,
 /// and the hardware prefetcher alone leaves the loads waiting (measured:
 /// 5.1 -> 3.8 ns per Q4_1 block on a 54 MB matrix, one thread).
-const PREFETCH: usize = 2048;
+pub(crate) const PREFETCH: usize = 2048;
 
 /// Blocks whose scales are widened at once, into a buffer on the stack.
-const SCALE_RUN: usize = 32;
+pub(crate) const SCALE_RUN: usize = 32;
 
 /// The 32 values of one block, eight lanes at a time: Q8_0 (`q8`) from 32
 /// signed bytes at `qs` as `q * d`; Q4_1 from 16 bytes (value `j` in the low
@@ -70,7 +70,7 @@ unsafe fn values(q8: bool, qs: *const u8, d: __m256, m: __m256) -> [__m256; 4] {
 /// AVX2 and F16C; `src` holds `n` values and `out` room for them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn widen_scales(src: *const u16, n: usize, out: *mut f32) {
+pub(crate) unsafe fn widen_scales(src: *const u16, n: usize, out: *mut f32) {
     // SAFETY (whole body): loads read `src[i..i + 8]` with `i + 8 <= n`,
     // then single values below `n`; stores write the same places of `out`.
     unsafe {
@@ -211,7 +211,7 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const R: usize>(
 /// AVX2, FMA and F16C; every row in `w` holds `blocks` blocks (quants and
 /// scales, as `q8`); `x` holds `M` rows of `k = 32 * blocks` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn split_rows<const M: usize, const R: usize, const Q8: bool>(
+pub(crate) unsafe fn split_rows<const M: usize, const R: usize, const Q8: bool>(
     blocks: usize,
     x: &[f32],
     k: usize,
