@@ -2,11 +2,14 @@
 //! the CPU, 2 threads, figures printed side by side with llama.cpp on the
 //! same file in the same run:
 //!
-//! - single-stream decode tokens/s (llama.cpp: `llama-bench` tg128);
+//! - single-stream decode tokens/s (llama.cpp: `llama-bench` tg128), with
+//!   llama.cpp also in `HANDOFF_BENCH_PAIRS` (default 5) alternated pairs,
+//!   whose medians the table shows;
 //! - aggregate decode tokens/s at batch 8 (llama.cpp: `llama-batched-bench`
 //!   with 8 parallel sequences);
 //! - time to first token for a 512-token prompt (llama.cpp: pp512);
-//! - resident memory after loading, against the file size.
+//! - resident memory after loading, against the file size;
+//! - with AVX-512, the AVX2 kernels' decode figures beside it.
 //!
 //! The model comes from `scripts/fetch-models.sh` (skipped when absent).
 //! llama.cpp's binaries are found through `LLAMA_CPP_BIN` (the folder
@@ -108,11 +111,24 @@ struct Llama {
     batch8: Option<f64>,
 }
 
-fn llama_cpp(bin: &Path, threads: usize) -> Llama {
-    let t = threads.to_string();
+/// llama-bench's (tg tok/s, pp tok/s) for a `p`-token prompt and `n`
+/// generated tokens, `r` repetitions averaged (0 skips that test).
+fn llama_bench(
+    bin: &Path,
+    threads: usize,
+    p: usize,
+    n: usize,
+    r: usize,
+) -> (Option<f64>, Option<f64>) {
+    let (t, p, n, r) = (
+        threads.to_string(),
+        p.to_string(),
+        n.to_string(),
+        r.to_string(),
+    );
     let bench = Command::new(bin.join("llama-bench"))
         .args([
-            "-m", MODEL, "-t", &t, "-p", "512", "-n", "128", "-r", "3", "-o", "csv",
+            "-m", MODEL, "-t", &t, "-p", &p, "-n", &n, "-r", &r, "-o", "csv",
         ])
         .output();
     let (mut tg, mut pp) = (None, None);
@@ -137,6 +153,12 @@ fn llama_cpp(bin: &Path, threads: usize) -> Llama {
             }
         }
     }
+    (tg, pp)
+}
+
+fn llama_cpp(bin: &Path, threads: usize) -> Llama {
+    let t = threads.to_string();
+    let (tg, pp) = llama_bench(bin, threads, 512, 128, 3);
     // llama-batched-bench prints a table row per (pp, tg, b):
     // | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
     let batched = Command::new(bin.join("llama-batched-bench"))
@@ -158,6 +180,11 @@ fn llama_cpp(bin: &Path, threads: usize) -> Llama {
         })
     });
     Llama { tg, pp, batch8 }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn ratio(a: f64, b: Option<f64>) -> String {
@@ -229,12 +256,51 @@ fn main() {
         f64::NAN
     };
 
-    let llama = std::env::var_os("LLAMA_CPP_BIN").map(|b| llama_cpp(Path::new(&b), threads));
-    let l = llama.unwrap_or(Llama {
+    let bin = std::env::var_os("LLAMA_CPP_BIN").map(PathBuf::from);
+    let llama = bin.as_deref().map(|b| llama_cpp(b, threads));
+    let mut l = llama.unwrap_or(Llama {
         tg: None,
         pp: None,
         batch8: None,
     });
+    // Single-stream decode is memory-bound on both sides and this machine's
+    // bandwidth drifts between two figures taken a minute apart, so it is
+    // also measured in alternated pairs (handoff and llama-bench tg128 once
+    // each, taking turns at going first), and the table shows the pairs' medians.
+    let pairs: usize = std::env::var("HANDOFF_BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let mut table_single = single;
+    if let (Some(b), true) = (&bin, run("decode") && pairs > 0) {
+        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..pairs {
+            // Each side goes first in every other pair.
+            let (h, t) = if i % 2 == 0 {
+                let h = decode_rate(&m, 1, 128);
+                (h, llama_bench(b, threads, 0, 128, 1).0)
+            } else {
+                let t = llama_bench(b, threads, 0, 128, 1).0;
+                (decode_rate(&m, 1, 128), t)
+            };
+            if let Some(t) = t {
+                ours.push(h);
+                theirs.push(t);
+                ratios.push(h / t);
+            }
+        }
+        if !ratios.is_empty() {
+            let list: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            say(format!(
+                "decode 1 stream, {} alternated pairs: handoff / llama.cpp ratios [{}], median {:.2}x",
+                ratios.len(),
+                list.join(", "),
+                median(&mut ratios.clone())
+            ));
+            table_single = median(&mut ours);
+            l.tg = Some(median(&mut theirs));
+        }
+    }
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     say(format!(
         "{:<34} {:>10} {:>10} {:>8}",
@@ -243,9 +309,9 @@ fn main() {
     say(format!(
         "{:<34} {:>10.1} {:>10} {:>8}",
         "decode tok/s, 1 stream",
-        single,
+        table_single,
         show(l.tg),
-        ratio(single, l.tg)
+        ratio(table_single, l.tg)
     ));
     say(format!(
         "{:<34} {:>10.1} {:>10} {:>8}",

@@ -150,11 +150,13 @@ fn memory_in_flight_stays_under_the_cap_with_a_slow_receiver<T: Transfer>(t: T) 
     // 3 layers x 8 batches = 24 batches, 192 KiB, through a 16 KiB window.
     assert!(stats.peak <= cap, "peak {} over the cap {cap}", stats.peak);
     assert!(stats.peak > 0);
-    // Under load a NIXL sender was seen never to get two batches ahead (no
-    // credit wait, once in four CI runs; the cap held). The likely cause,
-    // not traced: a WRITE completes only as the receiving agent makes
-    // progress, so a slow receiver holds the sender back in the data plane
-    // before the credits bind. Every other transport must wait on them.
+    // A NIXL sender keeps one WRITE outstanding (its data plane settles a
+    // WRITE before posting the next), and over UCX a WRITE completes only
+    // as the receiving agent makes progress, which it does when it takes
+    // the write's notification, after the slow receiver's pause. So the data
+    // plane holds the sender to about one batch ahead, under this two-batch
+    // cap, and under load it was seen never to wait on credits (once in four
+    // CI runs); the cap itself must hold. Every other transport must wait.
     if name != "nixl" {
         assert!(
             stats.waits > 0,
