@@ -68,6 +68,15 @@ pub trait DevicePages: Send + Sync + 'static {
     /// Fills bytes `[at, at + len)` with `element` repeated (`len` is a
     /// multiple of its length): the scrub (zeros) or the poison (NaN).
     fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError>;
+    /// xxh3-64 (seed 0) of each `(at, len)` byte range, computed where the
+    /// bytes are, in one pass: the transfer verifier's checksums over the
+    /// KV that landed, without copying it back. `None` when this storage
+    /// cannot hash (the default): the pool then reads each landed run of
+    /// rows back and hashes it on the host.
+    fn xxh3_ranges(&self, ranges: &[(usize, usize)]) -> Option<Result<Vec<u64>, DeviceError>> {
+        let _ = ranges;
+        None
+    }
     /// The device's name in errors ("cuda:0").
     fn device_name(&self) -> String;
     /// The storage itself, so that the backend that made it can reach its
@@ -84,16 +93,45 @@ pub struct StagedHostPages {
     /// Accesses after which every further one fails (fault injection: a
     /// device that dies mid-run); `usize::MAX` for never.
     fail_after: std::sync::atomic::AtomicUsize,
+    /// Whether [`DevicePages::xxh3_ranges`] hashes (as a GPU's kernel
+    /// does) or answers `None` (a device that cannot hash).
+    hashes: bool,
+    /// Reads and hash passes so far.
+    reads: std::sync::atomic::AtomicUsize,
+    hash_passes: std::sync::atomic::AtomicUsize,
 }
 
 impl StagedHostPages {
     /// `len` bytes, filled with a non-zero pattern (fresh device memory is
     /// not zeroed: the pool must scrub it before it hands a page out).
+    /// It hashes ranges where they are, as a GPU does (see
+    /// [`StagedHostPages::without_hashing`]).
     pub fn new(len: usize) -> Self {
         StagedHostPages {
             bytes: parking_lot::Mutex::new(vec![0xA5; len].into_boxed_slice()),
             fail_after: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            hashes: true,
+            reads: std::sync::atomic::AtomicUsize::new(0),
+            hash_passes: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// A device that cannot hash: [`DevicePages::xxh3_ranges`] answers
+    /// `None`, so the pool reads landed rows back to hash them.
+    #[must_use]
+    pub fn without_hashing(mut self) -> Self {
+        self.hashes = false;
+        self
+    }
+
+    /// Reads (copies back to the host) so far.
+    pub fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Passes of [`DevicePages::xxh3_ranges`] that hashed, so far.
+    pub fn hash_passes(&self) -> usize {
+        self.hash_passes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Makes every access after the next `n` fail, as a device that is
@@ -154,6 +192,7 @@ impl DevicePages for StagedHostPages {
     fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
         let what = || format!("read of {} bytes at {at}", dst.len());
         self.access(what)?;
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let b = self.bytes.lock();
         let src = at
             .checked_add(dst.len())
@@ -176,6 +215,31 @@ impl DevicePages for StagedHostPages {
             d.copy_from_slice(element);
         }
         Ok(())
+    }
+
+    fn xxh3_ranges(&self, ranges: &[(usize, usize)]) -> Option<Result<Vec<u64>, DeviceError>> {
+        if !self.hashes {
+            return None;
+        }
+        if ranges.is_empty() {
+            // The pool's probe of what this storage can do: no access.
+            return Some(Ok(Vec::new()));
+        }
+        let what = || format!("hash of {} ranges", ranges.len());
+        Some(self.access(what).and_then(|()| {
+            self.hash_passes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let b = self.bytes.lock();
+            ranges
+                .iter()
+                .map(|&(at, len)| {
+                    at.checked_add(len)
+                        .and_then(|end| b.get(at..end))
+                        .map(twox_hash::XxHash3_64::oneshot)
+                        .ok_or_else(|| self.out_of_range(format!("hash of {len} bytes at {at}")))
+                })
+                .collect()
+        }))
     }
 
     fn device_name(&self) -> String {

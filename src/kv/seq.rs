@@ -592,7 +592,9 @@ impl KvSeq<Received> {
     /// run is written, `landed(page, kv, rows)` is called with the bytes of
     /// that page's rows `[0, end)` of `layer` as they now are in the pool
     /// (`page` is the position in [`KvSeq::pages`], `end` the slot after the
-    /// run): the transfer verifier hashes them there, cache-hot. The slots
+    /// run): the transfer verifier hashes them there, cache-hot (not when
+    /// the pool's device hashes in place: see
+    /// [`KvSeq::device_region_xxh3`]). The slots
     /// get no writer in the audit trail until [`KvSeq::into_verified`].
     pub(crate) fn receive_rows(
         &mut self,
@@ -605,12 +607,18 @@ impl KvSeq<Received> {
         self.check_append(layer, n * kvd, n * kvd)?;
         let (ps, start) = (self.pool.page_size(), self.written[layer]);
         let mut w = self.pages_write();
+        // A device that hashes where the bytes are hashes them all at once
+        // when the receipt is verified: nothing is read back here.
+        let hash_here = !w.read().storage().hashes_in_place();
         let mut scratch = Vec::new();
         for (i, slot, done, run) in runs(start, n, ps) {
             for kv in 0..2 {
                 w.write_rows(i, layer, kv, (slot, run), &mut scratch, |dst| {
                     fill(kv, done, dst);
                 })?;
+                if !hash_here {
+                    continue;
+                }
                 if let Some(rows) =
                     w.read()
                         .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
@@ -678,6 +686,21 @@ impl KvSeq<Received> {
         )?;
         // The source's device failed: what landed is incomplete.
         failed.map_or(Ok(()), Err)
+    }
+
+    /// xxh3-64 of the written K and V rows of every layer of each of the
+    /// first `n_pages` pages, as `[page][layer][K, V]` (the values
+    /// [`KvSeq::received_region_hashes`] gives with xxh3), computed on the
+    /// device in one pass. `Ok(None)` unless the pool's device hashes in
+    /// place; then [`KvSeq::receive_rows`] handed every landed run to its
+    /// `landed` callback instead.
+    pub(crate) fn device_region_xxh3(&self, n_pages: usize) -> Result<Option<Vec<u64>>, KvError> {
+        let ps = self.pool.page_size();
+        let written = &self.written;
+        self.pages_read()
+            .region_xxh3(n_pages.min(self.pages.len()), |i, layer| {
+                written[layer].saturating_sub(i * ps).min(ps)
+            })
     }
 
     /// Hashes, with `hash`, the written K and V rows of every layer of each

@@ -204,6 +204,9 @@ pub(crate) struct Storage {
     /// The first device access that failed: no page is handed out after
     /// it (its scrub may not have landed).
     failure: std::sync::OnceLock<DeviceError>,
+    /// Device storage whose [`DevicePages::xxh3_ranges`] hashes: landed
+    /// rows are hashed where they are, never read back for it.
+    hashes_in_place: bool,
     geometry: KvGeometry,
     page_size: usize,
     pages: usize,
@@ -269,8 +272,11 @@ impl Storage {
         let esz = geometry.dtype.size_bytes();
         dev.fill(0, len, &vec![0u8; esz])
             .map_err(PoolError::Device)?;
-        Self::with_bytes(geometry, page_size, pages, audit, Bytes::Device(dev))
-            .map_err(|bytes| PoolError::OutOfMemory { bytes })
+        let hashes = dev.xxh3_ranges(&[]).is_some();
+        let mut st = Self::with_bytes(geometry, page_size, pages, audit, Bytes::Device(dev))
+            .map_err(|bytes| PoolError::OutOfMemory { bytes })?;
+        st.hashes_in_place = hashes;
+        Ok(st)
     }
 
     /// Bytes of `pages` pages (the pool has checked that it does not
@@ -301,6 +307,7 @@ impl Storage {
         Ok(Storage {
             bytes,
             failure: std::sync::OnceLock::new(),
+            hashes_in_place: false,
             geometry,
             page_size,
             pages,
@@ -356,6 +363,12 @@ impl Storage {
             Bytes::Host(_) => None,
             Bytes::Device(d) => Some(d.as_ref()),
         }
+    }
+
+    /// Whether landed rows are hashed where they are (device storage whose
+    /// [`DevicePages::xxh3_ranges`] hashes) rather than read back.
+    pub(crate) fn hashes_in_place(&self) -> bool {
+        self.hashes_in_place
     }
 
     /// The first device access that failed, if one has.
@@ -759,6 +772,47 @@ impl<'a> PagesRead<'a> {
         // sequence this view borrows immutably, so nothing writes it.
         unsafe { self.st.read_into(off, scratch) }?;
         Ok(Some(&scratch[..]))
+    }
+
+    /// xxh3-64 of the K and V rows `[0, rows(i, layer))` of every layer of
+    /// the sequence's pages `0..n`, as `[page][layer][K, V]`, hashed where
+    /// they are in one device pass. `Ok(None)` unless the storage hashes in
+    /// place ([`Storage::hashes_in_place`]).
+    pub(crate) fn region_xxh3(
+        &self,
+        n: usize,
+        rows: impl Fn(usize, usize) -> usize,
+    ) -> Result<Option<Vec<u64>>, KvError> {
+        let (Bytes::Device(d), true) = (&self.st.bytes, self.st.hashes_in_place) else {
+            return Ok(None);
+        };
+        let esz = self.st.geometry.dtype.size_bytes();
+        let mut ranges = Vec::with_capacity(n * self.st.geometry.n_layers * 2);
+        for i in 0..n {
+            let Some(page) = self.page(i) else {
+                return Ok(None);
+            };
+            self.st.track(page, false);
+            for layer in 0..self.st.geometry.n_layers {
+                let t = rows(i, layer).min(self.st.page_size);
+                for kv in 0..2 {
+                    let Some(off) = self.st.offset(page, layer, kv, 0, t) else {
+                        return Ok(None);
+                    };
+                    ranges.push((off * esz, t * self.st.row_bytes()));
+                }
+            }
+        }
+        match d.xxh3_ranges(&ranges) {
+            Some(Ok(h)) if h.len() == ranges.len() => Ok(Some(h)),
+            Some(Ok(h)) => Err(self.st.device_failed(DeviceError {
+                device: d.device_name(),
+                what: format!("hash of {} ranges", ranges.len()),
+                reason: format!("{} hashes came back", h.len()),
+            })),
+            Some(Err(e)) => Err(self.st.device_failed(e)),
+            None => Ok(None),
+        }
     }
 
     /// Prefetches the K and V rows at `slot` of `layer` in the `i`-th page,

@@ -769,10 +769,19 @@ fn verify(
             Some(dest),
         );
     }
-    // The checksums recomputed over the bytes that landed, region by region
-    // as each was completed in the destination pages (see LandedHashes).
+    // The checksums recomputed over the bytes that landed: on the device in
+    // one pass where the pool's device hashes in place, otherwise region by
+    // region as each was completed in the destination pages (LandedHashes).
     let n_pages = live.pages.len();
-    let actual = dest.landed.finish();
+    let actual = match dest.seq.device_region_xxh3(n_pages) {
+        Ok(Some(regions)) => RegionHashes::from_hashes(n_layers, regions)
+            .finish()
+            .into_iter()
+            .map(Some)
+            .collect(),
+        Ok(None) => dest.landed.finish(),
+        Err(error) => return fail(IntegrityError::Destination { request, error }, Some(dest)),
+    };
     if let Some(position) =
         (0..n_pages).find(|&i| actual.get(i).copied().flatten() != r.page_checksums.get(i).copied())
     {

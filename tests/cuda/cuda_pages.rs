@@ -52,3 +52,49 @@ fn a_pool_planned_from_free_device_memory_builds_and_more_than_the_device_is_a_t
     let e = CudaPages::for_pool(&dev, &huge).unwrap_err();
     eprintln!("asking for twice the device: {e}");
 }
+
+#[test]
+fn cuda_pages_hash_ranges_on_the_device_as_the_host_does() {
+    use handoff::kv::DevicePages;
+    let Some(dev) = device_for_test("cuda_pages_hash_ranges_on_the_device_as_the_host_does") else {
+        return;
+    };
+    let cfg = PoolConfig::new(
+        handoff::KvGeometry {
+            n_layers: 2,
+            n_kv_heads: 2,
+            head_dim: 64,
+            dtype: handoff::KvDtype::BF16,
+        },
+        16,
+        8,
+    );
+    let pages = CudaPages::for_pool(&dev, &cfg).unwrap();
+    let bytes: Vec<u8> = (0..pages.len())
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1])
+        .collect();
+    pages.write(0, &bytes).unwrap();
+    // Empty, short, unaligned, one page's region, and the whole arena.
+    let ranges = [
+        (0, 0),
+        (3, 1),
+        (17, 255),
+        (4096, 4096),
+        (1, 12345),
+        (0, pages.len()),
+    ];
+    let got = pages
+        .xxh3_ranges(&ranges)
+        .expect("CUDA pages hash")
+        .unwrap();
+    let want: Vec<u64> = ranges
+        .iter()
+        .map(|&(at, len)| twox_hash::XxHash3_64::oneshot(&bytes[at..at + len]))
+        .collect();
+    assert_eq!(got, want);
+    // A range past the end is an error, not a read of other memory.
+    let past = pages
+        .xxh3_ranges(&[(pages.len() - 4, 8)])
+        .expect("CUDA pages hash");
+    assert!(past.is_err());
+}

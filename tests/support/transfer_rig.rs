@@ -52,28 +52,54 @@ impl Default for RigSpec {
     }
 }
 
+/// Where the pools a rig builds keep their page bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pages {
+    Host,
+    /// Staged device pages that hash landed KV where it is.
+    Device,
+    /// Staged device pages that cannot hash: landed rows are read back.
+    DeviceWithoutHashing,
+}
+
 thread_local! {
-    static DEVICE_PAGES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static DEVICE_PAGES: std::cell::Cell<Pages> = const { std::cell::Cell::new(Pages::Host) };
+}
+
+fn with_pages<R>(pages: Pages, f: impl FnOnce() -> R) -> R {
+    DEVICE_PAGES.with(|d| d.set(pages));
+    let out = f();
+    DEVICE_PAGES.with(|d| d.set(Pages::Host));
+    out
 }
 
 /// Runs `f` with the page bytes of every pool the rig builds on this
 /// thread behind [`StagedHostPages`]: device-resident storage, every access
-/// a staged copy, as on a GPU.
+/// a staged copy, and landed KV hashed where it is, as on a GPU.
 pub fn with_device_pages<R>(f: impl FnOnce() -> R) -> R {
-    DEVICE_PAGES.with(|d| d.set(true));
-    let out = f();
-    DEVICE_PAGES.with(|d| d.set(false));
-    out
+    with_pages(Pages::Device, f)
+}
+
+/// [`with_device_pages`] on a device that cannot hash: the pools read
+/// landed rows back to check them.
+pub fn with_device_pages_without_hashing<R>(f: impl FnOnce() -> R) -> R {
+    with_pages(Pages::DeviceWithoutHashing, f)
 }
 
 /// A pool of `cfg`, in host memory or (inside [`with_device_pages`]) on
 /// staged device pages.
 pub fn pool(cfg: PoolConfig) -> KvPool {
-    if DEVICE_PAGES.with(|d| d.get()) {
-        let bytes = cfg.storage_bytes().unwrap();
-        KvPool::with_device_pages(cfg, Box::new(StagedHostPages::new(bytes))).unwrap()
-    } else {
-        KvPool::new(cfg).unwrap()
+    let bytes = || cfg.storage_bytes().unwrap();
+    match DEVICE_PAGES.with(|d| d.get()) {
+        Pages::Host => KvPool::new(cfg).unwrap(),
+        Pages::Device => {
+            KvPool::with_device_pages(cfg, Box::new(StagedHostPages::new(bytes()))).unwrap()
+        }
+        Pages::DeviceWithoutHashing => KvPool::with_device_pages(
+            cfg,
+            Box::new(StagedHostPages::new(bytes()).without_hashing()),
+        )
+        .unwrap(),
     }
 }
 

@@ -9,6 +9,7 @@ mod support;
 mod decode_lands_a_burst;
 mod decode_worker_shutdown;
 mod device_fails_mid_transfer;
+mod device_hashes_landed_kv;
 mod disaggregated;
 mod example_disaggregated;
 mod fault_interleavings;

@@ -54,10 +54,18 @@ fn nixl_transport_conforms() {
 }
 
 // The same promises with both pools' page bytes in (staged) device memory:
-// every append, landing, checksum, read and scrub goes through copies.
+// every append, landing, read and scrub goes through copies, and landed KV
+// is hashed where it is.
 #[test]
 fn in_process_transport_conforms_with_device_resident_pages() {
     support::with_device_pages(|| conformance(InProcess));
+}
+
+// A device that cannot hash: landed rows come back to the host for their
+// checksums.
+#[test]
+fn in_process_transport_conforms_with_device_pages_that_cannot_hash() {
+    support::with_device_pages_without_hashing(|| conformance(InProcess));
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! [`CudaPages`]: a device-resident pool's page bytes in GPU memory
 //! ([`crate::kv::DevicePages`]). The pool keeps every page's metadata on
 //! the host and reaches these bytes only as staged copies of rows it owns
-//! (appends, transfer landings, checksums) and fills (scrubs), each queued
+//! (appends, transfer landings), fills (scrubs) and hash passes (the
+//! checksums of landed KV, computed on the device), each queued
 //! on the device's one stream, so a kernel launched after a scrub reads
 //! the scrubbed page, and each call waits for its copy to finish.
 
@@ -150,6 +151,19 @@ impl DevicePages for CudaPages {
             }
         }
         self.dev.synchronize().map_err(|e| self.err(what(), e))
+    }
+
+    fn xxh3_ranges(&self, ranges: &[(usize, usize)]) -> Option<Result<Vec<u64>, DeviceError>> {
+        // One warp per range over the arena itself (the kernel proven equal
+        // to the host's xxh3 in tests/cuda/xxh3_host.rs); the ranges are
+        // checked against the arena before the launch.
+        let what = || format!("hash of {} ranges", ranges.len());
+        let arena = self.arena.lock();
+        Some(
+            self.dev
+                .xxh3_64_ranges(&arena.data, ranges)
+                .map_err(|e| self.err(what(), e)),
+        )
     }
 
     fn device_name(&self) -> String {
