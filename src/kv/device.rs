@@ -77,6 +77,20 @@ pub trait DevicePages: Send + Sync + 'static {
         let _ = ranges;
         None
     }
+    /// Copies byte runs `(src_at, at, len)` of `src`'s bytes into this
+    /// storage's, device to device, in one pass (an in-process transfer
+    /// between two device-resident pools). `None` (the default) when this
+    /// storage cannot reach `src`'s memory: the pool then stages the rows
+    /// through the host. An error fails both pools closed, since either
+    /// device may be the one that failed.
+    fn copy_from(
+        &self,
+        src: &dyn DevicePages,
+        runs: &[(usize, usize, usize)],
+    ) -> Option<Result<(), DeviceError>> {
+        let _ = (src, runs);
+        None
+    }
     /// The device's name in errors ("cuda:0").
     fn device_name(&self) -> String;
     /// The storage itself, so that the backend that made it can reach its
@@ -96,9 +110,11 @@ pub struct StagedHostPages {
     /// Whether [`DevicePages::xxh3_ranges`] hashes (as a GPU's kernel
     /// does) or answers `None` (a device that cannot hash).
     hashes: bool,
-    /// Reads and hash passes so far.
+    /// Reads, writes, hash passes and device-to-device copy passes so far.
     reads: std::sync::atomic::AtomicUsize,
+    writes: std::sync::atomic::AtomicUsize,
     hash_passes: std::sync::atomic::AtomicUsize,
+    copy_passes: std::sync::atomic::AtomicUsize,
 }
 
 impl StagedHostPages {
@@ -112,7 +128,9 @@ impl StagedHostPages {
             fail_after: std::sync::atomic::AtomicUsize::new(usize::MAX),
             hashes: true,
             reads: std::sync::atomic::AtomicUsize::new(0),
+            writes: std::sync::atomic::AtomicUsize::new(0),
             hash_passes: std::sync::atomic::AtomicUsize::new(0),
+            copy_passes: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -132,6 +150,16 @@ impl StagedHostPages {
     /// Passes of [`DevicePages::xxh3_ranges`] that hashed, so far.
     pub fn hash_passes(&self) -> usize {
         self.hash_passes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Writes (copies from the host) so far.
+    pub fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Passes of [`DevicePages::copy_from`] into this storage, so far.
+    pub fn copy_passes(&self) -> usize {
+        self.copy_passes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Makes every access after the next `n` fail, as a device that is
@@ -180,6 +208,8 @@ impl DevicePages for StagedHostPages {
     fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError> {
         let what = || format!("write of {} bytes at {at}", src.len());
         self.access(what)?;
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut b = self.bytes.lock();
         let dst = at
             .checked_add(src.len())
@@ -239,6 +269,54 @@ impl DevicePages for StagedHostPages {
                         .ok_or_else(|| self.out_of_range(format!("hash of {len} bytes at {at}")))
                 })
                 .collect()
+        }))
+    }
+
+    fn copy_from(
+        &self,
+        src: &dyn DevicePages,
+        runs: &[(usize, usize, usize)],
+    ) -> Option<Result<(), DeviceError>> {
+        // Another staged storage is "the same device": its bytes are
+        // reachable. Anything else is not.
+        let from = src.as_any().downcast_ref::<StagedHostPages>()?;
+        let what = || format!("device copy of {} runs", runs.len());
+        let ok = self.access(what).and_then(|()| from.access(what));
+        Some(ok.and_then(|()| {
+            self.copy_passes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let bad = |(s, d, n): (usize, usize, usize)| {
+                self.out_of_range(format!("device copy of {n} bytes from {s} to {d}"))
+            };
+            if std::ptr::eq(self, from) {
+                let mut b = self.bytes.lock();
+                for &(s, d, n) in runs {
+                    let fits = |at: usize| at.checked_add(n).is_some_and(|end| end <= b.len());
+                    if !fits(s) || !fits(d) {
+                        return Err(bad((s, d, n)));
+                    }
+                    b.copy_within(s..s + n, d);
+                }
+                return Ok(());
+            }
+            // Two locks, always taken in address order.
+            let (mut dst, src_bytes);
+            if (self as *const Self) < (from as *const Self) {
+                dst = self.bytes.lock();
+                src_bytes = from.bytes.lock();
+            } else {
+                src_bytes = from.bytes.lock();
+                dst = self.bytes.lock();
+            }
+            for &(s, d, n) in runs {
+                let from_run = s.checked_add(n).and_then(|end| src_bytes.get(s..end));
+                let to_run = d.checked_add(n).and_then(|end| dst.get_mut(d..end));
+                match (from_run, to_run) {
+                    (Some(f), Some(t)) => t.copy_from_slice(f),
+                    _ => return Err(bad((s, d, n))),
+                }
+            }
+            Ok(())
         }))
     }
 

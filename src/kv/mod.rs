@@ -18,6 +18,7 @@ mod pool;
 mod prefix;
 mod prefix_key;
 mod seq;
+pub(crate) use seq::Tamper;
 mod storage;
 mod view;
 

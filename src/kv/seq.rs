@@ -25,7 +25,7 @@ use crate::kv::KvGeometry;
 use crate::kv::page::PageState;
 use crate::kv::pages_for;
 use crate::kv::prefix::SharedPrefix;
-use crate::kv::storage::prefetch;
+use crate::kv::storage::{RowCopy, prefetch};
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -539,6 +539,10 @@ fn runs(start: usize, n: usize, ps: usize) -> impl Iterator<Item = (usize, usize
     })
 }
 
+/// A fault injector's hook on each run of rows copied into a destination:
+/// `(kv, done, dst)` (see [`KvSeq::receive_rows_from`]).
+pub(crate) type Tamper<'a> = &'a mut dyn FnMut(usize, usize, &mut [u8]);
+
 /// Why sealing failed, with the handle given back.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot seal the sequence: {error}")]
@@ -634,18 +638,21 @@ impl KvSeq<Received> {
     /// [`KvSeq::receive_rows`] with the rows copied straight from rows
     /// `[src_start, src_start + n)` of `layer` of `src`, a held sequence
     /// (one copy, no staging buffer, no lock on either pool's bytes: the
-    /// two handles' borrows are the proof of access). `after(kv, done,
-    /// dst)` sees each run right after it is copied (fault injection
-    /// tampers there). A source page that is no longer held leaves its rows
-    /// unwritten (zero or stale), which the receipt's checksums then refuse.
+    /// two handles' borrows are the proof of access). Between two device
+    /// pools whose devices reach each other the copy is device to device,
+    /// in one pass. `after(kv, done, dst)`, when given, sees each run right
+    /// after it is copied (fault injection tampers there), which stages the
+    /// rows through the host. A source page that is no longer held leaves
+    /// its rows unwritten (zero or stale), which the receipt's checksums
+    /// then refuse.
     pub(crate) fn receive_rows_from(
         &mut self,
         layer: usize,
         n: usize,
         src: &KvSeq<Held>,
         src_start: usize,
-        mut after: impl FnMut(usize, usize, &mut [u8]),
-        landed: impl FnMut(usize, usize, &[u8]),
+        after: Option<Tamper<'_>>,
+        mut landed: impl FnMut(usize, usize, &[u8]),
     ) -> Result<(), KvError> {
         let g = self.geometry();
         if src.geometry() != g {
@@ -657,6 +664,13 @@ impl KvSeq<Received> {
         }
         src.check_rows(layer, src_start, n)?;
         let src_held = src.check_rows_held(src_start, n).is_ok();
+        if after.is_none()
+            && src_held
+            && self.receive_rows_on_device(layer, n, src, src_start, &mut landed)?
+        {
+            return Ok(());
+        }
+        let mut after = after;
         let row = g.kv_dim() * g.dtype.size_bytes();
         let src_ps = src.pool.page_size();
         let r = src.pages_read();
@@ -680,12 +694,65 @@ impl KvSeq<Received> {
                         }
                     }
                 }
-                after(kv, done, dst);
+                if let Some(after) = after.as_mut() {
+                    after(kv, done, dst);
+                }
             },
             landed,
         )?;
         // The source's device failed: what landed is incomplete.
         failed.map_or(Ok(()), Err)
+    }
+
+    /// [`KvSeq::receive_rows_from`] device to device: every run of K and V
+    /// rows of the batch copied in one pass from `src`'s pages into this
+    /// sequence's. `Ok(false)`, with nothing written, when the two pools'
+    /// storages cannot do that (see `PagesWrite::copy_rows_from`).
+    fn receive_rows_on_device(
+        &mut self,
+        layer: usize,
+        n: usize,
+        src: &KvSeq<Held>,
+        src_start: usize,
+        landed: &mut impl FnMut(usize, usize, &[u8]),
+    ) -> Result<bool, KvError> {
+        let kvd = self.geometry().kv_dim();
+        self.check_append(layer, n * kvd, n * kvd)?;
+        let (ps, start) = (self.pool.page_size(), self.written[layer]);
+        let src_ps = src.pool.page_size();
+        let mut copies = Vec::new();
+        for (i, slot, done, run) in runs(start, n, ps) {
+            for (j, src_slot, at, rows) in runs(src_start + done, run, src_ps) {
+                for kv in 0..2 {
+                    copies.push(RowCopy {
+                        src: (j, src_slot),
+                        dst: (i, slot + at),
+                        kv,
+                        rows,
+                    });
+                }
+            }
+        }
+        let mut w = self.pages_write();
+        if !w.copy_rows_from(&src.pages_read(), layer, &copies)? {
+            return Ok(false);
+        }
+        if !w.read().storage().hashes_in_place() {
+            // The verifier hashes what landed as `receive_rows` has it do.
+            let mut scratch = Vec::new();
+            for (i, slot, _, run) in runs(start, n, ps) {
+                for kv in 0..2 {
+                    if let Some(rows) =
+                        w.read()
+                            .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
+                    {
+                        landed(i, kv, rows);
+                    }
+                }
+            }
+        }
+        self.written[layer] += n;
+        Ok(true)
     }
 
     /// xxh3-64 of the written K and V rows of every layer of each of the

@@ -679,6 +679,18 @@ pub(crate) struct PagesRead<'a> {
     offset: usize,
 }
 
+/// One run of K (`kv == 0`) or V rows to copy between two sequences'
+/// pages ([`PagesWrite::copy_rows_from`]): `rows` rows from slot `src.1`
+/// of the source's `src.0`-th page to slot `dst.1` of the destination's
+/// `dst.0`-th page.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowCopy {
+    pub(crate) src: (usize, usize),
+    pub(crate) dst: (usize, usize),
+    pub(crate) kv: usize,
+    pub(crate) rows: usize,
+}
+
 /// Write access to the bytes of one sequence's *private* pages, for as long
 /// as the sequence is borrowed mutably. It holds only the pages after the
 /// leased prefix, so a cached page cannot be reached through it.
@@ -898,6 +910,56 @@ impl PagesWrite<'_> {
         // sequence borrowed mutably for this writer's life.
         unsafe { st.write_from(off, scratch) }?;
         Ok(true)
+    }
+
+    /// Copies K or V rows of `layer` from `src`'s pages into this
+    /// sequence's pages, device to device in one pass, run by run as
+    /// `copies` says. `Ok(false)`, having written nothing, when either
+    /// storage is the host's, the destination device cannot reach the
+    /// source's memory, or a run is out of range: the caller then stages
+    /// the rows. A device error fails both pools (either device may be the
+    /// one that failed).
+    pub(crate) fn copy_rows_from(
+        &mut self,
+        src: &PagesRead<'_>,
+        layer: usize,
+        copies: &[RowCopy],
+    ) -> Result<bool, KvError> {
+        let (st, sst) = (self.read.st, src.st);
+        let (Bytes::Device(to), Bytes::Device(from)) = (&st.bytes, &sst.bytes) else {
+            return Ok(false);
+        };
+        if st.geometry != sst.geometry {
+            return Ok(false);
+        }
+        let (esz, row) = (st.geometry.dtype.size_bytes(), st.row_bytes());
+        let mut runs = Vec::with_capacity(copies.len());
+        for c in copies {
+            let (Some(dp), Some(sp)) = (self.read.page(c.dst.0), src.page(c.src.0)) else {
+                return Ok(false);
+            };
+            let (Some(d), Some(s)) = (
+                st.offset(dp, layer, c.kv, c.dst.1, c.rows),
+                sst.offset(sp, layer, c.kv, c.src.1, c.rows),
+            ) else {
+                return Ok(false);
+            };
+            runs.push((s * esz, d * esz, c.rows * row));
+        }
+        for c in copies {
+            if let (Some(dp), Some(sp)) = (self.read.page(c.dst.0), src.page(c.src.0)) {
+                st.track(dp, true);
+                sst.track(sp, false);
+            }
+        }
+        match to.copy_from(from.as_ref(), &runs) {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => {
+                let _ = sst.device_failed(e.clone());
+                Err(st.device_failed(e))
+            }
+        }
     }
 
     /// The same pages for reading (what just landed, for the verifier),

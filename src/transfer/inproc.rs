@@ -143,15 +143,17 @@ fn land(landing: &LandingZone, w: &WriteMsg, src: &KvSeq<Held>) -> usize {
     let g = src.pool().config().geometry();
     let row = g.kv_dim() * g.dtype.size_bytes();
     let b = w.batch;
-    landing.apply_from(&b, src, |kv, done, dst| {
-        if w.corrupt
-            && kv == 0
+    // One bit flipped in the first K run when the fault plan says so.
+    let mut flip = |kv: usize, done: usize, dst: &mut [u8]| {
+        if kv == 0
             && done == 0
             && let Some(x) = dst.first_mut()
         {
             *x ^= 1;
         }
-    });
+    };
+    let tamper: Option<crate::kv::Tamper<'_>> = if w.corrupt { Some(&mut flip) } else { None };
+    landing.apply_from(&b, src, tamper);
     b.tokens as usize * row
 }
 

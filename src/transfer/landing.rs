@@ -118,14 +118,15 @@ impl LandingZone {
 
     /// Applies one write batch straight from the rows `[batch.start,
     /// batch.start + batch.tokens)` of `batch.layer` of the held `src` (one
-    /// copy from the source pages into the destination pages). `after(kv,
-    /// done, dst)` sees each
-    /// copied run (fault injection).
+    /// copy from the source pages into the destination pages, device to
+    /// device where both pools' devices allow). `after(kv, done, dst)`, when
+    /// given, sees each copied run (fault injection; the rows then pass
+    /// through the host).
     pub(crate) fn apply_from(
         &self,
         batch: &WriteBatch,
         src: &KvSeq<Held>,
-        after: impl FnMut(usize, usize, &mut [u8]),
+        after: Option<crate::kv::Tamper<'_>>,
     ) -> Landed {
         let g = src.pool().config().geometry();
         let bytes_each = batch.tokens as usize * g.kv_dim() * g.dtype.size_bytes();

@@ -78,7 +78,7 @@ impl Landing {
     /// Lands `batch` straight from the rows of `src`, a held sequence of
     /// another pool, as the in-process transport's lander does.
     pub fn write_from(&self, batch: &WriteBatch, src: &KvSeq<Held>) -> Landed {
-        match self.0.apply_from(batch, src, |_, _, _| {}) {
+        match self.0.apply_from(batch, src, None) {
             landing::Landed::Applied => Landed::Applied,
             landing::Landed::Refused => Landed::Refused,
             landing::Landed::Stray => Landed::Stray,

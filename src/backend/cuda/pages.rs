@@ -166,6 +166,66 @@ impl DevicePages for CudaPages {
         )
     }
 
+    fn copy_from(
+        &self,
+        src: &dyn DevicePages,
+        runs: &[(usize, usize, usize)],
+    ) -> Option<Result<(), DeviceError>> {
+        // Another pool's CUDA pages: a copy on this device's stream (a peer
+        // copy between two devices); anything else is staged by the pool.
+        let from = src.as_any().downcast_ref::<CudaPages>()?;
+        let what = || format!("device copy of {} runs", runs.len());
+        let copy = || -> Result<(), DeviceError> {
+            for &(s, d, n) in runs {
+                from.range(s, n, "device copy from")?;
+                self.range(d, n, "device copy to")?;
+            }
+            let stream = self.dev.stream();
+            if std::ptr::eq(self, from) {
+                // One arena: the pool never copies a sequence into itself
+                // (the landing zone refuses it), but stay correct.
+                let mut arena = self.arena.lock();
+                for &(s, d, n) in runs {
+                    if n == 0 {
+                        continue;
+                    }
+                    let tmp = stream
+                        .clone_dtod(&arena.data.slice(s..s + n))
+                        .map_err(|e| self.err(what(), e))?;
+                    let mut dst = arena.data.slice_mut(d..d + n);
+                    stream
+                        .memcpy_dtod(&tmp, &mut dst)
+                        .map_err(|e| self.err(what(), e))?;
+                }
+                return self.dev.synchronize().map_err(|e| self.err(what(), e));
+            }
+            // Two arenas' locks, always taken in address order.
+            let (mut to, at);
+            if (self as *const Self) < (from as *const Self) {
+                to = self.arena.lock();
+                at = from.arena.lock();
+            } else {
+                at = from.arena.lock();
+                to = self.arena.lock();
+            }
+            for &(s, d, n) in runs {
+                if n == 0 {
+                    continue;
+                }
+                let mut dst = to.data.slice_mut(d..d + n);
+                stream
+                    .memcpy_dtod(&at.data.slice(s..s + n), &mut dst)
+                    .map_err(|e| self.err(what(), e))?;
+            }
+            self.dev.synchronize().map_err(|e| self.err(what(), e))?;
+            if !from.dev.same(&self.dev) {
+                from.dev.synchronize().map_err(|e| from.err(what(), e))?;
+            }
+            Ok(())
+        };
+        Some(copy())
+    }
+
     fn device_name(&self) -> String {
         self.dev.name().to_string()
     }
