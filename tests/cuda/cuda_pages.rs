@@ -98,3 +98,47 @@ fn cuda_pages_hash_ranges_on_the_device_as_the_host_does() {
         .expect("CUDA pages hash");
     assert!(past.is_err());
 }
+
+#[test]
+fn cuda_pages_copy_runs_from_another_pools_pages_on_the_device() {
+    use handoff::kv::DevicePages;
+    let Some(dev) = device_for_test("cuda_pages_copy_runs_from_another_pools_pages_on_the_device")
+    else {
+        return;
+    };
+    let cfg = PoolConfig::new(
+        handoff::KvGeometry {
+            n_layers: 2,
+            n_kv_heads: 2,
+            head_dim: 64,
+            dtype: handoff::KvDtype::BF16,
+        },
+        16,
+        8,
+    );
+    let (a, b) = (
+        CudaPages::for_pool(&dev, &cfg).unwrap(),
+        CudaPages::for_pool(&dev, &cfg).unwrap(),
+    );
+    let len = a.len();
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    a.write(0, &bytes).unwrap();
+    b.fill(0, len, &[0, 0]).unwrap();
+    let runs = [(0, 4096, 512), (8192, 0, 256), (100, 20_000, 3)];
+    b.copy_from(&a, &runs)
+        .expect("CUDA pages reach each other")
+        .unwrap();
+    let mut got = vec![0u8; len];
+    b.read(0, &mut got).unwrap();
+    let mut want = vec![0u8; len];
+    for &(s, d, n) in &runs {
+        want[d..d + n].copy_from_slice(&bytes[s..s + n]);
+    }
+    assert!(got == want, "exactly the runs landed, nothing else changed");
+    // A run past either end is an error, and writes nothing.
+    let e = b.copy_from(&a, &[(len - 8, 0, 16)]).expect("reachable");
+    assert!(e.is_err());
+    let mut again = vec![0u8; len];
+    b.read(0, &mut again).unwrap();
+    assert!(again == want);
+}
