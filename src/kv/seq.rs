@@ -25,7 +25,7 @@ use crate::kv::KvGeometry;
 use crate::kv::page::PageState;
 use crate::kv::pages_for;
 use crate::kv::prefix::SharedPrefix;
-use crate::kv::storage::{RowCopy, prefetch};
+use crate::kv::storage::{RowCopy, RowRun, prefetch};
 use crate::kv::{KvError, KvPool, PageId};
 
 mod sealed {
@@ -763,11 +763,22 @@ impl KvSeq<Received> {
     /// `landed` callback instead.
     pub(crate) fn device_region_xxh3(&self, n_pages: usize) -> Result<Option<Vec<u64>>, KvError> {
         let ps = self.pool.page_size();
-        let written = &self.written;
-        self.pages_read()
-            .region_xxh3(n_pages.min(self.pages.len()), |i, layer| {
-                written[layer].saturating_sub(i * ps).min(ps)
-            })
+        let mut runs = Vec::with_capacity(n_pages * self.written.len() * 2);
+        for page in 0..n_pages.min(self.pages.len()) {
+            for (layer, &w) in self.written.iter().enumerate() {
+                let rows = w.saturating_sub(page * ps).min(ps);
+                for kv in 0..2 {
+                    runs.push(RowRun {
+                        page,
+                        layer,
+                        kv,
+                        slot: 0,
+                        rows,
+                    });
+                }
+            }
+        }
+        self.pages_read().rows_xxh3(&runs)
     }
 
     /// Hashes, with `hash`, the written K and V rows of every layer of each
@@ -833,6 +844,54 @@ impl KvSeq<Held> {
             }
         }
         Ok(())
+    }
+
+    /// Whether [`KvSeq::device_dest_region_xxh3`] can hash for a
+    /// destination of `dest_page_size`-token pages (it may still answer
+    /// `None` for rows that are not all written and held).
+    pub(crate) fn hashes_on_device_for(&self, dest_page_size: usize) -> bool {
+        dest_page_size > 0
+            && self.pool.page_size().is_multiple_of(dest_page_size)
+            && self.pages_read().storage().hashes_in_place()
+    }
+
+    /// The transfer sender's region hashes for a destination of
+    /// `dest_page_size`-token pages, over rows `[0, tokens)`: xxh3-64 of
+    /// each destination page's K and V rows of every layer, as
+    /// `[dest page][layer][K, V]`, hashed on the device in one pass.
+    /// `Ok(None)` unless the pool's device hashes in place and every
+    /// destination page's rows lie in one source page (its page size a
+    /// divisor of this pool's), and the rows are all written and held.
+    pub(crate) fn device_dest_region_xxh3(
+        &self,
+        tokens: usize,
+        dest_page_size: usize,
+    ) -> Result<Option<Vec<u64>>, KvError> {
+        let ps = self.pool.page_size();
+        let whole = (0..self.written.len()).all(|l| self.check_rows(l, 0, tokens).is_ok());
+        if dest_page_size == 0
+            || !ps.is_multiple_of(dest_page_size)
+            || !whole
+            || self.check_rows_held(0, tokens).is_err()
+        {
+            return Ok(None);
+        }
+        let mut runs = Vec::new();
+        for start in (0..tokens).step_by(dest_page_size) {
+            let rows = dest_page_size.min(tokens - start);
+            for layer in 0..self.written.len() {
+                for kv in 0..2 {
+                    runs.push(RowRun {
+                        page: start / ps,
+                        layer,
+                        kv,
+                        slot: start % ps,
+                        rows,
+                    });
+                }
+            }
+        }
+        self.pages_read().rows_xxh3(&runs)
     }
 
     /// Checks that rows `[start, start + n)` of `layer` are written.

@@ -679,6 +679,17 @@ pub(crate) struct PagesRead<'a> {
     offset: usize,
 }
 
+/// K (`kv == 0`) or V rows `[slot, slot + rows)` of `layer` in a
+/// sequence's `page`-th page ([`PagesRead::rows_xxh3`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowRun {
+    pub(crate) page: usize,
+    pub(crate) layer: usize,
+    pub(crate) kv: usize,
+    pub(crate) slot: usize,
+    pub(crate) rows: usize,
+}
+
 /// One run of K (`kv == 0`) or V rows to copy between two sequences'
 /// pages ([`PagesWrite::copy_rows_from`]): `rows` rows from slot `src.1`
 /// of the source's `src.0`-th page to slot `dst.1` of the destination's
@@ -786,33 +797,27 @@ impl<'a> PagesRead<'a> {
         Ok(Some(&scratch[..]))
     }
 
-    /// xxh3-64 of the K and V rows `[0, rows(i, layer))` of every layer of
-    /// the sequence's pages `0..n`, as `[page][layer][K, V]`, hashed where
-    /// they are in one device pass. `Ok(None)` unless the storage hashes in
-    /// place ([`Storage::hashes_in_place`]).
-    pub(crate) fn region_xxh3(
-        &self,
-        n: usize,
-        rows: impl Fn(usize, usize) -> usize,
-    ) -> Result<Option<Vec<u64>>, KvError> {
+    /// xxh3-64 of each run of K or V rows, hashed where they are in one
+    /// device pass. `Ok(None)` unless the storage hashes in place
+    /// ([`Storage::hashes_in_place`]), or when a run is out of range.
+    pub(crate) fn rows_xxh3(&self, runs: &[RowRun]) -> Result<Option<Vec<u64>>, KvError> {
         let (Bytes::Device(d), true) = (&self.st.bytes, self.st.hashes_in_place) else {
             return Ok(None);
         };
         let esz = self.st.geometry.dtype.size_bytes();
-        let mut ranges = Vec::with_capacity(n * self.st.geometry.n_layers * 2);
-        for i in 0..n {
-            let Some(page) = self.page(i) else {
+        let mut ranges = Vec::with_capacity(runs.len());
+        for r in runs {
+            let Some(page) = self.page(r.page) else {
                 return Ok(None);
             };
-            self.st.track(page, false);
-            for layer in 0..self.st.geometry.n_layers {
-                let t = rows(i, layer).min(self.st.page_size);
-                for kv in 0..2 {
-                    let Some(off) = self.st.offset(page, layer, kv, 0, t) else {
-                        return Ok(None);
-                    };
-                    ranges.push((off * esz, t * self.st.row_bytes()));
-                }
+            let Some(off) = self.st.offset(page, r.layer, r.kv, r.slot, r.rows) else {
+                return Ok(None);
+            };
+            ranges.push((off * esz, r.rows * self.st.row_bytes()));
+        }
+        for r in runs {
+            if let Some(page) = self.page(r.page) {
+                self.st.track(page, false);
             }
         }
         match d.xxh3_ranges(&ranges) {

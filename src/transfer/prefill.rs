@@ -366,6 +366,10 @@ impl<L: PrefillLink> PrefillSide<L> {
         let mut cursors: Vec<[RegionHasher; 2]> = (0..g.n_layers)
             .map(|_| [RegionHasher::new(), RegionHasher::new()])
             .collect();
+        // A source device that hashes where the bytes are hashes every
+        // destination region in one pass after the last batch, instead of
+        // each batch's rows being read back here to hash.
+        let on_device = src.hashes_on_device_for(dest_ps);
         // Group-major, layer-minor: each group of positions is sent for
         // every layer before the next group, so source and destination
         // pages are walked nearly in address order and a group's bytes are
@@ -382,7 +386,9 @@ impl<L: PrefillLink> PrefillSide<L> {
                 // Hash first: the hash reads the rows from memory and leaves
                 // them in cache for the transport's copy right after.
                 for (kv, hasher) in cursor.iter_mut().enumerate() {
-                    hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
+                    if !on_device {
+                        hash_rows(src, layer, kv, start, n, dest_ps, row, hasher, &mut regions);
+                    }
                 }
                 self.link
                     .write_kv(
@@ -398,6 +404,39 @@ impl<L: PrefillLink> PrefillSide<L> {
                     .map_err(SendStop::Link)?;
             }
             start += n;
+        }
+        if on_device {
+            let per_page = 2 * g.n_layers;
+            match src.device_dest_region_xxh3(tokens, dest_ps) {
+                Ok(Some(h)) => {
+                    for (page, hs) in h.chunks(per_page).enumerate() {
+                        for (at, &hash) in hs.iter().enumerate() {
+                            regions.set(page, at / 2, at % 2, hash);
+                        }
+                    }
+                    return Ok(regions.finish());
+                }
+                // Rows that cannot be hashed there (a failed device, pages
+                // no longer held) are read back as before: whatever that
+                // gives, the receipt's checksums then say.
+                Ok(None) | Err(_) => {
+                    for (layer, cursor) in cursors.iter_mut().enumerate() {
+                        for (kv, hasher) in cursor.iter_mut().enumerate() {
+                            hash_rows(
+                                src,
+                                layer,
+                                kv,
+                                0,
+                                tokens,
+                                dest_ps,
+                                row,
+                                hasher,
+                                &mut regions,
+                            );
+                        }
+                    }
+                }
+            }
         }
         if !tokens.is_multiple_of(dest_ps) {
             for (layer, cursor) in cursors.iter().enumerate() {

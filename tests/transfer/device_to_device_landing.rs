@@ -1,8 +1,8 @@
 //! Prefill and decode pools in one process, both with their pages in
 //! device memory on devices that reach each other: a prompt's KV lands
-//! device to device, one copy pass per write batch, and the decode pool's
-//! device is never written from, nor read back to, the host for it (its
-//! checksums are hashed on the device). The request verifies and the pages
+//! device to device, one copy pass per write batch, and neither device is
+//! written from, nor read back to, the host for it (both ends' checksums
+//! are hashed on their devices). The request verifies and the pages
 //! hold what prefill computed. A write the fault plan corrupts still passes
 //! through the host, where the bit flips, and is caught; a device copy that
 //! fails fails that request closed, and both pools refuse further pages.
@@ -116,7 +116,7 @@ fn pools(cfg: TransferConfig) -> Pools {
 }
 
 #[test]
-fn kv_lands_device_to_device_and_never_touches_the_host_on_the_decode_side() {
+fn kv_lands_device_to_device_and_never_touches_the_host() {
     // 4 KiB batches of K and V rows of 32 bytes: 64 tokens per batch and
     // layer, so the 100-token prompt takes two.
     let g = support::geometry(KvDtype::BF16);
@@ -148,10 +148,10 @@ fn kv_lands_device_to_device_and_never_touches_the_host_on_the_decode_side() {
             "the pages hold what prefill computed"
         );
     }
-    assert!(
-        p.prefill_dev.reads() > 0,
-        "prefill hashes its rows on the host"
-    );
+    // Prefill's pages (16 tokens) hold whole destination pages (8): it
+    // hashed each request's regions on its device, in one pass, too.
+    assert_eq!(p.prefill_dev.reads(), 0, "prefill read no row back");
+    assert_eq!(p.prefill_dev.hash_passes(), 3);
     p.rig.settle();
     p.rig.assert_clean();
 }
