@@ -141,6 +141,15 @@ pub trait Backend: Send + Sync + 'static {
         r == crate::kv::Residence::Host
     }
 
+    /// The KV pool a worker or engine built with `new` gets for `cfg`:
+    /// its page bytes where this backend computes on them. Default: host
+    /// memory ([`crate::KvPool::new`]); the CUDA backend gives device pages
+    /// when asked to (`CudaBackend::device_kv`). A host that builds its own
+    /// pool passes it to `with_pool` instead.
+    fn new_pool(&self, cfg: crate::kv::PoolConfig) -> Result<crate::KvPool, crate::kv::PoolError> {
+        crate::KvPool::new(cfg)
+    }
+
     /// How to run a forward pass of `rows` token rows through a model of
     /// `weights` weight elements (see [`PassPlan`]). Default: here.
     fn plan_pass(&self, rows: usize, weights: usize) -> PassPlan {

@@ -113,7 +113,12 @@ impl<B: Backend> Engine<B> {
         if opts.limits.max_running == 0 || opts.limits.max_prefill_tokens == 0 {
             return Err(EngineError::Limits);
         }
-        let pool = KvPool::new(cfg.pool_config())?;
+        let pool = model.backend().new_pool(cfg.pool_config())?;
+        if !model.backend().accepts_kv(pool.residence()) {
+            return Err(EngineError::PoolResidence {
+                pool: pool.residence(),
+            });
+        }
         let sched =
             Scheduler::new(AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size));
         let cache = secret.map(|s| PrefixCache::new(&pool, model.fingerprint().to_u64(), s));

@@ -57,7 +57,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
         setup::check(&model, &cfg)?;
-        let pool = KvPool::new(cfg.pool_config())?;
+        let pool = model.backend().new_pool(cfg.pool_config())?;
         Self::with_pool(link, model, cfg, pool, transfer)
     }
 

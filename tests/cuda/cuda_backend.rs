@@ -450,3 +450,84 @@ fn a_model_without_compiled_kernels_is_refused_when_placed_not_at_its_first_requ
         }
     }
 }
+
+/// Greedy tokens of `batch` through an engine, 24 each, all submitted at
+/// once.
+fn engine_tokens<B: handoff::backend::Backend>(
+    e: &mut handoff::Engine<B>,
+    batch: &[Vec<u32>],
+) -> Vec<Vec<u32>> {
+    use handoff::{FinishReason, Outcome, Request, TenantId};
+    let hs: Vec<_> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            e.submit(Request::new(
+                RequestId(i as u64),
+                TenantId(0),
+                p.clone(),
+                24,
+            ))
+            .unwrap()
+        })
+        .collect();
+    e.run_until_idle();
+    hs.iter()
+        .map(|h| {
+            let (t, o) = h.try_collect();
+            assert_eq!(o, Some(Outcome::Finished(FinishReason::Length)));
+            t
+        })
+        .collect()
+}
+
+/// A backend asked for device KV (`CudaBackend::device_kv`) gives the
+/// colocated engine a device-resident pool, and the engine's greedy tokens
+/// equal the CPU engine's, alone and in a batch; the pool is full after.
+#[test]
+fn an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device_and_matches_the_cpu() {
+    use handoff::kv::Residence;
+    use handoff::{Engine, EngineConfig};
+    let test = "an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let Some(w) = weights(test) else {
+        return;
+    };
+    let cpu = Model::cpu(w.clone()).expect("places on CPU");
+    let gpu = Model::new(CudaBackend::new(dev).device_kv(true), w).expect("places on the GPU");
+    let cfg = |g| {
+        EngineConfig::colocated(g)
+            .max_context(256)
+            .page_size(16)
+            .pool_tokens(8 * 256)
+            .build()
+            .unwrap()
+    };
+    let (gc, cc) = (
+        cfg(gpu.kv_geometry(KvDtype::F32)),
+        cfg(cpu.kv_geometry(KvDtype::F32)),
+    );
+    let mut g = Engine::new(gpu, gc).unwrap();
+    let mut c = Engine::new(cpu, cc).unwrap();
+    assert_eq!(g.pool().residence(), Residence::Device);
+    assert_eq!(c.pool().residence(), Residence::Host);
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| {
+            (0..(1 + i * 13))
+                .map(|j| (i * 131 + j * 17 + 3) % 512)
+                .collect()
+        })
+        .collect();
+    let want = engine_tokens(&mut c, &prompts);
+    assert_eq!(engine_tokens(&mut g, &prompts), want, "batched");
+    for (p, w) in prompts.iter().zip(&want) {
+        assert_eq!(
+            &engine_tokens(&mut g, std::slice::from_ref(p))[0],
+            w,
+            "alone"
+        );
+    }
+    assert!(g.pool_stats().is_full());
+}

@@ -38,7 +38,8 @@ use crate::backend::{
     AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
 };
 use crate::kv::{
-    DevicePages, KvPool, KvSeq, LayerView, PageId, PoolId, Residence, ScrubPolicy, Writable,
+    DeviceError, DevicePages, KvPool, KvSeq, LayerView, PageId, PoolConfig, PoolError, PoolId,
+    Residence, ScrubPolicy, Writable,
 };
 
 /// An activation buffer in device memory (grow-only).
@@ -177,6 +178,8 @@ pub struct CudaBackend {
     dev: CudaDevice,
     kv: Mutex<Option<KvMirror>>,
     workspace: Mutex<DecodeWorkspace>,
+    /// Whether [`Backend::new_pool`] gives device-resident pools.
+    device_kv: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -194,7 +197,21 @@ impl CudaBackend {
             dev,
             kv: Mutex::new(None),
             workspace: Mutex::new(DecodeWorkspace::default()),
+            device_kv: false,
         }
+    }
+
+    /// Whether engines and workers built with `new` over this backend get
+    /// KV pools whose pages live in this device's memory ([`CudaPages`]:
+    /// the append kernel writes them and attention reads them in place, no
+    /// row crosses to the host) instead of host pools mirrored to the
+    /// device (default: off, until the device-resident path has run on a
+    /// GPU in CI). Out of device memory for the pool is a typed
+    /// `PoolError::Device` (503) at construction.
+    #[must_use]
+    pub fn device_kv(mut self, on: bool) -> Self {
+        self.device_kv = on;
+        self
     }
 
     /// Opens device `ordinal` (see [`CudaDevice::open`]).
@@ -354,6 +371,25 @@ impl Backend for CudaBackend {
     /// Host pools (mirrored) and device-resident pools on [`CudaPages`].
     fn accepts_kv(&self, _r: Residence) -> bool {
         true
+    }
+
+    /// Device-resident ([`CudaPages`]) with [`CudaBackend::device_kv`],
+    /// host memory otherwise.
+    fn new_pool(&self, cfg: PoolConfig) -> Result<KvPool, PoolError> {
+        if !self.device_kv {
+            return KvPool::new(cfg);
+        }
+        let pages = CudaPages::for_pool(&self.dev, &cfg).map_err(|e| {
+            PoolError::Device(DeviceError {
+                device: self.dev.name().to_string(),
+                what: format!(
+                    "allocating {} bytes of KV pages",
+                    cfg.storage_bytes().unwrap_or(usize::MAX)
+                ),
+                reason: e.to_string(),
+            })
+        })?;
+        KvPool::with_device_pages(cfg, Box::new(pages))
     }
 
     fn supports(&self, s: AttnShape) -> Result<(), BackendError> {
