@@ -53,22 +53,24 @@ fn a_pool_planned_from_free_device_memory_builds_and_more_than_the_device_is_a_t
     eprintln!("asking for twice the device: {e}");
 }
 
+/// 8 pages of 16 tokens, 2 layers of 2 bf16 heads of 64: 128 KiB.
+fn small_pool() -> PoolConfig {
+    let g = handoff::KvGeometry {
+        n_layers: 2,
+        n_kv_heads: 2,
+        head_dim: 64,
+        dtype: handoff::KvDtype::BF16,
+    };
+    PoolConfig::new(g, 16, 8)
+}
+
 #[test]
 fn cuda_pages_hash_ranges_on_the_device_as_the_host_does() {
     use handoff::kv::DevicePages;
     let Some(dev) = device_for_test("cuda_pages_hash_ranges_on_the_device_as_the_host_does") else {
         return;
     };
-    let cfg = PoolConfig::new(
-        handoff::KvGeometry {
-            n_layers: 2,
-            n_kv_heads: 2,
-            head_dim: 64,
-            dtype: handoff::KvDtype::BF16,
-        },
-        16,
-        8,
-    );
+    let cfg = small_pool();
     let pages = CudaPages::for_pool(&dev, &cfg).unwrap();
     let bytes: Vec<u8> = (0..pages.len())
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1])
@@ -106,16 +108,7 @@ fn cuda_pages_copy_runs_from_another_pools_pages_on_the_device() {
     else {
         return;
     };
-    let cfg = PoolConfig::new(
-        handoff::KvGeometry {
-            n_layers: 2,
-            n_kv_heads: 2,
-            head_dim: 64,
-            dtype: handoff::KvDtype::BF16,
-        },
-        16,
-        8,
-    );
+    let cfg = small_pool();
     let (a, b) = (
         CudaPages::for_pool(&dev, &cfg).unwrap(),
         CudaPages::for_pool(&dev, &cfg).unwrap(),

@@ -91,3 +91,95 @@ pub fn device_pages_keep_every_rule(make: MakePool<'_>) {
         }
     }
 }
+
+/// Staged device pages the test keeps a handle on (for their counters and
+/// fault switches) while a pool owns them: every access forwards to the
+/// shared [`StagedHostPages`], whose own `as_any` they answer with, so that
+/// another pool's device-to-device copy reaches them. Hash passes and
+/// device copies fail, typed, while their switch is on.
+pub struct SharedStaged {
+    pub pages: std::sync::Arc<handoff::kv::StagedHostPages>,
+    pub fail_hash: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub fail_copies: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SharedStaged {
+    /// Fresh staged pages of `bytes` (hashing unless `hashing` is false),
+    /// both switches off.
+    pub fn new(bytes: usize, hashing: bool) -> Self {
+        let pages = handoff::kv::StagedHostPages::new(bytes);
+        SharedStaged {
+            pages: std::sync::Arc::new(if hashing {
+                pages
+            } else {
+                pages.without_hashing()
+            }),
+            fail_hash: Default::default(),
+            fail_copies: Default::default(),
+        }
+    }
+
+    /// Another handle on the same pages and switches (one goes to the pool).
+    pub fn handle(&self) -> Self {
+        SharedStaged {
+            pages: self.pages.clone(),
+            fail_hash: self.fail_hash.clone(),
+            fail_copies: self.fail_copies.clone(),
+        }
+    }
+
+    fn injected(&self, what: String) -> handoff::kv::DeviceError {
+        use handoff::kv::DevicePages;
+        handoff::kv::DeviceError {
+            device: self.device_name(),
+            what,
+            reason: "device lost (injected)".into(),
+        }
+    }
+}
+
+impl handoff::kv::DevicePages for SharedStaged {
+    fn len(&self) -> usize {
+        self.pages.len()
+    }
+    fn write(&self, at: usize, src: &[u8]) -> Result<(), handoff::kv::DeviceError> {
+        self.pages.write(at, src)
+    }
+    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), handoff::kv::DeviceError> {
+        self.pages.read(at, dst)
+    }
+    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), handoff::kv::DeviceError> {
+        self.pages.fill(at, len, element)
+    }
+    fn xxh3_ranges(
+        &self,
+        ranges: &[(usize, usize)],
+    ) -> Option<Result<Vec<u64>, handoff::kv::DeviceError>> {
+        use std::sync::atomic::Ordering;
+        if !ranges.is_empty() && self.fail_hash.load(Ordering::SeqCst) {
+            return Some(Err(
+                self.injected(format!("hash of {} ranges", ranges.len()))
+            ));
+        }
+        self.pages.xxh3_ranges(ranges)
+    }
+    fn copy_from(
+        &self,
+        src: &dyn handoff::kv::DevicePages,
+        runs: &[(usize, usize, usize)],
+    ) -> Option<Result<(), handoff::kv::DeviceError>> {
+        use std::sync::atomic::Ordering;
+        if self.fail_copies.load(Ordering::SeqCst) {
+            return Some(Err(
+                self.injected(format!("device copy of {} runs", runs.len()))
+            ));
+        }
+        self.pages.copy_from(src, runs)
+    }
+    fn device_name(&self) -> String {
+        self.pages.device_name()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.pages.as_ref()
+    }
+}

@@ -107,6 +107,18 @@ pub fn rig<T: Transfer>(t: &T, cfg: TransferConfig, spec: RigSpec) -> Rig<T> {
     let g = geometry(spec.dtype);
     let prefill_pool = pool(PoolConfig::new(g, spec.prefill_page, spec.prefill_pages));
     let decode_pool = pool(PoolConfig::new(g, spec.decode_page, spec.decode_pages));
+    rig_over(t, cfg, prefill_pool, decode_pool, &spec)
+}
+
+/// A rig over pools the story built (device pages it keeps handles on,
+/// pools it can kill), admitting at `spec`'s windows and page sizes.
+pub fn rig_over<T: Transfer>(
+    t: &T,
+    cfg: TransferConfig,
+    prefill_pool: KvPool,
+    decode_pool: KvPool,
+    spec: &RigSpec,
+) -> Rig<T> {
     let (pl, dl) = t.connect(&cfg).unwrap();
     let prefill = PrefillSide::new(
         pl,

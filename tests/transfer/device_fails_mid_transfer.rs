@@ -5,64 +5,29 @@
 //! full; and the dead device's pool admits nothing more, since a page whose
 //! scrub may not have landed must never be handed out again.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use handoff::kv::{DeviceError, DevicePages, StagedHostPages};
-use handoff::transfer::{DecodeSide, InProcess, PrefillSide, Transfer, TransferConfig};
-use handoff::{AdmissionLimits, HttpStatus, KvDtype, KvPool, PoolConfig};
+use handoff::transfer::{InProcess, TransferConfig};
+use handoff::{HttpStatus, KvDtype, KvPool, PoolConfig};
 
-use crate::support::{self, Rig, request};
-
-/// A device the test can kill while the pool uses it.
-struct Killable(Arc<StagedHostPages>);
-
-impl DevicePages for Killable {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError> {
-        self.0.write(at, src)
-    }
-    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
-        self.0.read(at, dst)
-    }
-    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError> {
-        self.0.fill(at, len, element)
-    }
-    fn device_name(&self) -> String {
-        self.0.device_name()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
+use crate::support::device_pages::SharedStaged;
+use crate::support::{self, Rig, RigSpec, request};
 
 #[test]
 fn a_device_lost_while_kv_lands_fails_that_request_and_nothing_else_is_lost() {
     let g = support::geometry(KvDtype::BF16);
-    let cfg = TransferConfig::default();
-    let (pl, dl) = InProcess.connect(&cfg).unwrap();
     let prefill_pool = KvPool::new(PoolConfig::new(g, 16, 32)).unwrap();
     let dcfg = PoolConfig::new(g, 16, 32);
-    let dev = Arc::new(StagedHostPages::new(dcfg.storage_bytes().unwrap()));
-    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(Killable(dev.clone()))).unwrap();
-    let mut rig: Rig<InProcess> = Rig {
-        prefill: PrefillSide::new(
-            pl,
-            prefill_pool.clone(),
-            AdmissionLimits::new(256, 32, 16),
-            cfg.clone(),
-        ),
-        decode: DecodeSide::new(
-            dl,
-            decode_pool.clone(),
-            AdmissionLimits::new(256, 32, 16),
-            cfg,
-        ),
+    // A device that cannot hash: landed rows come back to be checked.
+    let dev = SharedStaged::new(dcfg.storage_bytes().unwrap(), false);
+    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(dev.handle())).unwrap();
+    let mut rig: Rig<InProcess> = support::rig_over(
+        &InProcess,
+        TransferConfig::default(),
         prefill_pool,
         decode_pool,
-    };
+        &RigSpec::default(),
+    );
 
     // A first request lands whole: the device works.
     let _ = rig.decode.submit(request(1, 1, 40)).unwrap();
@@ -79,7 +44,7 @@ fn a_device_lost_while_kv_lands_fails_that_request_and_nothing_else_is_lost() {
     // KV lands.
     let _ = rig.decode.submit(request(2, 1, 40)).unwrap();
     let _ = rig.decode.poll(Duration::ZERO);
-    dev.fail_after(0);
+    dev.pages.fail_after(0);
     let _ = rig.serve_one();
     let outcomes = rig.outcomes(1);
     assert_eq!(outcomes.len(), 1);

@@ -7,102 +7,45 @@
 //! verified KV, the pool refuses further pages, accounting whole.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-use handoff::kv::{DeviceError, DevicePages, StagedHostPages};
 use handoff::transfer::{
-    DecodeSide, Fault, FaultPlan, FaultRule, InProcess, IntegrityError, PrefillSide, Step,
-    Transfer, TransferConfig, TransferError, synthetic,
+    Fault, FaultPlan, FaultRule, InProcess, IntegrityError, Step, TransferConfig, TransferError,
+    synthetic,
 };
-use handoff::{AdmissionLimits, HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
+use handoff::{HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
 
-use crate::support::{self, Rig, request};
-
-/// Staged device pages whose hash pass the test can make fail.
-struct FlakyHash {
-    dev: Arc<StagedHostPages>,
-    fail_hash: Arc<AtomicBool>,
-}
-
-impl DevicePages for FlakyHash {
-    fn len(&self) -> usize {
-        self.dev.len()
-    }
-    fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError> {
-        self.dev.write(at, src)
-    }
-    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
-        self.dev.read(at, dst)
-    }
-    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError> {
-        self.dev.fill(at, len, element)
-    }
-    fn xxh3_ranges(&self, ranges: &[(usize, usize)]) -> Option<Result<Vec<u64>, DeviceError>> {
-        if !ranges.is_empty() && self.fail_hash.load(Ordering::SeqCst) {
-            return Some(Err(DeviceError {
-                device: self.device_name(),
-                what: format!("hash of {} ranges", ranges.len()),
-                reason: "device lost (injected)".into(),
-            }));
-        }
-        self.dev.xxh3_ranges(ranges)
-    }
-    fn device_name(&self) -> String {
-        self.dev.device_name()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
+use crate::support::device_pages::SharedStaged;
+use crate::support::{self, Rig, RigSpec, request};
 
 /// An in-process rig whose decode pool (audit trail off, as in production,
-/// so that nothing else reads landed rows back) lives on `pages`.
-fn rig(pages: Box<dyn DevicePages>, cfg: TransferConfig) -> Rig<InProcess> {
+/// so that nothing else reads landed rows back) lives on `dev`.
+fn rig(dev: &SharedStaged, cfg: TransferConfig) -> Rig<InProcess> {
     let g = support::geometry(KvDtype::BF16);
-    let (pl, dl) = InProcess.connect(&cfg).unwrap();
     let prefill_pool = KvPool::new(PoolConfig::new(g, 16, 32)).unwrap();
-    let decode_pool =
-        KvPool::with_device_pages(PoolConfig::new(g, 16, 32).audit(false), pages).unwrap();
-    Rig {
-        prefill: PrefillSide::new(
-            pl,
-            prefill_pool.clone(),
-            AdmissionLimits::new(256, 32, 16),
-            cfg.clone(),
-        ),
-        decode: DecodeSide::new(
-            dl,
-            decode_pool.clone(),
-            AdmissionLimits::new(256, 32, 16),
-            cfg,
-        ),
+    let dcfg = PoolConfig::new(g, 16, 32).audit(false);
+    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(dev.handle())).unwrap();
+    support::rig_over(
+        &InProcess,
+        cfg,
         prefill_pool,
         decode_pool,
-    }
+        &RigSpec::default(),
+    )
 }
 
-fn staged(cfg: &PoolConfig) -> Arc<StagedHostPages> {
-    Arc::new(StagedHostPages::new(cfg.storage_bytes().unwrap()))
-}
-
-fn staged_without_hashing(cfg: &PoolConfig) -> Arc<StagedHostPages> {
-    Arc::new(StagedHostPages::new(cfg.storage_bytes().unwrap()).without_hashing())
-}
-
-fn decode_pool_config() -> PoolConfig {
-    PoolConfig::new(support::geometry(KvDtype::BF16), 16, 32)
+fn device(hashing: bool) -> SharedStaged {
+    let g = support::geometry(KvDtype::BF16);
+    SharedStaged::new(PoolConfig::new(g, 16, 32).storage_bytes().unwrap(), hashing)
 }
 
 /// Serves prompts of `lens` tokens one after another on `dev`; returns the
 /// device's (reads, hash passes) taken by landing and verifying them, and
 /// checks every verified sequence's bytes afterwards.
-fn serve(dev: &Arc<StagedHostPages>, lens: &[usize]) -> (usize, usize) {
-    let pages = FlakyHash {
-        dev: dev.clone(),
-        fail_hash: Arc::new(AtomicBool::new(false)),
-    };
-    let mut rig = rig(Box::new(pages), TransferConfig::default());
-    let (reads0, passes0) = (dev.reads(), dev.hash_passes());
+fn serve(dev: &SharedStaged, lens: &[usize]) -> (usize, usize) {
+    let mut rig = rig(dev, TransferConfig::default());
+    let pages = &dev.pages;
+    let (reads0, passes0) = (pages.reads(), pages.hash_passes());
     let mut verified = Vec::new();
     for (i, &len) in lens.iter().enumerate() {
         let id = i as u64 + 1;
@@ -113,7 +56,7 @@ fn serve(dev: &Arc<StagedHostPages>, lens: &[usize]) -> (usize, usize) {
         assert_eq!(v.seq().complete_len(), Some(len));
         verified.push((o.request, v));
     }
-    let taken = (dev.reads() - reads0, dev.hash_passes() - passes0);
+    let taken = (pages.reads() - reads0, pages.hash_passes() - passes0);
     for (id, v) in &verified {
         assert_eq!(
             synthetic::check(&rig.decode_pool, v.seq(), *id).unwrap(),
@@ -130,15 +73,13 @@ fn serve(dev: &Arc<StagedHostPages>, lens: &[usize]) -> (usize, usize) {
 #[test]
 fn landed_kv_is_hashed_on_the_device_in_one_pass_per_request_and_never_read_back() {
     let lens = [40, 1, 17, 64];
-    let dev = staged(&decode_pool_config());
-    let (reads, passes) = serve(&dev, &lens);
+    let (reads, passes) = serve(&device(true), &lens);
     assert_eq!(reads, 0, "no landed row came back to the host");
     assert_eq!(passes, lens.len(), "one hash pass per verified request");
 
     // A device that cannot hash: the same requests verify, by reading every
     // landed run back (what the device hash saves).
-    let dev = staged_without_hashing(&decode_pool_config());
-    let (reads, passes) = serve(&dev, &lens);
+    let (reads, passes) = serve(&device(false), &lens);
     assert!(reads > 0, "the host hashed copies of the landed rows");
     assert_eq!(passes, 0);
 }
@@ -147,14 +88,8 @@ fn landed_kv_is_hashed_on_the_device_in_one_pass_per_request_and_never_read_back
 fn a_flipped_bit_in_a_write_is_caught_by_the_device_hash() {
     let faults = FaultPlan::new().with(FaultRule::at(Step::KvWriting, Fault::Corrupt).times(1));
     let cfg = TransferConfig::default().with_faults(Arc::new(faults));
-    let dev = staged(&decode_pool_config());
-    let mut rig = rig(
-        Box::new(FlakyHash {
-            dev: dev.clone(),
-            fail_hash: Arc::new(AtomicBool::new(false)),
-        }),
-        cfg,
-    );
+    let dev = device(true);
+    let mut rig = rig(&dev, cfg);
     let _ = rig.decode.submit(request(1, 1, 40)).unwrap();
     let _ = rig.serve_one();
     let outcomes = rig.outcomes(1);
@@ -165,8 +100,8 @@ fn a_flipped_bit_in_a_write_is_caught_by_the_device_hash() {
         }
         other => panic!("a corrupted write must fail its checksum, got {other:?}"),
     }
-    assert_eq!(dev.hash_passes(), 1, "caught by the device's pass");
-    assert_eq!(dev.reads(), 0);
+    assert_eq!(dev.pages.hash_passes(), 1, "caught by the device's pass");
+    assert_eq!(dev.pages.reads(), 0);
     drop(outcomes);
     rig.settle();
     rig.assert_clean();
@@ -174,15 +109,9 @@ fn a_flipped_bit_in_a_write_is_caught_by_the_device_hash() {
 
 #[test]
 fn a_device_that_fails_its_hash_pass_fails_that_request_closed() {
-    let dev = staged(&decode_pool_config());
-    let fail_hash = Arc::new(AtomicBool::new(true));
-    let mut rig = rig(
-        Box::new(FlakyHash {
-            dev: dev.clone(),
-            fail_hash: fail_hash.clone(),
-        }),
-        TransferConfig::default(),
-    );
+    let dev = device(true);
+    dev.fail_hash.store(true, Ordering::SeqCst);
+    let mut rig = rig(&dev, TransferConfig::default());
     let _ = rig.decode.submit(request(1, 1, 40)).unwrap();
     let _ = rig.serve_one();
     let outcomes = rig.outcomes(1);
@@ -195,7 +124,7 @@ fn a_device_that_fails_its_hash_pass_fails_that_request_closed() {
     drop(outcomes);
 
     // The pool admits nothing more (the device failed), typed, 503.
-    fail_hash.store(false, Ordering::SeqCst);
+    dev.fail_hash.store(false, Ordering::SeqCst);
     let _ = rig.decode.submit(request(2, 1, 8)).unwrap();
     let refused = rig.outcomes(1);
     assert_eq!(refused.len(), 1);

@@ -8,110 +8,44 @@
 //! fails fails that request closed, and both pools refuse further pages.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-use handoff::kv::{DeviceError, DevicePages, StagedHostPages};
 use handoff::transfer::{
-    DecodeSide, Fault, FaultPlan, FaultRule, InProcess, IntegrityError, PrefillSide, Step,
-    Transfer, TransferConfig, TransferError, synthetic,
+    Fault, FaultPlan, FaultRule, InProcess, IntegrityError, Step, TransferConfig, TransferError,
+    synthetic,
 };
-use handoff::{AdmissionLimits, HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
+use handoff::{HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
 
-use crate::support::{self, Rig, request};
-
-/// Staged device pages shared with the test (for its counters), whose
-/// device-to-device copies the test can make fail. They reach any other
-/// such pages, as two pools on one GPU do.
-struct Device {
-    pages: Arc<StagedHostPages>,
-    fail_copies: Arc<AtomicBool>,
-}
-
-impl DevicePages for Device {
-    fn len(&self) -> usize {
-        self.pages.len()
-    }
-    fn write(&self, at: usize, src: &[u8]) -> Result<(), DeviceError> {
-        self.pages.write(at, src)
-    }
-    fn read(&self, at: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
-        self.pages.read(at, dst)
-    }
-    fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError> {
-        self.pages.fill(at, len, element)
-    }
-    fn xxh3_ranges(&self, ranges: &[(usize, usize)]) -> Option<Result<Vec<u64>, DeviceError>> {
-        self.pages.xxh3_ranges(ranges)
-    }
-    fn copy_from(
-        &self,
-        src: &dyn DevicePages,
-        runs: &[(usize, usize, usize)],
-    ) -> Option<Result<(), DeviceError>> {
-        if self.fail_copies.load(Ordering::SeqCst) {
-            return Some(Err(DeviceError {
-                device: self.device_name(),
-                what: format!("device copy of {} runs", runs.len()),
-                reason: "device lost (injected)".into(),
-            }));
-        }
-        self.pages.copy_from(src, runs)
-    }
-    fn device_name(&self) -> String {
-        self.pages.device_name()
-    }
-    // The staged pages themselves, so that another pool's copy reaches them.
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.pages.as_ref()
-    }
-}
+use crate::support::device_pages::SharedStaged;
+use crate::support::{self, Rig, RigSpec, request};
 
 struct Pools {
     rig: Rig<InProcess>,
-    prefill_dev: Arc<StagedHostPages>,
-    decode_dev: Arc<StagedHostPages>,
-    fail_copies: Arc<AtomicBool>,
+    prefill_dev: SharedStaged,
+    decode_dev: SharedStaged,
 }
 
 /// Prefill pages of 16 tokens, decode pages of 8 (a batch's runs cross
-/// page boundaries on both sides), both on staged devices, audit off on
-/// decode (as in production: nothing else reads landed rows back).
+/// page boundaries on both sides), both on staged devices that reach each
+/// other, audit off on decode (as in production: nothing else reads landed
+/// rows back).
 fn pools(cfg: TransferConfig) -> Pools {
     let g = support::geometry(KvDtype::BF16);
-    let (pl, dl) = InProcess.connect(&cfg).unwrap();
-    let pcfg = PoolConfig::new(g, 16, 32);
-    let dcfg = PoolConfig::new(g, 8, 64).audit(false);
-    let prefill_dev = Arc::new(StagedHostPages::new(pcfg.storage_bytes().unwrap()));
-    let decode_dev = Arc::new(StagedHostPages::new(dcfg.storage_bytes().unwrap()));
-    let fail_copies = Arc::new(AtomicBool::new(false));
-    let device = |pages: &Arc<StagedHostPages>| {
-        Box::new(Device {
-            pages: pages.clone(),
-            fail_copies: fail_copies.clone(),
-        })
+    let spec = RigSpec {
+        decode_page: 8,
+        decode_pages: 64,
+        ..RigSpec::default()
     };
-    let prefill_pool = KvPool::with_device_pages(pcfg, device(&prefill_dev)).unwrap();
-    let decode_pool = KvPool::with_device_pages(dcfg, device(&decode_dev)).unwrap();
+    let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
+    let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages).audit(false);
+    let prefill_dev = SharedStaged::new(pcfg.storage_bytes().unwrap(), true);
+    let decode_dev = SharedStaged::new(dcfg.storage_bytes().unwrap(), true);
+    let prefill_pool = KvPool::with_device_pages(pcfg, Box::new(prefill_dev.handle())).unwrap();
+    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(decode_dev.handle())).unwrap();
     Pools {
-        rig: Rig {
-            prefill: PrefillSide::new(
-                pl,
-                prefill_pool.clone(),
-                AdmissionLimits::new(256, 32, 16),
-                cfg.clone(),
-            ),
-            decode: DecodeSide::new(
-                dl,
-                decode_pool.clone(),
-                AdmissionLimits::new(256, 64, 8),
-                cfg,
-            ),
-            prefill_pool,
-            decode_pool,
-        },
+        rig: support::rig_over(&InProcess, cfg, prefill_pool, decode_pool, &spec),
         prefill_dev,
         decode_dev,
-        fail_copies,
     }
 }
 
@@ -126,19 +60,23 @@ fn kv_lands_device_to_device_and_never_touches_the_host() {
     let mut p = pools(cfg);
     for (id, len) in [(1u64, 100usize), (2, 7), (3, 64)] {
         let (w0, r0, c0) = (
-            p.decode_dev.writes(),
-            p.decode_dev.reads(),
-            p.decode_dev.copy_passes(),
+            p.decode_dev.pages.writes(),
+            p.decode_dev.pages.reads(),
+            p.decode_dev.pages.copy_passes(),
         );
         let _ = p.rig.decode.submit(request(id, 1, len)).unwrap();
         p.rig.serve_one().unwrap();
         let o = p.rig.outcomes(1).pop().unwrap();
         let v = o.result.unwrap_or_else(|e| panic!("request {id}: {e}"));
         assert_eq!(v.seq().complete_len(), Some(len));
-        assert_eq!(p.decode_dev.writes(), w0, "no row written from the host");
-        assert_eq!(p.decode_dev.reads(), r0, "no row read back");
         assert_eq!(
-            p.decode_dev.copy_passes() - c0,
+            p.decode_dev.pages.writes(),
+            w0,
+            "no row written from the host"
+        );
+        assert_eq!(p.decode_dev.pages.reads(), r0, "no row read back");
+        assert_eq!(
+            p.decode_dev.pages.copy_passes() - c0,
             len.div_ceil(batch) * g.n_layers,
             "one device copy pass per batch and layer"
         );
@@ -150,8 +88,8 @@ fn kv_lands_device_to_device_and_never_touches_the_host() {
     }
     // Prefill's pages (16 tokens) hold whole destination pages (8): it
     // hashed each request's regions on its device, in one pass, too.
-    assert_eq!(p.prefill_dev.reads(), 0, "prefill read no row back");
-    assert_eq!(p.prefill_dev.hash_passes(), 3);
+    assert_eq!(p.prefill_dev.pages.reads(), 0, "prefill read no row back");
+    assert_eq!(p.prefill_dev.pages.hash_passes(), 3);
     p.rig.settle();
     p.rig.assert_clean();
 }
@@ -170,7 +108,10 @@ fn a_corrupted_write_passes_through_the_host_and_is_caught() {
         }
         other => panic!("a corrupted write must fail its checksum, got {other:?}"),
     }
-    assert!(p.decode_dev.writes() > 0, "the tampered batch was staged");
+    assert!(
+        p.decode_dev.pages.writes() > 0,
+        "the tampered batch was staged"
+    );
     drop(outcomes);
     p.rig.settle();
     p.rig.assert_clean();
@@ -181,7 +122,7 @@ fn a_failed_device_copy_fails_that_request_closed_and_both_pools_refuse_pages() 
     let mut p = pools(TransferConfig::default());
     let _ = p.rig.decode.submit(request(1, 1, 40)).unwrap();
     let _ = p.rig.decode.poll(std::time::Duration::ZERO);
-    p.fail_copies.store(true, Ordering::SeqCst);
+    p.decode_dev.fail_copies.store(true, Ordering::SeqCst);
     let _ = p.rig.serve_one();
     let outcomes = p.rig.outcomes(1);
     assert_eq!(outcomes.len(), 1);
@@ -190,7 +131,7 @@ fn a_failed_device_copy_fails_that_request_closed_and_both_pools_refuse_pages() 
     };
     assert!(e.http_status() >= 500, "{e}");
     drop(outcomes);
-    p.fail_copies.store(false, Ordering::SeqCst);
+    p.decode_dev.fail_copies.store(false, Ordering::SeqCst);
 
     // Either device may be the one that failed: neither hands out pages.
     let _ = p.rig.decode.submit(request(2, 1, 8)).unwrap();

@@ -155,29 +155,20 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const R: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let SplitBlock {
-        quant_bytes: qb,
-        scales: sb,
-    } = SplitBlock::of(q8);
-    if !k.is_multiple_of(32) || x.len() < M * k || cols.is_empty() {
+    let Some(blocks) = split_blocks(
+        q8,
+        x.len(),
+        M,
+        k,
+        &row,
+        &cols,
+        out.len(),
+        (row_stride, col_stride),
+    ) else {
         return false;
-    }
-    let blocks = k / 32;
-    let last = (cols.end - 1 - cols.start) * col_stride + (M - 1) * row_stride;
-    let short = |j: usize| {
-        let (q, s) = row(j);
-        q.len() < blocks * qb || s.len() < blocks * sb
     };
-    if out.len() <= last || cols.clone().any(short) {
-        return false;
-    }
-    let mut put = |j: usize, sums: &[[f32; M]]| {
-        for (r, s) in sums.iter().enumerate() {
-            for (i, v) in s.iter().enumerate() {
-                out[(j + r - cols.start) * col_stride + i * row_stride] = *v;
-            }
-        }
-    };
+    let mut put =
+        |j: usize, sums: &[[f32; M]]| put_sums(out, &cols, j, sums, (row_stride, col_stride));
     let mut j = cols.start;
     while j + R <= cols.end {
         let rows: [(&[u8], &[u16]); R] = std::array::from_fn(|r| row(j + r));
@@ -203,6 +194,55 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const R: usize>(
         });
     }
     true
+}
+
+/// The blocks per row of a split matmul's arguments (`x` of `x_len`
+/// floats for `m` rows of `k`; weight rows `cols` through `row`; `out` of
+/// `out_len` floats at `strides = (row, col)`), or `None` when `k` is not
+/// a whole number of blocks, `x` or `out` is short, or a row does not hold
+/// its blocks: the checks every split kernel's safety rests on.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn split_blocks<'w>(
+    q8: bool,
+    x_len: usize,
+    m: usize,
+    k: usize,
+    row: &impl Fn(usize) -> (&'w [u8], &'w [u16]),
+    cols: &std::ops::Range<usize>,
+    out_len: usize,
+    (row_stride, col_stride): (usize, usize),
+) -> Option<usize> {
+    let SplitBlock {
+        quant_bytes: qb,
+        scales: sb,
+    } = SplitBlock::of(q8);
+    if !k.is_multiple_of(32) || m == 0 || x_len < m * k || cols.is_empty() {
+        return None;
+    }
+    let blocks = k / 32;
+    let last = (cols.end - 1 - cols.start) * col_stride + (m - 1) * row_stride;
+    let short = |j: usize| {
+        let (q, s) = row(j);
+        q.len() < blocks * qb || s.len() < blocks * sb
+    };
+    (out_len > last && !cols.clone().any(short)).then_some(blocks)
+}
+
+/// Stores the dot products of weight rows `j..` (`sums[r][i]`: row `j + r`
+/// with activation row `i`) at `out[(j + r - cols.start) * col_stride + i
+/// * row_stride]`.
+pub(crate) fn put_sums<const M: usize>(
+    out: &mut [f32],
+    cols: &std::ops::Range<usize>,
+    j: usize,
+    sums: &[[f32; M]],
+    (row_stride, col_stride): (usize, usize),
+) {
+    for (r, s) in sums.iter().enumerate() {
+        for (i, v) in s.iter().enumerate() {
+            out[(j + r - cols.start) * col_stride + i * row_stride] = *v;
+        }
+    }
 }
 
 /// The `M x R` dot products of [`matmul_cols_split`] for `R` weight rows.

@@ -21,7 +21,9 @@ use std::arch::x86_64::{
 };
 
 use crate::backend::cpu::kernel::SplitBlock;
-use crate::backend::cpu::x86_quant::{PREFETCH, SCALE_RUN, split_rows, widen_scales};
+use crate::backend::cpu::x86_quant::{
+    PREFETCH, SCALE_RUN, put_sums, split_blocks, split_rows, widen_scales,
+};
 
 /// One weight row's quants and scales, as `matmul_cols_split` takes them.
 type Row<'w> = (&'w [u8], &'w [u16]);
@@ -107,29 +109,20 @@ pub(crate) fn matmul_cols_split<'w, const M: usize, const P: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let SplitBlock {
-        quant_bytes: qb,
-        scales: sb,
-    } = SplitBlock::of(q8);
-    if !k.is_multiple_of(32) || x.len() < M * k || cols.is_empty() {
+    let Some(blocks) = split_blocks(
+        q8,
+        x.len(),
+        M,
+        k,
+        &row,
+        &cols,
+        out.len(),
+        (row_stride, col_stride),
+    ) else {
         return false;
-    }
-    let blocks = k / 32;
-    let last = (cols.end - 1 - cols.start) * col_stride + (M - 1) * row_stride;
-    let short = |j: usize| {
-        let (q, s) = row(j);
-        q.len() < blocks * qb || s.len() < blocks * sb
     };
-    if out.len() <= last || cols.clone().any(short) {
-        return false;
-    }
-    let mut put = |j: usize, sums: &[[f32; M]]| {
-        for (r, s) in sums.iter().enumerate() {
-            for (i, v) in s.iter().enumerate() {
-                out[(j + r - cols.start) * col_stride + i * row_stride] = *v;
-            }
-        }
-    };
+    let mut put =
+        |j: usize, sums: &[[f32; M]]| put_sums(out, &cols, j, sums, (row_stride, col_stride));
     let mut j = cols.start;
     while j + 2 * P <= cols.end {
         let rows: [[Row<'w>; 2]; P] = std::array::from_fn(|p| [row(j + 2 * p), row(j + 2 * p + 1)]);
