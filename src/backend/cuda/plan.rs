@@ -22,15 +22,19 @@ use crate::{KvDtype, KvGeometry};
 pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
 /// Smallest KV chunk a split-KV decode block takes (positions).
 const MIN_CHUNK: usize = 256;
-/// Most chunks `Split::Auto` cuts one sequence into (32 chunks of each of
-/// 8 KV heads already fill an H200's 132 SMs twice for one sequence).
-const AUTO_MAX_SPLITS: usize = 32;
+/// Most chunks `Split::Auto` cuts one sequence into. A decode block is 4
+/// warps, so an SM needs several to hide memory latency: at batch 1 and
+/// 32k positions, 128 chunks of each of 4 KV heads (GQA 32:4) give 512
+/// blocks, ~4 per SM of an H200's 132 (32 chunks gave ~1, and the first GPU
+/// run read 0.18 of copy bandwidth there). Chunks stay at least 256
+/// positions, so short sequences are cut no finer than before.
+const AUTO_MAX_SPLITS: usize = 128;
 
 /// How decode splits the KV length across blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
     /// Each sequence cut by its own length only (chunks of at least 256
-    /// positions, at most 32 of them), so its output is bit-identical alone
+    /// positions, at most 128 of them), so its output is bit-identical alone
     /// or in any batch.
     #[default]
     Auto,
@@ -462,13 +466,20 @@ mod tests {
     }
 
     #[test]
-    fn auto_split_cuts_by_the_longest_length_into_at_most_32_chunks_of_256_or_more() {
+    fn auto_split_cuts_by_the_longest_length_into_at_most_128_chunks_of_256_or_more() {
         let a = attn(KvDtype::F16, 64, 2, 8);
-        for (max_len, splits) in [(1, 1), (256, 1), (257, 2), (8191, 32), (1 << 20, 32)] {
+        for (max_len, splits) in [
+            (1, 1),
+            (256, 1),
+            (257, 2),
+            (8191, 32),
+            (32_768, 128),
+            (1 << 20, 128),
+        ] {
             let p = plan_decode(&a, &batch(3, max_len), Split::Auto).unwrap();
             assert_eq!(p.splits(), splits, "max_len {max_len}");
             let params = decode_params(&p);
-            assert_eq!((params.chunk_tokens, params.auto_max_splits), (256, 32));
+            assert_eq!((params.chunk_tokens, params.auto_max_splits), (256, 128));
             assert_eq!(params.num_splits as usize, splits);
             assert_eq!(matches!(p, DecodePlan::Whole(_)), splits == 1);
         }
