@@ -177,6 +177,27 @@ struct ArgmaxParams {
     uint32_t vocab;
 };
 
+// One row's draw (src/sampling: Draw), made by the host from validated
+// sampling parameters and the request stream's next value.
+struct SampleDraw {
+    float temperature;  // 0: greedy
+    uint32_t top_k;     // 0: every token
+    float top_p;        // 1: every token
+    uint32_t pad0;
+    uint64_t random;    // the request stream's next value (unused when greedy)
+};
+
+// One token per row by src/sampling/row.rs's rule (cuda/sampling.cuh).
+// grid (n_rows); block SAMPLE_THREADS.
+struct SampleParams {
+    const float* logits;      // [n_rows, vocab] f32
+    const SampleDraw* draws;  // [n_rows]
+    uint32_t* out_token;      // [n_rows] the token; on a failed row, the bits of its bad logit
+    uint32_t* out_status;     // [n_rows] 0: sampled; 1 + i: logit i is not finite
+    uint32_t n_rows;
+    uint32_t vocab;           // 1..=2^23 (src/sampling: MAX_VOCAB)
+};
+
 // out = x · wᵀ (f32). Each output element sums k in ascending order, the
 // same whatever m is, so a row's result does not depend on its batch.
 // grid (ceil(n/16), ceil(m/16)); block (16, 16).

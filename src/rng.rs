@@ -26,7 +26,8 @@ impl SplitMix64 {
         (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
     }
 
-    /// Uniform in `[0, 1)` with 53 bits of precision.
+    /// Uniform in `[0, 1)` with 53 bits of precision (test data).
+    #[cfg(test)]
     pub(crate) fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }

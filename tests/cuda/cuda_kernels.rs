@@ -308,9 +308,9 @@ const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
 fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
-    // merge, scrub, rms_norm, rope, swiglu, embedding, argmax;
+    // merge, scrub, rms_norm, rope, swiglu, embedding, argmax, sample_rows;
     // linear, add_periodic; xxh3_ranges, page_checksums; prefill_mma: 2 x 2.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 7 + 2 + 2 + 4);
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 8 + 2 + 2 + 4);
 }
 
 // ----------------------------------------------------------------- decode
@@ -1363,4 +1363,57 @@ fn gpu_page_checksums_equal_the_transfer_layers_for_full_partial_and_empty_pages
             Err(CudaError::Shape { .. })
         ));
     }
+}
+
+// --------------------------------------------------------------- sampling
+
+/// Device sampling picks the host's token for every row (the rows of
+/// sampling_host.rs, one launch per vocabulary), and over a Llama 3
+/// vocabulary (128,256 logits) at batch 64; a row with a NaN fails alone,
+/// naming the culprit.
+#[test]
+fn device_sampling_picks_the_hosts_tokens() {
+    use crate::sampling_host::{Row, host_answer, rows};
+    use handoff::SamplingParams;
+    use handoff::sampling::Draw;
+    let dev = gpu!("device_sampling_picks_the_hosts_tokens");
+    let check = |rows: &[&Row]| {
+        let vocab = rows[0].logits.len();
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.logits.iter().copied()).collect();
+        let logits = dev.upload(&flat).unwrap();
+        let draws: Vec<Draw> = rows.iter().map(|r| r.draw).collect();
+        let got = dev.sample_rows(&logits, vocab, &draws).unwrap();
+        for (i, (r, g)) in rows.iter().zip(got).enumerate() {
+            assert_eq!(g, host_answer(r), "vocab {vocab}, row {i}: {:?}", r.draw);
+        }
+    };
+    let all = rows(&[1, 2, 31, 33, 100, 257, 1000, 3000, 5, 64, 65, 500], 3, 7);
+    let mut vocabs: Vec<usize> = all.iter().map(|r| r.logits.len()).collect();
+    vocabs.sort_unstable();
+    vocabs.dedup();
+    for v in vocabs {
+        let same: Vec<&Row> = all.iter().filter(|r| r.logits.len() == v).collect();
+        check(&same);
+    }
+    let mut rng = Rng(2026);
+    let big: Vec<Row> = (0..64)
+        .map(|b| {
+            let logits: Vec<f32> = (0..128_256)
+                .map(|i| 2.0 * rng.f32() + if i % 20_011 == b { 14.0 } else { 0.0 })
+                .collect();
+            let p = SamplingParams {
+                temperature: [0.0, 0.7, 1.0, 1.2][b % 4],
+                top_k: (b % 3 == 0).then_some(50),
+                top_p: (b % 2 == 0).then_some(0.9),
+                seed: b as u64,
+                stop_ids: Vec::new(),
+            };
+            Row {
+                logits,
+                draw: Draw::new(&p, rng.next_u64()).unwrap(),
+            }
+        })
+        .collect();
+    let refs: Vec<&Row> = big.iter().collect();
+    check(&refs);
 }

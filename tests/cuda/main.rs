@@ -10,4 +10,5 @@ mod cuda_backend;
 mod cuda_kernels;
 mod cuda_pages;
 mod prefill_mma_host;
+mod sampling_host;
 mod xxh3_host;

@@ -132,5 +132,6 @@ mod tests {
         assert_eq!(spec(linear().id()), (256, 0));
         assert_eq!(spec(page_checksums().id()), (256, 0));
         assert_eq!(spec(argmax().id()), (256, 0));
+        assert_eq!(spec(sample_rows().id()), (256, 0));
     }
 }

@@ -28,6 +28,7 @@ use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
 use crate::backend::{RopeScaling, RopeStyle};
 use crate::kv::KvDtype;
+use crate::sampling::{Draw, MAX_VOCAB, SamplingError};
 
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
@@ -729,6 +730,76 @@ impl CudaDevice {
             return Err(CudaError::NanLogits { row, nans: n });
         }
         self.download(&idx)
+    }
+
+    /// One token per row of `logits` `[draws.len(), vocab]`, each by its
+    /// draw and [`crate::sampling::sample_row`]'s rule, bit for bit: only
+    /// the token ids (or, for a row holding a non-finite logit, that
+    /// logit) come back to the host, after one sync.
+    pub fn sample_rows(
+        &self,
+        logits: &impl DevicePtr<f32>,
+        vocab: usize,
+        draws: &[Draw],
+    ) -> Result<Vec<Result<u32, SamplingError>>, CudaError> {
+        if vocab == 0 || logits.len() != draws.len().saturating_mul(vocab) || draws.is_empty() {
+            return Err(CudaError::Shape {
+                what: "logits ([draws, vocab], at least one row)",
+                expected: draws.len().saturating_mul(vocab.max(1)),
+                got: logits.len(),
+            });
+        }
+        if vocab > MAX_VOCAB {
+            return Ok(vec![
+                Err(SamplingError::VocabularyTooLarge {
+                    vocab,
+                    max: MAX_VOCAB,
+                });
+                draws.len()
+            ]);
+        }
+        let host: Vec<SampleDraw> = draws
+            .iter()
+            .map(|d| SampleDraw {
+                temperature: d.temperature(),
+                top_k: d
+                    .top_k()
+                    .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
+                top_p: d.top_p(),
+                pad0: 0,
+                random: d.random(),
+            })
+            .collect();
+        let dev_draws = self.upload(&host)?;
+        let mut token = self.zeros::<u32>(draws.len())?;
+        let mut status = self.zeros::<u32>(draws.len())?;
+        let mut args = Args::new(&self.inner.stream);
+        let p = SampleParams {
+            logits: args.read(logits),
+            draws: args.read(&dev_draws),
+            out_token: args.write(&mut token),
+            out_status: args.write(&mut status),
+            n_rows: to_u32("sampled rows", draws.len())?,
+            vocab: to_u32("vocab", vocab)?,
+        };
+        // Launch contract: logits hold n_rows*vocab f32 (checked), vocab is
+        // within MAX_VOCAB (checked: the weights' sums fit u64), draws,
+        // token and status hold n_rows entries each; one block of exactly
+        // SAMPLE_THREADS threads per row (its shared arrays).
+        self.launch(kernels::sample_rows(), &p, (p.n_rows, 1, 1), args)?;
+        let token = self.download(&token)?;
+        let status = self.download(&status)?;
+        Ok(token
+            .iter()
+            .zip(&status)
+            .map(|(&t, &s)| match s {
+                0 => Ok(t),
+                s => Err(SamplingError::NonFinite {
+                    index: s as usize - 1,
+                    value: f32::from_bits(t),
+                }),
+            })
+            .collect())
     }
 
     /// xxh3-64 (seed 0) of each `(offset, len)` byte range of `data`, one

@@ -164,6 +164,29 @@ pub(crate) struct ArgmaxParams {
     pub vocab: u32,
 }
 
+/// One row's draw. See `SampleDraw` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SampleDraw {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub pad0: u32,
+    pub random: u64,
+}
+
+/// Device sampling. See `SampleParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SampleParams {
+    pub logits: u64,     // [n_rows, vocab] f32
+    pub draws: u64,      // [n_rows] SampleDraw
+    pub out_token: u64,  // [n_rows] u32
+    pub out_status: u64, // [n_rows] u32
+    pub n_rows: u32,
+    pub vocab: u32,
+}
+
 /// Dense `x · wᵀ`. See `LinearParams` in params.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -237,6 +260,8 @@ device_repr!(
     SwigluParams,
     EmbeddingParams,
     ArgmaxParams,
+    SampleDraw,
+    SampleParams,
     LinearParams,
     AddParams,
     HashRangesParams,

@@ -77,6 +77,8 @@ pub const LIN_ROWS: usize = 16;
 pub const LIN_WARPS: usize = 8;
 /// Warps per block of the checksum kernels (one byte range each).
 pub const CHECKSUM_WARPS: usize = 8;
+/// Threads per block of device sampling (one row each).
+pub const SAMPLE_THREADS: u32 = 256;
 
 const ALL_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
 const HALF_DTYPES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
@@ -302,6 +304,17 @@ pub const FAMILIES: &[Family] = &[
         "launching argmax",
     ),
     Family {
+        mirrors: &[("SAMPLE_THREADS", SAMPLE_THREADS as usize)],
+        ..Family::plain(
+            "sample_rows",
+            "sampling",
+            "SampleParams",
+            SAMPLE_THREADS,
+            true,
+            "launching device sampling",
+        )
+    },
+    Family {
         mirrors: &[("LIN_ROWS", LIN_ROWS), ("LIN_WARPS", LIN_WARPS)],
         ..Family::plain(
             "linear",
@@ -512,6 +525,27 @@ pub const PARAMS: &[Params] = &[
             ("logits", Ptr),
             ("out_index", Ptr),
             ("out_nans", Ptr),
+            ("n_rows", U32),
+            ("vocab", U32),
+        ],
+    },
+    Params {
+        name: "SampleDraw",
+        fields: &[
+            ("temperature", F32),
+            ("top_k", U32),
+            ("top_p", F32),
+            ("pad0", U32),
+            ("random", U64),
+        ],
+    },
+    Params {
+        name: "SampleParams",
+        fields: &[
+            ("logits", Ptr),
+            ("draws", Ptr),
+            ("out_token", Ptr),
+            ("out_status", Ptr),
             ("n_rows", U32),
             ("vocab", U32),
         ],

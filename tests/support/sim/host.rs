@@ -30,6 +30,10 @@ pub fn build_emulated(cxx: &Path, main: &str, dir: &Path) -> PathBuf {
             "-O2",
             "-pthread",
             "-fno-strict-aliasing",
+            // Each f64 multiply and add rounded on its own, as the kernels
+            // ask the GPU for (device sampling's weights are compared bit
+            // for bit).
+            "-ffp-contract=off",
             "-Wno-unknown-pragmas",
             "-DHANDOFF_SIMT_HOST",
         ])

@@ -13,6 +13,7 @@
 // Not emulated: memory ordering (everything is sequentially consistent
 // here), timing, and the exact f32 summation order of the tensor cores.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -152,6 +153,30 @@ inline V __shfl_xor_sync(unsigned /*mask*/, V v, int lane_mask) {
 }
 
 inline void __syncthreads() { sim::ctx.block->arrive_and_wait(); }
+
+// Bit casts, conversions and correctly rounded f64 operations of the CUDA
+// math API, as the host computes them (x86-64's SSE2 rounds each one on its
+// own; the emulator is built with -ffp-contract=off).
+inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline double __longlong_as_double(long long v) {
+    double d;
+    std::memcpy(&d, &v, 8);
+    return d;
+}
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline unsigned long long __double2ull_rz(double d) { return (unsigned long long)d; }
+inline double __ull2double_rn(unsigned long long v) { return (double)v; }
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+inline unsigned long long atomicAdd(unsigned long long* at, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*at).fetch_add(v);
+}
 
 namespace handoff {
 

@@ -3,7 +3,15 @@
 //!
 //! A [`Sampler`] belongs to one request and lives as long as it does (also
 //! across a preemption and recompute), so the same seed gives the same
-//! output whatever else the engine is serving.
+//! output whatever else the engine is serving. Each token spends one
+//! [`Draw`]; the token it picks is defined by [`sample_row`]'s rule, which
+//! the CUDA backend's device sampler follows bit for bit (so only token ids
+//! cross to the host, and a seed gives the same tokens on either backend
+//! for the same logits).
+
+mod row;
+
+pub use row::{MAX_VOCAB, WEIGHT_BITS, draw_point, key, key_id, nucleus_need, sample_row, weight};
 
 use crate::http::HttpStatus;
 use crate::request::SamplingParams;
@@ -21,6 +29,10 @@ pub enum SamplingError {
     NonFinite { index: usize, value: f32 },
     #[error("invalid sampling parameters: {0}")]
     InvalidParams(&'static str),
+    #[error(
+        "the vocabulary has {vocab} tokens, more than the sampler's {max}: sample such a model greedily"
+    )]
+    VocabularyTooLarge { vocab: usize, max: usize },
 }
 
 impl HttpStatus for SamplingError {
@@ -66,7 +78,7 @@ pub fn argmax(logits: &[f32]) -> Result<u32, SamplingError> {
     Ok((chunk * 8 + at) as u32)
 }
 
-fn check_finite(logits: &[f32]) -> Result<(), SamplingError> {
+pub(crate) fn check_finite(logits: &[f32]) -> Result<(), SamplingError> {
     if logits.is_empty() {
         return Err(SamplingError::Empty);
     }
@@ -83,13 +95,77 @@ fn check_finite(logits: &[f32]) -> Result<(), SamplingError> {
     }
 }
 
+/// One row's draw: the parameters a request samples with and, unless it is
+/// greedy, the next value of its random stream. Made only from validated
+/// parameters ([`Draw::new`], [`Sampler::next_draw`]), so a backend that
+/// samples on its device needs no checks of its own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draw {
+    temperature: f32,
+    /// 0: no top-k.
+    top_k: u32,
+    /// 1.0: no top-p.
+    top_p: f32,
+    random: u64,
+}
+
+impl Draw {
+    /// A draw with `params` and the stream value `random`.
+    pub fn new(params: &SamplingParams, random: u64) -> Result<Self, SamplingError> {
+        params.validate().map_err(SamplingError::InvalidParams)?;
+        Ok(Draw {
+            temperature: params.temperature,
+            top_k: params
+                .top_k
+                .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
+            top_p: params.top_p.unwrap_or(1.0),
+            random,
+        })
+    }
+
+    /// Argmax, spending nothing.
+    pub fn greedy() -> Self {
+        Draw {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            random: 0,
+        }
+    }
+
+    /// True for argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// The temperature (0: greedy).
+    pub fn temperature(&self) -> f32 {
+        self.temperature
+    }
+
+    /// Top-k, if any.
+    pub fn top_k(&self) -> Option<usize> {
+        (self.top_k > 0).then_some(self.top_k as usize)
+    }
+
+    /// Top-p (1.0: all).
+    pub fn top_p(&self) -> f32 {
+        self.top_p
+    }
+
+    /// The stream value this draw spends (unused when greedy).
+    pub fn random(&self) -> u64 {
+        self.random
+    }
+}
+
 /// One request's token chooser.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: SplitMix64,
-    /// Candidate (logit, token) pairs, reused across tokens.
-    cand: Vec<(f32, u32)>,
+    /// Candidate keys, reused across tokens.
+    scratch: Vec<u64>,
 }
 
 impl Sampler {
@@ -99,7 +175,7 @@ impl Sampler {
         Ok(Sampler {
             params: params.clone(),
             rng: SplitMix64::new(params.seed),
-            cand: Vec::new(),
+            scratch: Vec::new(),
         })
     }
 
@@ -113,81 +189,30 @@ impl Sampler {
         self.params.stop_ids.contains(&token)
     }
 
-    /// Chooses the next token.
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
-        if self.params.is_greedy() {
-            return argmax(logits);
+    /// The next token's draw, for a backend that samples where the logits
+    /// are ([`sample_row`] on the host): spends one value of the stream
+    /// unless greedy.
+    pub fn next_draw(&mut self) -> Draw {
+        let random = if self.params.is_greedy() {
+            0
+        } else {
+            self.rng.next_u64()
+        };
+        Draw {
+            temperature: self.params.temperature,
+            top_k: self
+                .params
+                .top_k
+                .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
+            top_p: self.params.top_p.unwrap_or(1.0),
+            random,
         }
-        check_finite(logits)?;
-        let t = self.params.temperature;
-        let cand = &mut self.cand;
-        cand.clear();
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
-        if let Some(k) = self.params.top_k.filter(|&k| k < cand.len()) {
-            cand.select_nth_unstable_by(k - 1, order);
-            cand.truncate(k);
-        }
-        let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
-        let weight = |logit: f32| ((logit - max) / t).exp();
-        if let Some(p) = self.params.top_p.filter(|&p| p < 1.0) {
-            let keep = nucleus(cand, p as f64, weight);
-            cand.truncate(keep);
-        }
-        let mut total = 0f64;
-        for c in cand.iter_mut() {
-            c.0 = weight(c.0);
-            total += c.0 as f64;
-        }
-        let u = self.rng.next_f64() * total;
-        let mut acc = 0f64;
-        for c in cand.iter() {
-            acc += c.0 as f64;
-            if u < acc {
-                return Ok(c.1);
-            }
-        }
-        // Rounding left u at the very top: the last candidate.
-        cand.last().map(|c| c.1).ok_or(SamplingError::Empty)
     }
-}
 
-/// Highest logit first; lower token id first among equals.
-fn order(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
-    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
-}
-
-/// Top-p: puts the smallest prefix (in [`order`]) of `cand` whose share of
-/// the total weight reaches `p` first, sorted, and returns its length.
-///
-/// Sorting a whole vocabulary per token cost ~4 ms at 128k entries, most
-/// of a step's serial time in a batch. A model's distribution puts its
-/// mass on few tokens, so this selects and sorts the top 64 first, then
-/// the next best of the rest (4x as many in all each round) while the mass
-/// falls short: the same prefix as a full sort, usually for one selection
-/// pass over the vocabulary and a short sort, and never much more work than
-/// the full sort (each round selects from and sorts only what is left).
-fn nucleus(cand: &mut [(f32, u32)], p: f64, weight: impl Fn(f32) -> f32) -> usize {
-    let total: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
-    let n = cand.len();
-    // `cand[..done]` is the best `done`, sorted, and holds less than `p`.
-    let (mut done, mut acc) = (0, 0f64);
-    let mut k = n.min(64);
-    loop {
-        if k < n {
-            cand[done..].select_nth_unstable_by(k - done - 1, order);
-        }
-        cand[done..k].sort_unstable_by(order);
-        for (i, c) in cand[done..k].iter().enumerate() {
-            acc += weight(c.0) as f64 / total;
-            if acc >= p {
-                return done + i + 1;
-            }
-        }
-        if k == n {
-            return n;
-        }
-        done = k;
-        k = n.min(k * 4);
+    /// Chooses the next token from `logits` on the host.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        let d = self.next_draw();
+        sample_row(logits, &d, &mut self.scratch)
     }
 }
 
@@ -285,49 +310,46 @@ mod tests {
         assert!(all.contains(&5));
     }
 
-    /// Top-p by a full sort of the candidates (the sampler's semantics
-    /// written the plain way): the same tokens as the sampler, draw for
-    /// draw, whatever the vocabulary, ties and parameters.
+    /// The rule of [`sample_row`] written the plain way (every candidate
+    /// sorted, the weights summed in rank order, the draw walked in id
+    /// order): the same tokens as the sampler, draw for draw, whatever the
+    /// vocabulary, ties and parameters.
     fn full_sort_draws(p: &SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
         let mut rng = SplitMix64::new(p.seed);
         (0..n)
             .map(|_| {
-                let mut cand: Vec<(f32, u32)> = logits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &l)| (l, i as u32))
-                    .collect();
-                if let Some(k) = p.top_k.filter(|&k| k < cand.len()) {
-                    cand.select_nth_unstable_by(k - 1, order);
-                    cand.truncate(k);
+                let r = rng.next_u64();
+                let mut ranked: Vec<usize> = (0..logits.len()).collect();
+                ranked.sort_by(|&a, &b| key(logits[b], b).cmp(&key(logits[a], a)));
+                if let Some(k) = p.top_k {
+                    ranked.truncate(k);
                 }
-                let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
-                let w = |l: f32| ((l - max) / p.temperature).exp();
-                let total: f64 = cand.iter().map(|c| w(c.0) as f64).sum();
+                let max = logits[ranked[0]];
+                let w = |i: usize| weight(logits[i], max, p.temperature);
+                let total: u64 = ranked.iter().map(|&i| w(i)).sum();
                 if let Some(top_p) = p.top_p.filter(|&x| x < 1.0) {
-                    cand.sort_by(order);
-                    let mut acc = 0f64;
-                    let mut keep = cand.len();
-                    for (i, c) in cand.iter().enumerate() {
-                        acc += w(c.0) as f64 / total;
-                        if acc >= top_p as f64 {
-                            keep = i + 1;
-                            break;
-                        }
-                    }
-                    cand.truncate(keep);
+                    let need = nucleus_need(top_p, total);
+                    let mut acc = 0;
+                    let end = ranked
+                        .iter()
+                        .position(|&i| {
+                            acc += w(i);
+                            acc >= need
+                        })
+                        .unwrap();
+                    ranked.truncate(end + 1);
                 }
-                let weights: Vec<f64> = cand.iter().map(|c| w(c.0) as f64).collect();
-                let kept: f64 = weights.iter().sum();
-                let u = rng.next_f64() * kept;
-                let mut acc = 0f64;
-                for (c, wt) in cand.iter().zip(&weights) {
-                    acc += wt;
-                    if u < acc {
-                        return c.1;
-                    }
-                }
-                cand.last().unwrap().1
+                ranked.sort_unstable();
+                let kept: u64 = ranked.iter().map(|&i| w(i)).sum();
+                let u = ((r >> 11) as u128 * kept as u128 / (1u128 << 53)) as u64;
+                let mut acc = 0;
+                *ranked
+                    .iter()
+                    .find(|&&i| {
+                        acc += w(i);
+                        acc > u
+                    })
+                    .unwrap() as u32
             })
             .collect()
     }

@@ -1,0 +1,250 @@
+//! One row's token, by a rule a GPU follows bit for bit.
+//!
+//! The device samples on the device (only token ids cross to the host), and
+//! a request must get the same tokens from the same seed and logits on
+//! either backend. So every quantity here is computed by operations that
+//! round the same way on both: integer arithmetic, and f64 multiplies,
+//! adds, divides and floors, each rounded on its own (no fused
+//! multiply-add; `cuda/sampling.cuh` spells them `__dmul_rn`/`__dadd_rn`).
+//! Sums are of integers, so the order of a parallel reduction cannot change
+//! them. The rule:
+//!
+//! 1. Every logit must be finite; greedy (`temperature == 0`) takes the
+//!    first largest.
+//! 2. Tokens are ranked by [`key`]: higher logit first, lower id first among
+//!    equals (each key is distinct). Top-k keeps the `k` highest keys.
+//! 3. Each kept token weighs [`weight`]: `exp((logit - max) / temperature)`
+//!    in fixed point, `floor(w * 2^40)`; the most likely token weighs
+//!    exactly `2^40`, and a token under `2^-40` of it weighs 0 (it cannot be
+//!    drawn).
+//! 4. Top-p keeps the shortest prefix in rank order whose weight reaches
+//!    `ceil(p * total)` ([`nucleus_need`]).
+//! 5. The draw: `u = floor(r * kept / 2^53)` with `r` the top 53 bits of the
+//!    request stream's next value, then the first kept token, in token id
+//!    order, whose running weight exceeds `u`.
+
+use super::{Draw, SamplingError, argmax, check_finite};
+
+/// Fixed-point bits of a weight: the most likely token weighs `2^40`.
+pub const WEIGHT_BITS: u32 = 40;
+
+/// The largest vocabulary a row may have: its weights sum within a u64.
+pub const MAX_VOCAB: usize = 1 << 23;
+
+/// Taylor coefficients `1/k!` of `e^z`, `k = 0..=12`: each one correctly
+/// rounded division of exact integers, in Rust as in C++.
+const EXP_TAYLOR: [f64; 13] = [
+    1.0,
+    1.0,
+    1.0 / 2.0,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+    1.0 / 40320.0,
+    1.0 / 362880.0,
+    1.0 / 3628800.0,
+    1.0 / 39916800.0,
+    1.0 / 479001600.0,
+];
+
+/// A token's rank: the logit's order-preserving bits above the id's
+/// complement, so a larger key is a higher logit, then a lower id.
+pub fn key(logit: f32, id: usize) -> u64 {
+    let b = logit.to_bits();
+    let ordered = if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    };
+    ((ordered as u64) << 32) | (u32::MAX - id as u32) as u64
+}
+
+/// The token id a [`key`] ranks.
+pub fn key_id(key: u64) -> usize {
+    (u32::MAX - key as u32) as usize
+}
+
+/// `floor(exp((logit - max) / temperature) * 2^40)` for `logit <= max`,
+/// `temperature > 0`, accurate to about 1e-12 and the same bits on the GPU.
+pub fn weight(logit: f32, max: f32, temperature: f32) -> u64 {
+    let x = (logit as f64 - max as f64) / temperature as f64;
+    let y = x * std::f64::consts::LOG2_E;
+    // Under 2^-41 (or -inf, when the temperature is tiny): weighs 0.
+    if y.is_nan() || y <= -(WEIGHT_BITS as f64 + 1.0) {
+        return 0;
+    }
+    let n = y.floor();
+    // 2^y = 2^n * e^z, z in [0, ln 2).
+    let z = (y - n) * std::f64::consts::LN_2;
+    let mut p = EXP_TAYLOR[12];
+    for &c in EXP_TAYLOR[..12].iter().rev() {
+        p = p * z + c;
+    }
+    // 2^(40 + n), n in [-41, 0]: an exact power of two.
+    let scale = f64::from_bits(((1023 + WEIGHT_BITS as i64 + n as i64) as u64) << 52);
+    (p * scale) as u64
+}
+
+/// The weight top-p must reach: `ceil(p * total)`, at least 1, at most
+/// `total`.
+pub fn nucleus_need(top_p: f32, total: u64) -> u64 {
+    let x = (top_p as f64 * total as f64).ceil();
+    if x >= total as f64 {
+        total
+    } else {
+        (x as u64).max(1)
+    }
+}
+
+/// `floor(r * kept / 2^53)` with `r` the top 53 bits of `random`: in
+/// `[0, kept)`.
+pub fn draw_point(random: u64, kept: u64) -> u64 {
+    (((random >> 11) as u128 * kept as u128) >> 53) as u64
+}
+
+/// The token `d` chooses from `logits` (see the module doc). `scratch` is
+/// reused across calls.
+pub fn sample_row(logits: &[f32], d: &Draw, scratch: &mut Vec<u64>) -> Result<u32, SamplingError> {
+    if d.is_greedy() {
+        return argmax(logits);
+    }
+    check_finite(logits)?;
+    let n = logits.len();
+    if n > MAX_VOCAB {
+        return Err(SamplingError::VocabularyTooLarge {
+            vocab: n,
+            max: MAX_VOCAB,
+        });
+    }
+    let t = d.temperature();
+    scratch.clear();
+    scratch.extend(logits.iter().enumerate().map(|(i, &l)| key(l, i)));
+    let top_k = match d.top_k() {
+        Some(k) if k < n => {
+            scratch.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            let kth = scratch[k - 1];
+            scratch.truncate(k);
+            kth
+        }
+        _ => 0,
+    };
+    let top = scratch.iter().copied().max().unwrap_or(0);
+    let max = logits[key_id(top)];
+    let w = |k: u64| weight(logits[key_id(k)], max, t);
+    let total: u64 = scratch.iter().map(|&k| w(k)).sum();
+    let (floor, kept) = if d.top_p() < 1.0 {
+        nucleus(scratch, nucleus_need(d.top_p(), total), w)
+    } else {
+        (top_k, total)
+    };
+    let u = draw_point(d.random(), kept);
+    let mut acc = 0u64;
+    for (i, &l) in logits.iter().enumerate() {
+        if key(l, i) >= floor {
+            acc += weight(l, max, t);
+            if acc > u {
+                return Ok(i as u32);
+            }
+        }
+    }
+    // Unreachable: the kept weights sum to `kept > u`.
+    Ok(key_id(top) as u32)
+}
+
+/// Top-p over the keys in `cand`: the key that ends the shortest prefix, in
+/// rank order, whose weight reaches `need`, and that prefix's weight.
+///
+/// Sorting a whole vocabulary per token cost ~4 ms at 128k entries. A
+/// model's distribution puts its mass on few tokens, so this selects and
+/// sorts the top 64 first, then the next best of the rest (4x as many in all
+/// each round) while the weight falls short: the same prefix as a full
+/// sort, usually for one selection pass and a short sort.
+fn nucleus(cand: &mut [u64], need: u64, w: impl Fn(u64) -> u64) -> (u64, u64) {
+    let n = cand.len();
+    let (mut done, mut acc) = (0, 0u64);
+    let mut k = n.min(64);
+    loop {
+        if k < n {
+            cand[done..].select_nth_unstable_by(k - done - 1, |a, b| b.cmp(a));
+        }
+        cand[done..k].sort_unstable_by(|a, b| b.cmp(a));
+        for &c in &cand[done..k] {
+            acc += w(c);
+            if acc >= need {
+                return (c, acc);
+            }
+        }
+        if k == n {
+            // Unreachable: `need <= total`. Keep everything.
+            return (cand.last().copied().unwrap_or(0), acc);
+        }
+        done = k;
+        k = n.min(k * 4);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_rank_higher_logits_then_lower_ids_first() {
+        let l = [-1.0f32, 2.0, 2.0, -0.0, 0.0, f32::MAX, -f32::MAX, 1e-30];
+        let mut ids: Vec<usize> = (0..l.len()).collect();
+        ids.sort_by(|&a, &b| key(l[b], b).cmp(&key(l[a], a)));
+        assert_eq!(ids, [5, 1, 2, 7, 4, 3, 0, 6]);
+        for (i, &x) in l.iter().enumerate() {
+            assert_eq!(key_id(key(x, i)), i);
+        }
+    }
+
+    #[test]
+    fn weights_follow_exp_in_fixed_point() {
+        let one = 1u64 << WEIGHT_BITS;
+        assert_eq!(weight(3.0, 3.0, 0.7), one);
+        assert_eq!(weight(-1e30, 1e30, 1.0), 0);
+        assert_eq!(weight(0.0, 1.0, 1e-45), 0);
+        for (l, m, t) in [
+            (0.0f32, 1.0f32, 1.0f32),
+            (-3.5, 2.0, 0.7),
+            (-20.0, 0.0, 1.0),
+            (5.0, 5.5, 3.0),
+        ] {
+            let want = (((l as f64 - m as f64) / t as f64).exp() * one as f64).floor();
+            let got = weight(l, m, t) as f64;
+            assert!((got - want).abs() <= want * 1e-11 + 1.0, "{l} {m} {t}");
+        }
+        // Just above the cutoff (2^-40 of the top) still weighs something.
+        assert!(weight(-27.0, 0.0, 1.0) > 0);
+        assert_eq!(weight(-29.0, 0.0, 1.0), 0);
+    }
+
+    #[test]
+    fn a_draw_on_a_boundary_takes_the_next_token() {
+        let params = crate::SamplingParams {
+            temperature: 1.0,
+            ..crate::SamplingParams::greedy()
+        };
+        let mut scratch = Vec::new();
+        let at = |r: u64, scratch: &mut Vec<u64>| {
+            sample_row(&[1.0, 1.0], &Draw::new(&params, r).unwrap(), scratch).unwrap()
+        };
+        // Two tokens of 2^40 each: r = 2^63 draws u = 2^40, token 0's end.
+        assert_eq!(at(1 << 63, &mut scratch), 1);
+        assert_eq!(at((1 << 63) - (1 << 11), &mut scratch), 0);
+        assert_eq!(at(u64::MAX, &mut scratch), 1);
+        assert_eq!(at(0, &mut scratch), 0);
+    }
+
+    #[test]
+    fn the_draw_point_spans_the_kept_weight() {
+        assert_eq!(draw_point(0, 1000), 0);
+        assert_eq!(draw_point(u64::MAX, 1000), 999);
+        assert_eq!(draw_point(1 << 63, 1000), 500);
+        assert_eq!(nucleus_need(0.5, 1001), 501);
+        assert_eq!(nucleus_need(1e-30, 1001), 1);
+        assert_eq!(nucleus_need(0.999_999_94, 3), 3);
+    }
+}

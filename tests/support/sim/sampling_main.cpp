@@ -1,0 +1,80 @@
+// Runs cuda/sampling.cuh's kernel on the SIMT emulator (simt_host.h);
+// driven by tests/cuda/sampling_host.rs, which compares its tokens with the
+// host's rule (src/sampling/row.rs).
+//
+// Usage: sampling_sim ROWS BLOCK
+//   ROWS: binary, per row: u32 vocab, f32 temperature, u32 top_k, f32 top_p,
+//   u64 random, then vocab f32 logits (little-endian). BLOCK: threads per
+//   block, 32, 64 or 256. Prints "<status> <token> <weights>" per row, where
+//   <weights> is the sum of sample_weight over the row's finite logits
+//   against its largest (at temperature 1 for greedy rows): the weight
+//   function itself, bit for bit, whatever the draw picked.
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "sampling.cuh"
+
+using namespace handoff;
+
+template <int BLOCK>
+void run(const SampleParams& p) {
+    std::vector<unsigned char> smem(sizeof(SampleSmem<BLOCK>));
+    for (unsigned b = 0; b < p.n_rows; ++b) {
+        std::barrier<> block(BLOCK);
+        std::vector<sim::Warp> warps(BLOCK / 32);
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < (unsigned)BLOCK; ++t)
+            threads.emplace_back([&, t] {
+                threadIdx = {t, 0, 0};
+                blockIdx = {b, 0, 0};
+                sim::ctx = {&warps[t / 32], &block, smem.data()};
+                sample_rows_body<BLOCK>(p);
+            });
+        for (auto& th : threads) th.join();
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) return 2;
+    FILE* f = std::fopen(argv[1], "rb");
+    if (!f) return 3;
+    // Rows of different vocabularies: each row is its own launch.
+    struct Row {
+        SampleDraw draw;
+        std::vector<float> logits;
+    };
+    std::vector<Row> rows;
+    for (;;) {
+        uint32_t vocab;
+        if (std::fread(&vocab, 4, 1, f) != 1) break;
+        Row r{};
+        if (std::fread(&r.draw.temperature, 4, 1, f) != 1 || std::fread(&r.draw.top_k, 4, 1, f) != 1 ||
+            std::fread(&r.draw.top_p, 4, 1, f) != 1 || std::fread(&r.draw.random, 8, 1, f) != 1)
+            return 4;
+        r.logits.resize(vocab);
+        if (std::fread(r.logits.data(), 4, vocab, f) != vocab) return 5;
+        rows.push_back(std::move(r));
+    }
+    std::fclose(f);
+    const int block = std::atoi(argv[2]);
+    for (auto& r : rows) {
+        uint32_t token = 0, status = 0;
+        SampleParams p{r.logits.data(), &r.draw, &token, &status, 1, (uint32_t)r.logits.size()};
+        switch (block) {
+            case 32: run<32>(p); break;
+            case 64: run<64>(p); break;
+            case 256: run<256>(p); break;
+            default: return 6;
+        }
+        float max = -INFINITY;
+        for (float l : r.logits)
+            if (finite_f32(l) && l > max) max = l;
+        const float t = r.draw.temperature == 0.0f ? 1.0f : r.draw.temperature;
+        unsigned long long weights = 0;
+        for (float l : r.logits)
+            if (finite_f32(l)) weights += sample_weight(l, max, t);
+        std::printf("%u %u %llu\n", status, token, weights);
+    }
+    return 0;
+}
