@@ -30,6 +30,7 @@ pub use quant::{QuantError, QuantMatrix};
 pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 
 use crate::kv::{KvSeq, LayerView, Writable};
+use crate::sampling::{Draw, SamplingError, sample_row};
 
 /// The queries of one sequence inside a batched activation buffer: rows
 /// `first_row .. first_row + rows` hold positions `first_pos ..`, and each
@@ -311,6 +312,24 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> Result<(), BackendError>;
 
+    /// Chooses one token per row of `logits` (`[draws.len(), vocab]`), each
+    /// by its draw and [`crate::sampling::sample_row`]'s rule, into `out`
+    /// (cleared first): a row whose logits are not all finite gets its
+    /// [`SamplingError`] and harms no other row. Default: the logits copied
+    /// to the host and sampled there. A backend samples where its logits
+    /// are (the CUDA backend on the device, so only token ids cross).
+    fn sample(
+        &self,
+        logits: &Self::Buf,
+        vocab: usize,
+        draws: &[Draw],
+        out: &mut Vec<Result<u32, SamplingError>>,
+    ) -> Result<(), BackendError> {
+        let mut host = Vec::new();
+        self.to_host(logits, &mut host)?;
+        sample_host_rows(&host, vocab, draws, out)
+    }
+
     /// Output logits of selected rows: `rms_norm(x[rows]) · Wᵀ`, `[rows.len(),
     /// vocab]`. `tmp` and `tmp2` are scratch.
     #[allow(clippy::too_many_arguments)]
@@ -330,6 +349,32 @@ pub trait Backend: Send + Sync + 'static {
         self.rms_norm(tmp, norm, eps, tmp2)?;
         self.matmul(tmp2, output, out)
     }
+}
+
+/// [`Backend::sample`] over logits in host memory.
+pub(crate) fn sample_host_rows(
+    logits: &[f32],
+    vocab: usize,
+    draws: &[Draw],
+    out: &mut Vec<Result<u32, SamplingError>>,
+) -> Result<(), BackendError> {
+    if vocab == 0 || logits.len() != draws.len().saturating_mul(vocab) {
+        return Err(shape_err(
+            "sample",
+            "logits ([draws, vocab])",
+            draws.len().saturating_mul(vocab),
+            logits.len(),
+        ));
+    }
+    out.clear();
+    let mut scratch = Vec::new();
+    out.extend(
+        logits
+            .chunks_exact(vocab)
+            .zip(draws)
+            .map(|(row, d)| sample_row(row, d, &mut scratch)),
+    );
+    Ok(())
 }
 
 /// A shape error of `op`.

@@ -15,7 +15,7 @@ use crate::ids::RequestId;
 use crate::kv::{Filling, KvSeq, Ready};
 use crate::model::{ForwardError, Model, Scratch};
 use crate::request::Request;
-use crate::sampling::Sampler;
+use crate::sampling::{Draw, Sampler, SamplingError};
 use crate::sched::{Rejection, sampler_for};
 
 /// A request known to a server (waiting, transferring or running).
@@ -82,6 +82,8 @@ pub(crate) struct Generator<B: Backend> {
     /// In the order they started, oldest first.
     running: Vec<Running>,
     tokens: Vec<u32>,
+    /// This step's draws, one per running request.
+    draws: Vec<Draw>,
     /// This step's counts so far.
     step: Tally,
     /// Every finished step's counts.
@@ -98,6 +100,7 @@ impl<B: Backend> Generator<B> {
             slots: HashMap::new(),
             running: Vec::new(),
             tokens: Vec::new(),
+            draws: Vec::new(),
             step: Tally::default(),
             total: Tally::default(),
         }
@@ -293,7 +296,7 @@ impl<B: Backend> Generator<B> {
     /// serving.
     pub(crate) fn deliver_drawn(&mut self, id: RequestId, token: u32) -> Option<Delivery> {
         let c = self.client_mut(id)?;
-        let _ = c.sampler.sample(&[0.0]);
+        let _ = c.sampler.next_draw();
         Some(stream(c, token))
     }
 
@@ -309,17 +312,31 @@ impl<B: Backend> Generator<B> {
         chunks: &[&[u32]],
         finals: &[Option<RequestId>],
     ) -> Result<Vec<Option<Delivery>>, ForwardError> {
-        let logits = self.model.prefill(&mut self.scratch, seqs, chunks)?;
+        // Each final chunk's request draws its first token (a greedy draw,
+        // discarded, for the rest).
+        let (slots, clients) = (&self.slots, &mut self.clients);
+        let draws: Vec<Draw> = finals
+            .iter()
+            .map(|id| {
+                let c = id
+                    .as_ref()
+                    .and_then(|id| slots.get(id))
+                    .and_then(|&slot| clients.get_mut(slot)?.as_mut());
+                c.map_or(Draw::greedy(), |c| c.sampler.next_draw())
+            })
+            .collect();
+        let sampled = self
+            .model
+            .prefill_sampled(&mut self.scratch, seqs, chunks, &draws)?;
         let step = &mut self.step;
         step.prefilled += finals.iter().flatten().count() as u64;
         step.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
-        let (slots, clients) = (&self.slots, &mut self.clients);
         Ok(finals
             .iter()
-            .enumerate()
-            .map(|(i, id)| {
+            .zip(sampled)
+            .map(|(id, token)| {
                 let c = clients.get_mut(*slots.get(id.as_ref()?)?)?.as_mut()?;
-                Some(sample_and_stream(c, logits.row(i)))
+                Some(deliver(c, token.clone()))
             })
             .collect())
     }
@@ -333,13 +350,22 @@ impl<B: Backend> Generator<B> {
         }
         self.tokens.clear();
         self.tokens.extend(self.running.iter().map(|r| r.next));
+        self.draws.clear();
+        for r in &self.running {
+            let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
+            self.draws.push(
+                client
+                    .filter(|c| c.id == r.req.id)
+                    .map_or(Draw::greedy(), |c| c.sampler.next_draw()),
+            );
+        }
         let result = {
             let mut refs: Vec<&mut KvSeq<Ready>> =
                 self.running.iter_mut().map(|r| &mut r.seq).collect();
             self.model
-                .decode(&mut self.scratch, &mut refs, &self.tokens)
+                .decode_sampled(&mut self.scratch, &mut refs, &self.tokens, &self.draws)
         };
-        let logits = match result {
+        let sampled = match result {
             Ok(l) => l,
             Err(error) => {
                 let reqs = self.stop_all_running();
@@ -353,7 +379,7 @@ impl<B: Backend> Generator<B> {
             let Some(c) = client.filter(|c| c.id == r.req.id) else {
                 continue;
             };
-            match sample_and_stream(c, logits.row(i)) {
+            match deliver(c, sampled[i].clone()) {
                 Delivery::Continue(next) => r.next = next,
                 Delivery::End(outcome) => ended.push((r.req.id, outcome)),
             }
@@ -399,9 +425,9 @@ impl<B: Backend> Generator<B> {
     }
 }
 
-/// Samples `c`'s next token from `logits` and streams it.
-fn sample_and_stream(c: &mut Client, logits: &[f32]) -> Delivery {
-    match c.sampler.sample(logits) {
+/// Streams `c`'s sampled token, or ends it on a sampling error.
+fn deliver(c: &mut Client, token: Result<u32, SamplingError>) -> Delivery {
+    match token {
         Ok(token) => stream(c, token),
         Err(e) => Delivery::End(Outcome::Failed(EngineError::Sampling(e))),
     }

@@ -9,7 +9,7 @@ use crate::config::{EngineConfig, Prefill};
 use crate::engine::{EngineError, setup};
 use crate::kv::{CacheSecret, Filling, KvPool, KvSeq, PrefixCache};
 use crate::model::{Model, Scratch};
-use crate::sampling::Sampler;
+use crate::sampling::{Draw, Sampler};
 use crate::sched::AdmissionLimits;
 use crate::transfer::{
     AbortReason, PrefillJob, PrefillLink, PrefillSide, TransferConfig, TransferError, Wait,
@@ -239,6 +239,20 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
             if pass.is_empty() {
                 break;
             }
+            // A job whose prompt ends in this pass draws its first token;
+            // the others' rows take a greedy draw that is discarded.
+            let ends: Vec<bool> = pass
+                .iter()
+                .map(|&i| lens[i] == jobs[i].to_compute().len())
+                .collect();
+            let draws: Vec<Draw> = pass
+                .iter()
+                .zip(&ends)
+                .map(|(&i, &end)| match (&mut samplers[i], end) {
+                    (Some(s), true) => s.next_draw(),
+                    _ => Draw::greedy(),
+                })
+                .collect();
             let (mut refs, chunks): (Vec<&mut KvSeq<Filling>>, Vec<&[u32]>) = jobs
                 .iter_mut()
                 .zip(&lens)
@@ -248,15 +262,15 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
                     (seq, &rest[..len])
                 })
                 .unzip();
-            let logits = self.model.prefill(&mut self.scratch, &mut refs, &chunks);
+            let sampled = self
+                .model
+                .prefill_sampled(&mut self.scratch, &mut refs, &chunks, &draws);
             drop(refs);
-            match logits {
-                Ok(logits) => {
-                    for (row, &i) in pass.iter().enumerate() {
-                        if jobs[i].to_compute().is_empty() {
-                            firsts[i] = samplers[i]
-                                .as_mut()
-                                .and_then(|s| s.sample(logits.row(row)).ok());
+            match sampled {
+                Ok(sampled) => {
+                    for ((&i, &end), token) in pass.iter().zip(&ends).zip(sampled) {
+                        if end && samplers[i].is_some() {
+                            firsts[i] = token.clone().ok();
                         }
                     }
                 }

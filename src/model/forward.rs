@@ -14,6 +14,7 @@ use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Wr
 use crate::kv::{KvDtype, KvGeometry};
 use crate::model::place::{Placer, WeightSink};
 use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
+use crate::sampling::{Draw, SamplingError};
 
 /// Why a forward pass failed. Variants with an `index` name the sequence
 /// (position in the batch) at fault; the others concern the whole batch.
@@ -175,12 +176,24 @@ pub struct Scratch<B: Backend> {
     tmp2: B::Buf,
     logits_dev: B::Buf,
     logits: Vec<f32>,
+    /// Each row's token (or sampling error) of a sampled pass.
+    sampled: Vec<Result<u32, SamplingError>>,
     tokens: Vec<u32>,
     positions: Vec<usize>,
     spans: Vec<SeqSpan>,
     out_rows: Vec<usize>,
     /// One scratch per group of a [`PassPlan::Groups`] pass.
     groups: Vec<Scratch<B>>,
+}
+
+impl<B: Backend> Scratch<B> {
+    /// The last pass's logits.
+    fn logits_view(&self, vocab: usize) -> Logits<'_> {
+        Logits {
+            data: &self.logits,
+            vocab,
+        }
+    }
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -199,6 +212,7 @@ impl<B: Backend> Default for Scratch<B> {
             tmp2: B::Buf::default(),
             logits_dev: B::Buf::default(),
             logits: Vec::new(),
+            sampled: Vec::new(),
             tokens: Vec::new(),
             positions: Vec::new(),
             spans: Vec::new(),
@@ -235,6 +249,26 @@ impl<'a> Logits<'a> {
     /// Copies into owned rows.
     pub fn to_vecs(&self) -> Vec<Vec<f32>> {
         self.rows().map(<[f32]>::to_vec).collect()
+    }
+}
+
+/// What a pass hands back from its logits.
+#[derive(Clone, Copy)]
+enum Out<'d> {
+    /// The logits, copied to the host (`Scratch::logits`).
+    Logits,
+    /// One token per logits row, sampled by the backend where the logits
+    /// are (`Scratch::sampled`).
+    Tokens(&'d [Draw]),
+}
+
+impl<'d> Out<'d> {
+    /// This output for the rows `off..off + n` of the batch.
+    fn rows(self, off: usize, n: usize) -> Self {
+        match self {
+            Out::Logits => Out::Logits,
+            Out::Tokens(d) => Out::Tokens(&d[off..off + n]),
+        }
     }
 }
 
@@ -381,7 +415,40 @@ impl<B: Backend> Model<B> {
             |i| prompts[i],
             Want::LastOfEachSequence,
             false,
-        )
+            Out::Logits,
+        )?;
+        Ok(scratch.logits_view(self.config.vocab_size))
+    }
+
+    /// [`Model::prefill`], then each sequence's next token chosen by
+    /// `draws[i]` where the logits are ([`Backend::sample`]: on the device
+    /// for the CUDA backend, so the logits never cross to the host).
+    pub fn prefill_sampled<'s>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<Filling>],
+        prompts: &[&[u32]],
+        draws: &[Draw],
+    ) -> Result<&'s [Result<u32, SamplingError>], ForwardError> {
+        if seqs.len() != prompts.len() || seqs.len() != draws.len() {
+            return Err(ForwardError::BatchMismatch {
+                seqs: seqs.len(),
+                inputs: if seqs.len() != prompts.len() {
+                    prompts.len()
+                } else {
+                    draws.len()
+                },
+            });
+        }
+        self.pass(
+            scratch,
+            seqs,
+            |i| prompts[i],
+            Want::LastOfEachSequence,
+            false,
+            Out::Tokens(draws),
+        )?;
+        Ok(&scratch.sampled)
     }
 
     /// One decode step: appends `tokens[i]` to `seqs[i]` and returns the
@@ -404,7 +471,40 @@ impl<B: Backend> Model<B> {
             |i| std::slice::from_ref(&tokens[i]),
             Want::LastOfEachSequence,
             true,
-        )
+            Out::Logits,
+        )?;
+        Ok(scratch.logits_view(self.config.vocab_size))
+    }
+
+    /// [`Model::decode`], then each sequence's next token chosen by
+    /// `draws[i]` where the logits are ([`Backend::sample`]): the step a
+    /// server runs, with only token ids crossing from a GPU.
+    pub fn decode_sampled<'s>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<Ready>],
+        tokens: &[u32],
+        draws: &[Draw],
+    ) -> Result<&'s [Result<u32, SamplingError>], ForwardError> {
+        if seqs.len() != tokens.len() || seqs.len() != draws.len() {
+            return Err(ForwardError::BatchMismatch {
+                seqs: seqs.len(),
+                inputs: if seqs.len() != tokens.len() {
+                    tokens.len()
+                } else {
+                    draws.len()
+                },
+            });
+        }
+        self.pass(
+            scratch,
+            seqs,
+            |i| std::slice::from_ref(&tokens[i]),
+            Want::LastOfEachSequence,
+            true,
+            Out::Tokens(draws),
+        )?;
+        Ok(&scratch.sampled)
     }
 
     /// Logits at every position of `tokens`, computed on a private pool
@@ -424,14 +524,15 @@ impl<B: Backend> Model<B> {
             .reserve(RequestId(0), tokens.len())
             .map_err(|e| ForwardError::PrivatePool(e.to_string()))?;
         let mut scratch = self.scratch();
-        let logits = self.pass(
+        self.pass(
             &mut scratch,
             &mut [&mut seq],
             |_| tokens,
             Want::Every,
             false,
+            Out::Logits,
         )?;
-        Ok(logits.to_vecs())
+        Ok(scratch.logits_view(self.config.vocab_size).to_vecs())
     }
 
     /// Validates the batch and lays out tokens, positions and spans.
@@ -499,27 +600,30 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    fn pass<'s, 't, S: Writable + Readable>(
+    /// One pass; its output (logits or sampled tokens) is left in
+    /// `scratch`.
+    fn pass<'t, S: Writable + Readable>(
         &self,
-        scratch: &'s mut Scratch<B>,
+        scratch: &mut Scratch<B>,
         seqs: &mut [&mut KvSeq<S>],
         input: impl Fn(usize) -> &'t [u32] + Sync,
         want: Want,
         decode: bool,
-    ) -> Result<Logits<'s>, ForwardError> {
+        out: Out<'_>,
+    ) -> Result<(), ForwardError> {
         let rows: usize = (0..seqs.len()).map(|i| input(i).len()).sum();
         match self.backend.plan_pass(rows, self.weight_elems) {
             PassPlan::Groups(g)
                 if g >= 2 && seqs.len() >= 2 && want == Want::LastOfEachSequence =>
             {
-                self.pass_groups(g, scratch, seqs, &input, decode)
+                self.pass_groups(g, scratch, seqs, &input, decode, out)
             }
             // Here, or a single sequence of a small model: its large ops
             // still split over the threads.
             PassPlan::Here | PassPlan::Groups(_) => {
                 let input = &input;
                 self.backend.run_pass(rows, self.weight_elems, || {
-                    self.pass_here(scratch, seqs, input, want, decode)
+                    self.pass_here(scratch, seqs, input, want, decode, out)
                 })
             }
         }
@@ -530,14 +634,15 @@ impl<B: Backend> Model<B> {
     /// sequences, so no two groups touch the same pages), concurrently.
     /// Every row's numbers are the same as in one pass: ops are
     /// batch-invariant.
-    fn pass_groups<'s, 't, S: Writable + Readable>(
+    fn pass_groups<'t, S: Writable + Readable>(
         &self,
         groups: usize,
-        scratch: &'s mut Scratch<B>,
+        scratch: &mut Scratch<B>,
         seqs: &mut [&mut KvSeq<S>],
         input: &(impl Fn(usize) -> &'t [u32] + Sync),
         decode: bool,
-    ) -> Result<Logits<'s>, ForwardError> {
+        out: Out<'_>,
+    ) -> Result<(), ForwardError> {
         // Validate the whole batch first: errors name batch positions and
         // nothing is appended for a batch that cannot run.
         self.prepare(scratch, seqs, input)?;
@@ -561,6 +666,7 @@ impl<B: Backend> Model<B> {
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(w[1] - w[0]);
             rest = tail;
             let off = w[0];
+            let out = out.rows(off, w[1] - w[0]);
             tasks.push(move || {
                 self.pass_here(
                     gs,
@@ -568,8 +674,8 @@ impl<B: Backend> Model<B> {
                     |i| input(off + i),
                     Want::LastOfEachSequence,
                     decode,
+                    out,
                 )
-                .map(|_| ())
                 .map_err(|e| e.shifted(off))
             });
         }
@@ -577,23 +683,25 @@ impl<B: Backend> Model<B> {
             r?;
         }
         scratch.logits.clear();
+        scratch.sampled.clear();
         for gs in &scratch.groups[..n] {
-            scratch.logits.extend_from_slice(&gs.logits);
+            match out {
+                Out::Logits => scratch.logits.extend_from_slice(&gs.logits),
+                Out::Tokens(_) => scratch.sampled.extend_from_slice(&gs.sampled),
+            }
         }
-        Ok(Logits {
-            data: &scratch.logits,
-            vocab: self.config.vocab_size,
-        })
+        Ok(())
     }
 
-    fn pass_here<'s, 't, S: Writable + Readable>(
+    fn pass_here<'t, S: Writable + Readable>(
         &self,
-        scratch: &'s mut Scratch<B>,
+        scratch: &mut Scratch<B>,
         seqs: &mut [&mut KvSeq<S>],
         input: impl Fn(usize) -> &'t [u32],
         want: Want,
         decode: bool,
-    ) -> Result<Logits<'s>, ForwardError> {
+        out: Out<'_>,
+    ) -> Result<(), ForwardError> {
         self.prepare(scratch, seqs, input)?;
         let b = &self.backend;
         let c = &self.config;
@@ -691,11 +799,11 @@ impl<B: Backend> Model<B> {
             &mut s.tmp2,
             &mut s.logits_dev,
         )?;
-        b.to_host(&s.logits_dev, &mut s.logits)?;
-        Ok(Logits {
-            data: &scratch.logits,
-            vocab: c.vocab_size,
-        })
+        match out {
+            Out::Logits => b.to_host(&s.logits_dev, &mut s.logits)?,
+            Out::Tokens(draws) => b.sample(&s.logits_dev, c.vocab_size, draws, &mut s.sampled)?,
+        }
+        Ok(())
     }
 }
 

@@ -457,17 +457,25 @@ fn engine_tokens<B: handoff::backend::Backend>(
     e: &mut handoff::Engine<B>,
     batch: &[Vec<u32>],
 ) -> Vec<Vec<u32>> {
+    engine_tokens_with(e, batch, |_| handoff::SamplingParams::greedy())
+}
+
+/// Tokens of `batch` through an engine, 24 each, request `i` sampled with
+/// `sampling(i)`, all submitted at once.
+fn engine_tokens_with<B: handoff::backend::Backend>(
+    e: &mut handoff::Engine<B>,
+    batch: &[Vec<u32>],
+    sampling: impl Fn(usize) -> handoff::SamplingParams,
+) -> Vec<Vec<u32>> {
     use handoff::{FinishReason, Outcome, Request, TenantId};
     let hs: Vec<_> = batch
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            e.submit(Request::new(
-                RequestId(i as u64),
-                TenantId(0),
-                p.clone(),
-                24,
-            ))
+            e.submit(
+                Request::new(RequestId(i as u64), TenantId(0), p.clone(), 24)
+                    .with_sampling(sampling(i)),
+            )
             .unwrap()
         })
         .collect();
@@ -529,5 +537,67 @@ fn an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device_and_matches_th
             "alone"
         );
     }
+    assert!(g.pool_stats().is_full());
+}
+
+/// Sampling runs on the device (only token ids come back): a request's seed
+/// gives the same tokens as on the CPU backend, for temperature alone,
+/// top-k and top-p, batched and alone; the pool is full after.
+#[test]
+fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
+    use handoff::{Engine, EngineConfig, SamplingParams};
+    let test = "an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let Some(w) = weights(test) else {
+        return;
+    };
+    let cpu = Model::cpu(w.clone()).expect("places on CPU");
+    let gpu = Model::new(CudaBackend::new(dev).device_kv(true), w).expect("places on the GPU");
+    let cfg = |g| {
+        EngineConfig::colocated(g)
+            .max_context(256)
+            .page_size(16)
+            .pool_tokens(8 * 256)
+            .build()
+            .unwrap()
+    };
+    let (gc, cc) = (
+        cfg(gpu.kv_geometry(KvDtype::F32)),
+        cfg(cpu.kv_geometry(KvDtype::F32)),
+    );
+    let mut g = Engine::new(gpu, gc).unwrap();
+    let mut c = Engine::new(cpu, cc).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| {
+            (0..(2 + i * 11))
+                .map(|j| (i * 97 + j * 13 + 5) % 512)
+                .collect()
+        })
+        .collect();
+    let sampling = |i: usize| SamplingParams {
+        temperature: [0.8, 1.0, 1.3][i % 3],
+        top_k: i.is_multiple_of(2).then_some(40),
+        top_p: (i % 3 != 1).then_some(0.9),
+        seed: 1000 + i as u64,
+        stop_ids: Vec::new(),
+    };
+    let want = engine_tokens_with(&mut c, &prompts, sampling);
+    assert_eq!(
+        engine_tokens_with(&mut g, &prompts, sampling),
+        want,
+        "batched"
+    );
+    for (i, (p, w)) in prompts.iter().zip(&want).enumerate() {
+        let alone = engine_tokens_with(&mut g, std::slice::from_ref(p), |_| sampling(i));
+        assert_eq!(&alone[0], w, "request {i} alone");
+    }
+    // Sampling drew from the distribution, not the argmax.
+    assert_ne!(
+        want,
+        engine_tokens(&mut c, &prompts),
+        "sampled differs from greedy"
+    );
     assert!(g.pool_stats().is_full());
 }

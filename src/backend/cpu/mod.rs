@@ -573,6 +573,17 @@ impl Backend for CpuBackend {
         buf.len()
     }
 
+    /// Samples the logits where they are: no copy.
+    fn sample(
+        &self,
+        logits: &Vec<f32>,
+        vocab: usize,
+        draws: &[crate::sampling::Draw],
+        out: &mut Vec<Result<u32, crate::sampling::SamplingError>>,
+    ) -> Result<(), BackendError> {
+        super::sample_host_rows(logits, vocab, draws, out)
+    }
+
     fn to_host(&self, buf: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
         out.clear();
         out.extend_from_slice(buf);

@@ -442,6 +442,28 @@ impl Backend for CudaBackend {
         buf.len
     }
 
+    /// Samples on the device (cuda/sampling.cuh): the logits stay there and
+    /// only the token ids (or a failed row's culprit) come back, after one
+    /// sync.
+    fn sample(
+        &self,
+        logits: &CudaBuf,
+        vocab: usize,
+        draws: &[crate::sampling::Draw],
+        out: &mut Vec<Result<u32, crate::sampling::SamplingError>>,
+    ) -> Result<(), BackendError> {
+        out.clear();
+        if draws.is_empty() {
+            return Ok(());
+        }
+        out.extend(
+            self.dev
+                .sample_rows(&logits.view()?, vocab, draws)
+                .map_err(dev_err)?,
+        );
+        Ok(())
+    }
+
     fn to_host(&self, buf: &CudaBuf, out: &mut Vec<f32>) -> Result<(), BackendError> {
         out.clear();
         if buf.len > 0 {
