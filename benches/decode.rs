@@ -10,7 +10,8 @@
 //! On stories260K (skipped when absent) and on a random model of
 //! Llama-3.2-1B shape with fewer layers (`HANDOFF_BENCH_LAYERS`, default 4;
 //! `HANDOFF_BENCH_BIG=0` skips it). `HANDOFF_BENCH_CASE=B` / `HANDOFF_BENCH_ENGINE=B`
-//! run one decode / engine case (for perf).
+//! run one decode / engine case (for perf); `HANDOFF_BENCH_SAMPLING=only` the
+//! sampler's figures alone.
 //!
 //! ```sh
 //! cargo bench --bench decode
@@ -405,6 +406,11 @@ fn bench(w: ModelWeights, plan: &Plan) {
 
 fn main() {
     // `cargo bench` passes --bench; nothing to parse.
+    // HANDOFF_BENCH_SAMPLING=only: the sampler's figures alone.
+    if std::env::var("HANDOFF_BENCH_SAMPLING").as_deref() == Ok("only") {
+        sampling_side_by_side();
+        return;
+    }
     if Path::new(STORIES).exists() {
         let w = load_llama2c(Path::new(STORIES)).unwrap();
         bench(

@@ -51,10 +51,13 @@ __device__ __forceinline__ uint64_t sample_key(float logit, uint32_t id) {
 
 __device__ __forceinline__ uint32_t key_id(uint64_t key) { return 0xffffffffu - (uint32_t)key; }
 
-// floor(exp((logit - max) / t) * 2^40) (src/sampling/row.rs's `weight`).
-__device__ __forceinline__ uint64_t sample_weight(float logit, float max, float t) {
-    const double x = ((double)logit - (double)max) / (double)t;
-    const double y = mul_rn(x, 1.4426950408889634);  // LOG2_E
+// log2(e) / t: the one division of a row's weights (src/sampling/row.rs's `log2e_over`).
+__device__ __forceinline__ double log2e_over(float t) { return 1.4426950408889634 / (double)t; }
+
+// floor(exp((logit - max) / t) * 2^40), scale = log2e_over(t)
+// (src/sampling/row.rs's `weight`).
+__device__ __forceinline__ uint64_t sample_weight(float logit, float max, double scale) {
+    const double y = mul_rn((double)logit - (double)max, scale);
     if (!(y > -(double)(WEIGHT_BITS + 1))) return 0;
     const double n = floor(y);
     const double z = (y - n) * 0.6931471805599453;  // LN_2
@@ -64,8 +67,8 @@ __device__ __forceinline__ uint64_t sample_weight(float logit, float max, float 
     double p = c[12];
 #pragma unroll
     for (int k = 11; k >= 0; --k) p = add_rn(mul_rn(p, z), c[k]);
-    const double scale = __longlong_as_double((long long)(1023 + WEIGHT_BITS + (int)n) << 52);
-    return __double2ull_rz(p * scale);
+    const double pow2 = __longlong_as_double((long long)(1023 + WEIGHT_BITS + (int)n) << 52);
+    return __double2ull_rz(p * pow2);
 }
 
 // ceil(p * total), at least 1, at most total (src/sampling/row.rs's `nucleus_need`).
@@ -137,7 +140,7 @@ __device__ __forceinline__ uint64_t block_reduce(uint64_t v, Op op, SampleSmem<B
 // eight digit passes pin it exactly.
 template <int BLOCK, bool WEIGHTED>
 __device__ __forceinline__ uint64_t radix_select(const float* x, uint32_t vocab, uint64_t floor_key, float max,
-                                                 float t, uint64_t need, SampleSmem<BLOCK>& s,
+                                                 double scale, uint64_t need, SampleSmem<BLOCK>& s,
                                                  uint64_t* reached) {
     uint64_t prefix = 0, above = 0;
     for (int shift = 56; shift >= 0; shift -= 8) {
@@ -148,7 +151,7 @@ __device__ __forceinline__ uint64_t radix_select(const float* x, uint32_t vocab,
             const float l = x[i];
             const uint64_t k = sample_key(l, i);
             if (k >= floor_key && (k & hi_mask) == prefix) {
-                const unsigned long long v = WEIGHTED ? sample_weight(l, max, t) : 1ull;
+                const unsigned long long v = WEIGHTED ? sample_weight(l, max, scale) : 1ull;
                 if (v) atomicAdd(&s.hist[(k >> shift) & 255], v);
             }
         }
@@ -211,25 +214,27 @@ __device__ __forceinline__ void sample_rows_body(const SampleParams& p) {
         }
         return;
     }
-    const float max = x[key_id(top)], t = d.temperature;
+    const float max = x[key_id(top)];
+    const double scale = log2e_over(d.temperature);
 
     // 2. Top-k: keys >= the k-th largest.
     uint64_t floor_key = 0, unused = 0;
     if (d.top_k != 0 && d.top_k < V)
-        floor_key = radix_select<BLOCK, false>(x, V, 0, max, t, d.top_k, s, &unused);
+        floor_key = radix_select<BLOCK, false>(x, V, 0, max, scale, d.top_k, s, &unused);
 
     // 3. Their total weight.
     uint64_t w_sum = 0;
     for (uint32_t i = threadIdx.x; i < V; i += BLOCK) {
         const float l = x[i];
-        if (sample_key(l, i) >= floor_key) w_sum += sample_weight(l, max, t);
+        if (sample_key(l, i) >= floor_key) w_sum += sample_weight(l, max, scale);
     }
     const uint64_t total = block_reduce<BLOCK>(w_sum, SumOp{}, s);
 
     // 4. Top-p: the shortest rank-order prefix reaching ceil(p * total).
     uint64_t kept = total;
     if (d.top_p < 1.0f)
-        floor_key = radix_select<BLOCK, true>(x, V, floor_key, max, t, nucleus_need(d.top_p, total), s, &kept);
+        floor_key = radix_select<BLOCK, true>(x, V, floor_key, max, scale, nucleus_need(d.top_p, total), s,
+                                              &kept);
 
     // 5. The draw, in token id order.
     const uint64_t u = draw_point(d.random, kept);
@@ -241,7 +246,7 @@ __device__ __forceinline__ void sample_rows_body(const SampleParams& p) {
         uint64_t w = 0;
         if (i < V) {
             const float l = x[i];
-            if (sample_key(l, i) >= floor_key) w = sample_weight(l, max, t);
+            if (sample_key(l, i) >= floor_key) w = sample_weight(l, max, scale);
         }
         s.scan[threadIdx.x] = w;
         __syncthreads();

@@ -367,7 +367,7 @@ pub(crate) fn sample_host_rows(
         ));
     }
     out.clear();
-    let mut scratch = Vec::new();
+    let mut scratch = crate::sampling::RowScratch::default();
     out.extend(
         logits
             .chunks_exact(vocab)

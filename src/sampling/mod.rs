@@ -10,8 +10,12 @@
 //! for the same logits).
 
 mod row;
+mod simd;
 
-pub use row::{MAX_VOCAB, WEIGHT_BITS, draw_point, key, key_id, nucleus_need, sample_row, weight};
+pub use row::{
+    MAX_VOCAB, RowScratch, WEIGHT_BITS, draw_point, key, key_id, log2e_over, nucleus_need,
+    sample_row, weight,
+};
 
 use crate::http::HttpStatus;
 use crate::request::SamplingParams;
@@ -164,8 +168,8 @@ impl Draw {
 pub struct Sampler {
     params: SamplingParams,
     rng: SplitMix64,
-    /// Candidate keys, reused across tokens.
-    scratch: Vec<u64>,
+    /// Buffers reused across tokens.
+    scratch: RowScratch,
 }
 
 impl Sampler {
@@ -175,7 +179,7 @@ impl Sampler {
         Ok(Sampler {
             params: params.clone(),
             rng: SplitMix64::new(params.seed),
-            scratch: Vec::new(),
+            scratch: RowScratch::default(),
         })
     }
 

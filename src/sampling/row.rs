@@ -69,22 +69,63 @@ pub fn key_id(key: u64) -> usize {
 /// `floor(exp((logit - max) / temperature) * 2^40)` for `logit <= max`,
 /// `temperature > 0`, accurate to about 1e-12 and the same bits on the GPU.
 pub fn weight(logit: f32, max: f32, temperature: f32) -> u64 {
-    let x = (logit as f64 - max as f64) / temperature as f64;
-    let y = x * std::f64::consts::LOG2_E;
-    // Under 2^-41 (or -inf, when the temperature is tiny): weighs 0.
-    if y.is_nan() || y <= -(WEIGHT_BITS as f64 + 1.0) {
-        return 0;
-    }
-    let n = y.floor();
+    weight_scaled(logit, max, log2e_over(temperature))
+}
+
+/// `log2(e) / temperature`, the one division of a row's weights.
+pub fn log2e_over(temperature: f32) -> f64 {
+    std::f64::consts::LOG2_E / temperature as f64
+}
+
+/// 2^52: adding it to a float in [0, 2^51) rounds that to an integer (in
+/// the default round-to-nearest mode), which then sits in the low mantissa
+/// bits.
+const MAGIC: f64 = 4_503_599_627_370_496.0;
+
+/// `floor(x)` for `|x| < 2^51`, in plain float operations (a loop over a row
+/// vectorises; `f64::floor` is a library call without SSE4.1). Exact.
+#[inline(always)]
+fn floor_small(x: f64) -> f64 {
+    let r = if x >= 0.0 {
+        (x + MAGIC) - MAGIC
+    } else {
+        (x - MAGIC) + MAGIC
+    };
+    if r > x { r - 1.0 } else { r }
+}
+
+/// [`weight`] with `log2e_over(temperature)` given: `2^y` in fixed point
+/// for `y = (logit - max) * scale`, written so that a loop over a row
+/// vectorises: no branch, no library call, no float-to-integer conversion
+/// (integers in [0, 2^51) are read from the mantissa after adding 2^52).
+/// The same value as `floor(e^(z) * 2^(40 + n))` computed with a float
+/// floor and casts, as the GPU does.
+#[inline(always)]
+pub(super) fn weight_scaled(logit: f32, max: f32, scale: f64) -> u64 {
+    let y = (logit as f64 - max as f64) * scale;
+    // Under 2^-41 of the top (or -inf, or NaN): weighs 0.
+    let live = y > -(WEIGHT_BITS as f64 + 1.0);
+    let y = if live { y } else { 0.0 };
+    let n = floor_small(y);
     // 2^y = 2^n * e^z, z in [0, ln 2).
     let z = (y - n) * std::f64::consts::LN_2;
     let mut p = EXP_TAYLOR[12];
     for &c in EXP_TAYLOR[..12].iter().rev() {
         p = p * z + c;
     }
-    // 2^(40 + n), n in [-41, 0]: an exact power of two.
-    let scale = f64::from_bits(((1023 + WEIGHT_BITS as i64 + n as i64) as u64) << 52);
-    (p * scale) as u64
+    // 2^(40 + n), n in [-41, 0]: the biased exponent 1023 + 40 + n >= 1022.
+    let biased = ((1023.0 + WEIGHT_BITS as f64 + n) + MAGIC).to_bits() - MAGIC.to_bits();
+    let pow2 = f64::from_bits(biased << 52);
+    let w = floor_small(p * pow2);
+    let w = (w + MAGIC).to_bits() - MAGIC.to_bits();
+    if live { w } else { 0 }
+}
+
+/// Reused buffers of [`sample_row`].
+#[derive(Clone, Debug, Default)]
+pub struct RowScratch {
+    keys: Vec<u64>,
+    weights: Vec<u64>,
 }
 
 /// The weight top-p must reach: `ceil(p * total)`, at least 1, at most
@@ -106,7 +147,11 @@ pub fn draw_point(random: u64, kept: u64) -> u64 {
 
 /// The token `d` chooses from `logits` (see the module doc). `scratch` is
 /// reused across calls.
-pub fn sample_row(logits: &[f32], d: &Draw, scratch: &mut Vec<u64>) -> Result<u32, SamplingError> {
+pub fn sample_row(
+    logits: &[f32],
+    d: &Draw,
+    scratch: &mut RowScratch,
+) -> Result<u32, SamplingError> {
     if d.is_greedy() {
         return argmax(logits);
     }
@@ -118,39 +163,87 @@ pub fn sample_row(logits: &[f32], d: &Draw, scratch: &mut Vec<u64>) -> Result<u3
             max: MAX_VOCAB,
         });
     }
-    let t = d.temperature();
-    scratch.clear();
-    scratch.extend(logits.iter().enumerate().map(|(i, &l)| key(l, i)));
-    let top_k = match d.top_k() {
+    let scale = log2e_over(d.temperature());
+    let RowScratch { keys, weights } = scratch;
+    match d.top_k() {
+        // Top-k: only the k best weigh anything; walk them in id order.
         Some(k) if k < n => {
-            scratch.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-            let kth = scratch[k - 1];
-            scratch.truncate(k);
-            kth
-        }
-        _ => 0,
-    };
-    let top = scratch.iter().copied().max().unwrap_or(0);
-    let max = logits[key_id(top)];
-    let w = |k: u64| weight(logits[key_id(k)], max, t);
-    let total: u64 = scratch.iter().map(|&k| w(k)).sum();
-    let (floor, kept) = if d.top_p() < 1.0 {
-        nucleus(scratch, nucleus_need(d.top_p(), total), w)
-    } else {
-        (top_k, total)
-    };
-    let u = draw_point(d.random(), kept);
-    let mut acc = 0u64;
-    for (i, &l) in logits.iter().enumerate() {
-        if key(l, i) >= floor {
-            acc += weight(l, max, t);
-            if acc > u {
-                return Ok(i as u32);
+            keys.clear();
+            keys.extend(logits.iter().enumerate().map(|(i, &l)| key(l, i)));
+            keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            keys.truncate(k);
+            let top = keys.iter().copied().max().unwrap_or(0);
+            let max = logits[key_id(top)];
+            let w = |k: u64| weight_scaled(logits[key_id(k)], max, scale);
+            let total: u64 = keys.iter().map(|&k| w(k)).sum();
+            let (floor, kept) = if d.top_p() < 1.0 {
+                nucleus(keys, nucleus_need(d.top_p(), total), w)
+            } else {
+                (0, total)
+            };
+            let u = draw_point(d.random(), kept);
+            keys.sort_unstable_by_key(|&k| key_id(k));
+            let mut acc = 0u64;
+            for &k in keys.iter().filter(|&&k| k >= floor) {
+                acc += w(k);
+                if acc > u {
+                    return Ok(key_id(k) as u32);
+                }
             }
+            // Unreachable: the kept weights sum to `kept > u`.
+            Ok(key_id(top) as u32)
+        }
+        // Every token weighs: one pass over the row computes them all.
+        _ => {
+            let top = argmax(logits)?;
+            let max = logits[top as usize];
+            super::simd::weights_into(logits, max, scale, weights);
+            let total: u64 = weights.iter().sum();
+            let (floor, kept) = if d.top_p() < 1.0 {
+                heavy_nucleus(logits, weights, keys, nucleus_need(d.top_p(), total))
+            } else {
+                (0, total)
+            };
+            let u = draw_point(d.random(), kept);
+            let mut acc = 0u64;
+            for (i, (&l, &w)) in logits.iter().zip(weights.iter()).enumerate() {
+                if key(l, i) >= floor {
+                    acc += w;
+                    if acc > u {
+                        return Ok(i as u32);
+                    }
+                }
+            }
+            // Unreachable: the kept weights sum to `kept > u`.
+            Ok(top)
         }
     }
-    // Unreachable: the kept weights sum to `kept > u`.
-    Ok(key_id(top) as u32)
+}
+
+/// Top-p over a whole row whose `weights` are computed: the same answer as
+/// [`nucleus`] over every key, without ranking the vocabulary. Weights
+/// never rise as keys fall, so the tokens weighing at least `floor` are a
+/// prefix in rank order; when they alone reach `need`, the nucleus ends
+/// among them, and only they are ranked. The floor starts at 1/64 of the
+/// top token's weight (a model's distribution usually puts its mass
+/// there: one pass over the weights and a short sort) and falls 16-fold
+/// while the mass falls short, to 0 (every token).
+fn heavy_nucleus(logits: &[f32], weights: &[u64], cand: &mut Vec<u64>, need: u64) -> (u64, u64) {
+    let mut floor = (1u64 << WEIGHT_BITS) >> 6;
+    loop {
+        cand.clear();
+        let mut mass = 0u64;
+        for (i, (&l, &w)) in logits.iter().zip(weights).enumerate() {
+            if w >= floor {
+                cand.push(key(l, i));
+                mass += w;
+            }
+        }
+        if mass >= need || floor == 0 {
+            return nucleus(cand, need, |k| weights[key_id(k)]);
+        }
+        floor >>= 4;
+    }
 }
 
 /// Top-p over the keys in `cand`: the key that ends the shortest prefix, in
@@ -227,8 +320,8 @@ mod tests {
             temperature: 1.0,
             ..crate::SamplingParams::greedy()
         };
-        let mut scratch = Vec::new();
-        let at = |r: u64, scratch: &mut Vec<u64>| {
+        let mut scratch = RowScratch::default();
+        let at = |r: u64, scratch: &mut RowScratch| {
             sample_row(&[1.0, 1.0], &Draw::new(&params, r).unwrap(), scratch).unwrap()
         };
         // Two tokens of 2^40 each: r = 2^63 draws u = 2^40, token 0's end.

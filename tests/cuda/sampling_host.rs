@@ -151,7 +151,7 @@ fn encode(rows: &[Row]) -> Vec<u8> {
 /// The host's answer for a row, as the device reports it: (status, token
 /// or the culprit's bits).
 pub(crate) fn host_answer(r: &Row) -> Result<u32, SamplingError> {
-    sample_row(&r.logits, &r.draw, &mut Vec::new())
+    sample_row(&r.logits, &r.draw, &mut Default::default())
 }
 
 /// The sum of every finite logit's weight against the row's largest, at

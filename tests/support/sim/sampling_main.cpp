@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
         const float t = r.draw.temperature == 0.0f ? 1.0f : r.draw.temperature;
         unsigned long long weights = 0;
         for (float l : r.logits)
-            if (finite_f32(l)) weights += sample_weight(l, max, t);
+            if (finite_f32(l)) weights += sample_weight(l, max, log2e_over(t));
         std::printf("%u %u %llu\n", status, token, weights);
     }
     return 0;
