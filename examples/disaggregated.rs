@@ -37,7 +37,11 @@
 //! bytes by NIXL WRITE between the processes, beside the same TCP link, and
 //! needs the `nixl` feature and `$HANDOFF_NIXL_LIB`), `--model PATH` (a
 //! llama2.c `.bin` file or a Hugging Face folder; default: an embedded model
-//! with seeded random weights), `--inject-corrupt-receipt`.
+//! with seeded random weights), `--inject-corrupt-receipt`, `--backend
+//! cpu|cuda` (`cuda`: both workers and the colocated reference on GPU 0,
+//! KV pages in device memory, KV moved device to device in one process;
+//! needs the `cuda` feature and a GPU, and is refused with the reason
+//! otherwise).
 
 use handoff::{
     Colocated, Decode, DecodeWorker, EngineConfigBuilder, Prefill, PrefillWorker, RoleKind,
@@ -50,6 +54,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use handoff::backend::{Backend, CpuBackend};
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
     DecodeLink, InProcess, LinkError, LinkKey, PrefillLink, TcpDecodeListener, TcpPrefill,
@@ -71,6 +76,33 @@ const MAX_NEW: usize = 16;
 /// (readable by this user only, unlike the command line).
 const KEY_ENV: &str = "HANDOFF_LINK_KEY";
 
+/// Where the models compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+/// Places a model's weights on one backend (each worker gets its own).
+trait Place {
+    type B: Backend;
+    fn place(&self, w: ModelWeights) -> Result<Model<Self::B>, String>;
+    fn describe(&self) -> String;
+}
+
+/// The CPU backend, every core.
+struct OnCpu;
+
+impl Place for OnCpu {
+    type B = CpuBackend;
+    fn place(&self, w: ModelWeights) -> Result<Model<CpuBackend>, String> {
+        Model::cpu(w).map_err(|e| e.to_string())
+    }
+    fn describe(&self) -> String {
+        "cpu".into()
+    }
+}
+
 /// How the two workers are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Link {
@@ -81,6 +113,7 @@ enum Link {
 
 struct Args {
     link: Link,
+    backend: BackendKind,
     /// `--no-auth`: the TCP link without a link key (loopback only).
     no_auth: bool,
     model: Option<PathBuf>,
@@ -95,6 +128,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         link: Link::Threads,
+        backend: BackendKind::Cpu,
         no_auth: false,
         model: None,
         corrupt: false,
@@ -110,6 +144,11 @@ fn parse() -> Result<Args, String> {
                 Some("inproc") | Some("threads") => a.link = Link::Threads,
                 other => return Err(format!("--transport inproc|tcp|nixl, got {other:?}")),
             },
+            "--backend" => match it.next().as_deref() {
+                Some("cpu") => a.backend = BackendKind::Cpu,
+                Some("cuda") => a.backend = BackendKind::Cuda,
+                other => return Err(format!("--backend cpu|cuda, got {other:?}")),
+            },
             "--model" => a.model = Some(it.next().ok_or("--model needs a path")?.into()),
             "--inject-corrupt-receipt" => a.corrupt = true,
             "--no-auth" => a.no_auth = true,
@@ -123,8 +162,8 @@ fn parse() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err(
-                    "usage: disaggregated [--transport inproc|tcp|nixl] [--no-auth (tcp or nixl \
-                            without a link key)] [--model PATH] \
+                    "usage: disaggregated [--transport inproc|tcp|nixl] [--backend cpu|cuda] \
+                            [--no-auth (tcp or nixl without a link key)] [--model PATH] \
                             [--inject-corrupt-receipt] [--prefill-stall-ms N (tcp: the prefill \
                             process waits N ms after connecting; a test aid)]"
                         .into(),
@@ -211,7 +250,7 @@ fn workload(w: &ModelWeights) -> Vec<Request> {
 /// process writes a line on its stdin (the workload has drained), reports
 /// its pool then, serves on until decode closes the link, shuts down and
 /// reports its pool again.
-fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
+fn prefill_process<P: Place>(addr: SocketAddr, args: &Args, on: &P) -> Result<(), String> {
     let w = weights(args.model.as_deref())?;
     let cfg = config::<Prefill>(&w)?;
     let mut tcfg = TransferConfig::default();
@@ -225,7 +264,7 @@ fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
     };
     let link = StagedLink::new(link, staging(args.corrupt));
     std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
-    let model = Model::cpu(w).map_err(|e| e.to_string())?;
+    let model = on.place(w)?;
     let mut worker = PrefillWorker::new(link, model, cfg, tcfg).map_err(|e| e.to_string())?;
     let drained = Arc::new(AtomicBool::new(false));
     {
@@ -263,7 +302,9 @@ fn prefill_process(addr: SocketAddr, args: &Args) -> Result<(), String> {
 /// decode's answers released the source pages). Answers already sent are
 /// handled first, for at most two seconds (far below the ack timeout, so
 /// an answer that released nothing still shows as held pages).
-fn drained_stats<L: PrefillLink>(worker: &mut PrefillWorker<L>) -> Result<PoolStats, String> {
+fn drained_stats<L: PrefillLink, B: Backend>(
+    worker: &mut PrefillWorker<L, B>,
+) -> Result<PoolStats, String> {
     let until = Instant::now() + Duration::from_secs(2);
     loop {
         worker
@@ -321,8 +362,8 @@ const WORKLOAD_DEADLINE: Duration = Duration::from_secs(120);
 /// Submits the workload, cancels one request mid-transfer, and steps the
 /// decode worker until every request has ended (or the deadline passed).
 /// Returns one entry per request, in order.
-fn serve<L: DecodeLink + 'static>(
-    decode: &mut DecodeWorker<L>,
+fn serve<L: DecodeLink + 'static, B: Backend>(
+    decode: &mut DecodeWorker<L, B>,
     reqs: &[Request],
 ) -> (Vec<Served>, Late) {
     let handles: Vec<Result<RequestHandle, Rejection>> =
@@ -376,7 +417,7 @@ struct Late {
     receipts: u64,
 }
 
-fn colocated(w: ModelWeights, reqs: &[Request]) -> Result<Vec<Vec<u32>>, String> {
+fn colocated<P: Place>(w: ModelWeights, reqs: &[Request], on: &P) -> Result<Vec<Vec<u32>>, String> {
     let mut cfg = config::<Colocated>(&w)?;
     if cfg.pool_tokens() < 4 * cfg.max_context() {
         cfg = EngineConfig::colocated(cfg.geometry())
@@ -387,8 +428,7 @@ fn colocated(w: ModelWeights, reqs: &[Request]) -> Result<Vec<Vec<u32>>, String>
             .build()
             .map_err(|e| e.to_string())?;
     }
-    let mut engine =
-        Engine::new(Model::cpu(w).map_err(|e| e.to_string())?, cfg).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(on.place(w)?, cfg).map_err(|e| e.to_string())?;
     let handles: Vec<_> = reqs
         .iter()
         .map(|r| engine.submit(r.clone()).map_err(|e| e.to_string()))
@@ -397,7 +437,7 @@ fn colocated(w: ModelWeights, reqs: &[Request]) -> Result<Vec<Vec<u32>>, String>
     Ok(handles.into_iter().map(|h| h.try_collect().0).collect())
 }
 
-fn run(args: &Args) -> Result<bool, String> {
+fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
     let w = weights(args.model.as_deref())?;
     let name = args.model.as_ref().map_or(
         "embedded random-weights model (seed 2026)".to_string(),
@@ -415,8 +455,9 @@ fn run(args: &Args) -> Result<bool, String> {
         None
     };
     eprintln!(
-        "model: {name}; window {} tokens; transport {}; corrupt receipt: {}",
+        "model: {name}; window {} tokens; backend {}; transport {}; corrupt receipt: {}",
         dcfg.max_context(),
+        on.describe(),
         match (args.link, &key) {
             (Link::Tcp, Some(_)) =>
                 "tcp (two processes, authenticated: Noise NNpsk0, sealed frames)",
@@ -429,7 +470,7 @@ fn run(args: &Args) -> Result<bool, String> {
         },
         args.corrupt
     );
-    let model = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
+    let model = on.place(w.clone())?;
 
     type Run = (Vec<Served>, Late, PoolAudit, Result<PoolAudit, String>);
     let (served, late, decode_audit, prefill_audit): Run = if two_processes {
@@ -444,6 +485,9 @@ fn run(args: &Args) -> Result<bool, String> {
         cmd.arg("--role-prefill-of").arg(addr.to_string());
         if args.link == Link::Nixl {
             cmd.arg("--transport").arg("nixl");
+        }
+        if args.backend == BackendKind::Cuda {
+            cmd.arg("--backend").arg("cuda");
         }
         match &key {
             Some(k) => cmd.env(KEY_ENV, k.to_hex()),
@@ -503,7 +547,7 @@ fn run(args: &Args) -> Result<bool, String> {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
         let pl = StagedLink::new(pl, staging(args.corrupt));
         let pcfg = config::<Prefill>(&w)?;
-        let pmodel = Model::cpu(w.clone()).map_err(|e| e.to_string())?;
+        let pmodel = on.place(w.clone())?;
         let mut prefill =
             PrefillWorker::new(pl, pmodel, pcfg, tcfg.clone()).map_err(|e| e.to_string())?;
         let drained = Arc::new(AtomicBool::new(false));
@@ -553,7 +597,7 @@ fn run(args: &Args) -> Result<bool, String> {
         .filter(|(_, s)| matches!(s.outcome, Some(Outcome::Finished(_))))
         .map(|(r, _)| r.clone())
         .collect();
-    let reference = colocated(w, &ok_reqs)?;
+    let reference = colocated(w, &ok_reqs, on)?;
     let mut reference = ok_reqs.iter().map(|r| r.id).zip(reference);
 
     let (mut ok, mut rejected, mut cancelled, mut failed) = (0usize, 0usize, 0usize, 0usize);
@@ -758,7 +802,11 @@ fn main() -> ExitCode {
         }
     };
     if let Some(addr) = args.prefill_of {
-        return match prefill_process(addr, &args) {
+        let done = match args.backend {
+            BackendKind::Cpu => prefill_process(addr, &args, &OnCpu),
+            BackendKind::Cuda => gpu::on_gpu().and_then(|on| prefill_process(addr, &args, &on)),
+        };
+        return match done {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("prefill process: {e}");
@@ -766,7 +814,11 @@ fn main() -> ExitCode {
             }
         };
     }
-    match run(&args) {
+    let ran = match args.backend {
+        BackendKind::Cpu => run(&args, &OnCpu),
+        BackendKind::Cuda => gpu::on_gpu().and_then(|on| run(&args, &on)),
+    };
+    match ran {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -834,5 +886,46 @@ mod nixl {
 
     pub fn connect(_: SocketAddr, _: &TransferConfig) -> Result<TcpPrefill, String> {
         Err(WHY.into())
+    }
+}
+
+/// `--backend cuda`: every model on GPU 0, KV pages in its memory.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::{Model, ModelWeights, Place};
+    use handoff::backend::cuda::{CudaBackend, CudaDevice};
+
+    /// GPU 0, opened once; each placed model gets its own backend on it
+    /// (device-resident KV pools, so an in-process transfer copies device
+    /// to device).
+    pub struct OnGpu(CudaDevice);
+
+    pub fn on_gpu() -> Result<OnGpu, String> {
+        CudaDevice::open(0)
+            .map(OnGpu)
+            .map_err(|e| format!("--backend cuda: no usable GPU: {e}"))
+    }
+
+    impl Place for OnGpu {
+        type B = CudaBackend;
+        fn place(&self, w: ModelWeights) -> Result<Model<CudaBackend>, String> {
+            Model::new(CudaBackend::new(self.0.clone()).device_kv(true), w)
+                .map_err(|e| e.to_string())
+        }
+        fn describe(&self) -> String {
+            format!("cuda ({}, KV pages in device memory)", self.0.name())
+        }
+    }
+}
+
+/// `--backend cuda` in a build without the `cuda` feature: refused.
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    pub fn on_gpu() -> Result<super::OnCpu, String> {
+        Err(
+            "--backend cuda needs a build with the cuda feature (and nvcc to build it): \
+             cargo run --release --features cuda --example disaggregated -- --backend cuda"
+                .into(),
+        )
     }
 }

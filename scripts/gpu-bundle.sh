@@ -3,6 +3,7 @@
 # to be carried to a GPU machine that has a driver but no Rust:
 #   gpu-bundle/tests/*        release test binaries with --features cuda
 #   gpu-bundle/benches/*      the kernel and end-to-end decode benchmarks
+#   gpu-bundle/examples/disaggregated  the main example, run with --backend cuda
 #   gpu-bundle/stories260K.bin (for the end-to-end test, when present)
 #   gpu-bundle/cublas_reference.py  torch (cuBLAS) bf16 GEMMs for comparison
 #   gpu-bundle/run.sh         runs them all with HANDOFF_REQUIRE_GPU=1,
@@ -15,7 +16,7 @@ nvcc_env="$(scripts/install-nvcc.sh)"
 eval "$nvcc_env"
 bundle=gpu-bundle
 rm -rf "$bundle"
-mkdir -p "$bundle/tests" "$bundle/benches" target
+mkdir -p "$bundle/tests" "$bundle/benches" "$bundle/examples" target
 
 # Test binaries that exercise the GPU: the `cuda` test binary
 # (tests/cuda/main.rs, one module per story). A missing binary fails here,
@@ -24,6 +25,9 @@ cargo test --release --features cuda --no-run --message-format=json --test cuda 
   > target/gpu-bundle-tests.json
 cargo bench --features cuda --no-run --message-format=json --bench cuda_attention --bench cuda_decode \
   > target/gpu-bundle-benches.json
+cargo build --release --features cuda --example disaggregated
+cp target/release/examples/disaggregated "$bundle/examples/disaggregated"
+strip "$bundle/examples/disaggregated"
 
 pick() { # json file, destination dir
   python3 - "$1" "$2" <<'PY'
@@ -43,7 +47,7 @@ PY
 for f in $(pick target/gpu-bundle-tests.json "$bundle/tests") $(pick target/gpu-bundle-benches.json "$bundle/benches"); do
   strip "$f"
 done
-for f in tests/cuda benches/cuda_decode benches/cuda_attention; do
+for f in tests/cuda benches/cuda_decode benches/cuda_attention examples/disaggregated; do
   [[ -x "$bundle/$f" ]] || { echo "gpu-bundle: $f was not built" >&2; exit 1; }
 done
 model=../shared/models/stories260K.bin
@@ -53,9 +57,9 @@ cp scripts/cublas_reference.py "$bundle/cublas_reference.py"
 cat > "$bundle/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the GPU checks; results under $OUT (default: ./out next to this file).
-# Budget (worst case, every step at its timeout): tests 2 x 140 s, end-to-end
-# decode 90 s, kernel benchmark 120 s, cuBLAS reference 60 s: under 10 minutes
-# in all (about 1 minute when nothing times out).
+# Budget (worst case, every step at its timeout): tests 140 s, the example
+# 2 x 60 s, end-to-end decode 90 s, kernel benchmark 120 s, cuBLAS reference
+# 60 s: under 10 minutes in all (about 1 minute when nothing times out).
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
@@ -80,6 +84,19 @@ for t in "$here"/tests/*; do
   rc=$?
   echo "== $name: exit $rc in $((SECONDS - start))s"
   grep -E "^test .* (FAILED|ok)$|panicked|test result" "$out/$name.log" | tail -40
+  [[ $rc -eq 0 ]] || status=1
+done
+# The main example on the GPU: both workers and the colocated reference on
+# device 0 with device-resident KV, in one process (KV copied device to
+# device) and as two processes over authenticated TCP; the audit line must
+# show nothing leaked, held or read across requests.
+for transport in inproc tcp; do
+  start=$SECONDS
+  timeout 60 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
+    > "$out/disaggregated_$transport.log" 2>&1
+  rc=$?
+  echo "== disaggregated --backend cuda --transport $transport: exit $rc in $((SECONDS - start))s"
+  tail -3 "$out/disaggregated_$transport.log"
   [[ $rc -eq 0 ]] || status=1
 done
 start=$SECONDS

@@ -244,6 +244,43 @@ fn nixl_without_its_library_is_a_typed_refusal_not_an_abort() {
     });
 }
 
+/// `--backend cuda`: on a GPU (a build with the `cuda` feature), the same
+/// workload and audit with every model on the device and KV pages in
+/// device memory; without one, or without the feature, a refusal that says
+/// why, with an error status, not a panic.
+#[test]
+fn the_gpu_backend_serves_the_workload_or_says_why_it_cannot() {
+    let Some(out) = example_bin::run("disaggregated", &["--backend", "cuda"]) else {
+        return;
+    };
+    if out.status.success() {
+        let Some((a, _)) = run_checked(&["--backend", "cuda"]) else {
+            return;
+        };
+        assert_eq!(a.failed, 0, "nothing fails without an injected fault");
+        return;
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an error exit, not a signal: {stderr}"
+    );
+    let why = if cfg!(feature = "cuda") {
+        "no usable GPU"
+    } else {
+        "needs a build with the cuda feature"
+    };
+    assert!(
+        stderr.contains("--backend cuda") && stderr.contains(why),
+        "{stderr}"
+    );
+    assert!(
+        std::env::var("HANDOFF_REQUIRE_GPU").as_deref() != Ok("1"),
+        "HANDOFF_REQUIRE_GPU=1 but the example could not use the GPU: {stderr}"
+    );
+}
+
 #[test]
 fn a_corrupted_receipt_fails_only_its_request_in_threads() {
     let Some((a, lines)) = run_checked(&["--inject-corrupt-receipt"]) else {
