@@ -2,14 +2,25 @@
 //! assertions). Without a GPU, or built without `--features cuda`, it prints
 //! a SKIP line and exits 0.
 //!
-//! The model is the Llama-3.2-1B shape with random weights and
-//! `HANDOFF_BENCH_LAYERS` layers (default 4, as the CPU bench in
-//! `benches/decode.rs`, so the two read side by side), bf16 KV, page 16.
-//! Decode: B sequences prefilled with an 8-token prompt, then 32 timed
-//! batched decode steps (greedy, argmax on the host), tokens per second of
-//! wall time. Time to first token: prefill of a 128- and a 512-token prompt.
-//! Host time counts: the backend keeps the host pool as the source of truth
-//! and copies every appended K/V row back to it, which these figures include.
+//! The model is the Llama-3.2-1B shape with random weights and all 16
+//! layers (`HANDOFF_BENCH_LAYERS` for fewer), bf16 KV, page 16. Two ways to
+//! run it, side by side in one run:
+//!
+//! - `device`: KV pages in device memory (`CudaBackend::device_kv`), each
+//!   step ending in device sampling (`Model::decode_sampled`): only token
+//!   ids come back, after one sync;
+//! - `mirror`: the earlier path, a host pool mirrored to the device (every
+//!   appended K/V row copied back) and logits copied to the host for argmax.
+//!
+//! Figures: decode tokens/s at batch 1, 8, 64 and 256 (B sequences
+//! prefilled with an 8-token prompt, then 32 timed greedy steps); the
+//! weight-bandwidth limit of batch 1 (weight bytes / device-to-device copy
+//! bandwidth measured in this run) and the share of it reached
+//! (`e2e_b1_weight_bw_share`); the host's CPU time per decode step at batch
+//! 1 and 256 (the thread's run time from `/proc/thread-self/schedstat`,
+//! with the context set to block, not spin, in a sync); time to first
+//! token for 512- and 4,096-token prompts. `scripts/torch_decode_peer.py`
+//! times the same shape in torch on the same GPU for the peer ratio.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(not(feature = "cuda"))]
@@ -23,107 +34,274 @@ fn main() {
 
 #[cfg(feature = "cuda")]
 fn main() {
+    if let Err(e) = gpu::run() {
+        eprintln!("cuda_decode: {e}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
     use std::time::{Duration, Instant};
 
-    use handoff::backend::cuda::{CudaBackend, device_for_test};
+    use handoff::backend::Backend;
+    use handoff::backend::cuda::{CudaBackend, CudaDevice, device_for_test};
     use handoff::kv::{KvSeq, Ready};
     use handoff::model::{Model, ModelConfig, random_weights};
-    use handoff::sampling::argmax;
+    use handoff::sampling::{Draw, argmax};
     use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 
-    let Some(dev) = device_for_test("cuda_decode") else {
-        return;
-    };
-    let layers = std::env::var("HANDOFF_BENCH_LAYERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
-    let t = Instant::now();
-    let w = random_weights(&ModelConfig::llama_3_2_1b_shape(layers), 1);
-    let made = t.elapsed();
-    let t = Instant::now();
-    let m = match Model::new(CudaBackend::new(dev), w) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("cuda_decode: placing the model failed: {e}");
-            std::process::exit(1);
+    type R<T> = Result<T, String>;
+
+    const STEPS: usize = 32;
+    const PROMPT: usize = 8;
+    const BATCHES: [usize; 4] = [1, 8, 64, 256];
+
+    /// The calling thread's CPU time so far (run time, ns, as the
+    /// scheduler counts it).
+    fn thread_cpu() -> Option<Duration> {
+        let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        s.split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+            .map(Duration::from_nanos)
+    }
+
+    /// Device-to-device copy, (read + write) bytes / time, GB/s.
+    fn copy_gbps(dev: &CudaDevice) -> R<f64> {
+        let n = 1usize << 30;
+        let src = dev.zeros::<u8>(n).map_err(|e| e.to_string())?;
+        let mut dst = dev.zeros::<u8>(n).map_err(|e| e.to_string())?;
+        let mut best = f64::MAX;
+        for _ in 0..10 {
+            dev.synchronize().map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            dev.stream()
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(|e| e.to_string())?;
+            dev.synchronize().map_err(|e| e.to_string())?;
+            best = best.min(t.elapsed().as_secs_f64());
         }
-    };
-    println!(
-        "## CUDA end to end: Llama-3.2-1B shape, {layers} layers, random weights (made in {made:.2?}, \
-         placed in {:.2?}), bf16 KV, page 16",
-        t.elapsed()
-    );
-    let vocab = m.config().vocab_size;
-    let prompt = |len: usize, salt: usize| -> Vec<u32> {
+        Ok(2.0 * n as f64 / best / 1e9)
+    }
+
+    /// One way of running the model.
+    struct Way {
+        model: Model<CudaBackend>,
+        /// Device pools and device sampling, or the mirrored path.
+        device: bool,
+    }
+
+    /// What one batch size measured.
+    struct Decode {
+        tokens_per_s: f64,
+        host_us_per_step: Option<f64>,
+    }
+
+    fn pool(w: &Way, tokens_each: usize, seqs: usize) -> R<KvPool> {
+        let cfg = PoolConfig::new(
+            w.model.kv_geometry(KvDtype::BF16),
+            16,
+            seqs * tokens_each.div_ceil(16),
+        );
+        if w.device {
+            w.model.backend().new_pool(cfg)
+        } else {
+            KvPool::new(cfg)
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    fn prompt(vocab: usize, len: usize, salt: usize) -> Vec<u32> {
         (0..len)
             .map(|j| ((salt * 131 + j * 17 + 1) % vocab) as u32)
             .collect()
-    };
-    let steps: usize = 32;
-    let prompt_len: usize = 8;
-    let mut s = m.scratch();
-    let mut single = None;
-    for batch in [1usize, 8, 32, 128] {
-        let total = prompt_len + steps + 2;
-        let pool = KvPool::new(PoolConfig::new(
-            m.kv_geometry(KvDtype::BF16),
-            16,
-            batch * total.div_ceil(16),
-        ))
-        .unwrap();
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| prompt(prompt_len, b)).collect();
-        let mut filling: Vec<_> = (0..batch)
-            .map(|b| pool.reserve(RequestId(b as u64), total).unwrap())
-            .collect();
+    }
+
+    fn decode(w: &Way, batch: usize) -> R<Decode> {
+        let m = &w.model;
+        let vocab = m.config().vocab_size;
+        let total = PROMPT + STEPS + 2;
+        let pool = pool(w, total, batch)?;
+        let mut s = m.scratch();
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| prompt(vocab, PROMPT, b)).collect();
+        let mut filling = (0..batch)
+            .map(|b| pool.reserve(RequestId(b as u64), total))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let greedy = vec![Draw::greedy(); batch];
         let mut next: Vec<u32> = {
             let mut refs: Vec<_> = filling.iter_mut().collect();
             let ps: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
-            let l = m.prefill(&mut s, &mut refs, &ps).unwrap();
-            l.rows().map(|r| argmax(r).unwrap()).collect()
+            m.prefill_sampled(&mut s, &mut refs, &ps, &greedy)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .map(|t| t.clone().map_err(|e| e.to_string()))
+                .collect::<R<_>>()?
         };
         let mut seqs: Vec<KvSeq<Ready>> = filling
             .into_iter()
-            .map(|f| f.seal(prompt_len).unwrap())
-            .collect();
-        let mut step = |seqs: &mut Vec<KvSeq<Ready>>, next: &mut Vec<u32>| {
+            .map(|f| f.seal(PROMPT).map_err(|e| e.error.to_string()))
+            .collect::<R<_>>()?;
+        let mut step = |seqs: &mut Vec<KvSeq<Ready>>, next: &mut Vec<u32>| -> R<()> {
             let mut refs: Vec<&mut KvSeq<Ready>> = seqs.iter_mut().collect();
-            let l = m.decode(&mut s, &mut refs, next).unwrap();
-            for (i, t) in next.iter_mut().enumerate() {
-                *t = argmax(l.row(i)).unwrap();
+            if w.device {
+                let t = m
+                    .decode_sampled(&mut s, &mut refs, next, &greedy)
+                    .map_err(|e| e.to_string())?;
+                for (n, t) in next.iter_mut().zip(t) {
+                    *n = t.clone().map_err(|e| e.to_string())?;
+                }
+            } else {
+                let l = m
+                    .decode(&mut s, &mut refs, next)
+                    .map_err(|e| e.to_string())?;
+                for (i, n) in next.iter_mut().enumerate() {
+                    *n = argmax(l.row(i)).map_err(|e| e.to_string())?;
+                }
             }
+            Ok(())
         };
-        step(&mut seqs, &mut next); // warm-up: buffers grow once
-        let t = Instant::now();
-        for _ in 0..steps {
-            step(&mut seqs, &mut next);
+        step(&mut seqs, &mut next)?; // warm-up: buffers grow once
+        let (t, cpu) = (Instant::now(), thread_cpu());
+        for _ in 0..STEPS {
+            step(&mut seqs, &mut next)?;
         }
-        let rate = (batch * steps) as f64 / t.elapsed().as_secs_f64();
-        let vs = match single {
-            None => {
-                single = Some(rate);
-                String::new()
-            }
-            Some(one) => format!(" ({:.1}x single-stream)", rate / one),
-        };
-        println!("decode batch {batch:>3}: {rate:>10.1} tokens/s wall{vs}");
+        let wall = t.elapsed();
+        let host = cpu
+            .zip(thread_cpu())
+            .map(|(a, b)| (b - a).as_secs_f64() * 1e6 / STEPS as f64);
+        Ok(Decode {
+            tokens_per_s: (batch * STEPS) as f64 / wall.as_secs_f64(),
+            host_us_per_step: host,
+        })
     }
-    for n in [128usize, 512] {
-        let pool = KvPool::new(PoolConfig::new(
-            m.kv_geometry(KvDtype::BF16),
-            16,
-            n.div_ceil(16) + 1,
-        ))
-        .unwrap();
-        let p = prompt(n, 7);
+
+    fn ttft(w: &Way, n: usize) -> R<Duration> {
+        let m = &w.model;
+        let pool = pool(w, n + 1, 1)?;
+        let p = prompt(m.config().vocab_size, n, 7);
+        let mut s = m.scratch();
         let mut best = Duration::MAX;
         for _ in 0..3 {
-            let mut seq = pool.reserve(RequestId(1), n + 1).unwrap();
+            let mut seq = pool
+                .reserve(RequestId(1), n + 1)
+                .map_err(|e| e.to_string())?;
             let t = Instant::now();
-            let l = m.prefill(&mut s, &mut [&mut seq], &[&p]).unwrap();
-            let _ = argmax(l.row(0)).unwrap();
+            if w.device {
+                let tok = m
+                    .prefill_sampled(&mut s, &mut [&mut seq], &[&p], &[Draw::greedy()])
+                    .map_err(|e| e.to_string())?;
+                tok[0].clone().map_err(|e| e.to_string())?;
+            } else {
+                let l = m
+                    .prefill(&mut s, &mut [&mut seq], &[&p])
+                    .map_err(|e| e.to_string())?;
+                argmax(l.row(0)).map_err(|e| e.to_string())?;
+            }
             best = best.min(t.elapsed());
         }
-        println!("time to first token, {n}-token prompt: {best:.2?}");
+        Ok(best)
+    }
+
+    pub fn run() -> R<()> {
+        let Some(dev) = device_for_test("cuda_decode") else {
+            return Ok(());
+        };
+        // Block in a sync instead of spinning, so that the thread's CPU time
+        // is the host's own work.
+        dev.stream()
+            .context()
+            .set_blocking_synchronize()
+            .map_err(|e| e.to_string())?;
+        let layers = std::env::var("HANDOFF_BENCH_LAYERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16);
+        let t = Instant::now();
+        let w = random_weights(&ModelConfig::llama_3_2_1b_shape(layers), 1);
+        let made = t.elapsed();
+        let t = Instant::now();
+        let place = |device: bool| -> R<Model<CudaBackend>> {
+            Model::new(CudaBackend::new(dev.clone()).device_kv(device), w.clone())
+                .map_err(|e| format!("placing the model: {e}"))
+        };
+        let ways = [
+            Way {
+                model: place(true)?,
+                device: true,
+            },
+            Way {
+                model: place(false)?,
+                device: false,
+            },
+        ];
+        let weight_bytes = ways[0].model.weight_bytes();
+        println!(
+            "## CUDA end to end on {}: Llama-3.2-1B shape, {layers} layers, random weights (made in \
+             {made:.2?}, placed twice in {:.2?}), bf16 KV, page 16\n",
+            dev.name(),
+            t.elapsed()
+        );
+        let copy = copy_gbps(&dev)?;
+        let limit = copy * 1e9 / weight_bytes as f64;
+        println!(
+            "device-to-device copy: {copy:.0} GB/s (read + write); weights as placed (f32): {:.2} \
+             GB; batch-1 weight-bandwidth limit: {limit:.0} tokens/s (twice that with bf16 \
+             weights)\n",
+            weight_bytes as f64 / 1e9,
+        );
+        println!(
+            "| batch | device tokens/s | mirror tokens/s | device / mirror | device host µs/step |"
+        );
+        println!("|---:|---:|---:|---:|---:|");
+        let mut b1 = None;
+        let mut host = Vec::new();
+        for batch in BATCHES {
+            let d = decode(&ways[0], batch)?;
+            let m = decode(&ways[1], batch)?;
+            println!(
+                "| {batch} | {:.1} | {:.1} | {:.2} | {} |",
+                d.tokens_per_s,
+                m.tokens_per_s,
+                d.tokens_per_s / m.tokens_per_s,
+                d.host_us_per_step
+                    .map_or("n/a".into(), |h| format!("{h:.0}"))
+            );
+            if batch == 1 {
+                b1 = Some(d.tokens_per_s);
+            }
+            if batch == 64 {
+                println!("e2e_b64_tokens_per_s={:.1}", d.tokens_per_s);
+            }
+            if let Some(h) = d.host_us_per_step {
+                host.push((batch, h, 1e6 * batch as f64 / d.tokens_per_s));
+            }
+        }
+        println!();
+        for (batch, h, step_us) in host {
+            if batch == 1 || batch == 256 {
+                println!(
+                    "host_us_per_step_b{batch}={h:.0} (step {step_us:.0} µs wall: host share {:.2})",
+                    h / step_us
+                );
+            }
+        }
+        if let Some(b1) = b1 {
+            println!(
+                "e2e_b1_weight_bw_share={:.3} ({b1:.1} tokens/s of a {limit:.0} tokens/s limit)",
+                b1 / limit
+            );
+        }
+        println!();
+        for n in [512usize, 4096] {
+            println!(
+                "time to first token, {n}-token prompt: device {:.2?}, mirror {:.2?}",
+                ttft(&ways[0], n)?,
+                ttft(&ways[1], n)?
+            );
+        }
+        Ok(())
     }
 }

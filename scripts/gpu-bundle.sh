@@ -6,6 +6,7 @@
 #   gpu-bundle/examples/disaggregated  the main example, run with --backend cuda
 #   gpu-bundle/stories260K.bin (for the end-to-end test, when present)
 #   gpu-bundle/cublas_reference.py  torch (cuBLAS) bf16 GEMMs for comparison
+#   gpu-bundle/torch_decode_peer.py the end-to-end decode model in torch (peer ratio)
 #   gpu-bundle/run.sh         runs them all with HANDOFF_REQUIRE_GPU=1,
 #                             writing logs and figures under $OUT
 # Binaries are stripped; the whole folder stays well under 64 MiB.
@@ -53,13 +54,15 @@ done
 model=../shared/models/stories260K.bin
 [[ -f "$model" ]] && cp "$model" "$bundle/stories260K.bin"
 cp scripts/cublas_reference.py "$bundle/cublas_reference.py"
+cp scripts/torch_decode_peer.py "$bundle/torch_decode_peer.py"
 
 cat > "$bundle/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the GPU checks; results under $OUT (default: ./out next to this file).
 # Budget (worst case, every step at its timeout): tests 140 s, the example
-# 2 x 60 s, end-to-end decode 90 s, kernel benchmark 120 s, cuBLAS reference
-# 60 s: under 10 minutes in all (about 1 minute when nothing times out).
+# 2 x 45 s, end-to-end decode 150 s and its torch peer 45 s, kernel
+# benchmark 120 s, cuBLAS reference 45 s: 590 s in all at worst (a few
+# minutes when nothing times out). Give the device call a 600 s limit.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
@@ -92,7 +95,7 @@ done
 # show nothing leaked, held or read across requests.
 for transport in inproc tcp; do
   start=$SECONDS
-  timeout 60 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
+  timeout 45 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
     > "$out/disaggregated_$transport.log" 2>&1
   rc=$?
   echo "== disaggregated --backend cuda --transport $transport: exit $rc in $((SECONDS - start))s"
@@ -100,11 +103,19 @@ for transport in inproc tcp; do
   [[ $rc -eq 0 ]] || status=1
 done
 start=$SECONDS
-timeout 90 "$here/benches/cuda_decode" > "$out/cuda_decode.md" 2> "$out/cuda_decode.err"
+timeout 150 "$here/benches/cuda_decode" > "$out/cuda_decode.md" 2> "$out/cuda_decode.err"
 rc=$?
 echo "== cuda_decode: exit $rc in $((SECONDS - start))s"
 cat "$out/cuda_decode.md" "$out/cuda_decode.err"
 [[ $rc -eq 0 ]] || status=1
+# The same model in torch on the same GPU: the peer of cuda_decode's figures.
+start=$SECONDS
+timeout 45 python3 "$here/torch_decode_peer.py" > "$out/torch_decode_peer.md" 2>&1
+rc=$?
+echo "== torch_decode_peer: exit $rc in $((SECONDS - start))s"
+cat "$out/torch_decode_peer.md"
+# 2: skipped (no torch or no CUDA device for it), not a failure of ours.
+[[ $rc -eq 0 || $rc -eq 2 ]] || status=1
 start=$SECONDS
 timeout 120 "$here/benches/cuda_attention" > "$out/cuda_attention.md" 2> "$out/cuda_attention.err"
 rc=$?
@@ -114,7 +125,7 @@ cat "$out/cuda_attention.md" "$out/cuda_attention.err"
 # cuBLAS (through torch) on the same GPU right after the kernel bench; its
 # table gives the tensor-core prefill figure as a share of cuBLAS bf16 GEMMs.
 start=$SECONDS
-timeout 60 python3 "$here/cublas_reference.py" "$out/cuda_attention.md" > "$out/cublas.md" 2>&1
+timeout 45 python3 "$here/cublas_reference.py" "$out/cuda_attention.md" > "$out/cublas.md" 2>&1
 rc=$?
 echo "== cublas_reference: exit $rc in $((SECONDS - start))s"
 cat "$out/cublas.md"
