@@ -7,6 +7,7 @@
 // combined by a fixed xor butterfly. An output's summation order depends on
 // k alone, never on m or on where its row falls in a tile: batch-invariant.
 #include "common.cuh"
+#include "linear_mma.cuh"
 #include "params.cuh"
 
 namespace handoff {

@@ -211,6 +211,18 @@ struct LinearParams {
     uint32_t pad0;
 };
 
+// out = x · wᵀ with bf16 weights on tensor cores (cuda/linear_mma.cuh).
+// grid (ceil(n / LMMA_BN), ceil(m / LMMA_BM)); block LMMA_THREADS.
+struct LinearMmaParams {
+    const float* x;  // [m, k] f32
+    const void* w;   // [n, k] bf16
+    float* out;      // [m, n] f32
+    uint32_t m;
+    uint32_t n;
+    uint32_t k;
+    uint32_t pad0;
+};
+
 // x[i] += y[i % period] (period = n: add; period = cols: bias per row).
 // grid-stride over n.
 struct AddParams {

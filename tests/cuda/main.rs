@@ -9,6 +9,7 @@ mod support;
 mod cuda_backend;
 mod cuda_kernels;
 mod cuda_pages;
+mod linear_mma_host;
 mod prefill_mma_host;
 mod sampling_host;
 mod xxh3_host;

@@ -1,0 +1,41 @@
+//! Dense layers with bf16 weights on tensor cores, run before any GPU sees
+//! them.
+//!
+//! A bf16 checkpoint's weights stay bf16 on the device (half the bytes to
+//! read per token) and meet the activations in mma.sync tiles
+//! (cuda/linear_mma.cuh). The machine this is developed on has no GPU, so
+//! the kernel body is compiled for the host against the SIMT emulator
+//! (tests/support/sim/: mma.sync computed from the PTX fragment layout,
+//! written independently of the kernel's indexing) by
+//! tests/support/sim/linear_mma_main.cpp, which checks every output of
+//! ragged shapes (m not a multiple of 16, n not of 128, k not of 16, odd k)
+//! against an f64 reference within the split-activation precision the
+//! kernel states, requires each row computed alone to give the batched
+//! run's bits (batch invariance), and a NaN in one row of x to stay in that
+//! row.
+//!
+//! Without a C++ compiler the test prints `SKIP` and passes; the GPU test
+//! in cuda_backend.rs runs a bf16 model on the device against the CPU.
+
+use std::io::Write;
+use std::process::Command;
+
+use crate::support::sim_host as host;
+
+#[test]
+fn bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_simt_emulator() {
+    let Some(cxx) = host::cxx() else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_simt_emulator: \
+             no C++ compiler (c++, g++ or clang++) found"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let exe = host::build_emulated(&cxx, "linear_mma_main.cpp", dir.path());
+    let run = Command::new(&exe).output().unwrap();
+    let report = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "emulated cases failed:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok ")).count(), 8, "{report}");
+}

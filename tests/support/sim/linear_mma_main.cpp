@@ -1,0 +1,110 @@
+// Runs cuda/linear_mma.cuh's kernel (bf16 weights on tensor cores) on the
+// SIMT emulator (simt_host.h); driven by tests/cuda/linear_mma_host.rs.
+//
+// Each case draws x (f32) and bf16 weights, runs the kernel over the whole
+// batch, checks every output against an f64 reference of the same inputs
+// (within 2^-14 of the sum of |x w| plus f32 rounding of the sum), then runs
+// each row alone and requires the bits of the batched run: a row's result
+// does not depend on the rest of the batch. A NaN in one row of x stays in
+// that row. Prints one line per case; exit status 0 when all pass.
+#include <cmath>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "linear_mma.cuh"
+
+using namespace handoff;
+
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        s += 0x9E3779B97F4A7C15ull;
+        uint64_t z = s;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    float uniform() { return (float)(next() >> 40) / (float)(1u << 23) - 1.0f; }  // [-1, 1)
+};
+
+void launch(const LinearMmaParams& p) {
+    const unsigned gx = (p.n + LMMA_BN - 1) / LMMA_BN, gy = (p.m + LMMA_BM - 1) / LMMA_BM;
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::barrier<> block(LMMA_THREADS);
+            std::vector<sim::Warp> warps(LMMA_WARPS);
+            std::vector<std::thread> threads;
+            for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
+                threads.emplace_back([&, t] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    sim::ctx = {&warps[t / 32], &block, nullptr};
+                    linear_mma_body<__nv_bfloat16>(p);
+                });
+            for (auto& th : threads) th.join();
+        }
+}
+
+bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
+    std::vector<float> x(m * k);
+    for (auto& v : x) v = rng.uniform() * 4.0f;
+    if (nan_row && m > 1) x[1 * k + k / 2] = NAN;
+    std::vector<uint16_t> w(n * k);
+    for (auto& v : w) v = sim::float_to_bf16(rng.uniform() * 0.5f);
+    std::vector<float> out(m * n, -7.0f);
+    LinearMmaParams p{x.data(), w.data(), out.data(), m, n, k, 0};
+    launch(p);
+    bool ok = true;
+    for (uint32_t r = 0; r < m && ok; ++r) {
+        const bool poisoned = nan_row && m > 1 && r == 1;
+        for (uint32_t j = 0; j < n; ++j) {
+            double want = 0, mag = 0;
+            for (uint32_t c = 0; c < k; ++c) {
+                const double prod = (double)x[r * k + c] * (double)sim::bf16_to_float(w[j * k + c]);
+                want += prod;
+                mag += std::fabs(prod);
+            }
+            const float got = out[r * n + j];
+            if (poisoned) {
+                if (!std::isnan(got)) {
+                    std::printf("  row %u col %u: %g, want NaN (its x holds one)\n", r, j, got);
+                    ok = false;
+                }
+                continue;
+            }
+            const double tol = mag * (std::ldexp(1.0, -14) + k * std::ldexp(1.0, -23)) + 1e-30;
+            if (!(std::fabs(got - want) <= tol)) {
+                std::printf("  row %u col %u: got %.9g want %.9g (tol %.3g)\n", r, j, got, want, tol);
+                ok = false;
+                break;
+            }
+        }
+    }
+    // Each row alone: the same bits.
+    for (uint32_t r = 0; r < m && ok; ++r) {
+        std::vector<float> one(n, -7.0f);
+        LinearMmaParams q{x.data() + (uint64_t)r * k, w.data(), one.data(), 1, n, k, 0};
+        launch(q);
+        for (uint32_t j = 0; j < n; ++j) {
+            const float a = out[r * n + j], b = one[j];
+            if (std::memcmp(&a, &b, 4) != 0) {
+                std::printf("  row %u col %u: %.9g in the batch, %.9g alone\n", r, j, a, b);
+                ok = false;
+                break;
+            }
+        }
+    }
+    std::printf("%s m=%u n=%u k=%u%s\n", ok ? "ok" : "FAIL", m, n, k, nan_row ? " (NaN row)" : "");
+    return ok;
+}
+
+int main() {
+    Rng rng{2026};
+    bool ok = true;
+    const uint32_t cases[][3] = {{1, 8, 16},   {3, 130, 48},  {17, 257, 96}, {5, 64, 33},
+                                 {16, 128, 160}, {2, 300, 7}, {33, 40, 64}};
+    for (auto& c : cases) ok &= run_case(c[0], c[1], c[2], false, rng);
+    ok &= run_case(4, 72, 32, true, rng);
+    return ok ? 0 : 1;
+}
