@@ -85,7 +85,9 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
     }
 }
 
+template <typename T>
 __device__ __forceinline__ void embedding(const EmbeddingParams& p) {
+    const T* table = static_cast<const T*>(p.table);
     const uint64_t total = (uint64_t)p.n_tokens * p.dim;
     for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (uint64_t)gridDim.x * blockDim.x) {
@@ -93,7 +95,7 @@ __device__ __forceinline__ void embedding(const EmbeddingParams& p) {
         const uint32_t tok = p.tokens[t];
         // The host refuses out-of-range tokens; should one slip through,
         // it reads nothing and poisons its row.
-        p.out[idx] = tok < p.vocab ? p.table[(uint64_t)tok * p.dim + e] : __int_as_float(0x7fc00000);
+        p.out[idx] = tok < p.vocab ? to_float(table[(uint64_t)tok * p.dim + e]) : __int_as_float(0x7fc00000);
     }
 }
 

@@ -158,7 +158,7 @@ struct SwigluParams {
 
 // out[t] = table[tokens[t]]. grid-stride over n_tokens * dim.
 struct EmbeddingParams {
-    const float* table;       // [vocab, dim] f32
+    const void* table;        // [vocab, dim] f32 or bf16 (the instantiation's type)
     const uint32_t* tokens;   // [n_tokens] (< vocab; checked on the host)
     float* out;               // [n_tokens, dim] f32
     uint32_t n_tokens;

@@ -601,3 +601,100 @@ fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
     );
     assert!(g.pool_stats().is_full());
 }
+
+/// A bf16 checkpoint's weights stay bf16 on the device (half the bytes of
+/// f32) and run on tensor cores: logits within the split activations'
+/// precision of the CPU backend's (which keeps the same bf16 weights), a
+/// sequence's logits the same bits alone as in a batch, and the same model
+/// widened to f32 (`bf16_weights(false)`) as a cross-check.
+#[test]
+fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
+    let test = "bf16_weights_stay_bf16_on_the_device_and_match_the_cpu";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let cfg = handoff::model::ModelConfig {
+        dim: 256,
+        hidden_dim: 688,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        vocab_size: 515,
+        max_seq_len: 512,
+        rope_theta: 10_000.0,
+        rope_style: handoff::model::RopeStyle::Half,
+        rope_scaling: handoff::model::RopeScaling::None,
+        norm_eps: 1e-5,
+        tied_embeddings: true,
+        attention_bias: false,
+    };
+    let mut w = handoff::model::random_weights(&cfg, 21);
+    let bf16 = |v: &mut Vec<f32>| {
+        for x in v.iter_mut() {
+            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
+        }
+    };
+    bf16(&mut w.embedding);
+    for l in &mut w.layers {
+        for v in [
+            &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
+        ] {
+            bf16(v);
+        }
+    }
+    let cpu = Model::cpu(w.clone()).unwrap();
+    let tc = Model::new(CudaBackend::new(dev.clone()), w.clone()).unwrap();
+    let wide = Model::new(CudaBackend::new(dev).bf16_weights(false), w).unwrap();
+    assert!(
+        tc.weight_bytes() * 10 < wide.weight_bytes() * 6,
+        "bf16 matrices take half the bytes: {} vs {}",
+        tc.weight_bytes(),
+        wide.weight_bytes()
+    );
+    let geometry = cpu.kv_geometry(KvDtype::F32);
+    let pool = || KvPool::new(PoolConfig::new(geometry, 16, 128)).unwrap();
+    let prompts: [&[u32]; 3] = [&[3], &[5, 9, 200, 7, 7, 31], &[11; 40]];
+    let forced: Vec<Vec<u32>> = (0..3)
+        .map(|s| (0..8).map(|i| ((s * 101 + i * 13) % 515) as u32).collect())
+        .collect();
+    let want = forced_logits(&cpu, &pool(), &prompts, &forced);
+    for (name, m) in [("tensor cores", &tc), ("widened", &wide)] {
+        let got = forced_logits(m, &pool(), &prompts, &forced);
+        for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+            for (s, (w, g)) in w.iter().zip(g).enumerate() {
+                let rms = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
+                let worst = w
+                    .iter()
+                    .zip(g)
+                    .map(|(a, b)| {
+                        if b.is_finite() {
+                            (a - b).abs()
+                        } else {
+                            f32::INFINITY
+                        }
+                    })
+                    .fold(0.0, f32::max);
+                assert!(
+                    worst <= 1e-3 * rms,
+                    "{name}, step {step}, sequence {s}: logits differ by {worst} (rms {rms})"
+                );
+            }
+        }
+    }
+    // Batch invariance on tensor cores: each sequence alone, the same bits.
+    let batched = forced_logits(&tc, &pool(), &prompts, &forced);
+    for (s, p) in prompts.iter().enumerate() {
+        let alone = forced_logits(&tc, &pool(), &[p], std::slice::from_ref(&forced[s]));
+        for (step, rows) in alone.iter().enumerate() {
+            let (a, b): (Vec<u32>, Vec<u32>) = (
+                rows[0].iter().map(|x| x.to_bits()).collect(),
+                batched[step][s].iter().map(|x| x.to_bits()).collect(),
+            );
+            assert!(
+                a == b,
+                "sequence {s}, step {step}: alone differs from batched"
+            );
+        }
+    }
+}

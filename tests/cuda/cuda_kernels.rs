@@ -308,9 +308,10 @@ const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
 fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
-    // merge, scrub, rms_norm, rope, swiglu, embedding, argmax, sample_rows;
-    // linear, add_periodic; xxh3_ranges, page_checksums; prefill_mma: 2 x 2.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 8 + 2 + 2 + 4);
+    // merge, scrub, rms_norm, rope, swiglu, embedding (f32, bf16), argmax,
+    // sample_rows; linear, linear_mma (bf16), add_periodic; xxh3_ranges,
+    // page_checksums; prefill_mma: 2 x 2.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 9 + 3 + 2 + 4);
 }
 
 // ----------------------------------------------------------------- decode

@@ -37,5 +37,9 @@ fn bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_sim
     let run = Command::new(&exe).output().unwrap();
     let report = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "emulated cases failed:\n{report}");
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok ")).count(), 8, "{report}");
+    assert_eq!(
+        report.lines().filter(|l| l.starts_with("ok ")).count(),
+        8,
+        "{report}"
+    );
 }

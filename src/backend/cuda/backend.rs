@@ -82,9 +82,34 @@ impl CudaBuf {
 
 /// A weight tensor in device memory.
 pub struct CudaMat {
-    data: CudaSlice<f32>,
+    data: MatData,
     rows: usize,
     cols: usize,
+}
+
+/// A weight tensor's elements: f32, or bf16 (raw bits) for a matrix whose
+/// every element is exactly a bf16 value (a bf16 checkpoint's), which then
+/// runs on tensor cores at half the bytes.
+enum MatData {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
+impl CudaMat {
+    /// The f32 elements of a vector (norm weights, biases: never bf16).
+    fn f32s(&self, op: &'static str) -> Result<&CudaSlice<f32>, BackendError> {
+        match &self.data {
+            MatData::F32(d) => Ok(d),
+            MatData::Bf16(_) => Err(BackendError::Unsupported {
+                what: op,
+                detail: "a bf16 weight where f32 is required".into(),
+            }),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.rows * self.cols
+    }
 }
 
 impl std::fmt::Debug for CudaMat {
@@ -180,6 +205,7 @@ pub struct CudaBackend {
     workspace: Mutex<DecodeWorkspace>,
     /// Whether [`Backend::new_pool`] gives device-resident pools.
     device_kv: bool,
+    bf16_weights: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -198,7 +224,18 @@ impl CudaBackend {
             kv: Mutex::new(None),
             workspace: Mutex::new(DecodeWorkspace::default()),
             device_kv: false,
+            bf16_weights: true,
         }
+    }
+
+    /// Whether a weight matrix whose every element is exactly a bf16 value
+    /// (a bf16 checkpoint's) stays bf16 on the device and runs on tensor
+    /// cores (default: on), or is widened to f32 (the f32 kernels, closest
+    /// to the CPU backend's numbers).
+    #[must_use]
+    pub fn bf16_weights(mut self, on: bool) -> Self {
+        self.bf16_weights = on;
+        self
     }
 
     /// Whether engines and workers built with `new` over this backend get
@@ -427,15 +464,30 @@ impl Backend for CudaBackend {
                 data.len(),
             ));
         }
-        Ok(CudaMat {
-            data: self.dev.upload(&data).map_err(dev_err)?,
-            rows,
-            cols,
-        })
+        // A matrix of exact bf16 values stays bf16 (vectors stay f32).
+        let bf16 = self.bf16_weights
+            && rows > 1
+            && cols > 1
+            && data.iter().all(|x| x.to_bits() & 0xffff == 0);
+        let data = if bf16 {
+            let bits: Vec<u16> = data.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+            MatData::Bf16(self.dev.upload(&bits).map_err(dev_err)?)
+        } else {
+            MatData::F32(self.dev.upload(&data).map_err(dev_err)?)
+        };
+        Ok(CudaMat { data, rows, cols })
     }
 
     fn shape(&self, m: &CudaMat) -> (usize, usize) {
         (m.rows, m.cols)
+    }
+
+    /// Bytes as placed: 2 per element of a bf16 matrix, 4 otherwise.
+    fn mat_bytes(&self, m: &CudaMat) -> usize {
+        match m.data {
+            MatData::F32(_) => m.len() * 4,
+            MatData::Bf16(_) => m.len() * 2,
+        }
     }
 
     fn len(&self, buf: &CudaBuf) -> usize {
@@ -479,9 +531,12 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
         out.ensure(&self.dev, tokens.len() * table.cols)?;
-        self.dev
-            .embedding(&table.data, table.cols, tokens, &mut out.view_mut()?)
-            .map_err(dev_err)
+        let out = &mut out.view_mut()?;
+        match &table.data {
+            MatData::F32(t) => self.dev.embedding(t, table.cols, tokens, out),
+            MatData::Bf16(t) => self.dev.embedding_bf16(t, table.cols, tokens, out),
+        }
+        .map_err(dev_err)
     }
 
     fn rms_norm(
@@ -491,25 +546,33 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        rows_of("rms_norm", x.len, weight.data.len())?;
+        rows_of("rms_norm", x.len, weight.len())?;
         out.ensure(&self.dev, x.len)?;
         self.dev
-            .rms_norm(&x.view()?, &weight.data, &mut out.view_mut()?, eps)
+            .rms_norm(
+                &x.view()?,
+                weight.f32s("rms_norm")?,
+                &mut out.view_mut()?,
+                eps,
+            )
             .map_err(dev_err)
     }
 
     fn matmul(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf) -> Result<(), BackendError> {
         let m = rows_of("matmul", x.len, w.cols)?;
         out.ensure(&self.dev, m * w.rows)?;
-        self.dev
-            .linear(&x.view()?, &w.data, w.rows, &mut out.view_mut()?)
-            .map_err(dev_err)
+        let (x, out) = (&x.view()?, &mut out.view_mut()?);
+        match &w.data {
+            MatData::F32(d) => self.dev.linear(x, d, w.rows, out),
+            MatData::Bf16(d) => self.dev.linear_bf16(x, d, w.rows, out),
+        }
+        .map_err(dev_err)
     }
 
     fn add_bias(&self, x: &mut CudaBuf, bias: &CudaMat) -> Result<(), BackendError> {
-        rows_of("add_bias", x.len, bias.data.len())?;
+        rows_of("add_bias", x.len, bias.len())?;
         self.dev
-            .add_assign(&mut x.view_mut()?, &bias.data)
+            .add_assign(&mut x.view_mut()?, bias.f32s("add_bias")?)
             .map_err(dev_err)
     }
 

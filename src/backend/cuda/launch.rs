@@ -23,7 +23,7 @@ use super::plan::{
     self, Attn, Batch, DecodePlan, Grid, PrefillKernel, Split, Step, grid, grid_stride, shape,
     to_u32,
 };
-use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS};
+use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN};
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
 use crate::backend::{RopeScaling, RopeStyle};
@@ -35,6 +35,35 @@ use crate::sampling::{Draw, MAX_VOCAB, SamplingError};
 pub(super) fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the driver library and drops the handle.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// `(m, k)` of `x · wᵀ` for `x_len` inputs, `w_len` weights of `n` rows and
+/// `out_len` outputs, or `None` for an empty batch; a typed error for any
+/// inconsistency.
+fn matmul_shape(
+    x_len: usize,
+    w_len: usize,
+    n: usize,
+    out_len: usize,
+) -> Result<Option<(usize, usize)>, CudaError> {
+    if n == 0 || !w_len.is_multiple_of(n) || w_len == 0 {
+        return Err(CudaError::Shape {
+            what: "weight (a non-empty multiple of its output rows)",
+            expected: n,
+            got: w_len,
+        });
+    }
+    let k = w_len / n;
+    if !x_len.is_multiple_of(k) {
+        return Err(CudaError::Shape {
+            what: "matmul input (a multiple of the weight's columns)",
+            expected: k,
+            got: x_len,
+        });
+    }
+    let m = x_len / k;
+    shape("matmul output elements", m * n, out_len)?;
+    Ok((m > 0).then_some((m, k)))
 }
 
 /// Most buffers one launch binds.
@@ -578,26 +607,9 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        if n == 0 || !w.len().is_multiple_of(n) || w.is_empty() {
-            return Err(CudaError::Shape {
-                what: "weight (a non-empty multiple of its output rows)",
-                expected: n,
-                got: w.len(),
-            });
-        }
-        let k = w.len() / n;
-        if !x.len().is_multiple_of(k) {
-            return Err(CudaError::Shape {
-                what: "matmul input (a multiple of the weight's columns)",
-                expected: k,
-                got: x.len(),
-            });
-        }
-        let m = x.len() / k;
-        shape("matmul output elements", m * n, out.len())?;
-        if m == 0 {
+        let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
-        }
+        };
         let mut args = Args::new(&self.inner.stream);
         let p = LinearParams {
             x: args.read(x),
@@ -621,6 +633,49 @@ impl CudaDevice {
         // grid covers n columns in blocks of LIN_WARPS warps and m rows in
         // tiles of LIN_ROWS, and the kernel bounds every access by m, n, k.
         self.launch(kernels::linear(), &p, grid, args)
+    }
+
+    /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor
+    /// cores (cuda/linear_mma.cuh): about 16 bits of each activation meet
+    /// the weights, summed in f32 in k order (batch-invariant).
+    pub fn linear_bf16(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
+            return Ok(());
+        };
+        let kernel =
+            kernels::linear_mma(KvDtype::BF16).ok_or_else(|| CudaError::MissingKernel {
+                name: "linear_mma for bf16 weights".into(),
+            })?;
+        let mut args = Args::new(&self.inner.stream);
+        let p = LinearMmaParams {
+            x: args.read(x),
+            w: args.read(w),
+            out: args.write(out),
+            m: to_u32("matmul rows", m)?,
+            n: to_u32("matmul columns", n)?,
+            k: to_u32("matmul depth", k)?,
+            pad0: 0,
+        };
+        let Some(grid) = grid(
+            "tensor-core matmul blocks (columns, rows)",
+            n.div_ceil(LMMA_BN),
+            m.div_ceil(LMMA_BM),
+            1,
+        )?
+        else {
+            return Ok(());
+        };
+        // Launch contract: x holds m*k f32, w n*k bf16, out m*n f32
+        // (checked); the grid covers n columns in blocks of LMMA_BN and m
+        // rows in tiles of LMMA_BM, and the kernel bounds every access by
+        // m, n, k.
+        self.launch(kernel, &p, grid, args)
     }
 
     /// `x[i] += y[i % y.len()]`: a residual add when the lengths match, a
@@ -662,6 +717,28 @@ impl CudaDevice {
         tokens: &[u32],
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
+        self.embedding_of(KvDtype::F32, table, dim, tokens, out)
+    }
+
+    /// [`CudaDevice::embedding`] from a bf16 table (raw bits).
+    pub fn embedding_bf16(
+        &self,
+        table: &impl DevicePtr<u16>,
+        dim: usize,
+        tokens: &[u32],
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.embedding_of(KvDtype::BF16, table, dim, tokens, out)
+    }
+
+    fn embedding_of<T>(
+        &self,
+        dtype: KvDtype,
+        table: &impl DevicePtr<T>,
+        dim: usize,
+        tokens: &[u32],
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
         if dim == 0 || !table.len().is_multiple_of(dim) {
             return Err(CudaError::Shape {
                 what: "embedding table (a multiple of dim)",
@@ -677,6 +754,9 @@ impl CudaDevice {
             return Ok(());
         }
         shape("embedding output elements", tokens.len() * dim, out.len())?;
+        let kernel = kernels::embedding(dtype).ok_or_else(|| CudaError::MissingKernel {
+            name: format!("embedding for a {dtype:?} table"),
+        })?;
         let ids = self.upload(tokens)?;
         let total = out.len();
         let mut args = Args::new(&self.inner.stream);
@@ -689,10 +769,11 @@ impl CudaDevice {
             vocab: to_u32("vocab", vocab)?,
             pad0: 0,
         };
-        // Launch contract: table holds vocab*dim f32, every token is below
-        // vocab (checked, and the kernel also bounds it), out holds
-        // n_tokens*dim f32 (checked).
-        self.launch(kernels::embedding(), &p, grid_stride(total), args)
+        // Launch contract: table holds vocab*dim elements of the kernel's
+        // type (the table's, `dtype`), every token is below vocab (checked,
+        // and the kernel also bounds it), out holds n_tokens*dim f32
+        // (checked).
+        self.launch(kernel, &p, grid_stride(total), args)
     }
 
     /// Greedy argmax of each row of `logits` `[n_rows, vocab]` (lowest index

@@ -144,7 +144,7 @@ pub(crate) struct SwigluParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct EmbeddingParams {
-    pub table: u64,  // [vocab, dim] f32
+    pub table: u64,  // [vocab, dim] f32 or bf16
     pub tokens: u64, // [n_tokens] u32
     pub out: u64,    // [n_tokens, dim] f32
     pub n_tokens: u32,
@@ -173,6 +173,20 @@ pub(crate) struct SampleDraw {
     pub top_p: f32,
     pub pad0: u32,
     pub random: u64,
+}
+
+/// `x · wᵀ` with bf16 weights on tensor cores. See `LinearMmaParams` in
+/// params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LinearMmaParams {
+    pub x: u64,   // [m, k] f32
+    pub w: u64,   // [n, k] bf16
+    pub out: u64, // [m, n] f32
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub pad0: u32,
 }
 
 /// Device sampling. See `SampleParams` in params.cuh.
@@ -263,6 +277,7 @@ device_repr!(
     SampleDraw,
     SampleParams,
     LinearParams,
+    LinearMmaParams,
     AddParams,
     HashRangesParams,
     PageChecksumParams,

@@ -77,6 +77,12 @@ pub const LIN_ROWS: usize = 16;
 pub const LIN_WARPS: usize = 8;
 /// Warps per block of the checksum kernels (one byte range each).
 pub const CHECKSUM_WARPS: usize = 8;
+/// Warps per block of the tensor-core matmul.
+pub const LMMA_WARPS: usize = 4;
+/// Rows of x per block of the tensor-core matmul.
+pub const LMMA_BM: usize = 16;
+/// Output columns per block of the tensor-core matmul.
+pub const LMMA_BN: usize = 128;
 /// Threads per block of device sampling (one row each).
 pub const SAMPLE_THREADS: u32 = 256;
 
@@ -287,14 +293,17 @@ pub const FAMILIES: &[Family] = &[
         false,
         "launching SwiGLU",
     ),
-    Family::plain(
-        "embedding",
-        "elementwise",
-        "EmbeddingParams",
-        256,
-        false,
-        "launching the embedding gather",
-    ),
+    Family {
+        dtypes: &[Dtype::F32, Dtype::BF16],
+        ..Family::plain(
+            "embedding",
+            "elementwise",
+            "EmbeddingParams",
+            256,
+            false,
+            "launching the embedding gather",
+        )
+    },
     Family::plain(
         "argmax",
         "elementwise",
@@ -323,6 +332,23 @@ pub const FAMILIES: &[Family] = &[
             32 * LIN_WARPS as u32,
             true,
             "launching matmul",
+        )
+    },
+    Family {
+        dtypes: &[Dtype::BF16],
+        body: "linear_mma_body",
+        mirrors: &[
+            ("LMMA_THREADS", 32 * LMMA_WARPS),
+            ("LMMA_BM", LMMA_BM),
+            ("LMMA_BN", LMMA_BN),
+        ],
+        ..Family::plain(
+            "linear_mma",
+            "linear",
+            "LinearMmaParams",
+            32 * LMMA_WARPS as u32,
+            true,
+            "launching the tensor-core matmul",
         )
     },
     Family::plain(
@@ -552,6 +578,18 @@ pub const PARAMS: &[Params] = &[
     },
     Params {
         name: "LinearParams",
+        fields: &[
+            ("x", Ptr),
+            ("w", Ptr),
+            ("out", Ptr),
+            ("m", U32),
+            ("n", U32),
+            ("k", U32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "LinearMmaParams",
         fields: &[
             ("x", Ptr),
             ("w", Ptr),
