@@ -192,8 +192,9 @@ struct SampleDraw {
 struct SampleParams {
     const float* logits;      // [n_rows, vocab] f32
     const SampleDraw* draws;  // [n_rows]
-    uint32_t* out_token;      // [n_rows] the token; on a failed row, the bits of its bad logit
-    uint32_t* out_status;     // [n_rows] 0: sampled; 1 + i: logit i is not finite
+    uint32_t* out;            // [2, n_rows]: each row's token (on a failed row, the bits of
+                              // its bad logit), then its status (0: sampled; 1 + i: logit
+                              // i is not finite), one download for the host
     uint32_t n_rows;
     uint32_t vocab;           // 1..=2^23 (src/sampling: MAX_VOCAB)
 };

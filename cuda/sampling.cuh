@@ -202,15 +202,15 @@ __device__ __forceinline__ void sample_rows_body(const SampleParams& p) {
     top = block_reduce<BLOCK>(top, MaxOp{}, s);
     if (bad != NO_INDEX) {
         if (threadIdx.x == 0) {
-            p.out_token[row] = __float_as_uint(x[bad]);  // the culprit's bits
-            p.out_status[row] = 1 + (uint32_t)bad;
+            p.out[row] = __float_as_uint(x[bad]);  // the culprit's bits
+            p.out[p.n_rows + row] = 1 + (uint32_t)bad;
         }
         return;
     }
     if (d.temperature == 0.0f) {
         if (threadIdx.x == 0) {
-            p.out_token[row] = key_id(top);
-            p.out_status[row] = 0;
+            p.out[row] = key_id(top);
+            p.out[p.n_rows + row] = 0;
         }
         return;
     }
@@ -258,8 +258,8 @@ __device__ __forceinline__ void sample_rows_body(const SampleParams& p) {
         }
         const uint64_t incl = carry + s.scan[threadIdx.x];
         if (w > 0 && incl - w <= u && u < incl) {
-            p.out_token[row] = i;
-            p.out_status[row] = 0;
+            p.out[row] = i;
+            p.out[p.n_rows + row] = 0;
             s.found = 1;
         }
         carry += s.scan[BLOCK - 1];
@@ -268,8 +268,8 @@ __device__ __forceinline__ void sample_rows_body(const SampleParams& p) {
     }
     // Unreachable: the kept weights sum to kept > u (the host says the same).
     if (threadIdx.x == 0) {
-        p.out_token[row] = key_id(top);
-        p.out_status[row] = 0;
+        p.out[row] = key_id(top);
+        p.out[p.n_rows + row] = 0;
     }
 }
 

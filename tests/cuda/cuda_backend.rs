@@ -698,3 +698,51 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
         }
     }
 }
+
+/// A decode step on device-resident KV waits for the device once: every
+/// kernel of the pass is queued, the tokens are sampled on the device, and
+/// only their ids come back (`CudaDevice::host_syncs`).
+#[test]
+fn a_decode_step_on_device_kv_waits_for_the_device_once() {
+    use handoff::backend::Backend;
+    use handoff::sampling::Draw;
+    let test = "a_decode_step_on_device_kv_waits_for_the_device_once";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let w = handoff::model::random_weights(&handoff::model::ModelConfig::tiny_gqa(), 3);
+    let m = Model::new(CudaBackend::new(dev.clone()).device_kv(true), w).unwrap();
+    let pool = m
+        .backend()
+        .new_pool(PoolConfig::new(m.kv_geometry(KvDtype::BF16), 16, 64))
+        .unwrap();
+    let mut s = m.scratch();
+    let prompts: [&[u32]; 4] = [&[1, 2, 3], &[4], &[5, 6, 7, 8, 9], &[10, 11]];
+    let mut seqs: Vec<KvSeq<Filling>> = (0..4)
+        .map(|i| pool.reserve(RequestId(i + 1), 32).unwrap())
+        .collect();
+    let draws = vec![Draw::greedy(); 4];
+    let mut next: Vec<u32> = {
+        let mut refs: Vec<&mut KvSeq<Filling>> = seqs.iter_mut().collect();
+        let t = m
+            .prefill_sampled(&mut s, &mut refs, &prompts, &draws)
+            .unwrap();
+        t.iter().map(|t| t.clone().unwrap()).collect()
+    };
+    let mut ready: Vec<KvSeq<Ready>> = seqs
+        .into_iter()
+        .zip(prompts)
+        .map(|(q, p)| q.seal(p.len()).map_err(|e| e.error).unwrap())
+        .collect();
+    for step in 0..4 {
+        let before = dev.host_syncs();
+        let mut refs: Vec<&mut KvSeq<Ready>> = ready.iter_mut().collect();
+        let t = m.decode_sampled(&mut s, &mut refs, &next, &draws).unwrap();
+        next = t.iter().map(|t| t.clone().unwrap()).collect();
+        let waits = dev.host_syncs() - before;
+        // The first step may grow buffers; every step waits exactly once.
+        assert_eq!(waits, 1, "step {step} waited for the device {waits} times");
+    }
+    drop(ready);
+    assert!(pool.stats().is_full());
+}

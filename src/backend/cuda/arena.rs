@@ -177,6 +177,7 @@ impl DeviceKvArena {
     pub fn read_page(&self, dev: &CudaDevice, page: u32) -> Result<Vec<u8>, CudaError> {
         let range = self.check_page(page)?;
         let src = self.data.slice(range);
+        dev.count_sync();
         dev.inner
             .stream
             .clone_dtoh(&src)

@@ -32,6 +32,8 @@ pub(super) struct Inner {
     kernels: Vec<CudaFunction>,
     pub(super) sm_count: u32,
     name: String,
+    /// Times the host waited for the device (downloads and syncs).
+    syncs: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -105,6 +107,7 @@ impl CudaDevice {
                 kernels,
                 sm_count: sm_count.max(1) as u32,
                 name,
+                syncs: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -187,14 +190,29 @@ impl CudaDevice {
 
     /// Copies a device buffer or view to the host (waits for queued work).
     pub fn download<T: DeviceRepr>(&self, src: &impl DevicePtr<T>) -> Result<Vec<T>, CudaError> {
+        self.count_sync();
         self.inner
             .stream
             .clone_dtoh(src)
             .map_err(CudaError::driver("copying from the device"))
     }
 
+    /// Times the host has waited for this device so far (every download
+    /// and sync through this handle and its clones): a decode step that
+    /// samples on the device waits once.
+    pub fn host_syncs(&self) -> u64 {
+        self.inner.syncs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(super) fn count_sync(&self) {
+        self.inner
+            .syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Waits for every queued operation; reports a failed kernel.
     pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.count_sync();
         self.inner
             .stream
             .synchronize()

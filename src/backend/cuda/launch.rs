@@ -852,27 +852,26 @@ impl CudaDevice {
             })
             .collect();
         let dev_draws = self.upload(&host)?;
-        let mut token = self.zeros::<u32>(draws.len())?;
-        let mut status = self.zeros::<u32>(draws.len())?;
+        let mut out = self.zeros::<u32>(2 * draws.len())?;
         let mut args = Args::new(&self.inner.stream);
         let p = SampleParams {
             logits: args.read(logits),
             draws: args.read(&dev_draws),
-            out_token: args.write(&mut token),
-            out_status: args.write(&mut status),
+            out: args.write(&mut out),
             n_rows: to_u32("sampled rows", draws.len())?,
             vocab: to_u32("vocab", vocab)?,
         };
         // Launch contract: logits hold n_rows*vocab f32 (checked), vocab is
-        // within MAX_VOCAB (checked: the weights' sums fit u64), draws,
-        // token and status hold n_rows entries each; one block of exactly
+        // within MAX_VOCAB (checked: the weights' sums fit u64), draws hold
+        // n_rows entries and out 2 * n_rows; one block of exactly
         // SAMPLE_THREADS threads per row (its shared arrays).
         self.launch(kernels::sample_rows(), &p, (p.n_rows, 1, 1), args)?;
-        let token = self.download(&token)?;
-        let status = self.download(&status)?;
+        // The step's one wait for the device: tokens and statuses together.
+        let out = self.download(&out)?;
+        let (token, status) = out.split_at(draws.len());
         Ok(token
             .iter()
-            .zip(&status)
+            .zip(status)
             .map(|(&t, &s)| match s {
                 0 => Ok(t),
                 s => Err(SamplingError::NonFinite {

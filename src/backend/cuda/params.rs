@@ -193,10 +193,9 @@ pub(crate) struct LinearMmaParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SampleParams {
-    pub logits: u64,     // [n_rows, vocab] f32
-    pub draws: u64,      // [n_rows] SampleDraw
-    pub out_token: u64,  // [n_rows] u32
-    pub out_status: u64, // [n_rows] u32
+    pub logits: u64, // [n_rows, vocab] f32
+    pub draws: u64,  // [n_rows] SampleDraw
+    pub out: u64,    // [2, n_rows] u32: tokens, then statuses
     pub n_rows: u32,
     pub vocab: u32,
 }

@@ -570,8 +570,7 @@ pub const PARAMS: &[Params] = &[
         fields: &[
             ("logits", Ptr),
             ("draws", Ptr),
-            ("out_token", Ptr),
-            ("out_status", Ptr),
+            ("out", Ptr),
             ("n_rows", U32),
             ("vocab", U32),
         ],

@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
     std::fclose(f);
     const int block = std::atoi(argv[2]);
     for (auto& r : rows) {
-        uint32_t token = 0, status = 0;
-        SampleParams p{r.logits.data(), &r.draw, &token, &status, 1, (uint32_t)r.logits.size()};
+        uint32_t out[2] = {0, 0};  // token, status
+        SampleParams p{r.logits.data(), &r.draw, out, 1, (uint32_t)r.logits.size()};
         switch (block) {
             case 32: run<32>(p); break;
             case 64: run<64>(p); break;
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
         unsigned long long weights = 0;
         for (float l : r.logits)
             if (finite_f32(l)) weights += sample_weight(l, max, log2e_over(t));
-        std::printf("%u %u %llu\n", status, token, weights);
+        std::printf("%u %u %llu\n", out[1], out[0], weights);
     }
     return 0;
 }
