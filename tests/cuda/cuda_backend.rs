@@ -746,3 +746,45 @@ fn a_decode_step_on_device_kv_waits_for_the_device_once() {
     drop(ready);
     assert!(pool.stats().is_full());
 }
+
+/// The pool is planned from the device's free memory after the weights
+/// (`CudaBackend::kv_budget`): a budget that holds the window builds an
+/// engine whose pool lives on the device within it; one past the device's
+/// memory is a typed 503 at construction, not a panic; one too small for
+/// the window does not build.
+#[test]
+fn the_kv_pool_is_planned_from_free_device_memory_and_fails_closed() {
+    use handoff::kv::Residence;
+    use handoff::{Engine, EngineConfig, HttpStatus};
+    let test = "the_kv_pool_is_planned_from_free_device_memory_and_fails_closed";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let w = handoff::model::random_weights(&handoff::model::ModelConfig::tiny_gqa(), 4);
+    let place = || Model::new(CudaBackend::new(dev.clone()).device_kv(true), w.clone()).unwrap();
+    let m = place();
+    let geometry = m.kv_geometry(KvDtype::BF16);
+    let budget = m.backend().kv_budget(1 << 30).unwrap().min(1 << 30);
+    let cfg = |bytes: u64| {
+        EngineConfig::colocated(geometry)
+            .max_context(256)
+            .page_size(16)
+            .pool_memory(bytes)
+            .build()
+    };
+    let e = Engine::new(m, cfg(budget).unwrap()).unwrap();
+    assert_eq!(e.pool().residence(), Residence::Device);
+    let stats = e.pool_stats();
+    assert!(stats.capacity > 0 && stats.is_full());
+    drop(e);
+    let (free, total) = dev.memory_info().unwrap();
+    assert!(free > 0 && total >= free);
+    match Engine::new(place(), cfg(2 * total as u64).unwrap()) {
+        Ok(_) => panic!("a pool twice the device's memory was built"),
+        Err(err) => assert_eq!(err.http_status(), 503, "{err}"),
+    }
+    assert!(
+        cfg(1024).is_err(),
+        "a budget below one window does not build"
+    );
+}

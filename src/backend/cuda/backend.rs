@@ -256,6 +256,18 @@ impl CudaBackend {
         CudaDevice::open(ordinal).map(Self::new)
     }
 
+    /// The bytes a device-resident KV pool may take now: free device memory
+    /// (after the weights already placed) less `reserve` for activations
+    /// and workspaces, 0 when less is free. Plan the pool from it with
+    /// [`crate::EngineConfigBuilder::pool_memory`], whose build refuses a
+    /// budget that cannot hold the context window; a pool that then does
+    /// not fit the device is a typed `PoolError::Device` (503) at
+    /// construction, never a panic.
+    pub fn kv_budget(&self, reserve: u64) -> Result<u64, CudaError> {
+        let (free, _) = self.dev.memory_info()?;
+        Ok((free as u64).saturating_sub(reserve))
+    }
+
     /// The device.
     pub fn device(&self) -> &CudaDevice {
         &self.dev
