@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ids::RequestId;
-use crate::kv::{Filling, Held, KvPool, KvSeq, PrefixCache, PrefixKeys, reserve_prompt};
+use crate::kv::{Filling, Held, KvError, KvPool, KvSeq, PrefixCache, PrefixKeys, reserve_prompt};
 use crate::sched::AdmissionLimits;
 use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
@@ -129,6 +129,9 @@ enum SendStop {
     Link(LinkError),
     /// An injected rejection: abort instead of the rest.
     Refuse,
+    /// The device holding the source pages failed (its hash pass): the
+    /// receipt could not say what was sent.
+    Device(KvError),
 }
 
 impl<L: PrefillLink> PrefillSide<L> {
@@ -292,6 +295,10 @@ impl<L: PrefillLink> PrefillSide<L> {
                 return Err(TransferError::Link(e));
             }
             Err(SendStop::Refuse) => return Err(self.refuse(&plan)),
+            Err(SendStop::Device(e)) => {
+                self.abort(&plan, AbortReason::ComputeFailed);
+                return Err(TransferError::Kv(e));
+            }
         };
         let n_layers = plan.geometry.n_layers;
         let receipt = Receipt {
@@ -416,10 +423,11 @@ impl<L: PrefillLink> PrefillSide<L> {
                     }
                     return Ok(regions.finish());
                 }
-                // Rows that cannot be hashed there (a failed device, pages
-                // no longer held) are read back as before: whatever that
-                // gives, the receipt's checksums then say.
-                Ok(None) | Err(_) => {
+                // The device failed: the request is aborted with its error
+                // (decode gets the abort, not a receipt that cannot match).
+                Err(e) => return Err(SendStop::Device(e)),
+                // Rows that cannot be hashed there are read back as before.
+                Ok(None) => {
                     for (layer, cursor) in cursors.iter_mut().enumerate() {
                         for (kv, hasher) in cursor.iter_mut().enumerate() {
                             hash_rows(

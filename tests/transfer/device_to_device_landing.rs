@@ -5,14 +5,17 @@
 //! are hashed on their devices). The request verifies and the pages
 //! hold what prefill computed. A write the fault plan corrupts still passes
 //! through the host, where the bit flips, and is caught; a device copy that
-//! fails fails that request closed, and both pools refuse further pages.
+//! fails fails that request closed, and both pools refuse further pages. A
+//! prefill device whose hash pass fails aborts the request with its own
+//! error: decode hears that the compute failed, not of a checksum that
+//! cannot match.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use handoff::transfer::{
-    Fault, FaultPlan, FaultRule, InProcess, IntegrityError, Step, TransferConfig, TransferError,
-    synthetic,
+    AbortReason, Fault, FaultPlan, FaultRule, InProcess, IntegrityError, Step, TransferConfig,
+    TransferError, synthetic,
 };
 use handoff::{HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
 
@@ -145,6 +148,42 @@ fn a_failed_device_copy_fails_that_request_closed_and_both_pools_refuse_pages() 
     assert!(
         p.rig.prefill_pool.reserve(RequestId(9), 8).is_err(),
         "prefill pages after a failed device copy"
+    );
+    p.rig.settle();
+    p.rig.assert_clean();
+}
+
+#[test]
+fn a_failed_hash_on_the_prefill_device_aborts_with_its_error_not_a_checksum_mismatch() {
+    let mut p = pools(TransferConfig::default());
+    let _ = p.rig.decode.submit(request(1, 1, 40)).unwrap();
+    let _ = p.rig.decode.poll(std::time::Duration::ZERO);
+    p.prefill_dev.fail_hash.store(true, Ordering::SeqCst);
+    match p.rig.serve_one() {
+        Err(TransferError::Kv(e)) => {
+            assert!(
+                e.to_string().contains("hash of"),
+                "the device's own error: {e}"
+            );
+            assert!(e.http_status() >= 500, "{e}");
+        }
+        other => panic!("prefill sent a receipt after its device failed: {other:?}"),
+    }
+    let outcomes = p.rig.outcomes(1);
+    assert_eq!(outcomes.len(), 1);
+    match &outcomes[0].result {
+        Err(TransferError::Aborted {
+            reason: AbortReason::ComputeFailed,
+            ..
+        }) => {}
+        Err(e) => panic!("decode should hear of an aborted compute, got: {e}"),
+        Ok(_) => panic!("verified KV whose source device failed"),
+    }
+    drop(outcomes);
+    p.prefill_dev.fail_hash.store(false, Ordering::SeqCst);
+    assert!(
+        p.rig.prefill_pool.reserve(RequestId(9), 8).is_err(),
+        "prefill pages after a failed device"
     );
     p.rig.settle();
     p.rig.assert_clean();
