@@ -554,6 +554,39 @@ fn sampling_side_by_side() {
             ));
         }
     }
+    batch_sampling(&peaked, &params);
+}
+
+/// A batch of 32 peaked rows (top-p 0.9, temperature 0.7, each its own
+/// seed) through `Backend::sample`: one thread against all of them.
+fn batch_sampling(peaked: &[f32], params: &SamplingParams) {
+    use handoff::backend::Backend;
+    use handoff::sampling::Draw;
+    const ROWS: usize = 32;
+    let vocab = peaked.len();
+    let logits: Vec<f32> = (0..ROWS)
+        .flat_map(|r| peaked.iter().map(move |&x| x + (r % 7) as f32 * 0.01))
+        .collect();
+    let draws: Vec<Draw> = (0..ROWS)
+        .map(|r| Draw::new(params, 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(r as u64 + 1)).unwrap())
+        .collect();
+    let (one, all) = (CpuBackend::with_threads(1), backend());
+    let mut out = Vec::new();
+    for round in 0..2 {
+        let mut time = |b: &CpuBackend| {
+            let t = Instant::now();
+            for _ in 0..10 {
+                b.sample(&logits, vocab, &draws, &mut out).unwrap();
+            }
+            t.elapsed() / 10
+        };
+        let (t1, tn) = (time(&one), time(&all));
+        say(format!(
+            "batch {ROWS}, round {round}: {t1:.2?} per step on 1 thread, {tn:.2?} on {} ({:.1}x)",
+            all.threads(),
+            t1.as_secs_f64() / tn.as_secs_f64()
+        ));
+    }
 }
 
 /// The nucleus by sorting every candidate: its size.

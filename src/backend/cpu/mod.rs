@@ -244,6 +244,10 @@ thread_local! {
     static SERIAL_OPS: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Logits in a batch from which sampling splits its rows over the threads
+/// (below, one thread samples them in well under a millisecond).
+const PARALLEL_SAMPLE_LOGITS: usize = 1 << 18;
+
 /// Longest a worker polls without finding work before it goes back to
 /// sleeping until woken: a pass stuck in a long serial stretch (or a
 /// machine with more runnable threads than cores) does not keep it busy.
@@ -573,7 +577,9 @@ impl Backend for CpuBackend {
         buf.len()
     }
 
-    /// Samples the logits where they are: no copy.
+    /// Samples the logits where they are (no copy), the rows of a large
+    /// batch over the threads: each row is drawn by its own rule from its
+    /// own logits, so the split changes no token.
     fn sample(
         &self,
         logits: &Vec<f32>,
@@ -581,7 +587,27 @@ impl Backend for CpuBackend {
         draws: &[crate::sampling::Draw],
         out: &mut Vec<Result<u32, crate::sampling::SamplingError>>,
     ) -> Result<(), BackendError> {
-        super::sample_host_rows(logits, vocab, draws, out)
+        let pool = self.pool.as_ref().filter(|_| {
+            !SERIAL_OPS.get() && draws.len() > 1 && logits.len() >= PARALLEL_SAMPLE_LOGITS
+        });
+        let (Some(pool), Some(rows)) = (pool, (vocab > 0).then(|| logits.chunks_exact(vocab)))
+        else {
+            return super::sample_host_rows(logits, vocab, draws, out);
+        };
+        if logits.len() != draws.len() * vocab {
+            return super::sample_host_rows(logits, vocab, draws, out); // its shape error
+        }
+        out.clear();
+        pool.install(|| {
+            rows.collect::<Vec<_>>()
+                .into_par_iter()
+                .zip(draws)
+                .map_init(crate::sampling::RowScratch::default, |s, (row, d)| {
+                    crate::sampling::sample_row(row, d, s)
+                })
+                .collect_into_vec(out)
+        });
+        Ok(())
     }
 
     fn to_host(&self, buf: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
@@ -978,6 +1004,49 @@ fn host_rows(view: &LayerView<'_>) -> Result<(), BackendError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_sampled_over_the_threads_draws_each_rows_own_token() {
+        use crate::sampling::{Draw, RowScratch, sample_row};
+        let (rows, vocab) = (9, 40_000);
+        let mut x = 0x2026u64;
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 1000) as f32 * 0.01
+            })
+            .collect();
+        let draws: Vec<Draw> = (0..rows)
+            .map(|i| {
+                let p = crate::SamplingParams {
+                    temperature: [0.0, 0.7, 1.3][i % 3],
+                    top_k: (i % 2 == 0).then_some(50),
+                    top_p: (i % 4 != 3).then_some(0.9),
+                    seed: i as u64,
+                    stop_ids: Vec::new(),
+                };
+                Draw::new(&p, x.wrapping_mul(i as u64 + 1)).unwrap()
+            })
+            .collect();
+        let want: Vec<_> = logits
+            .chunks_exact(vocab)
+            .zip(&draws)
+            .map(|(r, d)| sample_row(r, d, &mut RowScratch::default()))
+            .collect();
+        for threads in [1, 2, 4] {
+            let mut got = Vec::new();
+            CpuBackend::with_threads(threads)
+                .sample(&logits, vocab, &draws, &mut got)
+                .unwrap();
+            assert_eq!(got, want, "{threads} threads");
+        }
+        let mut got = Vec::new();
+        let short =
+            CpuBackend::with_threads(2).sample(&logits[1..].to_vec(), vocab, &draws, &mut got);
+        assert!(short.is_err(), "a batch of the wrong shape is refused");
+    }
 
     #[test]
     fn ops_inside_a_group_pass_never_split() {
