@@ -325,9 +325,11 @@ pub trait Backend: Send + Sync + 'static {
         draws: &[Draw],
         out: &mut Vec<Result<u32, SamplingError>>,
     ) -> Result<(), BackendError> {
-        let mut host = Vec::new();
-        self.to_host(logits, &mut host)?;
-        sample_host_rows(&host, vocab, draws, out)
+        // One host buffer per thread, reused step after step.
+        HOST_LOGITS.with_borrow_mut(|host| {
+            self.to_host(logits, host)?;
+            sample_host_rows(host, vocab, draws, out)
+        })
     }
 
     /// Output logits of selected rows: `rms_norm(x[rows]) · Wᵀ`, `[rows.len(),
@@ -351,6 +353,11 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+thread_local! {
+    /// The default [`Backend::sample`]'s copy of the logits.
+    static HOST_LOGITS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// [`Backend::sample`] over logits in host memory.
 pub(crate) fn sample_host_rows(
     logits: &[f32],
@@ -368,6 +375,7 @@ pub(crate) fn sample_host_rows(
     }
     out.clear();
     let mut scratch = crate::sampling::RowScratch::default();
+    // Greedy rows (the common case) need no scratch: nothing is allocated.
     out.extend(
         logits
             .chunks_exact(vocab)

@@ -352,6 +352,11 @@ impl<B: Backend> Generator<B> {
         self.tokens.extend(self.running.iter().map(|r| r.next));
         self.draws.clear();
         for r in &self.running {
+            // A greedy request draws nothing: no need to visit its client.
+            if r.req.sampling.is_greedy() {
+                self.draws.push(Draw::greedy());
+                continue;
+            }
             let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
             self.draws.push(
                 client
