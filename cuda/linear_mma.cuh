@@ -7,13 +7,16 @@
 // f32 accumulation, so the products carry about 16 bits of x (bf16 alone
 // would keep 8): within 2^-15 of the f32 product, summed in f32.
 //
-// Tiling: a block of LMMA_WARPS warps owns LMMA_BM = 16 rows of x and
-// LMMA_BN output columns, each warp LMMA_NT n-tiles of 8. Fragments are
+// Tiling, shaped for decode (few rows of x, weights read once): a block
+// owns LMMA_BM = 16 rows of x and LMMA_BN = 16 output columns (two n-tiles
+// of 8), and its LMMA_WARPS warps split k: warp w takes the k-steps of 16
+// numbered w, w + LMMA_WARPS, ..., in order, hi before lo, and the warps'
+// partial sums are then added in warp order. So every output is summed in
+// an order fixed by k alone, never by m or by where its row falls in a
+// tile: a row's result does not depend on the rest of the batch. A 2048-
+// column layer gives 128 blocks of 4 warps even at batch 1. Fragments are
 // loaded straight from global memory (x is small and cached; each weight
-// element is read once per 16 rows of x). k advances 16 at a time, in
-// order, hi before lo: an output's summation order depends on k alone,
-// never on m or on where its row falls in a tile, so a row's result does
-// not depend on the rest of the batch.
+// element is read once per 16 rows of x).
 //
 // The body lives in this header so that tests/cuda/linear_mma_host.rs can
 // run it on the host SIMT emulator against an f64 reference.
@@ -27,11 +30,25 @@
 
 namespace handoff {
 
-constexpr int LMMA_WARPS = 4;
+constexpr int LMMA_WARPS = 4;  // warps per block, splitting k
 constexpr int LMMA_THREADS = LMMA_WARPS * 32;
-constexpr int LMMA_NT = 4;                         // n-tiles of 8 per warp
-constexpr int LMMA_BM = 16;                        // rows of x per block
-constexpr int LMMA_BN = LMMA_WARPS * LMMA_NT * 8;  // output columns per block
+constexpr int LMMA_NT = 2;            // n-tiles of 8 per block
+constexpr int LMMA_BM = 16;           // rows of x per block
+constexpr int LMMA_BN = LMMA_NT * 8;  // output columns per block
+
+// The warps' partial sums, [warp][n-tile][accumulator][lane].
+struct LmmaSmem {
+    float part[LMMA_WARPS][LMMA_NT][4][32];
+};
+
+__device__ __forceinline__ LmmaSmem& lmma_smem() {
+#ifdef HANDOFF_SIMT_HOST
+    return *reinterpret_cast<LmmaSmem*>(sim::ctx.smem);
+#else
+    __shared__ LmmaSmem s;
+    return s;
+#endif
+}
 
 // x rounded to T and back to f32.
 template <typename T>
@@ -63,14 +80,14 @@ __device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = lane >> 2, tid = lane & 3;
     const uint64_t r0 = (uint64_t)blockIdx.y * LMMA_BM + group, r1 = r0 + 8;
-    const uint64_t n0 = (uint64_t)blockIdx.x * LMMA_BN + (uint64_t)warp * LMMA_NT * 8;
+    const uint64_t n0 = (uint64_t)blockIdx.x * LMMA_BN;
     float c[LMMA_NT][4];
 #pragma unroll
     for (int t = 0; t < LMMA_NT; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
-    for (uint32_t k0 = 0; k0 < p.k; k0 += 16) {
+    for (uint64_t k0 = (uint64_t)warp * 16; k0 < p.k; k0 += 16 * LMMA_WARPS) {
         // A fragment (PTX layout): a0 a1 (row group, cols 2 tid, +1), a2 a3
         // (row group + 8), a4..a7 the same at cols + 8.
-        const uint32_t c0 = k0 + 2 * tid;
+        const uint32_t c0 = (uint32_t)k0 + 2 * tid;
         const float xa[8] = {lmma_x(p, r0, c0),     lmma_x(p, r0, c0 + 1), lmma_x(p, r1, c0),
                              lmma_x(p, r1, c0 + 1), lmma_x(p, r0, c0 + 8), lmma_x(p, r0, c0 + 9),
                              lmma_x(p, r1, c0 + 8), lmma_x(p, r1, c0 + 9)};
@@ -90,14 +107,24 @@ __device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
             MmaOp<T>::run(c[t], lo, b0, b1);
         }
     }
+    // The warps' partial sums, added in warp order by warp 0.
+    LmmaSmem& s = lmma_smem();
+#pragma unroll
+    for (int t = 0; t < LMMA_NT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s.part[warp][t][i][lane] = c[t][i];
+    __syncthreads();
+    if (warp != 0) return;
     // C fragment: c0 c1 (row group, cols 2 tid, +1), c2 c3 (row group + 8).
 #pragma unroll
     for (int t = 0; t < LMMA_NT; ++t) {
         const uint64_t col = n0 + t * 8 + 2 * tid;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
+            float v = s.part[0][t][i][lane];
+            for (int w = 1; w < LMMA_WARPS; ++w) v += s.part[w][t][i][lane];
             const uint64_t r = i < 2 ? r0 : r1, j = col + (i & 1);
-            if (r < p.m && j < p.n) p.out[r * p.n + j] = c[t][i];
+            if (r < p.m && j < p.n) p.out[r * p.n + j] = v;
         }
     }
 }

@@ -82,7 +82,7 @@ pub const LMMA_WARPS: usize = 4;
 /// Rows of x per block of the tensor-core matmul.
 pub const LMMA_BM: usize = 16;
 /// Output columns per block of the tensor-core matmul.
-pub const LMMA_BN: usize = 128;
+pub const LMMA_BN: usize = 16;
 /// Threads per block of device sampling (one row each).
 pub const SAMPLE_THREADS: u32 = 256;
 

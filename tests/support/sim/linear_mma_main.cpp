@@ -34,12 +34,13 @@ void launch(const LinearMmaParams& p) {
         for (unsigned bx = 0; bx < gx; ++bx) {
             std::barrier<> block(LMMA_THREADS);
             std::vector<sim::Warp> warps(LMMA_WARPS);
+            std::vector<unsigned char> smem(sizeof(LmmaSmem));
             std::vector<std::thread> threads;
             for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
                 threads.emplace_back([&, t] {
                     threadIdx = {t, 0, 0};
                     blockIdx = {bx, by, 0};
-                    sim::ctx = {&warps[t / 32], &block, nullptr};
+                    sim::ctx = {&warps[t / 32], &block, smem.data()};
                     linear_mma_body<__nv_bfloat16>(p);
                 });
             for (auto& th : threads) th.join();
