@@ -252,6 +252,14 @@ impl<'a> Logits<'a> {
     }
 }
 
+/// One input per sequence in each of `inputs`, else the first that differs.
+fn same_batch(seqs: usize, inputs: &[usize]) -> Result<(), ForwardError> {
+    match inputs.iter().find(|&&n| n != seqs) {
+        Some(&inputs) => Err(ForwardError::BatchMismatch { seqs, inputs }),
+        None => Ok(()),
+    }
+}
+
 /// What a pass hands back from its logits.
 #[derive(Clone, Copy)]
 enum Out<'d> {
@@ -403,12 +411,7 @@ impl<B: Backend> Model<B> {
         seqs: &mut [&mut KvSeq<Filling>],
         prompts: &[&[u32]],
     ) -> Result<Logits<'s>, ForwardError> {
-        if seqs.len() != prompts.len() {
-            return Err(ForwardError::BatchMismatch {
-                seqs: seqs.len(),
-                inputs: prompts.len(),
-            });
-        }
+        same_batch(seqs.len(), &[prompts.len()])?;
         self.pass(
             scratch,
             seqs,
@@ -430,16 +433,7 @@ impl<B: Backend> Model<B> {
         prompts: &[&[u32]],
         draws: &[Draw],
     ) -> Result<&'s [Result<u32, SamplingError>], ForwardError> {
-        if seqs.len() != prompts.len() || seqs.len() != draws.len() {
-            return Err(ForwardError::BatchMismatch {
-                seqs: seqs.len(),
-                inputs: if seqs.len() != prompts.len() {
-                    prompts.len()
-                } else {
-                    draws.len()
-                },
-            });
-        }
+        same_batch(seqs.len(), &[prompts.len(), draws.len()])?;
         self.pass(
             scratch,
             seqs,
@@ -459,12 +453,7 @@ impl<B: Backend> Model<B> {
         seqs: &mut [&mut KvSeq<Ready>],
         tokens: &[u32],
     ) -> Result<Logits<'s>, ForwardError> {
-        if seqs.len() != tokens.len() {
-            return Err(ForwardError::BatchMismatch {
-                seqs: seqs.len(),
-                inputs: tokens.len(),
-            });
-        }
+        same_batch(seqs.len(), &[tokens.len()])?;
         self.pass(
             scratch,
             seqs,
@@ -486,16 +475,7 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         draws: &[Draw],
     ) -> Result<&'s [Result<u32, SamplingError>], ForwardError> {
-        if seqs.len() != tokens.len() || seqs.len() != draws.len() {
-            return Err(ForwardError::BatchMismatch {
-                seqs: seqs.len(),
-                inputs: if seqs.len() != tokens.len() {
-                    tokens.len()
-                } else {
-                    draws.len()
-                },
-            });
-        }
+        same_batch(seqs.len(), &[tokens.len(), draws.len()])?;
         self.pass(
             scratch,
             seqs,

@@ -489,20 +489,13 @@ fn engine_tokens_with<B: handoff::backend::Backend>(
         .collect()
 }
 
-/// A backend asked for device KV (`CudaBackend::device_kv`) gives the
-/// colocated engine a device-resident pool, and the engine's greedy tokens
-/// equal the CPU engine's, alone and in a batch; the pool is full after.
-#[test]
-fn an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device_and_matches_the_cpu() {
-    use handoff::kv::Residence;
+/// Two colocated engines on `w`: one on `dev` with device-resident KV, one
+/// on the CPU, with the same configuration.
+fn engines_on_device_kv_and_cpu(
+    dev: handoff::backend::cuda::CudaDevice,
+    w: ModelWeights,
+) -> (handoff::Engine<CudaBackend>, handoff::Engine) {
     use handoff::{Engine, EngineConfig};
-    let test = "an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device";
-    let Some(dev) = device_for_test(test) else {
-        return;
-    };
-    let Some(w) = weights(test) else {
-        return;
-    };
     let cpu = Model::cpu(w.clone()).expect("places on CPU");
     let gpu = Model::new(CudaBackend::new(dev).device_kv(true), w).expect("places on the GPU");
     let cfg = |g| {
@@ -517,8 +510,23 @@ fn an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device_and_matches_th
         cfg(gpu.kv_geometry(KvDtype::F32)),
         cfg(cpu.kv_geometry(KvDtype::F32)),
     );
-    let mut g = Engine::new(gpu, gc).unwrap();
-    let mut c = Engine::new(cpu, cc).unwrap();
+    (Engine::new(gpu, gc).unwrap(), Engine::new(cpu, cc).unwrap())
+}
+
+/// A backend asked for device KV (`CudaBackend::device_kv`) gives the
+/// colocated engine a device-resident pool, and the engine's greedy tokens
+/// equal the CPU engine's, alone and in a batch; the pool is full after.
+#[test]
+fn an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device_and_matches_the_cpu() {
+    use handoff::kv::Residence;
+    let test = "an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let Some(w) = weights(test) else {
+        return;
+    };
+    let (mut g, mut c) = engines_on_device_kv_and_cpu(dev, w);
     assert_eq!(g.pool().residence(), Residence::Device);
     assert_eq!(c.pool().residence(), Residence::Host);
     let prompts: Vec<Vec<u32>> = (0..6u32)
@@ -545,7 +553,7 @@ fn an_engine_on_a_device_kv_backend_keeps_its_pages_on_the_device_and_matches_th
 /// top-k and top-p, batched and alone; the pool is full after.
 #[test]
 fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
-    use handoff::{Engine, EngineConfig, SamplingParams};
+    use handoff::SamplingParams;
     let test = "an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed";
     let Some(dev) = device_for_test(test) else {
         return;
@@ -553,22 +561,7 @@ fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
     let Some(w) = weights(test) else {
         return;
     };
-    let cpu = Model::cpu(w.clone()).expect("places on CPU");
-    let gpu = Model::new(CudaBackend::new(dev).device_kv(true), w).expect("places on the GPU");
-    let cfg = |g| {
-        EngineConfig::colocated(g)
-            .max_context(256)
-            .page_size(16)
-            .pool_tokens(8 * 256)
-            .build()
-            .unwrap()
-    };
-    let (gc, cc) = (
-        cfg(gpu.kv_geometry(KvDtype::F32)),
-        cfg(cpu.kv_geometry(KvDtype::F32)),
-    );
-    let mut g = Engine::new(gpu, gc).unwrap();
-    let mut c = Engine::new(cpu, cc).unwrap();
+    let (mut g, mut c) = engines_on_device_kv_and_cpu(dev, w);
     let prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|i| {
             (0..(2 + i * 11))

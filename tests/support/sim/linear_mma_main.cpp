@@ -15,18 +15,8 @@
 #include "linear_mma.cuh"
 
 using namespace handoff;
+using sim::Rng;
 
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    float uniform() { return (float)(next() >> 40) / (float)(1u << 23) - 1.0f; }  // [-1, 1)
-};
 
 void launch(const LinearMmaParams& p) {
     const unsigned gx = (p.n + LMMA_BN - 1) / LMMA_BN, gy = (p.m + LMMA_BM - 1) / LMMA_BM;

@@ -16,18 +16,8 @@
 #include "prefill_mma.cuh"
 
 using namespace handoff;
+using sim::Rng;
 
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    float uniform() { return (float)(next() >> 40) / (float)(1u << 23) - 1.0f; }  // [-1, 1)
-};
 
 struct Case {
     const char* name;

@@ -134,6 +134,19 @@ inline void mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t 
     w.bar.arrive_and_wait();  // nobody overwrites operands still being read
 }
 
+// SplitMix64 test data for the emulated programs.
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        s += 0x9E3779B97F4A7C15ull;
+        uint64_t z = s;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    float uniform() { return (float)(next() >> 40) / (float)(1u << 23) - 1.0f; }  // [-1, 1)
+};
+
 }  // namespace sim
 
 template <typename V>
