@@ -30,7 +30,7 @@ pub use quant::{QuantError, QuantMatrix};
 pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 
 use crate::kv::{KvSeq, LayerView, Writable};
-use crate::sampling::{Draw, SamplingError, sample_row};
+use crate::sampling::{Draw, SamplingError, sample_row, with_row_scratch};
 
 /// The queries of one sequence inside a batched activation buffer: rows
 /// `first_row .. first_row + rows` hold positions `first_pos ..`, and each
@@ -328,7 +328,7 @@ pub trait Backend: Send + Sync + 'static {
         // One host buffer per thread, reused step after step.
         HOST_LOGITS.with_borrow_mut(|host| {
             self.to_host(logits, host)?;
-            sample_host_rows(host, vocab, draws, out)
+            sample_host_rows(host, vocab, draws, out, false)
         })
     }
 
@@ -358,12 +358,15 @@ thread_local! {
     static HOST_LOGITS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`Backend::sample`] over logits in host memory.
+/// [`Backend::sample`] over logits in host memory, the rows split over the
+/// current rayon pool when `parallel` (each row is drawn by its own rule
+/// from its own logits, so the split changes no token).
 pub(crate) fn sample_host_rows(
     logits: &[f32],
     vocab: usize,
     draws: &[Draw],
     out: &mut Vec<Result<u32, SamplingError>>,
+    parallel: bool,
 ) -> Result<(), BackendError> {
     if vocab == 0 || logits.len() != draws.len().saturating_mul(vocab) {
         return Err(shape_err(
@@ -373,15 +376,18 @@ pub(crate) fn sample_host_rows(
             logits.len(),
         ));
     }
-    out.clear();
-    let mut scratch = crate::sampling::RowScratch::default();
-    // Greedy rows (the common case) need no scratch: nothing is allocated.
-    out.extend(
+    let one = |(row, d): (&[f32], &Draw)| with_row_scratch(|s| sample_row(row, d, s));
+    if parallel {
+        use rayon::prelude::*;
         logits
-            .chunks_exact(vocab)
+            .par_chunks_exact(vocab)
             .zip(draws)
-            .map(|(row, d)| sample_row(row, d, &mut scratch)),
-    );
+            .map(one)
+            .collect_into_vec(out);
+    } else {
+        out.clear();
+        out.extend(logits.chunks_exact(vocab).zip(draws).map(one));
+    }
     Ok(())
 }
 

@@ -99,6 +99,18 @@ pub(crate) fn check_finite(logits: &[f32]) -> Result<(), SamplingError> {
     }
 }
 
+thread_local! {
+    /// [`sample_row`]'s buffers, one set per thread, reused across rows
+    /// and steps (a non-greedy row over a large vocabulary needs a few MB).
+    static ROW_SCRATCH: std::cell::RefCell<RowScratch> =
+        std::cell::RefCell::new(RowScratch::default());
+}
+
+/// Runs `f` with this thread's [`RowScratch`].
+pub(crate) fn with_row_scratch<R>(f: impl FnOnce(&mut RowScratch) -> R) -> R {
+    ROW_SCRATCH.with_borrow_mut(f)
+}
+
 /// One row's draw: the parameters a request samples with and, unless it is
 /// greedy, the next value of its random stream. Made only from validated
 /// parameters ([`Draw::new`], [`Sampler::next_draw`]), so a backend that
@@ -117,14 +129,19 @@ impl Draw {
     /// A draw with `params` and the stream value `random`.
     pub fn new(params: &SamplingParams, random: u64) -> Result<Self, SamplingError> {
         params.validate().map_err(SamplingError::InvalidParams)?;
-        Ok(Draw {
+        Ok(Self::of_valid(params, random))
+    }
+
+    /// A draw with parameters already validated.
+    fn of_valid(params: &SamplingParams, random: u64) -> Self {
+        Draw {
             temperature: params.temperature,
             top_k: params
                 .top_k
                 .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
             top_p: params.top_p.unwrap_or(1.0),
             random,
-        })
+        }
     }
 
     /// Argmax, spending nothing.
@@ -168,8 +185,6 @@ impl Draw {
 pub struct Sampler {
     params: SamplingParams,
     rng: SplitMix64,
-    /// Buffers reused across tokens.
-    scratch: RowScratch,
 }
 
 impl Sampler {
@@ -179,7 +194,6 @@ impl Sampler {
         Ok(Sampler {
             params: params.clone(),
             rng: SplitMix64::new(params.seed),
-            scratch: RowScratch::default(),
         })
     }
 
@@ -202,21 +216,13 @@ impl Sampler {
         } else {
             self.rng.next_u64()
         };
-        Draw {
-            temperature: self.params.temperature,
-            top_k: self
-                .params
-                .top_k
-                .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
-            top_p: self.params.top_p.unwrap_or(1.0),
-            random,
-        }
+        Draw::of_valid(&self.params, random)
     }
 
     /// Chooses the next token from `logits` on the host.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
         let d = self.next_draw();
-        sample_row(logits, &d, &mut self.scratch)
+        with_row_scratch(|s| sample_row(logits, &d, s))
     }
 }
 

@@ -590,24 +590,10 @@ impl Backend for CpuBackend {
         let pool = self.pool.as_ref().filter(|_| {
             !SERIAL_OPS.get() && draws.len() > 1 && logits.len() >= PARALLEL_SAMPLE_LOGITS
         });
-        let (Some(pool), Some(rows)) = (pool, (vocab > 0).then(|| logits.chunks_exact(vocab)))
-        else {
-            return super::sample_host_rows(logits, vocab, draws, out);
-        };
-        if logits.len() != draws.len() * vocab {
-            return super::sample_host_rows(logits, vocab, draws, out); // its shape error
+        match pool {
+            Some(pool) => pool.install(|| super::sample_host_rows(logits, vocab, draws, out, true)),
+            None => super::sample_host_rows(logits, vocab, draws, out, false),
         }
-        out.clear();
-        pool.install(|| {
-            rows.collect::<Vec<_>>()
-                .into_par_iter()
-                .zip(draws)
-                .map_init(crate::sampling::RowScratch::default, |s, (row, d)| {
-                    crate::sampling::sample_row(row, d, s)
-                })
-                .collect_into_vec(out)
-        });
-        Ok(())
     }
 
     fn to_host(&self, buf: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
