@@ -23,29 +23,35 @@
 //!
 //! Only after that Hello opens does the decode end hand out the link; only
 //! after msg 2 verifies does the prefill end. Every frame after the handshake
-//! is sealed with AES-256-GCM (ring) under a per-direction key from the
-//! handshake's split, with the frame counter as nonce and the frame header
-//! as associated data: plans, KV bytes, receipts (and so the per-page
-//! checksums they carry), aborts and credits are encrypted and bound to this
-//! session and to their place in it. A frame altered, replayed, reordered or
-//! written by anyone without the session key fails to open and closes the
-//! link ([`AuthError::Forged`]). The ephemerals give forward secrecy: a
-//! recorded session stays sealed if the link key leaks later.
+//! is sealed with AEGIS-128X4 (the `aegis` crate: CFRG's AEGIS AEAD, built
+//! on the AES round) under a per-direction key from the handshake's split,
+//! with the frame counter as nonce and the frame header as associated data:
+//! plans, KV bytes, receipts (and so the per-page checksums they carry),
+//! aborts and credits are encrypted and bound to this session and to their
+//! place in it. A frame altered, replayed, reordered or written by anyone
+//! without the session key fails to open and closes the link
+//! ([`AuthError::Forged`]). The ephemerals give forward secrecy: a recorded
+//! session stays sealed if the link key leaks later.
 //!
 //! Why this and not mutual TLS: the deployment already distributes a secret
 //! (no CA, certificates or rotation to run for a two-process link), Noise
 //! NNpsk0 is a published, analysed pattern with a maintained implementation,
-//! and ring's AES-GCM (VAES/AVX2 on x86) seals a whole 1 MiB KV frame in
-//! place, where TLS would split it into 16 KiB records.
+//! and a whole 1 MiB KV frame is sealed in place with one tag, where TLS
+//! would split it into 16 KiB records. The handshake itself names AES-GCM
+//! (it seals the two 48-byte handshake messages); only the split's keys
+//! reach the frame cipher, and nothing else uses them.
 //!
-//! Cost (`benches/transfer.rs`, 8k tokens of Llama-3-8B-shaped KV, 1 GiB,
-//! on a 2-core machine running at load 12-20, three runs): sealing every
-//! frame adds 20-27% to the TCP transfer; AES-256-GCM alone ran at
-//! 1.3-1.8 GB/s per side there (20-21% of the plain transfer's time per
-//! side). Everything is encrypted
-//! and authenticated, KV included: ring authenticates associated data a
-//! block at a time, so authenticating KV without encrypting it would cost
-//! more, not less.
+//! Why AEGIS-128X4 for frames: on a link that moves gigabytes of KV the
+//! cipher's speed is the cost of authentication. AEGIS-128X4 runs four AES
+//! lanes per block with VAES/AVX-512 and seals ~65-75 GB/s per core on the
+//! 2-core machine of `BENCHMARKS.md`, where ring's AES-256-GCM sealed
+//! 7-9 GB/s and cost a third of an 8k-token transfer. Its 128-bit key and
+//! 128-bit nonce are AES-128's security level, TLS 1.3's default.
+//!
+//! Cost: `benches/transfer.rs` (8k tokens of Llama-3-8B-shaped KV, 1 GiB)
+//! prints authentication's share of the TCP transfer per rep; the figures
+//! are in `BENCHMARKS.md`. Everything is encrypted and authenticated, KV
+//! included.
 //!
 //! Without a link key the TCP transport stays available on loopback only,
 //! unauthenticated and unencrypted: for tests, demos and single-user hosts.
@@ -53,7 +59,7 @@
 
 use std::fmt;
 
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce as AeadNonce, UnboundKey};
+use aegis::aegis128x4::Aegis128X4;
 
 use crate::http::HttpStatus;
 use crate::transfer::error::LinkError;
@@ -62,7 +68,7 @@ use crate::transfer::error::LinkError;
 pub(crate) const NOISE_PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
 /// Bound into the handshake: a peer of another protocol or version derives
 /// other keys.
-const PROLOGUE: &[u8] = b"handoff transfer link, frames v2";
+const PROLOGUE: &[u8] = b"handoff transfer link, frames v3 (AEGIS-128X4)";
 /// First bytes of each handshake message ("HNDA": handoff, authenticated).
 pub(crate) const HS_MAGIC: [u8; 4] = *b"HNDA";
 /// Bytes of a handshake message's header: magic, version, length.
@@ -262,8 +268,8 @@ impl Handshake {
         let (i2r, r2i) = self.0.dangerously_get_raw_split();
         let (send, recv) = if initiator { (i2r, r2i) } else { (r2i, i2r) };
         Ok(Session {
-            sealer: Sealer::new(&send)?,
-            opener: Opener::new(&recv)?,
+            sealer: Sealer::new(&send),
+            opener: Opener::new(&recv),
         })
     }
 }
@@ -297,34 +303,35 @@ pub(crate) struct Session {
     pub(crate) opener: Opener,
 }
 
-fn aead_key(k: &[u8; 32]) -> Result<LessSafeKey, AuthError> {
-    UnboundKey::new(&AES_256_GCM, k)
-        .map(LessSafeKey::new)
-        .map_err(|_| AuthError::Crypto {
-            what: "the session key was refused by AES-256-GCM",
-        })
+/// The frame cipher's key: the first 16 bytes of a direction's 32-byte
+/// split key (HKDF output, uniformly random, so any 16 of its bytes are a
+/// uniformly random AEGIS-128X4 key; the other 16 are never used).
+fn aead_key(k: &[u8; 32]) -> aegis::aegis128x4::Key {
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&k[..16]);
+    key
 }
 
-/// The frame counter as a 96-bit GCM nonce. Each direction has its own key,
-/// and the counter never repeats under it.
-fn nonce(n: u64) -> AeadNonce {
-    let mut b = [0u8; 12];
-    b[4..].copy_from_slice(&n.to_be_bytes());
-    AeadNonce::assume_unique_for_key(b)
+/// The frame counter as a 128-bit AEGIS nonce. Each direction has its own
+/// key, and the counter never repeats under it.
+fn nonce(n: u64) -> aegis::aegis128x4::Nonce {
+    let mut b = [0u8; 16];
+    b[8..].copy_from_slice(&n.to_be_bytes());
+    b
 }
 
 /// Seals this side's frames, in order.
 pub(crate) struct Sealer {
-    key: LessSafeKey,
+    key: aegis::aegis128x4::Key,
     next: u64,
 }
 
 impl Sealer {
-    fn new(k: &[u8; 32]) -> Result<Self, AuthError> {
-        Ok(Sealer {
-            key: aead_key(k)?,
+    fn new(k: &[u8; 32]) -> Self {
+        Sealer {
+            key: aead_key(k),
             next: 0,
-        })
+        }
     }
 
     /// Encrypts `body` in place under `header` (associated data) and returns
@@ -337,43 +344,41 @@ impl Sealer {
     ) -> Result<[u8; TAG_LEN], AuthError> {
         let n = self.next;
         self.next = n.checked_add(1).ok_or(AuthError::Exhausted)?;
-        let tag = self
-            .key
-            .seal_in_place_separate_tag(nonce(n), Aad::from(header), body)
-            .map_err(|_| AuthError::Crypto {
-                what: "AES-256-GCM refused to seal a frame",
-            })?;
-        let mut out = [0u8; TAG_LEN];
-        out.copy_from_slice(tag.as_ref());
-        Ok(out)
+        Ok(Aegis128X4::<TAG_LEN>::new(&self.key, &nonce(n)).encrypt_in_place(body, header))
     }
 }
 
 /// Opens the peer's frames, in order.
 pub(crate) struct Opener {
-    key: LessSafeKey,
+    key: aegis::aegis128x4::Key,
     next: u64,
 }
 
 impl Opener {
-    fn new(k: &[u8; 32]) -> Result<Self, AuthError> {
-        Ok(Opener {
-            key: aead_key(k)?,
+    fn new(k: &[u8; 32]) -> Self {
+        Opener {
+            key: aead_key(k),
             next: 0,
-        })
+        }
     }
 
     /// Decrypts `sealed` (body then tag) in place under `header`; on success
-    /// `sealed` is truncated to the plaintext body.
+    /// `sealed` is truncated to the plaintext body. A frame that does not
+    /// open is [`AuthError::Forged`] (its buffer is wiped).
     pub(crate) fn open(&mut self, header: &[u8], sealed: &mut Vec<u8>) -> Result<(), AuthError> {
         let n = self.next;
         self.next = n.checked_add(1).ok_or(AuthError::Exhausted)?;
-        let len = self
-            .key
-            .open_in_place(nonce(n), Aad::from(header), sealed)
-            .map_err(|_| AuthError::Forged { seq: n })?
-            .len();
-        sealed.truncate(len);
+        let body_len = sealed
+            .len()
+            .checked_sub(TAG_LEN)
+            .ok_or(AuthError::Forged { seq: n })?;
+        let (body, tag) = sealed.split_at_mut(body_len);
+        let mut t = [0u8; TAG_LEN];
+        t.copy_from_slice(tag);
+        Aegis128X4::<TAG_LEN>::new(&self.key, &nonce(n))
+            .decrypt_in_place(body, &t, header)
+            .map_err(|_| AuthError::Forged { seq: n })?;
+        sealed.truncate(body_len);
         Ok(())
     }
 }
