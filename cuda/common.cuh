@@ -1,9 +1,13 @@
 // Helpers shared by the kernels: KV element conversion, vector loads, warp
 // and block reductions.
 #pragma once
+#ifdef HANDOFF_SIMT_HOST
+#include "simt_host.h"  // the host SIMT emulator (tests/support/sim/)
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#endif
 
 namespace handoff {
 

@@ -34,10 +34,8 @@
 // __syncthreads and shuffles, mma.sync computed from the PTX fragment
 // layout). prefill_mma.cu instantiates it for the GPU.
 #pragma once
-#ifdef HANDOFF_SIMT_HOST
-#include "simt_host.h"
-#else
 #include "common.cuh"
+#ifndef HANDOFF_SIMT_HOST
 #include "mma.cuh"
 #endif
 #include "params.cuh"

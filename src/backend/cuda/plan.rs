@@ -234,12 +234,21 @@ pub(crate) fn decode(
     out_len: usize,
     split: Split,
 ) -> Result<DecodePlan, CudaError> {
-    let Some(&kgroup) = DECODE_GROUPS.iter().find(|&&k| k >= a.group) else {
+    if a.group == 0 {
         return Err(CudaError::Unsupported {
             what: "query heads per KV head in decode",
-            detail: format!("{} (at most {})", a.group, DECODE_GROUPS[3]),
+            detail: "0".into(),
         });
-    };
+    }
+    // The smallest compiled group that holds the ratio; above the largest,
+    // the largest, in head slices (see cuda/decode_attention.cuh).
+    let largest = DECODE_GROUPS[DECODE_GROUPS.len() - 1];
+    let kgroup = DECODE_GROUPS
+        .iter()
+        .copied()
+        .find(|&k| k >= a.group)
+        .unwrap_or(largest);
+    let slices = a.group.div_ceil(kgroup);
     if b.max_q_len != 1 {
         return Err(CudaError::Unsupported {
             what: "decode query length",
@@ -305,7 +314,13 @@ pub(crate) fn decode(
         sm_scale_log2: a.sm_scale_log2(),
         ..Default::default()
     };
-    let Some(attn_grid) = grid("decode grid", num_splits, a.n_kv_heads, b.batch)? else {
+    let Some(attn_grid) = grid(
+        "decode grid",
+        num_splits,
+        a.n_kv_heads.saturating_mul(slices),
+        b.batch,
+    )?
+    else {
         return Ok(DecodePlan::Empty);
     };
     let Some(merge_grid) = grid("decode merge grid", a.n_heads, b.batch, 1)? else {
@@ -556,6 +571,9 @@ mod tests {
             (8, "g4"),
             (10, "g8"),
             (16, "g8"),
+            // Ratios of 16 and more: the largest group, in head slices.
+            (32, "g8"),
+            (36, "g8"),
         ] {
             let a = attn(KvDtype::F16, 64, 2, n_heads);
             let p = plan_decode(&a, &batch(1, 10), Split::Auto).unwrap();
@@ -565,16 +583,16 @@ mod tests {
             let symbol = step.kernel.id().spec().symbol;
             assert_eq!(symbol, format!("decode_attention_f16_d64_{want}"));
             assert_eq!(step.params.group as usize, n_heads / 2);
+            let slices = (n_heads / 2).div_ceil(8).max(1) as u32;
+            assert_eq!(step.grid.1, 2 * slices, "grid.y: KV heads x slices");
         }
     }
 
     #[test]
     fn decode_refuses_what_no_kernel_can_do_before_anything_is_sized() {
+        // A ratio past the largest group is served in slices, not refused.
         let a = attn(KvDtype::F16, 64, 2, 18);
-        assert!(matches!(
-            plan_decode(&a, &batch(1, 10), Split::Auto),
-            Err(CudaError::Unsupported { .. })
-        ));
+        assert!(plan_decode(&a, &batch(1, 10), Split::Auto).is_ok());
         let a = attn(KvDtype::F16, 64, 2, 4);
         let two_queries = Batch {
             max_q_len: 2,

@@ -52,3 +52,17 @@ pub fn build_emulated(cxx: &Path, main: &str, dir: &Path) -> PathBuf {
     );
     exe
 }
+
+/// [`build_emulated`] with the host's compiler, or `None` after printing
+/// `SKIP <test>` when there is none (the test then passes).
+pub fn emulated_or_skip(test: &str, main: &str, dir: &Path) -> Option<PathBuf> {
+    let Some(cxx) = cxx() else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP {test}: no C++ compiler (c++, g++ or clang++) found"
+        );
+        return None;
+    };
+    Some(build_emulated(&cxx, main, dir))
+}

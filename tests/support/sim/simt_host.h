@@ -1,4 +1,5 @@
-// A small SIMT emulator, enough to run cuda/prefill_mma.cuh on the host.
+// A small SIMT emulator, enough to run cuda/prefill_mma.cuh,
+// cuda/decode_attention.cuh and cuda/sampling.cuh on the host.
 //
 // Each CUDA thread of a block is an OS thread. __syncthreads is a barrier of
 // the block's threads; __shfl_xor_sync and mma.sync are warp-collective:
@@ -22,12 +23,20 @@
 #define __device__
 #define __forceinline__ inline
 #define __host__
+#define __restrict__ __restrict
+// One block runs at a time (the harnesses launch blocks in turn), so a
+// function's statics are its block's shared memory.
+#define __shared__ static
+
+using std::isfinite;
+using std::isnan;
 
 struct SimDim3 {
     unsigned x, y, z;
 };
 inline thread_local SimDim3 threadIdx;
 inline thread_local SimDim3 blockIdx;
+inline thread_local SimDim3 blockDim;
 
 struct uint4 {
     uint32_t x, y, z, w;
@@ -40,6 +49,8 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 
 template <typename T>
 inline T min(T a, T b) { return a < b ? a : b; }
+template <typename T>
+inline T max(T a, T b) { return a > b ? a : b; }
 
 struct __half {
     uint16_t bits;
@@ -167,6 +178,24 @@ inline V __shfl_xor_sync(unsigned /*mask*/, V v, int lane_mask) {
 
 inline void __syncthreads() { sim::ctx.block->arrive_and_wait(); }
 
+// Nonzero on every thread when `pred` is nonzero on any thread of the block.
+inline int __syncthreads_or(int pred) {
+    static std::atomic<int> any{0};  // one block at a time
+    sim::ctx.block->arrive_and_wait();
+    if (pred) any.store(1);
+    sim::ctx.block->arrive_and_wait();
+    const int r = any.load();
+    sim::ctx.block->arrive_and_wait();
+    if (threadIdx.x == 0) any.store(0);  // before anyone can enter the next call
+    return r;
+}
+
+// The CUDA conversions, rounding to nearest even as the device does.
+inline float __half2float(__half h) { return sim::f16_to_float(h.bits); }
+inline float __bfloat162float(__nv_bfloat16 h) { return sim::bf16_to_float(h.bits); }
+inline __half __float2half_rn(float f) { return {sim::float_to_f16(f)}; }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {sim::float_to_bf16(f)}; }
+
 // Bit casts, conversions and correctly rounded f64 operations of the CUDA
 // math API, as the host computes them (x86-64's SSE2 rounds each one on its
 // own; the emulator is built with -ffp-contract=off).
@@ -179,6 +208,11 @@ inline double __longlong_as_double(long long v) {
     double d;
     std::memcpy(&d, &v, 8);
     return d;
+}
+inline long long __double_as_longlong(double d) {
+    long long v;
+    std::memcpy(&v, &d, 8);
+    return v;
 }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
@@ -203,11 +237,5 @@ template <typename T> struct MmaOp {
 };
 
 inline unsigned char* pmma_smem() { return sim::ctx.smem; }
-
-// As in common.cuh.
-inline uint64_t kv_page_offset(uint64_t page, uint64_t page_stride, uint32_t layer, uint32_t kv,
-                               uint32_t page_size_log2, uint32_t kv_dim) {
-    return page * page_stride + ((uint64_t)(layer * 2 + kv) << page_size_log2) * kv_dim;
-}
 
 }  // namespace handoff

@@ -1,0 +1,131 @@
+// Runs cuda/decode_attention.cuh's kernels (paged decode attention, then
+// the split-KV merge when there is more than one chunk) on the SIMT
+// emulator (simt_host.h); driven by tests/cuda/decode_host.rs, which checks
+// the outputs against an f64 reference.
+//
+// Usage: decode_sim INPUT
+//   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16), u32 head_dim
+//   (64 or 128), u32 GROUP (the instantiation: 1, 4 or 8), then
+//   DecodeParams' scalars: u32 batch, n_heads, n_kv_heads, group, layer,
+//   page_size_log2, num_splits, chunk_tokens, auto_max_splits, f32
+//   sm_scale_log2, u64 page_stride, u64 arena elements; then q (f32),
+//   the arena (KV dtype), page_indptr, page_table (u32: its length is
+//   page_indptr[batch]) and kv_len (u32).
+// Prints every output element's f32 bits, one per line.
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "decode_attention.cuh"
+
+using namespace handoff;
+
+// Every block of the grid in turn, `threads` OS threads each.
+template <typename Body>
+void launch(SimDim3 grid, unsigned threads, Body body) {
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::barrier<> block(threads);
+                std::vector<sim::Warp> warps(threads / 32);
+                std::vector<std::thread> ts;
+                for (unsigned t = 0; t < threads; ++t)
+                    ts.emplace_back([&, t] {
+                        threadIdx = {t, 0, 0};
+                        blockIdx = {x, y, z};
+                        blockDim = {threads, 1, 1};
+                        sim::ctx = {&warps[t / 32], &block, nullptr};
+                        body();
+                    });
+                for (auto& th : ts) th.join();
+            }
+}
+
+template <typename T>
+std::vector<T> read_vec(FILE* f, size_t n) {
+    std::vector<T> v(n);
+    if (n && std::fread(v.data(), sizeof(T), n, f) != n) std::exit(5);
+    return v;
+}
+
+template <typename T, int HD, int G>
+std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
+    const auto q = read_vec<float>(f, (size_t)p.batch * p.n_heads * HD);
+    const auto kv = read_vec<T>(f, arena);
+    const auto indptr = read_vec<uint32_t>(f, p.batch + 1);
+    const auto table = read_vec<uint32_t>(f, indptr[p.batch]);
+    const auto len = read_vec<uint32_t>(f, p.batch);
+    std::vector<float> out((size_t)p.batch * p.n_heads * HD, -1.0f);
+    std::vector<float> part_o((size_t)p.batch * p.n_heads * p.num_splits * HD);
+    std::vector<float> part_lse((size_t)p.batch * p.n_heads * p.num_splits);
+    p.q = q.data();
+    p.kv = kv.data();
+    p.page_indptr = indptr.data();
+    p.page_table = table.data();
+    p.kv_len = len.data();
+    p.out = out.data();
+    p.part_o = part_o.data();
+    p.part_lse = part_lse.data();
+    const unsigned slices = (p.group + G - 1) / G;
+    launch({p.num_splits, p.n_kv_heads * slices, p.batch}, DECODE_THREADS,
+           [&] { decode_attention<T, HD, G>(p); });
+    if (p.num_splits > 1) {
+        MergeParams m{part_o.data(), part_lse.data(), out.data(), p.batch, p.n_heads, (uint32_t)HD,
+                      p.num_splits};
+        launch({p.n_heads, p.batch, 1}, 128, [&] { decode_merge_impl(m); });
+    }
+    return out;
+}
+
+template <typename T, int HD>
+std::vector<float> by_group(FILE* f, uint32_t g, const DecodeParams& p, uint64_t arena) {
+    switch (g) {
+        case 1: return run<T, HD, 1>(f, p, arena);
+        case 4: return run<T, HD, 4>(f, p, arena);
+        case 8: return run<T, HD, 8>(f, p, arena);
+        default: std::exit(6);
+    }
+}
+
+template <typename T>
+std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, const DecodeParams& p, uint64_t arena) {
+    switch (hd) {
+        case 64: return by_group<T, 64>(f, g, p, arena);
+        case 128: return by_group<T, 128>(f, g, p, arena);
+        default: std::exit(7);
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) return 2;
+    FILE* f = std::fopen(argv[1], "rb");
+    if (!f) return 3;
+    uint32_t head[3], s[9];
+    float scale;
+    uint64_t stride, arena;
+    if (std::fread(head, 4, 3, f) != 3 || std::fread(s, 4, 9, f) != 9 || std::fread(&scale, 4, 1, f) != 1 ||
+        std::fread(&stride, 8, 1, f) != 1 || std::fread(&arena, 8, 1, f) != 1)
+        return 4;
+    DecodeParams p{};
+    p.batch = s[0];
+    p.n_heads = s[1];
+    p.n_kv_heads = s[2];
+    p.group = s[3];
+    p.layer = s[4];
+    p.page_size_log2 = s[5];
+    p.num_splits = s[6];
+    p.chunk_tokens = s[7];
+    p.auto_max_splits = s[8];
+    p.sm_scale_log2 = scale;
+    p.page_stride = stride;
+    std::vector<float> out;
+    switch (head[0]) {
+        case 0: out = by_dim<float>(f, head[1], head[2], p, arena); break;
+        case 1: out = by_dim<__half>(f, head[1], head[2], p, arena); break;
+        case 2: out = by_dim<__nv_bfloat16>(f, head[1], head[2], p, arena); break;
+        default: return 8;
+    }
+    std::fclose(f);
+    for (float x : out) std::printf("%u\n", __float_as_uint(x));
+    return 0;
+}
