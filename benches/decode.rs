@@ -531,6 +531,7 @@ fn sampling_side_by_side() {
         top_p: Some(0.9),
         seed: 1,
         stop_ids: Vec::new(),
+        logprobs: None,
     };
     say(format!(
         "\n## top-p sampling, vocabulary {VOCAB}, temperature 0.7, top_p 0.9 (alternating, 50 draws each)"
@@ -576,7 +577,8 @@ fn batch_sampling(peaked: &[f32], params: &SamplingParams) {
         let mut time = |b: &CpuBackend| {
             let t = Instant::now();
             for _ in 0..10 {
-                b.sample(&logits, vocab, &draws, &mut out).unwrap();
+                b.sample(&logits, vocab, &draws, &mut out, &mut Vec::new())
+                    .unwrap();
             }
             t.elapsed() / 10
         };
@@ -585,6 +587,32 @@ fn batch_sampling(peaked: &[f32], params: &SamplingParams) {
             "batch {ROWS}, round {round}: {t1:.2?} per step on 1 thread, {tn:.2?} on {} ({:.1}x)",
             all.threads(),
             t1.as_secs_f64() / tn.as_secs_f64()
+        ));
+    }
+    // The same step with every row asking for its log-probabilities and 5
+    // alternatives, alternated with the plain step on all threads.
+    let asking = SamplingParams {
+        logprobs: Some(5),
+        ..params.clone()
+    };
+    let lp_draws: Vec<Draw> = (0..ROWS)
+        .map(|r| Draw::new(&asking, 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(r as u64 + 1)).unwrap())
+        .collect();
+    let mut lps = Vec::new();
+    for round in 0..2 {
+        let mut time = |d: &[Draw]| {
+            let t = Instant::now();
+            for _ in 0..10 {
+                all.sample(&logits, vocab, d, &mut out, &mut lps).unwrap();
+            }
+            t.elapsed() / 10
+        };
+        let (plain, with) = (time(&draws), time(&lp_draws));
+        say(format!(
+            "batch {ROWS} on {} threads, round {round}: {plain:.2?} per step, {with:.2?} with \
+             logprobs (5 alternatives) ({:.2}x)",
+            all.threads(),
+            with.as_secs_f64() / plain.as_secs_f64()
         ));
     }
 }

@@ -25,7 +25,9 @@
 namespace handoff {
 
 // Paged decode attention: one query token per sequence.
-// grid (num_splits, n_kv_heads, batch); block DECODE_THREADS.
+// grid (num_splits, n_kv_heads * ceil(group / GROUP), batch); block
+// DECODE_THREADS (GROUP: the instantiation's; more than one head slice per KV
+// head only past the largest compiled GROUP).
 struct DecodeParams {
     const float* q;               // [batch, n_heads, head_dim] f32
     const void* kv;               // KV arena (see above), KV dtype
@@ -183,7 +185,7 @@ struct SampleDraw {
     float temperature;  // 0: greedy
     uint32_t top_k;     // 0: every token
     float top_p;        // 1: every token
-    uint32_t pad0;
+    uint32_t logprobs;  // 0: none asked; 1 + n: the token's and the n most likely (n <= 20)
     uint64_t random;    // the request stream's next value (unused when greedy)
 };
 
@@ -197,6 +199,21 @@ struct SampleParams {
                               // i is not finite), one download for the host
     uint32_t n_rows;
     uint32_t vocab;           // 1..=2^23 (src/sampling: MAX_VOCAB)
+};
+
+// Log-probabilities of sampled rows (cuda/sampling.cuh, after sample_rows on
+// the same out buffer): for each row whose draw asks, log_softmax of its
+// logits at its token and at its n most likely tokens.
+// grid (n_rows); block SAMPLE_THREADS.
+struct LogprobParams {
+    const float* logits;      // [n_rows, vocab] f32, every row sampled already
+    const SampleDraw* draws;  // [n_rows]
+    uint32_t* out;            // [2, n_rows] u32: sample_rows' tokens, then statuses (read);
+                              // then [n_rows, LOGPROB_STRIDE] u32 (written, rows that ask and
+                              // sampled): the token's logprob (f32 bits), then (id, logprob
+                              // bits) of the n most likely tokens, most likely first
+    uint32_t n_rows;
+    uint32_t vocab;           // 1..=2^23
 };
 
 // out = x · wᵀ (f32). Each output element sums k in ascending order, the

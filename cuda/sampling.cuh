@@ -276,4 +276,83 @@ __device__ __forceinline__ void sample_rows_body(const SampleParams& p) {
 // The launched instantiation. grid (n_rows); block SAMPLE_THREADS.
 __device__ __forceinline__ void sample_rows(const SampleParams& p) { sample_rows_body<SAMPLE_THREADS>(p); }
 
+// Log-probabilities (src/sampling/logprobs.rs): the model's distribution,
+// log_softmax at temperature 1, whatever the row sampled with.
+constexpr uint32_t LOGPROB_TOP_MAX = 20;                       // src/sampling: MAX_TOP_LOGPROBS
+constexpr uint32_t LOGPROB_STRIDE = 1 + 2 * LOGPROB_TOP_MAX;  // u32 words per row
+
+// The block's f64 sum; every thread returns it. Lanes, then warps in order:
+// a fixed order (the host sums in index order, so the two agree to about an
+// ulp of the f64 sum, far below the f32 the values are reported in).
+template <int BLOCK>
+__device__ __forceinline__ double block_sum_f64(double v, SampleSmem<BLOCK>& s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) s.red[threadIdx.x >> 5] = (uint64_t)__double_as_longlong(v);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double r = __longlong_as_double((long long)s.red[0]);
+        for (int w = 1; w < BLOCK / 32; ++w) r += __longlong_as_double((long long)s.red[w]);
+        s.bcast[0] = (uint64_t)__double_as_longlong(r);
+    }
+    __syncthreads();
+    const double r = __longlong_as_double((long long)s.bcast[0]);
+    __syncthreads();
+    return r;
+}
+
+// ln p(logit) as f32, differences in f64 (src/sampling's `logprob_of`); below
+// f32's range it reads the most negative finite f32.
+__device__ __forceinline__ uint32_t logprob_bits(float logit, float max, double ln_sum) {
+    const float v = (float)(((double)logit - (double)max) - ln_sum);
+    return __float_as_uint(v < -3.4028234663852886e38f ? -3.4028234663852886e38f : v);
+}
+
+// One row per block; BLOCK threads (a multiple of 32, at most 1024).
+template <int BLOCK>
+__device__ __forceinline__ void row_logprobs_body(const LogprobParams& p) {
+    SampleSmem<BLOCK>& s = sample_smem<BLOCK>();
+    const uint32_t row = blockIdx.x;
+    if (row >= p.n_rows) return;  // block-uniform
+    const uint32_t ask = p.draws[row].logprobs;
+    if (ask == 0 || p.out[p.n_rows + row] != 0) return;  // not asked, or the row failed
+    const uint32_t want = ask - 1 < LOGPROB_TOP_MAX ? ask - 1 : LOGPROB_TOP_MAX;
+    const float* x = p.logits + (uint64_t)row * p.vocab;
+    const uint32_t V = p.vocab;
+    uint32_t* o = p.out + 2 * (uint64_t)p.n_rows + (uint64_t)row * LOGPROB_STRIDE;
+
+    // The largest key, then ln Σ exp(l - max).
+    uint64_t top = 0;
+    for (uint32_t i = threadIdx.x; i < V; i += BLOCK) {
+        const uint64_t k = sample_key(x[i], i);
+        top = top > k ? top : k;
+    }
+    top = block_reduce<BLOCK>(top, MaxOp{}, s);
+    const float max = x[key_id(top)];
+    double sum = 0.0;
+    for (uint32_t i = threadIdx.x; i < V; i += BLOCK) sum += exp((double)x[i] - (double)max);
+    const double ln_sum = log(block_sum_f64<BLOCK>(sum, s));
+    if (threadIdx.x == 0) o[0] = logprob_bits(x[p.out[row]], max, ln_sum);
+
+    // The most likely tokens: each the largest key below the last (keys are
+    // distinct and a finite logit's key is never 0).
+    uint64_t below = ~0ull;
+    for (uint32_t j = 0; j < want && j < V; ++j) {
+        uint64_t best = 0;
+        for (uint32_t i = threadIdx.x; i < V; i += BLOCK) {
+            const uint64_t k = sample_key(x[i], i);
+            if (k < below && k > best) best = k;
+        }
+        best = block_reduce<BLOCK>(best, MaxOp{}, s);
+        if (threadIdx.x == 0) {
+            o[1 + 2 * j] = key_id(best);
+            o[2 + 2 * j] = logprob_bits(x[key_id(best)], max, ln_sum);
+        }
+        below = best;
+    }
+}
+
+// The launched instantiation. grid (n_rows); block SAMPLE_THREADS.
+__device__ __forceinline__ void row_logprobs(const LogprobParams& p) { row_logprobs_body<SAMPLE_THREADS>(p); }
+
 }  // namespace handoff

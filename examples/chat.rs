@@ -175,6 +175,7 @@ fn run() -> Result<(), String> {
             top_p: (args.temperature > 0.0).then_some(args.top_p),
             seed: args.seed.wrapping_add(turn),
             stop_ids: text.stop_ids().to_vec(),
+            logprobs: None,
         };
         let room = max_context.saturating_sub(prompt.len()).min(args.max_new);
         let req = Request::new(RequestId(turn), TenantId(0), prompt.clone(), room.max(1))
@@ -224,6 +225,7 @@ fn run() -> Result<(), String> {
                             }
                         }
                     }
+                    Event::Logprobs(_) => {}
                     Event::Done(o) => outcome = Some(o),
                 }
             }

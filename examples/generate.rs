@@ -310,6 +310,7 @@ fn run() -> Result<ExitCode, String> {
             top_p: args.top_p,
             seed: args.seed.wrapping_add(i as u64),
             stop_ids: stop_ids.clone(),
+            logprobs: None,
         };
         let req = Request::new(
             RequestId(i as u64),
@@ -368,6 +369,7 @@ fn run() -> Result<ExitCode, String> {
                             }
                         }
                     }
+                    Event::Logprobs(_) => {}
                     Event::Done(o) => outcome[i] = Some(o),
                 }
             }

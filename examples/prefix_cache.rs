@@ -152,6 +152,7 @@ fn finished(h: &RequestHandle) -> Result<Vec<u32>, String> {
     for ev in h.events().try_iter() {
         match ev {
             Event::Token(t) => tokens.push(t),
+            Event::Logprobs(_) => {}
             Event::Done(Outcome::Finished(_) | Outcome::Cancelled) => return Ok(tokens),
             Event::Done(o) => return Err(format!("request {}: {o:?}", h.id())),
         }

@@ -101,6 +101,7 @@ fn client(s: Submitter, c: usize, n: usize, max_new: usize, vocab: u32) -> Seen 
                     }
                     tokens.push(tok);
                 }
+                Ok(Event::Logprobs(_)) => {}
                 Ok(Event::Done(o)) => break Some(o),
                 Err(_) => break None,
             }

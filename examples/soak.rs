@@ -375,6 +375,7 @@ fn run(args: &Args) -> Result<bool, String> {
                 while let Ok(ev) = l.handle.events().try_recv() {
                     match ev {
                         Event::Token(t) => l.tokens.push(t),
+                        Event::Logprobs(_) => {}
                         Event::Done(o) => ended.push((id, o)),
                     }
                 }

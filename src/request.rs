@@ -15,12 +15,19 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Generation stops after emitting any of these.
     pub stop_ids: Vec<u32>,
+    /// Report log-probabilities: `Some(n)` streams, after each token, its
+    /// log-probability and the `n` most likely tokens' (`n` at most
+    /// [`MAX_TOP_LOGPROBS`](crate::sampling::MAX_TOP_LOGPROBS); 0: the
+    /// chosen token's alone) as an [`Event::Logprobs`](crate::Event::Logprobs).
+    /// They are the model's distribution at temperature 1, before top-k and
+    /// top-p. `None` (the default): none, at no cost.
+    pub logprobs: Option<u8>,
 }
 
 impl SamplingParams {
     /// Checks the parameters a sampler can use: a finite, non-negative
     /// temperature, `top_k >= 1`, `top_p` in (0, 1]. The error names the
-    /// parameter at fault.
+    /// parameter at fault (and `logprobs` at most 20).
     pub fn validate(&self) -> Result<(), &'static str> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             Err("temperature must be finite and >= 0")
@@ -28,6 +35,11 @@ impl SamplingParams {
             Err("top_k must be >= 1")
         } else if self.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
             Err("top_p must be in (0, 1]")
+        } else if self
+            .logprobs
+            .is_some_and(|n| n > crate::sampling::MAX_TOP_LOGPROBS)
+        {
+            Err("logprobs asks for at most 20 alternatives")
         } else {
             Ok(())
         }
@@ -41,6 +53,7 @@ impl SamplingParams {
             top_p: None,
             seed: 0,
             stop_ids: Vec::new(),
+            logprobs: None,
         }
     }
 

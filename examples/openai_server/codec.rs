@@ -46,6 +46,8 @@ pub trait TextCodec: Send + Sync + 'static {
     fn decoder(&self) -> Box<dyn StreamText>;
     /// Ids that end generation (EOS, end of turn); never shown as text.
     fn stop_ids(&self) -> Vec<u32>;
+    /// One token's own bytes, as log-probabilities name it.
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
 }
 
 /// Bytes as ids, for the random-weights model. See the module docs.
@@ -92,6 +94,12 @@ impl TextCodec for ByteCodec {
     }
     fn stop_ids(&self) -> Vec<u32> {
         Vec::new()
+    }
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match u8::try_from(id) {
+            Ok(b) => vec![b],
+            Err(_) => format!("<|{id}|>").into_bytes(),
+        }
     }
 }
 
@@ -188,6 +196,10 @@ impl TextCodec for IdsOnly {
     }
     fn stop_ids(&self) -> Vec<u32> {
         Vec::new()
+    }
+    /// No text: the id itself, as vLLM names tokens without a tokenizer.
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        format!("token_id:{id}").into_bytes()
     }
 }
 
@@ -321,6 +333,13 @@ impl TextCodec for ModelCodec {
     }
     fn stop_ids(&self) -> Vec<u32> {
         self.text.stop_ids().to_vec()
+    }
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.text
+            .tokenizer()
+            .decode(&[id], false)
+            .map(String::into_bytes)
+            .unwrap_or_default()
     }
 }
 

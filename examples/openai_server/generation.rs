@@ -162,6 +162,7 @@ impl Generation {
                 self.last_token = Some(now);
                 self.tokens += 1;
             }
+            Event::Logprobs(_) => {}
             Event::Done(o) => {
                 if !self.ended {
                     self.ended = true;

@@ -14,7 +14,10 @@
 //! (Prometheus text) and `GET /health`. Request fields: `max_tokens`
 //! (`max_completion_tokens`), `temperature` (default 1, 0 is greedy),
 //! `top_p`, `seed`, `stop` (up to 4 strings), `n` (1 only),
-//! `stream_options.include_usage`, and the extension `return_token_ids`
+//! `stream_options.include_usage`, log-probabilities (chat: `logprobs:
+//! true` with `top_logprobs` 0-20; completions: `logprobs` 0-20; the
+//! model's distribution at temperature 1, in OpenAI's shapes, per token and
+//! per chunk; see `logprobs.rs`), and the extension `return_token_ids`
 //! (each choice, and each chunk, carries the generated ids). Answers carry
 //! `usage` and `finish_reason` (`stop` or `length`).
 //!
@@ -64,6 +67,7 @@ mod auth;
 mod codec;
 mod errors;
 mod generation;
+mod logprobs;
 mod metrics;
 mod reply;
 mod routes;

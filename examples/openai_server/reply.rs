@@ -76,15 +76,23 @@ impl Reply {
     }
 
     /// The whole answer of a non-streaming request.
-    pub fn full(&self, text: &str, ids: &[u32], finish: &str, usage: Value) -> Value {
+    /// `logprobs`: the choice's (null unless asked).
+    pub fn full(
+        &self,
+        text: &str,
+        ids: &[u32],
+        finish: &str,
+        usage: Value,
+        logprobs: Value,
+    ) -> Value {
         let mut choice = match self.api {
             Api::Completions => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
             Api::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
         };
@@ -122,12 +130,12 @@ impl Reply {
         })
     }
 
-    /// A piece of text (and the ids that made it), or the last chunk with
-    /// its `finish_reason`.
-    pub fn chunk(&self, text: &str, ids: &[u32], finish: Option<&str>) -> Value {
+    /// A piece of text (and the ids that made it, and their `logprobs` when
+    /// asked: null otherwise), or the last chunk with its `finish_reason`.
+    pub fn chunk(&self, text: &str, ids: &[u32], finish: Option<&str>, logprobs: Value) -> Value {
         let mut choice = match self.api {
             Api::Completions => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
             Api::Chat => {
                 let delta = if text.is_empty() && finish.is_some() {
@@ -135,7 +143,7 @@ impl Reply {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         if self.with_ids {

@@ -12,15 +12,17 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router, middleware};
+use handoff::sampling::TokenLogprobs;
 use handoff::service::Submitter;
 use handoff::{Event, FinishReason, Outcome, Request, RequestId, TenantId};
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::{Instrument, info_span};
 
 use crate::auth::{self, Auth};
 use crate::codec::TextCodec;
 use crate::errors::ApiError;
 use crate::generation::{self, Generation};
+use crate::logprobs::LogprobJson;
 use crate::metrics::Metrics;
 use crate::reply::{Api, Detok, Reply, usage};
 use crate::{sse, wire};
@@ -163,13 +165,15 @@ async fn run(
     let (prompt, mut ask) = match api {
         Api::Completions => {
             let b: wire::CompletionBody = wire::parse(&body)?;
-            let g = wire::check_common(&b.common, &st.model_name, seed)?;
+            let mut g = wire::check_common(&b.common, &st.model_name, seed)?;
+            wire::completion_logprobs(&b, &mut g)?;
             (wire::completion_prompt(&b, codec)?, g)
         }
         Api::Chat => {
             let b: wire::ChatBody = wire::parse(&body)?;
             let mut g = wire::check_common(&b.common, &st.model_name, seed)?;
             wire::chat_max_tokens(&b, &mut g)?;
+            wire::chat_logprobs(&b, &mut g)?;
             let msgs = wire::chat_messages(&b)?;
             (codec.render_chat(&msgs)?, g)
         }
@@ -187,6 +191,10 @@ async fn run(
         Api::Chat => st.window.saturating_sub(prompt.len()).max(1),
     });
     ask.sampling.stop_ids = codec.stop_ids();
+    let logprobs = ask
+        .sampling
+        .logprobs
+        .map(|_| LogprobJson::new(api, st.codec.clone()));
     let req = Request::new(RequestId(id), tenant, prompt, max_new).with_sampling(ask.sampling);
     let g = generation::start(st, req, api.label(), api.prompt_param()).await?;
     let reply = Reply::new(
@@ -198,25 +206,44 @@ async fn run(
     );
     let detok = Detok::new(codec, ask.stops);
     Ok(if ask.stream {
-        sse::respond(g, reply, detok, ask.include_usage).await
+        sse::respond(g, reply, detok, ask.include_usage, logprobs).await
     } else {
-        collect(g, reply, detok).await
+        collect(g, reply, detok, logprobs).await
     })
 }
 
 /// A non-streaming answer: the whole text once generation ended, or the
-/// error that ended it (never a 200 with partial text).
-async fn collect(mut g: Generation, reply: Reply, mut detok: Detok) -> Response {
+/// error that ended it (never a 200 with partial text); with each token's
+/// log-probabilities when asked (`lp`).
+async fn collect(
+    mut g: Generation,
+    reply: Reply,
+    mut detok: Detok,
+    mut lp: Option<LogprobJson>,
+) -> Response {
     let mut text = String::new();
+    let mut entries = Vec::new();
+    let mut keep = |e: TokenLogprobs, lp: &Option<LogprobJson>| {
+        if lp.as_ref().is_some_and(|l| l.shown(e.token)) {
+            entries.push(e);
+        }
+    };
     let finish = loop {
         match g.next().await {
             Event::Token(t) => {
                 let (piece, stopped) = detok.token(t);
                 text.push_str(&piece);
                 if stopped {
+                    // The stopping token's log-probabilities follow it.
+                    if lp.is_some()
+                        && let Event::Logprobs(e) = g.next().await
+                    {
+                        keep(e, &lp);
+                    }
                     break "stop";
                 }
             }
+            Event::Logprobs(e) => keep(e, &lp),
             Event::Done(Outcome::Finished(reason)) => {
                 let (piece, stopped) = detok.finish();
                 text.push_str(&piece);
@@ -235,5 +262,6 @@ async fn collect(mut g: Generation, reply: Reply, mut detok: Detok) -> Response 
     };
     g.answer("finished", 200);
     let u = usage(g.prompt_tokens(), g.tokens);
-    Json(reply.full(&text, detok.ids(), finish, u)).into_response()
+    let logprobs = lp.as_mut().map_or(Value::Null, |l| l.value(&entries));
+    Json(reply.full(&text, detok.ids(), finish, u, logprobs)).into_response()
 }

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::errors::ApiError;
 use crate::generation::Generation;
+use crate::logprobs::LogprobJson;
 use crate::reply::{Detok, Reply, usage};
 
 struct Streaming {
@@ -29,6 +30,11 @@ struct Streaming {
     include_usage: bool,
     queue: VecDeque<SseEvent>,
     over: bool,
+    /// Set when the request asked for log-probabilities: each token's chunk
+    /// then waits in `pending` for them (they follow it).
+    lp: Option<LogprobJson>,
+    /// A token's text, id and whether a stop string matched in it.
+    pending: Option<(String, u32, bool)>,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -40,19 +46,30 @@ impl Streaming {
         match ev {
             Event::Token(t) => {
                 let (text, stopped) = self.detok.token(t);
-                if !text.is_empty() || self.reply.with_ids() {
-                    let chunk = self.reply.chunk(&text, &[t], None);
-                    self.queue.push_back(data(&chunk));
+                if self.lp.is_some() {
+                    self.flush();
+                    self.pending = Some((text, t, stopped));
+                    return;
                 }
-                if stopped {
-                    self.finish("stop");
-                }
+                self.emit(text, t, stopped, Value::Null);
+            }
+            Event::Logprobs(e) => {
+                let Some((text, t, stopped)) = self.pending.take() else {
+                    return;
+                };
+                let value = match self.lp.as_mut() {
+                    Some(lp) if lp.shown(e.token) => lp.value(std::slice::from_ref(&e)),
+                    Some(lp) => lp.value(&[]),
+                    None => Value::Null,
+                };
+                self.emit(text, t, stopped, value);
             }
             Event::Done(Outcome::Finished(reason)) => {
+                self.flush();
                 let (text, stopped) = self.detok.finish();
                 if !text.is_empty() {
                     self.queue
-                        .push_back(data(&self.reply.chunk(&text, &[], None)));
+                        .push_back(data(&self.reply.chunk(&text, &[], None, Value::Null)));
                 }
                 let why = match reason {
                     _ if stopped => "stop",
@@ -62,6 +79,7 @@ impl Streaming {
                 self.finish(why);
             }
             Event::Done(o) => {
+                self.flush();
                 let e = ApiError::from_outcome(&o, self.reply.api.prompt_param());
                 self.queue.push_back(data(&e.body()));
                 self.g.answer(e.outcome, e.status);
@@ -70,9 +88,29 @@ impl Streaming {
         }
     }
 
+    /// A token's chunk (when it carries text, ids or log-probabilities);
+    /// the last one when a stop string matched in it.
+    fn emit(&mut self, text: String, t: u32, stopped: bool, logprobs: Value) {
+        if !text.is_empty() || self.reply.with_ids() || !logprobs.is_null() {
+            let chunk = self.reply.chunk(&text, &[t], None, logprobs);
+            self.queue.push_back(data(&chunk));
+        }
+        if stopped {
+            self.finish("stop");
+        }
+    }
+
+    /// A token still waiting for log-probabilities that did not come goes
+    /// out without them.
+    fn flush(&mut self) {
+        if let Some((text, t, stopped)) = self.pending.take() {
+            self.emit(text, t, stopped, Value::Null);
+        }
+    }
+
     fn finish(&mut self, why: &str) {
         self.queue
-            .push_back(data(&self.reply.chunk("", &[], Some(why))));
+            .push_back(data(&self.reply.chunk("", &[], Some(why), Value::Null)));
         if self.include_usage {
             let u = usage(self.g.prompt_tokens(), self.g.tokens);
             self.queue.push_back(data(&self.reply.usage_chunk(u)));
@@ -89,6 +127,7 @@ pub async fn respond(
     reply: Reply,
     detok: Detok,
     include_usage: bool,
+    lp: Option<LogprobJson>,
 ) -> Response {
     // Nothing is sent before the first event: a request that fails before
     // generating gets its own status.
@@ -107,6 +146,8 @@ pub async fn respond(
         queue: VecDeque::new(),
         over: false,
         reply,
+        lp,
+        pending: None,
     };
     if let Some(role) = s.reply.role_chunk() {
         s.queue.push_back(data(&role));

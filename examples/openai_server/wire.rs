@@ -1,6 +1,6 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions`, and
 //! their checks. Unknown fields are ignored (as OpenAI's API does); a known
-//! field asking for something this server does not do (`n > 1`, logprobs,
+//! field asking for something this server does not do (`n > 1`, echo,
 //! penalties, tools) is a 400 naming it, never silently dropped.
 
 use handoff::SamplingParams;
@@ -52,6 +52,7 @@ pub struct ChatBody {
     pub messages: Option<Vec<Value>>,
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
     pub tools: Option<Vec<Value>>,
     pub response_format: Option<Value>,
 }
@@ -66,6 +67,53 @@ pub struct Gen {
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
+}
+
+/// The most alternatives a request may ask for (the engine's limit).
+const MAX_TOP: i64 = handoff::sampling::MAX_TOP_LOGPROBS as i64;
+
+fn top_count(param: &'static str, n: i64) -> Result<u8, ApiError> {
+    if (0..=MAX_TOP).contains(&n) {
+        Ok(n as u8)
+    } else {
+        Err(ApiError::bad_param(
+            param,
+            format!("{param}={n}: it must be between 0 and {MAX_TOP}"),
+        ))
+    }
+}
+
+/// `/v1/completions`' `logprobs` (an integer: the alternatives per token),
+/// into `g`.
+pub fn completion_logprobs(b: &CompletionBody, g: &mut Gen) -> Result<(), ApiError> {
+    g.sampling.logprobs = match &b.logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_i64() {
+            Some(n) => Some(top_count("logprobs", n)?),
+            None => {
+                return Err(ApiError::bad_param(
+                    "logprobs",
+                    "logprobs must be an integer (the alternatives listed per token)",
+                ));
+            }
+        },
+    };
+    Ok(())
+}
+
+/// The chat's `logprobs` (bool) and `top_logprobs` (0 to 20), into `g`.
+pub fn chat_logprobs(b: &ChatBody, g: &mut Gen) -> Result<(), ApiError> {
+    g.sampling.logprobs = match (b.logprobs, b.top_logprobs) {
+        (Some(true), top) => Some(top_count("top_logprobs", top.unwrap_or(0))?),
+        (_, Some(_)) => {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+        _ => None,
+    };
+    Ok(())
 }
 
 /// Parses a JSON body into `T`, or a 400 saying what is wrong.
@@ -146,6 +194,7 @@ pub fn check_common(c: &Common, served: &str, seed_default: u64) -> Result<Gen, 
         // draws its own.
         seed: c.seed.map_or(seed_default, |s| s as u64),
         stop_ids: Vec::new(),
+        logprobs: None,
     };
     let stream = c.stream.unwrap_or(false);
     Ok(Gen {
@@ -188,9 +237,6 @@ pub fn completion_prompt(b: &CompletionBody, codec: &dyn TextCodec) -> Result<Ve
     if b.echo == Some(true) {
         return Err(unsupported("echo", "echo"));
     }
-    if b.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported("logprobs", "logprobs"));
-    }
     if b.best_of.is_some_and(|n| n != 1) {
         return Err(unsupported("best_of", "best_of other than 1"));
     }
@@ -225,9 +271,6 @@ pub fn completion_prompt(b: &CompletionBody, codec: &dyn TextCodec) -> Result<Ve
 
 /// The messages of `/v1/chat/completions`.
 pub fn chat_messages(b: &ChatBody) -> Result<Vec<ChatMessage>, ApiError> {
-    if b.logprobs == Some(true) {
-        return Err(unsupported("logprobs", "logprobs"));
-    }
     if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(unsupported("tools", "tool calling"));
     }

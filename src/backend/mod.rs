@@ -30,7 +30,9 @@ pub use quant::{QuantError, QuantMatrix};
 pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 
 use crate::kv::{KvSeq, LayerView, Writable};
-use crate::sampling::{Draw, SamplingError, sample_row, with_row_scratch};
+use crate::sampling::{
+    Draw, SamplingError, TokenLogprobs, sample_row, token_logprobs, with_row_scratch,
+};
 
 /// The queries of one sequence inside a batched activation buffer: rows
 /// `first_row .. first_row + rows` hold positions `first_pos ..`, and each
@@ -315,20 +317,25 @@ pub trait Backend: Send + Sync + 'static {
     /// Chooses one token per row of `logits` (`[draws.len(), vocab]`), each
     /// by its draw and [`crate::sampling::sample_row`]'s rule, into `out`
     /// (cleared first): a row whose logits are not all finite gets its
-    /// [`SamplingError`] and harms no other row. Default: the logits copied
-    /// to the host and sampled there. A backend samples where its logits
-    /// are (the CUDA backend on the device, so only token ids cross).
+    /// [`SamplingError`] and harms no other row. When any draw asks for
+    /// log-probabilities ([`Draw::logprobs`]), `logprobs` gets one entry per
+    /// row ([`crate::sampling::token_logprobs`] of its token, `None` where
+    /// the row did not ask or failed); otherwise it is left empty. Default:
+    /// the logits copied to the host and sampled there. A backend samples
+    /// where its logits are (the CUDA backend on the device, so only token
+    /// ids and the log-probabilities asked for cross).
     fn sample(
         &self,
         logits: &Self::Buf,
         vocab: usize,
         draws: &[Draw],
         out: &mut Vec<Result<u32, SamplingError>>,
+        logprobs: &mut Vec<Option<TokenLogprobs>>,
     ) -> Result<(), BackendError> {
         // One host buffer per thread, reused step after step.
         HOST_LOGITS.with_borrow_mut(|host| {
             self.to_host(logits, host)?;
-            sample_host_rows(host, vocab, draws, out, false)
+            sample_host(host, vocab, draws, out, logprobs, false)
         })
     }
 
@@ -358,10 +365,26 @@ thread_local! {
     static HOST_LOGITS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`Backend::sample`] over logits in host memory, the rows split over the
-/// current rayon pool when `parallel` (each row is drawn by its own rule
-/// from its own logits, so the split changes no token).
-pub(crate) fn sample_host_rows(
+/// [`Backend::sample`] over logits in host memory: the tokens, then the
+/// log-probabilities asked for, the rows split over the current rayon pool
+/// when `parallel`.
+pub(crate) fn sample_host(
+    logits: &[f32],
+    vocab: usize,
+    draws: &[Draw],
+    out: &mut Vec<Result<u32, SamplingError>>,
+    logprobs: &mut Vec<Option<TokenLogprobs>>,
+    parallel: bool,
+) -> Result<(), BackendError> {
+    sample_host_rows(logits, vocab, draws, out, parallel)?;
+    host_logprobs(logits, vocab, draws, out, logprobs, parallel);
+    Ok(())
+}
+
+/// The tokens of [`sample_host`], the rows split over the current rayon pool
+/// when `parallel` (each row is drawn by its own rule from its own logits,
+/// so the split changes no token).
+fn sample_host_rows(
     logits: &[f32],
     vocab: usize,
     draws: &[Draw],
@@ -389,6 +412,45 @@ pub(crate) fn sample_host_rows(
         out.extend(logits.chunks_exact(vocab).zip(draws).map(one));
     }
     Ok(())
+}
+
+/// The log-probabilities of [`sample_host`], from logits already sampled
+/// into `tokens` (so the shapes hold); the rows split over the current
+/// rayon pool when `parallel`.
+fn host_logprobs(
+    logits: &[f32],
+    vocab: usize,
+    draws: &[Draw],
+    tokens: &[Result<u32, SamplingError>],
+    out: &mut Vec<Option<TokenLogprobs>>,
+    parallel: bool,
+) {
+    out.clear();
+    if draws.iter().all(|d| d.logprobs().is_none()) {
+        return;
+    }
+    let one =
+        |((row, d), t): ((&[f32], &Draw), &Result<u32, SamplingError>)| match (d.logprobs(), t) {
+            (Some(top), Ok(t)) => Some(token_logprobs(row, *t, top as usize)),
+            _ => None,
+        };
+    if parallel {
+        use rayon::prelude::*;
+        logits
+            .par_chunks_exact(vocab.max(1))
+            .zip(draws)
+            .zip(tokens)
+            .map(one)
+            .collect_into_vec(out);
+    } else {
+        out.extend(
+            logits
+                .chunks_exact(vocab.max(1))
+                .zip(draws)
+                .zip(tokens)
+                .map(one),
+        );
+    }
 }
 
 /// A shape error of `op`.

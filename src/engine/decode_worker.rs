@@ -13,6 +13,7 @@ use crate::ids::RequestId;
 use crate::kv::KvPool;
 use crate::model::Model;
 use crate::request::Request;
+use crate::sampling::TokenLogprobs;
 use crate::sched::{AdmissionLimits, Rejection};
 use crate::transfer::{
     DecodeLink, DecodeOutcome, DecodeSide, IntegrityError, LinkError, TransferConfig, TransferError,
@@ -288,7 +289,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
                 return;
             }
         };
-        let (req, seq, first) = verified.into_parts();
+        let (req, seq, first, first_logprobs) = verified.into_parts();
         let vocab = self.core.model.config().vocab_size;
         let Some(first) = first.filter(|&t| (t as usize) < vocab) else {
             drop(seq);
@@ -301,8 +302,19 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
                 .end(id, Outcome::Failed(EngineError::Transfer(e.into())));
             return;
         };
+        let asked = req.sampling.logprobs;
+        let first_logprobs = match check_first_logprobs(asked, first, first_logprobs, vocab) {
+            Ok(lp) => lp,
+            Err(what) => {
+                drop(seq);
+                let e = IntegrityError::FirstLogprobs { request: id, what };
+                self.core
+                    .end(id, Outcome::Failed(EngineError::Transfer(e.into())));
+                return;
+            }
+        };
         self.core.step_mut().landed += 1;
-        match self.core.deliver_drawn(id, first) {
+        match self.core.deliver_drawn(id, first, first_logprobs) {
             None => {}
             Some(Delivery::Continue(next)) => self.core.start(Started { req, seq, next }),
             Some(Delivery::End(outcome)) => {
@@ -330,5 +342,76 @@ impl<L: DecodeLink, B: Backend> Steps for DecodeWorker<L, B> {
 impl<L: DecodeLink, B: Backend> Drop for DecodeWorker<L, B> {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Checks the first token's log-probabilities from a receipt against what
+/// the request asked (`asked`: its `logprobs`) and the vocabulary: the same
+/// token, as many alternatives as asked (fewer only when the vocabulary is
+/// smaller), every id inside the vocabulary, every value finite and <= 0,
+/// the alternatives most likely first. The values themselves come from the
+/// authenticated prefill worker that computed the token.
+fn check_first_logprobs(
+    asked: Option<u8>,
+    first: u32,
+    lp: Option<TokenLogprobs>,
+    vocab: usize,
+) -> Result<Option<TokenLogprobs>, &'static str> {
+    let (n, lp) = match (asked, lp) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err("the request did not ask for them"),
+        (Some(_), None) => return Err("missing, and the request asked for them"),
+        (Some(n), Some(lp)) => (n as usize, lp),
+    };
+    let ok = |x: f32| x.is_finite() && x <= 0.0;
+    if lp.token != first {
+        Err("they are another token's")
+    } else if lp.top.len() != n.min(vocab) {
+        Err("not as many alternatives as asked")
+    } else if lp.top.iter().any(|&(id, _)| id as usize >= vocab) {
+        Err("an alternative is outside the vocabulary")
+    } else if !ok(lp.logprob) || lp.top.iter().any(|&(_, x)| !ok(x)) {
+        Err("a value is not a finite log-probability (<= 0)")
+    } else if lp.top.windows(2).any(|w| w[1].1 > w[0].1) {
+        Err("the alternatives are not most likely first")
+    } else {
+        Ok(Some(lp))
+    }
+}
+
+#[cfg(test)]
+mod logprob_checks {
+    use super::check_first_logprobs as check;
+    use crate::sampling::TokenLogprobs;
+
+    fn lp(token: u32, top: &[(u32, f32)]) -> Option<TokenLogprobs> {
+        Some(TokenLogprobs {
+            token,
+            logprob: top.iter().find(|t| t.0 == token).map_or(-3.0, |t| t.1),
+            top: top.to_vec(),
+        })
+    }
+
+    #[test]
+    fn a_receipts_first_logprobs_must_be_what_the_request_asked() {
+        let good = [(5, -0.1), (9, -2.5)];
+        assert_eq!(check(None, 5, None, 100), Ok(None));
+        assert_eq!(check(Some(2), 5, lp(5, &good), 100), Ok(lp(5, &good)));
+        // Fewer alternatives than asked only when the vocabulary is smaller.
+        let two = [(1, -0.1), (0, -2.5)];
+        assert!(check(Some(20), 1, lp(1, &two), 2).is_ok());
+        let refused = [
+            check(None, 5, lp(5, &good), 100),
+            check(Some(2), 5, None, 100),
+            check(Some(2), 6, lp(5, &good), 100),
+            check(Some(3), 5, lp(5, &good), 100),
+            check(Some(2), 5, lp(5, &[(5, -0.1), (100, -2.5)]), 100),
+            check(Some(2), 5, lp(5, &[(5, -0.1), (9, 0.5)]), 100),
+            check(Some(2), 5, lp(5, &[(5, -0.1), (9, f32::NAN)]), 100),
+            check(Some(2), 5, lp(5, &[(9, -2.5), (5, -0.1)]), 100),
+        ];
+        for (i, r) in refused.iter().enumerate() {
+            assert!(r.is_err(), "case {i} accepted: {r:?}");
+        }
     }
 }

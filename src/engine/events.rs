@@ -6,6 +6,9 @@
 //! A channel per request cost the host about a third of each decode step
 //! (benches/host_step.rs): an 80-byte slot per token and a new block every
 //! 31 of them. Here a token is four bytes in a queue the client drains.
+//! A request that asked for log-probabilities gets each token's right after
+//! it ([`Event::Logprobs`]), from a second queue that stays empty (and
+//! costs nothing) for every other request.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,11 +19,15 @@ pub use crossbeam_channel::{RecvError, RecvTimeoutError, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 
 use crate::engine::Outcome;
+use crate::sampling::TokenLogprobs;
 
 /// One message of a request's stream.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     Token(u32),
+    /// The log-probabilities of the token just before it, for a request
+    /// that asked ([`crate::SamplingParams::logprobs`]).
+    Logprobs(TokenLogprobs),
     Done(Outcome),
 }
 
@@ -41,6 +48,11 @@ struct Shared {
 #[derive(Debug, Default)]
 struct Queue {
     tokens: VecDeque<u32>,
+    /// One per token still queued, plus the one owed for the token just
+    /// read when `logprobs_next`; empty for a request that did not ask.
+    logprobs: VecDeque<TokenLogprobs>,
+    /// The last event read was a token whose log-probabilities come next.
+    logprobs_next: bool,
     /// The outcome, once sent; read after every token.
     done: Option<Outcome>,
     /// The engine's end was dropped (after the outcome, or without one).
@@ -52,15 +64,24 @@ struct Queue {
 impl Queue {
     /// The next event, if one is there.
     fn pop(&mut self) -> Option<Event> {
+        if self.logprobs_next {
+            self.logprobs_next = false;
+            if let Some(lp) = self.logprobs.pop_front() {
+                return Some(Event::Logprobs(lp));
+            }
+        }
         match self.tokens.pop_front() {
-            Some(t) => Some(Event::Token(t)),
+            Some(t) => {
+                self.logprobs_next = !self.logprobs.is_empty();
+                Some(Event::Token(t))
+            }
             None => self.done.take().map(Event::Done),
         }
     }
     /// Live with nothing to read (a wait that timed out as an event
     /// arrived reads the event instead).
     fn waiting(&self) -> bool {
-        self.tokens.is_empty() && self.done.is_none() && !self.closed
+        self.tokens.is_empty() && !self.logprobs_next && self.done.is_none() && !self.closed
     }
 }
 
@@ -105,13 +126,18 @@ impl EventSender {
     pub(crate) fn is_cancelled(&self) -> bool {
         self.shared.cancelled.load(Ordering::Acquire)
     }
-    /// Appends a token; `Err` when the client has dropped its end.
-    pub(crate) fn token(&self, t: u32) -> Result<(), Abandoned> {
+    /// Appends a token, and its log-probabilities when the request asked
+    /// (under the same lock, so a reader sees both or neither); `Err` when
+    /// the client has dropped its end.
+    pub(crate) fn token(&self, t: u32, logprobs: Option<TokenLogprobs>) -> Result<(), Abandoned> {
         let mut q = self.shared.queue.lock();
         if q.abandoned {
             return Err(Abandoned);
         }
         q.tokens.push_back(t);
+        if let Some(lp) = logprobs {
+            q.logprobs.push_back(lp);
+        }
         drop(q);
         // Cheap without a waiter (one atomic load).
         self.shared.arrived.notify_one();
@@ -211,15 +237,18 @@ impl Events {
     /// Events waiting to be read.
     pub fn len(&self) -> usize {
         let q = self.shared.queue.lock();
-        q.tokens.len() + usize::from(q.done.is_some())
+        q.tokens.len() + q.logprobs.len() + usize::from(q.done.is_some())
     }
 
-    /// Appends what has arrived to `tokens` under one lock, and says how
+    /// Appends what has arrived to `tokens` under one lock (log-probabilities
+    /// are read from the events, not here: they are dropped), and says how
     /// the stream stands: `Some(Ok(outcome))` when it ended with one,
     /// `Some(Err(Disconnected))` when it ended without, `None` while live.
     pub(crate) fn drain_into(&self, tokens: &mut Vec<u32>) -> Option<Result<Outcome, RecvError>> {
         let mut q = self.shared.queue.lock();
         tokens.extend(q.tokens.drain(..));
+        q.logprobs.clear();
+        q.logprobs_next = false;
         match q.done.take() {
             Some(o) => Some(Ok(o)),
             None if q.closed => Some(Err(RecvError)),
@@ -235,6 +264,7 @@ impl Drop for Events {
         // Nothing will read these: free them now, not when the engine ends
         // the request.
         q.tokens = VecDeque::new();
+        q.logprobs = VecDeque::new();
         q.done = None;
     }
 }
@@ -247,8 +277,8 @@ mod tests {
     #[test]
     fn tokens_then_the_outcome_then_disconnected() {
         let (tx, rx) = stream();
-        tx.token(1).unwrap();
-        tx.token(2).unwrap();
+        tx.token(1, None).unwrap();
+        tx.token(2, None).unwrap();
         tx.done(Outcome::Finished(FinishReason::Length));
         drop(tx);
         assert_eq!(rx.len(), 3);
@@ -260,6 +290,37 @@ mod tests {
         );
         assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
         assert_eq!(rx.recv(), Err(RecvError));
+    }
+
+    #[test]
+    fn each_tokens_logprobs_follow_it_and_drain_drops_them() {
+        let lp = |token| TokenLogprobs {
+            token,
+            logprob: -0.5,
+            top: vec![(token, -0.5)],
+        };
+        let (tx, rx) = stream();
+        tx.token(4, Some(lp(4))).unwrap();
+        tx.token(5, Some(lp(5))).unwrap();
+        assert_eq!(rx.len(), 4);
+        assert_eq!(rx.try_recv(), Ok(Event::Token(4)));
+        assert_eq!(rx.len(), 3);
+        assert_eq!(rx.try_recv(), Ok(Event::Logprobs(lp(4))));
+        assert_eq!(rx.try_recv(), Ok(Event::Token(5)));
+        // The owed logprobs are waiting: a timed wait returns them.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(1)),
+            Ok(Event::Logprobs(lp(5)))
+        );
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        tx.token(6, Some(lp(6))).unwrap();
+        assert_eq!(rx.try_recv(), Ok(Event::Token(6)));
+        tx.token(7, Some(lp(7))).unwrap();
+        tx.done(Outcome::Finished(FinishReason::Length));
+        let mut tokens = Vec::new();
+        assert!(matches!(rx.drain_into(&mut tokens), Some(Ok(_))));
+        assert_eq!(tokens, [7]);
+        assert!(rx.is_empty());
     }
 
     #[test]
@@ -294,7 +355,7 @@ mod tests {
         let (tx, rx) = stream();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
-            tx.token(7).unwrap();
+            tx.token(7, None).unwrap();
             tx
         });
         assert_eq!(
@@ -308,16 +369,16 @@ mod tests {
     #[test]
     fn a_dropped_client_end_refuses_tokens() {
         let (tx, rx) = stream();
-        tx.token(1).unwrap();
+        tx.token(1, None).unwrap();
         drop(rx);
-        assert!(tx.token(2).is_err());
+        assert!(tx.token(2, None).is_err());
     }
 
     #[test]
     fn try_iter_reads_what_arrives_while_it_iterates() {
         let (tx, rx) = stream();
         for t in 0..5 {
-            tx.token(t).unwrap();
+            tx.token(t, None).unwrap();
         }
         let mut evs = Vec::new();
         for ev in rx.try_iter() {

@@ -15,7 +15,7 @@ use crate::ids::RequestId;
 use crate::kv::{Filling, KvSeq, Ready};
 use crate::model::{ForwardError, Model, Scratch};
 use crate::request::Request;
-use crate::sampling::{Draw, Sampler, SamplingError};
+use crate::sampling::{Draw, Sampler, SamplingError, TokenLogprobs};
 use crate::sched::{Rejection, sampler_for};
 
 /// A request known to a server (waiting, transferring or running).
@@ -294,10 +294,15 @@ impl<B: Backend> Generator<B> {
     /// stream advances past it (a greedy sampler draws nothing; any other
     /// draws exactly once per token), so later tokens match colocated
     /// serving.
-    pub(crate) fn deliver_drawn(&mut self, id: RequestId, token: u32) -> Option<Delivery> {
+    pub(crate) fn deliver_drawn(
+        &mut self,
+        id: RequestId,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+    ) -> Option<Delivery> {
         let c = self.client_mut(id)?;
         let _ = c.sampler.next_draw();
-        Some(stream(c, token))
+        Some(stream(c, token, logprobs))
     }
 
     /// Prefills `seqs` with `chunks` in one batched pass (each chunk
@@ -334,9 +339,10 @@ impl<B: Backend> Generator<B> {
         Ok(finals
             .iter()
             .zip(sampled)
-            .map(|(id, token)| {
+            .enumerate()
+            .map(|(i, (id, token))| {
                 let c = clients.get_mut(*slots.get(id.as_ref()?)?)?.as_mut()?;
-                Some(deliver(c, token.clone()))
+                Some(deliver(c, token.clone(), sampled.logprobs(i)))
             })
             .collect())
     }
@@ -354,7 +360,7 @@ impl<B: Backend> Generator<B> {
         for r in &self.running {
             // A greedy request draws nothing: no need to visit its client.
             if r.req.sampling.is_greedy() {
-                self.draws.push(Draw::greedy());
+                self.draws.push(Draw::greedy_for(&r.req.sampling));
                 continue;
             }
             let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
@@ -384,7 +390,7 @@ impl<B: Backend> Generator<B> {
             let Some(c) = client.filter(|c| c.id == r.req.id) else {
                 continue;
             };
-            match deliver(c, sampled[i].clone()) {
+            match deliver(c, sampled[i].clone(), sampled.logprobs(i)) {
                 Delivery::Continue(next) => r.next = next,
                 Delivery::End(outcome) => ended.push((r.req.id, outcome)),
             }
@@ -430,18 +436,26 @@ impl<B: Backend> Generator<B> {
     }
 }
 
-/// Streams `c`'s sampled token, or ends it on a sampling error.
-fn deliver(c: &mut Client, token: Result<u32, SamplingError>) -> Delivery {
+/// Streams `c`'s sampled token (with its log-probabilities when the
+/// request asked), or ends it on a sampling error.
+fn deliver(
+    c: &mut Client,
+    token: Result<u32, SamplingError>,
+    logprobs: Option<&TokenLogprobs>,
+) -> Delivery {
     match token {
-        Ok(token) => stream(c, token),
+        Ok(token) => stream(c, token, logprobs.cloned()),
         Err(e) => Delivery::End(Outcome::Failed(EngineError::Sampling(e))),
     }
 }
 
 /// Streams `token` to `c`'s client and says whether its request goes on.
-fn stream(c: &mut Client, token: u32) -> Delivery {
+fn stream(c: &mut Client, token: u32, logprobs: Option<TokenLogprobs>) -> Delivery {
     c.generated.push(token);
-    if c.tx.token(token).is_err() {
+    // Only a request that asked gets them (the pass computes them only for
+    // its draws; this keeps a stale one from reaching another request).
+    let logprobs = logprobs.filter(|_| c.sampler.params().logprobs.is_some());
+    if c.tx.token(token, logprobs).is_err() {
         // The client is gone: stop spending pages on it.
         return Delivery::End(Outcome::Cancelled);
     }

@@ -9,7 +9,7 @@ use crate::config::{EngineConfig, Prefill};
 use crate::engine::{EngineError, setup};
 use crate::kv::{CacheSecret, Filling, KvPool, KvSeq, PrefixCache};
 use crate::model::{Model, Scratch};
-use crate::sampling::{Draw, Sampler};
+use crate::sampling::{Draw, Sampler, TokenLogprobs};
 use crate::sched::AdmissionLimits;
 use crate::transfer::{
     AbortReason, PrefillJob, PrefillLink, PrefillSide, TransferConfig, TransferError, Wait,
@@ -174,7 +174,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         let firsts = self.compute(&mut jobs);
         for (job, first) in jobs.into_iter().zip(firsts) {
             match first {
-                Some(token) => match self.side.complete(job, Some(token)) {
+                Some((token, lp)) => match self.side.complete_with_logprobs(job, Some(token), lp) {
                     Ok(()) | Err(TransferError::Cancelled { .. }) => {}
                     Err(TransferError::Link(e)) => return Err(TransferError::Link(e)),
                     // Incomplete KV or an isolation violation: the side
@@ -208,15 +208,15 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
     /// Prefills the jobs in passes of at most `max_batch_tokens` prompt
     /// tokens (a prompt longer than that is computed in chunks, appended
     /// after the KV already written, which gives the KV and logits of one
-    /// pass); returns each job's first token, or `None` where a pass or
-    /// sampling failed (every job in a failed pass fails: its KV may be
-    /// half-written).
-    fn compute(&mut self, jobs: &mut [PrefillJob]) -> Vec<Option<u32>> {
+    /// pass); returns each job's first token (and its log-probabilities
+    /// where the request asked), or `None` where a pass or sampling failed
+    /// (every job in a failed pass fails: its KV may be half-written).
+    fn compute(&mut self, jobs: &mut [PrefillJob]) -> Vec<Option<First>> {
         let mut samplers: Vec<Option<Sampler>> = jobs
             .iter()
             .map(|j| Sampler::new(&j.plan().sampling).ok())
             .collect();
-        let mut firsts: Vec<Option<u32>> = vec![None; jobs.len()];
+        let mut firsts: Vec<Option<First>> = vec![None; jobs.len()];
         let mut failed = vec![false; jobs.len()];
         loop {
             // This pass: a chunk of each job in order, within the budget;
@@ -268,9 +268,14 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
             drop(refs);
             match sampled {
                 Ok(sampled) => {
-                    for ((&i, &end), token) in pass.iter().zip(&ends).zip(sampled) {
+                    for (row, ((&i, &end), token)) in
+                        pass.iter().zip(&ends).zip(sampled).enumerate()
+                    {
                         if end && samplers[i].is_some() {
-                            firsts[i] = token.clone().ok();
+                            firsts[i] = token
+                                .clone()
+                                .ok()
+                                .map(|t| (t, sampled.logprobs(row).cloned()));
                         }
                     }
                 }
@@ -280,3 +285,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         firsts
     }
 }
+
+/// A prompt's first token and, where its request asked, its
+/// log-probabilities.
+type First = (u32, Option<TokenLogprobs>);

@@ -151,6 +151,8 @@ impl RequestHandle {
             };
             match ev {
                 Ok(Event::Token(t)) => tokens.push(t),
+                // Read from the events by a client that wants them.
+                Ok(Event::Logprobs(_)) => {}
                 Ok(Event::Done(o)) => return (tokens, Some(self.settle(o))),
                 Err(RecvTimeoutError::Timeout) => return (tokens, None),
                 Err(RecvTimeoutError::Disconnected) => {

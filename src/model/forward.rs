@@ -14,7 +14,7 @@ use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Wr
 use crate::kv::{KvDtype, KvGeometry};
 use crate::model::place::{Placer, WeightSink};
 use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
-use crate::sampling::{Draw, SamplingError};
+use crate::sampling::{Draw, SamplingError, TokenLogprobs};
 
 /// Why a forward pass failed. Variants with an `index` name the sequence
 /// (position in the batch) at fault; the others concern the whole batch.
@@ -178,12 +178,52 @@ pub struct Scratch<B: Backend> {
     logits: Vec<f32>,
     /// Each row's token (or sampling error) of a sampled pass.
     sampled: Vec<Result<u32, SamplingError>>,
+    /// Each row's log-probabilities where its draw asked (empty when no
+    /// row of the pass asked).
+    logprobs: Vec<Option<TokenLogprobs>>,
     tokens: Vec<u32>,
     positions: Vec<usize>,
     spans: Vec<SeqSpan>,
     out_rows: Vec<usize>,
     /// One scratch per group of a [`PassPlan::Groups`] pass.
     groups: Vec<Scratch<B>>,
+}
+
+/// A sampled pass's output: each row's token (or why it has none), read as
+/// a slice, and the log-probabilities of rows whose draws asked.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampled<'s> {
+    tokens: &'s [Result<u32, SamplingError>],
+    logprobs: &'s [Option<TokenLogprobs>],
+}
+
+impl<'s> Sampled<'s> {
+    fn of<B: Backend>(s: &'s Scratch<B>) -> Self {
+        Sampled {
+            tokens: &s.sampled,
+            logprobs: &s.logprobs,
+        }
+    }
+
+    /// Row `i`'s log-probabilities, if its draw asked for them.
+    pub fn logprobs(&self, i: usize) -> Option<&'s TokenLogprobs> {
+        self.logprobs.get(i).and_then(Option::as_ref)
+    }
+}
+
+impl<'s> std::ops::Deref for Sampled<'s> {
+    type Target = [Result<u32, SamplingError>];
+    fn deref(&self) -> &Self::Target {
+        self.tokens
+    }
+}
+
+impl<'s> IntoIterator for Sampled<'s> {
+    type Item = &'s Result<u32, SamplingError>;
+    type IntoIter = std::slice::Iter<'s, Result<u32, SamplingError>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.tokens.iter()
+    }
 }
 
 impl<B: Backend> Scratch<B> {
@@ -213,6 +253,7 @@ impl<B: Backend> Default for Scratch<B> {
             logits_dev: B::Buf::default(),
             logits: Vec::new(),
             sampled: Vec::new(),
+            logprobs: Vec::new(),
             tokens: Vec::new(),
             positions: Vec::new(),
             spans: Vec::new(),
@@ -432,7 +473,7 @@ impl<B: Backend> Model<B> {
         seqs: &mut [&mut KvSeq<Filling>],
         prompts: &[&[u32]],
         draws: &[Draw],
-    ) -> Result<&'s [Result<u32, SamplingError>], ForwardError> {
+    ) -> Result<Sampled<'s>, ForwardError> {
         same_batch(seqs.len(), &[prompts.len(), draws.len()])?;
         self.pass(
             scratch,
@@ -442,7 +483,7 @@ impl<B: Backend> Model<B> {
             false,
             Out::Tokens(draws),
         )?;
-        Ok(&scratch.sampled)
+        Ok(Sampled::of(scratch))
     }
 
     /// One decode step: appends `tokens[i]` to `seqs[i]` and returns the
@@ -474,7 +515,7 @@ impl<B: Backend> Model<B> {
         seqs: &mut [&mut KvSeq<Ready>],
         tokens: &[u32],
         draws: &[Draw],
-    ) -> Result<&'s [Result<u32, SamplingError>], ForwardError> {
+    ) -> Result<Sampled<'s>, ForwardError> {
         same_batch(seqs.len(), &[tokens.len(), draws.len()])?;
         self.pass(
             scratch,
@@ -484,7 +525,7 @@ impl<B: Backend> Model<B> {
             true,
             Out::Tokens(draws),
         )?;
-        Ok(&scratch.sampled)
+        Ok(Sampled::of(scratch))
     }
 
     /// Logits at every position of `tokens`, computed on a private pool
@@ -664,10 +705,21 @@ impl<B: Backend> Model<B> {
         }
         scratch.logits.clear();
         scratch.sampled.clear();
-        for gs in &scratch.groups[..n] {
+        scratch.logprobs.clear();
+        let any_logprobs = scratch.groups[..n].iter().any(|g| !g.logprobs.is_empty());
+        for gs in &mut scratch.groups[..n] {
             match out {
                 Out::Logits => scratch.logits.extend_from_slice(&gs.logits),
-                Out::Tokens(_) => scratch.sampled.extend_from_slice(&gs.sampled),
+                Out::Tokens(_) => {
+                    scratch.sampled.extend_from_slice(&gs.sampled);
+                    if any_logprobs {
+                        // Moved, not copied; a group none of whose rows
+                        // asked left its list empty: its rows get None.
+                        let none = gs.sampled.len() - gs.logprobs.len();
+                        scratch.logprobs.append(&mut gs.logprobs);
+                        scratch.logprobs.extend(std::iter::repeat_n(None, none));
+                    }
+                }
             }
         }
         Ok(())
@@ -781,7 +833,13 @@ impl<B: Backend> Model<B> {
         )?;
         match out {
             Out::Logits => b.to_host(&s.logits_dev, &mut s.logits)?,
-            Out::Tokens(draws) => b.sample(&s.logits_dev, c.vocab_size, draws, &mut s.sampled)?,
+            Out::Tokens(draws) => b.sample(
+                &s.logits_dev,
+                c.vocab_size,
+                draws,
+                &mut s.sampled,
+                &mut s.logprobs,
+            )?,
         }
         Ok(())
     }

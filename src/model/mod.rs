@@ -18,7 +18,7 @@ pub use crate::backend::{RopeScaling, RopeStyle};
 pub use config::ModelConfig;
 pub use error::ModelError;
 pub use fingerprint::ModelFingerprint;
-pub use forward::{ForwardError, Logits, Model, Scratch};
+pub use forward::{ForwardError, Logits, Model, Sampled, Scratch};
 pub use hf::{load_hf, load_hf_bytes};
 pub use llama2c::{load_llama2c, parse_llama2c, write_llama2c};
 pub use load::load_model;

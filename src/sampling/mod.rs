@@ -9,8 +9,13 @@
 //! cross to the host, and a seed gives the same tokens on either backend
 //! for the same logits).
 
+mod logprobs;
 mod row;
 mod simd;
+
+pub use logprobs::{
+    MAX_TOP_LOGPROBS, TokenLogprobs, log_normaliser, logprob_of, token_logprobs, top_ids,
+};
 
 pub use row::{
     MAX_VOCAB, RowScratch, WEIGHT_BITS, draw_point, key, key_id, log2e_over, nucleus_need,
@@ -123,6 +128,8 @@ pub struct Draw {
     /// 1.0: no top-p.
     top_p: f32,
     random: u64,
+    /// The request's `logprobs` (alternatives asked for), if any.
+    logprobs: Option<u8>,
 }
 
 impl Draw {
@@ -141,6 +148,16 @@ impl Draw {
                 .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
             top_p: params.top_p.unwrap_or(1.0),
             random,
+            logprobs: params.logprobs,
+        }
+    }
+
+    /// Argmax for a greedy request's validated `params`: spends nothing,
+    /// keeps what else it asks (log-probabilities).
+    pub(crate) fn greedy_for(params: &SamplingParams) -> Self {
+        Draw {
+            logprobs: params.logprobs,
+            ..Draw::greedy()
         }
     }
 
@@ -151,6 +168,7 @@ impl Draw {
             top_k: 0,
             top_p: 1.0,
             random: 0,
+            logprobs: None,
         }
     }
 
@@ -177,6 +195,12 @@ impl Draw {
     /// The stream value this draw spends (unused when greedy).
     pub fn random(&self) -> u64 {
         self.random
+    }
+
+    /// The alternatives whose log-probabilities the request asked for
+    /// (`None`: none asked, not even the chosen token's).
+    pub fn logprobs(&self) -> Option<u8> {
+        self.logprobs
     }
 }
 
@@ -271,6 +295,7 @@ mod tests {
             top_p: p,
             seed,
             stop_ids: vec![],
+            logprobs: None,
         }
     }
 

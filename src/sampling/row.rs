@@ -121,6 +121,31 @@ pub(super) fn weight_scaled(logit: f32, max: f32, scale: f64) -> u64 {
     if live { w } else { 0 }
 }
 
+/// `e^x` for `x <= 0` (0 below `-700`, where it is under 2^-1009 of 1),
+/// accurate to about 1e-12 (far below the f32 log-probabilities it
+/// serves), in plain float operations so that a loop of it
+/// vectorises (as [`weight_scaled`]: the same range reduction and Taylor
+/// polynomial).
+#[inline(always)]
+pub(super) fn exp_nonpositive(x: f64) -> f64 {
+    let live = x > -700.0;
+    let y = if live {
+        x * std::f64::consts::LOG2_E
+    } else {
+        0.0
+    };
+    let n = floor_small(y);
+    let z = (y - n) * std::f64::consts::LN_2;
+    let mut p = EXP_TAYLOR[12];
+    for &c in EXP_TAYLOR[..12].iter().rev() {
+        p = p * z + c;
+    }
+    // 2^n, n in [-1010, 0]: the biased exponent 1023 + n >= 13.
+    let biased = ((1023.0 + n) + MAGIC).to_bits() - MAGIC.to_bits();
+    let e = p * f64::from_bits(biased << 52);
+    if live { e } else { 0.0 }
+}
+
 /// Reused buffers of [`sample_row`].
 #[derive(Clone, Debug, Default)]
 pub struct RowScratch {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::ids::{RequestId, TenantId};
 use crate::kv::{KvPool, KvSeq, Ready};
 use crate::request::Request;
+use crate::sampling::TokenLogprobs;
 use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
 use crate::transfer::checksum::{RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
@@ -30,6 +31,7 @@ pub struct VerifiedKv {
     request: Request,
     seq: KvSeq<Ready>,
     first_token: Option<u32>,
+    first_logprobs: Option<TokenLogprobs>,
 }
 
 impl VerifiedKv {
@@ -45,9 +47,20 @@ impl VerifiedKv {
     pub fn first_token(&self) -> Option<u32> {
         self.first_token
     }
-    /// The parts, for the decode loop.
-    pub fn into_parts(self) -> (Request, KvSeq<Ready>, Option<u32>) {
-        (self.request, self.seq, self.first_token)
+    /// The first token's log-probabilities as prefill reported them (only
+    /// for a request that asked; the decode worker checks their shape).
+    pub fn first_logprobs(&self) -> Option<&TokenLogprobs> {
+        self.first_logprobs.as_ref()
+    }
+    /// The parts, for the decode loop: the request, its KV, the first
+    /// token and its log-probabilities.
+    pub fn into_parts(self) -> (Request, KvSeq<Ready>, Option<u32>, Option<TokenLogprobs>) {
+        (
+            self.request,
+            self.seq,
+            self.first_token,
+            self.first_logprobs,
+        )
     }
 }
 
@@ -488,6 +501,7 @@ impl<L: DecodeLink> DecodeSide<L> {
                         request: live.request,
                         seq,
                         first_token: r.first_token,
+                        first_logprobs: r.first_logprobs,
                     })
                 }
             },

@@ -204,6 +204,11 @@ pub enum IntegrityError {
         token: Option<u32>,
         vocab: usize,
     },
+    #[error("{request}: the receipt's log-probabilities for the first token are wrong: {what}; {fix}", fix = INTEGRITY_FIX)]
+    FirstLogprobs {
+        request: RequestId,
+        what: &'static str,
+    },
     #[error("{request}: a destination page is no longer owned at its planned generation: {error}; {fix}", fix = INTEGRITY_FIX)]
     Destination { request: RequestId, error: KvError },
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::ids::RequestId;
 use crate::kv::{Filling, Held, KvError, KvPool, KvSeq, PrefixCache, PrefixKeys, reserve_prompt};
+use crate::sampling::TokenLogprobs;
 use crate::sched::AdmissionLimits;
 use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
@@ -258,6 +259,17 @@ impl<L: PrefillLink> PrefillSide<L> {
         job: PrefillJob,
         first_token: Option<u32>,
     ) -> Result<(), TransferError> {
+        self.complete_with_logprobs(job, first_token, None)
+    }
+
+    /// [`PrefillSide::complete`], the receipt also carrying the first
+    /// token's log-probabilities (for a request that asked for them).
+    pub fn complete_with_logprobs(
+        &mut self,
+        job: PrefillJob,
+        first_token: Option<u32>,
+        first_logprobs: Option<TokenLogprobs>,
+    ) -> Result<(), TransferError> {
         let PrefillJob { plan, seq, keys } = job;
         self.out.remove(&plan.nonce);
         if self.cancelled.remove(&plan.nonce) {
@@ -316,6 +328,7 @@ impl<L: PrefillLink> PrefillSide<L> {
                 })
                 .collect(),
             first_token,
+            first_logprobs,
         };
         match self.worker_step(Step::ReceiptSent, plan.request) {
             Some(WorkerFault::Kill) => {

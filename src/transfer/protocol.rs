@@ -27,6 +27,7 @@ use crate::kv::KvGeometry;
 use crate::kv::PageId;
 use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;
+use crate::sampling::TokenLogprobs;
 
 /// A fresh random value per plan: a receipt is matched to the plan that
 /// asked for it, not just to a request id that could be reused.
@@ -138,6 +139,9 @@ pub struct Receipt {
     /// The token sampled from the prompt's last-position logits, when the
     /// prefill worker runs a model.
     pub first_token: Option<u32>,
+    /// That token's log-probabilities, when the request asked for them
+    /// (decode checks they name `first_token` and the alternatives asked).
+    pub first_logprobs: Option<TokenLogprobs>,
 }
 
 /// Why prefill refused a plan. No receipt follows an abort, ever.

@@ -433,7 +433,7 @@ fn a_model_without_compiled_kernels_is_refused_when_placed_not_at_its_first_requ
         (
             "query heads per KV head",
             handoff::model::ModelConfig {
-                n_heads: 16,
+                n_heads: 64,
                 n_kv_heads: 1,
                 ..base.clone()
             },
@@ -575,6 +575,7 @@ fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
         top_p: (i % 3 != 1).then_some(0.9),
         seed: 1000 + i as u64,
         stop_ids: Vec::new(),
+        logprobs: None,
     };
     let want = engine_tokens_with(&mut c, &prompts, sampling);
     assert_eq!(
@@ -694,7 +695,8 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
 
 /// A decode step on device-resident KV waits for the device once: every
 /// kernel of the pass is queued, the tokens are sampled on the device, and
-/// only their ids come back (`CudaDevice::host_syncs`).
+/// only their ids (and the log-probabilities two of the rows ask for) come
+/// back (`CudaDevice::host_syncs`).
 #[test]
 fn a_decode_step_on_device_kv_waits_for_the_device_once() {
     use handoff::backend::Backend;
@@ -714,7 +716,16 @@ fn a_decode_step_on_device_kv_waits_for_the_device_once() {
     let mut seqs: Vec<KvSeq<Filling>> = (0..4)
         .map(|i| pool.reserve(RequestId(i + 1), 32).unwrap())
         .collect();
-    let draws = vec![Draw::greedy(); 4];
+    let asking = handoff::SamplingParams {
+        logprobs: Some(3),
+        ..handoff::SamplingParams::greedy()
+    };
+    let draws = vec![
+        Draw::greedy(),
+        Draw::new(&asking, 0).unwrap(),
+        Draw::greedy(),
+        Draw::new(&asking, 0).unwrap(),
+    ];
     let mut next: Vec<u32> = {
         let mut refs: Vec<&mut KvSeq<Filling>> = seqs.iter_mut().collect();
         let t = m
@@ -732,6 +743,12 @@ fn a_decode_step_on_device_kv_waits_for_the_device_once() {
         let mut refs: Vec<&mut KvSeq<Ready>> = ready.iter_mut().collect();
         let t = m.decode_sampled(&mut s, &mut refs, &next, &draws).unwrap();
         next = t.iter().map(|t| t.clone().unwrap()).collect();
+        for (i, &tok) in next.iter().enumerate() {
+            match t.logprobs(i) {
+                Some(lp) => assert!(i % 2 == 1 && lp.token == tok && lp.top[0].0 == tok),
+                None => assert!(i % 2 == 0, "row {i} asked"),
+            }
+        }
         let waits = dev.host_syncs() - before;
         // The first step may grow buffers; every step waits exactly once.
         assert_eq!(waits, 1, "step {step} waited for the device {waits} times");

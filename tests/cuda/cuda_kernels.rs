@@ -562,10 +562,11 @@ fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
 #[test]
 fn decode_handles_group_ratios_between_compiled_ones() {
     // 3, 5, 6 and 7 query heads per KV head run on the next larger
-    // instantiation; its padding heads must not overwrite real heads.
+    // instantiation; its padding heads must not overwrite real heads. 12
+    // and 16 (past the largest, 8) run it in head slices per KV head.
     let dev = gpu!("decode_handles_group_ratios_between_compiled_ones");
     let mut rng = Rng(3);
-    for group in [3, 5, 6, 7] {
+    for group in [3, 5, 6, 7, 12, 16] {
         let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 3, 64), 16, &[5, 40, 17]);
         check_decode(
             &dev,
@@ -604,9 +605,11 @@ fn decode_refuses_what_it_cannot_do_before_launching() {
         run(&arena, 4, 2, &mut out, &mut ws),
         Err(CudaError::Shape { .. })
     ));
+    // A ratio of 16 is served (head slices); here its q and out are the
+    // wrong size for 32 heads.
     assert!(matches!(
         run(&arena, 32, 0, &mut out, &mut ws),
-        Err(CudaError::Unsupported { .. })
+        Err(CudaError::Shape { .. })
     ));
     assert!(matches!(
         run(&arena, 2, 0, &mut out, &mut ws),
@@ -1371,7 +1374,8 @@ fn gpu_page_checksums_equal_the_transfer_layers_for_full_partial_and_empty_pages
 /// Device sampling picks the host's token for every row (the rows of
 /// sampling_host.rs, one launch per vocabulary), and over a Llama 3
 /// vocabulary (128,256 logits) at batch 64; a row with a NaN fails alone,
-/// naming the culprit.
+/// naming the culprit. Rows that ask get the host's log-probabilities
+/// (the same alternatives; values within about an f32 ulp).
 #[test]
 fn device_sampling_picks_the_hosts_tokens() {
     use crate::sampling_host::{Row, host_answer, rows};
@@ -1383,9 +1387,30 @@ fn device_sampling_picks_the_hosts_tokens() {
         let flat: Vec<f32> = rows.iter().flat_map(|r| r.logits.iter().copied()).collect();
         let logits = dev.upload(&flat).unwrap();
         let draws: Vec<Draw> = rows.iter().map(|r| r.draw).collect();
-        let got = dev.sample_rows(&logits, vocab, &draws).unwrap();
+        let (got, lps) = dev.sample_rows(&logits, vocab, &draws).unwrap();
+        let asked = draws.iter().any(|d| d.logprobs().is_some());
+        assert_eq!(lps.len(), if asked { rows.len() } else { 0 });
         for (i, (r, g)) in rows.iter().zip(got).enumerate() {
             assert_eq!(g, host_answer(r), "vocab {vocab}, row {i}: {:?}", r.draw);
+            let (Some(n), Ok(t)) = (r.draw.logprobs(), &g) else {
+                assert!(lps.get(i).is_none_or(Option::is_none), "row {i}: not asked");
+                continue;
+            };
+            // The same alternatives; values within about an f32 ulp.
+            let want = handoff::sampling::token_logprobs(&r.logits, *t, n as usize);
+            let lp = lps[i].as_ref().expect("asked and sampled");
+            let close = |a: f32, b: f32| (a - b).abs() <= 2e-7 * b.abs().max(1.0);
+            assert!(
+                close(lp.logprob, want.logprob),
+                "row {i}: {lp:?} vs {want:?}"
+            );
+            let ids = |l: &handoff::sampling::TokenLogprobs| {
+                l.top.iter().map(|x| x.0).collect::<Vec<_>>()
+            };
+            assert_eq!(ids(lp), ids(&want), "row {i}");
+            for (a, b) in lp.top.iter().zip(&want.top) {
+                assert!(close(a.1, b.1), "row {i}: {lp:?} vs {want:?}");
+            }
         }
     };
     let all = rows(&[1, 2, 31, 33, 100, 257, 1000, 3000, 5, 64, 65, 500], 3, 7);
@@ -1408,6 +1433,8 @@ fn device_sampling_picks_the_hosts_tokens() {
                 top_p: (b % 2 == 0).then_some(0.9),
                 seed: b as u64,
                 stop_ids: Vec::new(),
+                // Every other row asks: 0 to 20 alternatives.
+                logprobs: (b % 2 == 1).then_some((b % 21) as u8),
             };
             Row {
                 logits,

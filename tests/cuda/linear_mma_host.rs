@@ -17,23 +17,20 @@
 //! Without a C++ compiler the test prints `SKIP` and passes; the GPU test
 //! in cuda_backend.rs runs a bf16 model on the device against the CPU.
 
-use std::io::Write;
 use std::process::Command;
 
 use crate::support::sim_host as host;
 
 #[test]
 fn bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_simt_emulator() {
-    let Some(cxx) = host::cxx() else {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_simt_emulator: \
-             no C++ compiler (c++, g++ or clang++) found"
-        );
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = host::emulated_or_skip(
+        "bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_simt_emulator",
+        "linear_mma_main.cpp",
+        dir.path(),
+    ) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let exe = host::build_emulated(&cxx, "linear_mma_main.cpp", dir.path());
     let run = Command::new(&exe).output().unwrap();
     let report = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "emulated cases failed:\n{report}");

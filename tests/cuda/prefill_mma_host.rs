@@ -26,16 +26,14 @@ use crate::support::sim_host as host;
 
 #[test]
 fn tensor_core_prefill_matches_the_reference_on_a_simt_emulator() {
-    let Some(cxx) = host::cxx() else {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP tensor_core_prefill_matches_the_reference_on_a_simt_emulator: no C++ compiler \
-             (c++, g++ or clang++) found"
-        );
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = host::emulated_or_skip(
+        "tensor_core_prefill_matches_the_reference_on_a_simt_emulator",
+        "prefill_mma_main.cpp",
+        dir.path(),
+    ) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let exe = host::build_emulated(&cxx, "prefill_mma_main.cpp", dir.path());
     let run = Command::new(&exe).output().unwrap();
     let report = String::from_utf8_lossy(&run.stdout);
     let _ = write!(std::io::stderr(), "{report}");

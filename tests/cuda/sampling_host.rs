@@ -19,7 +19,7 @@
 //! Without a C++ compiler the test prints `SKIP` and passes; the GPU test in
 //! cuda_kernels.rs runs the same comparison on the device.
 
-use std::io::Write;
+use std::path::Path;
 use std::process::Command;
 
 use handoff::SamplingParams;
@@ -28,17 +28,18 @@ use handoff::sampling::{Draw, SamplingError, sample_row, weight};
 use crate::support::sim_host as host;
 
 /// A SplitMix64 stream for test data.
-struct Rng(u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    fn unit(&mut self) -> f32 {
+    /// Uniform in [0, 1).
+    pub(crate) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32
     }
 }
@@ -140,6 +141,7 @@ fn encode(rows: &[Row]) -> Vec<u8> {
         b.extend(d.temperature().to_le_bytes());
         b.extend((d.top_k().unwrap_or(0) as u32).to_le_bytes());
         b.extend(d.top_p().to_le_bytes());
+        b.extend(d.logprobs().map_or(0u32, |n| 1 + n as u32).to_le_bytes());
         b.extend(d.random().to_le_bytes());
         for l in &r.logits {
             b.extend(l.to_le_bytes());
@@ -166,18 +168,32 @@ fn host_weights(r: &Row) -> u64 {
     finite.map(|&l| weight(l, max, t)).sum()
 }
 
+/// Runs the emulated sampler (`exe`) over `rows` with `block` threads per
+/// block: each row's line of numbers (see sampling_main.cpp).
+pub(crate) fn emulate(exe: &Path, dir: &Path, rows: &[Row], block: usize) -> Vec<Vec<u64>> {
+    let input = dir.join(format!("rows_{block}.bin"));
+    std::fs::write(&input, encode(rows)).unwrap();
+    let run = Command::new(exe)
+        .arg(&input)
+        .arg(block.to_string())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "emulator exited {}", run.status);
+    let lines: Vec<Vec<u64>> = String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .map(|l| l.split(' ').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(lines.len(), rows.len(), "one answer per row");
+    lines
+}
+
 #[test]
 fn device_sampling_on_a_simt_emulator_picks_the_hosts_tokens() {
-    let Some(cxx) = host::cxx() else {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP device_sampling_on_a_simt_emulator_picks_the_hosts_tokens: no C++ compiler \
-             (c++, g++ or clang++) found"
-        );
+    let test = "device_sampling_on_a_simt_emulator_picks_the_hosts_tokens";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = host::emulated_or_skip(test, "sampling_main.cpp", dir.path()) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let exe = host::build_emulated(&cxx, "sampling_main.cpp", dir.path());
     // Many rows on one warp; fewer, smaller ones on 2 and 8 warps (each
     // emulated thread is an OS thread).
     for (block, vocabs, per_shape) in [
@@ -186,21 +202,9 @@ fn device_sampling_on_a_simt_emulator_picks_the_hosts_tokens() {
         (256, &[3, 300][..], 1),
     ] {
         let rows = rows(vocabs, per_shape, 2026 + block as u64);
-        let input = dir.path().join(format!("rows_{block}.bin"));
-        std::fs::write(&input, encode(&rows)).unwrap();
-        let run = Command::new(&exe)
-            .arg(&input)
-            .arg(block.to_string())
-            .output()
-            .unwrap();
-        assert!(run.status.success(), "emulator exited {}", run.status);
-        let lines: Vec<(u32, u32, u64)> = String::from_utf8_lossy(&run.stdout)
-            .lines()
-            .map(|l| {
-                let mut it = l.split(' ').map(|x| x.parse::<u64>().unwrap());
-                let mut next = || it.next().unwrap();
-                (next() as u32, next() as u32, next())
-            })
+        let lines: Vec<(u32, u32, u64)> = emulate(&exe, dir.path(), &rows, block)
+            .iter()
+            .map(|l| (l[0] as u32, l[1] as u32, l[2]))
             .collect();
         assert_eq!(lines.len(), rows.len(), "one answer per row");
         let (mut sampled, mut refused) = (0, 0);

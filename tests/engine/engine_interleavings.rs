@@ -337,6 +337,7 @@ impl Tracked {
                     );
                     self.tokens.push(t);
                 }
+                Ok(Event::Logprobs(_)) => {}
                 Ok(Event::Done(o)) => {
                     prop_assert!(
                         self.outcome.is_none(),
@@ -505,6 +506,7 @@ impl Case<'_> {
                 top_p,
                 seed,
                 stop_ids: vec![],
+                logprobs: None,
             },
             Sampling::Invalid(k) => SamplingParams {
                 temperature: [-1.0, f32::NAN, 1.0, 1.0][k as usize % 4],
@@ -512,6 +514,7 @@ impl Case<'_> {
                 top_p: [None, None, None, Some(1.5)][k as usize % 4],
                 seed: 0,
                 stop_ids: vec![],
+                logprobs: None,
             },
         };
         self.next_id += 1;

@@ -37,6 +37,7 @@ fn request(i: u64) -> Request {
             top_p: Some(0.95),
             seed: 1000 + i,
             stop_ids: vec![],
+            logprobs: None,
         })
     }
 }

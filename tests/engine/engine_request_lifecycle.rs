@@ -168,6 +168,7 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
             top_p: Some(0.9),
             seed,
             stop_ids: vec![],
+            logprobs: None,
         })
     };
     let mut run = |r: Request| {

@@ -9,6 +9,7 @@ mod support;
 mod cancel_storm;
 mod engine_batching_invariance;
 mod engine_interleavings;
+mod engine_logprobs;
 mod engine_poisoned_request;
 mod engine_preemption;
 mod engine_request_lifecycle;

@@ -54,6 +54,7 @@ fn workload(first_id: u64, n: u64) -> Vec<Request> {
                     top_p: Some(0.95),
                     seed: id,
                     stop_ids: Vec::new(),
+                    logprobs: None,
                 })
             } else {
                 req

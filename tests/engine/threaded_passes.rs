@@ -138,3 +138,52 @@ fn group_passes_whose_ops_could_split_never_deadlock() {
         }
     }
 }
+
+#[test]
+fn log_probabilities_come_back_on_their_own_rows_from_a_group_pass() {
+    use handoff::SamplingParams;
+    use handoff::sampling::Draw;
+    let w = random_weights(&ModelConfig::tiny_gqa(), 5);
+    let ps = prompts(13, w.config.vocab_size as u32);
+    // The first and last rows ask: the 3 groups (by prompt tokens: rows
+    // 0-4, 5-9, 10-12) leave the middle one with none.
+    let asks = |i: usize| i == 0 || i == ps.len() - 1;
+    let asking = SamplingParams {
+        logprobs: Some(3),
+        ..SamplingParams::greedy()
+    };
+    let draws: Vec<Draw> = (0..ps.len())
+        .map(|i| match asks(i) {
+            true => Draw::new(&asking, 0).unwrap(),
+            false => Draw::greedy(),
+        })
+        .collect();
+    let sample = |backend: CpuBackend| {
+        let m = Model::new(backend, w.clone()).unwrap();
+        let pool = KvPool::new(PoolConfig::new(m.kv_geometry(KvDtype::F32), 16, 256)).unwrap();
+        let mut s = m.scratch();
+        let mut seqs: Vec<_> = ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| pool.reserve(RequestId(i as u64), p.len()).unwrap())
+            .collect();
+        let mut refs: Vec<_> = seqs.iter_mut().collect();
+        let p: Vec<&[u32]> = ps.iter().map(Vec::as_slice).collect();
+        let got = m.prefill_sampled(&mut s, &mut refs, &p, &draws).unwrap();
+        (0..ps.len())
+            .map(|i| (got[i].clone().unwrap(), got.logprobs(i).cloned()))
+            .collect::<Vec<_>>()
+    };
+    let one = sample(CpuBackend::with_threads(1));
+    let groups = sample(CpuBackend::with_threads(3).min_parallel_work(1));
+    assert_eq!(
+        groups, one,
+        "the same tokens and log-probabilities on every row"
+    );
+    for (i, (token, lp)) in one.iter().enumerate() {
+        match lp {
+            Some(lp) => assert!(asks(i) && lp.token == *token && lp.top.len() == 3),
+            None => assert!(!asks(i), "row {i} asked"),
+        }
+    }
+}

@@ -61,6 +61,7 @@ fn request(id: u64, tenant: u32, prompt: Vec<u32>, new: usize) -> Request {
         top_p: Some(0.95),
         seed: id,
         stop_ids: vec![],
+        logprobs: None,
     })
 }
 

@@ -14,6 +14,7 @@ mod openai_server_disaggregated;
 mod openai_server_disconnect;
 mod openai_server_greedy;
 mod openai_server_http;
+mod openai_server_logprobs;
 mod openai_server_python;
 mod openai_server_shutdown;
 mod openai_server_smollm2;

@@ -93,6 +93,8 @@ pub fn reference_in_window(w: &ModelWeights, reqs: &[Request], window: usize) ->
 pub struct Tracked {
     pub req: Request,
     pub tokens: Vec<u32>,
+    /// Each token's log-probabilities, for a request that asked.
+    pub logprobs: Vec<handoff::sampling::TokenLogprobs>,
     pub outcome: Option<Outcome>,
     handle: Option<RequestHandle>,
 }
@@ -107,6 +109,7 @@ impl Tracked {
         Tracked {
             req,
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             outcome,
             handle,
         }
@@ -120,6 +123,7 @@ impl Tracked {
         loop {
             match h.events().try_recv() {
                 Ok(Event::Token(t)) => self.tokens.push(t),
+                Ok(Event::Logprobs(lp)) => self.logprobs.push(lp),
                 Ok(Event::Done(o)) => {
                     self.outcome = Some(o);
                     self.handle = None;

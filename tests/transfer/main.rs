@@ -16,6 +16,7 @@ mod example_disaggregated;
 mod fault_interleavings;
 mod fault_matrix;
 mod host_misconfiguration;
+mod pd_logprobs;
 mod pd_model_mismatch;
 mod pd_prefix_cache;
 mod prefill_then_decode;

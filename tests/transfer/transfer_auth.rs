@@ -401,6 +401,7 @@ fn a_frame_dripped_a_byte_at_a_time_ends_at_the_frame_deadline() {
             page_checksums: vec![],
             writers: vec![],
             first_token: None,
+            first_logprobs: None,
         };
         let mut frame = Vec::new();
         encode_frame(&mut frame, 1, &Frame::ToDecode(ToDecode::Receipt(receipt)));
@@ -462,6 +463,7 @@ fn wrong_nonce_then_real_receipt<T: Transfer<Prefill = TcpPrefill, Decode = TcpD
             page_checksums: vec![],
             writers: vec![],
             first_token: Some(1),
+            first_logprobs: None,
         }))
         .unwrap();
     let mut rig = rig(prefill, decode, &cfg);

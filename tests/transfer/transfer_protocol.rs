@@ -370,6 +370,7 @@ fn receipt_for_unknown_request<T: Transfer>(t: T) {
             page_checksums: vec![0; plan.pages.len()],
             writers: vec![],
             first_token: Some(7),
+            first_logprobs: None,
         }))
         .unwrap();
     let mut outcomes = Vec::new();

@@ -175,6 +175,7 @@ where
             page_checksums: vec![],
             writers: vec![],
             first_token: None,
+            first_logprobs: None,
         };
         prefill_link.send(ToDecode::Receipt(stray)).is_ok()
     });

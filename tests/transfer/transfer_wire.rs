@@ -517,6 +517,7 @@ fn prefill_end_refuses_frames_only_prefill_may_send() {
         page_checksums: vec![0; 2],
         writers: vec![],
         first_token: Some(1),
+        first_logprobs: None,
     }));
     let abort = Frame::ToDecode(ToDecode::Abort(handoff::transfer::Abort {
         request: HELD,
@@ -611,6 +612,7 @@ fn sample_frames() -> Vec<Frame<'static>> {
                 top_p: Some(0.9),
                 seed: 99,
                 stop_ids: vec![1, 2],
+                logprobs: Some(5),
             },
             model: Some(handoff::model::ModelFingerprint::from_u64(
                 0xabcd_ef01_2345_6789,
@@ -649,8 +651,32 @@ fn sample_frames() -> Vec<Frame<'static>> {
                 writer: RequestId(7),
             }],
             first_token: Some(42),
+            first_logprobs: Some(handoff::sampling::TokenLogprobs {
+                token: 42,
+                logprob: -0.25,
+                top: vec![(42, -0.25), (7, -1.5)],
+            }),
         })),
     ]
+}
+
+#[test]
+fn a_receipt_with_more_than_twenty_alternatives_is_refused() {
+    let Some(Frame::ToDecode(ToDecode::Receipt(mut r))) = sample_frames().pop() else {
+        panic!("the last sample frame is a receipt");
+    };
+    let lp = r.first_logprobs.as_mut().unwrap();
+    lp.top = (0..21).map(|i| (i, -1.0 - i as f32)).collect();
+    let mut b = Vec::new();
+    encode_frame(&mut b, 0, &Frame::ToDecode(ToDecode::Receipt(r.clone())));
+    assert!(matches!(
+        decode_frame(&b, MAX),
+        Err(WireError::Invalid { .. })
+    ));
+    r.first_logprobs.as_mut().unwrap().top.truncate(20);
+    let mut b = Vec::new();
+    encode_frame(&mut b, 0, &Frame::ToDecode(ToDecode::Receipt(r)));
+    assert!(matches!(decode_frame(&b, MAX), Ok(Some(_))));
 }
 
 #[test]
@@ -750,6 +776,7 @@ fn a_peer_stuck_in_the_middle_of_a_frame_ends_the_decode_link() {
         page_checksums: vec![],
         writers: vec![],
         first_token: None,
+        first_logprobs: None,
     };
     let half = half_a_frame(1, &Frame::ToDecode(ToDecode::Receipt(receipt)));
     let cfg = wire_config().with_write_timeout(Duration::from_millis(300));

@@ -119,6 +119,7 @@ fn honest_receipt(plan: &Plan) -> Receipt {
             })
             .collect(),
         first_token: None,
+        first_logprobs: None,
     }
 }
 

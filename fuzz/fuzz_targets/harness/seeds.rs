@@ -401,6 +401,7 @@ pub fn tcp_frames() -> Vec<Seed> {
             })
             .collect(),
         first_token: Some(42),
+        first_logprobs: None,
     };
     let kv = [7u8; 16];
     let frames: Vec<(&str, Frame<'_>)> = vec![

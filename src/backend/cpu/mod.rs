@@ -586,13 +586,15 @@ impl Backend for CpuBackend {
         vocab: usize,
         draws: &[crate::sampling::Draw],
         out: &mut Vec<Result<u32, crate::sampling::SamplingError>>,
+        logprobs: &mut Vec<Option<crate::sampling::TokenLogprobs>>,
     ) -> Result<(), BackendError> {
         let pool = self.pool.as_ref().filter(|_| {
             !SERIAL_OPS.get() && draws.len() > 1 && logits.len() >= PARALLEL_SAMPLE_LOGITS
         });
+        let mut run = |parallel| super::sample_host(logits, vocab, draws, out, logprobs, parallel);
         match pool {
-            Some(pool) => pool.install(|| super::sample_host_rows(logits, vocab, draws, out, true)),
-            None => super::sample_host_rows(logits, vocab, draws, out, false),
+            Some(pool) => pool.install(|| run(true)),
+            None => run(false),
         }
     }
 
@@ -1012,6 +1014,7 @@ mod tests {
                     top_p: (i % 4 != 3).then_some(0.9),
                     seed: i as u64,
                     stop_ids: Vec::new(),
+                    logprobs: None,
                 };
                 Draw::new(&p, x.wrapping_mul(i as u64 + 1)).unwrap()
             })
@@ -1024,13 +1027,18 @@ mod tests {
         for threads in [1, 2, 4] {
             let mut got = Vec::new();
             CpuBackend::with_threads(threads)
-                .sample(&logits, vocab, &draws, &mut got)
+                .sample(&logits, vocab, &draws, &mut got, &mut Vec::new())
                 .unwrap();
             assert_eq!(got, want, "{threads} threads");
         }
         let mut got = Vec::new();
-        let short =
-            CpuBackend::with_threads(2).sample(&logits[1..].to_vec(), vocab, &draws, &mut got);
+        let short = CpuBackend::with_threads(2).sample(
+            &logits[1..].to_vec(),
+            vocab,
+            &draws,
+            &mut got,
+            &mut Vec::new(),
+        );
         assert!(short.is_err(), "a batch of the wrong shape is refused");
     }
 

@@ -32,7 +32,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
-    PageTables, SeqPages, SlotMap, Split,
+    PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
@@ -450,16 +450,21 @@ impl Backend for CudaBackend {
                 format!("{} (compiled: {HEAD_DIMS:?})", s.head_dim),
             );
         }
+        // Decode serves ratios past the largest compiled group in head
+        // slices of it (cuda/decode_attention.cuh): one grid row per slice.
+        // Prefill's scalar kernel, which every dtype and head dim has, takes
+        // at most PREFILL_MAX_GROUP.
         let group = s.n_heads / s.n_kv_heads;
-        let most = DECODE_GROUPS[DECODE_GROUPS.len() - 1];
-        if group > most {
+        if group > PREFILL_MAX_GROUP {
             return unsupported(
                 "query heads per KV head",
-                format!("{group} (decode kernels take at most {most})"),
+                format!("{group} (prefill takes at most {PREFILL_MAX_GROUP})"),
             );
         }
-        if s.n_kv_heads > 65_535 {
-            return unsupported("KV heads", format!("{} (at most 65535)", s.n_kv_heads));
+        let most = DECODE_GROUPS[DECODE_GROUPS.len() - 1];
+        let rows = s.n_kv_heads.saturating_mul(group.div_ceil(most));
+        if rows > 65_535 {
+            return unsupported("KV heads x head slices", format!("{rows} (at most 65535)"));
         }
         Ok(())
     }
@@ -507,24 +512,27 @@ impl Backend for CudaBackend {
     }
 
     /// Samples on the device (cuda/sampling.cuh): the logits stay there and
-    /// only the token ids (or a failed row's culprit) come back, after one
-    /// sync.
+    /// only the token ids (or a failed row's culprit) and the
+    /// log-probabilities asked for come back, after one sync.
     fn sample(
         &self,
         logits: &CudaBuf,
         vocab: usize,
         draws: &[crate::sampling::Draw],
         out: &mut Vec<Result<u32, crate::sampling::SamplingError>>,
+        logprobs: &mut Vec<Option<crate::sampling::TokenLogprobs>>,
     ) -> Result<(), BackendError> {
         out.clear();
+        logprobs.clear();
         if draws.is_empty() {
             return Ok(());
         }
-        out.extend(
-            self.dev
-                .sample_rows(&logits.view()?, vocab, draws)
-                .map_err(dev_err)?,
-        );
+        let (tokens, lps) = self
+            .dev
+            .sample_rows(&logits.view()?, vocab, draws)
+            .map_err(dev_err)?;
+        *out = tokens;
+        *logprobs = lps;
         Ok(())
     }
 

@@ -86,10 +86,10 @@ mod tests {
     #[test]
     fn every_kernel_has_its_own_slot_and_symbol() {
         // decode 3 x 6 x 4, prefill 3 x 6, append 3, merge, scrub, rms_norm,
-        // rope, swiglu, embedding 2, argmax, sample_rows, linear, linear_mma,
-        // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
-        // 2 x 2: what the fatbin test counts.
-        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 9 + 3 + 2 + 4);
+        // rope, swiglu, embedding 2, argmax, sample_rows, row_logprobs,
+        // linear, linear_mma, add_periodic, xxh3_ranges, page_checksums,
+        // tensor-core prefill 2 x 2: what the fatbin test counts.
+        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4);
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
         }
@@ -135,6 +135,7 @@ mod tests {
         assert_eq!(spec(page_checksums().id()), (256, 0));
         assert_eq!(spec(argmax().id()), (256, 0));
         assert_eq!(spec(sample_rows().id()), (256, 0));
+        assert_eq!(spec(row_logprobs().id()), (256, 0));
         let mma = linear_mma(KvDtype::BF16).map(|k| spec(k.id()));
         assert_eq!(mma, Some((128, 0)));
         assert!(linear_mma(KvDtype::F16).is_none() && embedding(KvDtype::F16).is_none());

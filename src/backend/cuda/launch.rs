@@ -23,12 +23,12 @@ use super::plan::{
     self, Attn, Batch, DecodePlan, Grid, PrefillKernel, Split, Step, grid, grid_stride, shape,
     to_u32,
 };
-use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN};
+use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LOGPROB_STRIDE};
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
 use crate::backend::{RopeScaling, RopeStyle};
 use crate::kv::KvDtype;
-use crate::sampling::{Draw, MAX_VOCAB, SamplingError};
+use crate::sampling::{Draw, MAX_TOP_LOGPROBS, MAX_VOCAB, SamplingError, TokenLogprobs};
 
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
@@ -814,15 +814,20 @@ impl CudaDevice {
     }
 
     /// One token per row of `logits` `[draws.len(), vocab]`, each by its
-    /// draw and [`crate::sampling::sample_row`]'s rule, bit for bit: only
-    /// the token ids (or, for a row holding a non-finite logit, that
-    /// logit) come back to the host, after one sync.
+    /// draw and [`crate::sampling::sample_row`]'s rule, bit for bit, and,
+    /// when any draw asks ([`Draw::logprobs`]), each asking row's
+    /// log-probabilities ([`crate::sampling::token_logprobs`]: the same
+    /// ids, values within about an f32 ulp; `None` for the other rows, and
+    /// an empty list when none asks). Only the token ids (or, for a row
+    /// holding a non-finite logit, that logit) and the log-probabilities
+    /// asked for come back to the host, in one download: one sync.
+    #[allow(clippy::type_complexity)]
     pub fn sample_rows(
         &self,
         logits: &impl DevicePtr<f32>,
         vocab: usize,
         draws: &[Draw],
-    ) -> Result<Vec<Result<u32, SamplingError>>, CudaError> {
+    ) -> Result<(Vec<Result<u32, SamplingError>>, Vec<Option<TokenLogprobs>>), CudaError> {
         if vocab == 0 || logits.len() != draws.len().saturating_mul(vocab) || draws.is_empty() {
             return Err(CudaError::Shape {
                 what: "logits ([draws, vocab], at least one row)",
@@ -831,14 +836,13 @@ impl CudaDevice {
             });
         }
         if vocab > MAX_VOCAB {
-            return Ok(vec![
-                Err(SamplingError::VocabularyTooLarge {
-                    vocab,
-                    max: MAX_VOCAB,
-                });
-                draws.len()
-            ]);
+            let e = SamplingError::VocabularyTooLarge {
+                vocab,
+                max: MAX_VOCAB,
+            };
+            return Ok((vec![Err(e); draws.len()], Vec::new()));
         }
+        let asked = draws.iter().any(|d| d.logprobs().is_some());
         let host: Vec<SampleDraw> = draws
             .iter()
             .map(|d| SampleDraw {
@@ -847,29 +851,48 @@ impl CudaDevice {
                     .top_k()
                     .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
                 top_p: d.top_p(),
-                pad0: 0,
+                logprobs: d
+                    .logprobs()
+                    .map_or(0, |n| 1 + u32::from(n.min(MAX_TOP_LOGPROBS))),
                 random: d.random(),
             })
             .collect();
+        let n = draws.len();
         let dev_draws = self.upload(&host)?;
-        let mut out = self.zeros::<u32>(2 * draws.len())?;
+        let mut out = self.zeros::<u32>(2 * n + if asked { n * LOGPROB_STRIDE } else { 0 })?;
         let mut args = Args::new(&self.inner.stream);
         let p = SampleParams {
             logits: args.read(logits),
             draws: args.read(&dev_draws),
             out: args.write(&mut out),
-            n_rows: to_u32("sampled rows", draws.len())?,
+            n_rows: to_u32("sampled rows", n)?,
             vocab: to_u32("vocab", vocab)?,
         };
         // Launch contract: logits hold n_rows*vocab f32 (checked), vocab is
         // within MAX_VOCAB (checked: the weights' sums fit u64), draws hold
-        // n_rows entries and out 2 * n_rows; one block of exactly
+        // n_rows entries and out at least 2 * n_rows; one block of exactly
         // SAMPLE_THREADS threads per row (its shared arrays).
         self.launch(kernels::sample_rows(), &p, (p.n_rows, 1, 1), args)?;
-        // The step's one wait for the device: tokens and statuses together.
+        if asked {
+            let mut args = Args::new(&self.inner.stream);
+            let lp = LogprobParams {
+                logits: args.read(logits),
+                draws: args.read(&dev_draws),
+                out: args.write(&mut out),
+                n_rows: p.n_rows,
+                vocab: p.vocab,
+            };
+            // Launch contract: as sample_rows, queued after it on the same
+            // stream (it reads the tokens and statuses sample_rows wrote),
+            // and out holds 2 * n_rows + n_rows * LOGPROB_STRIDE words.
+            self.launch(kernels::row_logprobs(), &lp, (lp.n_rows, 1, 1), args)?;
+        }
+        // The step's one wait for the device: tokens, statuses and the
+        // log-probabilities asked for, together.
         let out = self.download(&out)?;
-        let (token, status) = out.split_at(draws.len());
-        Ok(token
+        let (token, rest) = out.split_at(n);
+        let (status, lps) = rest.split_at(n);
+        let tokens: Vec<Result<u32, SamplingError>> = token
             .iter()
             .zip(status)
             .map(|(&t, &s)| match s {
@@ -879,7 +902,31 @@ impl CudaDevice {
                     value: f32::from_bits(t),
                 }),
             })
-            .collect())
+            .collect();
+        let logprobs = if asked {
+            draws
+                .iter()
+                .zip(&tokens)
+                .zip(lps.chunks_exact(LOGPROB_STRIDE))
+                .map(|((d, t), w)| {
+                    let (top, &Ok(token)) = (d.logprobs()?, t) else {
+                        return None;
+                    };
+                    let top = usize::from(top.min(MAX_TOP_LOGPROBS)).min(vocab);
+                    Some(TokenLogprobs {
+                        token,
+                        logprob: f32::from_bits(w[0]),
+                        top: w[1..1 + 2 * top]
+                            .chunks_exact(2)
+                            .map(|p| (p[0], f32::from_bits(p[1])))
+                            .collect(),
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok((tokens, logprobs))
     }
 
     /// xxh3-64 (seed 0) of each `(offset, len)` byte range of `data`, one

@@ -171,7 +171,8 @@ pub(crate) struct SampleDraw {
     pub temperature: f32,
     pub top_k: u32,
     pub top_p: f32,
-    pub pad0: u32,
+    /// 0: no log-probabilities; 1 + n: the token's and the n most likely.
+    pub logprobs: u32,
     pub random: u64,
 }
 
@@ -196,6 +197,17 @@ pub(crate) struct SampleParams {
     pub logits: u64, // [n_rows, vocab] f32
     pub draws: u64,  // [n_rows] SampleDraw
     pub out: u64,    // [2, n_rows] u32: tokens, then statuses
+    pub n_rows: u32,
+    pub vocab: u32,
+}
+
+/// Device log-probabilities. See `LogprobParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LogprobParams {
+    pub logits: u64, // [n_rows, vocab] f32
+    pub draws: u64,  // [n_rows] SampleDraw
+    pub out: u64,    // [2, n_rows] u32 tokens, statuses; then [n_rows, LOGPROB_STRIDE] u32
     pub n_rows: u32,
     pub vocab: u32,
 }
@@ -275,6 +287,7 @@ device_repr!(
     ArgmaxParams,
     SampleDraw,
     SampleParams,
+    LogprobParams,
     LinearParams,
     LinearMmaParams,
     AddParams,

@@ -85,6 +85,9 @@ pub const LMMA_BM: usize = 16;
 pub const LMMA_BN: usize = 16;
 /// Threads per block of device sampling (one row each).
 pub const SAMPLE_THREADS: u32 = 256;
+/// u32 words per row of device log-probabilities: the token's, then 20
+/// (id, value) pairs (src/sampling: `MAX_TOP_LOGPROBS`).
+pub const LOGPROB_STRIDE: usize = 41;
 
 const ALL_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
 const HALF_DTYPES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
@@ -321,6 +324,17 @@ pub const FAMILIES: &[Family] = &[
             SAMPLE_THREADS,
             true,
             "launching device sampling",
+        )
+    },
+    Family {
+        mirrors: &[("LOGPROB_STRIDE", LOGPROB_STRIDE)],
+        ..Family::plain(
+            "row_logprobs",
+            "sampling",
+            "LogprobParams",
+            SAMPLE_THREADS,
+            true,
+            "launching device log-probabilities",
         )
     },
     Family {
@@ -561,12 +575,22 @@ pub const PARAMS: &[Params] = &[
             ("temperature", F32),
             ("top_k", U32),
             ("top_p", F32),
-            ("pad0", U32),
+            ("logprobs", U32),
             ("random", U64),
         ],
     },
     Params {
         name: "SampleParams",
+        fields: &[
+            ("logits", Ptr),
+            ("draws", Ptr),
+            ("out", Ptr),
+            ("n_rows", U32),
+            ("vocab", U32),
+        ],
+    },
+    Params {
+        name: "LogprobParams",
         fields: &[
             ("logits", Ptr),
             ("draws", Ptr),

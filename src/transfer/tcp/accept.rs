@@ -93,8 +93,7 @@ pub(crate) struct Pending {
 
 enum Progress {
     Waiting,
-    /// Boxed: the session's expanded AES keys are a kilobyte.
-    Authenticated(Option<Box<Session>>),
+    Authenticated(Option<Session>),
 }
 
 impl Pending {
@@ -196,7 +195,7 @@ impl Pending {
                             .into());
                         }
                     }
-                    return Ok(Progress::Authenticated(session.map(Box::new)));
+                    return Ok(Progress::Authenticated(session));
                 }
                 Stage::Done => return Err(LinkError::Disconnected),
             }
@@ -280,7 +279,7 @@ pub(crate) fn accept_loop(
                     p.stream.set_nonblocking(false)?;
                     return Ok(Accepted {
                         stream: p.stream,
-                        session: session.map(|s| *s),
+                        session,
                     });
                 }
                 Err(e) => {

@@ -9,7 +9,7 @@
 //! 8       4     sequence number (LE), +1 per frame per direction, from 0
 //! 12      4     payload length (LE); sealed: ciphertext + 16-byte tag
 //! 16      len   payload (kind-specific, little-endian fields); sealed:
-//!               AES-256-GCM ciphertext of it, then the tag, with these 16
+//!               AEGIS-128X4 ciphertext of it, then the tag, with these 16
 //!               header bytes as associated data (see `transfer::auth`)
 //! ```
 //!
@@ -20,6 +20,7 @@ use crate::ids::{RequestId, TenantId};
 use crate::kv::{KvDtype, KvGeometry};
 use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;
+use crate::sampling::{MAX_TOP_LOGPROBS, TokenLogprobs};
 use crate::transfer::error::WireError;
 use crate::transfer::protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
@@ -29,8 +30,9 @@ use crate::transfer::protocol::{
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"HNDF";
 /// The protocol version this build speaks (2: plans name their model,
-/// aborts can say the models differ).
-pub const VERSION: u16 = 2;
+/// aborts can say the models differ; 3: plans carry `logprobs`, receipts
+/// the first token's log-probabilities).
+pub const VERSION: u16 = 3;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
 /// Header flag of every frame on an authenticated link: the payload is
@@ -347,12 +349,22 @@ fn read_sampling(r: &mut Rd<'_>) -> Result<SamplingParams, WireError> {
     let seed = r.u64("seed")?;
     let n = r.count("stop ids", 4)?;
     let stop_ids = (0..n).map(|_| r.u32("stop id")).collect::<Result<_, _>>()?;
+    let logprobs = match r.u8("logprobs flag")? {
+        0 => None,
+        1 => Some(r.u8("logprobs")?),
+        _ => {
+            return Err(WireError::Invalid {
+                what: "logprobs flag",
+            });
+        }
+    };
     Ok(SamplingParams {
         temperature,
         top_k,
         top_p,
         seed,
         stop_ids,
+        logprobs,
     })
 }
 
@@ -400,6 +412,32 @@ fn read_receipt(r: &mut Rd<'_>) -> Result<Receipt, WireError> {
             });
         }
     };
+    let first_logprobs = match r.u8("first logprobs flag")? {
+        0 => None,
+        1 => {
+            let token = r.u32("logprobs token")?;
+            let logprob = f32::from_bits(r.u32("logprob")?);
+            let n = r.count("top logprobs", 8)?;
+            if n > MAX_TOP_LOGPROBS as usize {
+                return Err(WireError::Invalid {
+                    what: "top logprobs (more than 20)",
+                });
+            }
+            let top = (0..n)
+                .map(|_| Ok((r.u32("top id")?, f32::from_bits(r.u32("top logprob")?))))
+                .collect::<Result<_, WireError>>()?;
+            Some(TokenLogprobs {
+                token,
+                logprob,
+                top,
+            })
+        }
+        _ => {
+            return Err(WireError::Invalid {
+                what: "first logprobs flag",
+            });
+        }
+    };
     Ok(Receipt {
         request,
         nonce,
@@ -408,6 +446,7 @@ fn read_receipt(r: &mut Rd<'_>) -> Result<Receipt, WireError> {
         page_checksums,
         writers,
         first_token,
+        first_logprobs,
     })
 }
 
@@ -552,6 +591,13 @@ fn write_plan(w: &mut Wr<'_>, p: &Plan) {
     for &t in &s.stop_ids {
         w.u32(t);
     }
+    match s.logprobs {
+        None => w.u8(0),
+        Some(n) => {
+            w.u8(1);
+            w.u8(n);
+        }
+    }
     write_model(w, p.model);
     w.u8(u8::from(p.prefix_cache));
 }
@@ -588,6 +634,19 @@ fn write_receipt(w: &mut Wr<'_>, r: &Receipt) {
         Some(t) => {
             w.u8(1);
             w.u32(t);
+        }
+    }
+    match &r.first_logprobs {
+        None => w.u8(0),
+        Some(lp) => {
+            w.u8(1);
+            w.u32(lp.token);
+            w.u32(lp.logprob.to_bits());
+            w.u32(lp.top.len() as u32);
+            for &(id, x) in &lp.top {
+                w.u32(id);
+                w.u32(x.to_bits());
+            }
         }
     }
 }

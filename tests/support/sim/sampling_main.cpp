@@ -4,11 +4,16 @@
 //
 // Usage: sampling_sim ROWS BLOCK
 //   ROWS: binary, per row: u32 vocab, f32 temperature, u32 top_k, f32 top_p,
-//   u64 random, then vocab f32 logits (little-endian). BLOCK: threads per
-//   block, 32, 64 or 256. Prints "<status> <token> <weights>" per row, where
-//   <weights> is the sum of sample_weight over the row's finite logits
-//   against its largest (at temperature 1 for greedy rows): the weight
-//   function itself, bit for bit, whatever the draw picked.
+//   u32 logprobs (SampleDraw's), u64 random, then vocab f32 logits
+//   (little-endian). BLOCK: threads per block, 32, 64 or 256. Prints
+//   "<status> <token> <weights>" per row, where <weights> is the sum of
+//   sample_weight over the row's finite logits against its largest (at
+//   temperature 1 for greedy rows): the weight function itself, bit for bit,
+//   whatever the draw picked. A row whose draw asks for log-probabilities
+//   (and sampled) then runs row_logprobs on the same out buffer, and the
+//   line goes on with "<logprob bits>" and "<id> <logprob bits>" per
+//   alternative.
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -17,10 +22,10 @@
 
 using namespace handoff;
 
-template <int BLOCK>
-void run(const SampleParams& p) {
+template <int BLOCK, typename Body>
+void run(unsigned n_rows, Body body) {
     std::vector<unsigned char> smem(sizeof(SampleSmem<BLOCK>));
-    for (unsigned b = 0; b < p.n_rows; ++b) {
+    for (unsigned b = 0; b < n_rows; ++b) {
         std::barrier<> block(BLOCK);
         std::vector<sim::Warp> warps(BLOCK / 32);
         std::vector<std::thread> threads;
@@ -29,7 +34,7 @@ void run(const SampleParams& p) {
                 threadIdx = {t, 0, 0};
                 blockIdx = {b, 0, 0};
                 sim::ctx = {&warps[t / 32], &block, smem.data()};
-                sample_rows_body<BLOCK>(p);
+                body();
             });
         for (auto& th : threads) th.join();
     }
@@ -50,7 +55,8 @@ int main(int argc, char** argv) {
         if (std::fread(&vocab, 4, 1, f) != 1) break;
         Row r{};
         if (std::fread(&r.draw.temperature, 4, 1, f) != 1 || std::fread(&r.draw.top_k, 4, 1, f) != 1 ||
-            std::fread(&r.draw.top_p, 4, 1, f) != 1 || std::fread(&r.draw.random, 8, 1, f) != 1)
+            std::fread(&r.draw.top_p, 4, 1, f) != 1 || std::fread(&r.draw.logprobs, 4, 1, f) != 1 ||
+            std::fread(&r.draw.random, 8, 1, f) != 1)
             return 4;
         r.logits.resize(vocab);
         if (std::fread(r.logits.data(), 4, vocab, f) != vocab) return 5;
@@ -59,12 +65,22 @@ int main(int argc, char** argv) {
     std::fclose(f);
     const int block = std::atoi(argv[2]);
     for (auto& r : rows) {
-        uint32_t out[2] = {0, 0};  // token, status
+        uint32_t out[2 + LOGPROB_STRIDE] = {};  // token, status, then the row's log-probabilities
         SampleParams p{r.logits.data(), &r.draw, out, 1, (uint32_t)r.logits.size()};
+        LogprobParams lp{r.logits.data(), &r.draw, out, 1, (uint32_t)r.logits.size()};
         switch (block) {
-            case 32: run<32>(p); break;
-            case 64: run<64>(p); break;
-            case 256: run<256>(p); break;
+            case 32:
+                run<32>(1, [&] { sample_rows_body<32>(p); });
+                run<32>(1, [&] { row_logprobs_body<32>(lp); });
+                break;
+            case 64:
+                run<64>(1, [&] { sample_rows_body<64>(p); });
+                run<64>(1, [&] { row_logprobs_body<64>(lp); });
+                break;
+            case 256:
+                run<256>(1, [&] { sample_rows_body<256>(p); });
+                run<256>(1, [&] { row_logprobs_body<256>(lp); });
+                break;
             default: return 6;
         }
         float max = -INFINITY;
@@ -74,7 +90,14 @@ int main(int argc, char** argv) {
         unsigned long long weights = 0;
         for (float l : r.logits)
             if (finite_f32(l)) weights += sample_weight(l, max, log2e_over(t));
-        std::printf("%u %u %llu\n", out[1], out[0], weights);
+        std::printf("%u %u %llu", out[1], out[0], weights);
+        if (r.draw.logprobs != 0 && out[1] == 0) {
+            const uint32_t n = std::min<uint32_t>(std::min<uint32_t>(r.draw.logprobs - 1, LOGPROB_TOP_MAX),
+                                                  (uint32_t)r.logits.size());
+            std::printf(" %u", out[2]);
+            for (uint32_t j = 0; j < n; ++j) std::printf(" %u %u", out[3 + 2 * j], out[4 + 2 * j]);
+        }
+        std::printf("\n");
     }
     return 0;
 }
