@@ -17,9 +17,10 @@
 //!   sender seals and the receiver opens on their own threads, in parallel,
 //!   so this is about what a quiet machine adds);
 //! - NIXL (`--features nixl`, `$HANDOFF_NIXL_LIB` from
-//!   `scripts/install-nixl.sh`): the KV bytes by NIXL WRITE (UCX, loopback
-//!   device; shared memory between the ends where UCX offers it) into the
-//!   decode end's staging ring, plans and receipts on authenticated TCP, in
+//!   `scripts/install-nixl.sh`): the KV bytes by NIXL READ (UCX, loopback
+//!   device; shared memory between the ends where UCX offers it) from the
+//!   prefill pool's held pages straight into the decode pool's destination
+//!   pages, plans and receipts on authenticated TCP, in
 //!   the same reps: `nixl/tcp` and `nixl/auth` are the TCP transfer's time
 //!   over NIXL's, per rep (goal: >= 1.0 against TCP);
 //! - checksum cost, as a share of each transfer's wall time, from the same

@@ -635,6 +635,58 @@ impl KvSeq<Received> {
         Ok(())
     }
 
+    /// [`KvSeq::receive_rows`] with every destination row of the batch
+    /// handed to `fill` at once, in place in host pages: the K rows of each
+    /// page run in order, then the V rows (the order a write batch carries
+    /// them), for a fill that lands them all in one go (a data plane's
+    /// READ). `Ok(None)`, writing nothing, when the pages are a device's;
+    /// `Ok(Some(Err(e)))` when `fill` failed: the rows are then not written
+    /// (the written count stays, so nothing reads them).
+    pub(crate) fn receive_rows_at_once<E>(
+        &mut self,
+        layer: usize,
+        n: usize,
+        fill: impl FnOnce(&mut [&mut [u8]]) -> Result<(), E>,
+        mut landed: impl FnMut(usize, usize, &[u8]),
+    ) -> Result<Option<Result<(), E>>, KvError> {
+        let kvd = self.geometry().kv_dim();
+        self.check_append(layer, n * kvd, n * kvd)?;
+        let (ps, start) = (self.pool.page_size(), self.written[layer]);
+        let runs: Vec<_> = runs(start, n, ps).collect();
+        let spans: Vec<_> = runs
+            .iter()
+            .map(|&(i, slot, _, run)| (i, slot, run))
+            .collect();
+        let mut w = self.pages_write();
+        let Some(mut rows) = w.rows_mut_runs(layer, &spans) else {
+            if w.read().storage().residence() != crate::kv::Residence::Host {
+                return Ok(None);
+            }
+            return Err(KvError::Shape {
+                what: "destination rows (a page not private to the sequence)",
+                expected: n,
+                got: 0,
+            });
+        };
+        if let Err(e) = fill(&mut rows) {
+            return Ok(Some(Err(e)));
+        }
+        drop(rows);
+        let mut scratch = Vec::new();
+        for &(i, slot, _, run) in &runs {
+            for kv in 0..2 {
+                if let Some(rows) =
+                    w.read()
+                        .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
+                {
+                    landed(i, kv, rows);
+                }
+            }
+        }
+        self.written[layer] += n;
+        Ok(Some(Ok(())))
+    }
+
     /// [`KvSeq::receive_rows`] with the rows copied straight from rows
     /// `[src_start, src_start + n)` of `layer` of `src`, a held sequence
     /// (one copy, no staging buffer, no lock on either pool's bytes: the

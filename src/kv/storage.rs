@@ -884,6 +884,44 @@ impl PagesWrite<'_> {
         Some(unsafe { st.bytes_mut(off, n * st.geometry.kv_dim()) })
     }
 
+    /// The K rows, then the V rows, of `layer` in each run `(i, slot, n)`
+    /// (the sequence's `i`-th page, rows `[slot, slot + n)`), all at once as
+    /// raw bytes: `None` when a run is out of range or not private, or the
+    /// storage is a device's. The runs must lie in distinct pages.
+    pub(crate) fn rows_mut_runs(
+        &mut self,
+        layer: usize,
+        runs: &[(usize, usize, usize)],
+    ) -> Option<Vec<&mut [u8]>> {
+        let st = self.read.st;
+        if st.residence() != Residence::Host {
+            return None;
+        }
+        let mut pages: Vec<u32> = Vec::with_capacity(runs.len());
+        let mut out = Vec::with_capacity(2 * runs.len());
+        for kv in 0..2 {
+            for &(i, slot, n) in runs {
+                let page = self.read.page(i)?;
+                if kv == 0 {
+                    if pages.contains(&page) {
+                        return None;
+                    }
+                    pages.push(page);
+                }
+                let off = st.offset(page, layer, kv, slot, n)?;
+                st.track(page, true);
+                // SAFETY: in range (offset checked); the page is one of the
+                // private pages of the sequence borrowed mutably for this
+                // writer's life, and `&mut self` keeps it so while the rows
+                // live. The slices are disjoint: each (page, kv) pair is
+                // taken once (pages checked distinct above), and K and V of
+                // a page are separate regions of it.
+                out.push(unsafe { st.bytes_mut(off, n * st.geometry.kv_dim()) });
+            }
+        }
+        Some(out)
+    }
+
     /// Writes K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
     /// sequence's `i`-th page with `fill`, which gets their bytes: in place
     /// for host storage, staged in `scratch` and copied for device storage.

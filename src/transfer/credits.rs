@@ -37,6 +37,8 @@ struct State {
     closed: bool,
     /// Senders waiting for room now.
     waiters: usize,
+    /// Of those, senders waiting for a released total.
+    released_waiters: usize,
     /// Bytes given back since the link began.
     released: u64,
 }
@@ -58,6 +60,7 @@ impl Credits {
                 },
                 closed: false,
                 waiters: 0,
+                released_waiters: 0,
                 released: 0,
             }),
             cv: Condvar::new(),
@@ -103,13 +106,46 @@ impl Credits {
         }
     }
 
+    /// Waits, at most `timeout`, until `total` bytes in all have been given
+    /// back since the link began (a sender whose source memory the peer
+    /// reads until it credits the write).
+    pub(crate) fn wait_released(&self, total: u64, timeout: Duration) -> Result<(), LinkError> {
+        let start = Instant::now();
+        let deadline = crate::transfer::config::deadline(start, timeout);
+        let mut st = self.state.lock();
+        loop {
+            if st.released >= total {
+                return Ok(());
+            }
+            if st.closed {
+                return Err(LinkError::Disconnected);
+            }
+            st.waiters += 1;
+            st.released_waiters += 1;
+            let timed_out = self.cv.wait_until(&mut st, deadline).timed_out();
+            st.waiters -= 1;
+            st.released_waiters -= 1;
+            if timed_out && st.released < total && !st.closed {
+                return Err(LinkError::DataPlane {
+                    what: "the peer did not credit a staged write back within the write timeout",
+                    detail: format!(
+                        "{} of {total} bytes back after {} ms",
+                        st.released,
+                        start.elapsed().as_millis()
+                    ),
+                });
+            }
+        }
+    }
+
     /// Gives back `bytes` of credit; wakes waiting senders once at most
-    /// half the cap is in flight.
+    /// half the cap is in flight (at once, for one waiting on a total).
     pub(crate) fn release(&self, bytes: usize) {
         let mut st = self.state.lock();
         st.stats.current = st.stats.current.saturating_sub(bytes);
         st.released = st.released.saturating_add(bytes as u64);
-        let wake = st.waiters > 0 && st.stats.current <= st.stats.cap / 2;
+        let wake =
+            st.released_waiters > 0 || (st.waiters > 0 && st.stats.current <= st.stats.cap / 2);
         drop(st);
         if wake {
             self.cv.notify_all();
@@ -124,6 +160,7 @@ impl Credits {
 
     /// Bytes given back since the link began (the receiver gives back in
     /// the order it landed them).
+    #[cfg(test)]
     pub(crate) fn released_total(&self) -> u64 {
         self.state.lock().released
     }

@@ -60,6 +60,17 @@ pub(crate) enum Landed {
     Stray,
 }
 
+/// Outcome of [`LandingZone::apply_direct`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Direct<E> {
+    /// Checked and landed, refused, or stray, as [`LandingZone::apply`].
+    Landed(Landed),
+    /// The destination pages are a device's: nothing was done.
+    Staged,
+    /// The fill failed; the write's rows count as not written.
+    Failed(E),
+}
+
 /// Destinations of the transfers in flight on one decode worker's link.
 #[derive(Debug, Default)]
 pub struct LandingZone {
@@ -114,6 +125,44 @@ impl LandingZone {
                 landed.landed(page, layer, kv, rows)
             })
         })
+    }
+
+    /// Applies one write batch whose K and V each carry `bytes_each` bytes
+    /// by handing every destination row to `fill` at once, in place
+    /// ([`KvSeq::receive_rows_at_once`]), under the fence: `fill` gets the
+    /// destination pool and the rows (K runs, then V runs) and must have
+    /// finished writing them when it returns. Nothing is written, and
+    /// `fill` is not called, when the write is refused or stray, or the
+    /// pages are a device's ([`Direct::Staged`]: land it with
+    /// [`LandingZone::apply`] instead).
+    pub(crate) fn apply_direct<E>(
+        &self,
+        batch: &WriteBatch,
+        bytes_each: usize,
+        fill: impl FnOnce(&KvPool, &mut [&mut [u8]]) -> Result<(), E>,
+    ) -> Direct<E> {
+        let layer = batch.layer as usize;
+        let (mut device, mut failed) = (false, None);
+        let landed = self.apply_with(batch, bytes_each, None, |seq, landed| {
+            let pool = seq.pool().clone();
+            let got = seq.receive_rows_at_once(
+                layer,
+                batch.tokens as usize,
+                |rows| fill(&pool, rows),
+                |page, kv, rows| landed.landed(page, layer, kv, rows),
+            )?;
+            match got {
+                None => device = true,
+                Some(Ok(())) => {}
+                Some(Err(e)) => failed = Some(e),
+            }
+            Ok(())
+        });
+        match (failed, device) {
+            (Some(e), _) => Direct::Failed(e),
+            (None, true) => Direct::Staged,
+            (None, false) => Direct::Landed(landed),
+        }
     }
 
     /// Applies one write batch straight from the rows `[batch.start,
@@ -350,6 +399,77 @@ mod tests {
             assert!(ok, "{what}: {refused:?}");
             assert!(pool.stats().is_full(), "{what}");
         }
+    }
+
+    /// A data plane's READ lands every row of a batch at once, in order
+    /// (K runs then V runs, across a page boundary), from inside the fence;
+    /// a refused or stray write never starts one, and a failed one leaves
+    /// the rows unwritten.
+    #[test]
+    fn a_direct_write_fills_every_row_at_once_and_only_when_let_in() {
+        let (zone, pool, nonce) = zone();
+        // Rows 2..8 of layer 0 cross the page boundary at 4: two runs.
+        let first = batch(nonce, 7, 0, 0, 2);
+        assert_eq!(
+            zone.apply(&first, 2 * ROW, None, |_, _, dst| dst.fill(0)),
+            Landed::Applied
+        );
+        let b = batch(nonce, 7, 0, 2, 6);
+        let mut seen = Vec::new();
+        let got = zone.apply_direct::<()>(&b, 6 * ROW, |p, rows| {
+            assert!(p.same_pool(&pool));
+            seen = rows.iter().map(|r| r.len() / ROW).collect();
+            let mut x = 1u8;
+            for r in rows.iter_mut() {
+                for byte in r.iter_mut() {
+                    *byte = x;
+                    x = x.wrapping_add(1);
+                }
+            }
+            Ok(())
+        });
+        assert_eq!(got, Direct::Landed(Landed::Applied));
+        assert_eq!(seen, vec![2, 4, 2, 4], "K runs, then V runs");
+        let mut dest = zone.take(nonce).unwrap();
+        assert_eq!(dest.seq.written(0), 8);
+        // The bytes read back in batch order: K rows 2..8, then V rows.
+        let mut back = Vec::new();
+        for kv in 0..2 {
+            dest.seq
+                .pages_read()
+                .rows_bytes(0, 0, kv, 2, 2, &mut Vec::new())
+                .unwrap()
+                .map(|r| back.extend_from_slice(r));
+            dest.seq
+                .pages_read()
+                .rows_bytes(1, 0, kv, 0, 4, &mut Vec::new())
+                .unwrap()
+                .map(|r| back.extend_from_slice(r));
+        }
+        let want: Vec<u8> = (0..12 * ROW).map(|i| (i + 1) as u8).collect();
+        assert_eq!(back, want);
+        drop(dest);
+        assert!(pool.stats().is_full());
+
+        // Refused (out of order), stray, failed: no READ, nothing written.
+        let (zone, _pool, nonce) = self::zone();
+        let never = |_: &KvPool, _: &mut [&mut [u8]]| -> Result<(), ()> {
+            panic!("a READ for a write that was not let in")
+        };
+        assert_eq!(
+            zone.apply_direct(&batch(nonce, 7, 0, 4, 4), 4 * ROW, never),
+            Direct::Landed(Landed::Refused)
+        );
+        assert_eq!(
+            zone.apply_direct(&batch(Nonce(nonce.0 + 1), 7, 0, 0, 4), 4 * ROW, never),
+            Direct::Landed(Landed::Stray)
+        );
+        let failed = zone.apply_direct(&batch(nonce, 7, 1, 0, 4), 4 * ROW, |_, rows| {
+            rows[0].fill(9);
+            Err("the READ did not end")
+        });
+        assert_eq!(failed, Direct::Failed("the READ did not end"));
+        assert_eq!(zone.take(nonce).unwrap().seq.written(1), 0);
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy),
 //!   [`Tcp`] (framed, bounded; loopback without a link key, any address
 //!   with one: [`auth`] authenticates both ends and seals every frame), and
-//!   with the `nixl` feature `Nixl` (the KV bytes by NIXL WRITE into a
-//!   staging ring at the decode end, everything else on authenticated TCP;
+//!   with the `nixl` feature `Nixl` (the decode end READs the KV bytes by
+//!   NIXL straight from the prefill end's held pages into its own, from
+//!   inside the landing zone's fence; everything else on authenticated TCP;
 //!   see `nixl`), each with a cap on KV bytes in flight.
 //!
 //! The workers that run a model on each side, [`crate::engine::PrefillWorker`]

@@ -85,10 +85,9 @@ fn a_plain_prefill_end_refuses_a_nixl_decode_end() {
 }
 
 /// 4 KiB in flight at most, 1 KiB writes, eight prompts of 900 tokens
-/// (1.4 MB of KV): the 8 KiB staging ring wraps about 170 times, and every
-/// byte lands where planned.
+/// (1.4 MB of KV, about 1,400 READs): every byte lands where planned.
 #[test]
-fn a_long_run_wraps_the_staging_ring_and_every_byte_lands_intact() {
+fn a_long_run_under_a_small_in_flight_cap_lands_every_byte_intact() {
     on_nixl!(|t| {
         let cfg = TransferConfig::default()
             .with_max_batch_bytes(1 << 10)
@@ -119,5 +118,64 @@ fn a_long_run_wraps_the_staging_ring_and_every_byte_lands_intact() {
         }
         assert_eq!(rig.decode.landing().stray_writes(), 0);
         rig.assert_clean();
+    });
+}
+
+/// Prefill pages of 16 tokens, decode pages of 8, so each batch's spans
+/// at the two ends are cut at different places; first in host memory (the
+/// decode end READs straight into its pages), then in device memory on
+/// both ends (staged devices: this transport registers host memory only,
+/// so the prefill end copies each batch into its registered send buffer,
+/// the decode end READs it into its registered landing buffer and the
+/// landing zone copies it into the device pages). Every prompt verifies
+/// with the pages holding what prefill computed, and both pools return to
+/// full.
+#[test]
+fn pages_cut_differently_or_on_devices_land_intact() {
+    on_nixl!(|t| {
+        use crate::support::device_pages::SharedStaged;
+        use handoff::{KvDtype, KvPool, PoolConfig};
+        let cfg = TransferConfig::default().with_max_batch_bytes(4 << 10);
+        let spec = support::RigSpec {
+            decode_page: 8,
+            decode_pages: 64,
+            ..support::RigSpec::default()
+        };
+        let g = support::geometry(KvDtype::BF16);
+        for device in [false, true] {
+            let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
+            let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages);
+            let (prefill_pool, decode_pool) = if device {
+                let p = SharedStaged::new(pcfg.storage_bytes().unwrap(), false);
+                let d = SharedStaged::new(dcfg.storage_bytes().unwrap(), false);
+                (
+                    KvPool::with_device_pages(pcfg, Box::new(p.handle())).unwrap(),
+                    KvPool::with_device_pages(dcfg, Box::new(d.handle())).unwrap(),
+                )
+            } else {
+                (KvPool::new(pcfg).unwrap(), KvPool::new(dcfg).unwrap())
+            };
+            let mut rig = support::rig_over(&t, cfg.clone(), prefill_pool, decode_pool, &spec);
+            for id in 1..=3u64 {
+                let _ = rig
+                    .decode
+                    .submit(support::request(id, id as u32, 100))
+                    .unwrap();
+                rig.serve_one().unwrap();
+                let o = rig.outcomes(1).pop().expect("an outcome");
+                let v = o
+                    .result
+                    .unwrap_or_else(|e| panic!("device {device}, {id}: {e}"));
+                assert_eq!(v.seq().complete_len(), Some(100));
+                assert_eq!(
+                    handoff::transfer::synthetic::check(&rig.decode_pool, v.seq(), o.request)
+                        .unwrap(),
+                    Ok(())
+                );
+                drop(v);
+                rig.settle();
+            }
+            rig.assert_clean();
+        }
     });
 }

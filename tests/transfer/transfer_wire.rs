@@ -160,8 +160,8 @@ fn frame_for_the_other_direction_closes_the_connection() {
 }
 
 /// The frames of a link with a data plane (NIXL) mean nothing on a plain
-/// one: a staged write names no bytes this end could land, and only a
-/// decode end sends data-plane parameters.
+/// one: a staged write names bytes this end has no way to fetch, and a
+/// prefill end's data-plane metadata has no plane to go to.
 #[test]
 fn data_plane_frames_on_a_plain_link_close_the_connection() {
     let batch = WriteBatch {
@@ -173,8 +173,8 @@ fn data_plane_frames_on_a_plain_link_close_the_connection() {
     };
     let staged = frame::Staged {
         id: 0,
-        offset: 0,
         len: 64,
+        src: vec![(4096, 64)],
     };
     for (f, kind) in [
         (Frame::Staged(batch, staged), "staged write"),

@@ -1,22 +1,24 @@
-//! NIXL transport: KV bytes move by NIXL WRITE (NVIDIA's Inference Xfer
+//! NIXL transport: KV bytes move by NIXL READ (NVIDIA's Inference Xfer
 //! Library, over UCX: shared memory on one host, RDMA or TCP across hosts)
-//! straight from the held pages of the prefill end's pool (its page arena
-//! is registered; its metadata is never exported, so no peer can read it)
-//! into a registered staging ring at the decode end; plans, receipts, credits and NIXL's own metadata
-//! go over the authenticated TCP link ([`crate::transfer::tcp`]), sealed.
+//! straight from the held pages of the prefill end's pool into the
+//! destination pages of the decode end's pool, with no staging copy; plans,
+//! receipts, credits and NIXL's own metadata go over the authenticated TCP
+//! link ([`crate::transfer::tcp`]), sealed.
 //!
-//! The staging ring, not the pool's pages, is what NIXL may write: the
-//! decode end lands each write from the ring into its destination pages
-//! under the landing zone's fence, after the same checks as a framed write,
-//! and only once NIXL's notification for it has arrived. So the guarantees
-//! of every other transport hold unchanged (a write never lands in pages the
-//! landing zone let go of; a receipt is verified against the plan and the
-//! landed bytes), at the price of one copy at the decode end. The ring's
-//! address and remote key travel only inside the sealed link, so a process
-//! without the link key cannot name it; and a ring is never handed back to
-//! the allocator (its mapping is made inaccessible when the link ends), so
-//! a WRITE still in flight then can only fault, never land in reused
-//! memory.
+//! Why the decode end READs rather than the prefill end WRITEs: every byte
+//! that lands in the decode end's pool is then one it asked for, for a
+//! write the landing zone let in, from inside the landing zone's fence (the
+//! READ starts after the same checks as a framed write and has ended, or
+//! been torn down with the agent, before the fence opens). So a write can
+//! never land in pages the landing zone has let go of, whatever the peer
+//! does or however late it is, and the decode end never hands out an
+//! address or remote key of its memory: its agent's metadata never leaves
+//! the process. The prefill end's pool arena is what a peer may read, and
+//! only the authenticated peer gets its metadata (inside the sealed link).
+//! A READ that races the prefill end letting go of its pages (an ack
+//! timeout, a dropped link) can only fetch other bytes into a destination
+//! whose receipt is then refused by its checksums: the same outcome as any
+//! corrupted write.
 //!
 //! NIXL comes from the `nixl-cu12` wheel (`scripts/install-nixl.sh`): this
 //! crate loads `libnixl_capi.so` at run time ([`load`], or the path in
@@ -39,7 +41,6 @@
 
 mod plane;
 mod region;
-mod ring;
 mod runtime;
 #[cfg(test)]
 mod tests;

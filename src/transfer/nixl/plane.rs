@@ -1,53 +1,43 @@
 //! The two ends of the NIXL data plane (see [`crate::transfer::tcp`]'s
-//! data-plane hooks): the decode end registers a staging ring and sends
-//! what the prefill end needs to write into it; the prefill end WRITEs each
-//! batch's rows from its held pages into the ring with a NIXL notification
-//! carrying the write's number, and the decode end waits for that
-//! notification before it lands the bytes.
+//! data-plane hooks). The prefill end registers its pools' page arenas (and
+//! a send buffer) and hands its agent's metadata to the decode end over the
+//! sealed link; for each write batch it announces where the batch's rows
+//! lie in its held pages. The decode end READs them from there straight
+//! into its destination pages, from inside the landing zone's fence, and
+//! waits for the READ to end before the fence opens.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use nixl_sys::{Agent, Backend, NotificationMap, OptArgs, RegistrationHandle, XferDescList};
-use nixl_sys::{MemType, XferOp, XferRequest, XferStatus};
+use nixl_sys::{Agent, Backend, RegistrationHandle, XferDescList};
+use nixl_sys::{MemType, XferOp, XferStatus};
 
-use super::region::{Exposure, Region, Span};
-use super::ring::Ring;
+use super::region::{Region, Span};
 use super::runtime::{agent, agent_name, failed};
 use crate::kv::{Held, KvPool, KvSeq};
+use crate::transfer::credits::Credits;
 use crate::transfer::error::LinkError;
+use crate::transfer::landing::{Direct, LandingZone};
 use crate::transfer::link::copy_rows;
 use crate::transfer::protocol::WriteBatch;
 use crate::transfer::tcp::frame::Staged;
-use crate::transfer::tcp::{PlaneReceiver, PlaneSender};
+use crate::transfer::tcp::{PlaneReceiver, PlaneSender, land};
 
 /// Version of the parameters' layout.
-const PARAMS_VERSION: u8 = 1;
-/// How far past the write being waited for a notification is kept.
-const AHEAD: u64 = 1 << 16;
+const PARAMS_VERSION: u8 = 2;
 
 /// What the decode end sends the prefill end.
 #[derive(Debug, PartialEq, Eq)]
 struct Params {
-    ring_addr: u64,
-    ring_len: u64,
-    /// The name the prefill end's agent must take: the decode end accepts
-    /// notifications from that agent only.
+    /// The name the prefill end's agent must take: the decode end loads
+    /// metadata for that agent only.
     prefill_name: String,
-    /// The decode agent's NIXL metadata (its UCX address and the ring's
-    /// remote key).
-    md: Vec<u8>,
 }
 
 impl Params {
     fn encode(&self) -> Vec<u8> {
         let mut out = vec![PARAMS_VERSION];
-        out.extend_from_slice(&self.ring_addr.to_le_bytes());
-        out.extend_from_slice(&self.ring_len.to_le_bytes());
-        for field in [self.prefill_name.as_bytes(), &self.md] {
-            out.extend_from_slice(&(field.len() as u32).to_le_bytes());
-            out.extend_from_slice(field);
-        }
+        out.extend_from_slice(&(self.prefill_name.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.prefill_name.as_bytes());
         out
     }
 
@@ -56,220 +46,92 @@ impl Params {
             what: "malformed NIXL data-plane parameters",
             detail: why.to_string(),
         };
-        let (&version, mut rest) = p.split_first().ok_or_else(|| bad("empty"))?;
+        let (&version, rest) = p.split_first().ok_or_else(|| bad("empty"))?;
         if version != PARAMS_VERSION {
             return Err(bad(&format!(
                 "version {version}, this build speaks {PARAMS_VERSION}"
             )));
         }
-        let mut u64_field = |what: &str| -> Result<u64, LinkError> {
-            let (b, r) = rest.split_first_chunk::<8>().ok_or_else(|| bad(what))?;
-            rest = r;
-            Ok(u64::from_le_bytes(*b))
-        };
-        let ring_addr = u64_field("ring address")?;
-        let ring_len = u64_field("ring length")?;
-        let mut fields = Vec::with_capacity(2);
-        for what in ["agent name", "metadata"] {
-            let (n, r) = rest.split_first_chunk::<4>().ok_or_else(|| bad(what))?;
-            let n = u32::from_le_bytes(*n) as usize;
-            if r.len() < n {
-                return Err(bad(what));
-            }
-            let (field, r) = r.split_at(n);
-            fields.push(field.to_vec());
-            rest = r;
+        let (n, rest) = rest
+            .split_first_chunk::<4>()
+            .ok_or_else(|| bad("agent name"))?;
+        let n = u32::from_le_bytes(*n) as usize;
+        if rest.len() != n {
+            return Err(bad(if rest.len() < n {
+                "agent name"
+            } else {
+                "trailing bytes"
+            }));
         }
-        if !rest.is_empty() {
-            return Err(bad("trailing bytes"));
-        }
-        let md = fields.pop().unwrap_or_default();
-        let prefill_name =
-            String::from_utf8(fields.pop().unwrap_or_default()).map_err(|_| bad("agent name"))?;
-        Ok(Params {
-            ring_addr,
-            ring_len,
-            prefill_name,
-            md,
-        })
+        let prefill_name = String::from_utf8(rest.to_vec()).map_err(|_| bad("agent name"))?;
+        Ok(Params { prefill_name })
     }
 }
 
-/// The decode end: a registered staging ring of twice the in-flight cap.
+/// The decode end. Its agent's metadata never leaves this process: no
+/// peer can name its memory, and every byte that lands in it is one this
+/// end READ, for a write the landing zone let in.
 pub(super) struct Receiver {
-    // Fields drop in order: the agent goes (with its notifications), then
-    // the ring is deregistered, then fenced.
-    notes: Notes,
-    _backend: Backend,
-    _reg: RegistrationHandle,
-    ring: Region,
+    /// `None` once torn down (a READ that failed or did not end in time).
+    live: Option<Live>,
     params: Vec<u8>,
+    /// The prefill end's agent, the only one whose metadata is taken.
+    peer: String,
 }
 
-/// The notifications of the decode end's agent.
-struct Notes {
+/// A decode end's NIXL state. Dropping it destroys the agent (after its
+/// registrations), which ends any READ of its still in flight: nothing
+/// lands after that.
+struct Live {
     agent: Agent,
-    /// The prefill end's agent: the only one whose notifications count.
-    peer: String,
-    /// Numbers of writes whose notification came, not yet landed.
-    came: BTreeSet<u64>,
+    _backend: Backend,
+    /// The peer's agent once its metadata is loaded.
+    remote: Option<String>,
+    /// Destination pools whose page arenas the agent has registered (READs
+    /// land in them in place), kept alive while registered.
+    pools: Vec<(KvPool, RegistrationHandle)>,
+    _buf_reg: RegistrationHandle,
+    /// Where the READs for device-resident destination pages land, to be
+    /// copied into them by the landing zone.
+    buf: Region,
 }
 
 impl Receiver {
     pub(super) fn new(in_flight_cap: usize, devices: Option<&str>) -> Result<Self, LinkError> {
         let name = agent_name("decode")?;
         let peer = agent_name("prefill")?;
-        let (agent, backend) = agent(&name, devices)?;
-        let ring = Region::new(in_flight_cap.saturating_mul(2), Exposure::PeerWritable)?;
-        let reg = agent
-            .register_memory(&Span::from(&ring), None)
-            .map_err(failed("registering the staging ring"))?;
-        let md = agent
-            .get_local_md()
-            .map_err(failed("reading the decode agent's metadata"))?;
+        let (agent, backend) = agent(&name, devices, false)?;
+        let buf = Region::new(in_flight_cap)?;
+        let buf_reg = agent
+            .register_memory(&Span::from(&buf), None)
+            .map_err(failed("registering the landing buffer"))?;
         let params = Params {
-            ring_addr: ring.addr() as u64,
-            ring_len: ring.len() as u64,
             prefill_name: peer.clone(),
-            md,
         }
         .encode();
         Ok(Receiver {
-            notes: Notes {
+            live: Some(Live {
                 agent,
-                peer,
-                came: BTreeSet::new(),
-            },
-            _backend: backend,
-            _reg: reg,
-            ring,
+                _backend: backend,
+                remote: None,
+                pools: Vec::new(),
+                _buf_reg: buf_reg,
+                buf,
+            }),
             params,
+            peer,
         })
     }
 }
 
-impl Notes {
-    /// Waits, at most `limit`, for the notification of write `id` (writes
-    /// are waited for in order: earlier numbers have landed).
-    fn wait(&mut self, id: u64, limit: Duration) -> Result<(), LinkError> {
-        let t0 = Instant::now();
-        let mut polls = 0u32;
-        while !self.came.remove(&id) {
-            if t0.elapsed() > limit {
-                return Err(LinkError::DataPlane {
-                    what: "no NIXL notification for a staged write within the write timeout",
-                    detail: format!("write {id} after {} ms", limit.as_millis()),
-                });
-            }
-            self.poll(id)?;
-            // The bytes are still being written by the peer, which on a
-            // small host needs the core this thread would spin on.
-            polls += 1;
-            if polls > 4 && !self.came.contains(&id) {
-                std::thread::sleep(Duration::from_micros(10));
-            }
-        }
-        Ok(())
-    }
-
-    /// Takes the notifications that came (driving the agent's progress),
-    /// keeping those for writes `[first, first + AHEAD)`.
-    fn poll(&mut self, first: u64) -> Result<(), LinkError> {
-        let mut map = NotificationMap::new().map_err(failed("reading NIXL notifications"))?;
-        self.agent
-            .get_notifications(&mut map, None)
-            .map_err(failed("reading NIXL notifications"))?;
-        let notes = map
-            .take_notifs()
-            .map_err(failed("reading NIXL notifications"))?;
-        for (from, msgs) in notes {
-            // Only the link's own peer names writes; anything else is
-            // dropped.
-            if from != self.peer {
-                continue;
-            }
-            for m in msgs {
-                if let Ok(id) = m.parse::<u64>()
-                    && (first..first.saturating_add(AHEAD)).contains(&id)
-                {
-                    self.came.insert(id);
-                }
-            }
-        }
-        Ok(())
+fn torn_down() -> LinkError {
+    LinkError::DataPlane {
+        what: "the NIXL data plane was torn down after a failed READ",
+        detail: "reconnect".into(),
     }
 }
 
-impl PlaneReceiver for Receiver {
-    fn parameters(&self) -> &[u8] {
-        &self.params
-    }
-
-    fn arrived(&mut self, staged: &Staged, limit: Duration) -> Result<&[u8], LinkError> {
-        let (at, len) = (
-            usize::try_from(staged.offset).unwrap_or(usize::MAX),
-            usize::try_from(staged.len).unwrap_or(usize::MAX),
-        );
-        let bytes = self.ring.get(at, len).ok_or(LinkError::DataPlane {
-            what: "a staged write outside the staging ring",
-            detail: format!("{len} bytes at {at} of {}", self.ring.len()),
-        })?;
-        self.notes.wait(staged.id, limit)?;
-        Ok(bytes)
-    }
-}
-
-/// The prefill end: the registrations of the pools it sends from, the
-/// bookkeeping of the peer's ring, and a registered send buffer of the
-/// in-flight cap (backed lazily) for the batches that cannot go in place.
-///
-/// Fields drop in order: a write still in flight is released first, while
-/// the memory it reads is registered and mapped.
-pub(super) struct Sender {
-    /// The write sent last, until it has left this end.
-    pending: Option<XferRequest>,
-    agent: Agent,
-    _backend: Backend,
-    _reg: RegistrationHandle,
-    buf: Region,
-    remote: String,
-    ring_addr: u64,
-    ring: Ring,
-    next_id: u64,
-    /// The pools whose page arenas this end's agent has registered (rows
-    /// are sent from the held pages in place), kept alive while registered.
-    pools: Vec<(KvPool, RegistrationHandle)>,
-}
-
-impl Sender {
-    pub(super) fn new(
-        params: &[u8],
-        in_flight_cap: usize,
-        devices: Option<&str>,
-    ) -> Result<Self, LinkError> {
-        let p = Params::decode(params)?;
-        let (agent, backend) = agent(&p.prefill_name, devices)?;
-        let buf = Region::new(in_flight_cap, Exposure::Private)?;
-        let reg = agent
-            .register_memory(&Span::from(&buf), None)
-            .map_err(failed("registering the send buffer"))?;
-        let remote = agent
-            .load_remote_md(&p.md)
-            .map_err(failed("loading the decode agent's metadata"))?;
-        Ok(Sender {
-            pending: None,
-            agent,
-            _backend: backend,
-            _reg: reg,
-            buf,
-            remote,
-            ring_addr: p.ring_addr,
-            ring: Ring::new(p.ring_len),
-            next_id: 0,
-            pools: Vec::new(),
-        })
-    }
-
+impl Live {
     /// The registration of `pool`'s page arena with this end's agent, made
     /// on first use and kept (with the pool) for the life of the link.
     fn register_pool(&mut self, pool: &KvPool) -> Result<(), LinkError> {
@@ -290,44 +152,277 @@ impl Sender {
         Ok(())
     }
 
-    /// Describes the batch's rows where they lie in `src`'s held pages
-    /// (one descriptor per run of slots in a page), paired with where they
-    /// go in the peer's ring; `false` when the rows cannot be read (the
-    /// caller stages them instead).
-    fn describe_in_place(
+    /// READs the peer's spans `src` into this end's spans `dst` (the same
+    /// bytes in all, in order) and waits, at most `limit`, for the READ to
+    /// end.
+    fn read(
+        &self,
+        dst: &[(usize, usize)],
+        src: &[(u64, u64)],
+        limit: Duration,
+    ) -> Result<(), LinkError> {
+        let remote = self.remote.as_deref().ok_or(LinkError::DataPlane {
+            what: "a staged write before the prefill end's NIXL metadata",
+            detail: "the peer must send its metadata first".into(),
+        })?;
+        let mut local = XferDescList::new(MemType::Dram).map_err(failed("describing a READ"))?;
+        let mut from = XferDescList::new(MemType::Dram).map_err(failed("describing a READ"))?;
+        pair_spans(dst, src, |l, r, n| {
+            local.add_desc(l, n, 0);
+            from.add_desc(r, n, 0);
+        })?;
+        let req = self
+            .agent
+            .create_xfer_req(XferOp::Read, &local, &from, remote, None)
+            .map_err(failed("creating a NIXL READ"))?;
+        let in_progress = self
+            .agent
+            .post_xfer_req(&req, None)
+            .map_err(failed("posting a NIXL READ"))?;
+        if !in_progress {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match self.agent.get_xfer_status(&req) {
+                Ok(XferStatus::Success) => return Ok(()),
+                Ok(XferStatus::InProgress) if t0.elapsed() <= limit => {}
+                Ok(XferStatus::InProgress) => {
+                    return Err(LinkError::DataPlane {
+                        what: "a NIXL READ did not complete within the write timeout",
+                        detail: format!("{} ms", limit.as_millis()),
+                    });
+                }
+                Err(e) => return Err(failed("completing a NIXL READ")(e)),
+            }
+            polls += 1;
+            if polls > 64 {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+}
+
+/// Pairs this end's spans `dst` with the peer's spans `src`, byte for byte
+/// in order, calling `pair(local, remote, len)` for each piece where
+/// neither crosses a span's end; an error when the two do not hold the same
+/// number of bytes.
+fn pair_spans(
+    dst: &[(usize, usize)],
+    src: &[(u64, u64)],
+    mut pair: impl FnMut(usize, usize, usize),
+) -> Result<(), LinkError> {
+    let (mut i, mut j, mut di, mut sj) = (0, 0, 0usize, 0u64);
+    while i < dst.len() && j < src.len() {
+        let (d, dl) = dst[i];
+        let (s, sl) = src[j];
+        let n = (dl - di).min(usize::try_from(sl - sj).unwrap_or(usize::MAX));
+        let r = usize::try_from(s + sj).map_err(|_| LinkError::DataPlane {
+            what: "a staged span outside this platform's address space",
+            detail: format!("{s:#x}"),
+        })?;
+        if n > 0 {
+            pair(d + di, r, n);
+        }
+        di += n;
+        sj += n as u64;
+        if di == dl {
+            (i, di) = (i + 1, 0);
+        }
+        if sj == sl {
+            (j, sj) = (j + 1, 0);
+        }
+    }
+    if i < dst.len() || j < src.len() {
+        return Err(LinkError::DataPlane {
+            what: "a staged write whose spans do not match its rows",
+            detail: format!(
+                "{} destination bytes, {} announced",
+                dst.iter().map(|d| d.1).sum::<usize>(),
+                src.iter().map(|s| s.1).sum::<u64>()
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl PlaneReceiver for Receiver {
+    fn parameters(&self) -> &[u8] {
+        &self.params
+    }
+
+    fn peer_metadata(&mut self, md: &[u8]) -> Result<(), LinkError> {
+        let live = self.live.as_mut().ok_or_else(torn_down)?;
+        let name = live
+            .agent
+            .load_remote_md(md)
+            .map_err(failed("loading the prefill agent's metadata"))?;
+        if name != self.peer {
+            return Err(LinkError::DataPlane {
+                what: "NIXL metadata of another agent than the link's prefill end",
+                detail: name,
+            });
+        }
+        live.remote = Some(name);
+        Ok(())
+    }
+
+    fn land(
+        &mut self,
+        landing: &LandingZone,
+        batch: &WriteBatch,
+        staged: &Staged,
+        limit: Duration,
+    ) -> Result<(), LinkError> {
+        let mut slot = self.live.take();
+        if slot.is_none() {
+            return Err(torn_down());
+        }
+        let half = usize::try_from(staged.len / 2).unwrap_or(usize::MAX);
+        // The READ runs inside the fence; one that fails is torn down (the
+        // agent destroyed) before the fence opens.
+        let out = landing.apply_direct(batch, half, |pool, rows| {
+            let Some(live) = slot.as_mut() else {
+                return Err(torn_down());
+            };
+            let dst: Vec<_> = rows
+                .iter()
+                .map(|r| (r.as_ptr() as usize, r.len()))
+                .collect();
+            let read = live
+                .register_pool(pool)
+                .and_then(|()| live.read(&dst, &staged.src, limit));
+            if read.is_err() {
+                slot = None;
+            }
+            read
+        });
+        let result = match out {
+            Direct::Landed(_) => Ok(()),
+            Direct::Failed(e) => Err(e),
+            // Device pages: READ into the buffer, then land from it.
+            Direct::Staged => match slot.as_mut() {
+                None => Err(torn_down()),
+                Some(live) => {
+                    let len = usize::try_from(staged.len).unwrap_or(usize::MAX);
+                    if len > live.buf.len() {
+                        Err(LinkError::Config {
+                            what: "a write batch larger than the in-flight cap",
+                        })
+                    } else {
+                        match live.read(&[(live.buf.addr(), len)], &staged.src, limit) {
+                            Ok(()) => {
+                                if let Some(bytes) = live.buf.get(0, len) {
+                                    land(landing, batch, bytes);
+                                }
+                                Ok(())
+                            }
+                            Err(e) => {
+                                slot = None;
+                                Err(e)
+                            }
+                        }
+                    }
+                }
+            },
+        };
+        self.live = slot;
+        result
+    }
+}
+
+/// The prefill end: the registrations of the pools it sends from and of a
+/// send buffer of the in-flight cap (backed lazily) for the batches that
+/// cannot be read in place. A progress thread serves the peer's READs.
+pub(super) struct Sender {
+    agent: Agent,
+    _backend: Backend,
+    _reg: RegistrationHandle,
+    buf: Region,
+    next_id: u64,
+    /// The pools whose page arenas this end's agent has registered (rows
+    /// are read from the held pages in place), kept alive while registered.
+    pools: Vec<(KvPool, RegistrationHandle)>,
+    /// The peer has not seen this end's metadata as it is now.
+    md_stale: bool,
+    /// The write sent last was read from the send buffer.
+    buffered: bool,
+}
+
+impl Sender {
+    pub(super) fn new(
+        params: &[u8],
+        in_flight_cap: usize,
+        devices: Option<&str>,
+    ) -> Result<Self, LinkError> {
+        let p = Params::decode(params)?;
+        let (agent, backend) = agent(&p.prefill_name, devices, true)?;
+        let buf = Region::new(in_flight_cap)?;
+        let reg = agent
+            .register_memory(&Span::from(&buf), None)
+            .map_err(failed("registering the send buffer"))?;
+        Ok(Sender {
+            agent,
+            _backend: backend,
+            _reg: reg,
+            buf,
+            next_id: 0,
+            pools: Vec::new(),
+            md_stale: true,
+            buffered: false,
+        })
+    }
+
+    /// The registration of `pool`'s page arena with this end's agent, made
+    /// on first use and kept (with the pool) for the life of the link.
+    fn register_pool(&mut self, pool: &KvPool) -> Result<(), LinkError> {
+        if self.pools.iter().any(|(p, _)| p.same_pool(pool)) {
+            return Ok(());
+        }
+        let Some((addr, len)) = pool.arena_span() else {
+            return Err(LinkError::DataPlane {
+                what: "registering the pool's pages",
+                detail: "they live in device memory, which this transport does not register".into(),
+            });
+        };
+        let reg = self
+            .agent
+            .register_memory(&Span { addr, len }, None)
+            .map_err(failed("registering the pool's pages"))?;
+        self.pools.push((pool.clone(), reg));
+        self.md_stale = true;
+        Ok(())
+    }
+
+    /// Where the batch's rows lie in `src`'s held pages (one span per run
+    /// of slots in a page, K rows then V rows), or `None` when they cannot
+    /// be read in place (the caller copies them to the send buffer).
+    fn spans_in_place(
         &mut self,
         src: &KvSeq<Held>,
         b: &WriteBatch,
-        row: usize,
-        at: u64,
-        local: &mut XferDescList<'_>,
-        remote: &mut XferDescList<'_>,
-    ) -> Result<bool, LinkError> {
-        // Device-resident pages have no host address to describe: read_rows
+    ) -> Result<Option<Vec<(u64, u64)>>, LinkError> {
+        // Device-resident pages have no host address to name: read_rows
         // hands out staged copies that do not outlive the call.
         if src.pool().residence() != crate::kv::Residence::Host {
-            return Ok(false);
+            return Ok(None);
         }
         self.register_pool(src.pool())?;
-        let half = b.tokens as usize * row;
-        let base = self.ring_addr + at;
+        let mut spans = Vec::new();
         for kv in 0..2 {
             let read = src.read_rows(
                 b.layer as usize,
                 kv,
                 b.start as usize,
                 b.tokens as usize,
-                |done, bytes| {
-                    local.add_desc(bytes.as_ptr() as usize, bytes.len(), 0);
-                    let to = base + (kv * half + done * row) as u64;
-                    remote.add_desc(to as usize, bytes.len(), 0);
-                },
+                |_, bytes| spans.push((bytes.as_ptr() as u64, bytes.len() as u64)),
             );
             if read.is_err() {
-                return Ok(false);
+                return Ok(None);
             }
         }
-        Ok(true)
+        Ok(Some(spans))
     }
 }
 
@@ -337,90 +432,64 @@ impl PlaneSender for Sender {
         src: &KvSeq<Held>,
         b: &WriteBatch,
         row: usize,
-        credited: u64,
         corrupt: bool,
     ) -> Result<Staged, LinkError> {
-        if self.pending.is_some() {
-            return Err(LinkError::DataPlane {
-                what: "a NIXL WRITE never settled",
-                detail: "the link failed mid-write; reconnect".into(),
-            });
-        }
         let half = b.tokens as usize * row;
         let len = 2 * half;
-        self.ring.free_through(credited);
-        let at = self.ring.alloc(len as u64).ok_or(LinkError::DataPlane {
-            what: "the decode end's staging ring is full",
-            detail: "the peer credited back fewer bytes than it landed".into(),
-        })?;
-        let mut local = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
-        let mut remote = XferDescList::new(MemType::Dram).map_err(failed("describing a write"))?;
-        // The rows go from the held pages themselves, unless the fault
-        // injector must alter them (never the pool's bytes) or they cannot
-        // be read: then from a copy in the send buffer.
-        let in_place =
-            !corrupt && self.describe_in_place(src, b, row, at, &mut local, &mut remote)?;
-        if !in_place {
-            local.clear();
-            remote.clear();
-            let dst = self.buf.head_mut(len).ok_or(LinkError::Config {
-                what: "a write batch larger than the in-flight cap",
-            })?;
-            for kv in 0..2 {
-                let part = &mut dst[kv * half..(kv + 1) * half];
-                copy_rows(src, b.layer as usize, kv, b.start as usize, row, part);
+        // The rows are read from the held pages themselves, unless the
+        // fault injector must alter them (never the pool's bytes) or they
+        // cannot be named: then from a copy in the send buffer.
+        let in_place = if corrupt {
+            None
+        } else {
+            self.spans_in_place(src, b)?
+        };
+        let spans = match in_place {
+            Some(spans) => {
+                self.buffered = false;
+                spans
             }
-            if corrupt && let Some(x) = dst.first_mut() {
-                *x ^= 1;
+            None => {
+                let dst = self.buf.head_mut(len).ok_or(LinkError::Config {
+                    what: "a write batch larger than the in-flight cap",
+                })?;
+                for kv in 0..2 {
+                    let part = &mut dst[kv * half..(kv + 1) * half];
+                    copy_rows(src, b.layer as usize, kv, b.start as usize, row, part);
+                }
+                if corrupt && let Some(x) = dst.first_mut() {
+                    *x ^= 1;
+                }
+                self.buffered = true;
+                vec![(self.buf.addr() as u64, len as u64)]
             }
-            local.add_desc(self.buf.addr(), len, 0);
-            remote.add_desc((self.ring_addr + at) as usize, len, 0);
-        }
+        };
         let id = self.next_id;
         self.next_id += 1;
-        let mut args = OptArgs::new().map_err(failed("describing a write"))?;
-        args.set_has_notification(true)
-            .and_then(|()| args.set_notification_message(id.to_string().as_bytes()))
-            .map_err(failed("describing a write"))?;
-        let req = self
-            .agent
-            .create_xfer_req(XferOp::Write, &local, &remote, &self.remote, Some(&args))
-            .map_err(failed("creating a NIXL WRITE"))?;
-        let in_progress = self
-            .agent
-            .post_xfer_req(&req, Some(&args))
-            .map_err(failed("posting a NIXL WRITE"))?;
-        self.pending = in_progress.then_some(req);
         Ok(Staged {
             id,
-            offset: at,
             len: len as u64,
+            src: spans,
         })
     }
 
-    fn settle(&mut self, limit: Duration) -> Result<(), LinkError> {
-        let Some(req) = self.pending.take() else {
-            return Ok(());
-        };
-        let t0 = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            match self.agent.get_xfer_status(&req) {
-                Ok(XferStatus::Success) => return Ok(()),
-                Ok(XferStatus::InProgress) if t0.elapsed() <= limit => {}
-                Ok(XferStatus::InProgress) => {
-                    return Err(LinkError::DataPlane {
-                        what: "a NIXL WRITE did not complete within the write timeout",
-                        detail: format!("{} ms", limit.as_millis()),
-                    });
-                }
-                Err(e) => return Err(failed("completing a NIXL WRITE")(e)),
-            }
-            polls += 1;
-            if polls > 64 {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+    fn metadata(&mut self) -> Result<Option<Vec<u8>>, LinkError> {
+        if !self.md_stale {
+            return Ok(None);
         }
+        let md = self
+            .agent
+            .get_local_md()
+            .map_err(failed("reading the prefill agent's metadata"))?;
+        self.md_stale = false;
+        Ok(Some(md))
+    }
+
+    fn settle(&mut self, credits: &Credits, until: u64, limit: Duration) -> Result<(), LinkError> {
+        if !std::mem::take(&mut self.buffered) {
+            return Ok(());
+        }
+        credits.wait_released(until, limit)
     }
 }
 
@@ -431,10 +500,7 @@ mod tests {
     #[test]
     fn parameters_round_trip_and_malformed_ones_are_refused() {
         let p = Params {
-            ring_addr: 0x7f00_0000_1000,
-            ring_len: 1 << 27,
             prefill_name: "handoff-prefill-00ff".into(),
-            md: vec![1, 2, 3, 250],
         };
         let bytes = p.encode();
         assert_eq!(Params::decode(&bytes).ok(), Some(p));
@@ -453,5 +519,18 @@ mod tests {
         let mut newer = bytes;
         newer[0] = PARAMS_VERSION + 1;
         assert!(Params::decode(&newer).is_err());
+    }
+
+    /// Spans pair byte for byte whatever their cuts; a mismatch in total
+    /// is refused.
+    #[test]
+    fn spans_pair_byte_for_byte_and_unequal_totals_are_refused() {
+        let dst = [(1000usize, 10usize), (2000, 6)];
+        let src = [(50u64, 4u64), (60, 12)];
+        let mut got = Vec::new();
+        pair_spans(&dst, &src, |l, r, n| got.push((l, r, n))).unwrap();
+        assert_eq!(got, vec![(1000, 50, 4), (1004, 60, 6), (2000, 66, 6)]);
+        assert!(pair_spans(&dst, &[(50, 15)], |_, _, _| {}).is_err());
+        assert!(pair_spans(&dst, &[(50, 17)], |_, _, _| {}).is_err());
     }
 }

@@ -1,19 +1,8 @@
-//! Page-aligned host memory that a NIXL agent registers: the decode end's
-//! staging ring and the prefill end's send buffer. At the decode end the
-//! ring is the only registered memory, so a peer's NIXL writes can reach
-//! its bytes and no others (the pool's pages are filled from it, under the
-//! landing zone's fence). The prefill end also registers its pool's page
-//! arena, to send held rows in place, but never exports its own metadata:
-//! no peer holds a key to read or write it.
-//!
-//! A ring a peer may write into is never given back to the allocator: a
-//! late WRITE (the link ended while the peer's transfer was in flight; over
-//! shared memory UCX writes with `process_vm_writev`, which deregistration
-//! does not stop) must not land in memory reused for anything else, least
-//! of all another link's pages. On drop its mapping is replaced by an
-//! inaccessible one: the physical memory goes back to the system, the
-//! address range stays reserved, and a late write faults in the writer
-//! (EFAULT) instead of landing.
+//! Page-aligned host memory that a NIXL agent registers: the prefill end's
+//! send buffer (for batches that cannot be read in place) and the decode
+//! end's landing buffer (for destination pages in device memory). Neither
+//! end registers memory a peer may write: the decode end READs, and its
+//! metadata never leaves it.
 
 use std::ptr::NonNull;
 
@@ -21,21 +10,11 @@ use nixl_sys::{MemType, MemoryRegion, NixlDescriptor};
 
 use crate::transfer::error::LinkError;
 
-/// Whether a peer may write into the region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Exposure {
-    /// Only this process's agent reads it (the prefill end's send buffer).
-    Private,
-    /// A peer's NIXL writes land in it (the decode end's ring).
-    PeerWritable,
-}
-
 /// Zeroed, page-aligned host memory (an anonymous mapping).
 #[derive(Debug)]
 pub(super) struct Region {
     ptr: NonNull<u8>,
     len: usize,
-    exposure: Exposure,
 }
 
 // SAFETY: the region owns its mapping outright; the pointer is never
@@ -46,7 +25,7 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    pub(super) fn new(len: usize, exposure: Exposure) -> Result<Self, LinkError> {
+    pub(super) fn new(len: usize) -> Result<Self, LinkError> {
         let len = len.max(1);
         // SAFETY: a fresh anonymous private mapping; no existing memory is
         // touched. The kernel zeroes it and backs it lazily.
@@ -62,15 +41,15 @@ impl Region {
         };
         if raw == libc::MAP_FAILED {
             return Err(LinkError::DataPlane {
-                what: "mapping a staging region",
+                what: "mapping a NIXL buffer",
                 detail: format!("{len} bytes: {}", std::io::Error::last_os_error()),
             });
         }
         let ptr = NonNull::new(raw.cast::<u8>()).ok_or(LinkError::DataPlane {
-            what: "mapping a staging region",
+            what: "mapping a NIXL buffer",
             detail: "the kernel returned a null mapping".into(),
         })?;
-        Ok(Region { ptr, len, exposure })
+        Ok(Region { ptr, len })
     }
 
     pub(super) fn len(&self) -> usize {
@@ -82,9 +61,9 @@ impl Region {
         self.ptr.as_ptr() as usize
     }
 
-    /// Bytes `[at, at + len)`, if inside the region. The peer writes a
-    /// range only before announcing it and not again before it is credited
-    /// back, which happens after the caller is done with the slice.
+    /// Bytes `[at, at + len)`, if inside the region. A READ into the
+    /// region has ended before the caller reads it, and the next starts
+    /// only after the slice is gone (`&self` of the one owner).
     pub(super) fn get(&self, at: usize, len: usize) -> Option<&[u8]> {
         let end = at.checked_add(len)?;
         (end <= self.len).then(|| {
@@ -107,27 +86,11 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        let addr = self.ptr.as_ptr().cast::<libc::c_void>();
-        match self.exposure {
-            // SAFETY: unmaps exactly the mapping made in `new`, once.
-            Exposure::Private => unsafe {
-                libc::munmap(addr, self.len);
-            },
-            // SAFETY: replaces exactly the mapping made in `new` (MAP_FIXED
-            // over our own range) with an inaccessible one; nothing in this
-            // process refers to its bytes any more.
-            // If that fails the old mapping simply stays: the memory is kept
-            // rather than reused (a leak, never a stray write).
-            Exposure::PeerWritable => unsafe {
-                libc::mmap(
-                    addr,
-                    self.len,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                );
-            },
+        // SAFETY: unmaps exactly the mapping made in `new`, once; its
+        // registration and any transfer reading or writing it ended first
+        // (the owners drop those before the region).
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast::<libc::c_void>(), self.len);
         }
     }
 }
@@ -166,42 +129,5 @@ impl NixlDescriptor for Span {
 
     fn device_id(&self) -> u64 {
         0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A ring a peer may write into, once dropped, refuses a late write
-    /// (as `process_vm_writev` would find it) and is never handed out
-    /// again; a private buffer is simply unmapped.
-    #[test]
-    fn a_dropped_peer_writable_ring_faults_a_late_write_and_is_never_reused() {
-        let ring = Region::new(1 << 20, Exposure::PeerWritable).unwrap();
-        let addr = ring.addr();
-        drop(ring);
-        let src = [7u8; 64];
-        let local = libc::iovec {
-            iov_base: src.as_ptr() as *mut libc::c_void,
-            iov_len: src.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: src.len(),
-        };
-        // SAFETY: writes into this process's own address range, which is
-        // mapped PROT_NONE: the kernel refuses it without touching memory.
-        let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
-        assert_eq!(n, -1, "a late write into a dropped ring must fault");
-        assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::EFAULT)
-        );
-        // New regions never land on the fenced range.
-        let again: Vec<_> = (0..8)
-            .map(|_| Region::new(1 << 20, Exposure::PeerWritable).unwrap())
-            .collect();
-        assert!(again.iter().all(|r| r.addr() != addr));
     }
 }

@@ -67,15 +67,24 @@ pub(super) fn failed(what: &'static str) -> impl Fn(NixlError) -> LinkError {
     }
 }
 
+/// How often an agent's progress thread runs when it has one.
+const PROGRESS_DELAY_US: u64 = 100;
+
 /// An agent named `name` with a UCX backend, restricted to the UCX network
 /// devices `devices` when given (e.g. "lo"). No listener thread (metadata
-/// goes over the authenticated link) and no progress thread: each end
-/// drives progress while it waits for a transfer.
-pub(super) fn agent(name: &str, devices: Option<&str>) -> Result<(Agent, Backend), LinkError> {
+/// goes over the authenticated link). With `progress`, a progress thread
+/// serves the peer's READs (transports that emulate them need the target's
+/// progress); without, the agent's owner drives progress while it waits.
+pub(super) fn agent(
+    name: &str,
+    devices: Option<&str>,
+    progress: bool,
+) -> Result<(Agent, Backend), LinkError> {
     ready()?;
     let cfg = AgentConfig {
         enable_listen_thread: false,
-        enable_prog_thread: false,
+        enable_prog_thread: progress,
+        pthr_delay_us: PROGRESS_DELAY_US,
         ..AgentConfig::default()
     };
     let agent = Agent::new_configured(name, &cfg).map_err(failed("creating a NIXL agent"))?;

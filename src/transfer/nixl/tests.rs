@@ -1,5 +1,6 @@
-//! A NIXL peer that lies about its staged writes: the decode end ends the
-//! link with a typed error, lands nothing, and both pools return to full.
+//! A NIXL peer that lies about its staged writes or its metadata: the
+//! decode end ends the link with a typed error or fails the transfer's
+//! verification, and both pools return to full.
 //! (Honest peers: the conformance suites under `tests/transfer/`.)
 
 use std::path::Path;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use super::plane::Sender;
 use super::{Nixl, NixlConfig, bind_loopback, runtime};
 use crate::kv::{Held, KvSeq};
+use crate::transfer::credits::Credits;
 use crate::transfer::tcp::frame::Staged;
 use crate::transfer::tcp::{PlaneSender, TcpPrefill};
 use crate::transfer::{
@@ -39,10 +41,23 @@ fn nixl() -> Option<()> {
     }
 }
 
-/// An honest sender whose announcements `lie` rewrites.
+/// How the prefill end lies.
+#[derive(Clone, Copy)]
+enum Lie {
+    /// Rewrites each announcement.
+    Staged(fn(Staged) -> Staged),
+    /// Never sends its metadata.
+    NoMetadata,
+    /// Sends another agent's metadata.
+    OtherAgent,
+}
+
+/// An honest sender that lies as `lie` says.
 struct Lying {
     honest: Sender,
-    lie: fn(Staged) -> Staged,
+    lie: Lie,
+    /// The other agent, alive while the link is (its metadata must load).
+    stranger: Option<(nixl_sys::Agent, nixl_sys::Backend)>,
 }
 
 impl PlaneSender for Lying {
@@ -51,21 +66,37 @@ impl PlaneSender for Lying {
         src: &KvSeq<Held>,
         batch: &WriteBatch,
         row: usize,
-        credited: u64,
         corrupt: bool,
     ) -> Result<Staged, LinkError> {
-        let s = self.honest.send(src, batch, row, credited, corrupt)?;
-        Ok((self.lie)(s))
+        let s = self.honest.send(src, batch, row, corrupt)?;
+        Ok(match self.lie {
+            Lie::Staged(lie) => lie(s),
+            _ => s,
+        })
     }
 
-    fn settle(&mut self, limit: Duration) -> Result<(), LinkError> {
-        self.honest.settle(limit)
+    fn metadata(&mut self) -> Result<Option<Vec<u8>>, LinkError> {
+        let md = self.honest.metadata()?;
+        Ok(match self.lie {
+            Lie::NoMetadata => None,
+            Lie::OtherAgent if md.is_some() => {
+                let stranger = runtime::agent("handoff-prefill-stranger", Some("lo"), false)?;
+                let md = stranger.0.get_local_md().map_err(runtime::failed("test"))?;
+                self.stranger = Some(stranger);
+                Some(md)
+            }
+            _ => md,
+        })
+    }
+
+    fn settle(&mut self, credits: &Credits, until: u64, limit: Duration) -> Result<(), LinkError> {
+        self.honest.settle(credits, until, limit)
     }
 }
 
 /// One 40-token transfer from a prefill end whose announcements `lie`
 /// rewrites; returns decode's outcome for it, with both pools full after.
-fn transfer_with(lie: fn(Staged) -> Staged) -> Result<(), TransferError> {
+fn transfer_with(lie: Lie) -> Result<(), TransferError> {
     let cfg = TransferConfig::default()
         .with_max_batch_bytes(1 << 10)
         .with_write_timeout(Duration::from_millis(500));
@@ -79,7 +110,11 @@ fn transfer_with(lie: fn(Staged) -> Staged) -> Result<(), TransferError> {
     let cap = cfg.max_in_flight_bytes();
     let make = move |params: &[u8]| {
         let honest = Sender::new(params, cap, Some("lo"))?;
-        Ok(Box::new(Lying { honest, lie }) as Box<dyn PlaneSender>)
+        Ok(Box::new(Lying {
+            honest,
+            lie,
+            stranger: None,
+        }) as Box<dyn PlaneSender>)
     };
     let pl = TcpPrefill::connect_with(addr, &cfg, Some(&make)).unwrap();
     let dl = accept.join().unwrap().unwrap();
@@ -123,28 +158,47 @@ fn an_honest_nixl_peer_is_verified() {
     if nixl().is_none() {
         return;
     }
-    assert_eq!(transfer_with(|s| s), Ok(()));
+    assert_eq!(transfer_with(Lie::Staged(|s| s)), Ok(()));
+}
+
+fn assert_data_plane(err: TransferError, want: &str) {
+    assert!(
+        matches!(&err, TransferError::Link(LinkError::DataPlane { what, .. }) if *what == want),
+        "expected {want:?}, got {err:?}"
+    );
 }
 
 #[test]
-fn a_staged_write_announced_outside_the_ring_ends_the_link() {
+fn a_staged_write_naming_memory_the_peer_never_registered_ends_the_link() {
     if nixl().is_none() {
         return;
     }
-    let err = transfer_with(|s| Staged {
-        offset: u64::MAX - 8,
+    let err = transfer_with(Lie::Staged(|s| Staged {
+        src: vec![(0x1000, s.len)],
         ..s
-    })
+    }))
     .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            TransferError::Link(LinkError::DataPlane {
-                what: "a staged write outside the staging ring",
-                ..
-            })
-        ),
-        "{err:?}"
+    assert_data_plane(err, "creating a NIXL READ");
+}
+
+#[test]
+fn a_staged_write_before_the_peers_metadata_ends_the_link() {
+    if nixl().is_none() {
+        return;
+    }
+    let err = transfer_with(Lie::NoMetadata).unwrap_err();
+    assert_data_plane(err, "a staged write before the prefill end's NIXL metadata");
+}
+
+#[test]
+fn metadata_of_another_agent_ends_the_link() {
+    if nixl().is_none() {
+        return;
+    }
+    let err = transfer_with(Lie::OtherAgent).unwrap_err();
+    assert_data_plane(
+        err,
+        "NIXL metadata of another agent than the link's prefill end",
     );
 }
 
@@ -153,7 +207,7 @@ fn a_staged_write_announced_out_of_order_ends_the_link() {
     if nixl().is_none() {
         return;
     }
-    let err = transfer_with(|s| Staged { id: s.id + 1, ..s }).unwrap_err();
+    let err = transfer_with(Lie::Staged(|s| Staged { id: s.id + 1, ..s })).unwrap_err();
     assert!(
         matches!(
             err,
@@ -168,12 +222,13 @@ fn a_staged_write_announced_at_the_wrong_place_fails_verification_not_isolation(
     if nixl().is_none() {
         return;
     }
-    // The bytes land from where the peer says they are, which is not where
-    // it wrote them: the receipt's checksums catch it.
-    let err = transfer_with(|s| Staged {
-        offset: s.offset + 64,
-        ..s
-    })
+    // The decode end READs from where the peer says the rows are, which is
+    // not where they are (V's spans first, then K's): the receipt's
+    // checksums catch it.
+    let err = transfer_with(Lie::Staged(|mut s| {
+        s.src.reverse();
+        s
+    }))
     .unwrap_err();
     assert!(
         matches!(err, TransferError::Integrity(_)),

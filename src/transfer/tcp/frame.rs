@@ -31,7 +31,8 @@ use crate::transfer::protocol::{
 pub const MAGIC: [u8; 4] = *b"HNDF";
 /// The protocol version this build speaks (2: plans name their model,
 /// aborts can say the models differ; 3: plans carry `logprobs`, receipts
-/// the first token's log-probabilities).
+/// the first token's log-probabilities, staged writes the spans the decode
+/// end READs).
 pub const VERSION: u16 = 3;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
@@ -111,29 +112,33 @@ pub enum Frame<'a> {
     Credit(u64),
     /// A write batch and its bytes: K rows then V rows, equal halves.
     Write(WriteBatch, &'a [u8]),
-    /// A write batch whose bytes travelled outside the frames (a data plane
-    /// such as NIXL) into the decode end's staging region, where `Staged`
-    /// says.
+    /// A write batch whose bytes the decode end fetches by a data plane
+    /// (NIXL) from where `Staged` says they lie at the prefill end.
     Staged(WriteBatch, Staged),
     ToDecode(ToDecode),
-    /// The decode end's data-plane parameters (opaque to this layer), sent
-    /// once, right after its hello, on a link with a data plane.
+    /// A data plane's parameters (opaque to this layer): the decode end's,
+    /// once, right after its hello; the prefill end's (its agent's
+    /// metadata), before the first staged write that needs them.
     DataPlane(&'a [u8]),
 }
 
-/// Where a staged write's bytes lie in the decode end's staging region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a staged write's bytes lie at the prefill end: K rows then V
+/// rows, in the order of `src`'s spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Staged {
     /// The write's number on its link: 0, 1, 2, ... in send order.
     pub id: u64,
-    /// Offset of the K rows in the staging region; the V rows follow.
-    pub offset: u64,
-    /// Bytes of K and V together.
+    /// Bytes of K and V together (the sum of `src`'s lengths).
     pub len: u64,
+    /// The spans (address, length) of the prefill end's registered memory
+    /// that hold the bytes, in order.
+    pub src: Vec<(u64, u64)>,
 }
 
-/// Bytes of a staged write's payload.
-pub const STAGED_LEN: usize = WRITE_PREFIX_LEN + 24;
+/// Bytes of a staged write's payload before its spans.
+pub const STAGED_LEN: usize = WRITE_PREFIX_LEN + 20;
+/// Bytes of each span of a staged write.
+pub const STAGED_SPAN_LEN: usize = 16;
 
 impl Frame<'_> {
     /// The frame's kind.
@@ -250,17 +255,28 @@ pub fn decode_payload(kind: Kind, p: &[u8]) -> Result<Frame<'_>, WireError> {
         }
         Kind::Staged => {
             let batch = read_batch(&mut r)?;
-            let staged = Staged {
-                id: r.u64("staged id")?,
-                offset: r.u64("staged offset")?,
-                len: r.u64("staged length")?,
-            };
-            if !staged.len.is_multiple_of(2) {
+            let id = r.u64("staged id")?;
+            let len = r.u64("staged length")?;
+            let n = r.count("staged spans", STAGED_SPAN_LEN)?;
+            let src = (0..n)
+                .map(|_| Ok((r.u64("span address")?, r.u64("span length")?)))
+                .collect::<Result<Vec<_>, WireError>>()?;
+            if !len.is_multiple_of(2) {
                 return Err(WireError::Invalid {
                     what: "staged length (K and V halves differ)",
                 });
             }
-            Frame::Staged(batch, staged)
+            let sum = src.iter().try_fold(0u64, |acc, &(_, l)| acc.checked_add(l));
+            if sum != Some(len)
+                || src
+                    .iter()
+                    .any(|&(a, l)| l == 0 || a.checked_add(l).is_none())
+            {
+                return Err(WireError::Invalid {
+                    what: "staged spans (empty, wrapping, or not adding up to the length)",
+                });
+            }
+            Frame::Staged(batch, Staged { id, len, src })
         }
         Kind::DataPlane => return Ok(Frame::DataPlane(r.rest())),
         Kind::Receipt => Frame::ToDecode(ToDecode::Receipt(read_receipt(&mut r)?)),
@@ -526,8 +542,12 @@ pub fn encode_frame(out: &mut Vec<u8>, seq: u32, frame: &Frame<'_>) {
         Frame::Staged(b, s) => {
             write_batch(&mut w, b);
             w.u64(s.id);
-            w.u64(s.offset);
             w.u64(s.len);
+            w.u32(s.src.len() as u32);
+            for &(addr, len) in &s.src {
+                w.u64(addr);
+                w.u64(len);
+            }
         }
         Frame::DataPlane(bytes) => w.0.extend_from_slice(bytes),
         Frame::ToDecode(ToDecode::Receipt(r)) => write_receipt(&mut w, r),
@@ -853,10 +873,13 @@ mod tests {
         };
         let staged = Staged {
             id: 9,
-            offset: 4096,
             len: 1024,
+            src: vec![(4096, 1000), (1 << 40, 24)],
         };
-        let frames = [Frame::Staged(batch, staged), Frame::DataPlane(b"agent md")];
+        let frames = [
+            Frame::Staged(batch, staged.clone()),
+            Frame::DataPlane(b"agent md"),
+        ];
         for f in frames {
             let mut buf = Vec::new();
             encode_frame(&mut buf, 4, &f);
@@ -870,25 +893,49 @@ mod tests {
         assert_eq!(
             {
                 let mut buf = Vec::new();
-                encode_frame(&mut buf, 0, &Frame::Staged(batch, staged));
+                encode_frame(&mut buf, 0, &Frame::Staged(batch, staged.clone()));
                 buf.len() - HEADER_LEN
             },
-            STAGED_LEN
+            STAGED_LEN + 2 * STAGED_SPAN_LEN
         );
-        let odd = Frame::Staged(
-            batch,
-            Staged {
-                len: 1023,
-                ..staged
-            },
-        );
-        let mut buf = Vec::new();
-        encode_frame(&mut buf, 0, &odd);
-        assert_eq!(
-            decode_frame(&buf, 1 << 20).err(),
-            Some(WireError::Invalid {
-                what: "staged length (K and V halves differ)"
-            })
-        );
+        let lies: [(Staged, &str); 4] = [
+            (
+                Staged {
+                    len: 1023,
+                    src: vec![(0, 1023)],
+                    ..staged.clone()
+                },
+                "staged length (K and V halves differ)",
+            ),
+            (
+                Staged {
+                    len: 1026,
+                    ..staged.clone()
+                },
+                "staged spans (empty, wrapping, or not adding up to the length)",
+            ),
+            (
+                Staged {
+                    src: vec![(4096, 1024), (8192, 0)],
+                    ..staged.clone()
+                },
+                "staged spans (empty, wrapping, or not adding up to the length)",
+            ),
+            (
+                Staged {
+                    src: vec![(u64::MAX - 8, 1024)],
+                    ..staged.clone()
+                },
+                "staged spans (empty, wrapping, or not adding up to the length)",
+            ),
+        ];
+        for (lie, what) in lies {
+            let mut buf = Vec::new();
+            encode_frame(&mut buf, 0, &Frame::Staged(batch, lie));
+            assert_eq!(
+                decode_frame(&buf, 1 << 20).err(),
+                Some(WireError::Invalid { what })
+            );
+        }
     }
 }

@@ -485,7 +485,7 @@ impl TcpDecode {
 }
 
 /// Lands one write batch whose K and V rows are `bytes` (equal halves).
-fn land(landing: &LandingZone, batch: &WriteBatch, bytes: &[u8]) {
+pub(crate) fn land(landing: &LandingZone, batch: &WriteBatch, bytes: &[u8]) {
     let half = bytes.len() / 2;
     let row = half.checked_div(batch.tokens as usize).unwrap_or(0);
     landing.apply(batch, half, None, |kv, done, dst| {
@@ -548,11 +548,15 @@ fn decode_reader(
                 if let Some(d) = delay {
                     std::thread::sleep(d);
                 }
-                match p.arrived(&staged, rd.limit) {
-                    Ok(bytes) => land(landing, &batch, bytes),
-                    Err(e) => return e,
+                if let Err(e) = p.land(landing, &batch, &staged, rd.limit) {
+                    return e;
                 }
                 if let Err(e) = writer.lock().send(&Frame::Credit(staged.len)) {
+                    return e;
+                }
+            }
+            Frame::DataPlane(md) if plane.is_some() => {
+                if let Some(Err(e)) = plane.as_mut().map(|p| p.peer_metadata(md)) {
                     return e;
                 }
             }
@@ -641,6 +645,9 @@ pub struct TcpPrefill {
     closed: bool,
     /// Moves KV bytes outside the frames, on a link with a data plane.
     plane: Option<Box<dyn PlaneSender>>,
+    /// Bytes of the writes sent by the data plane so far (the credit total
+    /// at which the last one is back: writes are credited in order).
+    staged_bytes: u64,
 }
 
 impl TcpPrefill {
@@ -704,6 +711,7 @@ impl TcpPrefill {
             reader: Some(handle),
             closed: false,
             plane: None,
+            staged_bytes: 0,
         };
         if let Some(make) = plane {
             let params = match params_rx.recv_timeout(cfg.auth_timeout()) {
@@ -734,10 +742,13 @@ impl TcpPrefill {
         })?;
         self.credits.acquire(2 * each, self.cfg.write_timeout())?;
         if let Some(plane) = self.plane.as_mut() {
-            let credited = self.credits.released_total();
-            let staged = plane.send(src, &b, row, credited, w.corrupt)?;
+            self.staged_bytes += 2 * each as u64;
+            let staged = plane.send(src, &b, row, w.corrupt)?;
+            if let Some(md) = plane.metadata()? {
+                self.writer.send(&Frame::DataPlane(&md))?;
+            }
             self.writer.send(&Frame::Staged(b, staged))?;
-            return plane.settle(self.cfg.write_timeout());
+            return plane.settle(&self.credits, self.staged_bytes, self.cfg.write_timeout());
         }
         let fw = &mut self.writer;
         fw.buf.clear();
