@@ -226,6 +226,38 @@ fn returned_credit_below_half_the_cap_wakes_a_waiting_sender() {
 }
 
 #[test]
+fn a_sender_waiting_for_its_buffer_is_woken_by_the_credit_that_frees_it() {
+    // The NIXL prefill end reuses its send buffer only once the peer has
+    // credited the write it READ from there: credit that comes back while
+    // most of the cap is still in flight must wake it all the same (the
+    // half-cap rule is for senders waiting for room), and a close wakes it
+    // with an error. No interleaving leaves it asleep.
+    loom::model(|| {
+        let credits = Arc::new(Credits::new(4));
+        for _ in 0..4 {
+            credits.acquire(1).unwrap();
+        }
+        let sender = {
+            let credits = credits.clone();
+            thread::spawn(move || credits.wait_released(1))
+        };
+        credits.release(1);
+        assert_eq!(sender.join().unwrap(), Ok(()));
+        assert_eq!(credits.stats().current, 3);
+    });
+    loom::model(|| {
+        let credits = Arc::new(Credits::new(100));
+        credits.acquire(1).unwrap();
+        let sender = {
+            let credits = credits.clone();
+            thread::spawn(move || credits.wait_released(1))
+        };
+        credits.close();
+        assert_eq!(sender.join().unwrap(), Err(LinkError::Disconnected));
+    });
+}
+
+#[test]
 fn closing_the_link_wakes_every_waiting_sender() {
     loom::model(|| {
         let credits = Arc::new(Credits::new(1));

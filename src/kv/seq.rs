@@ -642,6 +642,7 @@ impl KvSeq<Received> {
     /// READ). `Ok(None)`, writing nothing, when the pages are a device's;
     /// `Ok(Some(Err(e)))` when `fill` failed: the rows are then not written
     /// (the written count stays, so nothing reads them).
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
     pub(crate) fn receive_rows_at_once<E>(
         &mut self,
         layer: usize,

@@ -888,6 +888,7 @@ impl PagesWrite<'_> {
     /// (the sequence's `i`-th page, rows `[slot, slot + n)`), all at once as
     /// raw bytes: `None` when a run is out of range or not private, or the
     /// storage is a device's. The runs must lie in distinct pages.
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
     pub(crate) fn rows_mut_runs(
         &mut self,
         layer: usize,

@@ -109,6 +109,7 @@ impl Credits {
     /// Waits, at most `timeout`, until `total` bytes in all have been given
     /// back since the link began (a sender whose source memory the peer
     /// reads until it credits the write).
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
     pub(crate) fn wait_released(&self, total: u64, timeout: Duration) -> Result<(), LinkError> {
         let start = Instant::now();
         let deadline = crate::transfer::config::deadline(start, timeout);

@@ -62,6 +62,7 @@ pub(crate) enum Landed {
 
 /// Outcome of [`LandingZone::apply_direct`].
 #[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
 pub(crate) enum Direct<E> {
     /// Checked and landed, refused, or stray, as [`LandingZone::apply`].
     Landed(Landed),
@@ -135,6 +136,7 @@ impl LandingZone {
     /// `fill` is not called, when the write is refused or stray, or the
     /// pages are a device's ([`Direct::Staged`]: land it with
     /// [`LandingZone::apply`] instead).
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
     pub(crate) fn apply_direct<E>(
         &self,
         batch: &WriteBatch,
@@ -430,21 +432,19 @@ mod tests {
         });
         assert_eq!(got, Direct::Landed(Landed::Applied));
         assert_eq!(seen, vec![2, 4, 2, 4], "K runs, then V runs");
-        let mut dest = zone.take(nonce).unwrap();
+        let dest = zone.take(nonce).unwrap();
         assert_eq!(dest.seq.written(0), 8);
         // The bytes read back in batch order: K rows 2..8, then V rows.
         let mut back = Vec::new();
         for kv in 0..2 {
-            dest.seq
-                .pages_read()
-                .rows_bytes(0, 0, kv, 2, 2, &mut Vec::new())
-                .unwrap()
-                .map(|r| back.extend_from_slice(r));
-            dest.seq
-                .pages_read()
-                .rows_bytes(1, 0, kv, 0, 4, &mut Vec::new())
-                .unwrap()
-                .map(|r| back.extend_from_slice(r));
+            for (page, slot, rows) in [(0, 2, 2), (1, 0, 4)] {
+                let mut scratch = Vec::new();
+                let got = dest
+                    .seq
+                    .pages_read()
+                    .rows_bytes(page, 0, kv, slot, rows, &mut scratch);
+                back.extend_from_slice(got.unwrap().unwrap());
+            }
         }
         let want: Vec<u8> = (0..12 * ROW).map(|i| (i + 1) as u8).collect();
         assert_eq!(back, want);

@@ -114,6 +114,11 @@ impl Credits {
     pub fn release(&self, bytes: usize) {
         self.0.release(bytes)
     }
+    /// Waits until `total` bytes in all came back (loom does not model the
+    /// timeout).
+    pub fn wait_released(&self, total: u64) -> Result<(), LinkError> {
+        self.0.wait_released(total, Duration::from_secs(3600))
+    }
     pub fn close(&self) {
         self.0.close()
     }
