@@ -34,7 +34,7 @@
 //! authenticates both processes with a fresh link key, handed to the prefill
 //! process in its environment, and seals every frame; `--no-auth` runs it
 //! unauthenticated, as loopback without a key allows; `nixl` moves the KV
-//! bytes by NIXL WRITE between the processes, beside the same TCP link, and
+//! bytes by NIXL READ between the processes, beside the same TCP link, and
 //! needs the `nixl` feature and `$HANDOFF_NIXL_LIB`), `--model PATH` (a
 //! llama2.c `.bin` file or a Hugging Face folder; default: an embedded model
 //! with seeded random weights), `--inject-corrupt-receipt`, `--backend
@@ -463,7 +463,7 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
                 "tcp (two processes, authenticated: Noise NNpsk0, sealed frames)",
             (Link::Tcp, None) => "tcp (two processes, unauthenticated loopback)",
             (Link::Nixl, Some(_)) =>
-                "nixl (two processes: KV by NIXL WRITE over UCX; plans and receipts on \
+                "nixl (two processes: KV by NIXL READ over UCX; plans and receipts on \
                  authenticated tcp)",
             (Link::Nixl, None) => "nixl (two processes; control link unauthenticated loopback)",
             (Link::Threads, _) => "in-process (threads)",

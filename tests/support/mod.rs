@@ -5,7 +5,7 @@
 
 /// Runs each story `name => fn` against every transport, as the tests
 /// `in_process::name`, `tcp::name`, `tcp_auth::name` (authenticated TCP)
-/// and `nixl::name` (NIXL WRITEs beside authenticated TCP; printed SKIP
+/// and `nixl::name` (NIXL READs beside authenticated TCP; printed SKIP
 /// where NIXL is not installed or the feature is off) (the generic
 /// conformance pattern); each test binary declares `#[macro_use] mod
 /// support;` first.

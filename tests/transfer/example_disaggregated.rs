@@ -198,7 +198,7 @@ fn two_processes_over_unauthenticated_loopback_tcp_serve_the_workload_too() {
 }
 
 /// `--transport nixl`: the KV bytes cross between the two processes by
-/// NIXL WRITE, the plans and receipts over authenticated TCP; the audit is
+/// NIXL READ, the plans and receipts over authenticated TCP; the audit is
 /// the same, and so is a corrupted receipt's fate.
 #[test]
 fn two_processes_over_nixl_serve_the_workload_with_a_clean_audit() {

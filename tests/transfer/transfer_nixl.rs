@@ -5,10 +5,11 @@
 //! offers no data plane gives up with a typed error within the auth
 //! timeout instead of writing anywhere, and a plain prefill end facing a
 //! NIXL decode end refuses the unexpected data-plane frame and closes. Over
-//! a working link, KV crosses by NIXL WRITE and lands intact (the
-//! conformance suites in `transfer_transports`, `transfer_protocol`, the
-//! fault matrices and the PD stories run on NIXL too); here a long transfer
-//! wraps the staging ring many times with a small in-flight cap.
+//! a working link, the decode end READs the KV straight into its pages and
+//! it lands intact (the conformance suites in `transfer_transports`,
+//! `transfer_protocol`, the fault matrices and the PD stories run on NIXL
+//! too); here a long transfer runs under a small in-flight cap, and pages
+//! cut differently at the two ends, or on (staged) devices, land intact.
 
 // Without the feature each story only prints why it skips.
 #[cfg(feature = "nixl")]
