@@ -161,7 +161,7 @@ impl Credits {
 
     /// Bytes given back since the link began (the receiver gives back in
     /// the order it landed them).
-    #[cfg(test)]
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
     pub(crate) fn released_total(&self) -> u64 {
         self.state.lock().released
     }

@@ -85,8 +85,68 @@ fn a_plain_prefill_end_refuses_a_nixl_decode_end() {
     });
 }
 
+/// The rig's pools, with their pages in host memory or on staged devices
+/// (this transport registers host memory only, so device pages go through
+/// the two ends' registered buffers).
+#[cfg(feature = "nixl")]
+fn pools(spec: &support::RigSpec, device: bool) -> (handoff::KvPool, handoff::KvPool) {
+    use crate::support::device_pages::SharedStaged;
+    use handoff::{KvPool, PoolConfig};
+    let g = support::geometry(spec.dtype);
+    let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
+    let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages);
+    if !device {
+        return (KvPool::new(pcfg).unwrap(), KvPool::new(dcfg).unwrap());
+    }
+    let p = SharedStaged::new(pcfg.storage_bytes().unwrap(), false);
+    let d = SharedStaged::new(dcfg.storage_bytes().unwrap(), false);
+    (
+        KvPool::with_device_pages(pcfg, Box::new(p.handle())).unwrap(),
+        KvPool::with_device_pages(dcfg, Box::new(d.handle())).unwrap(),
+    )
+}
+
+/// Serves `prompts` prompts of `tokens` tokens one by one over a rig on
+/// `pools`; each verifies with the pages holding what prefill computed,
+/// and both pools are full after.
+#[cfg(feature = "nixl")]
+fn serve_and_check(
+    t: &handoff::transfer::Nixl,
+    cfg: TransferConfig,
+    spec: &support::RigSpec,
+    device: bool,
+    prompts: u64,
+    tokens: usize,
+) {
+    let (prefill_pool, decode_pool) = pools(spec, device);
+    let mut rig = support::rig_over(t, cfg, prefill_pool, decode_pool, spec);
+    for id in 1..=prompts {
+        let _ = rig
+            .decode
+            .submit(support::request(id, id as u32 % 3, tokens))
+            .unwrap();
+        rig.serve_one().unwrap();
+        let o = rig.outcomes(1).pop().expect("an outcome");
+        let v = o
+            .result
+            .unwrap_or_else(|e| panic!("device {device}, prompt {id}: {e}"));
+        assert_eq!(v.seq().complete_len(), Some(tokens));
+        assert_eq!(
+            handoff::transfer::synthetic::check(&rig.decode_pool, v.seq(), o.request).unwrap(),
+            Ok(())
+        );
+        drop(v);
+        rig.settle();
+    }
+    assert_eq!(rig.decode.landing().stray_writes(), 0);
+    rig.assert_clean();
+}
+
 /// 4 KiB in flight at most, 1 KiB writes, eight prompts of 900 tokens
-/// (1.4 MB of KV, about 1,400 READs): every byte lands where planned.
+/// (1.4 MB of KV, about 1,400 READs): every byte lands where planned; with
+/// the pages on devices, the prefill end's 4 KiB send buffer wraps about
+/// 350 times, each part reused only once the decode end has credited the
+/// write it READ from there.
 #[test]
 fn a_long_run_under_a_small_in_flight_cap_lands_every_byte_intact() {
     on_nixl!(|t| {
@@ -100,83 +160,29 @@ fn a_long_run_under_a_small_in_flight_cap_lands_every_byte_intact() {
             decode_window: 1024,
             ..support::RigSpec::default()
         };
-        let mut rig = support::rig(&t, cfg, spec);
-        for id in 1..=8u64 {
-            let _ = rig
-                .decode
-                .submit(support::request(id, id as u32 % 3, 900))
-                .unwrap();
-            rig.serve_one().unwrap();
-            let o = rig.outcomes(1).pop().expect("an outcome");
-            let v = o.result.unwrap_or_else(|e| panic!("{id}: {e}"));
-            assert_eq!(v.seq().complete_len(), Some(900));
-            assert_eq!(
-                handoff::transfer::synthetic::check(&rig.decode_pool, v.seq(), o.request).unwrap(),
-                Ok(())
-            );
-            drop(v);
-            rig.settle();
+        for device in [false, true] {
+            serve_and_check(&t, cfg.clone(), &spec, device, 8, 900);
         }
-        assert_eq!(rig.decode.landing().stray_writes(), 0);
-        rig.assert_clean();
     });
 }
 
 /// Prefill pages of 16 tokens, decode pages of 8, so each batch's spans
-/// at the two ends are cut at different places; first in host memory (the
+/// at the two ends are cut at different places; in host memory (the
 /// decode end READs straight into its pages), then in device memory on
-/// both ends (staged devices: this transport registers host memory only,
-/// so the prefill end copies each batch into its registered send buffer,
-/// the decode end READs it into its registered landing buffer and the
-/// landing zone copies it into the device pages). Every prompt verifies
-/// with the pages holding what prefill computed, and both pools return to
-/// full.
+/// both ends (the prefill end copies each batch into its registered send
+/// buffer, the decode end READs it into its registered landing buffer and
+/// the landing zone copies it into the device pages).
 #[test]
 fn pages_cut_differently_or_on_devices_land_intact() {
     on_nixl!(|t| {
-        use crate::support::device_pages::SharedStaged;
-        use handoff::{KvDtype, KvPool, PoolConfig};
         let cfg = TransferConfig::default().with_max_batch_bytes(4 << 10);
         let spec = support::RigSpec {
             decode_page: 8,
             decode_pages: 64,
             ..support::RigSpec::default()
         };
-        let g = support::geometry(KvDtype::BF16);
         for device in [false, true] {
-            let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
-            let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages);
-            let (prefill_pool, decode_pool) = if device {
-                let p = SharedStaged::new(pcfg.storage_bytes().unwrap(), false);
-                let d = SharedStaged::new(dcfg.storage_bytes().unwrap(), false);
-                (
-                    KvPool::with_device_pages(pcfg, Box::new(p.handle())).unwrap(),
-                    KvPool::with_device_pages(dcfg, Box::new(d.handle())).unwrap(),
-                )
-            } else {
-                (KvPool::new(pcfg).unwrap(), KvPool::new(dcfg).unwrap())
-            };
-            let mut rig = support::rig_over(&t, cfg.clone(), prefill_pool, decode_pool, &spec);
-            for id in 1..=3u64 {
-                let _ = rig
-                    .decode
-                    .submit(support::request(id, id as u32, 100))
-                    .unwrap();
-                rig.serve_one().unwrap();
-                let o = rig.outcomes(1).pop().expect("an outcome");
-                let v = o
-                    .result
-                    .unwrap_or_else(|e| panic!("device {device}, {id}: {e}"));
-                assert_eq!(v.seq().complete_len(), Some(100));
-                assert_eq!(
-                    handoff::transfer::synthetic::check(&rig.decode_pool, v.seq(), o.request)
-                        .unwrap(),
-                    Ok(())
-                );
-                drop(v);
-                rig.settle();
-            }
-            rig.assert_clean();
+            serve_and_check(&t, cfg.clone(), &spec, device, 3, 100);
         }
     });
 }

@@ -42,6 +42,7 @@
 mod plane;
 mod region;
 mod runtime;
+mod send_ring;
 #[cfg(test)]
 mod tests;
 

@@ -13,14 +13,14 @@ use nixl_sys::{MemType, XferOp, XferStatus};
 
 use super::region::{Region, Span};
 use super::runtime::{agent, agent_name, failed};
+use super::send_ring::SendRing;
 use crate::kv::{Held, KvPool, KvSeq};
-use crate::transfer::credits::Credits;
 use crate::transfer::error::LinkError;
 use crate::transfer::landing::{Direct, LandingZone};
 use crate::transfer::link::copy_rows;
 use crate::transfer::protocol::WriteBatch;
 use crate::transfer::tcp::frame::Staged;
-use crate::transfer::tcp::{PlaneReceiver, PlaneSender, land};
+use crate::transfer::tcp::{CreditMark, PlaneReceiver, PlaneSender, land};
 
 /// Version of the parameters' layout.
 const PARAMS_VERSION: u8 = 2;
@@ -334,7 +334,8 @@ impl PlaneReceiver for Receiver {
 
 /// The prefill end: the registrations of the pools it sends from and of a
 /// send buffer of the in-flight cap (backed lazily) for the batches that
-/// cannot be read in place. A progress thread serves the peer's READs.
+/// cannot be read in place, used as a ring ([`SendRing`]). A progress
+/// thread serves the peer's READs.
 pub(super) struct Sender {
     agent: Agent,
     _backend: Backend,
@@ -346,8 +347,8 @@ pub(super) struct Sender {
     pools: Vec<(KvPool, RegistrationHandle)>,
     /// The peer has not seen this end's metadata as it is now.
     md_stale: bool,
-    /// The write sent last was read from the send buffer.
-    buffered: bool,
+    /// Which parts of the send buffer the peer may still be reading.
+    ring: SendRing,
 }
 
 impl Sender {
@@ -370,7 +371,7 @@ impl Sender {
             next_id: 0,
             pools: Vec::new(),
             md_stale: true,
-            buffered: false,
+            ring: SendRing::new(in_flight_cap as u64),
         })
     }
 
@@ -433,6 +434,7 @@ impl PlaneSender for Sender {
         b: &WriteBatch,
         row: usize,
         corrupt: bool,
+        mark: CreditMark<'_>,
     ) -> Result<Staged, LinkError> {
         let half = b.tokens as usize * row;
         let len = 2 * half;
@@ -445,14 +447,15 @@ impl PlaneSender for Sender {
             self.spans_in_place(src, b)?
         };
         let spans = match in_place {
-            Some(spans) => {
-                self.buffered = false;
-                spans
-            }
+            Some(spans) => spans,
             None => {
-                let dst = self.buf.head_mut(len).ok_or(LinkError::Config {
-                    what: "a write batch larger than the in-flight cap",
-                })?;
+                let at = self.ring.alloc(len as u64, &mark)?;
+                let dst = self
+                    .buf
+                    .range_mut(at as usize, len)
+                    .ok_or(LinkError::Config {
+                        what: "a write batch larger than the in-flight cap",
+                    })?;
                 for kv in 0..2 {
                     let part = &mut dst[kv * half..(kv + 1) * half];
                     copy_rows(src, b.layer as usize, kv, b.start as usize, row, part);
@@ -460,8 +463,7 @@ impl PlaneSender for Sender {
                 if corrupt && let Some(x) = dst.first_mut() {
                     *x ^= 1;
                 }
-                self.buffered = true;
-                vec![(self.buf.addr() as u64, len as u64)]
+                vec![(self.buf.addr() as u64 + at, len as u64)]
             }
         };
         let id = self.next_id;
@@ -483,13 +485,6 @@ impl PlaneSender for Sender {
             .map_err(failed("reading the prefill agent's metadata"))?;
         self.md_stale = false;
         Ok(Some(md))
-    }
-
-    fn settle(&mut self, credits: &Credits, until: u64, limit: Duration) -> Result<(), LinkError> {
-        if !std::mem::take(&mut self.buffered) {
-            return Ok(());
-        }
-        credits.wait_released(until, limit)
     }
 }
 

@@ -73,13 +73,14 @@ impl Region {
         })
     }
 
-    /// Bytes `[0, len)` to fill, if the region holds that many.
-    pub(super) fn head_mut(&mut self, len: usize) -> Option<&mut [u8]> {
-        (len <= self.len).then(|| {
+    /// Bytes `[at, at + len)` to fill, if inside the region.
+    pub(super) fn range_mut(&mut self, at: usize, len: usize) -> Option<&mut [u8]> {
+        let end = at.checked_add(len)?;
+        (end <= self.len).then(|| {
             // SAFETY: in bounds (checked above), and `&mut self` is the
-            // only access from this process; NIXL reads these bytes only
-            // during a transfer the caller starts after filling them.
-            unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
+            // only access from this process; a peer READs these bytes only
+            // after the caller announces them, which it does after filling.
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
         })
     }
 }

@@ -9,9 +9,8 @@ use std::time::Duration;
 use super::plane::Sender;
 use super::{Nixl, NixlConfig, bind_loopback, runtime};
 use crate::kv::{Held, KvSeq};
-use crate::transfer::credits::Credits;
 use crate::transfer::tcp::frame::Staged;
-use crate::transfer::tcp::{PlaneSender, TcpPrefill};
+use crate::transfer::tcp::{CreditMark, PlaneSender, TcpPrefill};
 use crate::transfer::{
     DecodeSide, LinkError, PrefillSide, TransferConfig, TransferError, WireError, WriteBatch,
     synthetic,
@@ -67,8 +66,9 @@ impl PlaneSender for Lying {
         batch: &WriteBatch,
         row: usize,
         corrupt: bool,
+        mark: CreditMark<'_>,
     ) -> Result<Staged, LinkError> {
-        let s = self.honest.send(src, batch, row, corrupt)?;
+        let s = self.honest.send(src, batch, row, corrupt, mark)?;
         Ok(match self.lie {
             Lie::Staged(lie) => lie(s),
             _ => s,
@@ -87,10 +87,6 @@ impl PlaneSender for Lying {
             }
             _ => md,
         })
-    }
-
-    fn settle(&mut self, credits: &Credits, until: u64, limit: Duration) -> Result<(), LinkError> {
-        self.honest.settle(credits, until, limit)
     }
 }
 

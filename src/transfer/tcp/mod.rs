@@ -26,7 +26,7 @@ pub mod frame;
 mod plane;
 
 pub use accept::{MAX_PENDING, Refusal};
-pub(crate) use plane::{PlaneReceiver, PlaneSender, SenderFactory};
+pub(crate) use plane::{CreditMark, PlaneReceiver, PlaneSender, SenderFactory};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -743,12 +743,16 @@ impl TcpPrefill {
         self.credits.acquire(2 * each, self.cfg.write_timeout())?;
         if let Some(plane) = self.plane.as_mut() {
             self.staged_bytes += 2 * each as u64;
-            let staged = plane.send(src, &b, row, w.corrupt)?;
+            let mark = CreditMark {
+                credits: &self.credits,
+                until: self.staged_bytes,
+                limit: self.cfg.write_timeout(),
+            };
+            let staged = plane.send(src, &b, row, w.corrupt, mark)?;
             if let Some(md) = plane.metadata()? {
                 self.writer.send(&Frame::DataPlane(&md))?;
             }
-            self.writer.send(&Frame::Staged(b, staged))?;
-            return plane.settle(&self.credits, self.staged_bytes, self.cfg.write_timeout());
+            return self.writer.send(&Frame::Staged(b, staged));
         }
         let fw = &mut self.writer;
         fw.buf.clear();

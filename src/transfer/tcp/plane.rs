@@ -21,32 +21,41 @@ use crate::transfer::landing::LandingZone;
 use crate::transfer::protocol::WriteBatch;
 use crate::transfer::tcp::frame::Staged;
 
-/// The prefill end of a data plane. A write is [`PlaneSender::send`],
-/// then the metadata it needs ([`PlaneSender::metadata`]) and its
-/// [`Frame::Staged`](super::frame::Frame) frame, then
-/// [`PlaneSender::settle`].
+/// Where a write stands in its link's credit: the peer has credited it
+/// back once `credits` reaches `until` bytes in all (writes are credited in
+/// the order they were sent); a wait for credit lasts at most `limit`.
+#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+pub(crate) struct CreditMark<'a> {
+    pub(crate) credits: &'a Credits,
+    pub(crate) until: u64,
+    pub(crate) limit: Duration,
+}
+
+/// The prefill end of a data plane. A write is [`PlaneSender::send`], then
+/// the metadata it needs ([`PlaneSender::metadata`]) and its
+/// [`Frame::Staged`](super::frame::Frame) frame.
 pub(crate) trait PlaneSender: Send {
     /// Makes rows `[batch.start, batch.start + batch.tokens)` of
     /// `batch.layer` of `src` (K rows, then V rows, `row` bytes each)
     /// readable by the peer and says where they lie, with the first byte
     /// flipped when `corrupt` (fault injection: the rows are copied first,
-    /// never altered in the pool).
+    /// never altered in the pool). Rows read in place from held pages need
+    /// nothing more (they stay held until decode answers the transfer);
+    /// rows copied to a buffer keep their part of it until `mark` says the
+    /// peer credited the write back, waiting for earlier writes' parts
+    /// when the buffer is full.
     fn send(
         &mut self,
         src: &KvSeq<Held>,
         batch: &WriteBatch,
         row: usize,
         corrupt: bool,
+        mark: CreditMark<'_>,
     ) -> Result<Staged, LinkError>;
     /// This end's data-plane metadata when the peer has not seen it as it
     /// is now (first use, or memory registered since); sent before the
     /// staged write that needs it.
     fn metadata(&mut self) -> Result<Option<Vec<u8>>, LinkError>;
-    /// Waits, at most `limit`, until this end may reuse what the write sent
-    /// last was read from: at once for rows read in place from held pages
-    /// (held until decode answers the transfer), else until the peer has
-    /// credited the write back (`credits` reaches `until` bytes in all).
-    fn settle(&mut self, credits: &Credits, until: u64, limit: Duration) -> Result<(), LinkError>;
 }
 
 /// The decode end of a data plane.
