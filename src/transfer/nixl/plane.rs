@@ -132,24 +132,8 @@ fn torn_down() -> LinkError {
 }
 
 impl Live {
-    /// The registration of `pool`'s page arena with this end's agent, made
-    /// on first use and kept (with the pool) for the life of the link.
     fn register_pool(&mut self, pool: &KvPool) -> Result<(), LinkError> {
-        if self.pools.iter().any(|(p, _)| p.same_pool(pool)) {
-            return Ok(());
-        }
-        let Some((addr, len)) = pool.arena_span() else {
-            return Err(LinkError::DataPlane {
-                what: "registering the pool's pages",
-                detail: "they live in device memory, which this transport does not register".into(),
-            });
-        };
-        let reg = self
-            .agent
-            .register_memory(&Span { addr, len }, None)
-            .map_err(failed("registering the pool's pages"))?;
-        self.pools.push((pool.clone(), reg));
-        Ok(())
+        register_pool(&self.agent, &mut self.pools, pool).map(drop)
     }
 
     /// READs the peer's spans `src` into this end's spans `dst` (the same
@@ -202,6 +186,30 @@ impl Live {
             }
         }
     }
+}
+
+/// The registration of `pool`'s page arena with `agent`, made on first use
+/// and kept in `pools` (with the pool, so its arena outlives it) for the
+/// life of the link; `true` when it is new.
+fn register_pool(
+    agent: &Agent,
+    pools: &mut Vec<(KvPool, RegistrationHandle)>,
+    pool: &KvPool,
+) -> Result<bool, LinkError> {
+    if pools.iter().any(|(p, _)| p.same_pool(pool)) {
+        return Ok(false);
+    }
+    let Some((addr, len)) = pool.arena_span() else {
+        return Err(LinkError::DataPlane {
+            what: "registering the pool's pages",
+            detail: "they live in device memory, which this transport does not register".into(),
+        });
+    };
+    let reg = agent
+        .register_memory(&Span { addr, len }, None)
+        .map_err(failed("registering the pool's pages"))?;
+    pools.push((pool.clone(), reg));
+    Ok(true)
 }
 
 /// Pairs this end's spans `dst` with the peer's spans `src`, byte for byte
@@ -375,24 +383,10 @@ impl Sender {
         })
     }
 
-    /// The registration of `pool`'s page arena with this end's agent, made
-    /// on first use and kept (with the pool) for the life of the link.
     fn register_pool(&mut self, pool: &KvPool) -> Result<(), LinkError> {
-        if self.pools.iter().any(|(p, _)| p.same_pool(pool)) {
-            return Ok(());
+        if register_pool(&self.agent, &mut self.pools, pool)? {
+            self.md_stale = true;
         }
-        let Some((addr, len)) = pool.arena_span() else {
-            return Err(LinkError::DataPlane {
-                what: "registering the pool's pages",
-                detail: "they live in device memory, which this transport does not register".into(),
-            });
-        };
-        let reg = self
-            .agent
-            .register_memory(&Span { addr, len }, None)
-            .map_err(failed("registering the pool's pages"))?;
-        self.pools.push((pool.clone(), reg));
-        self.md_stale = true;
         Ok(())
     }
 
