@@ -39,15 +39,9 @@
 #include "mma.cuh"
 #endif
 #include "params.cuh"
+#include "pipeline.cuh"
 
 namespace handoff {
-
-#ifndef HANDOFF_SIMT_HOST
-__device__ __forceinline__ unsigned char* pmma_smem() {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    return smem_raw;
-}
-#endif
 
 
 constexpr int PMMA_WARPS = 4;
@@ -84,7 +78,7 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     using C = PmmaCfg<HEAD_DIM>;
     constexpr int LD = C::LD, KSTEPS = C::KSTEPS, DTILES = C::DTILES, NTILES = C::NTILES;
     constexpr int VEC = 8;  // elements per 16-byte load
-    T* q_s = reinterpret_cast<T*>(pmma_smem());  // [PMMA_BM][LD]
+    T* q_s = reinterpret_cast<T*>(dyn_smem());  // [PMMA_BM][LD]
     T* k_s = q_s + PMMA_BM * LD;               // [PMMA_BN][LD]
     T* v_s = k_s + PMMA_BN * LD;               // [PMMA_BN][LD]
 

@@ -11,6 +11,13 @@
 // own pointer arithmetic, so a fragment indexed wrongly by the kernel
 // shows up as a wrong result.
 //
+// cp.async (cuda/pipeline.cuh) is modelled at its worst: a copy's
+// destination turns to NaN bytes (0xff) when it is issued and its source is
+// copied only when cp_async_wait lets its group complete, so a read of a
+// stage before its wait, or a wait for too few groups, shows up as NaN.
+// ldmatrix is warp-collective like mma.sync: each lane publishes its row
+// address and takes its fragment from the PTX ISA's layout.
+//
 // Not emulated: memory ordering (everything is sequentially consistent
 // here), timing, and the exact f32 summation order of the tensor cores.
 #pragma once
@@ -19,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #define __device__
 #define __forceinline__ inline
@@ -66,7 +75,21 @@ struct Warp {
     uint32_t a[32][4];
     uint32_t b[32][2];
     uint64_t word[32];
+    const void* row[32];
 };
+
+// One thread's cp.async copies: the open group and the committed ones,
+// oldest first.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    bool fill;
+};
+struct AsyncGroups {
+    std::vector<AsyncCopy> open;
+    std::deque<std::vector<AsyncCopy>> committed;
+};
+inline thread_local AsyncGroups async_groups;
 
 struct ThreadCtx {
     Warp* warp;
@@ -177,6 +200,7 @@ inline V __shfl_xor_sync(unsigned /*mask*/, V v, int lane_mask) {
 }
 
 inline void __syncthreads() { sim::ctx.block->arrive_and_wait(); }
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) { sim::ctx.warp->bar.arrive_and_wait(); }
 
 // Nonzero on every thread when `pred` is nonzero on any thread of the block.
 inline int __syncthreads_or(int pred) {
@@ -236,6 +260,46 @@ template <typename T> struct MmaOp {
     }
 };
 
-inline unsigned char* pmma_smem() { return sim::ctx.smem; }
+inline unsigned char* dyn_smem() { return sim::ctx.smem; }
+
+inline void cp_async_16(void* dst, const void* src, bool fill) {
+    std::memset(dst, 0xff, 16);  // undefined until the wait: NaN here
+    sim::async_groups.open.push_back({dst, src, fill});
+}
+
+inline void cp_async_commit() {
+    auto& g = sim::async_groups;
+    g.committed.push_back(std::move(g.open));
+    g.open.clear();
+}
+
+template <int N>
+inline void cp_async_wait() {
+    auto& g = sim::async_groups;
+    while (g.committed.size() > (size_t)N) {
+        for (const auto& c : g.committed.front()) {
+            if (c.fill) std::memcpy(c.dst, c.src, 16);
+            else std::memset(c.dst, 0, 16);
+        }
+        g.committed.pop_front();
+    }
+}
+
+// See cuda/pipeline.cuh: matrix i's rows come from lanes 8i..8i+7; lane l
+// takes (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of each, transposed.
+inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
+    sim::Warp& w = *sim::ctx.warp;
+    const int lane = threadIdx.x & 31;
+    w.row[lane] = row;
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        const int col = lane / 4, r0 = 2 * (lane % 4);
+        uint16_t lo, hi;
+        std::memcpy(&lo, static_cast<const uint16_t*>(w.row[8 * i + r0]) + col, 2);
+        std::memcpy(&hi, static_cast<const uint16_t*>(w.row[8 * i + r0 + 1]) + col, 2);
+        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    w.bar.arrive_and_wait();
+}
 
 }  // namespace handoff
