@@ -1,12 +1,15 @@
 //! Decode attention reads the right KV and only it, proven without a GPU.
 //!
-//! The paged decode kernel of cuda/decode_attention.cuh (and its split-KV
-//! merge) runs here on the host SIMT emulator (tests/support/sim/: one OS
-//! thread per CUDA thread, barriers for __syncthreads and shuffles) over
-//! scattered pages of a two-layer arena, and every output must match an f64
-//! reference computed from the same KV bytes: f32, f16 and bf16 KV, head
-//! dims 64 and 128, GQA ratios 1 to 16 (16 runs the largest compiled group,
-//! 8, in two head slices per KV head), pages of 16 and 64, one chunk, fixed
+//! Both paged decode kernels, the scalar one of cuda/decode_attention.cuh
+//! and the tensor-core one of cuda/decode_mma.cuh (with its cp.async
+//! pipeline), and their split-KV merge run here on the host SIMT emulator
+//! (tests/support/sim/: one OS thread per CUDA thread, barriers for
+//! __syncthreads and shuffles, mma.sync and ldmatrix from the PTX fragment
+//! layouts, async copies that land only at their wait) over scattered pages
+//! of a two-layer arena, and every output must match an f64 reference
+//! computed from the same KV bytes: f32 (scalar only), f16 and bf16 KV,
+//! head dims 64 and 128, GQA ratios 1 to 32 (past the largest compiled
+//! group in head slices per KV head), pages of 16 and 64, one chunk, fixed
 //! chunks and automatic splits. A NaN-poisoned K slot inside a sequence
 //! turns exactly that sequence's heads of that KV head into NaN; a sequence
 //! computes the same bits alone as beside others.
@@ -42,11 +45,18 @@ enum Split {
     Auto(u32),
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Scalar,
+    TensorCore,
+}
+
 #[derive(Clone, Debug)]
 struct Case {
     dtype: Dtype,
     head_dim: usize,
-    /// The instantiation's GROUP (1, 4 or 8).
+    kernel: Kernel,
+    /// The instantiation's GROUP (scalar 1, 4 or 8; tensor-core 8 or 16).
     kgroup: u32,
     n_kv_heads: usize,
     group: usize,
@@ -128,7 +138,11 @@ fn encode(c: &Case, inp: &Inputs) -> Vec<u8> {
         Dtype::F16 => 1,
         Dtype::Bf16 => 2,
     };
-    u32s(&mut b, &[dtype, hd as u32, c.kgroup]);
+    let kernel = match c.kernel {
+        Kernel::Scalar => 0,
+        Kernel::TensorCore => 1,
+    };
+    u32s(&mut b, &[dtype, hd as u32, c.kgroup, kernel]);
     u32s(
         &mut b,
         &[
@@ -215,6 +229,7 @@ fn case(dtype: Dtype, head_dim: usize, kgroup: u32, group: usize, page_log2: u32
     Case {
         dtype,
         head_dim,
+        kernel: Kernel::Scalar,
         kgroup,
         n_kv_heads: 2,
         group,
@@ -225,14 +240,37 @@ fn case(dtype: Dtype, head_dim: usize, kgroup: u32, group: usize, page_log2: u32
     }
 }
 
-#[test]
-fn decode_attention_on_a_simt_emulator_matches_an_f64_reference() {
-    let test = "decode_attention_on_a_simt_emulator_matches_an_f64_reference";
+/// Runs every case on the emulator and checks each output element against
+/// the f64 reference within `tol`.
+fn check_against_reference(test: &str, cases: &[Case], tol: f64) {
     let dir = tempfile::tempdir().unwrap();
     let Some(exe) = host::emulated_or_skip(test, "decode_main.cpp", dir.path()) else {
         return;
     };
     let mut rng = Rng(2026);
+    for c in cases {
+        let inp = build(c, &mut rng);
+        let got = run(&exe, dir.path(), c, &inp);
+        let n_heads = c.n_kv_heads * c.group;
+        assert_eq!(got.len(), c.lens.len() * n_heads * c.head_dim);
+        let mut worst = 0.0f64;
+        for b in 0..c.lens.len() {
+            for h in 0..n_heads {
+                let want = reference(c, &inp, b, h);
+                let row = &got[(b * n_heads + h) * c.head_dim..][..c.head_dim];
+                for (d, (&g, &w)) in row.iter().zip(&want).enumerate() {
+                    let err = (g as f64 - w).abs();
+                    assert!(err <= tol, "{c:?}: seq {b} head {h} dim {d}: {g} vs {w}");
+                    worst = worst.max(err);
+                }
+            }
+        }
+        let _ = writeln!(std::io::stderr(), "PASS {c:?}: worst error {worst:.2e}");
+    }
+}
+
+#[test]
+fn decode_attention_on_a_simt_emulator_matches_an_f64_reference() {
     let cases = [
         case(Dtype::F32, 64, 1, 1, 4),
         case(Dtype::F16, 128, 4, 4, 4),
@@ -254,25 +292,60 @@ fn decode_attention_on_a_simt_emulator_matches_an_f64_reference() {
             ..case(Dtype::F32, 128, 8, 12, 6)
         },
     ];
-    for c in &cases {
-        let inp = build(c, &mut rng);
-        let got = run(&exe, dir.path(), c, &inp);
-        let n_heads = c.n_kv_heads * c.group;
-        assert_eq!(got.len(), c.lens.len() * n_heads * c.head_dim);
-        let mut worst = 0.0f64;
-        for b in 0..c.lens.len() {
-            for h in 0..n_heads {
-                let want = reference(c, &inp, b, h);
-                let row = &got[(b * n_heads + h) * c.head_dim..][..c.head_dim];
-                for (d, (&g, &w)) in row.iter().zip(&want).enumerate() {
-                    let err = (g as f64 - w).abs();
-                    assert!(err <= 2e-6, "{c:?}: seq {b} head {h} dim {d}: {g} vs {w}");
-                    worst = worst.max(err);
-                }
-            }
-        }
-        let _ = writeln!(std::io::stderr(), "PASS {c:?}: worst error {worst:.2e}");
+    check_against_reference(
+        "decode_attention_on_a_simt_emulator_matches_an_f64_reference",
+        &cases,
+        2e-6,
+    );
+}
+
+/// A tensor-core case: `kgroup` 8 or 16.
+fn mma(dtype: Dtype, head_dim: usize, kgroup: u32, group: usize, page_log2: u32) -> Case {
+    Case {
+        kernel: Kernel::TensorCore,
+        ..case(dtype, head_dim, kgroup, group, page_log2)
     }
+}
+
+#[test]
+fn the_tensor_core_decode_with_its_copy_pipeline_matches_an_f64_reference() {
+    // 700 positions in one chunk: 44 tiles, 11 per warp, so every warp's
+    // three stages are reused several times (the emulator lands a copy only
+    // at its wait: a stage read too early is NaN).
+    let long = vec![37, 700, 1];
+    let cases = [
+        Case {
+            lens: long.clone(),
+            ..mma(Dtype::Bf16, 128, 8, 8, 4)
+        },
+        Case {
+            lens: long,
+            ..mma(Dtype::F16, 64, 8, 4, 6)
+        },
+        // Ratio 1 and 3: padding heads computed, not written.
+        Case {
+            split: Split::Chunk(64),
+            ..mma(Dtype::Bf16, 64, 8, 1, 4)
+        },
+        Case {
+            split: Split::Chunk(40),
+            ..mma(Dtype::F16, 128, 8, 3, 4)
+        },
+        // Two octets, and a ratio of 32 in two slices of 16.
+        Case {
+            split: Split::Auto(4),
+            ..mma(Dtype::Bf16, 128, 16, 12, 6)
+        },
+        Case {
+            split: Split::Auto(4),
+            ..mma(Dtype::F16, 64, 16, 32, 4)
+        },
+    ];
+    check_against_reference(
+        "the_tensor_core_decode_with_its_copy_pipeline_matches_an_f64_reference",
+        &cases,
+        2e-6,
+    );
 }
 
 #[test]
@@ -285,15 +358,26 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
     ) else {
         return;
     };
-    // Poison: sequence 1, position 100, KV head 1, with a ratio of 16 (two
-    // slices) and automatic splits: every head of KV head 1 in sequence 1
-    // is NaN, nothing else is.
+    // Each kernel with a ratio of 16 in its largest group (two slices of 8
+    // for the scalar kernel, one block of two octets for tensor cores).
+    for base in [
+        case(Dtype::Bf16, 64, 8, 16, 4),
+        mma(Dtype::Bf16, 64, 16, 16, 4),
+    ] {
+        poisoned_heads_only(&exe, dir.path(), base.clone());
+        alone_equals_batched(&exe, dir.path(), base);
+    }
+}
+
+/// Poison: sequence 1, position 100, KV head 1, automatic splits: every
+/// head of KV head 1 in sequence 1 is NaN, nothing else is.
+fn poisoned_heads_only(exe: &std::path::Path, dir: &std::path::Path, base: Case) {
     let c = Case {
         split: Split::Auto(4),
         poison: Some((1, 100, 1)),
-        ..case(Dtype::Bf16, 64, 8, 16, 4)
+        ..base
     };
-    let got = run(&exe, dir.path(), &c, &build(&c, &mut Rng(7)));
+    let got = run(exe, dir, &c, &build(&c, &mut Rng(7)));
     let n_heads = c.n_kv_heads * c.group;
     for b in 0..c.lens.len() {
         for h in 0..n_heads {
@@ -302,18 +386,24 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
             assert_eq!(
                 row.iter().all(|x| x.is_nan()),
                 poisoned,
-                "seq {b} head {h}: {:?}",
+                "{:?}: seq {b} head {h}: {:?}",
+                c.kernel,
                 &row[..4]
             );
             assert!(poisoned || row.iter().all(|x| x.is_finite()));
         }
     }
-    // Batch invariance: sequence 0 of three, then alone on the same pages
-    // with the same query, automatic splits: the same bits.
+}
+
+/// Batch invariance: sequence 0 of three, then alone on the same pages
+/// with the same query, automatic splits: the same bits.
+fn alone_equals_batched(exe: &std::path::Path, dir: &std::path::Path, base: Case) {
     let batched = Case {
         split: Split::Auto(4),
         lens: vec![150, 300, 5],
-        ..case(Dtype::F16, 128, 4, 4, 4)
+        dtype: Dtype::F16,
+        group: 4,
+        ..base
     };
     let all = build(&batched, &mut Rng(11));
     let per_seq = batched.n_kv_heads * batched.group * batched.head_dim;
@@ -327,12 +417,13 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
         pages: all.pages[..1].to_vec(),
         page_stride: all.page_stride,
     };
-    let gb = run(&exe, dir.path(), &batched, &all);
-    let ga = run(&exe, dir.path(), &alone, &first);
+    let gb = run(exe, dir, &batched, &all);
+    let ga = run(exe, dir, &alone, &first);
     assert!(
         ga.iter()
             .zip(&gb[..per_seq])
             .all(|(x, y)| x.to_bits() == y.to_bits()),
-        "sequence 0 alone and batched differ"
+        "{:?}: sequence 0 alone and batched differ",
+        batched.kernel
     );
 }

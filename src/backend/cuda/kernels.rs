@@ -79,7 +79,9 @@ include!(concat!(env!("OUT_DIR"), "/kernel_table.rs"));
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::table::{DECODE_GROUPS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS};
+    use crate::backend::cuda::table::{
+        DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS,
+    };
 
     const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
 
@@ -88,8 +90,9 @@ mod tests {
         // decode 3 x 6 x 4, prefill 3 x 6, append 3, merge, scrub, rms_norm,
         // rope, swiglu, embedding 2, argmax, sample_rows, row_logprobs,
         // linear, linear_mma, add_periodic, xxh3_ranges, page_checksums,
-        // tensor-core prefill 2 x 2: what the fatbin test counts.
-        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4);
+        // tensor-core prefill 2 x 2, tensor-core decode 2 x 2 x 2: what the
+        // fatbin test counts.
+        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8);
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
         }
@@ -103,9 +106,13 @@ mod tests {
     fn each_family_lookup_finds_exactly_the_compiled_instantiations() {
         for d in DTYPES {
             for hd in [4, 8, 16, 32, 48, 64, 96, 128, 256, 512] {
-                for g in 0..=9 {
+                for g in 0..=17 {
                     let want = HEAD_DIMS.contains(&hd) && DECODE_GROUPS.contains(&g);
                     assert_eq!(decode_attention(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
+                    let want = d != KvDtype::F32
+                        && DECODE_MMA_HEAD_DIMS.contains(&hd)
+                        && DECODE_MMA_GROUPS.contains(&g);
+                    assert_eq!(decode_mma(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
                 }
                 assert_eq!(prefill_attention(d, hd).is_some(), HEAD_DIMS.contains(&hd));
                 let mma = d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
@@ -130,6 +137,11 @@ mod tests {
         assert_eq!(mma, Some((128, 192 * 72 * 2)));
         let mma = prefill_mma(KvDtype::F16, 128).map(|k| spec(k.id()));
         assert_eq!(mma, Some((128, 192 * 136 * 2)));
+        // Four warps, each with three stages of a K and a V tile of 16 rows.
+        let mma = decode_mma(KvDtype::BF16, 128, 8).map(|k| spec(k.id()));
+        assert_eq!(mma, Some((128, 4 * 3 * 2 * 16 * 128 * 2)));
+        let mma = decode_mma(KvDtype::F16, 64, 16).map(|k| spec(k.id()));
+        assert_eq!(mma, Some((128, 4 * 3 * 2 * 16 * 64 * 2)));
         assert_eq!(spec(decode_merge().id()), (128, 0));
         assert_eq!(spec(linear().id()), (256, 0));
         assert_eq!(spec(page_checksums().id()), (256, 0));

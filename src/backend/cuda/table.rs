@@ -62,6 +62,12 @@ pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];
 pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
 /// Head dimensions with a tensor-core prefill kernel (f16 and bf16 KV).
 pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head dimensions with a tensor-core decode kernel (f16 and bf16 KV).
+pub const DECODE_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Query heads per KV head of the tensor-core decode kernel: one or two
+/// octets of 8 (a ratio in between uses the next one up; a larger one runs
+/// in head slices of 16).
+pub const DECODE_MMA_GROUPS: [usize; 2] = [8, 16];
 
 /// (position, head) rows per block of the scalar prefill kernel.
 pub const PREFILL_ROWS: usize = 32;
@@ -71,6 +77,12 @@ pub const PREFILL_BK: usize = 32;
 pub const PMMA_BM: usize = 64;
 /// Keys per K/V tile of the tensor-core prefill kernel.
 pub const PMMA_BN: usize = 64;
+/// Warps per block of the tensor-core decode kernel.
+pub const DMMA_WARPS: usize = 4;
+/// KV positions per warp tile of the tensor-core decode kernel.
+pub const DMMA_TILE: usize = 16;
+/// Tiles in flight per warp (its cp.async pipeline's stages).
+pub const DMMA_STAGES: usize = 3;
 /// Rows of x per block of the matmul.
 pub const LIN_ROWS: usize = 16;
 /// Output columns per block of the matmul (one warp each).
@@ -251,6 +263,33 @@ pub const FAMILIES: &[Family] = &[
             128,
             true,
             "launching tensor-core prefill attention",
+        )
+    },
+    Family {
+        dtypes: &HALF_DTYPES,
+        head_dims: &DECODE_MMA_HEAD_DIMS,
+        groups: &DECODE_MMA_GROUPS,
+        // Every warp's stages of K and V tiles: no Q tile, no padding (the
+        // rows are swizzled instead).
+        smem: Smem::Tiles {
+            cfg: "DmmaCfg",
+            q_rows: 0,
+            kv_rows: DMMA_WARPS * DMMA_STAGES * DMMA_TILE,
+            pad: 0,
+            elem_bytes: 2,
+        },
+        mirrors: &[
+            ("DMMA_THREADS", 32 * DMMA_WARPS),
+            ("DMMA_TILE", DMMA_TILE),
+            ("DMMA_STAGES", DMMA_STAGES),
+        ],
+        ..Family::plain(
+            "decode_mma",
+            "decode_mma",
+            "DecodeParams",
+            32 * DMMA_WARPS as u32,
+            true,
+            "launching tensor-core decode attention",
         )
     },
     Family {

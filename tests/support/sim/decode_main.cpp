@@ -1,11 +1,13 @@
-// Runs cuda/decode_attention.cuh's kernels (paged decode attention, then
-// the split-KV merge when there is more than one chunk) on the SIMT
-// emulator (simt_host.h); driven by tests/cuda/decode_host.rs, which checks
-// the outputs against an f64 reference.
+// Runs decode attention (cuda/decode_attention.cuh's scalar kernel or
+// cuda/decode_mma.cuh's tensor-core kernel, then the split-KV merge when
+// there is more than one chunk) on the SIMT emulator (simt_host.h); driven
+// by tests/cuda/decode_host.rs, which checks the outputs against an f64
+// reference.
 //
 // Usage: decode_sim INPUT
 //   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16), u32 head_dim
-//   (64 or 128), u32 GROUP (the instantiation: 1, 4 or 8), then
+//   (64 or 128), u32 GROUP (the instantiation: 1, 4 or 8 scalar, 8 or 16
+//   tensor-core), u32 kernel (0 scalar, 1 tensor-core), then
 //   DecodeParams' scalars: u32 batch, n_heads, n_kv_heads, group, layer,
 //   page_size_log2, num_splits, chunk_tokens, auto_max_splits, f32
 //   sm_scale_log2, u64 page_stride, u64 arena elements; then q (f32),
@@ -17,24 +19,28 @@
 #include <vector>
 
 #include "decode_attention.cuh"
+#include "decode_mma.cuh"
 
 using namespace handoff;
 
-// Every block of the grid in turn, `threads` OS threads each.
+// Every block of the grid in turn, `threads` OS threads each, with `smem`
+// bytes of dynamic shared memory.
 template <typename Body>
-void launch(SimDim3 grid, unsigned threads, Body body) {
+void launch(SimDim3 grid, unsigned threads, Body body, size_t smem = 0) {
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
                 std::barrier<> block(threads);
                 std::vector<sim::Warp> warps(threads / 32);
+                std::vector<uint4> shared((smem + 15) / 16);
                 std::vector<std::thread> ts;
                 for (unsigned t = 0; t < threads; ++t)
                     ts.emplace_back([&, t] {
                         threadIdx = {t, 0, 0};
                         blockIdx = {x, y, z};
                         blockDim = {threads, 1, 1};
-                        sim::ctx = {&warps[t / 32], &block, nullptr};
+                        sim::ctx = {&warps[t / 32], &block,
+                                    reinterpret_cast<unsigned char*>(shared.data())};
                         body();
                     });
                 for (auto& th : ts) th.join();
@@ -48,7 +54,7 @@ std::vector<T> read_vec(FILE* f, size_t n) {
     return v;
 }
 
-template <typename T, int HD, int G>
+template <typename T, int HD, int G, bool MMA>
 std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
     const auto q = read_vec<float>(f, (size_t)p.batch * p.n_heads * HD);
     const auto kv = read_vec<T>(f, arena);
@@ -67,8 +73,13 @@ std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
     p.part_o = part_o.data();
     p.part_lse = part_lse.data();
     const unsigned slices = (p.group + G - 1) / G;
-    launch({p.num_splits, p.n_kv_heads * slices, p.batch}, DECODE_THREADS,
-           [&] { decode_attention<T, HD, G>(p); });
+    if constexpr (MMA) {
+        launch({p.num_splits, p.n_kv_heads * slices, p.batch}, DMMA_THREADS,
+               [&] { decode_mma<T, HD, G>(p); }, DmmaCfg<HD>::SMEM_BYTES);
+    } else {
+        launch({p.num_splits, p.n_kv_heads * slices, p.batch}, DECODE_THREADS,
+               [&] { decode_attention<T, HD, G>(p); });
+    }
     if (p.num_splits > 1) {
         MergeParams m{part_o.data(), part_lse.data(), out.data(), p.batch, p.n_heads, (uint32_t)HD,
                       p.num_splits};
@@ -78,20 +89,31 @@ std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
 }
 
 template <typename T, int HD>
-std::vector<float> by_group(FILE* f, uint32_t g, const DecodeParams& p, uint64_t arena) {
+std::vector<float> by_group(FILE* f, uint32_t g, bool mma, const DecodeParams& p, uint64_t arena) {
+    if (mma) {
+        if constexpr (sizeof(T) == 2) {
+            switch (g) {
+                case 8: return run<T, HD, 8, true>(f, p, arena);
+                case 16: return run<T, HD, 16, true>(f, p, arena);
+                default: std::exit(6);
+            }
+        }
+        std::exit(9);  // tensor cores take f16 and bf16 only
+    }
     switch (g) {
-        case 1: return run<T, HD, 1>(f, p, arena);
-        case 4: return run<T, HD, 4>(f, p, arena);
-        case 8: return run<T, HD, 8>(f, p, arena);
+        case 1: return run<T, HD, 1, false>(f, p, arena);
+        case 4: return run<T, HD, 4, false>(f, p, arena);
+        case 8: return run<T, HD, 8, false>(f, p, arena);
         default: std::exit(6);
     }
 }
 
 template <typename T>
-std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, const DecodeParams& p, uint64_t arena) {
+std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, bool mma, const DecodeParams& p,
+                          uint64_t arena) {
     switch (hd) {
-        case 64: return by_group<T, 64>(f, g, p, arena);
-        case 128: return by_group<T, 128>(f, g, p, arena);
+        case 64: return by_group<T, 64>(f, g, mma, p, arena);
+        case 128: return by_group<T, 128>(f, g, mma, p, arena);
         default: std::exit(7);
     }
 }
@@ -100,10 +122,10 @@ int main(int argc, char** argv) {
     if (argc != 2) return 2;
     FILE* f = std::fopen(argv[1], "rb");
     if (!f) return 3;
-    uint32_t head[3], s[9];
+    uint32_t head[4], s[9];
     float scale;
     uint64_t stride, arena;
-    if (std::fread(head, 4, 3, f) != 3 || std::fread(s, 4, 9, f) != 9 || std::fread(&scale, 4, 1, f) != 1 ||
+    if (std::fread(head, 4, 4, f) != 4 || std::fread(s, 4, 9, f) != 9 || std::fread(&scale, 4, 1, f) != 1 ||
         std::fread(&stride, 8, 1, f) != 1 || std::fread(&arena, 8, 1, f) != 1)
         return 4;
     DecodeParams p{};
@@ -120,9 +142,9 @@ int main(int argc, char** argv) {
     p.page_stride = stride;
     std::vector<float> out;
     switch (head[0]) {
-        case 0: out = by_dim<float>(f, head[1], head[2], p, arena); break;
-        case 1: out = by_dim<__half>(f, head[1], head[2], p, arena); break;
-        case 2: out = by_dim<__nv_bfloat16>(f, head[1], head[2], p, arena); break;
+        case 0: out = by_dim<float>(f, head[1], head[2], head[3] != 0, p, arena); break;
+        case 1: out = by_dim<__half>(f, head[1], head[2], head[3] != 0, p, arena); break;
+        case 2: out = by_dim<__nv_bfloat16>(f, head[1], head[2], head[3] != 0, p, arena); break;
         default: return 8;
     }
     std::fclose(f);
