@@ -3,10 +3,14 @@
 //!
 //! Decode: achieved bandwidth = KV bytes read / kernel time, as a share of
 //! a device-to-device copy ((read + write) bytes / time) measured in the
-//! same process. GQA 32:4, head_dim 128, bf16 KV, one layer, page 16 vs 64,
-//! batch {1, 8, 64, 256} x context {1k, 8k, 32k, 128k}; cells whose arena
-//! would exceed HANDOFF_BENCH_MAX_GIB (default 80; the largest, 256 x 128k,
-//! is 64 GiB) or fail to allocate are reported as skipped.
+//! same process, for the tensor-core kernel and the scalar one side by
+//! side on the same pages. GQA 32:4, head_dim 128, bf16 KV, one layer, page
+//! 16 vs 64, batch {1, 8, 64, 256} x context {1k, 8k, 32k, 128k}, and GQA
+//! 32:8 at the goal cells; cells whose arena would exceed
+//! HANDOFF_BENCH_MAX_GIB (default 80; the largest, 256 x 128k, is 64 GiB)
+//! or fail to allocate are reported as skipped. Prints
+//! `decode_copy_share_b8_ctx8k=X` and `decode_copy_share_b1_ctx32k=X`
+//! (GQA 32:4, page 16, the kernel `DecodeKernel::Auto` takes: tensor cores).
 //!
 //! Prefill: causal, head_dim 128, 32:8 heads, bf16 KV, page 16, 1k-8k
 //! positions, on the tensor-core kernel and on the scalar reference:
@@ -37,10 +41,33 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use handoff::backend::cuda::{
-        CudaDevice, CudaError, DecodeWorkspace, DeviceKvArena, PageTables, PrefillKernel, SeqPages,
-        Split, device_for_test,
+        CudaDevice, CudaError, DecodeKernel, DecodeWorkspace, DeviceKvArena, PageTables,
+        PrefillKernel, SeqPages, Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
+
+    /// (batch, context) cells of the GQA 32:4 decode table: every batch of
+    /// {1, 8, 64, 256} with every context of {1k, 8k, 32k, 128k}.
+    const DECODE_CELLS_32_4: &[(usize, usize)] = &[
+        (1, 1024),
+        (1, 8192),
+        (1, 32768),
+        (1, 131072),
+        (8, 1024),
+        (8, 8192),
+        (8, 32768),
+        (8, 131072),
+        (64, 1024),
+        (64, 8192),
+        (64, 32768),
+        (64, 131072),
+        (256, 1024),
+        (256, 8192),
+        (256, 32768),
+        (256, 131072),
+    ];
+    /// The GQA 32:8 cells of the goals (batch 1 at 32k, batch 8 and 64 at 8k).
+    const DECODE_CELLS_32_8: &[(usize, usize)] = &[(1, 32768), (8, 8192), (64, 8192)];
 
     type R<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -115,30 +142,41 @@ mod gpu {
         let copy = copy_gbps(&dev)?;
         println!("device-to-device copy: {copy:.0} GB/s (read + write)\n");
 
-        let (n_heads, n_kv, hd) = (32usize, 4usize, 128usize);
-        let g = KvGeometry {
-            n_layers: 1,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            dtype: KvDtype::BF16,
-        };
-        println!("## Decode attention, GQA 32:4, head_dim 128, bf16 KV: GB/s (share of copy)\n");
-        println!("| batch | context | page 16 | page 64 | p16/p64 | splits |");
-        println!("|---|---|---|---|---|---|");
-        for batch in [1usize, 8, 64, 256] {
-            for ctx in [1024usize, 8192, 32768, 131072] {
+        let hd = 128usize;
+        let kernels = [DecodeKernel::TensorCore, DecodeKernel::Scalar];
+        let mut shares = Vec::new();
+        for (n_heads, n_kv, cells) in [
+            (32usize, 4usize, DECODE_CELLS_32_4),
+            (32, 8, DECODE_CELLS_32_8),
+        ] {
+            let g = KvGeometry {
+                n_layers: 1,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                dtype: KvDtype::BF16,
+            };
+            println!(
+                "## Decode attention, GQA {n_heads}:{n_kv}, head_dim 128, bf16 KV: GB/s (share of \
+                 copy)\n"
+            );
+            println!(
+                "| batch | context | kernel | page 16 | page 64 | p16/p64 | vs scalar (p16) | splits |"
+            );
+            println!("|---|---|---|---|---|---|---|---|");
+            for &(batch, ctx) in cells {
                 let kv_bytes = batch * ctx * g.bytes_per_token();
                 if kv_bytes as f64 > max_gib * (1u64 << 30) as f64 {
                     println!(
-                        "| {batch} | {ctx} | skipped: {:.0} GiB > {max_gib} GiB | | | |",
+                        "| {batch} | {ctx} | | skipped: {:.0} GiB > {max_gib} GiB | | | | |",
                         kv_bytes as f64 / (1u64 << 30) as f64
                     );
                     continue;
                 }
-                let mut cells = Vec::new();
+                // GB/s per kernel, page 16 then 64.
+                let mut gbps = [[0.0f64; 2]; 2];
                 let mut splits = 0;
                 let mut no_memory = None;
-                for ps in [16usize, 64] {
+                for (pi, ps) in [16usize, 64].into_iter().enumerate() {
                     let per_seq = ctx / ps;
                     // An allocation failure skips the cell, not the run.
                     let arena = match DeviceKvArena::new(&dev, g, ps, batch * per_seq) {
@@ -164,39 +202,63 @@ mod gpu {
                     let q = dev.zeros::<f32>(batch * n_heads * hd)?;
                     let mut out = dev.zeros::<f32>(batch * n_heads * hd)?;
                     let mut ws = DecodeWorkspace::default();
-                    let ms = time_ms(&dev, 20, || {
-                        splits = dev.decode_attention(
-                            &arena,
-                            0,
-                            &pt,
-                            n_heads,
-                            &q,
-                            &mut out,
-                            &mut ws,
-                            Split::Auto,
-                        )?;
-                        Ok(())
-                    })?;
-                    cells.push(kv_bytes as f64 / (ms * 1e-3) / 1e9);
+                    for (ki, &kernel) in kernels.iter().enumerate() {
+                        let ms = time_ms(&dev, 20, || {
+                            let (n, _) = dev.decode_attention_with(
+                                &arena,
+                                0,
+                                &pt,
+                                n_heads,
+                                &q,
+                                &mut out,
+                                &mut ws,
+                                Split::Auto,
+                                kernel,
+                            )?;
+                            splits = n;
+                            Ok(())
+                        })?;
+                        gbps[ki][pi] = kv_bytes as f64 / (ms * 1e-3) / 1e9;
+                    }
                 }
                 if let Some(e) = no_memory {
-                    println!("| {batch} | {ctx} | skipped: {e} | | | |");
+                    println!("| {batch} | {ctx} | | skipped: {e} | | | | |");
                     continue;
                 }
-                println!(
-                    "| {batch} | {ctx} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2} | {splits} |",
-                    cells[0],
-                    cells[0] / copy,
-                    cells[1],
-                    cells[1] / copy,
-                    cells[0] / cells[1]
-                );
+                for (ki, kernel) in kernels.iter().enumerate() {
+                    let [p16, p64] = gbps[ki];
+                    let vs = if ki == 0 {
+                        format!("{:.2}", p16 / gbps[1][0])
+                    } else {
+                        String::new()
+                    };
+                    println!(
+                        "| {batch} | {ctx} | {kernel:?} | {p16:.0} ({:.2}) | {p64:.0} ({:.2}) | \
+                         {:.2} | {vs} | {splits} |",
+                        p16 / copy,
+                        p64 / copy,
+                        p16 / p64
+                    );
+                }
+                if n_kv == 4 && matches!((batch, ctx), (8, 8192) | (1, 32768)) {
+                    // What Auto runs (tensor cores for bf16), page 16.
+                    shares.push(format!(
+                        "decode_copy_share_b{batch}_ctx{}k={:.3}",
+                        ctx / 1024,
+                        gbps[0][0] / copy
+                    ));
+                }
             }
+            println!();
+        }
+        for line in &shares {
+            println!("{line}");
         }
 
         println!("\n## Prefill attention, causal, 32:8 heads, head_dim 128, bf16 KV, page 16\n");
         println!("| prompt | kernel | ms | TFLOP/s | share of 989 TFLOP/s bf16 peak |");
         println!("|---|---|---|---|---|");
+        let n_heads = 32;
         let g = KvGeometry {
             n_layers: 1,
             n_kv_heads: 8,

@@ -23,8 +23,9 @@
 use half::{bf16, f16};
 use handoff::backend::Rope;
 use handoff::backend::cuda::{
-    CudaDevice, CudaError, CudaSlice, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
-    PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap, Split, device_for_test,
+    CudaDevice, CudaError, CudaSlice, DECODE_MMA_HEAD_DIMS, DecodeKernel, DecodeWorkspace,
+    DeviceKvArena, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap,
+    Split, device_for_test,
 };
 use handoff::model::{RopeScaling, RopeStyle};
 use handoff::{KvDtype, KvGeometry};
@@ -310,22 +311,37 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
     // merge, scrub, rms_norm, rope, swiglu, embedding (f32, bf16), argmax,
     // sample_rows; linear, linear_mma (bf16), add_periodic; xxh3_ranges,
-    // page_checksums; prefill_mma: 2 x 2.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 9 + 3 + 2 + 4);
+    // sample_rows, row_logprobs; linear, linear_mma (bf16), add_periodic;
+    // xxh3_ranges, page_checksums; prefill_mma: 2 x 2; decode_mma: 2 dtypes
+    // x 2 head dims x 2 groups.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8);
 }
 
 // ----------------------------------------------------------------- decode
 
-/// Runs decode attention on `sc` for `n_heads` query heads and compares
-/// every head of every sequence with the reference.
+/// The decode kernels compiled for `dtype` and `head_dim`: the scalar one
+/// always, the tensor-core one for f16/bf16 at its head dims.
+fn decode_kernels(dtype: KvDtype, head_dim: usize) -> Vec<DecodeKernel> {
+    let mut kernels = vec![DecodeKernel::Scalar];
+    if dtype != KvDtype::F32 && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
+        kernels.push(DecodeKernel::TensorCore);
+    }
+    kernels
+}
+
+/// Runs decode attention on `sc` for `n_heads` query heads on `kernel` and
+/// compares every head of every sequence with the reference.
+#[allow(clippy::too_many_arguments)]
 fn check_decode(
     dev: &CudaDevice,
     rng: &mut Rng,
     sc: &Scenario,
     n_heads: usize,
     split: Split,
+    kernel: DecodeKernel,
     what: &str,
 ) -> usize {
+    let what = format!("{what} {kernel:?}");
     let g = sc.arena.g;
     let hd = g.head_dim;
     let group = n_heads / g.n_kv_heads;
@@ -339,11 +355,13 @@ fn check_decode(
     let mut ws = DecodeWorkspace::default();
     let mut splits = 0;
     for layer in 0..g.n_layers {
-        splits = dev
-            .decode_attention(
-                &arena, layer, &tables, n_heads, &q_dev, &mut out, &mut ws, split,
+        let (n, chosen) = dev
+            .decode_attention_with(
+                &arena, layer, &tables, n_heads, &q_dev, &mut out, &mut ws, split, kernel,
             )
             .unwrap();
+        assert_eq!(chosen, kernel, "{what}");
+        splits = n;
         let got = dev.download(&out).unwrap();
         let mut want = Vec::with_capacity(got.len());
         for (s, &len) in sc.kv_lens.iter().enumerate() {
@@ -367,15 +385,18 @@ fn decode_matches_reference_for_every_dtype_head_dim_group_and_page_size() {
         for hd in HEAD_DIMS {
             for ps in [1, 16, 64] {
                 let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &lens);
-                for group in [1, 2, 4, 8] {
-                    check_decode(
-                        &dev,
-                        &mut rng,
-                        &sc,
-                        2 * group,
-                        Split::Auto,
-                        &format!("decode {dtype:?} hd {hd} page {ps} group {group}"),
-                    );
+                for kernel in decode_kernels(dtype, hd) {
+                    for group in [1, 2, 4, 8, 16] {
+                        check_decode(
+                            &dev,
+                            &mut rng,
+                            &sc,
+                            2 * group,
+                            Split::Auto,
+                            kernel,
+                            &format!("decode {dtype:?} hd {hd} page {ps} group {group}"),
+                        );
+                    }
                 }
             }
         }
@@ -392,16 +413,19 @@ fn decode_split_kv_merges_to_the_same_answer_for_any_chunking() {
             let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &lens);
             // Chunks shorter than a page, not a multiple of anything, one
             // whole page, and longer than every sequence.
-            for chunk in [1, 7, 16, 100, 512, 4096] {
-                let splits = check_decode(
-                    &dev,
-                    &mut rng,
-                    &sc,
-                    2 * 8,
-                    Split::ChunkTokens(chunk),
-                    &format!("decode {dtype:?} hd {hd} page {ps} chunk {chunk}"),
-                );
-                assert_eq!(splits, 1500usize.div_ceil(chunk.min(1500)));
+            for kernel in decode_kernels(dtype, hd) {
+                for chunk in [1, 7, 16, 100, 512, 4096] {
+                    let splits = check_decode(
+                        &dev,
+                        &mut rng,
+                        &sc,
+                        2 * 8,
+                        Split::ChunkTokens(chunk),
+                        kernel,
+                        &format!("decode {dtype:?} hd {hd} page {ps} chunk {chunk}"),
+                    );
+                    assert_eq!(splits, 1500usize.div_ceil(chunk.min(1500)));
+                }
             }
         }
     }
@@ -412,8 +436,9 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Decode attention of `members` (indices into `sc`'s sequences) as one
-/// batch, layer 1, with each member's query taken from `q`
+/// batch, layer 1, on `kernel`, with each member's query taken from `q`
 /// (`[sequence][n_heads * head_dim]`); one output row per member.
+#[allow(clippy::too_many_arguments)]
 fn decode_members(
     dev: &CudaDevice,
     arena: &DeviceKvArena,
@@ -422,6 +447,7 @@ fn decode_members(
     n_heads: usize,
     members: &[usize],
     split: Split,
+    kernel: DecodeKernel,
 ) -> Vec<Vec<f32>> {
     let seqs: Vec<SeqPages<'_>> = members
         .iter()
@@ -436,8 +462,12 @@ fn decode_members(
     let q_dev = dev.upload(&qb).unwrap();
     let mut out = dev.upload(&vec![f32::NAN; qb.len()]).unwrap();
     let mut ws = DecodeWorkspace::default();
-    dev.decode_attention(arena, 1, &tables, n_heads, &q_dev, &mut out, &mut ws, split)
+    let (_, chosen) = dev
+        .decode_attention_with(
+            arena, 1, &tables, n_heads, &q_dev, &mut out, &mut ws, split, kernel,
+        )
         .unwrap();
+    assert_eq!(chosen, kernel);
     let row = q[0].len();
     dev.download(&out)
         .unwrap()
@@ -455,12 +485,18 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
     let mut rng = Rng(21);
     let lens = [1000, 4000, 10, 300, 257, 9000, 256];
     let (n_heads, hd) = (32, 128);
-    for dtype in DTYPES {
+    for (dtype, kernel) in DTYPES
+        .into_iter()
+        .flat_map(|d| decode_kernels(d, hd).into_iter().map(move |k| (d, k)))
+    {
         let sc = Scenario::new(&mut rng, geometry(dtype, 8, hd), 16, &lens);
         let arena = sc.arena.upload(&dev);
         let q: Vec<Vec<f32>> = lens.iter().map(|_| rng.vec(n_heads * hd, 2.0)).collect();
         let all: Vec<usize> = (0..lens.len()).collect();
-        let together = decode_members(&dev, &arena, &sc, &q, n_heads, &all, Split::Auto);
+        let run = |members: &[usize]| {
+            decode_members(&dev, &arena, &sc, &q, n_heads, members, Split::Auto, kernel)
+        };
+        let together = run(&all);
         // Every position covered once, whatever each sequence's own chunk
         // (9000 positions: chunks of 320, the only case above 256).
         for (s, row) in together.iter().enumerate() {
@@ -468,7 +504,7 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
                 let want = sc.attend(s, 1, h, n_heads / 8, &q[s][h * hd..(h + 1) * hd], lens[s]);
                 // f32 sums over up to 9000 positions: 10x the short tests' bound.
                 assert_close(
-                    &format!("{dtype:?} sequence {s} head {h}"),
+                    &format!("{dtype:?} {kernel:?} sequence {s} head {h}"),
                     &row[h * hd..(h + 1) * hd],
                     &want,
                     10.0 * RTOL,
@@ -476,11 +512,11 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
             }
         }
         for s in 0..lens.len() {
-            let alone = decode_members(&dev, &arena, &sc, &q, n_heads, &[s], Split::Auto);
+            let alone = run(&[s]);
             assert_eq!(
                 bits(&alone[0]),
                 bits(&together[s]),
-                "{dtype:?}: sequence of {} positions alone vs in a batch",
+                "{dtype:?} {kernel:?}: sequence of {} positions alone vs in a batch",
                 lens[s]
             );
             // Beside only the longest, and beside only the shortest.
@@ -488,11 +524,11 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
                 if mate == s {
                     continue;
                 }
-                let pair = decode_members(&dev, &arena, &sc, &q, n_heads, &[mate, s], Split::Auto);
+                let pair = run(&[mate, s]);
                 assert_eq!(
                     bits(&pair[1]),
                     bits(&together[s]),
-                    "{dtype:?} beside {mate}"
+                    "{dtype:?} {kernel:?} beside {mate}"
                 );
             }
         }
@@ -525,12 +561,15 @@ fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
         }
         let arena = sc.arena.upload(&dev);
         let q: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n_heads * hd, 2.0)).collect();
-        for split in [
+        for (split, kernel) in [
             Split::Auto,
             Split::ChunkTokens(128),
             Split::ChunkTokens(1000),
-        ] {
-            let out = decode_members(&dev, &arena, &sc, &q, n_heads, &[0, 1, 2, 3], split);
+        ]
+        .into_iter()
+        .flat_map(|s| decode_kernels(dtype, hd).into_iter().map(move |k| (s, k)))
+        {
+            let out = decode_members(&dev, &arena, &sc, &q, n_heads, &[0, 1, 2, 3], split, kernel);
             let group = n_heads / 2;
             for s in 0..4 {
                 for h in 0..n_heads {
@@ -539,15 +578,15 @@ fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
                     if poisoned {
                         assert!(
                             head.iter().all(|x| x.is_nan()),
-                            "{dtype:?} {split:?}: sequence {s} head {h} read a NaN key and \
-                             returned {:?}",
+                            "{dtype:?} {split:?} {kernel:?}: sequence {s} head {h} read a NaN \
+                             key and returned {:?}",
                             &head[..4]
                         );
                     } else {
                         let want =
                             sc.attend(s, 1, h, group, &q[s][h * hd..(h + 1) * hd], sc.kv_lens[s]);
                         assert_close(
-                            &format!("{dtype:?} {split:?} seq {s} head {h}"),
+                            &format!("{dtype:?} {split:?} {kernel:?} seq {s} head {h}"),
                             head,
                             &want,
                             RTOL,
@@ -562,20 +601,75 @@ fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
 #[test]
 fn decode_handles_group_ratios_between_compiled_ones() {
     // 3, 5, 6 and 7 query heads per KV head run on the next larger
-    // instantiation; its padding heads must not overwrite real heads. 12
-    // and 16 (past the largest, 8) run it in head slices per KV head.
+    // instantiation; its padding heads must not overwrite real heads. Past
+    // the largest (8 scalar, 16 on tensor cores) it runs in head slices per
+    // KV head, the last one partly padding.
     let dev = gpu!("decode_handles_group_ratios_between_compiled_ones");
     let mut rng = Rng(3);
-    for group in [3, 5, 6, 7, 12, 16] {
-        let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 3, 64), 16, &[5, 40, 17]);
-        check_decode(
-            &dev,
-            &mut rng,
-            &sc,
-            3 * group,
-            Split::ChunkTokens(16),
-            &format!("decode group {group}"),
-        );
+    for kernel in decode_kernels(KvDtype::BF16, 64) {
+        for group in [3, 5, 6, 7, 9, 12, 16, 24, 40] {
+            let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 3, 64), 16, &[5, 40, 17]);
+            check_decode(
+                &dev,
+                &mut rng,
+                &sc,
+                3 * group,
+                Split::ChunkTokens(16),
+                kernel,
+                &format!("decode group {group}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_runs_on_tensor_cores_exactly_where_compiled() {
+    // Auto takes the tensor-core kernel for f16/bf16 KV at its head dims
+    // and the scalar one elsewhere; forcing tensor cores where none is
+    // compiled is refused before any launch, and the output is untouched.
+    let dev = gpu!("decode_runs_on_tensor_cores_exactly_where_compiled");
+    let mut rng = Rng(5);
+    for dtype in DTYPES {
+        for hd in [32, 64, 128] {
+            let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), 16, &[300, 9]);
+            let arena = sc.arena.upload(&dev);
+            let tables = PageTables::new(&dev, &arena, &sc.seqs(&[1, 1])).unwrap();
+            let n_heads = 2 * 8;
+            let q = dev.upload(&rng.vec(2 * n_heads * hd, 2.0)).unwrap();
+            let mut out = dev.upload(&vec![f32::NAN; 2 * n_heads * hd]).unwrap();
+            let mut ws = DecodeWorkspace::default();
+            let mut run = |kernel| {
+                dev.decode_attention_with(
+                    &arena,
+                    0,
+                    &tables,
+                    n_heads,
+                    &q,
+                    &mut out,
+                    &mut ws,
+                    Split::Auto,
+                    kernel,
+                )
+            };
+            let compiled = dtype != KvDtype::F32 && DECODE_MMA_HEAD_DIMS.contains(&hd);
+            let want = if compiled {
+                DecodeKernel::TensorCore
+            } else {
+                DecodeKernel::Scalar
+            };
+            let what = format!("{dtype:?} hd {hd}");
+            assert_eq!(run(DecodeKernel::Auto).unwrap().1, want, "{what}");
+            assert_eq!(run(DecodeKernel::Scalar).unwrap().1, DecodeKernel::Scalar);
+            let forced = run(DecodeKernel::TensorCore);
+            if compiled {
+                assert_eq!(forced.unwrap().1, DecodeKernel::TensorCore, "{what}");
+            } else {
+                assert!(
+                    matches!(forced, Err(CudaError::Unsupported { .. })),
+                    "{what}: {forced:?}"
+                );
+            }
+        }
     }
 }
 

@@ -20,8 +20,8 @@ use super::arena::{DeviceKvArena, PageTables, SlotMap};
 use super::kernels::{self, Kernel};
 use super::params::*;
 use super::plan::{
-    self, Attn, Batch, DecodePlan, Grid, PrefillKernel, Split, Step, grid, grid_stride, shape,
-    to_u32,
+    self, Attn, Batch, DecodeKernel, DecodePlan, Grid, PrefillKernel, Split, Step, grid,
+    grid_stride, shape, to_u32,
 };
 use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LOGPROB_STRIDE};
 use super::{CudaDevice, CudaError};
@@ -259,17 +259,52 @@ impl CudaDevice {
         ws: &mut DecodeWorkspace,
         split: Split,
     ) -> Result<usize, CudaError> {
+        let (splits, _) = self.decode_attention_with(
+            arena,
+            layer,
+            tables,
+            n_heads,
+            q,
+            out,
+            ws,
+            split,
+            DecodeKernel::Auto,
+        )?;
+        Ok(splits)
+    }
+
+    /// [`CudaDevice::decode_attention`] with the kernel chosen by `kernel`;
+    /// returns the KV chunks launched per sequence and the kernel that ran
+    /// ([`DecodeKernel::Scalar`] or [`DecodeKernel::TensorCore`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention_with(
+        &self,
+        arena: &DeviceKvArena,
+        layer: usize,
+        tables: &PageTables,
+        n_heads: usize,
+        q: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        ws: &mut DecodeWorkspace,
+        split: Split,
+        kernel: DecodeKernel,
+    ) -> Result<(usize, DecodeKernel), CudaError> {
         let a = self.attn(arena, tables, layer, n_heads)?;
-        let plan = plan::decode(&a, &batch_of(tables), q.len(), out.len(), split)?;
+        let (chosen, plan) =
+            plan::decode(&a, &batch_of(tables), q.len(), out.len(), split, kernel)?;
         let splits = plan.splits();
         // Launch contract (both launches): q and out hold
         // batch*n_heads*head_dim f32 (checked by the plan); the page tables
         // were built for this arena (id checked) with every page index
         // inside it and kv_len covered by each sequence's pages; the kernel
-        // matches dtype and head_dim and its group is at least p.group;
-        // grid (num_splits, n_kv_heads, batch) as the kernel indexes, and
-        // num_splits chunks cover every sequence's kv_len (fixed chunks
-        // cover max_kv_len; auto chunks are at most num_splits per sequence).
+        // matches dtype and head_dim and its group is at least p.group, or
+        // it runs in grid.y / n_kv_heads slices of its group; grid
+        // (num_splits, n_kv_heads x slices, batch) as the kernel indexes,
+        // and num_splits chunks cover every sequence's kv_len (fixed chunks
+        // cover max_kv_len; auto chunks are at most num_splits per
+        // sequence). The tensor-core kernel's 16-byte copies need pages on
+        // 16 bytes (the plan checked page_stride; the arena's base is
+        // allocation-aligned).
         let stream = &self.inner.stream;
         match plan {
             DecodePlan::Empty => {}
@@ -308,7 +343,7 @@ impl CudaDevice {
                 self.launch(merge.kernel, &m, merge.grid, args)?;
             }
         }
-        Ok(splits)
+        Ok((splits, chosen))
     }
 
     /// Paged causal prefill attention for layer `layer`, on tensor cores

@@ -38,8 +38,10 @@ pub use device::CudaDevice;
 pub use error::CudaError;
 pub use launch::{DecodeWorkspace, PageChecksums};
 pub use pages::CudaPages;
-pub use plan::{PREFILL_MAX_GROUP, PrefillKernel, Split};
-pub use table::{DECODE_GROUPS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS};
+pub use plan::{DecodeKernel, PREFILL_MAX_GROUP, PrefillKernel, Split};
+pub use table::{
+    DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS,
+};
 
 /// Opens device 0 for a test or benchmark, or says why not.
 ///

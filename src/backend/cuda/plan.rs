@@ -15,7 +15,10 @@
 use super::CudaError;
 use super::kernels::{self, Kernel};
 use super::params::{DecodeParams, MergeParams, PrefillParams};
-use super::table::{DECODE_GROUPS, HEAD_DIMS, PMMA_BM, PREFILL_MMA_HEAD_DIMS, PREFILL_ROWS};
+use super::table::{
+    DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, PMMA_BM,
+    PREFILL_MMA_HEAD_DIMS, PREFILL_ROWS,
+};
 use crate::{KvDtype, KvGeometry};
 
 /// Most query heads per KV head in prefill (its (position, head) row tile).
@@ -40,6 +43,20 @@ pub enum Split {
     Auto,
     /// Chunks of exactly this many positions (at least 1).
     ChunkTokens(usize),
+}
+
+/// Which decode attention kernel runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
+    /// [`DECODE_MMA_HEAD_DIMS`]), else the scalar kernel.
+    #[default]
+    Auto,
+    /// The scalar f32 kernel (every dtype and head dim): the reference.
+    Scalar,
+    /// The tensor-core (mma.sync, cp.async pipeline) kernel; refused where
+    /// not compiled.
+    TensorCore,
 }
 
 /// Which prefill attention kernel runs.
@@ -226,24 +243,50 @@ pub(crate) struct Workspace {
 }
 
 /// Plans decode attention (one query per sequence) for `b` with buffers
-/// `q` and `out` of `q_len` and `out_len` elements.
+/// `q` and `out` of `q_len` and `out_len` elements, on the kernel `choice`
+/// asks for; answers the kernel chosen ([`DecodeKernel::Scalar`] or
+/// [`DecodeKernel::TensorCore`]) with the plan.
 pub(crate) fn decode(
     a: &Attn,
     b: &Batch,
     q_len: usize,
     out_len: usize,
     split: Split,
-) -> Result<DecodePlan, CudaError> {
+    choice: DecodeKernel,
+) -> Result<(DecodeKernel, DecodePlan), CudaError> {
     if a.group == 0 {
         return Err(CudaError::Unsupported {
             what: "query heads per KV head in decode",
             detail: "0".into(),
         });
     }
+    // The tensor-core kernel copies 16-byte chunks of K and V rows: pages
+    // must start on 16 bytes (they do for every compiled head dim, whose
+    // rows are 128 bytes or more).
+    let mma = matches!(a.dtype, KvDtype::F16 | KvDtype::BF16)
+        && DECODE_MMA_HEAD_DIMS.contains(&a.head_dim)
+        && a.page_stride.is_multiple_of(8);
+    let chosen = match (choice, mma) {
+        (DecodeKernel::Scalar, _) | (DecodeKernel::Auto, false) => DecodeKernel::Scalar,
+        (DecodeKernel::Auto | DecodeKernel::TensorCore, true) => DecodeKernel::TensorCore,
+        (DecodeKernel::TensorCore, false) => {
+            return Err(CudaError::Unsupported {
+                what: "tensor-core decode",
+                detail: format!(
+                    "{:?} KV, head_dim {} (compiled: f16/bf16, head_dim {DECODE_MMA_HEAD_DIMS:?})",
+                    a.dtype, a.head_dim
+                ),
+            });
+        }
+    };
+    let groups: &[usize] = match chosen {
+        DecodeKernel::TensorCore => &DECODE_MMA_GROUPS,
+        _ => &DECODE_GROUPS,
+    };
     // The smallest compiled group that holds the ratio; above the largest,
     // the largest, in head slices (see cuda/decode_attention.cuh).
-    let largest = DECODE_GROUPS[DECODE_GROUPS.len() - 1];
-    let kgroup = DECODE_GROUPS
+    let largest = groups[groups.len() - 1];
+    let kgroup = groups
         .iter()
         .copied()
         .find(|&k| k >= a.group)
@@ -260,7 +303,7 @@ pub(crate) fn decode(
     shape("decode out elements", rows, out_len)?;
     let max_len = b.max_kv_len;
     if b.batch == 0 {
-        return Ok(DecodePlan::Empty);
+        return Ok((chosen, DecodePlan::Empty));
     }
     if max_len == 0 {
         return Err(CudaError::Shape {
@@ -292,13 +335,18 @@ pub(crate) fn decode(
             AUTO_MAX_SPLITS.min(max_len.div_ceil(MIN_CHUNK)),
         ),
     };
-    let kernel = kernels::decode_attention(a.dtype, a.head_dim, kgroup).ok_or_else(|| {
-        CudaError::MissingKernel {
-            name: format!(
-                "decode_attention for {:?}, d{}, g{kgroup}",
-                a.dtype, a.head_dim
-            ),
-        }
+    let (family, kernel) = match chosen {
+        DecodeKernel::TensorCore => (
+            "decode_mma",
+            kernels::decode_mma(a.dtype, a.head_dim, kgroup),
+        ),
+        _ => (
+            "decode_attention",
+            kernels::decode_attention(a.dtype, a.head_dim, kgroup),
+        ),
+    };
+    let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
+        name: format!("{family} for {:?}, d{}, g{kgroup}", a.dtype, a.head_dim),
     })?;
     let params = DecodeParams {
         page_stride: a.page_stride,
@@ -321,10 +369,10 @@ pub(crate) fn decode(
         b.batch,
     )?
     else {
-        return Ok(DecodePlan::Empty);
+        return Ok((chosen, DecodePlan::Empty));
     };
     let Some(merge_grid) = grid("decode merge grid", a.n_heads, b.batch, 1)? else {
-        return Ok(DecodePlan::Empty);
+        return Ok((chosen, DecodePlan::Empty));
     };
     let attn = Step {
         kernel,
@@ -332,7 +380,7 @@ pub(crate) fn decode(
         grid: attn_grid,
     };
     if num_splits == 1 {
-        return Ok(DecodePlan::Whole(attn));
+        return Ok((chosen, DecodePlan::Whole(attn)));
     }
     let merge = Step {
         kernel: kernels::decode_merge(),
@@ -345,14 +393,17 @@ pub(crate) fn decode(
         },
         grid: merge_grid,
     };
-    Ok(DecodePlan::Split {
-        attn,
-        merge,
-        workspace: Workspace {
-            part_o: rows * num_splits,
-            part_lse: b.batch * a.n_heads * num_splits,
+    Ok((
+        chosen,
+        DecodePlan::Split {
+            attn,
+            merge,
+            workspace: Workspace {
+                part_o: rows * num_splits,
+                part_lse: b.batch * a.n_heads * num_splits,
+            },
         },
-    })
+    ))
 }
 
 /// What one prefill attention call launches.
@@ -467,10 +518,20 @@ mod tests {
         }
     }
 
-    /// Plans decode with q and out of the right size.
+    /// Plans decode with q and out of the right size, on the scalar kernel
+    /// (which every dtype and head dim has).
     fn plan_decode(a: &Attn, b: &Batch, split: Split) -> Result<DecodePlan, CudaError> {
+        plan_decode_on(a, b, split, DecodeKernel::Scalar).map(|(_, p)| p)
+    }
+
+    fn plan_decode_on(
+        a: &Attn,
+        b: &Batch,
+        split: Split,
+        kernel: DecodeKernel,
+    ) -> Result<(DecodeKernel, DecodePlan), CudaError> {
         let rows = b.batch * a.n_heads * a.head_dim;
-        decode(a, b, rows, rows, split)
+        decode(a, b, rows, rows, split, kernel)
     }
 
     fn decode_params(p: &DecodePlan) -> &DecodeParams {
@@ -589,6 +650,83 @@ mod tests {
     }
 
     #[test]
+    fn auto_decodes_f16_and_bf16_kv_on_tensor_cores_in_octets_of_heads() {
+        for (dtype, head_dim, n_heads, want) in [
+            (KvDtype::BF16, 128, 64, Some("decode_mma_bf16_d128_g16")),
+            (KvDtype::BF16, 128, 16, Some("decode_mma_bf16_d128_g8")),
+            (KvDtype::F16, 64, 2, Some("decode_mma_f16_d64_g8")),
+            (KvDtype::F16, 64, 18, Some("decode_mma_f16_d64_g16")),
+            // Ratios past 16: slices of 16 heads.
+            (KvDtype::BF16, 64, 64, Some("decode_mma_bf16_d64_g16")),
+            // No tensor-core kernel: the scalar one.
+            (KvDtype::F32, 128, 16, None),
+            (KvDtype::BF16, 32, 16, None),
+        ] {
+            let a = attn(dtype, head_dim, 2, n_heads);
+            let (chosen, p) =
+                plan_decode_on(&a, &batch(1, 10), Split::Auto, DecodeKernel::Auto).unwrap();
+            let DecodePlan::Whole(step) = p else {
+                panic!("{p:?}")
+            };
+            let symbol = step.kernel.id().spec().symbol;
+            match want {
+                Some(want) => {
+                    assert_eq!(chosen, DecodeKernel::TensorCore);
+                    assert_eq!(symbol, want);
+                    let slices = (n_heads / 2).div_ceil(16).max(1) as u32;
+                    assert_eq!(step.grid.1, 2 * slices, "grid.y: KV heads x slices");
+                }
+                None => {
+                    assert_eq!(chosen, DecodeKernel::Scalar);
+                    assert!(symbol.starts_with("decode_attention_"), "{symbol}");
+                    let forced =
+                        plan_decode_on(&a, &batch(1, 10), Split::Auto, DecodeKernel::TensorCore);
+                    assert!(
+                        matches!(forced, Err(CudaError::Unsupported { .. })),
+                        "{dtype:?} d{head_dim}: {forced:?}"
+                    );
+                }
+            }
+            // The scalar kernel is there whatever Auto picks.
+            let (chosen, _) =
+                plan_decode_on(&a, &batch(1, 10), Split::Auto, DecodeKernel::Scalar).unwrap();
+            assert_eq!(chosen, DecodeKernel::Scalar);
+        }
+    }
+
+    #[test]
+    fn both_decode_kernels_split_a_sequence_the_same_way() {
+        // The chunking is the plan's, not the kernel's: the tensor-core
+        // kernel merges the same chunks through the same workspace.
+        let a = attn(KvDtype::BF16, 128, 4, 32);
+        for split in [Split::Auto, Split::ChunkTokens(100)] {
+            let (_, scalar) =
+                plan_decode_on(&a, &batch(3, 9000), split, DecodeKernel::Scalar).unwrap();
+            let (_, mma) =
+                plan_decode_on(&a, &batch(3, 9000), split, DecodeKernel::TensorCore).unwrap();
+            let (
+                DecodePlan::Split {
+                    attn: s,
+                    workspace: ws,
+                    ..
+                },
+                DecodePlan::Split {
+                    attn: m,
+                    workspace: wm,
+                    ..
+                },
+            ) = (&scalar, &mma)
+            else {
+                panic!("9000 positions split: {scalar:?} {mma:?}");
+            };
+            assert_eq!(ws, wm);
+            assert_eq!(s.grid, m.grid, "GQA 8:1 is one slice of 8 heads on both");
+            let key = |p: &DecodeParams| (p.num_splits, p.chunk_tokens, p.auto_max_splits);
+            assert_eq!(key(&s.params), key(&m.params));
+        }
+    }
+
+    #[test]
     fn decode_refuses_what_no_kernel_can_do_before_anything_is_sized() {
         // A ratio past the largest group is served in slices, not refused.
         let a = attn(KvDtype::F16, 64, 2, 18);
@@ -603,7 +741,14 @@ mod tests {
             Err(CudaError::Unsupported { .. })
         ));
         assert!(matches!(
-            decode(&a, &batch(1, 10), 4 * 64, 2 * 64, Split::Auto),
+            decode(
+                &a,
+                &batch(1, 10),
+                4 * 64,
+                2 * 64,
+                Split::Auto,
+                DecodeKernel::Auto
+            ),
             Err(CudaError::Shape { .. })
         ));
         assert!(matches!(
