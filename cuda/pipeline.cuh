@@ -1,13 +1,14 @@
 // Asynchronous copies into shared memory and shared-memory matrix loads,
-// for the pipelined tensor-core kernels (decode_mma.cuh):
+// for the pipelined tensor-core kernels (decode_mma.cuh, prefill_mma.cuh):
 //   cp_async_16(dst, src, fill)  16 bytes global -> shared, in the
 //                                background (cp.async.cg); fill == false
 //                                writes 16 zero bytes and reads nothing
 //   cp_async_commit()            closes the thread's current group of copies
 //   cp_async_wait<N>()           waits until at most N of the thread's
 //                                groups are still in flight
-//   ldmatrix_x4_trans(r, row)    four 8x8 b16 matrices, transposed, from
-//                                rows named by lanes 8i..8i+7 of matrix i
+//   ldmatrix_x4(r, row)          four 8x8 b16 matrices from rows named by
+//                                lanes 8i..8i+7 of matrix i
+//   ldmatrix_x4_trans(r, row)    the same, transposed
 //   dyn_smem()                   the block's dynamic shared memory
 // A copy's bytes are visible to its own thread after the wait, and to the
 // other lanes after a __syncwarp (or __syncthreads) that follows it.
@@ -50,7 +51,16 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // r[i]: this lane's fragment of matrix i (rows from lanes 8i..8i+7's `row`,
-// each 16 bytes, 16-byte aligned), transposed: lane l gets elements
+// each 16 bytes, 16-byte aligned): lane l gets elements (l / 4, 2 (l % 4))
+// and (l / 4, 2 (l % 4) + 1), the first in the low half.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row))
+                 : "memory");
+}
+
+// As ldmatrix_x4, transposed: lane l gets elements
 // (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4), the first in the low half.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"

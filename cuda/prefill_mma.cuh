@@ -10,15 +10,20 @@
 // once for the whole group. Each of the 4 warps owns 16 rows
 // (PMMA_BM = 64 per block); K/V tiles hold PMMA_BN = 64 positions.
 //
+// K/V tiles are double-buffered: the block's cp.async copies of tile i + 1
+// (cuda/pipeline.cuh) are in flight while its warps compute on tile i.
+//
 // Per warp and K/V tile:
 //   S = Q Kᵀ    A = Q (16 x 16 dims, registers, loaded once), B = Kᵀ from
-//               shared memory; 8 n-tiles of 8 keys, HEAD_DIM / 16 k-steps.
+//               shared memory by ldmatrix (two k-steps of one n-tile per
+//               x4); 8 n-tiles of 8 keys, HEAD_DIM / 16 k-steps.
 //   online softmax on S in registers (log2 domain; Q is pre-scaled by
 //               log2(e) / sqrt(head_dim)); each thread holds 2 rows, the
 //               4 lanes of a quad share them (row max/sum by 2 shuffles).
 //   O += P V    A = P, reused from S's accumulator layout (two adjacent
 //               n-tiles of S form one 16 x 16 A fragment), converted to the
-//               KV dtype; B = V from shared memory.
+//               KV dtype; B = V from shared memory by ldmatrix.trans (two
+//               d-tiles per x4).
 // Keys at or beyond the block's last causal position are never loaded
 // (their shared rows are zero-filled); keys past a row's own position are
 // masked to -inf before the softmax. Warps whose rows all lie before a tile
@@ -55,22 +60,17 @@ struct PmmaCfg {
     static constexpr int KSTEPS = HEAD_DIM / 16;
     static constexpr int DTILES = HEAD_DIM / 8;  // output n-tiles
     static constexpr int NTILES = PMMA_BN / 8;   // score n-tiles
-    // Dynamic shared memory: Q tile, K tile, V tile, 2-byte elements.
-    static constexpr int SMEM_BYTES = (PMMA_BM + 2 * PMMA_BN) * LD * 2;
-    static_assert(HEAD_DIM % 16 == 0, "k-steps of 16 dims");
+    // Dynamic shared memory: Q tile, then two buffers of a K and a V tile,
+    // 2-byte elements.
+    static constexpr int SMEM_BYTES = (PMMA_BM + 2 * 2 * PMMA_BN) * LD * 2;
+    static_assert(HEAD_DIM % 32 == 0, "pairs of k-steps and of d-tiles per ldmatrix");
+    static_assert(LD * 2 % 16 == 0, "16-byte aligned rows for cp.async and ldmatrix");
 };
 
 // Two adjacent 16-bit elements (4-byte aligned) as one register.
 template <typename T>
 __device__ __forceinline__ uint32_t ld_pair(const T* p) {
     return *reinterpret_cast<const uint32_t*>(p);
-}
-// Two 16-bit elements a stride apart as one register (lo = first).
-template <typename T>
-__device__ __forceinline__ uint32_t ld_strided_pair(const T* p, int stride) {
-    const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
-    const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + stride);
-    return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
 template <typename T, int HEAD_DIM>
@@ -79,8 +79,7 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     constexpr int LD = C::LD, KSTEPS = C::KSTEPS, DTILES = C::DTILES, NTILES = C::NTILES;
     constexpr int VEC = 8;  // elements per 16-byte load
     T* q_s = reinterpret_cast<T*>(dyn_smem());  // [PMMA_BM][LD]
-    T* k_s = q_s + PMMA_BM * LD;               // [PMMA_BN][LD]
-    T* v_s = k_s + PMMA_BN * LD;               // [PMMA_BN][LD]
+    T* kv_s = q_s + PMMA_BM * LD;              // [2 buffers][K|V][PMMA_BN][LD]
 
     const uint32_t tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -102,6 +101,33 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     const uint32_t slot_mask = (1u << p.page_size_log2) - 1u;
     const uint64_t k_in_page = kv_page_offset(0, 0, p.layer, 0, p.page_size_log2, kv_dim) + kvh * HEAD_DIM;
     const uint64_t k_to_v = ((uint64_t)1 << p.page_size_log2) * kv_dim;
+    const uint32_t n_tiles = (kv_end + PMMA_BN - 1) / PMMA_BN;
+
+    // Queues the block's copies of K/V tile i into buffer i % 2 and closes
+    // the group (an empty one past the last tile, so that every thread's
+    // group count stays in step with the loop). Keys at or beyond kv_end
+    // are zero-filled, never read.
+    auto load_tile = [&](uint32_t i) {
+        if (i < n_tiles) {
+            T* k_s = kv_s + (i % 2) * 2 * PMMA_BN * LD;
+            T* v_s = k_s + PMMA_BN * LD;
+            const uint32_t kt0 = i * PMMA_BN;
+            for (uint32_t idx = threadIdx.x; idx < PMMA_BN * (HEAD_DIM / VEC); idx += PMMA_THREADS) {
+                const uint32_t j = idx / (HEAD_DIM / VEC), d = (idx % (HEAD_DIM / VEC)) * VEC;
+                const uint32_t t = kt0 + j;
+                const bool fill = t < kv_end;
+                const T* src = kv;  // read nothing when !fill
+                if (fill) {
+                    const uint64_t page = pages[t >> p.page_size_log2];
+                    src = kv + page * p.page_stride + k_in_page + (uint64_t)(t & slot_mask) * kv_dim + d;
+                }
+                cp_async_16(&k_s[j * LD + d], src, fill);
+                cp_async_16(&v_s[j * LD + d], fill ? src + k_to_v : kv, fill);
+            }
+        }
+        cp_async_commit();
+    };
+    load_tile(0);  // in flight while Q is staged
 
     // Q tile, scaled into the log2 domain and rounded to T.
     for (uint32_t idx = threadIdx.x; idx < PMMA_BM * HEAD_DIM / 2; idx += PMMA_THREADS) {
@@ -142,103 +168,105 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     for (int i = 0; i < DTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
-    for (uint32_t kt0 = 0; kt0 < kv_end; kt0 += PMMA_BN) {
-        __syncthreads();  // the previous tile is consumed
-        for (uint32_t idx = threadIdx.x; idx < PMMA_BN * (HEAD_DIM / VEC); idx += PMMA_THREADS) {
-            const uint32_t j = idx / (HEAD_DIM / VEC), d = (idx % (HEAD_DIM / VEC)) * VEC;
-            const uint32_t t = kt0 + j;
-            uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
-            if (t < kv_end) {
-                const uint64_t page = pages[t >> p.page_size_log2];
-                const uint64_t off = page * p.page_stride + k_in_page + (uint64_t)(t & slot_mask) * kv_dim + d;
-                kx = *reinterpret_cast<const uint4*>(kv + off);
-                vx = *reinterpret_cast<const uint4*>(kv + off + k_to_v);
-            }
-            *reinterpret_cast<uint4*>(&k_s[j * LD + d]) = kx;
-            *reinterpret_cast<uint4*>(&v_s[j * LD + d]) = vx;
-        }
-        __syncthreads();
-        if (!warp_active || warp_limit < kt0) continue;  // warp-uniform: tile all in the future
+    // ldmatrix: this lane names row r8 of matrix mi of each x4.
+    const int mi = lane >> 3, r8 = lane & 7;
 
-        // S = Q Kᵀ for 16 rows x PMMA_BN keys.
-        float s[NTILES][4];
+    for (uint32_t i = 0; i < n_tiles; ++i) {
+        load_tile(i + 1);     // into the buffer tile i - 1 used (released below)
+        cp_async_wait<1>();   // tile i has landed (this thread's copies)
+        __syncthreads();      // ... and every thread's
+        const uint32_t kt0 = i * PMMA_BN;
+        const T* k_s = kv_s + (i % 2) * 2 * PMMA_BN * LD;
+        const T* v_s = k_s + PMMA_BN * LD;
+        if (warp_active && warp_limit >= kt0) {  // warp-uniform: else the tile is all in the future
+            // S = Q Kᵀ for 16 rows x PMMA_BN keys; matrices of an x4: (keys of
+            // n-tile nt) x (dims 0-7 | 8-15 of k-step 2 sp | of 2 sp + 1).
+            float s[NTILES][4];
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            const T* kb = k_s + (nt * 8 + g) * LD + tig * 2;
+            for (int nt = 0; nt < NTILES; ++nt) {
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+                const T* krow = k_s + (nt * 8 + r8) * LD + mi * 8;
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ++ks) {
-                MmaOp<T>::run(s[nt], qf[ks], ld_pair(kb + ks * 16), ld_pair(kb + ks * 16 + 8));
+                for (int sp = 0; sp < KSTEPS / 2; ++sp) {
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, krow + sp * 32);
+                    MmaOp<T>::run(s[nt], qf[2 * sp], kb[0], kb[1]);
+                    MmaOp<T>::run(s[nt], qf[2 * sp + 1], kb[2], kb[3]);
+                }
             }
-        }
 
-        // Causal mask and the online softmax (rows a and b of this thread).
-        float mx_a = -INFINITY, mx_b = -INFINITY;
+            // Causal mask and the online softmax (rows a and b of this thread).
+            float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt) {
+            for (int nt = 0; nt < NTILES; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
-                if (!ok_a || t > lim_a) s[nt][e] = -INFINITY;
-                if (!ok_b || t > lim_b) s[nt][2 + e] = -INFINITY;
-                mx_a = fmaxf(mx_a, s[nt][e]);
-                mx_b = fmaxf(mx_b, s[nt][2 + e]);
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
+                    if (!ok_a || t > lim_a) s[nt][e] = -INFINITY;
+                    if (!ok_b || t > lim_b) s[nt][2 + e] = -INFINITY;
+                    mx_a = fmaxf(mx_a, s[nt][e]);
+                    mx_b = fmaxf(mx_b, s[nt][2 + e]);
+                }
             }
-        }
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        // A row with nothing visible yet keeps m = -inf: use 0 as its base.
-        const float base_a = mn_a == -INFINITY ? 0.0f : mn_a;
-        const float base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-        const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
-        m_a = mn_a;
-        m_b = mn_b;
-        float sum_a = 0.0f, sum_b = 0.0f;
+            for (int off = 1; off < 4; off <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+            }
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+            // A row with nothing visible yet keeps m = -inf: use 0 as its base.
+            const float base_a = mn_a == -INFINITY ? 0.0f : mn_a;
+            const float base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+            const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
+            m_a = mn_a;
+            m_b = mn_b;
+            float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt) {
-            s[nt][0] = exp2f(s[nt][0] - base_a);
-            s[nt][1] = exp2f(s[nt][1] - base_a);
-            s[nt][2] = exp2f(s[nt][2] - base_b);
-            s[nt][3] = exp2f(s[nt][3] - base_b);
-            sum_a += s[nt][0] + s[nt][1];
-            sum_b += s[nt][2] + s[nt][3];
-        }
+            for (int nt = 0; nt < NTILES; ++nt) {
+                s[nt][0] = exp2f(s[nt][0] - base_a);
+                s[nt][1] = exp2f(s[nt][1] - base_a);
+                s[nt][2] = exp2f(s[nt][2] - base_b);
+                s[nt][3] = exp2f(s[nt][3] - base_b);
+                sum_a += s[nt][0] + s[nt][1];
+                sum_b += s[nt][2] + s[nt][3];
+            }
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
-            sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
-        }
-        l_a = l_a * alpha_a + sum_a;
-        l_b = l_b * alpha_b + sum_b;
-#pragma unroll
-        for (int i = 0; i < DTILES; ++i) {
-            o[i][0] *= alpha_a;
-            o[i][1] *= alpha_a;
-            o[i][2] *= alpha_b;
-            o[i][3] *= alpha_b;
-        }
-
-        // O += P V: keys in k-steps of 16 (two score n-tiles per A fragment).
-#pragma unroll
-        for (int kk = 0; kk < PMMA_BN / 16; ++kk) {
-            uint32_t pa[4];
-            pa[0] = MmaOp<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = MmaOp<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = MmaOp<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = MmaOp<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const T* vb = v_s + (kk * 16 + tig * 2) * LD + g;
+            for (int off = 1; off < 4; off <<= 1) {
+                sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+                sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+            }
+            l_a = l_a * alpha_a + sum_a;
+            l_b = l_b * alpha_b + sum_b;
 #pragma unroll
             for (int dt = 0; dt < DTILES; ++dt) {
-                const uint32_t b0 = ld_strided_pair(vb + dt * 8, LD);
-                const uint32_t b1 = ld_strided_pair(vb + 8 * LD + dt * 8, LD);
-                MmaOp<T>::run(o[dt], pa, b0, b1);
+                o[dt][0] *= alpha_a;
+                o[dt][1] *= alpha_a;
+                o[dt][2] *= alpha_b;
+                o[dt][3] *= alpha_b;
+            }
+
+            // O += P V: keys in k-steps of 16 (two score n-tiles per A fragment).
+#pragma unroll
+            for (int kk = 0; kk < PMMA_BN / 16; ++kk) {
+                uint32_t pa[4];
+                pa[0] = MmaOp<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = MmaOp<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = MmaOp<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = MmaOp<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                // Matrices (keys 0-7 | 8-15 of the k-step) x (d-tile 2 j | 2 j + 1).
+                const T* vrow = v_s + (kk * 16 + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
+#pragma unroll
+                for (int j = 0; j < DTILES / 2; ++j) {
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, vrow + j * 16);
+                    MmaOp<T>::run(o[2 * j], pa, vb[0], vb[1]);
+                    MmaOp<T>::run(o[2 * j + 1], pa, vb[2], vb[3]);
+                }
             }
         }
+        __syncthreads();  // every warp is done with buffer i % 2 before tile i + 2 is copied there
     }
+    cp_async_wait<0>();  // only an empty group remains
 
     // out = O / l for the thread's two rows.
     const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;

@@ -133,10 +133,11 @@ mod tests {
         assert_eq!(scalar, Some((128, 96 * 129 * 4)));
         let scalar = prefill_attention(KvDtype::F16, 8).map(|k| spec(k.id()));
         assert_eq!(scalar, Some((128, 96 * 9 * 4)));
+        // A Q tile of 64 rows and two buffers of 64-row K and V tiles.
         let mma = prefill_mma(KvDtype::BF16, 64).map(|k| spec(k.id()));
-        assert_eq!(mma, Some((128, 192 * 72 * 2)));
+        assert_eq!(mma, Some((128, (64 + 4 * 64) * 72 * 2)));
         let mma = prefill_mma(KvDtype::F16, 128).map(|k| spec(k.id()));
-        assert_eq!(mma, Some((128, 192 * 136 * 2)));
+        assert_eq!(mma, Some((128, (64 + 4 * 64) * 136 * 2)));
         // Four warps, each with three stages of a K and a V tile of 16 rows.
         let mma = decode_mma(KvDtype::BF16, 128, 8).map(|k| spec(k.id()));
         assert_eq!(mma, Some((128, 4 * 3 * 2 * 16 * 128 * 2)));

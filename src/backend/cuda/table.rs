@@ -244,10 +244,11 @@ pub const FAMILIES: &[Family] = &[
     Family {
         dtypes: &HALF_DTYPES,
         head_dims: &PREFILL_MMA_HEAD_DIMS,
+        // A Q tile and two buffers of K and V tiles (double-buffered).
         smem: Smem::Tiles {
             cfg: "PmmaCfg",
             q_rows: PMMA_BM,
-            kv_rows: PMMA_BN,
+            kv_rows: 2 * PMMA_BN,
             pad: 8,
             elem_bytes: 2,
         },

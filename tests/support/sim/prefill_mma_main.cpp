@@ -180,6 +180,8 @@ int main() {
         {"bf16 hd128 page64 group3 (odd)", true, 128, 64, 1, 3, {{90, 90}, {5, 2}}},
         {"f16 hd128 page16 group8", false, 128, 16, 1, 8, {{40, 40}, {17, 3}}},
         {"bf16 hd64 page16 group64", true, 64, 16, 1, 64, {{3, 3}}},
+        // Five K/V tiles: both buffers of the cp.async double buffer reused.
+        {"bf16 hd128 page16 group2 (five tiles)", true, 128, 16, 1, 2, {{300, 300}, {260, 40}}},
     };
     bool ok = true;
     for (const Case& c : cases) {

@@ -12,9 +12,11 @@
 // shows up as a wrong result.
 //
 // cp.async (cuda/pipeline.cuh) is modelled at its worst: a copy's
-// destination turns to NaN bytes (0xff) when it is issued and its source is
-// copied only when cp_async_wait lets its group complete, so a read of a
-// stage before its wait, or a wait for too few groups, shows up as NaN.
+// destination reads as NaN bytes (0xff) from its issue until cp_async_wait
+// lets its group complete (each wait re-poisons the copies still in
+// flight), and only then holds its source, so a read of a stage before its
+// wait, a wait for too few groups, or a copy issued into a stage still
+// being read shows up as NaN.
 // ldmatrix is warp-collective like mma.sync: each lane publishes its row
 // address and takes its fragment from the PTX ISA's layout.
 //
@@ -283,10 +285,34 @@ inline void cp_async_wait() {
         }
         g.committed.pop_front();
     }
+    // The copies still in flight may land at any moment: their destinations
+    // stay NaN (a copy issued into a stage that is still being read, or one
+    // an older group's landing overwrote, shows up).
+    for (const auto& group : g.committed) {
+        for (const auto& c : group) std::memset(c.dst, 0xff, 16);
+    }
+    for (const auto& c : g.open) std::memset(c.dst, 0xff, 16);
 }
 
 // See cuda/pipeline.cuh: matrix i's rows come from lanes 8i..8i+7; lane l
-// takes (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of each, transposed.
+// takes (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each.
+inline void ldmatrix_x4(uint32_t r[4], const void* row) {
+    sim::Warp& w = *sim::ctx.warp;
+    const int lane = threadIdx.x & 31;
+    w.row[lane] = row;
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        const uint16_t* src = static_cast<const uint16_t*>(w.row[8 * i + lane / 4]) + 2 * (lane % 4);
+        uint16_t lo, hi;
+        std::memcpy(&lo, src, 2);
+        std::memcpy(&hi, src + 1, 2);
+        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    w.bar.arrive_and_wait();
+}
+
+// The same, transposed: lane l takes (2 (l % 4), l / 4) and
+// (2 (l % 4) + 1, l / 4) of each matrix.
 inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
     sim::Warp& w = *sim::ctx.warp;
     const int lane = threadIdx.x & 31;
