@@ -7,16 +7,24 @@
 // f32 accumulation, so the products carry about 16 bits of x (bf16 alone
 // would keep 8): within 2^-15 of the f32 product, summed in f32.
 //
-// Tiling, shaped for decode (few rows of x, weights read once): a block
-// owns LMMA_BM = 16 rows of x and LMMA_BN = 16 output columns (two n-tiles
-// of 8), and its LMMA_WARPS warps split k: warp w takes the k-steps of 16
-// numbered w, w + LMMA_WARPS, ..., in order, hi before lo, and the warps'
-// partial sums are then added in warp order. So every output is summed in
-// an order fixed by k alone, never by m or by where its row falls in a
-// tile: a row's result does not depend on the rest of the batch. A 2048-
-// column layer gives 128 blocks of 4 warps even at batch 1. Fragments are
-// loaded straight from global memory (x is small and cached; each weight
-// element is read once per 16 rows of x).
+// Tiling, shaped for decode (few rows of x, weights read once, so the
+// kernel is a stream of weight bytes): a block owns LMMA_BM = 16 rows of x
+// and LMMA_BN = 16 output columns (two n-tiles of 8), and its LMMA_WARPS
+// warps split k in blocks of LMMA_KB = 32: warp w takes k-blocks w,
+// w + LMMA_WARPS, ..., in order, two mma k-steps each, hi before lo, and
+// the warps' partial sums are then added in warp order. So every output is
+// summed in an order fixed by k alone, never by m or by where its row
+// falls in a tile: a row's result does not depend on the rest of the
+// batch. A 2048-column layer gives 128 blocks of 8 warps even at batch 1.
+//
+// Loads: which k a fragment position stands for is free as long as A and
+// B agree, so lane (g, t) of a k-block at k0 takes the 8 consecutive k of
+// chunk k0 + 8 t: one 16-byte load of each weight row it needs and two of
+// x per row. Its elements 0-1 | 2-3 sit at fragment k 2t, 2t+1 | 2t+8, 2t+9
+// of the first k-step, elements 4-5 | 6-7 of the second. Each warp issues
+// the loads of LMMA_UNROLL k-blocks before it computes any of them, so that
+// enough weight bytes are in flight to cover memory latency at batch 1
+// (about 32 KB per block).
 //
 // The body lives in this header so that tests/cuda/linear_mma_host.rs can
 // run it on the host SIMT emulator against an f64 reference.
@@ -30,11 +38,13 @@
 
 namespace handoff {
 
-constexpr int LMMA_WARPS = 4;  // warps per block, splitting k
+constexpr int LMMA_WARPS = 8;  // warps per block, splitting k
 constexpr int LMMA_THREADS = LMMA_WARPS * 32;
 constexpr int LMMA_NT = 2;            // n-tiles of 8 per block
 constexpr int LMMA_BM = 16;           // rows of x per block
 constexpr int LMMA_BN = LMMA_NT * 8;  // output columns per block
+constexpr int LMMA_KB = 32;           // k per k-block (two mma k-steps)
+constexpr int LMMA_UNROLL = 4;        // k-blocks a warp loads before computing
 
 // The warps' partial sums, [warp][n-tile][accumulator][lane].
 struct LmmaSmem {
@@ -60,18 +70,42 @@ __device__ __forceinline__ float round_to(float x) {
 #endif
 }
 
-// x[r][c], 0 outside [m, k].
-__device__ __forceinline__ float lmma_x(const LinearMmaParams& p, uint64_t r, uint32_t c) {
-    return (r < p.m && c < p.k) ? p.x[r * p.k + c] : 0.0f;
+// x[r][c .. c + 8), 0 outside [m, k]. `vec`: rows of x start on 16 bytes
+// (k % 4 == 0 and an aligned base), so a chunk inside k is two float4.
+__device__ __forceinline__ void lmma_x8(const LinearMmaParams& p, uint64_t r, uint32_t c, bool vec,
+                                        float v[8]) {
+    if (r >= p.m) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+        return;
+    }
+    const float* row = p.x + r * p.k;
+    if (vec && c + 8 <= p.k) {
+        const float4 a = *reinterpret_cast<const float4*>(row + c);
+        const float4 b = *reinterpret_cast<const float4*>(row + c + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = c + i < p.k ? row[c + i] : 0.0f;
 }
 
-// w[n][c], w[n][c + 1] as one register (lo = the first), 0 outside [n, k].
-__device__ __forceinline__ uint32_t lmma_w(const LinearMmaParams& p, uint64_t n, uint32_t c) {
-    if (n >= p.n) return 0;
+// w[n][c .. c + 8) as four registers (lo half = the lower k), 0 outside
+// [n, k]. `vec`: rows of w start on 16 bytes (k % 8 == 0 and an aligned
+// base), so a chunk inside k is one 16-byte load.
+__device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, uint64_t n, uint32_t c, bool vec) {
+    if (n >= p.n || c >= p.k) return make_uint4(0, 0, 0, 0);
     const uint16_t* row = static_cast<const uint16_t*>(p.w) + n * p.k;
-    if ((p.k & 1) == 0 && c + 1 < p.k) return *reinterpret_cast<const uint32_t*>(row + c);  // 4-byte aligned
-    const uint32_t lo = c < p.k ? row[c] : 0, hi = c + 1 < p.k ? row[c + 1] : 0;
-    return lo | (hi << 16);
+    if (vec) return *reinterpret_cast<const uint4*>(row + c);  // c + 8 <= k: k % 8 == 0
+    uint32_t e[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = c + 2 * i < p.k ? row[c + 2 * i] : 0;
+        const uint32_t hi = c + 2 * i + 1 < p.k ? row[c + 2 * i + 1] : 0;
+        e[i] = lo | (hi << 16);
+    }
+    return make_uint4(e[0], e[1], e[2], e[3]);
 }
 
 // grid (ceil(n / LMMA_BN), ceil(m / LMMA_BM)); block LMMA_THREADS.
@@ -81,30 +115,54 @@ __device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
     const int group = lane >> 2, tid = lane & 3;
     const uint64_t r0 = (uint64_t)blockIdx.y * LMMA_BM + group, r1 = r0 + 8;
     const uint64_t n0 = (uint64_t)blockIdx.x * LMMA_BN;
+    const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+    const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+    const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
     float c[LMMA_NT][4];
 #pragma unroll
     for (int t = 0; t < LMMA_NT; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
-    for (uint64_t k0 = (uint64_t)warp * 16; k0 < p.k; k0 += 16 * LMMA_WARPS) {
-        // A fragment (PTX layout): a0 a1 (row group, cols 2 tid, +1), a2 a3
-        // (row group + 8), a4..a7 the same at cols + 8.
-        const uint32_t c0 = (uint32_t)k0 + 2 * tid;
-        const float xa[8] = {lmma_x(p, r0, c0),     lmma_x(p, r0, c0 + 1), lmma_x(p, r1, c0),
-                             lmma_x(p, r1, c0 + 1), lmma_x(p, r0, c0 + 8), lmma_x(p, r0, c0 + 9),
-                             lmma_x(p, r1, c0 + 8), lmma_x(p, r1, c0 + 9)};
-        uint32_t hi[4], lo[4];
+    for (uint32_t kb0 = warp; kb0 < kblocks; kb0 += LMMA_WARPS * LMMA_UNROLL) {
+        // Every load of LMMA_UNROLL k-blocks first (past the last, zeros).
+        uint4 wv[LMMA_UNROLL][LMMA_NT];
+        float xv[LMMA_UNROLL][2][8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float h0 = round_to<T>(xa[2 * i]), h1 = round_to<T>(xa[2 * i + 1]);
-            hi[i] = MmaOp<T>::pack(h0, h1);
-            lo[i] = MmaOp<T>::pack(xa[2 * i] - h0, xa[2 * i + 1] - h1);
+        for (int u = 0; u < LMMA_UNROLL; ++u) {
+            const uint32_t kb = kb0 + u * LMMA_WARPS;
+            const uint32_t c0 = kb * LMMA_KB + 8 * tid;
+            const bool live = kb < kblocks;
+#pragma unroll
+            for (int t = 0; t < LMMA_NT; ++t) {
+                wv[u][t] = live ? lmma_w8(p, n0 + t * 8 + group, c0, w_vec) : make_uint4(0, 0, 0, 0);
+            }
+            lmma_x8(p, live ? r0 : p.m, c0, x_vec, xv[u][0]);
+            lmma_x8(p, live ? r1 : p.m, c0, x_vec, xv[u][1]);
         }
+        // Then the mma, k-block by k-block in k order.
 #pragma unroll
-        for (int t = 0; t < LMMA_NT; ++t) {
-            // B fragment: b0 (k = 2 tid, +1), b1 (k + 8) of column group.
-            const uint64_t n = n0 + t * 8 + group;
-            const uint32_t b0 = lmma_w(p, n, c0), b1 = lmma_w(p, n, c0 + 8);
-            MmaOp<T>::run(c[t], hi, b0, b1);
-            MmaOp<T>::run(c[t], lo, b0, b1);
+        for (int u = 0; u < LMMA_UNROLL; ++u) {
+            if (kb0 + u * LMMA_WARPS >= kblocks) break;  // warp-uniform
+#pragma unroll
+            for (int step = 0; step < 2; ++step) {
+                // A fragment: rows r0 / r1, chunk elements 4 step + (0, 1)
+                // at k 2t, 2t+1 and + (2, 3) at k 2t+8, 2t+9.
+                const int e = 4 * step;
+                const float xa[8] = {xv[u][0][e],     xv[u][0][e + 1], xv[u][1][e],     xv[u][1][e + 1],
+                                     xv[u][0][e + 2], xv[u][0][e + 3], xv[u][1][e + 2], xv[u][1][e + 3]};
+                uint32_t hi[4], lo[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float h0 = round_to<T>(xa[2 * i]), h1 = round_to<T>(xa[2 * i + 1]);
+                    hi[i] = MmaOp<T>::pack(h0, h1);
+                    lo[i] = MmaOp<T>::pack(xa[2 * i] - h0, xa[2 * i + 1] - h1);
+                }
+#pragma unroll
+                for (int t = 0; t < LMMA_NT; ++t) {
+                    const uint32_t b0 = step == 0 ? wv[u][t].x : wv[u][t].z;
+                    const uint32_t b1 = step == 0 ? wv[u][t].y : wv[u][t].w;
+                    MmaOp<T>::run(c[t], hi, b0, b1);
+                    MmaOp<T>::run(c[t], lo, b0, b1);
+                }
+            }
         }
     }
     // The warps' partial sums, added in warp order by warp 0.

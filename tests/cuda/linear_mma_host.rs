@@ -36,7 +36,7 @@ fn bf16_tensor_core_matmul_matches_the_reference_and_is_batch_invariant_on_a_sim
     assert!(run.status.success(), "emulated cases failed:\n{report}");
     assert_eq!(
         report.lines().filter(|l| l.starts_with("ok ")).count(),
-        8,
+        12,
         "{report}"
     );
 }

@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(spec(sample_rows().id()), (256, 0));
         assert_eq!(spec(row_logprobs().id()), (256, 0));
         let mma = linear_mma(KvDtype::BF16).map(|k| spec(k.id()));
-        assert_eq!(mma, Some((128, 0)));
+        assert_eq!(mma, Some((256, 0)));
         assert!(linear_mma(KvDtype::F16).is_none() && embedding(KvDtype::F16).is_none());
     }
 }

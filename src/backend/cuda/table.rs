@@ -90,7 +90,7 @@ pub const LIN_WARPS: usize = 8;
 /// Warps per block of the checksum kernels (one byte range each).
 pub const CHECKSUM_WARPS: usize = 8;
 /// Warps per block of the tensor-core matmul.
-pub const LMMA_WARPS: usize = 4;
+pub const LMMA_WARPS: usize = 8;
 /// Rows of x per block of the tensor-core matmul.
 pub const LMMA_BM: usize = 16;
 /// Output columns per block of the tensor-core matmul.

@@ -93,8 +93,11 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
 int main() {
     Rng rng{2026};
     bool ok = true;
-    const uint32_t cases[][3] = {{1, 8, 16},   {3, 130, 48},  {17, 257, 96}, {5, 64, 33},
-                                 {16, 128, 160}, {2, 300, 7}, {33, 40, 64}};
+    // Depths past one k-block per warp (256), past one unrolled round per
+    // warp (1,024), and odd ones that take the element-wise loads.
+    const uint32_t cases[][3] = {{1, 8, 16},    {3, 130, 48}, {17, 257, 96}, {5, 64, 33},
+                                 {16, 128, 160}, {2, 300, 7},  {33, 40, 64},  {3, 16, 520},
+                                 {2, 24, 1040},  {1, 8, 2051}, {1, 16, 4096}};
     for (auto& c : cases) ok &= run_case(c[0], c[1], c[2], false, rng);
     ok &= run_case(4, 72, 32, true, rng);
     return ok ? 0 : 1;

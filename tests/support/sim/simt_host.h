@@ -49,8 +49,11 @@ inline thread_local SimDim3 threadIdx;
 inline thread_local SimDim3 blockIdx;
 inline thread_local SimDim3 blockDim;
 
-struct uint4 {
+struct alignas(16) uint4 {
     uint32_t x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
 };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 struct float2 {
