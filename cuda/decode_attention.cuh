@@ -41,6 +41,41 @@ struct DecodeCfg {
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
 };
 
+// The end of both decode kernels (this one and decode_mma.cuh): combines
+// `parts` partial softmax states of each of the block's `here` heads (part
+// r of head g: running max m(r, g), sum l(r, g), weighted V sum o(r, g, d))
+// and stores head g's output, or, when the sequence is cut into chunks,
+// this chunk's partial output and log-sum-exp for decode_merge. `bad`: a
+// non-finite score somewhere in the block, which makes it all NaN.
+template <int HEAD_DIM, int THREADS, typename M, typename L, typename O>
+__device__ __forceinline__ void decode_combine_store(const DecodeParams& p, uint32_t b, uint32_t kvh,
+                                                     uint32_t h0, uint32_t split, int here, int parts,
+                                                     bool bad, M m, L l, O o) {
+    for (int idx = threadIdx.x; idx < here * HEAD_DIM; idx += THREADS) {
+        const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
+        float mx = -INFINITY;
+        for (int r = 0; r < parts; ++r) mx = fmaxf(mx, m(r, g));
+        float lsum = 0.0f, out = 0.0f;
+        if (mx != -INFINITY) {
+            for (int r = 0; r < parts; ++r) {
+                const float w = exp2f(m(r, g) - mx);
+                lsum = fmaf(l(r, g), w, lsum);
+                out = fmaf(o(r, g, d), w, out);
+            }
+        }
+        const uint64_t bh = (uint64_t)b * p.n_heads + kvh * p.group + h0 + g;
+        const float val = bad ? NAN : lsum > 0.0f ? out / lsum : 0.0f;
+        if (p.num_splits == 1) {
+            p.out[bh * HEAD_DIM + d] = val;
+        } else {
+            p.part_o[(bh * p.num_splits + split) * HEAD_DIM + d] = val;
+            if (d == 0) {
+                p.part_lse[bh * p.num_splits + split] = bad ? NAN : lsum > 0.0f ? mx + log2f(lsum) : -INFINITY;
+            }
+        }
+    }
+}
+
 template <typename T, int HEAD_DIM, int GROUP>
 __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
     using C = DecodeCfg<T, HEAD_DIM, GROUP>;
@@ -173,31 +208,9 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
         }
     }
     const bool any_bad = __syncthreads_or(bad) != 0;
-    for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += DECODE_THREADS) {
-        const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
-        if (g >= here) continue;
-        float mx = -INFINITY;
-        for (int r = 0; r < NRG; ++r) mx = fmaxf(mx, sm_m[r][g]);
-        float lsum = 0.0f, o = 0.0f;
-        if (mx != -INFINITY) {
-            for (int r = 0; r < NRG; ++r) {
-                const float w = exp2f(sm_m[r][g] - mx);
-                lsum = fmaf(sm_l[r][g], w, lsum);
-                o = fmaf(sm_o[r][g][d], w, o);
-            }
-        }
-        const uint64_t bh = (uint64_t)b * p.n_heads + kvh * p.group + h0 + g;
-        const float val = any_bad ? NAN : lsum > 0.0f ? o / lsum : 0.0f;
-        if (p.num_splits == 1) {
-            p.out[bh * HEAD_DIM + d] = val;
-        } else {
-            p.part_o[(bh * p.num_splits + split) * HEAD_DIM + d] = val;
-            if (d == 0) {
-                p.part_lse[bh * p.num_splits + split] =
-                    any_bad ? NAN : lsum > 0.0f ? mx + log2f(lsum) : -INFINITY;
-            }
-        }
-    }
+    decode_combine_store<HEAD_DIM, DECODE_THREADS>(
+        p, b, kvh, h0, split, here, NRG, any_bad, [&](int r, int g) { return sm_m[r][g]; },
+        [&](int r, int g) { return sm_l[r][g]; }, [&](int r, int g, int d) { return sm_o[r][g][d]; });
 }
 
 __device__ __forceinline__ void decode_merge_impl(const MergeParams& p) {

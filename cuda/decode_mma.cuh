@@ -52,6 +52,7 @@
 #ifndef HANDOFF_SIMT_HOST
 #include "mma.cuh"
 #endif
+#include "decode_attention.cuh"  // decode_combine_store
 #include "params.cuh"
 #include "pipeline.cuh"
 
@@ -301,31 +302,10 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
         }
     }
     const bool any_bad = __syncthreads_or(bad) != 0;
-    for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += DMMA_THREADS) {
-        const int h = idx / HEAD_DIM, d = idx % HEAD_DIM;
-        if (h >= here) continue;
-        float mx = -INFINITY;
-        for (int w = 0; w < DMMA_WARPS; ++w) mx = fmaxf(mx, sm_m[w * GROUP + h]);
-        float lsum = 0.0f, out = 0.0f;
-        if (mx != -INFINITY) {
-            for (int w = 0; w < DMMA_WARPS; ++w) {
-                const float wt = exp2f(sm_m[w * GROUP + h] - mx);
-                lsum = fmaf(sm_l[w * GROUP + h], wt, lsum);
-                out = fmaf(sm_o[(w * GROUP + h) * HEAD_DIM + d], wt, out);
-            }
-        }
-        const uint64_t bh = (uint64_t)b * p.n_heads + kvh * p.group + h0 + h;
-        const float val = any_bad ? NAN : lsum > 0.0f ? out / lsum : 0.0f;
-        if (p.num_splits == 1) {
-            p.out[bh * HEAD_DIM + d] = val;
-        } else {
-            p.part_o[(bh * p.num_splits + split) * HEAD_DIM + d] = val;
-            if (d == 0) {
-                p.part_lse[bh * p.num_splits + split] =
-                    any_bad ? NAN : lsum > 0.0f ? mx + log2f(lsum) : -INFINITY;
-            }
-        }
-    }
+    decode_combine_store<HEAD_DIM, DMMA_THREADS>(
+        p, b, kvh, h0, split, here, DMMA_WARPS, any_bad, [&](int w, int h) { return sm_m[w * GROUP + h]; },
+        [&](int w, int h) { return sm_l[w * GROUP + h]; },
+        [&](int w, int h, int d) { return sm_o[(w * GROUP + h) * HEAD_DIM + d]; });
 }
 
 }  // namespace handoff
