@@ -17,13 +17,18 @@
 //! TFLOP/s (causal triangle only) and the share of the H200's dense bf16
 //! peak (989 TFLOP/s).
 //!
+//! cuBLAS is not linked (the GPU machine has no libcublas outside its
+//! torch install): gpu-bundle/run.sh times torch's cuBLAS bf16 GEMMs right
+//! after this bench and divides the line `prefill_tc_tflops_8k=<x>` printed
+//! here by them.
+//!
 //! On an H200, the cells that match a published figure (as issue 16 quotes
 //! them) also print their share of it: decode at 8k and longer against
 //! FlashInfer's 0.88 of spec bandwidth, prefill at 8k against
-//! FlashAttention-2 (360 TFLOP/s) and FlashAttention-3 (695). cuBLAS is not linked (the GPU machine has no
-//! libcublas outside its torch install): gpu-bundle/run.sh times torch's
-//! cuBLAS bf16 GEMMs right after this bench and divides the last line
-//! printed here, `prefill_tc_tflops_8k=<x>`, by them.
+//! FlashAttention-2 (360 TFLOP/s) and FlashAttention-3 (695).
+//!
+//! Last, a sweep of split-KV chunk sizes at the decode goal cells on the
+//! tensor-core kernel, to tune `Split::Auto` from.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(not(feature = "cuda"))]
@@ -46,7 +51,7 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use handoff::backend::cuda::{
-        CudaDevice, CudaError, DecodeKernel, DecodeWorkspace, DeviceKvArena, PageTables,
+        CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena, PageTables,
         PrefillKernel, SeqPages, Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
@@ -86,6 +91,83 @@ mod gpu {
     /// on; `None` elsewhere (the comparison columns stay empty).
     fn spec_gbps(name: &str) -> Option<f64> {
         name.contains("H200").then_some(4800.0)
+    }
+
+    /// One decode cell: `batch` sequences of `ctx` positions on pages of
+    /// `ps`, their pages interleaved (page i of sequence b at i * batch + b),
+    /// with zero queries.
+    struct DecodeCell {
+        arena: DeviceKvArena,
+        tables: PageTables,
+        q: CudaSlice<f32>,
+        out: CudaSlice<f32>,
+        ws: DecodeWorkspace,
+        n_heads: usize,
+        /// KV bytes one call reads.
+        kv_bytes: usize,
+    }
+
+    impl DecodeCell {
+        fn new(
+            dev: &CudaDevice,
+            g: KvGeometry,
+            n_heads: usize,
+            ps: usize,
+            batch: usize,
+            ctx: usize,
+        ) -> Result<DecodeCell, CudaError> {
+            let per_seq = ctx / ps;
+            let arena = DeviceKvArena::new(dev, g, ps, batch * per_seq)?;
+            let pages: Vec<Vec<u32>> = (0..batch)
+                .map(|b| (0..per_seq).map(|i| (i * batch + b) as u32).collect())
+                .collect();
+            let seqs: Vec<SeqPages> = pages
+                .iter()
+                .map(|p| SeqPages {
+                    pages: p,
+                    kv_len: ctx,
+                    q_len: 1,
+                })
+                .collect();
+            let tables = PageTables::new(dev, &arena, &seqs)?;
+            let rows = batch * n_heads * g.head_dim;
+            Ok(DecodeCell {
+                tables,
+                q: dev.zeros::<f32>(rows)?,
+                out: dev.zeros::<f32>(rows)?,
+                ws: DecodeWorkspace::default(),
+                n_heads,
+                kv_bytes: batch * ctx * g.bytes_per_token(),
+                arena,
+            })
+        }
+
+        /// GB/s of KV read by `kernel` with `split`, and the chunks it
+        /// launched per sequence.
+        fn gbps(
+            &mut self,
+            dev: &CudaDevice,
+            split: Split,
+            kernel: DecodeKernel,
+        ) -> R<(f64, usize)> {
+            let mut splits = 0;
+            let ms = time_ms(dev, 20, || {
+                let (n, _) = dev.decode_attention_with(
+                    &self.arena,
+                    0,
+                    &self.tables,
+                    self.n_heads,
+                    &self.q,
+                    &mut self.out,
+                    &mut self.ws,
+                    split,
+                    kernel,
+                )?;
+                splits = n;
+                Ok(())
+            })?;
+            Ok((self.kv_bytes as f64 / (ms * 1e-3) / 1e9, splits))
+        }
     }
 
     type R<T> = Result<T, Box<dyn std::error::Error>>;
@@ -143,6 +225,42 @@ mod gpu {
                 })
         })?;
         Ok(2.0 * n as f64 / (ms * 1e-3) / 1e9)
+    }
+
+    /// Split-KV chunk sizes against Auto's (at least 256 positions, at most
+    /// 128 chunks) on the tensor-core kernel, GQA 32:4, page 16, at the goal
+    /// cells: what a GPU run needs to tune `MIN_CHUNK` / `AUTO_MAX_SPLITS`.
+    fn chunk_sweep(dev: &CudaDevice, copy: f64) -> R<()> {
+        const CHUNKS: [usize; 6] = [64, 128, 256, 512, 1024, 2048];
+        let g = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: 4,
+            head_dim: 128,
+            dtype: KvDtype::BF16,
+        };
+        println!(
+            "\n## Decode chunking (tensor cores, GQA 32:4, page 16): share of copy (chunks per \
+             sequence)\n"
+        );
+        let heads: Vec<String> = CHUNKS.iter().map(|c| format!("chunk {c}")).collect();
+        println!("| batch | context | Auto | {} |", heads.join(" | "));
+        println!("|---|---|---|{}", "---|".repeat(CHUNKS.len()));
+        for (batch, ctx) in [(1usize, 8192usize), (1, 32768), (8, 8192), (64, 8192)] {
+            let mut cell = match DecodeCell::new(dev, g, 32, 16, batch, ctx) {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("| {batch} | {ctx} | skipped: {e} |");
+                    continue;
+                }
+            };
+            let mut row = vec![];
+            for split in std::iter::once(Split::Auto).chain(CHUNKS.map(Split::ChunkTokens)) {
+                let (gbps, splits) = cell.gbps(dev, split, DecodeKernel::TensorCore)?;
+                row.push(format!("{:.2} ({splits})", gbps / copy));
+            }
+            println!("| {batch} | {ctx} | {} |", row.join(" | "));
+        }
+        Ok(())
     }
 
     pub fn run() -> R<()> {
@@ -205,48 +323,16 @@ mod gpu {
                 let mut splits = 0;
                 let mut no_memory = None;
                 for (pi, ps) in [16usize, 64].into_iter().enumerate() {
-                    let per_seq = ctx / ps;
                     // An allocation failure skips the cell, not the run.
-                    let arena = match DeviceKvArena::new(&dev, g, ps, batch * per_seq) {
-                        Ok(a) => a,
+                    let mut cell = match DecodeCell::new(&dev, g, n_heads, ps, batch, ctx) {
+                        Ok(c) => c,
                         Err(e) => {
                             no_memory = Some(e);
                             break;
                         }
                     };
-                    // Interleave sequences' pages (page i of seq b at i * batch + b).
-                    let tables: Vec<Vec<u32>> = (0..batch)
-                        .map(|b| (0..per_seq).map(|i| (i * batch + b) as u32).collect())
-                        .collect();
-                    let seqs: Vec<SeqPages> = tables
-                        .iter()
-                        .map(|p| SeqPages {
-                            pages: p,
-                            kv_len: ctx,
-                            q_len: 1,
-                        })
-                        .collect();
-                    let pt = PageTables::new(&dev, &arena, &seqs)?;
-                    let q = dev.zeros::<f32>(batch * n_heads * hd)?;
-                    let mut out = dev.zeros::<f32>(batch * n_heads * hd)?;
-                    let mut ws = DecodeWorkspace::default();
                     for (ki, &kernel) in kernels.iter().enumerate() {
-                        let ms = time_ms(&dev, 20, || {
-                            let (n, _) = dev.decode_attention_with(
-                                &arena,
-                                0,
-                                &pt,
-                                n_heads,
-                                &q,
-                                &mut out,
-                                &mut ws,
-                                Split::Auto,
-                                kernel,
-                            )?;
-                            splits = n;
-                            Ok(())
-                        })?;
-                        gbps[ki][pi] = kv_bytes as f64 / (ms * 1e-3) / 1e9;
+                        (gbps[ki][pi], splits) = cell.gbps(&dev, Split::Auto, kernel)?;
                     }
                 }
                 if let Some(e) = no_memory {
@@ -358,6 +444,7 @@ mod gpu {
             // Read by gpu-bundle/cublas_reference.py.
             println!("\nprefill_tc_tflops_8k={t:.3}");
         }
-        Ok(())
+        // Last: tuning data, the first thing to lose if the run is cut short.
+        chunk_sweep(&dev, copy)
     }
 }
