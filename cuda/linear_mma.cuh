@@ -7,24 +7,30 @@
 // f32 accumulation, so the products carry about 16 bits of x (bf16 alone
 // would keep 8): within 2^-15 of the f32 product, summed in f32.
 //
-// Tiling, shaped for decode (few rows of x, weights read once, so the
-// kernel is a stream of weight bytes): a block owns LMMA_BM = 16 rows of x
-// and LMMA_BN = 16 output columns (two n-tiles of 8), and its LMMA_WARPS
-// warps split k in blocks of LMMA_KB = 32: warp w takes k-blocks w,
-// w + LMMA_WARPS, ..., in order, two mma k-steps each, hi before lo, and
-// the warps' partial sums are then added in warp order. So every output is
-// summed in an order fixed by k alone, never by m or by where its row
-// falls in a tile: a row's result does not depend on the rest of the
-// batch. A 2048-column layer gives 128 blocks of 8 warps even at batch 1.
+// Tiling: a block owns RT row tiles of 16 rows of x and NT n-tiles of 8
+// output columns, and its LMMA_WARPS warps split k in blocks of LMMA_KB =
+// 32: warp w takes k-blocks w, w + LMMA_WARPS, ..., in order, two mma
+// k-steps each, hi before lo, and the warps' partial sums are then added in
+// warp order. So every output is summed in an order fixed by k alone, never
+// by m, by the tile shape or by where its row falls in a tile: a row's
+// result does not depend on the rest of the batch. Two shapes are compiled,
+// with the same bits:
+//   linear_mma       16 x 16 (RT 1, NT 2), for decode: few rows of x, so
+//                    the kernel is a stream of weight bytes; a 2048-column
+//                    layer gives 128 blocks of 8 warps even at batch 1.
+//   linear_mma_wide  32 x 32 (RT 2, NT 4), for m >= 32 (prefill): each
+//                    weight chunk serves twice the rows and each x chunk
+//                    four times the columns (x, re-read once per column
+//                    block, is most of a large batch's traffic).
 //
 // Loads: which k a fragment position stands for is free as long as A and
 // B agree, so lane (g, t) of a k-block at k0 takes the 8 consecutive k of
 // chunk k0 + 8 t: one 16-byte load of each weight row it needs and two of
 // x per row. Its elements 0-1 | 2-3 sit at fragment k 2t, 2t+1 | 2t+8, 2t+9
 // of the first k-step, elements 4-5 | 6-7 of the second. Each warp issues
-// the loads of LMMA_UNROLL k-blocks before it computes any of them, so that
-// enough weight bytes are in flight to cover memory latency at batch 1
-// (about 32 KB per block).
+// the loads of UNROLL k-blocks (4 for the decode shape, 2 for the wide one)
+// before it computes any of them, so that enough weight bytes are in
+// flight to cover memory latency at batch 1 (about 32 KB per block).
 //
 // The body lives in this header so that tests/cuda/linear_mma_host.rs can
 // run it on the host SIMT emulator against an f64 reference.
@@ -40,22 +46,32 @@ namespace handoff {
 
 constexpr int LMMA_WARPS = 8;  // warps per block, splitting k
 constexpr int LMMA_THREADS = LMMA_WARPS * 32;
-constexpr int LMMA_NT = 2;            // n-tiles of 8 per block
-constexpr int LMMA_BM = 16;           // rows of x per block
-constexpr int LMMA_BN = LMMA_NT * 8;  // output columns per block
-constexpr int LMMA_KB = 32;           // k per k-block (two mma k-steps)
-constexpr int LMMA_UNROLL = 4;        // k-blocks a warp loads before computing
+constexpr int LMMA_KB = 32;  // k per k-block (two mma k-steps)
+// The decode-shaped tile: 16 rows of x x 16 columns (two n-tiles of 8),
+// each warp with the loads of 4 k-blocks in flight.
+constexpr int LMMA_BM = 16;
+constexpr int LMMA_BN = 16;
+// The prefill-shaped tile (m >= 32): 32 rows x 32 columns, so each weight
+// chunk serves twice the rows and each x chunk four times the columns
+// (x, re-read once per column block, is most of a large batch's traffic);
+// 2 k-blocks in flight. Same sums per output in the same order: the same
+// bits as the small tile, so choosing it by m keeps a row's result
+// independent of its batch.
+constexpr int LMMA_WIDE_BM = 32;
+constexpr int LMMA_WIDE_BN = 32;
 
-// The warps' partial sums, [warp][n-tile][accumulator][lane].
+// The warps' partial sums, [warp][row tile][n-tile][accumulator][lane].
+template <int RT, int NT>
 struct LmmaSmem {
-    float part[LMMA_WARPS][LMMA_NT][4][32];
+    float part[LMMA_WARPS][RT][NT][4][32];
 };
 
-__device__ __forceinline__ LmmaSmem& lmma_smem() {
+template <int RT, int NT>
+__device__ __forceinline__ LmmaSmem<RT, NT>& lmma_smem() {
 #ifdef HANDOFF_SIMT_HOST
-    return *reinterpret_cast<LmmaSmem*>(sim::ctx.smem);
+    return *reinterpret_cast<LmmaSmem<RT, NT>*>(sim::ctx.smem);
 #else
-    __shared__ LmmaSmem s;
+    __shared__ LmmaSmem<RT, NT> s;
     return s;
 #endif
 }
@@ -108,83 +124,114 @@ __device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, uint64_t n, u
     return make_uint4(e[0], e[1], e[2], e[3]);
 }
 
-// grid (ceil(n / LMMA_BN), ceil(m / LMMA_BM)); block LMMA_THREADS.
-template <typename T>
-__device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
+// RT row tiles of 16 and NT n-tiles of 8 per block, UNROLL k-blocks of
+// loads in flight per warp. grid (ceil(n / (8 NT)), ceil(m / (16 RT)));
+// block LMMA_THREADS.
+template <typename T, int RT, int NT, int UNROLL>
+__device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = lane >> 2, tid = lane & 3;
-    const uint64_t r0 = (uint64_t)blockIdx.y * LMMA_BM + group, r1 = r0 + 8;
-    const uint64_t n0 = (uint64_t)blockIdx.x * LMMA_BN;
+    // This lane's rows: r0 + 16 rt and r0 + 16 rt + 8 of row tile rt.
+    const uint64_t r0 = (uint64_t)blockIdx.y * (16 * RT) + group;
+    const uint64_t n0 = (uint64_t)blockIdx.x * (8 * NT);
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
     const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
     const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
-    float c[LMMA_NT][4];
+    float c[RT][NT][4];
 #pragma unroll
-    for (int t = 0; t < LMMA_NT; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
-    for (uint32_t kb0 = warp; kb0 < kblocks; kb0 += LMMA_WARPS * LMMA_UNROLL) {
-        // Every load of LMMA_UNROLL k-blocks first (past the last, zeros).
-        uint4 wv[LMMA_UNROLL][LMMA_NT];
-        float xv[LMMA_UNROLL][2][8];
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-        for (int u = 0; u < LMMA_UNROLL; ++u) {
+        for (int t = 0; t < NT; ++t) c[rt][t][0] = c[rt][t][1] = c[rt][t][2] = c[rt][t][3] = 0.0f;
+    for (uint32_t kb0 = warp; kb0 < kblocks; kb0 += LMMA_WARPS * UNROLL) {
+        // Every load of UNROLL k-blocks first (past the last, zeros).
+        uint4 wv[UNROLL][NT];
+        float xv[UNROLL][RT][2][8];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
             const uint32_t kb = kb0 + u * LMMA_WARPS;
             const uint32_t c0 = kb * LMMA_KB + 8 * tid;
             const bool live = kb < kblocks;
 #pragma unroll
-            for (int t = 0; t < LMMA_NT; ++t) {
+            for (int t = 0; t < NT; ++t) {
                 wv[u][t] = live ? lmma_w8(p, n0 + t * 8 + group, c0, w_vec) : make_uint4(0, 0, 0, 0);
             }
-            lmma_x8(p, live ? r0 : p.m, c0, x_vec, xv[u][0]);
-            lmma_x8(p, live ? r1 : p.m, c0, x_vec, xv[u][1]);
-        }
-        // Then the mma, k-block by k-block in k order.
 #pragma unroll
-        for (int u = 0; u < LMMA_UNROLL; ++u) {
+            for (int rt = 0; rt < RT; ++rt) {
+                const uint64_t ra = r0 + 16 * rt;
+                lmma_x8(p, live ? ra : p.m, c0, x_vec, xv[u][rt][0]);
+                lmma_x8(p, live ? ra + 8 : p.m, c0, x_vec, xv[u][rt][1]);
+            }
+        }
+        // Then the mma, k-block by k-block in k order: for every output,
+        // k-step 0 hi, lo, then k-step 1 hi, lo, whatever RT, NT and UNROLL.
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
             if (kb0 + u * LMMA_WARPS >= kblocks) break;  // warp-uniform
 #pragma unroll
             for (int step = 0; step < 2; ++step) {
-                // A fragment: rows r0 / r1, chunk elements 4 step + (0, 1)
-                // at k 2t, 2t+1 and + (2, 3) at k 2t+8, 2t+9.
-                const int e = 4 * step;
-                const float xa[8] = {xv[u][0][e],     xv[u][0][e + 1], xv[u][1][e],     xv[u][1][e + 1],
-                                     xv[u][0][e + 2], xv[u][0][e + 3], xv[u][1][e + 2], xv[u][1][e + 3]};
-                uint32_t hi[4], lo[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float h0 = round_to<T>(xa[2 * i]), h1 = round_to<T>(xa[2 * i + 1]);
-                    hi[i] = MmaOp<T>::pack(h0, h1);
-                    lo[i] = MmaOp<T>::pack(xa[2 * i] - h0, xa[2 * i + 1] - h1);
-                }
+                for (int rt = 0; rt < RT; ++rt) {
+                    // A fragment: rows ra / ra + 8, chunk elements 4 step +
+                    // (0, 1) at k 2t, 2t+1 and + (2, 3) at k 2t+8, 2t+9.
+                    const float(&xa)[2][8] = xv[u][rt];
+                    const int e = 4 * step;
+                    const float a[8] = {xa[0][e],     xa[0][e + 1], xa[1][e],     xa[1][e + 1],
+                                        xa[0][e + 2], xa[0][e + 3], xa[1][e + 2], xa[1][e + 3]};
+                    uint32_t hi[4], lo[4];
 #pragma unroll
-                for (int t = 0; t < LMMA_NT; ++t) {
-                    const uint32_t b0 = step == 0 ? wv[u][t].x : wv[u][t].z;
-                    const uint32_t b1 = step == 0 ? wv[u][t].y : wv[u][t].w;
-                    MmaOp<T>::run(c[t], hi, b0, b1);
-                    MmaOp<T>::run(c[t], lo, b0, b1);
+                    for (int i = 0; i < 4; ++i) {
+                        const float h0 = round_to<T>(a[2 * i]), h1 = round_to<T>(a[2 * i + 1]);
+                        hi[i] = MmaOp<T>::pack(h0, h1);
+                        lo[i] = MmaOp<T>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
+                    }
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        const uint32_t b0 = step == 0 ? wv[u][t].x : wv[u][t].z;
+                        const uint32_t b1 = step == 0 ? wv[u][t].y : wv[u][t].w;
+                        MmaOp<T>::run(c[rt][t], hi, b0, b1);
+                        MmaOp<T>::run(c[rt][t], lo, b0, b1);
+                    }
                 }
             }
         }
     }
     // The warps' partial sums, added in warp order by warp 0.
-    LmmaSmem& s = lmma_smem();
+    LmmaSmem<RT, NT>& s = lmma_smem<RT, NT>();
 #pragma unroll
-    for (int t = 0; t < LMMA_NT; ++t)
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s.part[warp][t][i][lane] = c[t][i];
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s.part[warp][rt][t][i][lane] = c[rt][t][i];
     __syncthreads();
     if (warp != 0) return;
     // C fragment: c0 c1 (row group, cols 2 tid, +1), c2 c3 (row group + 8).
 #pragma unroll
-    for (int t = 0; t < LMMA_NT; ++t) {
-        const uint64_t col = n0 + t * 8 + 2 * tid;
+    for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float v = s.part[0][t][i][lane];
-            for (int w = 1; w < LMMA_WARPS; ++w) v += s.part[w][t][i][lane];
-            const uint64_t r = i < 2 ? r0 : r1, j = col + (i & 1);
-            if (r < p.m && j < p.n) p.out[r * p.n + j] = v;
+        for (int t = 0; t < NT; ++t) {
+            const uint64_t col = n0 + t * 8 + 2 * tid;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float v = s.part[0][rt][t][i][lane];
+                for (int w = 1; w < LMMA_WARPS; ++w) v += s.part[w][rt][t][i][lane];
+                const uint64_t r = r0 + 16 * rt + (i < 2 ? 0 : 8), j = col + (i & 1);
+                if (r < p.m && j < p.n) p.out[r * p.n + j] = v;
+            }
         }
     }
+}
+
+// grid (ceil(n / LMMA_BN), ceil(m / LMMA_BM)); block LMMA_THREADS.
+template <typename T>
+__device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
+    linear_mma_tiles<T, LMMA_BM / 16, LMMA_BN / 8, 4>(p);
+}
+
+// grid (ceil(n / LMMA_WIDE_BN), ceil(m / LMMA_WIDE_BM)); block LMMA_THREADS.
+template <typename T>
+__device__ __forceinline__ void linear_mma_wide_body(const LinearMmaParams& p) {
+    linear_mma_tiles<T, LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8, 2>(p);
 }
 
 }  // namespace handoff

@@ -310,11 +310,10 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
     // merge, scrub, rms_norm, rope, swiglu, embedding (f32, bf16), argmax,
-    // sample_rows; linear, linear_mma (bf16), add_periodic; xxh3_ranges,
     // sample_rows, row_logprobs; linear, linear_mma (bf16), add_periodic;
     // xxh3_ranges, page_checksums; prefill_mma: 2 x 2; decode_mma: 2 dtypes
-    // x 2 head dims x 2 groups.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8);
+    // x 2 head dims x 2 groups; linear_mma_wide (bf16).
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 1);
 }
 
 // ----------------------------------------------------------------- decode
@@ -1333,6 +1332,57 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
         dev.add_assign(&mut x_dev, &dev.upload(&five).unwrap()),
         Err(CudaError::Shape { .. })
     ));
+}
+
+#[test]
+fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_either_tile() {
+    // bf16 weights on tensor cores: below 32 rows the 16 x 16 tile runs,
+    // from 32 the 32 x 32 one (cuda/linear_mma.cuh). Both sum each output
+    // in the same order, so a row's bits may change neither with its batch
+    // nor with the tile its batch size picks.
+    let dev = gpu!("bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_either_tile");
+    let mut rng = Rng(15);
+    for (n, k) in [(40, 64), (130, 520), (33, 1100), (16, 7)] {
+        let w: Vec<u16> = rng
+            .vec(n * k, 0.5)
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_bits())
+            .collect();
+        let w_dev = dev.upload(&w).unwrap();
+        let x = rng.vec(70 * k, 2.0);
+        let run = |m: usize| {
+            let mut out = dev.zeros::<f32>(m * n).unwrap();
+            dev.linear_bf16(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
+                .unwrap();
+            dev.download(&out).unwrap()
+        };
+        let all = run(70);
+        // Within the split-activation precision (about 2^-15 of each
+        // product, see the kernel) plus f32 rounding of the sum, of an f64
+        // reference: the bound the emulator test uses.
+        for (e, &got) in all.iter().enumerate() {
+            let (i, j) = (e / n, e % n);
+            let (mut want, mut mag) = (0.0f64, 0.0f64);
+            for t in 0..k {
+                let prod = x[i * k + t] as f64 * bf16::from_bits(w[j * k + t]).to_f64();
+                want += prod;
+                mag += prod.abs();
+            }
+            let tol = mag * (2f64.powi(-14) + k as f64 * 2f64.powi(-23)) + 1e-30;
+            assert!(
+                (got as f64 - want).abs() <= tol,
+                "bf16 linear {n}x{k}, row {i} col {j}: got {got}, want {want} (tolerance {tol:e})"
+            );
+        }
+        for m in [1, 5, 31, 32, 33, 64] {
+            let got = run(m);
+            assert_eq!(
+                bits(&got),
+                bits(&all[..m * n]),
+                "{n}x{k}: the first {m} rows alone changed bits"
+            );
+        }
+    }
 }
 
 // -------------------------------------------------------------- checksums

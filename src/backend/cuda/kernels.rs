@@ -90,9 +90,9 @@ mod tests {
         // decode 3 x 6 x 4, prefill 3 x 6, append 3, merge, scrub, rms_norm,
         // rope, swiglu, embedding 2, argmax, sample_rows, row_logprobs,
         // linear, linear_mma, add_periodic, xxh3_ranges, page_checksums,
-        // tensor-core prefill 2 x 2, tensor-core decode 2 x 2 x 2: what the
-        // fatbin test counts.
-        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8);
+        // tensor-core prefill 2 x 2, tensor-core decode 2 x 2 x 2,
+        // linear_mma_wide: what the fatbin test counts.
+        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 1);
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
         }
@@ -151,6 +151,9 @@ mod tests {
         assert_eq!(spec(row_logprobs().id()), (256, 0));
         let mma = linear_mma(KvDtype::BF16).map(|k| spec(k.id()));
         assert_eq!(mma, Some((256, 0)));
+        let wide = linear_mma_wide(KvDtype::BF16).map(|k| spec(k.id()));
+        assert_eq!(wide, Some((256, 0)));
+        assert!(linear_mma_wide(KvDtype::F16).is_none());
         assert!(linear_mma(KvDtype::F16).is_none() && embedding(KvDtype::F16).is_none());
     }
 }

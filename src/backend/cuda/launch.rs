@@ -23,7 +23,10 @@ use super::plan::{
     self, Attn, Batch, DecodeKernel, DecodePlan, Grid, PrefillKernel, Split, Step, grid,
     grid_stride, shape, to_u32,
 };
-use super::table::{CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LOGPROB_STRIDE};
+use super::table::{
+    CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LMMA_WIDE_BM, LMMA_WIDE_BN,
+    LOGPROB_STRIDE,
+};
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
 use crate::backend::{RopeScaling, RopeStyle};
@@ -672,7 +675,9 @@ impl CudaDevice {
 
     /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor
     /// cores (cuda/linear_mma.cuh): about 16 bits of each activation meet
-    /// the weights, summed in f32 in k order (batch-invariant).
+    /// the weights, summed in f32 in k order (batch-invariant). From 32
+    /// rows of x on, the wide tile (32 x 32) runs: the same sums in the
+    /// same order, so the same bits, with a quarter of the x traffic.
     pub fn linear_bf16(
         &self,
         x: &impl DevicePtr<f32>,
@@ -683,10 +688,18 @@ impl CudaDevice {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
         };
-        let kernel =
-            kernels::linear_mma(KvDtype::BF16).ok_or_else(|| CudaError::MissingKernel {
-                name: "linear_mma for bf16 weights".into(),
-            })?;
+        let (kernel, bm, bn) = if m >= LMMA_WIDE_BM {
+            (
+                kernels::linear_mma_wide(KvDtype::BF16),
+                LMMA_WIDE_BM,
+                LMMA_WIDE_BN,
+            )
+        } else {
+            (kernels::linear_mma(KvDtype::BF16), LMMA_BM, LMMA_BN)
+        };
+        let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
+            name: "linear_mma for bf16 weights".into(),
+        })?;
         let mut args = Args::new(&self.inner.stream);
         let p = LinearMmaParams {
             x: args.read(x),
@@ -699,17 +712,17 @@ impl CudaDevice {
         };
         let Some(grid) = grid(
             "tensor-core matmul blocks (columns, rows)",
-            n.div_ceil(LMMA_BN),
-            m.div_ceil(LMMA_BM),
+            n.div_ceil(bn),
+            m.div_ceil(bm),
             1,
         )?
         else {
             return Ok(());
         };
         // Launch contract: x holds m*k f32, w n*k bf16, out m*n f32
-        // (checked); the grid covers n columns in blocks of LMMA_BN and m
-        // rows in tiles of LMMA_BM, and the kernel bounds every access by
-        // m, n, k.
+        // (checked); the grid covers n columns in blocks of bn and m rows
+        // in tiles of bm, the tile of the kernel chosen, and the kernel
+        // bounds every access by m, n, k.
         self.launch(kernel, &p, grid, args)
     }
 

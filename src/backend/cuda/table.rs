@@ -95,6 +95,10 @@ pub const LMMA_WARPS: usize = 8;
 pub const LMMA_BM: usize = 16;
 /// Output columns per block of the tensor-core matmul.
 pub const LMMA_BN: usize = 16;
+/// Rows of x per block of the wide (m >= 32) tensor-core matmul.
+pub const LMMA_WIDE_BM: usize = 32;
+/// Output columns per block of the wide tensor-core matmul.
+pub const LMMA_WIDE_BN: usize = 32;
 /// Threads per block of device sampling (one row each).
 pub const SAMPLE_THREADS: u32 = 256;
 /// u32 words per row of device log-probabilities: the token's, then 20
@@ -403,6 +407,23 @@ pub const FAMILIES: &[Family] = &[
             32 * LMMA_WARPS as u32,
             true,
             "launching the tensor-core matmul",
+        )
+    },
+    Family {
+        dtypes: &[Dtype::BF16],
+        body: "linear_mma_wide_body",
+        mirrors: &[
+            ("LMMA_THREADS", 32 * LMMA_WARPS),
+            ("LMMA_WIDE_BM", LMMA_WIDE_BM),
+            ("LMMA_WIDE_BN", LMMA_WIDE_BN),
+        ],
+        ..Family::plain(
+            "linear_mma_wide",
+            "linear",
+            "LinearMmaParams",
+            32 * LMMA_WARPS as u32,
+            true,
+            "launching the wide tensor-core matmul",
         )
     },
     Family::plain(

@@ -4,8 +4,9 @@
 // Each case draws x (f32) and bf16 weights, runs the kernel over the whole
 // batch, checks every output against an f64 reference of the same inputs
 // (within 2^-14 of the sum of |x w| plus f32 rounding of the sum), then runs
-// each row alone and requires the bits of the batched run: a row's result
-// does not depend on the rest of the batch. A NaN in one row of x stays in
+// each row alone and the batch on the other tile shape and requires the
+// bits of the batched run: a row's result depends neither on the rest of
+// the batch nor on the tile. A NaN in one row of x stays in
 // that row. Prints one line per case; exit status 0 when all pass.
 #include <cmath>
 #include <cstdio>
@@ -18,24 +19,30 @@ using namespace handoff;
 using sim::Rng;
 
 
-void launch(const LinearMmaParams& p) {
-    const unsigned gx = (p.n + LMMA_BN - 1) / LMMA_BN, gy = (p.m + LMMA_BM - 1) / LMMA_BM;
+// Runs the decode-shaped kernel, or the wide one, over the whole grid.
+void launch_shape(const LinearMmaParams& p, bool wide) {
+    const unsigned bm = wide ? LMMA_WIDE_BM : LMMA_BM, bn = wide ? LMMA_WIDE_BN : LMMA_BN;
+    const unsigned gx = (p.n + bn - 1) / bn, gy = (p.m + bm - 1) / bm;
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gx; ++bx) {
             std::barrier<> block(LMMA_THREADS);
             std::vector<sim::Warp> warps(LMMA_WARPS);
-            std::vector<unsigned char> smem(sizeof(LmmaSmem));
+            std::vector<unsigned char> smem(sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>));
             std::vector<std::thread> threads;
             for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
                 threads.emplace_back([&, t] {
                     threadIdx = {t, 0, 0};
                     blockIdx = {bx, by, 0};
                     sim::ctx = {&warps[t / 32], &block, smem.data()};
-                    linear_mma_body<__nv_bfloat16>(p);
+                    if (wide) linear_mma_wide_body<__nv_bfloat16>(p);
+                    else linear_mma_body<__nv_bfloat16>(p);
                 });
             for (auto& th : threads) th.join();
         }
 }
+
+// As the host launches it (src/backend/cuda/launch.rs): wide from 32 rows.
+void launch(const LinearMmaParams& p) { launch_shape(p, p.m >= (uint32_t)LMMA_WIDE_BM); }
 
 bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     std::vector<float> x(m * k);
@@ -86,6 +93,16 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
             }
         }
     }
+    // The other tile shape over the whole batch: the same bits.
+    if (ok) {
+        std::vector<float> other(m * n, -7.0f);
+        LinearMmaParams q{x.data(), w.data(), other.data(), m, n, k, 0};
+        launch_shape(q, !(m >= (uint32_t)LMMA_WIDE_BM));
+        if (std::memcmp(other.data(), out.data(), out.size() * 4) != 0) {
+            std::printf("  the other tile shape gave other bits\n");
+            ok = false;
+        }
+    }
     std::printf("%s m=%u n=%u k=%u%s\n", ok ? "ok" : "FAIL", m, n, k, nan_row ? " (NaN row)" : "");
     return ok;
 }
@@ -95,10 +112,14 @@ int main() {
     bool ok = true;
     // Depths past one k-block per warp (256), past one unrolled round per
     // warp (1,024), and odd ones that take the element-wise loads.
+    // From 32 rows on the batch runs the wide tile and each row alone the
+    // small one.
     const uint32_t cases[][3] = {{1, 8, 16},    {3, 130, 48}, {17, 257, 96}, {5, 64, 33},
                                  {16, 128, 160}, {2, 300, 7},  {33, 40, 64},  {3, 16, 520},
-                                 {2, 24, 1040},  {1, 8, 2051}, {1, 16, 4096}};
+                                 {2, 24, 1040},  {1, 8, 2051}, {1, 16, 4096}, {48, 24, 520},
+                                 {34, 16, 1100}};
     for (auto& c : cases) ok &= run_case(c[0], c[1], c[2], false, rng);
     ok &= run_case(4, 72, 32, true, rng);
+    ok &= run_case(33, 16, 96, true, rng);
     return ok ? 0 : 1;
 }
