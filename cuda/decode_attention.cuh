@@ -41,6 +41,22 @@ struct DecodeCfg {
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
 };
 
+// Positions [begin, end) of chunk `split` of a sequence of `len`
+// positions, for both decode kernels: chunks from the sequence's own length
+// only (auto), so that its output is bit-identical alone or in any batch;
+// chunks past its length are empty (begin >= end) and the merge gives them
+// weight 0.
+__device__ __forceinline__ void decode_chunk(const DecodeParams& p, uint32_t len, uint32_t split,
+                                             uint32_t& begin, uint32_t& end) {
+    uint32_t chunk = p.chunk_tokens;
+    if (p.auto_max_splits != 0) {
+        const uint32_t even = ((len + p.auto_max_splits - 1) / p.auto_max_splits + 63u) & ~63u;
+        chunk = max(chunk, even);
+    }
+    begin = split * chunk;
+    end = min(begin + chunk, len);
+}
+
 // The end of both decode kernels (this one and decode_mma.cuh): combines
 // `parts` partial softmax states of each of the block's `here` heads (part
 // r of head g: running max m(r, g), sum l(r, g), weighted V sum o(r, g, d))
@@ -92,16 +108,8 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
     const int rg = warp * C::ROWS_PER_WARP + lane / TPR;  // row group
 
     const uint32_t len = p.kv_len[b];
-    // This sequence's chunk: from its own length only (auto), so that its
-    // output is bit-identical alone or in any batch; chunks past its length
-    // are empty and the merge gives them weight 0.
-    uint32_t chunk = p.chunk_tokens;
-    if (p.auto_max_splits != 0) {
-        const uint32_t even = ((len + p.auto_max_splits - 1) / p.auto_max_splits + 63u) & ~63u;
-        chunk = max(chunk, even);
-    }
-    const uint32_t begin = split * chunk;
-    const uint32_t end = min(begin + chunk, len);
+    uint32_t begin, end;
+    decode_chunk(p, len, split, begin, end);
     const uint32_t* pages = p.page_table + p.page_indptr[b];
     const T* kv = static_cast<const T*>(p.kv);
     const uint32_t kv_dim = p.n_kv_heads * HEAD_DIM;

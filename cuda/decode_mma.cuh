@@ -52,7 +52,7 @@
 #ifndef HANDOFF_SIMT_HOST
 #include "mma.cuh"
 #endif
-#include "decode_attention.cuh"  // decode_combine_store
+#include "decode_attention.cuh"  // decode_chunk, decode_combine_store
 #include "params.cuh"
 #include "pipeline.cuh"
 
@@ -100,15 +100,9 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 
-    // This sequence's chunk, from its own length only (see decode_attention.cuh).
-    const uint32_t len = p.kv_len[b];
-    uint32_t chunk = p.chunk_tokens;
-    if (p.auto_max_splits != 0) {
-        const uint32_t even = ((len + p.auto_max_splits - 1) / p.auto_max_splits + 63u) & ~63u;
-        chunk = max(chunk, even);
-    }
-    const uint32_t begin = split * chunk;
-    const uint32_t end = min(begin + chunk, len);
+    // This sequence's chunk, from its own length only (decode_attention.cuh).
+    uint32_t begin, end;
+    decode_chunk(p, p.kv_len[b], split, begin, end);
     const uint32_t n_tiles = end > begin ? (end - begin + DMMA_TILE - 1) / DMMA_TILE : 0;
     // This warp's tiles: warp, warp + 4, ...
     const uint32_t mine =
