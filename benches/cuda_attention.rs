@@ -279,7 +279,7 @@ mod gpu {
         let copy = copy_gbps(&dev)?;
         println!("device-to-device copy: {copy:.0} GB/s (read + write)\n");
         let spec = spec_gbps(dev.name());
-        let hopper = spec.is_some();
+        let h200 = spec.is_some();
         if let Some(spec) = spec {
             println!(
                 "`vs FlashInfer`: GB/s over {FLASHINFER_DECODE_SPEC_SHARE} of the {spec:.0} GB/s \
@@ -422,8 +422,8 @@ mod gpu {
                 let flops = 4.0 * n_heads as f64 * hd as f64 * (len * (len + 1) / 2) as f64;
                 let tflops = flops / (ms * 1e-3) / 1e12;
                 // FlashAttention's published figures are for long causal
-                // prompts at head_dim 128 on Hopper: the 8k row.
-                let (fa2, fa3) = if hopper && len == 8192 {
+                // prompts at head_dim 128 on Hopper: the 8k row, on an H200.
+                let (fa2, fa3) = if h200 && len == 8192 {
                     (
                         format!("{:.2}", tflops / FA2_TFLOPS),
                         format!("{:.2}", tflops / FA3_TFLOPS),

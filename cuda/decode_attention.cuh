@@ -41,6 +41,18 @@ struct DecodeCfg {
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
 };
 
+// The KV head of this block and its slice of that head's query heads (grid.y
+// = KV heads x ceil(group / GROUP) slices, as plan.rs launches both decode
+// kernels): heads kvh * group + h0 + g for g < here.
+template <int GROUP>
+__device__ __forceinline__ void decode_heads(const DecodeParams& p, uint32_t& kvh, uint32_t& h0,
+                                             int& here) {
+    const uint32_t slices = (p.group + GROUP - 1) / GROUP;
+    kvh = blockIdx.y / slices;
+    h0 = (blockIdx.y % slices) * GROUP;
+    here = (int)min(p.group - h0, (uint32_t)GROUP);
+}
+
 // Positions [begin, end) of chunk `split` of a sequence of `len`
 // positions, for both decode kernels: chunks from the sequence's own length
 // only (auto), so that its output is bit-identical alone or in any batch;
@@ -98,11 +110,9 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
     constexpr int VEC = C::VEC, TPR = C::TPR, NRG = C::NRG, TILE = C::TILE;
 
     const uint32_t split = blockIdx.x, b = blockIdx.z;
-    // The KV head and this block's slice of its query heads: heads
-    // kvh * group + h0 + g for g < here.
-    const uint32_t slices = (p.group + GROUP - 1) / GROUP;
-    const uint32_t kvh = blockIdx.y / slices, h0 = (blockIdx.y % slices) * GROUP;
-    const int here = (int)min(p.group - h0, (uint32_t)GROUP);
+    uint32_t kvh, h0;
+    int here;
+    decode_heads<GROUP>(p, kvh, h0, here);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tx = lane % TPR;                            // slice of the head
     const int rg = warp * C::ROWS_PER_WARP + lane / TPR;  // row group

@@ -52,7 +52,7 @@
 #ifndef HANDOFF_SIMT_HOST
 #include "mma.cuh"
 #endif
-#include "decode_attention.cuh"  // decode_chunk, decode_combine_store
+#include "decode_attention.cuh"  // decode_heads, decode_chunk, decode_combine_store
 #include "params.cuh"
 #include "pipeline.cuh"
 
@@ -94,9 +94,9 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     static_assert(GROUP % 8 == 0 && OCT >= 1 && OCT <= 2, "octets of 8 heads");
 
     const uint32_t split = blockIdx.x, b = blockIdx.z;
-    const uint32_t slices = (p.group + GROUP - 1) / GROUP;
-    const uint32_t kvh = blockIdx.y / slices, h0 = (blockIdx.y % slices) * GROUP;
-    const int here = (int)min(p.group - h0, (uint32_t)GROUP);
+    uint32_t kvh, h0;
+    int here;
+    decode_heads<GROUP>(p, kvh, h0, here);  // heads kvh * group + h0 + g, g < here
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 

@@ -637,14 +637,14 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
             let q = dev.upload(&rng.vec(2 * n_heads * hd, 2.0)).unwrap();
             let mut out = dev.upload(&vec![f32::NAN; 2 * n_heads * hd]).unwrap();
             let mut ws = DecodeWorkspace::default();
-            let mut run = |kernel| {
+            let mut run = |out: &mut CudaSlice<f32>, kernel| {
                 dev.decode_attention_with(
                     &arena,
                     0,
                     &tables,
                     n_heads,
                     &q,
-                    &mut out,
+                    out,
                     &mut ws,
                     Split::Auto,
                     kernel,
@@ -657,15 +657,22 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
                 DecodeKernel::Scalar
             };
             let what = format!("{dtype:?} hd {hd}");
-            assert_eq!(run(DecodeKernel::Auto).unwrap().1, want, "{what}");
-            assert_eq!(run(DecodeKernel::Scalar).unwrap().1, DecodeKernel::Scalar);
-            let forced = run(DecodeKernel::TensorCore);
+            assert_eq!(run(&mut out, DecodeKernel::Auto).unwrap().1, want, "{what}");
+            let scalar = run(&mut out, DecodeKernel::Scalar).unwrap().1;
+            assert_eq!(scalar, DecodeKernel::Scalar, "{what}");
+            let before = dev.download(&out).unwrap();
+            let forced = run(&mut out, DecodeKernel::TensorCore);
             if compiled {
                 assert_eq!(forced.unwrap().1, DecodeKernel::TensorCore, "{what}");
             } else {
                 assert!(
                     matches!(forced, Err(CudaError::Unsupported { .. })),
                     "{what}: {forced:?}"
+                );
+                assert_eq!(
+                    bits(&dev.download(&out).unwrap()),
+                    bits(&before),
+                    "{what}: a refused launch wrote the output"
                 );
             }
         }

@@ -688,17 +688,23 @@ impl CudaDevice {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
         };
-        let (kernel, bm, bn) = if m >= LMMA_WIDE_BM {
+        let (family, kernel, bm, bn) = if m >= LMMA_WIDE_BM {
             (
+                "linear_mma_wide",
                 kernels::linear_mma_wide(KvDtype::BF16),
                 LMMA_WIDE_BM,
                 LMMA_WIDE_BN,
             )
         } else {
-            (kernels::linear_mma(KvDtype::BF16), LMMA_BM, LMMA_BN)
+            (
+                "linear_mma",
+                kernels::linear_mma(KvDtype::BF16),
+                LMMA_BM,
+                LMMA_BN,
+            )
         };
         let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
-            name: "linear_mma for bf16 weights".into(),
+            name: format!("{family} for bf16 weights"),
         })?;
         let mut args = Args::new(&self.inner.stream);
         let p = LinearMmaParams {

@@ -297,38 +297,30 @@ inline void cp_async_wait() {
     for (const auto& c : g.open) std::memset(c.dst, 0xff, 16);
 }
 
-// See cuda/pipeline.cuh: matrix i's rows come from lanes 8i..8i+7; lane l
-// takes (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each.
-inline void ldmatrix_x4(uint32_t r[4], const void* row) {
+// See cuda/pipeline.cuh: matrix i's rows come from lanes 8i..8i+7 (each
+// lane publishes its row address, as mma.sync's lanes their fragments);
+// lane l takes (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each, or,
+// transposed, (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+inline void ldmatrix_x4_impl(uint32_t r[4], const void* row, bool trans) {
     sim::Warp& w = *sim::ctx.warp;
     const int lane = threadIdx.x & 31;
     w.row[lane] = row;
     w.bar.arrive_and_wait();
+    const int a = lane / 4, b = 2 * (lane % 4);  // row, column of the first element
+    auto at = [&](int i, int rr, int cc) {
+        uint16_t v;
+        std::memcpy(&v, static_cast<const uint16_t*>(w.row[8 * i + rr]) + cc, 2);
+        return (uint32_t)v;
+    };
     for (int i = 0; i < 4; ++i) {
-        const uint16_t* src = static_cast<const uint16_t*>(w.row[8 * i + lane / 4]) + 2 * (lane % 4);
-        uint16_t lo, hi;
-        std::memcpy(&lo, src, 2);
-        std::memcpy(&hi, src + 1, 2);
-        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+        const uint32_t lo = trans ? at(i, b, a) : at(i, a, b);
+        const uint32_t hi = trans ? at(i, b + 1, a) : at(i, a, b + 1);
+        r[i] = lo | (hi << 16);
     }
     w.bar.arrive_and_wait();
 }
 
-// The same, transposed: lane l takes (2 (l % 4), l / 4) and
-// (2 (l % 4) + 1, l / 4) of each matrix.
-inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
-    sim::Warp& w = *sim::ctx.warp;
-    const int lane = threadIdx.x & 31;
-    w.row[lane] = row;
-    w.bar.arrive_and_wait();
-    for (int i = 0; i < 4; ++i) {
-        const int col = lane / 4, r0 = 2 * (lane % 4);
-        uint16_t lo, hi;
-        std::memcpy(&lo, static_cast<const uint16_t*>(w.row[8 * i + r0]) + col, 2);
-        std::memcpy(&hi, static_cast<const uint16_t*>(w.row[8 * i + r0 + 1]) + col, 2);
-        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
-    w.bar.arrive_and_wait();
-}
+inline void ldmatrix_x4(uint32_t r[4], const void* row) { ldmatrix_x4_impl(r, row, false); }
+inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) { ldmatrix_x4_impl(r, row, true); }
 
 }  // namespace handoff
