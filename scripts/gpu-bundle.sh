@@ -59,80 +59,89 @@ cp scripts/torch_decode_peer.py "$bundle/torch_decode_peer.py"
 cat > "$bundle/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the GPU checks; results under $OUT (default: ./out next to this file).
-# Budget (worst case, every step at its timeout): tests 140 s, the example
-# 2 x 45 s, end-to-end decode 150 s and its torch peer 45 s, kernel
-# benchmark 120 s, cuBLAS reference 45 s: 590 s in all at worst (a few
-# minutes when nothing times out). Give the device call a 600 s limit.
+# The device tool brings back at most 8 files, so everything goes into 7:
+# env.txt (nvidia-smi, timings, every bench's stderr), tests.log,
+# cuda_attention.md, cublas.md, cuda_decode.md, torch_decode_peer.md and
+# example.log. Order: correctness, then issue 16's kernel figures, then
+# issue 15's end-to-end ones, then the example; a run cut short keeps what
+# came first. Budget (worst case, every step at its timeout): tests 140 s,
+# kernel benchmark 120 s, cuBLAS 45 s, end-to-end decode 150 s, its torch
+# peer 45 s, the example 2 x 45 s: 590 s. Give the device call 600 s.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
 mkdir -p "$out"
+env_log="$out/env.txt"
 export HANDOFF_REQUIRE_GPU=1
 [[ -f "$here/stories260K.bin" ]] && export HANDOFF_STORIES260K="$here/stories260K.bin"
-(nvidia-smi || true) > "$out/nvidia-smi.txt" 2>&1
+(nvidia-smi || true) > "$env_log" 2>&1
 # The kernels are built by CUDA 13.0, which needs driver 580 or newer: on an
 # older driver every module load fails, so say so at once rather than spend
 # the machine's time on failing tests.
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
 if [[ -n "$driver" && "${driver%%.*}" =~ ^[0-9]+$ && "${driver%%.*}" -lt 580 ]]; then
-  echo "== driver $driver is older than 580, which CUDA 13.0 kernels need: nothing run"
+  echo "== driver $driver is older than 580, which CUDA 13.0 kernels need: nothing run" | tee -a "$env_log"
   exit 3
 fi
-echo "== driver ${driver:-unknown}"
+echo "== driver ${driver:-unknown}" | tee -a "$env_log"
 status=0
+note() { echo "$1" | tee -a "$env_log"; }
 for t in "$here"/tests/*; do
   name="$(basename "$t")"
   start=$SECONDS
+  echo "#### $name" >> "$out/tests.log"
   # The SIMT-emulator stories (`*_host::`) check kernel bodies on the CPU;
   # CI runs them, and here they would only spend device time.
-  timeout 140 "$t" --test-threads=1 --skip _host:: > "$out/$name.log" 2>&1
+  timeout 140 "$t" --test-threads=1 --skip _host:: >> "$out/tests.log" 2>&1
   rc=$?
-  echo "== $name: exit $rc in $((SECONDS - start))s"
-  grep -E "^test .* (FAILED|ok)$|panicked|test result" "$out/$name.log" | tail -40
+  note "== $name: exit $rc in $((SECONDS - start))s"
+  grep -E "^test .* (FAILED|ok)$|panicked|test result" "$out/tests.log" | tail -60
   [[ $rc -eq 0 ]] || status=1
 done
+start=$SECONDS
+echo "#### cuda_attention stderr" >> "$env_log"
+timeout 120 "$here/benches/cuda_attention" > "$out/cuda_attention.md" 2>> "$env_log"
+rc=$?
+note "== cuda_attention: exit $rc in $((SECONDS - start))s"
+cat "$out/cuda_attention.md"
+[[ $rc -eq 0 ]] || status=1
+# cuBLAS (through torch) on the same GPU right after the kernel bench; its
+# table gives the tensor-core prefill figure as a share of cuBLAS bf16 GEMMs.
+start=$SECONDS
+PYTHONUNBUFFERED=1 timeout 45 python3 "$here/cublas_reference.py" "$out/cuda_attention.md" > "$out/cublas.md" 2>&1
+rc=$?
+note "== cublas_reference: exit $rc in $((SECONDS - start))s"
+cat "$out/cublas.md"
+# 2: skipped (no torch or no CUDA device for it), not a failure of ours.
+[[ $rc -eq 0 || $rc -eq 2 ]] || status=1
+start=$SECONDS
+echo "#### cuda_decode stderr" >> "$env_log"
+timeout 150 "$here/benches/cuda_decode" > "$out/cuda_decode.md" 2>> "$env_log"
+rc=$?
+note "== cuda_decode: exit $rc in $((SECONDS - start))s"
+cat "$out/cuda_decode.md"
+[[ $rc -eq 0 ]] || status=1
+# The same model in torch on the same GPU: the peer of cuda_decode's figures.
+start=$SECONDS
+PYTHONUNBUFFERED=1 timeout 45 python3 "$here/torch_decode_peer.py" > "$out/torch_decode_peer.md" 2>&1
+rc=$?
+note "== torch_decode_peer: exit $rc in $((SECONDS - start))s"
+cat "$out/torch_decode_peer.md"
+[[ $rc -eq 0 || $rc -eq 2 ]] || status=1
 # The main example on the GPU: both workers and the colocated reference on
 # device 0 with device-resident KV, in one process (KV copied device to
 # device) and as two processes over authenticated TCP; the audit line must
 # show nothing leaked, held or read across requests.
 for transport in inproc tcp; do
   start=$SECONDS
+  echo "#### disaggregated --backend cuda --transport $transport" >> "$out/example.log"
   timeout 45 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
-    > "$out/disaggregated_$transport.log" 2>&1
+    >> "$out/example.log" 2>&1
   rc=$?
-  echo "== disaggregated --backend cuda --transport $transport: exit $rc in $((SECONDS - start))s"
-  tail -3 "$out/disaggregated_$transport.log"
+  note "== disaggregated --backend cuda --transport $transport: exit $rc in $((SECONDS - start))s"
+  tail -3 "$out/example.log"
   [[ $rc -eq 0 ]] || status=1
 done
-start=$SECONDS
-timeout 150 "$here/benches/cuda_decode" > "$out/cuda_decode.md" 2> "$out/cuda_decode.err"
-rc=$?
-echo "== cuda_decode: exit $rc in $((SECONDS - start))s"
-cat "$out/cuda_decode.md" "$out/cuda_decode.err"
-[[ $rc -eq 0 ]] || status=1
-# The same model in torch on the same GPU: the peer of cuda_decode's figures.
-start=$SECONDS
-timeout 45 python3 "$here/torch_decode_peer.py" > "$out/torch_decode_peer.md" 2>&1
-rc=$?
-echo "== torch_decode_peer: exit $rc in $((SECONDS - start))s"
-cat "$out/torch_decode_peer.md"
-# 2: skipped (no torch or no CUDA device for it), not a failure of ours.
-[[ $rc -eq 0 || $rc -eq 2 ]] || status=1
-start=$SECONDS
-timeout 120 "$here/benches/cuda_attention" > "$out/cuda_attention.md" 2> "$out/cuda_attention.err"
-rc=$?
-echo "== cuda_attention: exit $rc in $((SECONDS - start))s"
-cat "$out/cuda_attention.md" "$out/cuda_attention.err"
-[[ $rc -eq 0 ]] || status=1
-# cuBLAS (through torch) on the same GPU right after the kernel bench; its
-# table gives the tensor-core prefill figure as a share of cuBLAS bf16 GEMMs.
-start=$SECONDS
-timeout 45 python3 "$here/cublas_reference.py" "$out/cuda_attention.md" > "$out/cublas.md" 2>&1
-rc=$?
-echo "== cublas_reference: exit $rc in $((SECONDS - start))s"
-cat "$out/cublas.md"
-# 2: skipped (no torch or no CUDA device for it), not a failure of ours.
-[[ $rc -eq 0 || $rc -eq 2 ]] || status=1
 exit $status
 RUN
 chmod +x "$bundle/run.sh"
