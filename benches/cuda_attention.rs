@@ -27,8 +27,9 @@
 //! FlashInfer's 0.88 of spec bandwidth, prefill at 8k against
 //! FlashAttention-2 (360 TFLOP/s) and FlashAttention-3 (695).
 //!
-//! Last, a sweep of split-KV chunk sizes at the decode goal cells on the
-//! tensor-core kernel, to tune `Split::Auto` from.
+//! Last, tuning data: what one decode call costs on the device and on the
+//! host however little it reads, and a sweep of split-KV chunk sizes at the
+//! decode goal cells on the tensor-core kernel, to tune `Split::Auto` from.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(not(feature = "cuda"))]
@@ -142,6 +143,33 @@ mod gpu {
             })
         }
 
+        /// One call of `kernel` with `split`; the chunks it launched per
+        /// sequence.
+        fn call(
+            &mut self,
+            dev: &CudaDevice,
+            split: Split,
+            kernel: DecodeKernel,
+        ) -> Result<usize, CudaError> {
+            dev.decode_attention_with(
+                &self.arena,
+                0,
+                &self.tables,
+                self.n_heads,
+                &self.q,
+                &mut self.out,
+                &mut self.ws,
+                split,
+                kernel,
+            )
+            .map(|(n, _)| n)
+        }
+
+        /// Device ms per call of `kernel` (`Split::Auto`) over `iters` calls.
+        fn call_ms(&mut self, dev: &CudaDevice, iters: usize, kernel: DecodeKernel) -> R<f64> {
+            time_ms(dev, iters, || self.call(dev, Split::Auto, kernel).map(drop))
+        }
+
         /// GB/s of KV read by `kernel` with `split`, and the chunks it
         /// launched per sequence.
         fn gbps(
@@ -152,18 +180,7 @@ mod gpu {
         ) -> R<(f64, usize)> {
             let mut splits = 0;
             let ms = time_ms(dev, 20, || {
-                let (n, _) = dev.decode_attention_with(
-                    &self.arena,
-                    0,
-                    &self.tables,
-                    self.n_heads,
-                    &self.q,
-                    &mut self.out,
-                    &mut self.ws,
-                    split,
-                    kernel,
-                )?;
-                splits = n;
+                splits = self.call(dev, split, kernel)?;
                 Ok(())
             })?;
             Ok((self.kv_bytes as f64 / (ms * 1e-3) / 1e9, splits))
@@ -227,11 +244,11 @@ mod gpu {
         Ok(2.0 * n as f64 / (ms * 1e-3) / 1e9)
     }
 
-    /// Split-KV chunk sizes against Auto's (at least 256 positions, at most
+    /// Split-KV chunk sizes against Auto's (at least 1024 positions, at most
     /// 128 chunks) on the tensor-core kernel, GQA 32:4, page 16, at the goal
     /// cells: what a GPU run needs to tune `MIN_CHUNK` / `AUTO_MAX_SPLITS`.
     fn chunk_sweep(dev: &CudaDevice, copy: f64) -> R<()> {
-        const CHUNKS: [usize; 6] = [64, 128, 256, 512, 1024, 2048];
+        const CHUNKS: [usize; 7] = [64, 128, 256, 512, 1024, 2048, 4096];
         let g = KvGeometry {
             n_layers: 1,
             n_kv_heads: 4,
@@ -245,7 +262,13 @@ mod gpu {
         let heads: Vec<String> = CHUNKS.iter().map(|c| format!("chunk {c}")).collect();
         println!("| batch | context | Auto | {} |", heads.join(" | "));
         println!("|---|---|---|{}", "---|".repeat(CHUNKS.len()));
-        for (batch, ctx) in [(1usize, 8192usize), (1, 32768), (8, 8192), (64, 8192)] {
+        for (batch, ctx) in [
+            (1usize, 8192usize),
+            (1, 32768),
+            (1, 131072),
+            (8, 8192),
+            (64, 8192),
+        ] {
             let mut cell = match DecodeCell::new(dev, g, 32, 16, batch, ctx) {
                 Ok(c) => c,
                 Err(e) => {
@@ -259,6 +282,38 @@ mod gpu {
                 row.push(format!("{:.2} ({splits})", gbps / copy));
             }
             println!("| {batch} | {ctx} | {} |", row.join(" | "));
+        }
+        Ok(())
+    }
+
+    /// What one decode call costs however little it reads: device µs per
+    /// call (events around back-to-back calls) and the host's µs to queue
+    /// one, at batch 1 (GQA 32:4, bf16, page 16). Where the host's figure
+    /// is the larger, the device waits on the host between calls.
+    fn call_floor(dev: &CudaDevice) -> R<()> {
+        const CALLS: usize = 200;
+        let g = KvGeometry {
+            n_layers: 1,
+            n_kv_heads: 4,
+            head_dim: 128,
+            dtype: KvDtype::BF16,
+        };
+        println!("\n## Decode per-call cost, batch 1 (GQA 32:4, bf16, page 16)\n");
+        println!("| context | kernel | chunks | device µs per call | host µs to queue a call |");
+        println!("|---|---|---|---|---|");
+        for ctx in [16usize, 2048, 32768] {
+            let mut cell = DecodeCell::new(dev, g, 32, 16, 1, ctx)?;
+            for kernel in [DecodeKernel::TensorCore, DecodeKernel::Scalar] {
+                let device_us = 1e3 * cell.call_ms(dev, CALLS, kernel)?;
+                let start = std::time::Instant::now();
+                let mut chunks = 0;
+                for _ in 0..CALLS {
+                    chunks = cell.call(dev, Split::Auto, kernel)?;
+                }
+                let host_us = start.elapsed().as_secs_f64() * 1e6 / CALLS as f64;
+                dev.synchronize()?;
+                println!("| {ctx} | {kernel:?} | {chunks} | {device_us:.1} | {host_us:.1} |");
+            }
         }
         Ok(())
     }
@@ -445,6 +500,7 @@ mod gpu {
             println!("\nprefill_tc_tflops_8k={t:.3}");
         }
         // Last: tuning data, the first thing to lose if the run is cut short.
+        call_floor(&dev)?;
         chunk_sweep(&dev, copy)
     }
 }

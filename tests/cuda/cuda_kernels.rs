@@ -292,6 +292,21 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64) {
 
 const RTOL: f64 = 1e-5;
 
+/// The decode tolerance of `kernel` on `dtype`. The scalar kernel computes
+/// in IEEE f32: `RTOL`. The tensor-core kernel multiplies with Q and each
+/// softmax weight split into hi + lo parts in the KV dtype (16 significant
+/// bits for bf16, which leaves up to 2^-17 = 0.76 `RTOL` of each; 22 for
+/// f16) and sums in the tensor cores, whose f32 accumulation is not IEEE
+/// round-to-nearest. On an H200 a bf16 case erred by 1.1 `RTOL`; allowed:
+/// 4 `RTOL` for bf16 and 2 `RTOL` for f16.
+fn decode_rtol(kernel: DecodeKernel, dtype: KvDtype) -> f64 {
+    match (kernel, dtype) {
+        (DecodeKernel::TensorCore, KvDtype::BF16) => 4.0 * RTOL,
+        (DecodeKernel::TensorCore, _) => 2.0 * RTOL,
+        _ => RTOL,
+    }
+}
+
 fn geometry(dtype: KvDtype, n_kv_heads: usize, head_dim: usize) -> KvGeometry {
     KvGeometry {
         n_layers: 2,
@@ -369,7 +384,12 @@ fn check_decode(
                 want.extend(sc.attend(s, layer, h, group, qh, len));
             }
         }
-        assert_close(&format!("{what} layer {layer}"), &got, &want, RTOL);
+        assert_close(
+            &format!("{what} layer {layer}"),
+            &got,
+            &want,
+            decode_rtol(kernel, g.dtype),
+        );
     }
     splits
 }
@@ -497,7 +517,9 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
         };
         let together = run(&all);
         // Every position covered once, whatever each sequence's own chunk
-        // (9000 positions: chunks of 320, the only case above 256).
+        // (chunks of 1024: nine for the 9000-position sequence, one for the
+        // rest; chunks above the minimum, past 128k positions, are cut by the
+        // same kernel code that the emulator's Auto cases run).
         for (s, row) in together.iter().enumerate() {
             for h in 0..n_heads {
                 let want = sc.attend(s, 1, h, n_heads / 8, &q[s][h * hd..(h + 1) * hd], lens[s]);
@@ -506,7 +528,7 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
                     &format!("{dtype:?} {kernel:?} sequence {s} head {h}"),
                     &row[h * hd..(h + 1) * hd],
                     &want,
-                    10.0 * RTOL,
+                    10.0 * decode_rtol(kernel, dtype),
                 );
             }
         }
@@ -588,7 +610,7 @@ fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
                             &format!("{dtype:?} {split:?} {kernel:?} seq {s} head {h}"),
                             head,
                             &want,
-                            RTOL,
+                            decode_rtol(kernel, dtype),
                         );
                     }
                 }
@@ -1542,7 +1564,14 @@ fn device_sampling_picks_the_hosts_tokens() {
         let asked = draws.iter().any(|d| d.logprobs().is_some());
         assert_eq!(lps.len(), if asked { rows.len() } else { 0 });
         for (i, (r, g)) in rows.iter().zip(got).enumerate() {
-            assert_eq!(g, host_answer(r), "vocab {vocab}, row {i}: {:?}", r.draw);
+            // Compared as printed: a row refused for its NaN carries that
+            // NaN in the error, and NaN != NaN.
+            assert_eq!(
+                format!("{g:?}"),
+                format!("{:?}", host_answer(r)),
+                "vocab {vocab}, row {i}: {:?}",
+                r.draw
+            );
             let (Some(n), Ok(t)) = (r.draw.logprobs(), &g) else {
                 assert!(lps.get(i).is_none_or(Option::is_none), "row {i}: not asked");
                 continue;

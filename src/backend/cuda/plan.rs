@@ -23,20 +23,25 @@ use crate::{KvDtype, KvGeometry};
 
 /// Most query heads per KV head in prefill (its (position, head) row tile).
 pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
-/// Smallest KV chunk a split-KV decode block takes (positions).
-const MIN_CHUNK: usize = 256;
-/// Most chunks `Split::Auto` cuts one sequence into. A decode block is 4
-/// warps, so an SM needs several to hide memory latency: at batch 1 and
-/// 32k positions, 128 chunks of each of 4 KV heads (GQA 32:4) give 512
-/// blocks, ~4 per SM of an H200's 132 (32 chunks gave ~1, and the first GPU
-/// run read 0.18 of copy bandwidth there). Chunks stay at least 256
-/// positions, so short sequences are cut no finer than before.
+/// Smallest KV chunk a split-KV decode block takes (positions). Short
+/// chunks lose: the H200 sweep of BENCHMARKS.md ("Second run on a GPU",
+/// tensor-core kernel, GQA 32:4) read, as a share of copy bandwidth, with
+/// chunks of 256 / 1024 positions: 0.35 / 0.49 at batch 1 and 32k, 0.50 /
+/// 0.72 at batch 8 and 8k, 0.68 / 0.90 at batch 64 and 8k; only batch 1 at
+/// 8k (0.24 / 0.15) preferred the shorter chunk. Its figures fit a fixed
+/// cost of ~8-14 us per call plus ~1 us per 16-position tile of a warp,
+/// and a block's start and end (Q's load, the pipeline's first copies, the
+/// combine) weigh on short chunks.
+const MIN_CHUNK: usize = 1024;
+/// Most chunks `Split::Auto` cuts one sequence into: past 128k positions
+/// chunks grow beyond `MIN_CHUNK`. 128 chunks of 1024 read 0.64 of copy
+/// bandwidth at batch 1 and 128k positions and 0.89 at batch 8 (same run).
 const AUTO_MAX_SPLITS: usize = 128;
 
 /// How decode splits the KV length across blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
-    /// Each sequence cut by its own length only (chunks of at least 256
+    /// Each sequence cut by its own length only (chunks of at least 1024
     /// positions, at most 128 of them), so its output is bit-identical alone
     /// or in any batch.
     #[default]
@@ -542,20 +547,22 @@ mod tests {
     }
 
     #[test]
-    fn auto_split_cuts_by_the_longest_length_into_at_most_128_chunks_of_256_or_more() {
+    fn auto_split_cuts_by_the_longest_length_into_at_most_128_chunks_of_1024_or_more() {
         let a = attn(KvDtype::F16, 64, 2, 8);
         for (max_len, splits) in [
             (1, 1),
-            (256, 1),
-            (257, 2),
-            (8191, 32),
-            (32_768, 128),
+            (1024, 1),
+            (1025, 2),
+            (8191, 8),
+            (32_768, 32),
+            (131_072, 128),
+            (131_073, 128),
             (1 << 20, 128),
         ] {
             let p = plan_decode(&a, &batch(3, max_len), Split::Auto).unwrap();
             assert_eq!(p.splits(), splits, "max_len {max_len}");
             let params = decode_params(&p);
-            assert_eq!((params.chunk_tokens, params.auto_max_splits), (256, 128));
+            assert_eq!((params.chunk_tokens, params.auto_max_splits), (1024, 128));
             assert_eq!(params.num_splits as usize, splits);
             assert_eq!(matches!(p, DecodePlan::Whole(_)), splits == 1);
         }
