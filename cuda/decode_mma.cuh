@@ -120,25 +120,49 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
 
     // Queues the copies of this warp's i-th tile into stage i % STAGES and
     // closes the group (an empty one past the last tile, so that every
-    // lane's group count stays in step with the loop).
+    // lane's group count stays in step with the loop). Lane l copies the
+    // 16-byte chunk l % CHUNKS of rows RPJ j + l / CHUNKS, j < JOBS.
+    constexpr int RPJ = 32 / CHUNKS;                     // rows per lane step
+    constexpr int JOBS = DMMA_TILE * CHUNKS / 32;        // lane steps per tile
+    const int lane_ch = lane % CHUNKS, lane_row = lane / CHUNKS;
+    const uint64_t lane_off = (uint64_t)lane_row * kv_dim + lane_ch * 8;
     auto issue = [&](uint32_t i) {
         if (i < mine) {
             const uint32_t t0 = begin + (warp + i * DMMA_WARPS) * DMMA_TILE;
             T* ks = stages + (i % DMMA_STAGES) * 2 * C::TILE_ELEMS;
+            const uint32_t first = t0 >> p.page_size_log2;
+            if ((t0 + DMMA_TILE - 1) >> p.page_size_log2 == first) {
+                // The whole tile in one page (every tile of pages of 16 or
+                // more with chunks on 16 positions): one page-table read,
+                // then a fixed stride per row.
+                const T* base = kv + (uint64_t)pages[first] * p.page_stride + k_in_page +
+                                (uint64_t)(t0 & slot_mask) * kv_dim + lane_off;
 #pragma unroll
-            for (int c = lane; c < DMMA_TILE * CHUNKS; c += 32) {
-                const int row = c / CHUNKS, ch = c % CHUNKS;
-                const uint32_t pos = t0 + row;
-                const bool fill = pos < end;
-                const T* src = kv;  // read nothing when !fill
-                if (fill) {
-                    const uint64_t page = pages[pos >> p.page_size_log2];
-                    src = kv + page * p.page_stride + k_in_page +
-                          (uint64_t)(pos & slot_mask) * kv_dim + ch * 8;
+                for (int j = 0; j < JOBS; ++j) {
+                    const int row = RPJ * j + lane_row;
+                    const bool fill = t0 + row < end;
+                    const T* src = fill ? base + (uint64_t)(RPJ * j) * kv_dim : kv;  // read nothing when !fill
+                    const int at = row * HEAD_DIM + (lane_ch ^ dmma_swz(row)) * 8;
+                    cp_async_16(ks + at, src, fill);
+                    cp_async_16(ks + C::TILE_ELEMS + at, fill ? src + k_to_v : kv, fill);
                 }
-                const int at = row * HEAD_DIM + (ch ^ dmma_swz(row)) * 8;
-                cp_async_16(ks + at, src, fill);
-                cp_async_16(ks + C::TILE_ELEMS + at, fill ? src + k_to_v : kv, fill);
+            } else {
+                // A tile across pages: each row finds its own.
+#pragma unroll
+                for (int j = 0; j < JOBS; ++j) {
+                    const int row = RPJ * j + lane_row;
+                    const uint32_t pos = t0 + row;
+                    const bool fill = pos < end;
+                    const T* src = kv;  // read nothing when !fill
+                    if (fill) {
+                        const uint64_t page = pages[pos >> p.page_size_log2];
+                        src = kv + page * p.page_stride + k_in_page +
+                              (uint64_t)(pos & slot_mask) * kv_dim + lane_ch * 8;
+                    }
+                    const int at = row * HEAD_DIM + (lane_ch ^ dmma_swz(row)) * 8;
+                    cp_async_16(ks + at, src, fill);
+                    cp_async_16(ks + C::TILE_ELEMS + at, fill ? src + k_to_v : kv, fill);
+                }
             }
         }
         cp_async_commit();
@@ -246,10 +270,14 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                 }
             }
             l[o] = l[o] * alpha + sum;
+            // Rescale only when some head's maximum moved (alpha is exactly
+            // 1 otherwise, and x * 1 is x: the same bits either way).
+            if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-            for (int dt = 0; dt < DTILES; ++dt) {
+                for (int dt = 0; dt < DTILES; ++dt) {
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[o][dt][r] *= alpha;
+                    for (int r = 0; r < 4; ++r) acc[o][dt][r] *= alpha;
+                }
             }
             uint32_t pa[4];
             pa[0] = MmaOp<T>::pack(hi[0][0], hi[0][1]);

@@ -207,6 +207,18 @@ inline V __shfl_xor_sync(unsigned /*mask*/, V v, int lane_mask) {
 inline void __syncthreads() { sim::ctx.block->arrive_and_wait(); }
 inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) { sim::ctx.warp->bar.arrive_and_wait(); }
 
+// Nonzero on every lane when `pred` is nonzero on any lane of the warp.
+inline int __any_sync(unsigned /*mask*/, int pred) {
+    sim::Warp& w = *sim::ctx.warp;
+    const int lane = threadIdx.x & 31;
+    w.word[lane] = pred != 0;
+    w.bar.arrive_and_wait();
+    int any = 0;
+    for (int l = 0; l < 32; ++l) any |= w.word[l] != 0;
+    w.bar.arrive_and_wait();
+    return any;
+}
+
 // Nonzero on every thread when `pred` is nonzero on any thread of the block.
 inline int __syncthreads_or(int pred) {
     static std::atomic<int> any{0};  // one block at a time
