@@ -152,6 +152,9 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     const uint32_t warp_last_row = min((uint32_t)(warp * 16 + 15), n_rows - 1);
     const bool warp_active = (uint32_t)(warp * 16) < n_rows;
     const uint32_t warp_limit = past + q0 + warp_last_row / group;  // last key any row sees
+    // Last key every row of the warp sees (0 unless all 16 rows are real):
+    // tiles up to it need no mask.
+    const uint32_t warp_full_limit = (uint32_t)(warp * 16 + 15) < n_rows ? past + q0 + (warp * 16) / group : 0;
 
     uint32_t qf[KSTEPS][4];
 #pragma unroll
@@ -196,17 +199,24 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
             }
 
             // Causal mask and the online softmax (rows a and b of this thread).
+            // Warp-uniform: a tile every row sees whole (all but the
+            // diagonal's) is not masked.
+            if (warp_full_limit == 0 || kt0 + PMMA_BN - 1 > warp_full_limit) {
+#pragma unroll
+                for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
+                        if (!ok_a || t > lim_a) s[nt][e] = -INFINITY;
+                        if (!ok_b || t > lim_b) s[nt][2 + e] = -INFINITY;
+                    }
+                }
+            }
             float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < NTILES; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
-                    if (!ok_a || t > lim_a) s[nt][e] = -INFINITY;
-                    if (!ok_b || t > lim_b) s[nt][2 + e] = -INFINITY;
-                    mx_a = fmaxf(mx_a, s[nt][e]);
-                    mx_b = fmaxf(mx_b, s[nt][2 + e]);
-                }
+                mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
+                mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
             }
 #pragma unroll
             for (int off = 1; off < 4; off <<= 1) {
@@ -237,12 +247,16 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
             }
             l_a = l_a * alpha_a + sum_a;
             l_b = l_b * alpha_b + sum_b;
+            // Rescale only when some row's maximum moved (alpha is exactly 1
+            // otherwise, and x * 1 is x: the same bits either way).
+            if (__any_sync(0xffffffffu, alpha_a != 1.0f || alpha_b != 1.0f)) {
 #pragma unroll
-            for (int dt = 0; dt < DTILES; ++dt) {
-                o[dt][0] *= alpha_a;
-                o[dt][1] *= alpha_a;
-                o[dt][2] *= alpha_b;
-                o[dt][3] *= alpha_b;
+                for (int dt = 0; dt < DTILES; ++dt) {
+                    o[dt][0] *= alpha_a;
+                    o[dt][1] *= alpha_a;
+                    o[dt][2] *= alpha_b;
+                    o[dt][3] *= alpha_b;
+                }
             }
 
             // O += P V: keys in k-steps of 16 (two score n-tiles per A fragment).
