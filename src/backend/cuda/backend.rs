@@ -748,6 +748,80 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    /// One slot map and one launch for the whole pass when every sequence
+    /// is in the same device-resident pool and the spans' rows follow each
+    /// other, instead of an upload and a launch per sequence and layer: the
+    /// host cost that grew with the batch (an H200 run measured 84 ms of
+    /// host time per step at batch 256, 0.77 of the step, ~20 µs for each
+    /// of its 4,096 per-sequence appends).
+    /// Every reservation is checked before anything is launched, and no row
+    /// counts as written before the launch is enqueued; on any error none
+    /// of the pass's rows for this layer count. Otherwise, one
+    /// [`Backend::kv_append`] per sequence.
+    fn kv_append_each<S: Writable>(
+        &self,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        spans: &[SeqSpan],
+    ) -> Result<(), (usize, BackendError)> {
+        let Some(pool) = seqs.first().map(|s| s.pool().clone()) else {
+            return Ok(());
+        };
+        let back_to_back = spans.len() == seqs.len()
+            && spans
+                .windows(2)
+                .all(|w| w[1].first_row == w[0].first_row + w[0].rows);
+        let one_pool = seqs.iter().all(|s| s.pool().shared.id == pool.shared.id);
+        if pool.residence() != Residence::Device || !back_to_back || !one_pool {
+            for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
+                self.kv_append(seq, layer, k, v, span.row_range())
+                    .map_err(|e| (i, e))?;
+            }
+            return Ok(());
+        }
+        let kvd = pool.config().geometry().kv_dim();
+        let n = rows_of("kv_append", k.len, kvd).map_err(|e| (0, e))?;
+        if v.len != k.len {
+            let e = shape_err("kv_append", "V length (= K length)", k.len, v.len);
+            return Err((0, e));
+        }
+        let first_row = spans.first().map_or(0, |s| s.first_row);
+        let end_row = spans.last().map_or(0, |s| s.first_row + s.rows);
+        if end_row > n {
+            return Err((
+                seqs.len() - 1,
+                shape_err("kv_append", "row range within", n, end_row),
+            ));
+        }
+        let cuda = self.own_pages(pool.device_pages()).map_err(|e| (0, e))?;
+        let mut appends = Vec::with_capacity(seqs.len());
+        let mut slots = Vec::with_capacity(end_row - first_row);
+        for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
+            let append = seq
+                .device_append(layer, span.rows)
+                .map_err(|e| (i, BackendError::Kv(e)))?;
+            slots.extend_from_slice(append.slots());
+            appends.push(append);
+        }
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let elems = first_row * kvd..end_row * kvd;
+        let k_rows = k.view().map_err(|e| (0, e))?.slice(elems.clone());
+        let v_rows = v.view().map_err(|e| (0, e))?.slice(elems);
+        let mut arena = cuda.arena();
+        let map = SlotMap::new(&self.dev, &arena, &slots).map_err(|e| (0, dev_err(e)))?;
+        self.dev
+            .kv_append(&mut arena, layer, &map, &k_rows, &v_rows)
+            .map_err(|e| (0, dev_err(e)))?;
+        for append in appends {
+            append.commit();
+        }
+        Ok(())
+    }
+
     fn attention_prefill(
         &self,
         q: &CudaBuf,
