@@ -245,7 +245,7 @@ mod gpu {
     }
 
     /// Split-KV chunk sizes against Auto's (at least 1024 positions, at most
-    /// 128 chunks) on the tensor-core kernel, GQA 32:4, page 16, at the goal
+    /// 64 chunks) on the tensor-core kernel, GQA 32:4, page 16, at the goal
     /// cells: what a GPU run needs to tune `MIN_CHUNK` / `AUTO_MAX_SPLITS`.
     fn chunk_sweep(dev: &CudaDevice, copy: f64) -> R<()> {
         const CHUNKS: [usize; 7] = [64, 128, 256, 512, 1024, 2048, 4096];

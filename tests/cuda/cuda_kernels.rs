@@ -518,7 +518,7 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
         let together = run(&all);
         // Every position covered once, whatever each sequence's own chunk
         // (chunks of 1024: nine for the 9000-position sequence, one for the
-        // rest; chunks above the minimum, past 128k positions, are cut by the
+        // rest; chunks above the minimum, past 64k positions, are cut by the
         // same kernel code that the emulator's Auto cases run).
         for (s, row) in together.iter().enumerate() {
             for h in 0..n_heads {

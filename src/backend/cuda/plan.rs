@@ -33,16 +33,18 @@ pub const PREFILL_MAX_GROUP: usize = PREFILL_ROWS;
 /// and a block's start and end (Q's load, the pipeline's first copies, the
 /// combine) weigh on short chunks.
 const MIN_CHUNK: usize = 1024;
-/// Most chunks `Split::Auto` cuts one sequence into: past 128k positions
-/// chunks grow beyond `MIN_CHUNK`. 128 chunks of 1024 read 0.64 of copy
-/// bandwidth at batch 1 and 128k positions and 0.89 at batch 8 (same run).
-const AUTO_MAX_SPLITS: usize = 128;
+/// Most chunks `Split::Auto` cuts one sequence into: past 64k positions
+/// chunks grow beyond `MIN_CHUNK`. At batch 1 and 128k positions the same
+/// sweep read 0.82 of copy bandwidth with 64 chunks of 2048 against 0.65
+/// with 128 of 1024 (and 0.75 with 32 of 4096); at batch 64 and 8k, 2048
+/// beat 1024 too (0.97 / 0.92).
+const AUTO_MAX_SPLITS: usize = 64;
 
 /// How decode splits the KV length across blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
     /// Each sequence cut by its own length only (chunks of at least 1024
-    /// positions, at most 128 of them), so its output is bit-identical alone
+    /// positions, at most 64 of them), so its output is bit-identical alone
     /// or in any batch.
     #[default]
     Auto,
@@ -547,7 +549,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_split_cuts_by_the_longest_length_into_at_most_128_chunks_of_1024_or_more() {
+    fn auto_split_cuts_by_the_longest_length_into_at_most_64_chunks_of_1024_or_more() {
         let a = attn(KvDtype::F16, 64, 2, 8);
         for (max_len, splits) in [
             (1, 1),
@@ -555,14 +557,15 @@ mod tests {
             (1025, 2),
             (8191, 8),
             (32_768, 32),
-            (131_072, 128),
-            (131_073, 128),
-            (1 << 20, 128),
+            (65_536, 64),
+            (65_537, 64),
+            (131_072, 64),
+            (1 << 20, 64),
         ] {
             let p = plan_decode(&a, &batch(3, max_len), Split::Auto).unwrap();
             assert_eq!(p.splits(), splits, "max_len {max_len}");
             let params = decode_params(&p);
-            assert_eq!((params.chunk_tokens, params.auto_max_splits), (1024, 128));
+            assert_eq!((params.chunk_tokens, params.auto_max_splits), (1024, 64));
             assert_eq!(params.num_splits as usize, splits);
             assert_eq!(matches!(p, DecodePlan::Whole(_)), splits == 1);
         }
