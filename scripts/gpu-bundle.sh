@@ -9,6 +9,7 @@
 #   gpu-bundle/torch_decode_peer.py the end-to-end decode model in torch (peer ratio)
 #   gpu-bundle/run.sh         runs them all with HANDOFF_REQUIRE_GPU=1,
 #                             writing logs and figures under $OUT
+#   gpu-bundle/profile.sh     Nsight Compute on single attention launches
 # Binaries are stripped; the whole folder stays well under 64 MiB.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -145,5 +146,38 @@ done
 exit $status
 RUN
 chmod +x "$bundle/run.sh"
+# Nsight Compute on single launches of the attention kernels (a second,
+# optional device call after run.sh): details and per-instruction SASS
+# counters as text (the .ncu-rep itself is dropped: 6 files come back).
+cat > "$bundle/profile.sh" <<'PROF'
+#!/usr/bin/env bash
+# Profiles one launch each of the tensor-core decode (batch 1 and batch 8
+# cells) and prefill (8k) in benches/cuda_attention, then stops the bench.
+# Launch indices follow the bench's order: each decode cell runs the
+# tensor-core kernel 3 + 20 times per page size (16, then 64), cells in
+# DECODE_CELLS_32_4 order; the prefill runs 3 + 3 times per prompt length
+# (1k, 4k, 8k). Change the bench's cells and these move.
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${OUT:-$here/out}"; mkdir -p "$out"
+export HANDOFF_REQUIRE_GPU=1 HANDOFF_BENCH_MAX_GIB=4
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+[[ -x "$NCU" ]] || { echo "no ncu on this machine"; exit 2; }
+prof() { # name, kernel regex, launches to skip
+  local start=$SECONDS
+  timeout 150 "$NCU" --clock-control none --set full -k "regex:$2" --launch-skip "$3" \
+    --launch-count 1 --kill yes -f -o "$out/$1" "$here/benches/cuda_attention" > /dev/null 2>&1
+  echo "== $1: exit $? in $((SECONDS - start))s"
+  "$NCU" -i "$out/$1.ncu-rep" --page details > "$out/$1.details.txt" 2>&1
+  "$NCU" -i "$out/$1.ncu-rep" --page source --print-source sass --csv > "$out/$1.sass.csv" 2>&1
+  rm -f "$out/$1.ncu-rep"
+}
+prof dec_b1 'decode_mma_bf16_d128_g8' 3     # batch 1, 1k: its 4th launch
+prof dec_b8 'decode_mma_bf16_d128_g8' 233   # batch 8, 8k (5 cells x 2 pages x 23 before it)
+prof pre_8k 'prefill_mma_bf16_d128' 12      # 8k, after 1k and 4k
+grep -E "Duration|Achieved Occupancy|Registers Per|DRAM Throughput|Warp Cycles Per Issued|Issued Ipc" \
+  "$out"/*.details.txt
+PROF
+chmod +x "$bundle/profile.sh"
 du -sh "$bundle"
 ls -la "$bundle" "$bundle/tests" "$bundle/benches"
