@@ -224,22 +224,7 @@ mod gpu {
         // Random weights rounded to bf16 values, as a bf16 checkpoint's:
         // they stay bf16 on the device and run on tensor cores.
         let mut w = random_weights(&ModelConfig::llama_3_2_1b_shape(layers), 1);
-        let to_bf16 = |v: &mut Vec<f32>| {
-            for x in v.iter_mut() {
-                *x = half::bf16::from_f32(*x).to_f32();
-            }
-        };
-        to_bf16(&mut w.embedding);
-        if let Some(head) = w.lm_head.as_mut() {
-            to_bf16(head);
-        }
-        for l in &mut w.layers {
-            for v in [
-                &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
-            ] {
-                to_bf16(v);
-            }
-        }
+        w.round_matrices_to_bf16();
         let made = t.elapsed();
         let t = Instant::now();
         let place = |device: bool| -> R<Model<CudaBackend>> {

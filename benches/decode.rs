@@ -459,27 +459,12 @@ fn main() {
     );
 }
 
-/// The same bf16 checkpoint (the random weights truncated to bf16) decoded
+/// The same bf16 checkpoint (the random weights rounded to bf16) decoded
 /// with its matrices kept as bf16 (the default) and widened to f32, in
 /// alternating rounds: bf16 storage halves the bytes each step streams.
 fn storage_side_by_side(w: &ModelWeights, layers: usize) {
     let mut w = w.clone();
-    let round = |v: &mut Vec<f32>| {
-        for x in v.iter_mut() {
-            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
-        }
-    };
-    round(&mut w.embedding);
-    if let Some(h) = w.lm_head.as_mut() {
-        round(h);
-    }
-    for l in &mut w.layers {
-        for v in [
-            &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
-        ] {
-            round(v);
-        }
-    }
+    w.round_matrices_to_bf16();
     let compact = Model::new(backend().compact_weights(true), w.clone()).unwrap();
     let wide = Model::new(backend().compact_weights(false), w).unwrap();
     say(format!(

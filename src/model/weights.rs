@@ -48,4 +48,63 @@ impl ModelWeights {
     pub fn output(&self) -> &[f32] {
         self.lm_head.as_deref().unwrap_or(&self.embedding)
     }
+
+    /// Rounds every matrix (embedding, output head, each layer's
+    /// projections) to the nearest bf16 value, as if loaded from a bf16
+    /// checkpoint: backends then keep them as bf16. Norm gains and biases
+    /// stay f32.
+    pub fn round_matrices_to_bf16(&mut self) {
+        let round = |v: &mut Vec<f32>| {
+            for x in v.iter_mut() {
+                *x = half::bf16::from_f32(*x).to_f32();
+            }
+        };
+        round(&mut self.embedding);
+        if let Some(head) = self.lm_head.as_mut() {
+            round(head);
+        }
+        for l in &mut self.layers {
+            for v in [
+                &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
+            ] {
+                round(v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{ModelConfig, random_weights};
+
+    #[test]
+    fn rounding_to_bf16_leaves_every_matrix_bf16_exact_and_the_norms_alone() {
+        let mut cfg = ModelConfig::llama_3_2_1b_shape(2);
+        (cfg.dim, cfg.hidden_dim, cfg.vocab_size) = (64, 96, 50);
+        (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) = (4, 2, 16);
+        cfg.tied_embeddings = false;
+        let w0 = random_weights(&cfg, 3);
+        let mut w = w0.clone();
+        w.round_matrices_to_bf16();
+        let exact = |v: &[f32]| v.iter().all(|&x| half::bf16::from_f32(x).to_f32() == x);
+        let head = w.lm_head.as_deref().unwrap_or(&[]);
+        assert!(!head.is_empty() && exact(head) && exact(&w.embedding));
+        for l in &w.layers {
+            assert!(
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3]
+                    .iter()
+                    .all(|v| exact(v))
+            );
+        }
+        // Nearest, not truncated: within half a bf16 ulp (2^-8 relative).
+        for (a, b) in w0.embedding.iter().zip(&w.embedding) {
+            assert!((a - b).abs() <= a.abs() * 2f32.powi(-8));
+        }
+        assert_eq!(w.final_norm, w0.final_norm);
+        assert_eq!(w.layers[0].attn_norm, w0.layers[0].attn_norm);
+        assert_ne!(
+            w.embedding, w0.embedding,
+            "random f32 weights are not bf16 already"
+        );
+    }
 }

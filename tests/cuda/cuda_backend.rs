@@ -624,19 +624,7 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
         attention_bias: false,
     };
     let mut w = handoff::model::random_weights(&cfg, 21);
-    let bf16 = |v: &mut Vec<f32>| {
-        for x in v.iter_mut() {
-            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
-        }
-    };
-    bf16(&mut w.embedding);
-    for l in &mut w.layers {
-        for v in [
-            &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
-        ] {
-            bf16(v);
-        }
-    }
+    w.round_matrices_to_bf16();
     let cpu = Model::cpu(w.clone()).unwrap();
     let tc = Model::new(CudaBackend::new(dev.clone()), w.clone()).unwrap();
     let wide = Model::new(CudaBackend::new(dev).bf16_weights(false), w).unwrap();
