@@ -16,7 +16,10 @@
 //!   the device has not seen at the page's current generation (KV that
 //!   arrived by transfer, for example) is uploaded from the view first. The
 //!   page tables uploaded per step come from those views and are validated
-//!   against the arena again before launch.
+//!   against the arena again before launch. The views are checked for
+//!   every layer; when they give the same pages and lengths as the last
+//!   tables built (the other layers of a step), those tables are used
+//!   again, as are the step's RoPE positions and append slots (`memo.rs`).
 //!
 //! A pool built on [`CudaPages`] (device-resident, #15) needs no mirror: its
 //! bytes are already here. `kv_append` checks the reservation on the host
@@ -26,10 +29,11 @@
 //! pool scrubs (or poisons) a page on the device when it is released.
 
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
+use super::memo::Memo;
 use super::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
     PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
@@ -206,6 +210,20 @@ pub struct CudaBackend {
     /// Whether [`Backend::new_pool`] gives device-resident pools.
     device_kv: bool,
     bf16_weights: bool,
+    /// The last upload of each per-layer input, reused while the host-side
+    /// content is equal (every layer of a step asks for the same).
+    positions: Memo<Vec<u32>, CudaSlice<u32>>,
+    tables_memo: Memo<TablesKey, PageTables>,
+    slots_memo: Memo<(u64, Vec<(u32, u32)>), SlotMap>,
+}
+
+/// What a set of page tables is built from: the arena, and per sequence
+/// its pages, KV length and query length.
+#[derive(PartialEq)]
+struct TablesKey {
+    arena: u64,
+    pages: Vec<u32>,
+    seqs: Vec<(usize, usize, usize)>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -225,6 +243,9 @@ impl CudaBackend {
             workspace: Mutex::new(DecodeWorkspace::default()),
             device_kv: false,
             bf16_weights: true,
+            positions: Memo::default(),
+            tables_memo: Memo::default(),
+            slots_memo: Memo::default(),
         }
     }
 
@@ -287,7 +308,7 @@ impl CudaBackend {
         kv: &[LayerView<'_>],
         lens: &[(usize, usize)],
         shape: AttnShape,
-    ) -> Result<PageTables, BackendError> {
+    ) -> Result<Arc<PageTables>, BackendError> {
         for (view, &(kv_len, _)) in kv.iter().zip(lens) {
             if view.page_ids().iter().any(|p| p.pool != mirror.pool) {
                 return Err(BackendError::Device(
@@ -368,14 +389,16 @@ impl CudaBackend {
         self.own_pages(Some(first)).map(Some)
     }
 
-    /// Validated page tables of the views' pages in `arena`.
+    /// Validated page tables of the views' pages in `arena`: the last ones
+    /// built when the views give the same pages and lengths (every layer of
+    /// a step), else new ones.
     fn page_tables(
         &self,
         arena: &DeviceKvArena,
         kv: &[LayerView<'_>],
         lens: &[(usize, usize)],
         shape: AttnShape,
-    ) -> Result<PageTables, BackendError> {
+    ) -> Result<Arc<PageTables>, BackendError> {
         let g = arena.geometry();
         if shape.n_kv_heads != g.n_kv_heads || shape.head_dim != g.head_dim {
             return Err(shape_err(
@@ -385,17 +408,34 @@ impl CudaBackend {
                 shape.kv_dim(),
             ));
         }
-        let page_lists: Vec<Vec<u32>> = kv.iter().map(|v| v.page_table().collect()).collect();
-        let seqs: Vec<SeqPages<'_>> = page_lists
-            .iter()
-            .zip(lens)
-            .map(|(pages, &(kv_len, q_len))| SeqPages {
-                pages,
-                kv_len,
-                q_len,
+        let mut key = TablesKey {
+            arena: arena.id,
+            pages: Vec::new(),
+            seqs: Vec::with_capacity(kv.len()),
+        };
+        for (v, &(kv_len, q_len)) in kv.iter().zip(lens) {
+            let before = key.pages.len();
+            key.pages.extend(v.page_table());
+            key.seqs.push((key.pages.len() - before, kv_len, q_len));
+        }
+        self.tables_memo
+            .get_or_make(key, |key| {
+                let mut at = 0;
+                let seqs: Vec<SeqPages<'_>> = key
+                    .seqs
+                    .iter()
+                    .map(|&(n, kv_len, q_len)| {
+                        at += n;
+                        SeqPages {
+                            pages: &key.pages[at - n..at],
+                            kv_len,
+                            q_len,
+                        }
+                    })
+                    .collect();
+                PageTables::new(&self.dev, arena, &seqs)
             })
-            .collect();
-        PageTables::new(&self.dev, arena, &seqs).map_err(dev_err)
+            .map_err(dev_err)
     }
 }
 
@@ -619,9 +659,12 @@ impl Backend for CudaBackend {
             .iter()
             .map(|&p| u32::try_from(p).map_err(|_| shape_err("rope", "position below 2^32", 0, p)))
             .collect::<Result<_, _>>()?;
-        let pos = self.dev.upload(&pos).map_err(dev_err)?;
+        let pos = self
+            .positions
+            .get_or_make(pos, |pos| self.dev.upload(pos))
+            .map_err(dev_err)?;
         self.dev
-            .rope(&mut x.view_mut()?, &pos, rope)
+            .rope(&mut x.view_mut()?, &*pos, rope)
             .map_err(dev_err)
     }
 
@@ -812,7 +855,13 @@ impl Backend for CudaBackend {
         let k_rows = k.view().map_err(|e| (0, e))?.slice(elems.clone());
         let v_rows = v.view().map_err(|e| (0, e))?.slice(elems);
         let mut arena = cuda.arena();
-        let map = SlotMap::new(&self.dev, &arena, &slots).map_err(|e| (0, dev_err(e)))?;
+        // Every layer of a step appends to the same slots.
+        let map = self
+            .slots_memo
+            .get_or_make((arena.id, slots), |(_, slots)| {
+                SlotMap::new(&self.dev, &arena, slots)
+            })
+            .map_err(|e| (0, dev_err(e)))?;
         self.dev
             .kv_append(&mut arena, layer, &map, &k_rows, &v_rows)
             .map_err(|e| (0, dev_err(e)))?;

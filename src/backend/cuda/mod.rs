@@ -23,6 +23,7 @@ mod device;
 mod error;
 mod kernels;
 mod launch;
+mod memo;
 mod pages;
 mod params;
 mod plan;
