@@ -126,16 +126,23 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     constexpr int JOBS = DMMA_TILE * CHUNKS / 32;        // lane steps per tile
     const int lane_ch = lane % CHUNKS, lane_row = lane / CHUNKS;
     const uint64_t lane_off = (uint64_t)lane_row * kv_dim + lane_ch * 8;
+    // First position of this warp's i-th tile.
+    auto tile_start = [&](uint32_t i) { return begin + (warp + i * DMMA_WARPS) * DMMA_TILE; };
+    // The page-table entry of the first position of the next tile to issue,
+    // read one issue ahead: its latency passes during a tile's compute
+    // instead of stalling the copies that need it.
+    uint32_t next_page = mine > 0 ? pages[tile_start(0) >> p.page_size_log2] : 0;
     auto issue = [&](uint32_t i) {
         if (i < mine) {
-            const uint32_t t0 = begin + (warp + i * DMMA_WARPS) * DMMA_TILE;
+            const uint32_t t0 = tile_start(i);
+            const uint32_t page = next_page;
+            if (i + 1 < mine) next_page = pages[tile_start(i + 1) >> p.page_size_log2];
             T* ks = stages + (i % DMMA_STAGES) * 2 * C::TILE_ELEMS;
-            const uint32_t first = t0 >> p.page_size_log2;
-            if ((t0 + DMMA_TILE - 1) >> p.page_size_log2 == first) {
+            if ((t0 + DMMA_TILE - 1) >> p.page_size_log2 == t0 >> p.page_size_log2) {
                 // The whole tile in one page (every tile of pages of 16 or
-                // more with chunks on 16 positions): one page-table read,
+                // more with chunks on 16 positions): the entry read ahead,
                 // then a fixed stride per row.
-                const T* base = kv + (uint64_t)pages[first] * p.page_stride + k_in_page +
+                const T* base = kv + (uint64_t)page * p.page_stride + k_in_page +
                                 (uint64_t)(t0 & slot_mask) * kv_dim + lane_off;
 #pragma unroll
                 for (int j = 0; j < JOBS; ++j) {
@@ -215,7 +222,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
         issue(i + DMMA_STAGES - 1);        // into the stage tile i - 1 used
         const T* ks = stages + (i % DMMA_STAGES) * 2 * C::TILE_ELEMS;
         const T* vs = ks + C::TILE_ELEMS;
-        const uint32_t t0 = begin + (warp + i * DMMA_WARPS) * DMMA_TILE;
+        const uint32_t t0 = tile_start(i);
 
         // S for positions nt * 8 + n of the tile, both octets.
         float s[OCT][2][4];
