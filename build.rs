@@ -361,6 +361,13 @@ fn kernels_cuh(stem: &str, all: &[Instance]) -> String {
                  \"{cfg}<{hd}>: table.rs assumes {bytes} bytes of dynamic shared memory\");"
             );
         }
+        if let Smem::Fixed { cfg, bytes } = f.smem {
+            let _ = writeln!(
+                s,
+                "static_assert(handoff::{cfg}::SMEM_BYTES == {bytes}, \
+                 \"{cfg}: table.rs assumes {bytes} bytes of dynamic shared memory\");"
+            );
+        }
     }
     s
 }

@@ -27,6 +27,11 @@
 //! FlashInfer's 0.88 of spec bandwidth, prefill at 8k against
 //! FlashAttention-2 (360 TFLOP/s) and FlashAttention-3 (695).
 //!
+//! Dense layers: the bf16 tensor-core matmul on the Llama-3.2-1B layer
+//! shapes at 1 to 4,096 rows: TFLOP/s, weight GB/s as a share of the copy,
+//! and `linear_tflops_m<m>_n<n>_k<k>=X` lines that the cuBLAS script sets
+//! beside torch's bf16 GEMM on the same shapes.
+//!
 //! Last, tuning data: what one decode call costs on the device and on the
 //! host however little it reads, and a sweep of split-KV chunk sizes at the
 //! decode goal cells on the tensor-core kernel, to tune `Split::Auto` from.
@@ -207,6 +212,62 @@ mod gpu {
         end.synchronize()?;
         dev.synchronize()?;
         Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
+    }
+
+    /// The dense layers' bf16 tensor-core matmul (cuda/linear_mma.cuh) on
+    /// the Llama-3.2-1B shapes, at decode and prefill row counts: TFLOP/s,
+    /// weight GB/s as a share of the copy (what bounds a few rows), and the
+    /// tile the launch picks. Prints `linear_tflops_m<m>_n<n>_k<k>=X` lines
+    /// that gpu-bundle/cublas_reference.py sets beside cuBLAS on the same
+    /// shapes.
+    fn dense(dev: &CudaDevice, copy: f64) -> R<()> {
+        println!("\n## Dense layers: bf16 weights on tensor cores, f32 activations\n");
+        println!(
+            "| rows (m) | layer [n x k] | tile | ms | TFLOP/s | weight GB/s | share of copy |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let shapes = [
+            ("attention out", 2048usize, 2048usize),
+            ("mlp up", 8192, 2048),
+            ("mlp down", 2048, 8192),
+        ];
+        let mut lines = Vec::new();
+        let mut rng = 0x5eed_u64;
+        for (name, n, k) in shapes {
+            let w_host: Vec<u16> = random_bf16_bytes(&mut rng, n * k * 2)
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            let w = dev.upload(&w_host)?;
+            for m in [1usize, 8, 64, 256, 1024, 4096] {
+                let x_host: Vec<f32> = (0..m * k)
+                    .map(|_| (next(&mut rng) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+                    .collect();
+                let x = dev.upload(&x_host)?;
+                let mut out = dev.zeros::<f32>(m * n)?;
+                let ms = time_ms(dev, 10, || dev.linear_bf16(&x, &w, n, &mut out))?;
+                let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
+                let gbps = (n * k * 2) as f64 / (ms * 1e-3) / 1e9;
+                let tile = match m {
+                    0..32 => "16 x 16",
+                    32..128 => "32 x 32",
+                    _ => "128 x 64 (pipelined)",
+                };
+                println!(
+                    "| {m} | {name} [{n} x {k}] | {tile} | {ms:.4} | {tflops:.1} | {gbps:.0} | {:.2} |",
+                    // As decode attention's share: bytes read over the
+                    // copy's (read + write) rate.
+                    gbps / copy
+                );
+                lines.push(format!("linear_tflops_m{m}_n{n}_k{k}={tflops:.3}"));
+            }
+        }
+        // Read by gpu-bundle/cublas_reference.py.
+        println!();
+        for l in lines {
+            println!("{l}");
+        }
+        Ok(())
     }
 
     fn next(state: &mut u64) -> u64 {
@@ -499,6 +560,7 @@ mod gpu {
             // Read by gpu-bundle/cublas_reference.py.
             println!("\nprefill_tc_tflops_8k={t:.3}");
         }
+        dense(&dev, copy)?;
         // Last: tuning data, the first thing to lose if the run is cut short.
         call_floor(&dev)?;
         chunk_sweep(&dev, copy)

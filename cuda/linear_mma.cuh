@@ -32,8 +32,19 @@
 // before it computes any of them, so that enough weight bytes are in
 // flight to cover memory latency at batch 1 (about 32 KB per block).
 //
-// The body lives in this header so that tests/cuda/linear_mma_host.rs can
-// run it on the host SIMT emulator against an f64 reference.
+// The prefill tile, linear_mma_gemm (m >= 128): a block owns 128 rows x 64
+// columns, its 8 warps 32 x 32 each (4 x 2), and k-blocks of x and w reach
+// shared memory through a 3-stage cp.async pipeline, so each chunk of x
+// serves 64 columns and each chunk of w 128 rows (the two tiles above read
+// their operands straight from global memory, once per warp). To give the
+// bits of the tiles above, a warp keeps two sets of accumulators: it walks
+// k-blocks in the other tiles' warp order (phase w: k-blocks w, w + 8, ...,
+// the k-blocks warp w sums there) into `acc`, and at the end of a phase
+// adds it to `run` (run = phase 0, then run += phase 1, ...), which is how
+// their warp 0 adds the warps' partial sums.
+//
+// The bodies live in this header so that tests/cuda/linear_mma_host.rs can
+// run them on the host SIMT emulator against an f64 reference.
 #pragma once
 #ifdef HANDOFF_SIMT_HOST
 #include "simt_host.h"
@@ -41,6 +52,7 @@
 #include "mma.cuh"
 #endif
 #include "params.cuh"
+#include "pipeline.cuh"
 
 namespace handoff {
 
@@ -232,6 +244,195 @@ __device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
 template <typename T>
 __device__ __forceinline__ void linear_mma_wide_body(const LinearMmaParams& p) {
     linear_mma_tiles<T, LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8, 2>(p);
+}
+
+// The prefill tile: LGEMM_BM rows x LGEMM_BN columns per block, warp
+// (wm, wn) = (warp / 2, warp % 2) owning rows 32 wm .. + 32 and columns
+// 32 wn .. + 32 of it (two row tiles, four n-tiles).
+constexpr int LGEMM_BM = 128;
+constexpr int LGEMM_BN = 64;
+constexpr int LGEMM_STAGES = 3;
+constexpr int LGEMM_XLD = LMMA_KB + 4;  // f32 per x row in shared memory: 16-byte
+                                        // aligned, and rows g and g + 1 on other banks
+struct LgemmCfg {
+    static constexpr int X_STAGE = LGEMM_BM * LGEMM_XLD;  // f32 per stage of x
+    static constexpr int W_STAGE = LGEMM_BN * LMMA_KB;    // bf16 per stage of w
+    // Dynamic shared memory: the x stages [stage][row][LGEMM_XLD] (f32),
+    // then the w stages [stage][column][LMMA_KB] (16-bit weights).
+    static constexpr int SMEM_BYTES = LGEMM_STAGES * (X_STAGE * 4 + W_STAGE * 2);
+};
+static_assert(LMMA_WARPS == 8 && LGEMM_BM == 4 * 32 && LGEMM_BN == 2 * 32,
+              "8 warps as 4 x 2 warp tiles of 32 x 32");
+
+// Queues the block's copies of k-block kb of x rows m0 .. + LGEMM_BM and w
+// rows n0 .. + LGEMM_BN into stage buffers xs [LGEMM_BM][LGEMM_XLD] and ws
+// [LGEMM_BN][LMMA_KB]. Outside [m, n, k] they hold zeros. Chunks that are
+// not whole 16-byte runs inside k (unaligned or odd k) are stored element by
+// element, synchronously.
+__device__ __forceinline__ void lgemm_stage(const LinearMmaParams& p, uint64_t m0, uint64_t n0,
+                                            uint32_t kb, bool x_vec, bool w_vec, float* xs,
+                                            uint16_t* ws) {
+    const uint32_t c0 = kb * LMMA_KB;
+    // x: LGEMM_BM rows x 8 chunks of 4 f32.
+    for (uint32_t idx = threadIdx.x; idx < (uint32_t)LGEMM_BM * 8; idx += LMMA_THREADS) {
+        const uint32_t row = idx / 8, c = c0 + (idx % 8) * 4;
+        const uint64_t r = m0 + row;
+        float* dst = xs + row * LGEMM_XLD + (idx % 8) * 4;
+        const bool inside = r < p.m && c < p.k;
+        if (x_vec || !inside) {
+            // x_vec: k % 4 == 0, so a chunk starting inside k ends inside.
+            cp_async_16(dst, inside ? p.x + r * p.k + c : p.x, inside);
+        } else {
+            const float* src = p.x + r * p.k;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dst[i] = c + i < p.k ? src[c + i] : 0.0f;
+        }
+    }
+    // w: LGEMM_BN rows x 4 chunks of 8 bf16.
+    const uint16_t* w = static_cast<const uint16_t*>(p.w);
+    for (uint32_t idx = threadIdx.x; idx < (uint32_t)LGEMM_BN * 4; idx += LMMA_THREADS) {
+        const uint32_t col = idx / 4, c = c0 + (idx % 4) * 8;
+        const uint64_t n = n0 + col;
+        uint16_t* dst = ws + col * LMMA_KB + (idx % 4) * 8;
+        const bool inside = n < p.n && c < p.k;
+        if (w_vec || !inside) {
+            // w_vec: k % 8 == 0, so a chunk starting inside k ends inside.
+            cp_async_16(dst, inside ? w + n * p.k + c : w, inside);
+        } else {
+            const uint16_t* src = w + n * p.k;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dst[i] = c + i < p.k ? src[c + i] : 0;
+        }
+    }
+}
+
+// grid (ceil(n / LGEMM_BN), ceil(m / LGEMM_BM)); block LMMA_THREADS;
+// LgemmCfg::SMEM_BYTES of dynamic shared memory.
+template <typename T>
+__device__ __forceinline__ void linear_mma_gemm_body(const LinearMmaParams& p) {
+    constexpr int RT = 2, NT = 4;  // row tiles of 16 and n-tiles of 8 per warp
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int group = lane >> 2, tid = lane & 3;
+    const int wm = warp >> 1, wn = warp & 1;
+    const uint64_t m0 = (uint64_t)blockIdx.y * LGEMM_BM, n0 = (uint64_t)blockIdx.x * LGEMM_BN;
+    const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+    const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+    const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
+    float* x_s = reinterpret_cast<float*>(dyn_smem());  // [stage][LGEMM_BM][LGEMM_XLD]
+    uint16_t* w_s = reinterpret_cast<uint16_t*>(x_s + LGEMM_STAGES * LgemmCfg::X_STAGE);
+    // [stage][LGEMM_BN][LMMA_KB]
+
+    // The k-blocks in phase order: phase w holds k-blocks w, w + 8, ...
+    // `next` steps a k-block to the one after it (kblocks when none is).
+    auto next = [&](uint32_t kb) -> uint32_t {
+        kb += LMMA_WARPS;
+        if (kb < kblocks) return kb;
+        const uint32_t phase = kb % LMMA_WARPS + 1;
+        return phase < (uint32_t)LMMA_WARPS && phase < kblocks ? phase : kblocks;
+    };
+    // Stage s of the pipeline holds the k-block at position s of that order.
+    uint32_t load_kb = kblocks > 0 ? 0 : kblocks;
+    auto load = [&](uint32_t s) {
+        if (load_kb < kblocks) {
+            const int st = s % LGEMM_STAGES;
+            lgemm_stage(p, m0, n0, load_kb, x_vec, w_vec, x_s + st * LgemmCfg::X_STAGE,
+                        w_s + st * LgemmCfg::W_STAGE);
+            load_kb = next(load_kb);
+        }
+        cp_async_commit();  // an empty group past the last k-block keeps the count in step
+    };
+#pragma unroll
+    for (int s = 0; s < LGEMM_STAGES - 1; ++s) load(s);
+
+    float acc[RT][NT][4], run[RT][NT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[rt][t][i] = run[rt][t][i] = 0.0f;
+
+    uint32_t kb = 0, phases = 0;  // phases summed into run so far
+    for (uint32_t s = 0; s < kblocks; ++s) {
+        cp_async_wait<LGEMM_STAGES - 2>();  // stage s has landed (this thread's copies)
+        __syncthreads();                    // ... and every thread's; stage s - 1 is free
+        load(s + LGEMM_STAGES - 1);
+        const int st = s % LGEMM_STAGES;
+        const float* xs = x_s + st * LgemmCfg::X_STAGE;
+        const uint16_t* ws = w_s + st * LgemmCfg::W_STAGE;
+        // This lane's chunk of each of its weight rows: the k of both steps.
+        uint4 wv[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            wv[t] = *reinterpret_cast<const uint4*>(ws + (wn * 32 + t * 8 + group) * LMMA_KB + 8 * tid);
+        }
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt) {
+                // Rows ra and ra + 8, chunk elements 4 step .. + 4: as the
+                // other tiles' A fragment.
+                const float* xr = xs + (wm * 32 + rt * 16 + group) * LGEMM_XLD + 8 * tid + 4 * step;
+                const float4 ya = *reinterpret_cast<const float4*>(xr);
+                const float4 yb = *reinterpret_cast<const float4*>(xr + 8 * LGEMM_XLD);
+                const float a[8] = {ya.x, ya.y, yb.x, yb.y, ya.z, ya.w, yb.z, yb.w};
+                uint32_t hi[4], lo[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float h0 = round_to<T>(a[2 * i]), h1 = round_to<T>(a[2 * i + 1]);
+                    hi[i] = MmaOp<T>::pack(h0, h1);
+                    lo[i] = MmaOp<T>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
+                }
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const uint32_t b0 = step == 0 ? wv[t].x : wv[t].z;
+                    const uint32_t b1 = step == 0 ? wv[t].y : wv[t].w;
+                    MmaOp<T>::run(acc[rt][t], hi, b0, b1);
+                    MmaOp<T>::run(acc[rt][t], lo, b0, b1);
+                }
+            }
+        }
+        // The end of a phase: add its sum to run, as the other tiles add
+        // warp partial sums.
+        if (kb + LMMA_WARPS >= kblocks) {
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        run[rt][t][i] = phases == 0 ? acc[rt][t][i] : run[rt][t][i] + acc[rt][t][i];
+                        acc[rt][t][i] = 0.0f;
+                    }
+            ++phases;
+        }
+        kb = next(kb);
+    }
+    cp_async_wait<0>();  // only empty groups remain
+    // The phases with no k-block (k < 8 k-blocks): the other tiles' idle
+    // warps add their zero sums too (x + 0 is not always x: -0 + 0 is +0).
+    for (uint32_t w = phases; w < (uint32_t)LMMA_WARPS; ++w) {
+        if (w == 0) continue;
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) run[rt][t][i] += 0.0f;
+    }
+    // C fragment: c0 c1 (row group, cols 2 tid, +1), c2 c3 (row group + 8).
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const uint64_t col = n0 + wn * 32 + t * 8 + 2 * tid;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint64_t r = m0 + wm * 32 + rt * 16 + group + (i < 2 ? 0 : 8), j = col + (i & 1);
+                if (r < p.m && j < p.n) p.out[r * p.n + j] = run[rt][t][i];
+            }
+        }
+    }
 }
 
 }  // namespace handoff

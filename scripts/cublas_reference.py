@@ -8,7 +8,8 @@ prints the tensor-core prefill figure as a share of them:
 
   - attention-shaped: 32 heads of [8192 x 128] x [128 x 8192] (Q K^T of
     the benchmarked 8k prefill, batched), f32 accumulate, bf16 out;
-  - square: [8192 x 8192] x [8192 x 8192], cuBLAS near its peak.
+  - square: [8192 x 8192] x [8192 x 8192], cuBLAS near its peak;
+  - the dense layers the bench printed `linear_tflops_...` lines for.
 
 Timing: CUDA events around 10 calls after 3 warm-up calls.
 
@@ -73,12 +74,37 @@ def main():
         print(f"| {name} | {ms:.3f} | {t:.1f} | {share} |")
     if prefill is None:
         print("\nthe bench printed no prefill_tc_tflops_8k line")
-        return 1
-    print(f"\ntensor-core prefill, causal 8k, head_dim 128: {prefill:.1f} TFLOP/s"
-          f" ({prefill / 989.0:.3f} of the 989 TFLOP/s bf16 peak)")
-    # Issue 16's figure: the share of cuBLAS on the QK^T shape of the same prefill.
-    print(f"prefill_cublas_share_8k={prefill / qk:.3f}")
-    return 0
+    else:
+        print(f"\ntensor-core prefill, causal 8k, head_dim 128: {prefill:.1f} TFLOP/s"
+              f" ({prefill / 989.0:.3f} of the 989 TFLOP/s bf16 peak)")
+        # Issue 16's figure: the share of cuBLAS on the QK^T shape of the same prefill.
+        print(f"prefill_cublas_share_8k={prefill / qk:.3f}")
+    dense_against_cublas(bench, dev)
+    return 0 if prefill is not None else 1
+
+
+def dense_against_cublas(bench, dev):
+    """The bench's `linear_tflops_m<m>_n<n>_k<k>=X` lines (the crate's bf16
+    tensor-core matmul, f32 activations split into two bf16 parts) beside
+    torch's bf16 x · wᵀ on the same shapes (bf16 activations, one pass)."""
+    import torch
+
+    rows = [(int(m), int(n), int(k), float(t)) for m, n, k, t in re.findall(
+        r"^linear_tflops_m(\d+)_n(\d+)_k(\d+)=([0-9.]+)$", bench, re.M)]
+    if not rows:
+        print("\nthe bench printed no linear_tflops lines")
+        return
+    print("\n## Dense layers against cuBLAS (torch bf16 x · wᵀ, same shapes)\n")
+    print("| rows (m) | [n x k] | cuBLAS ms | cuBLAS TFLOP/s | handoff TFLOP/s | share |")
+    print("|---|---|---|---|---|---|")
+    for m, n, k, ours in rows:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        ms, t = tflops(lambda: torch.mm(x, w.t(), out=out), 2.0 * m * n * k)
+        print(f"| {m} | [{n} x {k}] | {ms:.4f} | {t:.1f} | {ours:.1f} | {ours / t:.3f} |")
+        if m == 4096:
+            print(f"linear_cublas_share_m4096_n{n}_k{k}={ours / t:.3f}")
 
 
 if __name__ == "__main__":

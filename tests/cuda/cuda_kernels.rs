@@ -327,8 +327,8 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // merge, scrub, rms_norm, rope, swiglu, embedding (f32, bf16), argmax,
     // sample_rows, row_logprobs; linear, linear_mma (bf16), add_periodic;
     // xxh3_ranges, page_checksums; prefill_mma: 2 x 2; decode_mma: 2 dtypes
-    // x 2 head dims x 2 groups; linear_mma_wide (bf16).
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 1);
+    // x 2 head dims x 2 groups; linear_mma_wide and linear_mma_gemm (bf16).
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 2);
 }
 
 // ----------------------------------------------------------------- decode
@@ -1364,28 +1364,30 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
 }
 
 #[test]
-fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_either_tile() {
+fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_any_tile() {
     // bf16 weights on tensor cores: below 32 rows the 16 x 16 tile runs,
-    // from 32 the 32 x 32 one (cuda/linear_mma.cuh). Both sum each output
-    // in the same order, so a row's bits may change neither with its batch
-    // nor with the tile its batch size picks.
-    let dev = gpu!("bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_either_tile");
+    // from 32 the 32 x 32 one, from 128 the pipelined 128 x 64 prefill
+    // tile (cuda/linear_mma.cuh). All sum each output in the same order, so
+    // a row's bits may change neither with its batch nor with the tile its
+    // batch size picks.
+    let dev = gpu!("bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_any_tile");
     let mut rng = Rng(15);
-    for (n, k) in [(40, 64), (130, 520), (33, 1100), (16, 7)] {
+    const ROWS: usize = 300;
+    for (n, k) in [(40, 64), (130, 520), (33, 1100), (16, 7), (256, 2048)] {
         let w: Vec<u16> = rng
             .vec(n * k, 0.5)
             .iter()
             .map(|&v| bf16::from_f32(v).to_bits())
             .collect();
         let w_dev = dev.upload(&w).unwrap();
-        let x = rng.vec(70 * k, 2.0);
+        let x = rng.vec(ROWS * k, 2.0);
         let run = |m: usize| {
             let mut out = dev.zeros::<f32>(m * n).unwrap();
             dev.linear_bf16(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
                 .unwrap();
             dev.download(&out).unwrap()
         };
-        let all = run(70);
+        let all = run(ROWS);
         // Within the split-activation precision (about 2^-15 of each
         // product, see the kernel) plus f32 rounding of the sum, of an f64
         // reference: the bound the emulator test uses.
@@ -1403,7 +1405,7 @@ fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_either_tile() 
                 "bf16 linear {n}x{k}, row {i} col {j}: got {got}, want {want} (tolerance {tol:e})"
             );
         }
-        for m in [1, 5, 31, 32, 33, 64] {
+        for m in [1, 5, 31, 32, 33, 64, 127, 128, 129, 200] {
             let got = run(m);
             assert_eq!(
                 bits(&got),

@@ -91,8 +91,8 @@ mod tests {
         // rope, swiglu, embedding 2, argmax, sample_rows, row_logprobs,
         // linear, linear_mma, add_periodic, xxh3_ranges, page_checksums,
         // tensor-core prefill 2 x 2, tensor-core decode 2 x 2 x 2,
-        // linear_mma_wide: what the fatbin test counts.
-        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 1);
+        // linear_mma_wide, linear_mma_gemm: what the fatbin test counts.
+        assert_eq!(KernelId::ALL.len(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 2);
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
         }
@@ -153,7 +153,10 @@ mod tests {
         assert_eq!(mma, Some((256, 0)));
         let wide = linear_mma_wide(KvDtype::BF16).map(|k| spec(k.id()));
         assert_eq!(wide, Some((256, 0)));
-        assert!(linear_mma_wide(KvDtype::F16).is_none());
+        // Three stages of a 128 x 36 f32 x tile and a 64 x 32 bf16 w tile.
+        let gemm = linear_mma_gemm(KvDtype::BF16).map(|k| spec(k.id()));
+        assert_eq!(gemm, Some((256, 3 * (128 * 36 * 4 + 64 * 32 * 2))));
+        assert!(linear_mma_wide(KvDtype::F16).is_none() && linear_mma_gemm(KvDtype::F16).is_none());
         assert!(linear_mma(KvDtype::F16).is_none() && embedding(KvDtype::F16).is_none());
     }
 }

@@ -24,8 +24,8 @@ use super::plan::{
     grid_stride, shape, to_u32,
 };
 use super::table::{
-    CHECKSUM_WARPS, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LMMA_WIDE_BM, LMMA_WIDE_BN,
-    LOGPROB_STRIDE,
+    CHECKSUM_WARPS, LGEMM_BM, LGEMM_BN, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LMMA_WIDE_BM,
+    LMMA_WIDE_BN, LOGPROB_STRIDE,
 };
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
@@ -676,8 +676,10 @@ impl CudaDevice {
     /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor
     /// cores (cuda/linear_mma.cuh): about 16 bits of each activation meet
     /// the weights, summed in f32 in k order (batch-invariant). From 32
-    /// rows of x on, the wide tile (32 x 32) runs: the same sums in the
-    /// same order, so the same bits, with a quarter of the x traffic.
+    /// rows of x on, the wide tile (32 x 32) runs, and from 128 the
+    /// prefill tile (128 x 64, operands staged in shared memory by a
+    /// cp.async pipeline): the same sums in the same order, so the same
+    /// bits, with less traffic per product.
     pub fn linear_bf16(
         &self,
         x: &impl DevicePtr<f32>,
@@ -688,7 +690,14 @@ impl CudaDevice {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
         };
-        let (family, kernel, bm, bn) = if m >= LMMA_WIDE_BM {
+        let (family, kernel, bm, bn) = if m >= LGEMM_BM {
+            (
+                "linear_mma_gemm",
+                kernels::linear_mma_gemm(KvDtype::BF16),
+                LGEMM_BM,
+                LGEMM_BN,
+            )
+        } else if m >= LMMA_WIDE_BM {
             (
                 "linear_mma_wide",
                 kernels::linear_mma_wide(KvDtype::BF16),

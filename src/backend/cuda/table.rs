@@ -99,6 +99,16 @@ pub const LMMA_BN: usize = 16;
 pub const LMMA_WIDE_BM: usize = 32;
 /// Output columns per block of the wide tensor-core matmul.
 pub const LMMA_WIDE_BN: usize = 32;
+/// Rows of x per block of the prefill tensor-core matmul (from this many
+/// rows on, the host launches it).
+pub const LGEMM_BM: usize = 128;
+/// Output columns per block of the prefill tensor-core matmul.
+pub const LGEMM_BN: usize = 64;
+/// Shared-memory stages of its cp.async pipeline.
+pub const LGEMM_STAGES: usize = 3;
+/// Its dynamic shared memory: per stage, an x tile of LGEMM_BM rows of 32
+/// f32 padded to 36, and a weight tile of LGEMM_BN rows of 32 bf16.
+pub const LGEMM_SMEM: usize = LGEMM_STAGES * (LGEMM_BM * 36 * 4 + LGEMM_BN * 32 * 2);
 /// Threads per block of device sampling (one row each).
 pub const SAMPLE_THREADS: u32 = 256;
 /// u32 words per row of device log-probabilities: the token's, then 20
@@ -122,6 +132,12 @@ pub enum Smem {
         pad: usize,
         elem_bytes: usize,
     },
+    /// `bytes`, whatever the head dim; the C++ side computes it as
+    /// `handoff::<cfg>::SMEM_BYTES`.
+    Fixed {
+        cfg: &'static str,
+        bytes: usize,
+    },
 }
 
 impl Smem {
@@ -136,6 +152,7 @@ impl Smem {
                 elem_bytes,
                 ..
             } => (q_rows + 2 * kv_rows) * (head_dim + pad) * elem_bytes,
+            Smem::Fixed { bytes, .. } => bytes,
         }
     }
 }
@@ -424,6 +441,28 @@ pub const FAMILIES: &[Family] = &[
             32 * LMMA_WARPS as u32,
             true,
             "launching the wide tensor-core matmul",
+        )
+    },
+    Family {
+        dtypes: &[Dtype::BF16],
+        body: "linear_mma_gemm_body",
+        smem: Smem::Fixed {
+            cfg: "LgemmCfg",
+            bytes: LGEMM_SMEM,
+        },
+        mirrors: &[
+            ("LMMA_THREADS", 32 * LMMA_WARPS),
+            ("LGEMM_BM", LGEMM_BM),
+            ("LGEMM_BN", LGEMM_BN),
+            ("LGEMM_STAGES", LGEMM_STAGES),
+        ],
+        ..Family::plain(
+            "linear_mma_gemm",
+            "linear",
+            "LinearMmaParams",
+            32 * LMMA_WARPS as u32,
+            true,
+            "launching the prefill tensor-core matmul",
         )
     },
     Family::plain(

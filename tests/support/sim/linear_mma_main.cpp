@@ -4,7 +4,7 @@
 // Each case draws x (f32) and bf16 weights, runs the kernel over the whole
 // batch, checks every output against an f64 reference of the same inputs
 // (within 2^-14 of the sum of |x w| plus f32 rounding of the sum), then runs
-// each row alone and the batch on the other tile shape and requires the
+// each row alone and the batch on the other tile shapes and requires the
 // bits of the batched run: a row's result depends neither on the rest of
 // the batch nor on the tile. A NaN in one row of x stays in
 // that row. Prints one line per case; exit status 0 when all pass.
@@ -19,30 +19,43 @@ using namespace handoff;
 using sim::Rng;
 
 
-// Runs the decode-shaped kernel, or the wide one, over the whole grid.
-void launch_shape(const LinearMmaParams& p, bool wide) {
-    const unsigned bm = wide ? LMMA_WIDE_BM : LMMA_BM, bn = wide ? LMMA_WIDE_BN : LMMA_BN;
+// The three tiles, as src/backend/cuda/launch.rs names them.
+enum Shape { Small, Wide, Gemm };
+
+// Runs one tile's kernel over the whole grid.
+void launch_shape(const LinearMmaParams& p, Shape shape) {
+    const unsigned bm = shape == Gemm ? LGEMM_BM : shape == Wide ? LMMA_WIDE_BM : LMMA_BM;
+    const unsigned bn = shape == Gemm ? LGEMM_BN : shape == Wide ? LMMA_WIDE_BN : LMMA_BN;
+    const size_t smem_bytes = shape == Gemm ? (size_t)LgemmCfg::SMEM_BYTES
+                                            : sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>);
     const unsigned gx = (p.n + bn - 1) / bn, gy = (p.m + bm - 1) / bm;
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gx; ++bx) {
             std::barrier<> block(LMMA_THREADS);
             std::vector<sim::Warp> warps(LMMA_WARPS);
-            std::vector<unsigned char> smem(sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>));
+            // Shared memory starts as NaN bytes: a read of a slot nothing
+            // wrote shows.
+            std::vector<unsigned char> smem(smem_bytes, 0xff);
             std::vector<std::thread> threads;
             for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
                 threads.emplace_back([&, t] {
                     threadIdx = {t, 0, 0};
                     blockIdx = {bx, by, 0};
                     sim::ctx = {&warps[t / 32], &block, smem.data()};
-                    if (wide) linear_mma_wide_body<__nv_bfloat16>(p);
+                    if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
+                    else if (shape == Wide) linear_mma_wide_body<__nv_bfloat16>(p);
                     else linear_mma_body<__nv_bfloat16>(p);
                 });
             for (auto& th : threads) th.join();
         }
 }
 
-// As the host launches it (src/backend/cuda/launch.rs): wide from 32 rows.
-void launch(const LinearMmaParams& p) { launch_shape(p, p.m >= (uint32_t)LMMA_WIDE_BM); }
+// As the host launches it (src/backend/cuda/launch.rs): the prefill tile
+// from 128 rows, the wide one from 32.
+Shape shape_for(uint32_t m) {
+    return m >= (uint32_t)LGEMM_BM ? Gemm : m >= (uint32_t)LMMA_WIDE_BM ? Wide : Small;
+}
+void launch(const LinearMmaParams& p) { launch_shape(p, shape_for(p.m)); }
 
 bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     std::vector<float> x(m * k);
@@ -79,8 +92,10 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
             }
         }
     }
-    // Each row alone: the same bits.
+    // Each row alone (from 128 rows, every 16th and the last: the small
+    // tile over the whole batch below covers the rest): the same bits.
     for (uint32_t r = 0; r < m && ok; ++r) {
+        if (m >= 128 && r % 16 != 0 && r != m - 1) continue;
         std::vector<float> one(n, -7.0f);
         LinearMmaParams q{x.data() + (uint64_t)r * k, w.data(), one.data(), 1, n, k, 0};
         launch(q);
@@ -93,13 +108,15 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
             }
         }
     }
-    // The other tile shape over the whole batch: the same bits.
-    if (ok) {
+    // The other tile shapes over the whole batch: the same bits.
+    for (Shape other_shape : {Small, Wide, Gemm}) {
+        if (!ok || other_shape == shape_for(m)) continue;
         std::vector<float> other(m * n, -7.0f);
         LinearMmaParams q{x.data(), w.data(), other.data(), m, n, k, 0};
-        launch_shape(q, !(m >= (uint32_t)LMMA_WIDE_BM));
+        launch_shape(q, other_shape);
         if (std::memcmp(other.data(), out.data(), out.size() * 4) != 0) {
-            std::printf("  the other tile shape gave other bits\n");
+            std::printf("  tile shape %d gave other bits than tile shape %d\n", (int)other_shape,
+                        (int)shape_for(m));
             ok = false;
         }
     }
@@ -112,14 +129,16 @@ int main() {
     bool ok = true;
     // Depths past one k-block per warp (256), past one unrolled round per
     // warp (1,024), and odd ones that take the element-wise loads.
-    // From 32 rows on the batch runs the wide tile and each row alone the
-    // small one.
+    // From 32 rows on the batch runs the wide tile, from 128 the prefill
+    // tile, and each row alone the small one.
     const uint32_t cases[][3] = {{1, 8, 16},    {3, 130, 48}, {17, 257, 96}, {5, 64, 33},
                                  {16, 128, 160}, {2, 300, 7},  {33, 40, 64},  {3, 16, 520},
                                  {2, 24, 1040},  {1, 8, 2051}, {1, 16, 4096}, {48, 24, 520},
-                                 {34, 16, 1100}};
+                                 {34, 16, 1100}, {128, 64, 64},  {130, 72, 520}, {129, 40, 33},
+                                 {160, 72, 1100}};
     for (auto& c : cases) ok &= run_case(c[0], c[1], c[2], false, rng);
     ok &= run_case(4, 72, 32, true, rng);
     ok &= run_case(33, 16, 96, true, rng);
+    ok &= run_case(130, 16, 96, true, rng);
     return ok ? 0 : 1;
 }
