@@ -126,6 +126,15 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     constexpr int JOBS = DMMA_TILE * CHUNKS / 32;        // lane steps per tile
     const int lane_ch = lane % CHUNKS, lane_row = lane / CHUNKS;
     const uint64_t lane_off = (uint64_t)lane_row * kv_dim + lane_ch * 8;
+    // Where lane step j's chunk lands in a stage (rows swizzled): the same
+    // for every tile, so worked out once.
+    int lane_at[JOBS];
+#pragma unroll
+    for (int j = 0; j < JOBS; ++j) {
+        const int row = RPJ * j + lane_row;
+        lane_at[j] = row * HEAD_DIM + (lane_ch ^ dmma_swz(row)) * 8;
+    }
+    const uint32_t row_step = RPJ * kv_dim;  // elements between a lane's rows
     // First position of this warp's i-th tile.
     auto tile_start = [&](uint32_t i) { return begin + (warp + i * DMMA_WARPS) * DMMA_TILE; };
     // The page-table entry of the first position of the next tile to issue,
@@ -142,16 +151,17 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                 // The whole tile in one page (every tile of pages of 16 or
                 // more with chunks on 16 positions): the entry read ahead,
                 // then a fixed stride per row.
-                const T* base = kv + (uint64_t)page * p.page_stride + k_in_page +
-                                (uint64_t)(t0 & slot_mask) * kv_dim + lane_off;
+                // Every row's address lies inside that page, so it is a
+                // valid one whether or not the row is copied (a row at or
+                // past `end` is zero-filled, its bytes never read).
+                const T* src = kv + (uint64_t)page * p.page_stride + k_in_page +
+                               (uint64_t)(t0 & slot_mask) * kv_dim + lane_off;
 #pragma unroll
                 for (int j = 0; j < JOBS; ++j) {
-                    const int row = RPJ * j + lane_row;
-                    const bool fill = t0 + row < end;
-                    const T* src = fill ? base + (uint64_t)(RPJ * j) * kv_dim : kv;  // read nothing when !fill
-                    const int at = row * HEAD_DIM + (lane_ch ^ dmma_swz(row)) * 8;
-                    cp_async_16(ks + at, src, fill);
-                    cp_async_16(ks + C::TILE_ELEMS + at, fill ? src + k_to_v : kv, fill);
+                    const bool fill = t0 + RPJ * j + lane_row < end;
+                    cp_async_16(ks + lane_at[j], src, fill);
+                    cp_async_16(ks + C::TILE_ELEMS + lane_at[j], src + k_to_v, fill);
+                    src += row_step;
                 }
             } else {
                 // A tile across pages: each row finds its own.
@@ -166,9 +176,8 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                         src = kv + page * p.page_stride + k_in_page +
                               (uint64_t)(pos & slot_mask) * kv_dim + lane_ch * 8;
                     }
-                    const int at = row * HEAD_DIM + (lane_ch ^ dmma_swz(row)) * 8;
-                    cp_async_16(ks + at, src, fill);
-                    cp_async_16(ks + C::TILE_ELEMS + at, fill ? src + k_to_v : kv, fill);
+                    cp_async_16(ks + lane_at[j], src, fill);
+                    cp_async_16(ks + C::TILE_ELEMS + lane_at[j], fill ? src + k_to_v : kv, fill);
                 }
             }
         }
