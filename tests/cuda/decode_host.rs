@@ -10,7 +10,9 @@
 //! computed from the same KV bytes: f32 (scalar only), f16 and bf16 KV,
 //! head dims 64 and 128, GQA ratios 1 to 32 (past the largest compiled
 //! group in head slices per KV head), pages of 16 and 64, one chunk, fixed
-//! chunks and automatic splits. A NaN-poisoned K slot inside a sequence
+//! chunks and automatic splits. Every slot past a sequence's length in its
+//! last page holds NaN, as a poison-scrubbed page would, and must not reach
+//! an output. A NaN-poisoned K slot inside a sequence
 //! turns exactly that sequence's heads of that KV head into NaN; a sequence
 //! computes the same bits alone as beside others.
 //!
@@ -107,6 +109,19 @@ fn build(c: &Case, rng: &mut Rng) -> Inputs {
             }
         })
         .collect();
+    // The slots past each sequence's length in its last page hold NaN, as
+    // a page scrubbed with the poison would: a kernel that lets one reach an
+    // output (a zero weight times NaN is NaN) fails the reference check.
+    for (b, seq_pages) in pages.iter().enumerate() {
+        for t in c.lens[b] as usize..seq_pages.len() * page {
+            let p = seq_pages[t >> c.page_log2] as usize;
+            for kv_half in 0..2 {
+                let at =
+                    p * page_stride + ((LAYER * 2 + kv_half) * page + (t & (page - 1))) * kv_dim;
+                kv[at..at + kv_dim].fill(f32::NAN);
+            }
+        }
+    }
     if let Some((b, t, h)) = c.poison {
         let p = pages[b][t >> c.page_log2] as usize;
         let at = p * page_stride + ((LAYER * 2) * page + (t & (page - 1))) * kv_dim + h * hd + 3;
