@@ -71,6 +71,23 @@ __device__ __forceinline__ float block_sum(float x) {
     return warp_sum(y);
 }
 
+// 2^x on the special-function unit (ex2.approx.ftz: relative error about
+// 2^-22, results below 2^-126 flushed to 0), without exp2f's rescaling of
+// the denormal range (three more instructions per call). For softmax
+// weights, where anything below 2^-126 of the maximum is nothing. PTX
+// gives its special cases: 2^±0 is exactly 1 (so an unchanged maximum still
+// skips the rescale), 2^-inf is +0, NaN stays NaN.
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef HANDOFF_SIMT_HOST
+    const float y = std::exp2(x);
+    return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
 // Element offset of (page, layer, k|v, slot 0) in the arena; see params.cuh.
 __device__ __forceinline__ uint64_t kv_page_offset(uint64_t page, uint64_t page_stride,
                                                    uint32_t layer, uint32_t kv,

@@ -272,7 +272,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[o], mx);
             const float base = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = exp2f(m[o] - base);  // 0 when m[o] is -inf
+            const float alpha = fast_exp2(m[o] - base);  // 0 when m[o] is -inf
             m[o] = m_new;
             float pw[2][2], hi[2][2], lo[2][2];
             float sum = 0.0f;
@@ -280,7 +280,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
             for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    pw[nt][e] = exp2f(sc[nt][e] - base);  // 0 for masked positions
+                    pw[nt][e] = fast_exp2(sc[nt][e] - base);  // 0 for masked positions
                     sum += pw[nt][e];
                     split_hi_lo<T>(pw[nt][e], hi[nt][e], lo[nt][e]);
                 }

@@ -227,16 +227,16 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
             // A row with nothing visible yet keeps m = -inf: use 0 as its base.
             const float base_a = mn_a == -INFINITY ? 0.0f : mn_a;
             const float base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
+            const float alpha_a = fast_exp2(m_a - base_a), alpha_b = fast_exp2(m_b - base_b);
             m_a = mn_a;
             m_b = mn_b;
             float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NTILES; ++nt) {
-                s[nt][0] = exp2f(s[nt][0] - base_a);
-                s[nt][1] = exp2f(s[nt][1] - base_a);
-                s[nt][2] = exp2f(s[nt][2] - base_b);
-                s[nt][3] = exp2f(s[nt][3] - base_b);
+                s[nt][0] = fast_exp2(s[nt][0] - base_a);
+                s[nt][1] = fast_exp2(s[nt][1] - base_a);
+                s[nt][2] = fast_exp2(s[nt][2] - base_b);
+                s[nt][3] = fast_exp2(s[nt][3] - base_b);
                 sum_a += s[nt][0] + s[nt][1];
                 sum_b += s[nt][2] + s[nt][3];
             }
