@@ -49,7 +49,10 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
         float v = acc[r];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0 && r < (int)rows) p.out[(i0 + r) * p.n + j] = v;
+        if (lane == 0 && r < (int)rows) {
+            float* o = p.out + (i0 + r) * p.n + j;
+            *o = p.accumulate ? *o + v : v;
+        }
     }
 }
 

@@ -136,6 +136,12 @@ __device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, uint64_t n, u
     return make_uint4(e[0], e[1], e[2], e[3]);
 }
 
+// out[at] = v, or out[at] += v (the residual add after the product's own
+// rounding, as a separate add would) when p.accumulate.
+__device__ __forceinline__ void lmma_store(const LinearMmaParams& p, uint64_t at, float v) {
+    p.out[at] = p.accumulate ? p.out[at] + v : v;
+}
+
 // RT row tiles of 16 and NT n-tiles of 8 per block, UNROLL k-blocks of
 // loads in flight per warp. grid (ceil(n / (8 NT)), ceil(m / (16 RT)));
 // block LMMA_THREADS.
@@ -228,7 +234,7 @@ __device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p) {
                 float v = s.part[0][rt][t][i][lane];
                 for (int w = 1; w < LMMA_WARPS; ++w) v += s.part[w][rt][t][i][lane];
                 const uint64_t r = r0 + 16 * rt + (i < 2 ? 0 : 8), j = col + (i & 1);
-                if (r < p.m && j < p.n) p.out[r * p.n + j] = v;
+                if (r < p.m && j < p.n) lmma_store(p, r * p.n + j, v);
             }
         }
     }
@@ -429,7 +435,7 @@ __device__ __forceinline__ void linear_mma_gemm_body(const LinearMmaParams& p) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const uint64_t r = m0 + wm * 32 + rt * 16 + group + (i < 2 ? 0 : 8), j = col + (i & 1);
-                if (r < p.m && j < p.n) p.out[r * p.n + j] = run[rt][t][i];
+                if (r < p.m && j < p.n) lmma_store(p, r * p.n + j, run[rt][t][i]);
             }
         }
     }

@@ -216,9 +216,10 @@ struct LogprobParams {
     uint32_t vocab;           // 1..=2^23
 };
 
-// out = x · wᵀ (f32). Each output element sums k in ascending order, the
-// same whatever m is, so a row's result does not depend on its batch.
-// grid (ceil(n/16), ceil(m/16)); block (16, 16).
+// out = x · wᵀ (f32), or out += x · wᵀ when `accumulate` (the residual add
+// of a projection: the bits of the product, then of the add). Each output
+// element sums k in an order fixed by k, the same whatever m is, so a row's
+// result does not depend on its batch.
 struct LinearParams {
     const float* x;  // [m, k] f32
     const float* w;  // [n, k] f32
@@ -226,11 +227,11 @@ struct LinearParams {
     uint32_t m;
     uint32_t n;
     uint32_t k;
-    uint32_t pad0;
+    uint32_t accumulate;  // 0 or 1
 };
 
-// out = x · wᵀ with bf16 weights on tensor cores (cuda/linear_mma.cuh).
-// grid (ceil(n / LMMA_BN), ceil(m / LMMA_BM)); block LMMA_THREADS.
+// out = x · wᵀ, or out += x · wᵀ when `accumulate`, with bf16 weights on
+// tensor cores (cuda/linear_mma.cuh).
 struct LinearMmaParams {
     const float* x;  // [m, k] f32
     const void* w;   // [n, k] bf16
@@ -238,7 +239,7 @@ struct LinearMmaParams {
     uint32_t m;
     uint32_t n;
     uint32_t k;
-    uint32_t pad0;
+    uint32_t accumulate;  // 0 or 1
 };
 
 // x[i] += y[i % period] (period = n: add; period = cols: bias per row).

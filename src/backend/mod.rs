@@ -240,6 +240,21 @@ pub trait Backend: Send + Sync + 'static {
     fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf)
     -> Result<(), BackendError>;
 
+    /// `x += a · Wᵀ`: a projection added to the residual stream, with the
+    /// bits of [`Backend::matmul`] into `tmp` followed by
+    /// [`Backend::add_assign`]. A backend may do it in one pass and leave
+    /// `tmp` as it was.
+    fn matmul_add(
+        &self,
+        a: &Self::Buf,
+        w: &Self::Mat,
+        tmp: &mut Self::Buf,
+        x: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        self.matmul(a, w, tmp)?;
+        self.add_assign(x, tmp)
+    }
+
     /// `x[r] += bias` for every row.
     fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Mat) -> Result<(), BackendError>;
 

@@ -804,14 +804,12 @@ impl<B: Backend> Model<B> {
                     b.attention_prefill(&s.q, &views, &s.spans, shape, &mut s.att)?;
                 }
             }
-            b.matmul(&s.att, &layer.wo, &mut s.proj)?;
-            b.add_assign(&mut s.x, &s.proj)?;
+            b.matmul_add(&s.att, &layer.wo, &mut s.proj, &mut s.x)?;
             b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
             b.matmul(&s.xn, &layer.w1, &mut s.gate)?;
             b.matmul(&s.xn, &layer.w3, &mut s.up)?;
             b.swiglu(&mut s.gate, &s.up)?;
-            b.matmul(&s.gate, &layer.w2, &mut s.proj)?;
-            b.add_assign(&mut s.x, &s.proj)?;
+            b.matmul_add(&s.gate, &layer.w2, &mut s.proj, &mut s.x)?;
         }
         s.out_rows.clear();
         match want {

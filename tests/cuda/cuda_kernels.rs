@@ -1416,6 +1416,48 @@ fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_any_tile() {
     }
 }
 
+#[test]
+fn a_projection_added_in_its_matmul_has_the_bits_of_matmul_then_add() {
+    // The residual add folded into the projection's launch
+    // (Backend::matmul_add): for f32 and bf16 weights, on every bf16 tile
+    // (1, 40 and 200 rows), x += a · wᵀ in one launch must give the bits of
+    // the product into a buffer followed by add_assign.
+    let dev = gpu!("a_projection_added_in_its_matmul_has_the_bits_of_matmul_then_add");
+    let mut rng = Rng(16);
+    let (n, k) = (96, 320);
+    let w = rng.vec(n * k, 0.5);
+    let w_f32 = dev.upload(&w).unwrap();
+    let w_bf16 = dev
+        .upload(
+            &w.iter()
+                .map(|&v| bf16::from_f32(v).to_bits())
+                .collect::<Vec<u16>>(),
+        )
+        .unwrap();
+    for m in [1, 40, 200] {
+        let a = dev.upload(&rng.vec(m * k, 2.0)).unwrap();
+        let residual = rng.vec(m * n, 4.0);
+        for bf16_weights in [false, true] {
+            let mut proj = dev.zeros::<f32>(m * n).unwrap();
+            let mut want = dev.upload(&residual).unwrap();
+            let mut got = dev.upload(&residual).unwrap();
+            if bf16_weights {
+                dev.linear_bf16(&a, &w_bf16, n, &mut proj).unwrap();
+                dev.linear_bf16_add(&a, &w_bf16, n, &mut got).unwrap();
+            } else {
+                dev.linear(&a, &w_f32, n, &mut proj).unwrap();
+                dev.linear_add(&a, &w_f32, n, &mut got).unwrap();
+            }
+            dev.add_assign(&mut want, &proj).unwrap();
+            assert_eq!(
+                bits(&dev.download(&got).unwrap()),
+                bits(&dev.download(&want).unwrap()),
+                "{m} rows, bf16 weights: {bf16_weights}"
+            );
+        }
+    }
+}
+
 // -------------------------------------------------------------- checksums
 //
 // A transfer is trusted only when the receiver's page checksums equal the

@@ -629,6 +629,33 @@ impl Backend for CudaBackend {
         .map_err(dev_err)
     }
 
+    fn matmul_add(
+        &self,
+        a: &CudaBuf,
+        w: &CudaMat,
+        _tmp: &mut CudaBuf,
+        x: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        // One launch that adds each product to x as it stores it: the bits
+        // of matmul then add_assign, one launch and no round trip through
+        // a buffer.
+        let m = rows_of("matmul_add", a.len, w.cols)?;
+        if x.len != m * w.rows {
+            return Err(shape_err(
+                "matmul_add",
+                "residual length",
+                m * w.rows,
+                x.len,
+            ));
+        }
+        let (a, x) = (&a.view()?, &mut x.view_mut()?);
+        match &w.data {
+            MatData::F32(d) => self.dev.linear_add(a, d, w.rows, x),
+            MatData::Bf16(d) => self.dev.linear_bf16_add(a, d, w.rows, x),
+        }
+        .map_err(dev_err)
+    }
+
     fn add_bias(&self, x: &mut CudaBuf, bias: &CudaMat) -> Result<(), BackendError> {
         rows_of("add_bias", x.len, bias.len())?;
         self.dev

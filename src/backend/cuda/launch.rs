@@ -645,6 +645,30 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
+        self.linear_into(x, w, n, out, false)
+    }
+
+    /// `out += x · wᵀ` (a projection added to the residual stream): the
+    /// bits of [`CudaDevice::linear`] into a buffer then
+    /// [`CudaDevice::add_assign`], in one launch.
+    pub fn linear_add(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_into(x, w, n, out, true)
+    }
+
+    fn linear_into(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
         };
@@ -656,7 +680,7 @@ impl CudaDevice {
             m: to_u32("matmul rows", m)?,
             n: to_u32("matmul columns", n)?,
             k: to_u32("matmul depth", k)?,
-            pad0: 0,
+            accumulate: u32::from(accumulate),
         };
         let Some(grid) = grid(
             "matmul blocks (columns, rows)",
@@ -686,6 +710,30 @@ impl CudaDevice {
         w: &impl DevicePtr<u16>,
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_bf16_into(x, w, n, out, false)
+    }
+
+    /// `out += x · wᵀ` with bf16 weights: the bits of
+    /// [`CudaDevice::linear_bf16`] into a buffer then
+    /// [`CudaDevice::add_assign`], in one launch.
+    pub fn linear_bf16_add(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_bf16_into(x, w, n, out, true)
+    }
+
+    fn linear_bf16_into(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
     ) -> Result<(), CudaError> {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
@@ -723,7 +771,7 @@ impl CudaDevice {
             m: to_u32("matmul rows", m)?,
             n: to_u32("matmul columns", n)?,
             k: to_u32("matmul depth", k)?,
-            pad0: 0,
+            accumulate: u32::from(accumulate),
         };
         let Some(grid) = grid(
             "tensor-core matmul blocks (columns, rows)",

@@ -187,7 +187,7 @@ pub(crate) struct LinearMmaParams {
     pub m: u32,
     pub n: u32,
     pub k: u32,
-    pub pad0: u32,
+    pub accumulate: u32, // 0 or 1: out += x · wᵀ
 }
 
 /// Device sampling. See `SampleParams` in params.cuh.
@@ -222,7 +222,7 @@ pub(crate) struct LinearParams {
     pub m: u32,
     pub n: u32,
     pub k: u32,
-    pub pad0: u32,
+    pub accumulate: u32, // 0 or 1: out += x · wᵀ
 }
 
 /// `x[i] += y[i % period]`. See `AddParams` in params.cuh.

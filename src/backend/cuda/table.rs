@@ -708,7 +708,7 @@ pub const PARAMS: &[Params] = &[
             ("m", U32),
             ("n", U32),
             ("k", U32),
-            ("pad0", U32),
+            ("accumulate", U32),
         ],
     },
     Params {
@@ -720,7 +720,7 @@ pub const PARAMS: &[Params] = &[
             ("m", U32),
             ("n", U32),
             ("k", U32),
-            ("pad0", U32),
+            ("accumulate", U32),
         ],
     },
     Params {

@@ -7,7 +7,8 @@
 // each row alone and the batch on the other tile shapes and requires the
 // bits of the batched run: a row's result depends neither on the rest of
 // the batch nor on the tile. A NaN in one row of x stays in
-// that row. Prints one line per case; exit status 0 when all pass.
+// that row, and accumulating into a residual gives the bits of the product
+// added to it. Prints one line per case; exit status 0 when all pass.
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -105,6 +106,21 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
                 std::printf("  row %u col %u: %.9g in the batch, %.9g alone\n", r, j, a, b);
                 ok = false;
                 break;
+            }
+        }
+    }
+    // Accumulating into a residual: the bits of the product, then of the add.
+    if (ok) {
+        std::vector<float> res(m * n), acc(m * n);
+        for (auto& v : res) v = rng.uniform() * 8.0f;
+        acc = res;
+        LinearMmaParams q{x.data(), w.data(), acc.data(), m, n, k, 1};
+        launch(q);
+        for (size_t i = 0; i < acc.size() && ok; ++i) {
+            const float want = res[i] + out[i];
+            if (std::memcmp(&acc[i], &want, 4) != 0) {
+                std::printf("  accumulate at %zu: %.9g, want %.9g + %.9g\n", i, acc[i], res[i], out[i]);
+                ok = false;
             }
         }
     }
