@@ -32,6 +32,11 @@
 // before it computes any of them, so that enough weight bytes are in
 // flight to cover memory latency at batch 1 (about 32 KB per block).
 //
+// Group launches (linear_mma_group, _wide_group, _gemm_group) run up to
+// three products of the same x (q, k and v; gate and up) in one launch,
+// each block on one of them: the same tile code, so each product has the
+// bits of its own launch.
+//
 // The prefill tile, linear_mma_gemm (m >= 128): a block owns 128 rows x 64
 // columns, its 8 warps 32 x 32 each (4 x 2), and k-blocks of x and w reach
 // shared memory through a 3-stage cp.async pipeline, so each chunk of x
@@ -146,12 +151,12 @@ __device__ __forceinline__ void lmma_store(const LinearMmaParams& p, uint64_t at
 // loads in flight per warp. grid (ceil(n / (8 NT)), ceil(m / (16 RT)));
 // block LMMA_THREADS.
 template <typename T, int RT, int NT, int UNROLL>
-__device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p) {
+__device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint32_t bx) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = lane >> 2, tid = lane & 3;
     // This lane's rows: r0 + 16 rt and r0 + 16 rt + 8 of row tile rt.
     const uint64_t r0 = (uint64_t)blockIdx.y * (16 * RT) + group;
-    const uint64_t n0 = (uint64_t)blockIdx.x * (8 * NT);
+    const uint64_t n0 = (uint64_t)bx * (8 * NT);
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
     const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
     const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
@@ -243,13 +248,13 @@ __device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p) {
 // grid (ceil(n / LMMA_BN), ceil(m / LMMA_BM)); block LMMA_THREADS.
 template <typename T>
 __device__ __forceinline__ void linear_mma_body(const LinearMmaParams& p) {
-    linear_mma_tiles<T, LMMA_BM / 16, LMMA_BN / 8, 4>(p);
+    linear_mma_tiles<T, LMMA_BM / 16, LMMA_BN / 8, 4>(p, blockIdx.x);
 }
 
 // grid (ceil(n / LMMA_WIDE_BN), ceil(m / LMMA_WIDE_BM)); block LMMA_THREADS.
 template <typename T>
 __device__ __forceinline__ void linear_mma_wide_body(const LinearMmaParams& p) {
-    linear_mma_tiles<T, LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8, 2>(p);
+    linear_mma_tiles<T, LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8, 2>(p, blockIdx.x);
 }
 
 // The prefill tile: LGEMM_BM rows x LGEMM_BN columns per block, warp
@@ -315,12 +320,12 @@ __device__ __forceinline__ void lgemm_stage(const LinearMmaParams& p, uint64_t m
 // grid (ceil(n / LGEMM_BN), ceil(m / LGEMM_BM)); block LMMA_THREADS;
 // LgemmCfg::SMEM_BYTES of dynamic shared memory.
 template <typename T>
-__device__ __forceinline__ void linear_mma_gemm_body(const LinearMmaParams& p) {
+__device__ __forceinline__ void linear_mma_gemm_tiles(const LinearMmaParams& p, uint32_t bx) {
     constexpr int RT = 2, NT = 4;  // row tiles of 16 and n-tiles of 8 per warp
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = lane >> 2, tid = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;
-    const uint64_t m0 = (uint64_t)blockIdx.y * LGEMM_BM, n0 = (uint64_t)blockIdx.x * LGEMM_BN;
+    const uint64_t m0 = (uint64_t)blockIdx.y * LGEMM_BM, n0 = (uint64_t)bx * LGEMM_BN;
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
     const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
     const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
@@ -439,6 +444,49 @@ __device__ __forceinline__ void linear_mma_gemm_body(const LinearMmaParams& p) {
             }
         }
     }
+}
+
+template <typename T>
+__device__ __forceinline__ void linear_mma_gemm_body(const LinearMmaParams& p) {
+    linear_mma_gemm_tiles<T>(p, blockIdx.x);
+}
+
+// A group launch's product for this block, and the block's column block in
+// it (the same for every thread of the block).
+__device__ __forceinline__ LinearMmaParams lmma_group(const LinearMmaGroupParams& g, uint32_t& bx) {
+    bx = blockIdx.x;
+    if (g.n_groups >= 2 && bx >= g.blocks0) {
+        bx -= g.blocks0;
+        if (g.n_groups == 3 && bx >= g.blocks1) {
+            bx -= g.blocks1;
+            return LinearMmaParams{g.x, g.w2, g.out2, g.m, g.n2, g.k, 0};
+        }
+        return LinearMmaParams{g.x, g.w1, g.out1, g.m, g.n1, g.k, 0};
+    }
+    return LinearMmaParams{g.x, g.w0, g.out0, g.m, g.n0, g.k, 0};
+}
+
+// The group launches of the three tiles: grid (blocks0 + blocks1 + blocks of
+// product 2, ceil(m / the tile's rows)).
+template <typename T>
+__device__ __forceinline__ void linear_mma_group_body(const LinearMmaGroupParams& g) {
+    uint32_t bx;
+    const LinearMmaParams p = lmma_group(g, bx);
+    linear_mma_tiles<T, LMMA_BM / 16, LMMA_BN / 8, 4>(p, bx);
+}
+
+template <typename T>
+__device__ __forceinline__ void linear_mma_wide_group_body(const LinearMmaGroupParams& g) {
+    uint32_t bx;
+    const LinearMmaParams p = lmma_group(g, bx);
+    linear_mma_tiles<T, LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8, 2>(p, bx);
+}
+
+template <typename T>
+__device__ __forceinline__ void linear_mma_gemm_group_body(const LinearMmaGroupParams& g) {
+    uint32_t bx;
+    const LinearMmaParams p = lmma_group(g, bx);
+    linear_mma_gemm_tiles<T>(p, bx);
 }
 
 }  // namespace handoff

@@ -242,6 +242,29 @@ struct LinearMmaParams {
     uint32_t accumulate;  // 0 or 1
 };
 
+// Up to three products of one x in one launch (q, k and v; gate and up),
+// with bf16 weights on tensor cores: product i is out_i = x · w_iᵀ, [m, n_i],
+// on the column blocks after those of the products before it (blocks0 and
+// blocks1 of them for products 0 and 1). Each has the bits of its own
+// LinearMmaParams launch on the same tile.
+struct LinearMmaGroupParams {
+    const float* x;   // [m, k] f32
+    const void* w0;   // [n0, k] bf16
+    const void* w1;   // [n1, k] bf16 (n_groups >= 2)
+    const void* w2;   // [n2, k] bf16 (n_groups == 3)
+    float* out0;      // [m, n0] f32
+    float* out1;      // [m, n1] f32
+    float* out2;      // [m, n2] f32
+    uint32_t m;
+    uint32_t k;
+    uint32_t n0;
+    uint32_t n1;
+    uint32_t n2;
+    uint32_t blocks0;  // column blocks of product 0
+    uint32_t blocks1;  // column blocks of product 1
+    uint32_t n_groups;  // 1..=3
+};
+
 // x[i] += y[i % period] (period = n: add; period = cols: bias per row).
 // grid-stride over n.
 struct AddParams {

@@ -240,6 +240,21 @@ pub trait Backend: Send + Sync + 'static {
     fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf)
     -> Result<(), BackendError>;
 
+    /// `outs[i] = x · ws[i]ᵀ` for products of one input (q, k and v; gate
+    /// and up), each with the bits of its own [`Backend::matmul`]. A
+    /// backend may run them in one pass.
+    fn matmul_many<const N: usize>(
+        &self,
+        x: &Self::Buf,
+        ws: [&Self::Mat; N],
+        outs: [&mut Self::Buf; N],
+    ) -> Result<(), BackendError> {
+        for (w, out) in ws.into_iter().zip(outs) {
+            self.matmul(x, w, out)?;
+        }
+        Ok(())
+    }
+
     /// `x += a · Wᵀ`: a projection added to the residual stream, with the
     /// bits of [`Backend::matmul`] into `tmp` followed by
     /// [`Backend::add_assign`]. A backend may do it in one pass and leave

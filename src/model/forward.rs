@@ -771,9 +771,11 @@ impl<B: Backend> Model<B> {
         };
         for (li, layer) in self.layers.iter().enumerate() {
             b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
-            b.matmul(&s.xn, &layer.wq, &mut s.q)?;
-            b.matmul(&s.xn, &layer.wk, &mut s.k)?;
-            b.matmul(&s.xn, &layer.wv, &mut s.v)?;
+            b.matmul_many(
+                &s.xn,
+                [&layer.wq, &layer.wk, &layer.wv],
+                [&mut s.q, &mut s.k, &mut s.v],
+            )?;
             if let Some(bq) = &layer.bq {
                 b.add_bias(&mut s.q, bq)?;
             }
@@ -806,8 +808,7 @@ impl<B: Backend> Model<B> {
             }
             b.matmul_add(&s.att, &layer.wo, &mut s.proj, &mut s.x)?;
             b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
-            b.matmul(&s.xn, &layer.w1, &mut s.gate)?;
-            b.matmul(&s.xn, &layer.w3, &mut s.up)?;
+            b.matmul_many(&s.xn, [&layer.w1, &layer.w3], [&mut s.gate, &mut s.up])?;
             b.swiglu(&mut s.gate, &s.up)?;
             b.matmul_add(&s.gate, &layer.w2, &mut s.proj, &mut s.x)?;
         }

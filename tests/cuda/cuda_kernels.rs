@@ -327,8 +327,9 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // merge, scrub, rms_norm, rope, swiglu, embedding (f32, bf16), argmax,
     // sample_rows, row_logprobs; linear, linear_mma (bf16), add_periodic;
     // xxh3_ranges, page_checksums; prefill_mma: 2 x 2; decode_mma: 2 dtypes
-    // x 2 head dims x 2 groups; linear_mma_wide and linear_mma_gemm (bf16).
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 2);
+    // x 2 head dims x 2 groups; linear_mma_wide and linear_mma_gemm (bf16);
+    // the group launches of the three bf16 tiles.
+    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 2 + 3);
 }
 
 // ----------------------------------------------------------------- decode
@@ -1456,6 +1457,56 @@ fn a_projection_added_in_its_matmul_has_the_bits_of_matmul_then_add() {
             );
         }
     }
+}
+
+#[test]
+fn q_k_and_v_in_one_launch_have_the_bits_of_three_launches() {
+    // A group launch (linear_bf16_many: q, k and v, or gate and up, of one
+    // input) on every bf16 tile: each product must give the bits of its own
+    // linear_bf16 launch.
+    let dev = gpu!("q_k_and_v_in_one_launch_have_the_bits_of_three_launches");
+    let mut rng = Rng(17);
+    let (k, ns) = (256, [128usize, 40, 72]);
+    let ws: Vec<_> = ns
+        .iter()
+        .map(|&n| {
+            let w: Vec<u16> = rng
+                .vec(n * k, 0.5)
+                .iter()
+                .map(|&v| bf16::from_f32(v).to_bits())
+                .collect();
+            dev.upload(&w).unwrap()
+        })
+        .collect();
+    for m in [1, 40, 200] {
+        let x = dev.upload(&rng.vec(m * k, 2.0)).unwrap();
+        for count in [2, 3] {
+            let mut outs: Vec<_> = ns[..count]
+                .iter()
+                .map(|&n| dev.zeros::<f32>(m * n).unwrap())
+                .collect();
+            let refs: Vec<_> = ws[..count].iter().collect();
+            dev.linear_bf16_many(&x, &refs, &ns[..count], &mut outs)
+                .unwrap();
+            for i in 0..count {
+                let mut alone = dev.zeros::<f32>(m * ns[i]).unwrap();
+                dev.linear_bf16(&x, &ws[i], ns[i], &mut alone).unwrap();
+                assert_eq!(
+                    bits(&dev.download(&outs[i]).unwrap()),
+                    bits(&dev.download(&alone).unwrap()),
+                    "{m} rows, product {i} of {count}"
+                );
+            }
+        }
+    }
+    // Products of different depths cannot share a launch.
+    let short = dev.upload(&vec![0u16; 8 * 128]).unwrap();
+    let x = dev.upload(&rng.vec(k, 1.0)).unwrap();
+    let mut outs = vec![dev.zeros::<f32>(128).unwrap(), dev.zeros::<f32>(8).unwrap()];
+    assert!(matches!(
+        dev.linear_bf16_many(&x, &[&ws[0], &short], &[128, 8], &mut outs),
+        Err(CudaError::Shape { .. })
+    ));
 }
 
 // -------------------------------------------------------------- checksums

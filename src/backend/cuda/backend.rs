@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::memo::Memo;
+use super::table::LMMA_GROUPS;
 use super::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
     PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
@@ -627,6 +628,42 @@ impl Backend for CudaBackend {
             MatData::Bf16(d) => self.dev.linear_bf16(x, d, w.rows, out),
         }
         .map_err(dev_err)
+    }
+
+    fn matmul_many<const N: usize>(
+        &self,
+        x: &CudaBuf,
+        ws: [&CudaMat; N],
+        mut outs: [&mut CudaBuf; N],
+    ) -> Result<(), BackendError> {
+        // bf16 weights of one depth: one launch for all of them (each
+        // product with the bits of its own). Anything else: one each.
+        let bf16: Vec<&CudaSlice<u16>> = ws
+            .iter()
+            .filter_map(|w| match &w.data {
+                MatData::Bf16(d) => Some(d),
+                MatData::F32(_) => None,
+            })
+            .collect();
+        let one_depth = ws.iter().all(|w| w.cols == ws[0].cols);
+        if N < 2 || N > LMMA_GROUPS || bf16.len() != N || !one_depth {
+            for (w, out) in ws.into_iter().zip(outs) {
+                self.matmul(x, w, out)?;
+            }
+            return Ok(());
+        }
+        let m = rows_of("matmul", x.len, ws[0].cols)?;
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            out.ensure(&self.dev, m * w.rows)?;
+        }
+        let ns: Vec<usize> = ws.iter().map(|w| w.rows).collect();
+        let mut views = outs
+            .iter_mut()
+            .map(|o| o.view_mut())
+            .collect::<Result<Vec<_>, _>>()?;
+        self.dev
+            .linear_bf16_many(&x.view()?, &bf16, &ns, &mut views)
+            .map_err(dev_err)
     }
 
     fn matmul_add(

@@ -24,8 +24,8 @@ use super::plan::{
     grid_stride, shape, to_u32,
 };
 use super::table::{
-    CHECKSUM_WARPS, LGEMM_BM, LGEMM_BN, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LMMA_WIDE_BM,
-    LMMA_WIDE_BN, LOGPROB_STRIDE,
+    CHECKSUM_WARPS, LGEMM_BM, LGEMM_BN, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LMMA_GROUPS,
+    LMMA_WIDE_BM, LMMA_WIDE_BN, LOGPROB_STRIDE,
 };
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
@@ -786,6 +786,112 @@ impl CudaDevice {
         // (checked); the grid covers n columns in blocks of bn and m rows
         // in tiles of bm, the tile of the kernel chosen, and the kernel
         // bounds every access by m, n, k.
+        self.launch(kernel, &p, grid, args)
+    }
+
+    /// `outs[i] = x · ws[i]ᵀ`, `ws[i]` bf16 `[ns[i], k]`, for up to
+    /// [`LMMA_GROUPS`] products of one input (q, k and v; gate and up) in
+    /// one launch: each block computes a tile of one product with the code
+    /// of [`CudaDevice::linear_bf16`] on the tile its row count picks, so
+    /// each product has the bits of its own launch.
+    pub fn linear_bf16_many<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
+        &self,
+        x: &impl DevicePtr<f32>,
+        ws: &[&W],
+        ns: &[usize],
+        outs: &mut [O],
+    ) -> Result<(), CudaError> {
+        let count = ws.len();
+        if count == 0 || count > LMMA_GROUPS || ns.len() != count || outs.len() != count {
+            return Err(CudaError::Unsupported {
+                what: "products in one grouped matmul",
+                detail: format!(
+                    "{count} weights, {} widths, {} outputs (1 to {LMMA_GROUPS} of each, as many)",
+                    ns.len(),
+                    outs.len()
+                ),
+            });
+        }
+        let mut shape = None;
+        for i in 0..count {
+            let Some(mk) = matmul_shape(x.len(), ws[i].len(), ns[i], outs[i].len())? else {
+                return Ok(()); // no rows
+            };
+            if shape.is_some_and(|s| s != mk) {
+                return Err(CudaError::Shape {
+                    what: "grouped matmul depth (every weight's columns)",
+                    expected: shape.map_or(0, |(_, k)| k),
+                    got: mk.1,
+                });
+            }
+            shape = Some(mk);
+        }
+        let Some((m, k)) = shape else {
+            return Ok(());
+        };
+        let (family, kernel, bm, bn) = if m >= LGEMM_BM {
+            (
+                "linear_mma_gemm_group",
+                kernels::linear_mma_gemm_group(KvDtype::BF16),
+                LGEMM_BM,
+                LGEMM_BN,
+            )
+        } else if m >= LMMA_WIDE_BM {
+            (
+                "linear_mma_wide_group",
+                kernels::linear_mma_wide_group(KvDtype::BF16),
+                LMMA_WIDE_BM,
+                LMMA_WIDE_BN,
+            )
+        } else {
+            (
+                "linear_mma_group",
+                kernels::linear_mma_group(KvDtype::BF16),
+                LMMA_BM,
+                LMMA_BN,
+            )
+        };
+        let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
+            name: format!("{family} for bf16 weights"),
+        })?;
+        let blocks: Vec<usize> = ns.iter().map(|n| n.div_ceil(bn)).collect();
+        let mut args = Args::new(&self.inner.stream);
+        let mut p = LinearMmaGroupParams {
+            x: args.read(x),
+            m: to_u32("matmul rows", m)?,
+            k: to_u32("matmul depth", k)?,
+            n_groups: count as u32,
+            ..Default::default()
+        };
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+            let (w, out, n) = (
+                args.read(*w),
+                args.write(out),
+                to_u32("matmul columns", ns[i])?,
+            );
+            match i {
+                0 => (p.w0, p.out0, p.n0) = (w, out, n),
+                1 => (p.w1, p.out1, p.n1) = (w, out, n),
+                _ => (p.w2, p.out2, p.n2) = (w, out, n),
+            }
+        }
+        p.blocks0 = to_u32("matmul column blocks", blocks[0])?;
+        p.blocks1 = to_u32("matmul column blocks", blocks.get(1).copied().unwrap_or(0))?;
+        let Some(grid) = grid(
+            "grouped tensor-core matmul blocks (columns, rows)",
+            blocks.iter().sum(),
+            m.div_ceil(bm),
+            1,
+        )?
+        else {
+            return Ok(());
+        };
+        // Launch contract: x holds m*k f32, each w n_i*k bf16 and each out
+        // m*n_i f32 (checked, every product of the same depth k); grid.x
+        // is the products' column blocks of the chosen tile back to back
+        // (blocks0 and blocks1 tell the kernel where products 1 and 2
+        // start), grid.y the row tiles, and the kernel bounds every access
+        // by m, its product's n, and k.
         self.launch(kernel, &p, grid, args)
     }
 

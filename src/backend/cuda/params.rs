@@ -190,6 +190,28 @@ pub(crate) struct LinearMmaParams {
     pub accumulate: u32, // 0 or 1: out += x · wᵀ
 }
 
+/// Up to three products of one `x` in one launch. See
+/// `LinearMmaGroupParams` in params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LinearMmaGroupParams {
+    pub x: u64,    // [m, k] f32
+    pub w0: u64,   // [n0, k] bf16
+    pub w1: u64,   // [n1, k] bf16
+    pub w2: u64,   // [n2, k] bf16
+    pub out0: u64, // [m, n0] f32
+    pub out1: u64, // [m, n1] f32
+    pub out2: u64, // [m, n2] f32
+    pub m: u32,
+    pub k: u32,
+    pub n0: u32,
+    pub n1: u32,
+    pub n2: u32,
+    pub blocks0: u32,
+    pub blocks1: u32,
+    pub n_groups: u32,
+}
+
 /// Device sampling. See `SampleParams` in params.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -290,6 +312,7 @@ device_repr!(
     LogprobParams,
     LinearParams,
     LinearMmaParams,
+    LinearMmaGroupParams,
     AddParams,
     HashRangesParams,
     PageChecksumParams,

@@ -102,6 +102,8 @@ pub const LMMA_WIDE_BN: usize = 32;
 /// Rows of x per block of the prefill tensor-core matmul (from this many
 /// rows on, the host launches it).
 pub const LGEMM_BM: usize = 128;
+/// Products one grouped tensor-core matmul launch runs (q, k and v).
+pub const LMMA_GROUPS: usize = 3;
 /// Output columns per block of the prefill tensor-core matmul.
 pub const LGEMM_BN: usize = 64;
 /// Shared-memory stages of its cp.async pipeline.
@@ -465,6 +467,46 @@ pub const FAMILIES: &[Family] = &[
             "launching the prefill tensor-core matmul",
         )
     },
+    Family {
+        dtypes: &[Dtype::BF16],
+        body: "linear_mma_group_body",
+        ..Family::plain(
+            "linear_mma_group",
+            "linear",
+            "LinearMmaGroupParams",
+            32 * LMMA_WARPS as u32,
+            true,
+            "launching grouped tensor-core matmuls",
+        )
+    },
+    Family {
+        dtypes: &[Dtype::BF16],
+        body: "linear_mma_wide_group_body",
+        ..Family::plain(
+            "linear_mma_wide_group",
+            "linear",
+            "LinearMmaGroupParams",
+            32 * LMMA_WARPS as u32,
+            true,
+            "launching grouped wide tensor-core matmuls",
+        )
+    },
+    Family {
+        dtypes: &[Dtype::BF16],
+        body: "linear_mma_gemm_group_body",
+        smem: Smem::Fixed {
+            cfg: "LgemmCfg",
+            bytes: LGEMM_SMEM,
+        },
+        ..Family::plain(
+            "linear_mma_gemm_group",
+            "linear",
+            "LinearMmaGroupParams",
+            32 * LMMA_WARPS as u32,
+            true,
+            "launching grouped prefill tensor-core matmuls",
+        )
+    },
     Family::plain(
         "add_periodic",
         "linear",
@@ -721,6 +763,26 @@ pub const PARAMS: &[Params] = &[
             ("n", U32),
             ("k", U32),
             ("accumulate", U32),
+        ],
+    },
+    Params {
+        name: "LinearMmaGroupParams",
+        fields: &[
+            ("x", Ptr),
+            ("w0", Ptr),
+            ("w1", Ptr),
+            ("w2", Ptr),
+            ("out0", Ptr),
+            ("out1", Ptr),
+            ("out2", Ptr),
+            ("m", U32),
+            ("k", U32),
+            ("n0", U32),
+            ("n1", U32),
+            ("n2", U32),
+            ("blocks0", U32),
+            ("blocks1", U32),
+            ("n_groups", U32),
         ],
     },
     Params {

@@ -8,7 +8,9 @@
 // bits of the batched run: a row's result depends neither on the rest of
 // the batch nor on the tile. A NaN in one row of x stays in
 // that row, and accumulating into a residual gives the bits of the product
-// added to it. Prints one line per case; exit status 0 when all pass.
+// added to it. A group launch (up to three products of one x) gives each
+// product the bits of its own launch, on every tile. Prints one line per
+// case; exit status 0 when all pass.
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -140,6 +142,76 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     return ok;
 }
 
+// Runs a group launch (up to three products of one x) on one tile.
+void launch_group(const LinearMmaGroupParams& g, Shape shape) {
+    const unsigned bm = shape == Gemm ? LGEMM_BM : shape == Wide ? LMMA_WIDE_BM : LMMA_BM;
+    const size_t smem_bytes = shape == Gemm ? (size_t)LgemmCfg::SMEM_BYTES
+                                            : sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>);
+    const unsigned bn = shape == Gemm ? LGEMM_BN : shape == Wide ? LMMA_WIDE_BN : LMMA_BN;
+    const unsigned blocks2 = g.n_groups == 3 ? (g.n2 + bn - 1) / bn : 0;
+    const unsigned gx = g.blocks0 + (g.n_groups >= 2 ? g.blocks1 : 0) + blocks2;
+    const unsigned gy = (g.m + bm - 1) / bm;
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::barrier<> block(LMMA_THREADS);
+            std::vector<sim::Warp> warps(LMMA_WARPS);
+            std::vector<unsigned char> smem(smem_bytes, 0xff);
+            std::vector<std::thread> threads;
+            for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
+                threads.emplace_back([&, t] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    sim::ctx = {&warps[t / 32], &block, smem.data()};
+                    if (shape == Gemm) linear_mma_gemm_group_body<__nv_bfloat16>(g);
+                    else if (shape == Wide) linear_mma_wide_group_body<__nv_bfloat16>(g);
+                    else linear_mma_group_body<__nv_bfloat16>(g);
+                });
+            for (auto& th : threads) th.join();
+        }
+}
+
+// Three products of one x (widths ns) in one group launch, as the host
+// launches it for m rows: each product the bits of its own launch.
+bool run_group(uint32_t m, const uint32_t ns[3], uint32_t k, uint32_t n_groups, Rng& rng) {
+    std::vector<float> x(m * k);
+    for (auto& v : x) v = rng.uniform() * 4.0f;
+    std::vector<uint16_t> w[3];
+    std::vector<float> alone[3], grouped[3];
+    for (uint32_t i = 0; i < n_groups; ++i) {
+        w[i].resize(ns[i] * k);
+        for (auto& v : w[i]) v = sim::float_to_bf16(rng.uniform() * 0.5f);
+        alone[i].assign(m * ns[i], -7.0f);
+        grouped[i].assign(m * ns[i], -5.0f);
+        LinearMmaParams p{x.data(), w[i].data(), alone[i].data(), m, ns[i], k, 0};
+        launch(p);
+    }
+    const Shape shape = shape_for(m);
+    const unsigned bn = shape == Gemm ? LGEMM_BN : shape == Wide ? LMMA_WIDE_BN : LMMA_BN;
+    LinearMmaGroupParams g{};
+    g.x = x.data();
+    g.m = m;
+    g.k = k;
+    g.n_groups = n_groups;
+    g.w0 = w[0].data(), g.out0 = grouped[0].data(), g.n0 = ns[0];
+    g.blocks0 = (ns[0] + bn - 1) / bn;
+    if (n_groups >= 2) {
+        g.w1 = w[1].data(), g.out1 = grouped[1].data(), g.n1 = ns[1];
+        g.blocks1 = (ns[1] + bn - 1) / bn;
+    }
+    if (n_groups == 3) g.w2 = w[2].data(), g.out2 = grouped[2].data(), g.n2 = ns[2];
+    launch_group(g, shape);
+    bool ok = true;
+    for (uint32_t i = 0; i < n_groups; ++i) {
+        if (std::memcmp(alone[i].data(), grouped[i].data(), alone[i].size() * 4) != 0) {
+            std::printf("  product %u: other bits in the group launch\n", i);
+            ok = false;
+        }
+    }
+    std::printf("%s group of %u, m=%u n=%u/%u/%u k=%u\n", ok ? "ok" : "FAIL", n_groups, m, ns[0],
+                ns[1], ns[2], k);
+    return ok;
+}
+
 int main() {
     Rng rng{2026};
     bool ok = true;
@@ -156,5 +228,11 @@ int main() {
     ok &= run_case(4, 72, 32, true, rng);
     ok &= run_case(33, 16, 96, true, rng);
     ok &= run_case(130, 16, 96, true, rng);
+    // Group launches on each tile: q, k, v-like widths (ragged), and two.
+    const uint32_t qkv[3] = {40, 24, 130}, two[3] = {72, 16, 0};
+    ok &= run_group(3, qkv, 96, 3, rng);
+    ok &= run_group(40, qkv, 520, 3, rng);
+    ok &= run_group(130, qkv, 64, 3, rng);
+    ok &= run_group(5, two, 33, 2, rng);
     return ok ? 0 : 1;
 }
