@@ -539,6 +539,26 @@ fn runs(start: usize, n: usize, ps: usize) -> impl Iterator<Item = (usize, usize
     })
 }
 
+/// Hands `landed(page, kv, rows)` the K and V rows of `layer` from slot 0
+/// through the end of each run just written (`runs` as [`runs`] gives
+/// them): what the verifier hashes of a page that received rows.
+fn hand_landed(
+    read: crate::kv::storage::PagesRead<'_>,
+    layer: usize,
+    runs: impl Iterator<Item = (usize, usize, usize, usize)>,
+    landed: &mut impl FnMut(usize, usize, &[u8]),
+) -> Result<(), KvError> {
+    let mut scratch = Vec::new();
+    for (i, slot, _, run) in runs {
+        for kv in 0..2 {
+            if let Some(rows) = read.rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)? {
+                landed(i, kv, rows);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A fault injector's hook on each run of rows copied into a destination:
 /// `(kv, done, dst)` (see [`KvSeq::receive_rows_from`]).
 pub(crate) type Tamper<'a> = &'a mut dyn FnMut(usize, usize, &mut [u8]);
@@ -673,17 +693,7 @@ impl KvSeq<Received> {
             return Ok(Some(Err(e)));
         }
         drop(rows);
-        let mut scratch = Vec::new();
-        for &(i, slot, _, run) in &runs {
-            for kv in 0..2 {
-                if let Some(rows) =
-                    w.read()
-                        .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
-                {
-                    landed(i, kv, rows);
-                }
-            }
-        }
+        hand_landed(w.read(), layer, runs.iter().copied(), &mut landed)?;
         self.written[layer] += n;
         Ok(Some(Ok(())))
     }
@@ -792,17 +802,7 @@ impl KvSeq<Received> {
         }
         if !w.read().storage().hashes_in_place() {
             // The verifier hashes what landed as `receive_rows` has it do.
-            let mut scratch = Vec::new();
-            for (i, slot, _, run) in runs(start, n, ps) {
-                for kv in 0..2 {
-                    if let Some(rows) =
-                        w.read()
-                            .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
-                    {
-                        landed(i, kv, rows);
-                    }
-                }
-            }
+            hand_landed(w.read(), layer, runs(start, n, ps), landed)?;
         }
         self.written[layer] += n;
         Ok(true)
