@@ -317,6 +317,48 @@ __device__ __forceinline__ void lgemm_stage(const LinearMmaParams& p, uint64_t m
     }
 }
 
+// lgemm_stage for rows of x and w on 16 bytes (k % 8 == 0, aligned bases),
+// with what does not change from one k-block to the next worked out once:
+// this thread's x chunks are rows r0 + 32 i (i < 4) at column cx of each
+// k-block, its w chunk row n0 + tid / 4 at column cw.
+struct LgemmVecLoader {
+    const float* x;     // x[r0][cx]
+    uint64_t x_stride;  // 32 rows of x
+    const uint16_t* w;  // w[n0 + tid / 4][cw]
+    uint32_t live;      // bit i: x row r0 + 32 i exists; bit 4: the w row does
+    uint32_t cx, cw;    // column within a k-block
+
+    __device__ __forceinline__ LgemmVecLoader(const LinearMmaParams& p, uint64_t m0, uint64_t n0) {
+        const uint32_t t = threadIdx.x;
+        const uint64_t r0 = m0 + t / 8, wn = n0 + t / 4;
+        cx = (t % 8) * 4;
+        cw = (t % 4) * 8;
+        x_stride = 32 * (uint64_t)p.k;
+        x = p.x + (r0 < p.m ? r0 * p.k : 0) + cx;
+        w = static_cast<const uint16_t*>(p.w) + (wn < p.n ? wn * p.k : 0) + cw;
+        live = wn < p.n ? 16u : 0u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) live |= r0 + 32 * i < p.m ? 1u << i : 0u;
+    }
+
+    // Queues k-block kb into stage buffers xs and ws (zeros outside m, n, k).
+    __device__ __forceinline__ void stage(const LinearMmaParams& p, uint32_t kb, float* xs,
+                                          uint16_t* ws) const {
+        static_assert(LGEMM_BM * 8 == 4 * LMMA_THREADS && LGEMM_BN * 4 == LMMA_THREADS,
+                      "four x chunks and one w chunk per thread");
+        const uint32_t c0 = kb * LMMA_KB, t = threadIdx.x;
+        const bool x_in_k = c0 + cx < p.k;
+        float* xd = xs + (t / 8) * LGEMM_XLD + cx;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const bool fill = x_in_k && (live >> i & 1u);
+            cp_async_16(xd + i * 32 * LGEMM_XLD, fill ? x + i * x_stride + c0 : p.x, fill);
+        }
+        const bool w_fill = c0 + cw < p.k && (live >> 4 & 1u);
+        cp_async_16(ws + (t / 4) * LMMA_KB + cw, w_fill ? w + c0 : p.w, w_fill);
+    }
+};
+
 // grid (ceil(n / LGEMM_BN), ceil(m / LGEMM_BM)); block LMMA_THREADS;
 // LgemmCfg::SMEM_BYTES of dynamic shared memory.
 template <typename T>
@@ -329,6 +371,8 @@ __device__ __forceinline__ void linear_mma_gemm_tiles(const LinearMmaParams& p, 
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
     const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
     const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
+    const bool all_vec = x_vec && w_vec;  // block-uniform
+    const LgemmVecLoader vec_loader(p, m0, n0);
     float* x_s = reinterpret_cast<float*>(dyn_smem());  // [stage][LGEMM_BM][LGEMM_XLD]
     uint16_t* w_s = reinterpret_cast<uint16_t*>(x_s + LGEMM_STAGES * LgemmCfg::X_STAGE);
     // [stage][LGEMM_BN][LMMA_KB]
@@ -346,8 +390,13 @@ __device__ __forceinline__ void linear_mma_gemm_tiles(const LinearMmaParams& p, 
     auto load = [&](uint32_t s) {
         if (load_kb < kblocks) {
             const int st = s % LGEMM_STAGES;
-            lgemm_stage(p, m0, n0, load_kb, x_vec, w_vec, x_s + st * LgemmCfg::X_STAGE,
-                        w_s + st * LgemmCfg::W_STAGE);
+            float* xs = x_s + st * LgemmCfg::X_STAGE;
+            uint16_t* ws = w_s + st * LgemmCfg::W_STAGE;
+            if (all_vec) {
+                vec_loader.stage(p, load_kb, xs, ws);
+            } else {
+                lgemm_stage(p, m0, n0, load_kb, x_vec, w_vec, xs, ws);
+            }
             load_kb = next(load_kb);
         }
         cp_async_commit();  // an empty group past the last k-block keeps the count in step
