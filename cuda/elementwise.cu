@@ -54,15 +54,20 @@ __device__ __forceinline__ double rope_inv_freq(const RopeParams& p, uint32_t i)
     return base;
 }
 
+// x (and x2, when it has heads: k beside q) rotated for each token's
+// position; a head of x2 gets the bits a launch of its own would give.
 __device__ __forceinline__ void rope(const RopeParams& p) {
     const uint32_t half_dim = p.head_dim / 2;
-    const uint64_t total = (uint64_t)p.n_tokens * p.n_heads * half_dim;
+    const uint32_t heads = p.n_heads + p.n_heads2;  // per token, x's then x2's
+    const uint64_t total = (uint64_t)p.n_tokens * heads * half_dim;
     for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (uint64_t)gridDim.x * blockDim.x) {
         const uint32_t i = idx % half_dim;
-        const uint64_t th = idx / half_dim;  // token * n_heads + head
-        const uint64_t t = th / p.n_heads;
-        float* x = p.x + th * p.head_dim;
+        const uint64_t th = idx / half_dim;  // token * heads + head
+        const uint64_t t = th / heads;
+        const uint32_t h = th % heads;
+        float* x = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
+                                 : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
         // Angles in double: positions reach 10^5-10^6, where an f32 angle
         // would already be off by more than the f32 result's precision.
         const double inv_freq = rope_inv_freq(p, i);

@@ -147,7 +147,8 @@ struct RopeParams {
     double high_freq_factor;    // llama3
     double original_max_position;  // llama3: pre-training context
     uint32_t scaling;           // 0 none, 1 linear, 2 llama3
-    uint32_t pad0;
+    uint32_t n_heads2;          // heads of x2, rotated the same way (0: no x2)
+    float* x2;                  // [n_tokens, n_heads2, head_dim] f32, in place (k beside q)
 };
 
 // out = silu(gate) * up, elementwise. grid-stride over n.

@@ -280,6 +280,28 @@ pub trait Backend: Send + Sync + 'static {
     /// `i` rotated for position `positions[i]`.
     fn rope(&self, x: &mut Self::Buf, positions: &[usize], rope: Rope) -> Result<(), BackendError>;
 
+    /// [`Backend::rope`] of `q` with `rope` and of `k` with `rope` for
+    /// `k_heads` heads: the same rotation of each row's position, each with
+    /// the bits of its own call. A backend may do both in one pass.
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        positions: &[usize],
+        rope: Rope,
+        k_heads: usize,
+    ) -> Result<(), BackendError> {
+        self.rope(q, positions, rope)?;
+        self.rope(
+            k,
+            positions,
+            Rope {
+                n_heads: k_heads,
+                ..rope
+            },
+        )
+    }
+
     /// SwiGLU: `gate = silu(gate) ⊙ up`.
     fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf) -> Result<(), BackendError>;
 

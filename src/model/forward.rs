@@ -785,8 +785,13 @@ impl<B: Backend> Model<B> {
             if let Some(bv) = &layer.bv {
                 b.add_bias(&mut s.v, bv)?;
             }
-            b.rope(&mut s.q, &s.positions, rope(c.n_heads))?;
-            b.rope(&mut s.k, &s.positions, rope(c.n_kv_heads))?;
+            b.rope_qk(
+                &mut s.q,
+                &mut s.k,
+                &s.positions,
+                rope(c.n_heads),
+                c.n_kv_heads,
+            )?;
             b.kv_append_each(seqs, li, &s.k, &s.v, &s.spans)
                 .map_err(|(i, e)| match e {
                     BackendError::Kv(k) => kv_err(i, seqs[i].owner())(k),

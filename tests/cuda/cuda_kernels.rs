@@ -1231,6 +1231,53 @@ fn rope_matches_reference_for_both_conventions() {
 }
 
 #[test]
+fn q_and_k_rotated_in_one_launch_have_the_bits_of_two_launches() {
+    // rope_pair (Backend::rope_qk on the device): q's heads and k's heads in
+    // one launch, each with the bits of its own rope launch, both styles.
+    let dev = gpu!("q_and_k_rotated_in_one_launch_have_the_bits_of_two_launches");
+    let mut rng = Rng(18);
+    let positions = dev.upload(&[0u32, 7, 300, 4097, 65_000]).unwrap();
+    let (q_heads, k_heads, hd) = (8, 2, 64);
+    for style in [RopeStyle::Interleaved, RopeStyle::Half] {
+        let rope = Rope {
+            n_heads: q_heads,
+            head_dim: hd,
+            theta: 500_000.0,
+            style,
+            scaling: RopeScaling::Linear { factor: 2.0 },
+        };
+        let q = rng.vec(5 * q_heads * hd, 2.0);
+        let k = rng.vec(5 * k_heads * hd, 2.0);
+        let (mut q_pair, mut k_pair) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+        dev.rope_pair(&mut q_pair, &mut k_pair, k_heads, &positions, rope)
+            .unwrap();
+        let (mut q_one, mut k_one) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+        dev.rope(&mut q_one, &positions, rope).unwrap();
+        let k_rope = Rope {
+            n_heads: k_heads,
+            ..rope
+        };
+        dev.rope(&mut k_one, &positions, k_rope).unwrap();
+        assert_eq!(
+            bits(&dev.download(&q_pair).unwrap()),
+            bits(&dev.download(&q_one).unwrap()),
+            "{style:?}: q"
+        );
+        assert_eq!(
+            bits(&dev.download(&k_pair).unwrap()),
+            bits(&dev.download(&k_one).unwrap()),
+            "{style:?}: k"
+        );
+        // A k buffer the wrong size for its heads is refused.
+        let mut short = dev.upload(&k[..k.len() - 1]).unwrap();
+        assert!(matches!(
+            dev.rope_pair(&mut q_pair, &mut short, k_heads, &positions, rope),
+            Err(CudaError::Shape { .. })
+        ));
+    }
+}
+
+#[test]
 fn swiglu_matches_reference() {
     let dev = gpu!("swiglu_matches_reference");
     let mut rng = Rng(11);

@@ -235,7 +235,33 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
+/// `x` holds one row of `row_len` values per position.
+fn check_rope_rows(x: &CudaBuf, positions: &[usize], row_len: usize) -> Result<(), BackendError> {
+    let rows = rows_of("rope", x.len, row_len)?;
+    if rows != positions.len() {
+        return Err(shape_err(
+            "rope",
+            "one position per row",
+            rows,
+            positions.len(),
+        ));
+    }
+    Ok(())
+}
+
 impl CudaBackend {
+    /// `positions` on the device (the last upload, while they are equal:
+    /// every layer of a step rotates by the same positions).
+    fn device_positions(&self, positions: &[usize]) -> Result<Arc<CudaSlice<u32>>, BackendError> {
+        let pos: Vec<u32> = positions
+            .iter()
+            .map(|&p| u32::try_from(p).map_err(|_| shape_err("rope", "position below 2^32", 0, p)))
+            .collect::<Result<_, _>>()?;
+        self.positions
+            .get_or_make(pos, |pos| self.dev.upload(pos))
+            .map_err(dev_err)
+    }
+
     /// A backend on an opened device.
     pub fn new(dev: CudaDevice) -> Self {
         CudaBackend {
@@ -710,25 +736,26 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut CudaBuf, positions: &[usize], rope: Rope) -> Result<(), BackendError> {
-        let rows = rows_of("rope", x.len, rope.n_heads * rope.head_dim)?;
-        if rows != positions.len() {
-            return Err(shape_err(
-                "rope",
-                "one position per row",
-                rows,
-                positions.len(),
-            ));
-        }
-        let pos: Vec<u32> = positions
-            .iter()
-            .map(|&p| u32::try_from(p).map_err(|_| shape_err("rope", "position below 2^32", 0, p)))
-            .collect::<Result<_, _>>()?;
-        let pos = self
-            .positions
-            .get_or_make(pos, |pos| self.dev.upload(pos))
-            .map_err(dev_err)?;
+        check_rope_rows(x, positions, rope.n_heads * rope.head_dim)?;
+        let pos = self.device_positions(positions)?;
         self.dev
             .rope(&mut x.view_mut()?, &*pos, rope)
+            .map_err(dev_err)
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        positions: &[usize],
+        rope: Rope,
+        k_heads: usize,
+    ) -> Result<(), BackendError> {
+        check_rope_rows(q, positions, rope.n_heads * rope.head_dim)?;
+        check_rope_rows(k, positions, k_heads * rope.head_dim)?;
+        let pos = self.device_positions(positions)?;
+        self.dev
+            .rope_pair(&mut q.view_mut()?, &mut k.view_mut()?, k_heads, &*pos, rope)
             .map_err(dev_err)
     }
 

@@ -555,6 +555,30 @@ impl CudaDevice {
         positions: &impl DevicePtr<u32>,
         rope: Rope,
     ) -> Result<(), CudaError> {
+        self.rope_launch(x, None::<(&mut CudaSlice<f32>, usize)>, positions, rope)
+    }
+
+    /// [`CudaDevice::rope`] of `q` (`rope.n_heads` heads) and of `k`
+    /// (`k_heads` heads) in one launch: each head gets the bits a launch of
+    /// its own gives.
+    pub fn rope_pair(
+        &self,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        k_heads: usize,
+        positions: &impl DevicePtr<u32>,
+        rope: Rope,
+    ) -> Result<(), CudaError> {
+        self.rope_launch(q, Some((k, k_heads)), positions, rope)
+    }
+
+    fn rope_launch<X2: DevicePtrMut<f32>>(
+        &self,
+        x: &mut impl DevicePtrMut<f32>,
+        x2: Option<(&mut X2, usize)>,
+        positions: &impl DevicePtr<u32>,
+        rope: Rope,
+    ) -> Result<(), CudaError> {
         let Rope {
             n_heads,
             head_dim,
@@ -568,12 +592,23 @@ impl CudaDevice {
                 detail: format!("{head_dim} (even)"),
             });
         }
-        let total = positions
-            .len()
-            .checked_mul(n_heads)
-            .and_then(|n| n.checked_mul(head_dim))
-            .unwrap_or(usize::MAX);
-        shape("RoPE elements", total, x.len())?;
+        let elements = |heads: usize| {
+            positions
+                .len()
+                .checked_mul(heads)
+                .and_then(|n| n.checked_mul(head_dim))
+                .unwrap_or(usize::MAX)
+        };
+        shape("RoPE elements", elements(n_heads), x.len())?;
+        let k_heads = x2.as_ref().map_or(0, |(_, h)| *h);
+        if let Some((x2, heads)) = &x2 {
+            shape(
+                "RoPE elements of the second buffer",
+                elements(*heads),
+                x2.len(),
+            )?;
+        }
+        let total = elements(n_heads).saturating_add(elements(k_heads));
         let mut args = Args::new(&self.inner.stream);
         let p = RopeParams {
             x: args.write(x),
@@ -585,6 +620,11 @@ impl CudaDevice {
             style: match style {
                 RopeStyle::Interleaved => 0,
                 RopeStyle::Half => 1,
+            },
+            n_heads2: to_u32("RoPE heads of the second buffer", k_heads)?,
+            x2: match x2 {
+                Some((x2, _)) => args.write(x2),
+                None => 0,
             },
             ..RopeParams::default()
         };
@@ -609,9 +649,10 @@ impl CudaDevice {
                 ..p
             },
         };
-        // Launch contract: x holds n_tokens*n_heads*head_dim f32 and
-        // positions n_tokens u32 (checked); head_dim is even; the kernel
-        // grid-strides over pairs.
+        // Launch contract: x holds n_tokens*n_heads*head_dim f32, x2 (when
+        // n_heads2 > 0) n_tokens*n_heads2*head_dim, and positions n_tokens
+        // u32 (checked); head_dim is even; the kernel grid-strides over the
+        // pairs of both.
         self.launch(kernels::rope(), &p, grid_stride(total / 2), args)
     }
 

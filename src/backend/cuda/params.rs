@@ -127,7 +127,8 @@ pub(crate) struct RopeParams {
     pub high_freq_factor: f64,
     pub original_max_position: f64,
     pub scaling: u32,
-    pub pad0: u32,
+    pub n_heads2: u32, // heads of x2 (0: no x2)
+    pub x2: u64,       // [n_tokens, n_heads2, head_dim] f32
 }
 
 /// SwiGLU. See `SwigluParams` in params.cuh.

@@ -682,7 +682,8 @@ pub const PARAMS: &[Params] = &[
             ("high_freq_factor", F64),
             ("original_max_position", F64),
             ("scaling", U32),
-            ("pad0", U32),
+            ("n_heads2", U32),
+            ("x2", Ptr),
         ],
     },
     Params {
