@@ -141,6 +141,30 @@ __device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, uint64_t n, u
     return make_uint4(e[0], e[1], e[2], e[3]);
 }
 
+// One k-step of one row tile: the 8 activations of its A fragment (a, in
+// the order of the mma's A registers) split into T parts hi and lo, and
+// both products with each of the NT weight fragments of k-step `step` (wv
+// holds both k-steps' registers), hi first. Every tile runs this one
+// sequence of operations, which is what gives every tile the same bits.
+template <typename T, int NT>
+__device__ __forceinline__ void lmma_step(const float (&a)[8], const uint4 (&wv)[NT], int step,
+                                          float (&c)[NT][4]) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float h0 = round_to<T>(a[2 * i]), h1 = round_to<T>(a[2 * i + 1]);
+        hi[i] = MmaOp<T>::pack(h0, h1);
+        lo[i] = MmaOp<T>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const uint32_t b0 = step == 0 ? wv[t].x : wv[t].z;
+        const uint32_t b1 = step == 0 ? wv[t].y : wv[t].w;
+        MmaOp<T>::run(c[t], hi, b0, b1);
+        MmaOp<T>::run(c[t], lo, b0, b1);
+    }
+}
+
 // out[at] = v, or out[at] += v (the residual add after the product's own
 // rounding, as a separate add would) when p.accumulate.
 __device__ __forceinline__ void lmma_store(const LinearMmaParams& p, uint64_t at, float v) {
@@ -200,20 +224,7 @@ __device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint3
                     const int e = 4 * step;
                     const float a[8] = {xa[0][e],     xa[0][e + 1], xa[1][e],     xa[1][e + 1],
                                         xa[0][e + 2], xa[0][e + 3], xa[1][e + 2], xa[1][e + 3]};
-                    uint32_t hi[4], lo[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float h0 = round_to<T>(a[2 * i]), h1 = round_to<T>(a[2 * i + 1]);
-                        hi[i] = MmaOp<T>::pack(h0, h1);
-                        lo[i] = MmaOp<T>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
-                    }
-#pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        const uint32_t b0 = step == 0 ? wv[u][t].x : wv[u][t].z;
-                        const uint32_t b1 = step == 0 ? wv[u][t].y : wv[u][t].w;
-                        MmaOp<T>::run(c[rt][t], hi, b0, b1);
-                        MmaOp<T>::run(c[rt][t], lo, b0, b1);
-                    }
+                    lmma_step<T, NT>(a, wv[u], step, c[rt]);
                 }
             }
         }
@@ -436,20 +447,7 @@ __device__ __forceinline__ void linear_mma_gemm_tiles(const LinearMmaParams& p, 
                 const float4 ya = *reinterpret_cast<const float4*>(xr);
                 const float4 yb = *reinterpret_cast<const float4*>(xr + 8 * LGEMM_XLD);
                 const float a[8] = {ya.x, ya.y, yb.x, yb.y, ya.z, ya.w, yb.z, yb.w};
-                uint32_t hi[4], lo[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float h0 = round_to<T>(a[2 * i]), h1 = round_to<T>(a[2 * i + 1]);
-                    hi[i] = MmaOp<T>::pack(h0, h1);
-                    lo[i] = MmaOp<T>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
-                }
-#pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    const uint32_t b0 = step == 0 ? wv[t].x : wv[t].z;
-                    const uint32_t b1 = step == 0 ? wv[t].y : wv[t].w;
-                    MmaOp<T>::run(acc[rt][t], hi, b0, b1);
-                    MmaOp<T>::run(acc[rt][t], lo, b0, b1);
-                }
+                lmma_step<T, NT>(a, wv, step, acc[rt]);
             }
         }
         // The end of a phase: add its sum to run, as the other tiles add

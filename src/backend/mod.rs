@@ -522,6 +522,24 @@ pub(crate) fn shape_err(
 
 /// Rows of a buffer of `len` elements given `cols`; errors unless `len` is a
 /// multiple of `cols`.
+/// `len` values make one RoPE row of `row_len` per position.
+pub(crate) fn check_rope_rows(
+    len: usize,
+    positions: &[usize],
+    row_len: usize,
+) -> Result<(), BackendError> {
+    let rows = rows_of("rope", len, row_len)?;
+    if rows != positions.len() {
+        return Err(shape_err(
+            "rope",
+            "one position per row",
+            rows,
+            positions.len(),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize, BackendError> {
     if cols == 0 || !len.is_multiple_of(cols) {
         return Err(shape_err(

@@ -28,7 +28,8 @@ use rayon::prelude::*;
 use crate::backend::QuantMatrix;
 use crate::backend::cpu::kernel::{Bf16, Elem, F16, Half, WeightRows};
 use crate::backend::{
-    AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_view, rows_of, shape_err,
+    AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_rope_rows, check_view,
+    rows_of, shape_err,
 };
 use crate::kv::{KvSeq, LayerView, Writable};
 
@@ -744,15 +745,7 @@ impl Backend for CpuBackend {
         if !rope.head_dim.is_multiple_of(2) {
             return Err(shape_err("rope", "even head_dim", 2, rope.head_dim));
         }
-        let rows = rows_of("rope", x.len(), width)?;
-        if rows != positions.len() {
-            return Err(shape_err(
-                "rope",
-                "one position per row",
-                rows,
-                positions.len(),
-            ));
-        }
+        check_rope_rows(x.len(), positions, width)?;
         ops::rope_rows(self.isa, x, positions, rope);
         Ok(())
     }

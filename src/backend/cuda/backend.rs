@@ -40,7 +40,8 @@ use super::{
     PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
-    AttnShape, Backend, BackendError, Rope, SeqSpan, check_view, rows_of, shape_err,
+    AttnShape, Backend, BackendError, Rope, SeqSpan, check_rope_rows, check_view, rows_of,
+    shape_err,
 };
 use crate::kv::{
     DeviceError, DevicePages, KvPool, KvSeq, LayerView, PageId, PoolConfig, PoolError, PoolId,
@@ -233,20 +234,6 @@ impl std::fmt::Debug for CudaBackend {
             .field("device", &self.dev)
             .finish()
     }
-}
-
-/// `x` holds one row of `row_len` values per position.
-fn check_rope_rows(x: &CudaBuf, positions: &[usize], row_len: usize) -> Result<(), BackendError> {
-    let rows = rows_of("rope", x.len, row_len)?;
-    if rows != positions.len() {
-        return Err(shape_err(
-            "rope",
-            "one position per row",
-            rows,
-            positions.len(),
-        ));
-    }
-    Ok(())
 }
 
 impl CudaBackend {
@@ -736,7 +723,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut CudaBuf, positions: &[usize], rope: Rope) -> Result<(), BackendError> {
-        check_rope_rows(x, positions, rope.n_heads * rope.head_dim)?;
+        check_rope_rows(x.len, positions, rope.n_heads * rope.head_dim)?;
         let pos = self.device_positions(positions)?;
         self.dev
             .rope(&mut x.view_mut()?, &*pos, rope)
@@ -751,8 +738,8 @@ impl Backend for CudaBackend {
         rope: Rope,
         k_heads: usize,
     ) -> Result<(), BackendError> {
-        check_rope_rows(q, positions, rope.n_heads * rope.head_dim)?;
-        check_rope_rows(k, positions, k_heads * rope.head_dim)?;
+        check_rope_rows(q.len, positions, rope.n_heads * rope.head_dim)?;
+        check_rope_rows(k.len, positions, k_heads * rope.head_dim)?;
         let pos = self.device_positions(positions)?;
         self.dev
             .rope_pair(&mut q.view_mut()?, &mut k.view_mut()?, k_heads, &*pos, rope)

@@ -69,6 +69,55 @@ fn matmul_shape(
     Ok((m > 0).then_some((m, k)))
 }
 
+/// The bf16 tensor-core matmul's tiles (cuda/linear_mma.cuh), chosen by
+/// the rows of x; each gives the others' bits.
+#[derive(Clone, Copy, Debug)]
+enum Bf16Tile {
+    /// 16 x 16, below 32 rows.
+    Decode,
+    /// 32 x 32, from 32 rows.
+    Wide,
+    /// 128 x 64 with a cp.async pipeline, from 128 rows.
+    Prefill,
+}
+
+impl Bf16Tile {
+    fn for_rows(m: usize) -> Self {
+        if m >= LGEMM_BM {
+            Bf16Tile::Prefill
+        } else if m >= LMMA_WIDE_BM {
+            Bf16Tile::Wide
+        } else {
+            Bf16Tile::Decode
+        }
+    }
+
+    /// Rows of x per block.
+    fn rows(self) -> usize {
+        match self {
+            Bf16Tile::Decode => LMMA_BM,
+            Bf16Tile::Wide => LMMA_WIDE_BM,
+            Bf16Tile::Prefill => LGEMM_BM,
+        }
+    }
+
+    /// Output columns per block.
+    fn cols(self) -> usize {
+        match self {
+            Bf16Tile::Decode => LMMA_BN,
+            Bf16Tile::Wide => LMMA_WIDE_BN,
+            Bf16Tile::Prefill => LGEMM_BN,
+        }
+    }
+
+    /// This tile's kernel as the lookup found it, or which is missing.
+    fn kernel<P>(self, found: Option<Kernel<P>>) -> Result<Kernel<P>, CudaError> {
+        found.ok_or_else(|| CudaError::MissingKernel {
+            name: format!("the {self:?} tile of the tensor-core matmul for bf16 weights"),
+        })
+    }
+}
+
 /// Most buffers one launch binds.
 const MAX_ARGS: usize = 8;
 
@@ -779,30 +828,12 @@ impl CudaDevice {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
         };
-        let (family, kernel, bm, bn) = if m >= LGEMM_BM {
-            (
-                "linear_mma_gemm",
-                kernels::linear_mma_gemm(KvDtype::BF16),
-                LGEMM_BM,
-                LGEMM_BN,
-            )
-        } else if m >= LMMA_WIDE_BM {
-            (
-                "linear_mma_wide",
-                kernels::linear_mma_wide(KvDtype::BF16),
-                LMMA_WIDE_BM,
-                LMMA_WIDE_BN,
-            )
-        } else {
-            (
-                "linear_mma",
-                kernels::linear_mma(KvDtype::BF16),
-                LMMA_BM,
-                LMMA_BN,
-            )
-        };
-        let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
-            name: format!("{family} for bf16 weights"),
+        let tile = Bf16Tile::for_rows(m);
+        let (bm, bn) = (tile.rows(), tile.cols());
+        let kernel = tile.kernel(match tile {
+            Bf16Tile::Decode => kernels::linear_mma(KvDtype::BF16),
+            Bf16Tile::Wide => kernels::linear_mma_wide(KvDtype::BF16),
+            Bf16Tile::Prefill => kernels::linear_mma_gemm(KvDtype::BF16),
         })?;
         let mut args = Args::new(&self.inner.stream);
         let p = LinearMmaParams {
@@ -870,30 +901,12 @@ impl CudaDevice {
         let Some((m, k)) = shape else {
             return Ok(());
         };
-        let (family, kernel, bm, bn) = if m >= LGEMM_BM {
-            (
-                "linear_mma_gemm_group",
-                kernels::linear_mma_gemm_group(KvDtype::BF16),
-                LGEMM_BM,
-                LGEMM_BN,
-            )
-        } else if m >= LMMA_WIDE_BM {
-            (
-                "linear_mma_wide_group",
-                kernels::linear_mma_wide_group(KvDtype::BF16),
-                LMMA_WIDE_BM,
-                LMMA_WIDE_BN,
-            )
-        } else {
-            (
-                "linear_mma_group",
-                kernels::linear_mma_group(KvDtype::BF16),
-                LMMA_BM,
-                LMMA_BN,
-            )
-        };
-        let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
-            name: format!("{family} for bf16 weights"),
+        let tile = Bf16Tile::for_rows(m);
+        let (bm, bn) = (tile.rows(), tile.cols());
+        let kernel = tile.kernel(match tile {
+            Bf16Tile::Decode => kernels::linear_mma_group(KvDtype::BF16),
+            Bf16Tile::Wide => kernels::linear_mma_wide_group(KvDtype::BF16),
+            Bf16Tile::Prefill => kernels::linear_mma_gemm_group(KvDtype::BF16),
         })?;
         let blocks: Vec<usize> = ns.iter().map(|n| n.div_ceil(bn)).collect();
         let mut args = Args::new(&self.inner.stream);

@@ -25,19 +25,23 @@ using sim::Rng;
 // The three tiles, as src/backend/cuda/launch.rs names them.
 enum Shape { Small, Wide, Gemm };
 
-// Runs one tile's kernel over the whole grid.
-void launch_shape(const LinearMmaParams& p, Shape shape) {
-    const unsigned bm = shape == Gemm ? LGEMM_BM : shape == Wide ? LMMA_WIDE_BM : LMMA_BM;
-    const unsigned bn = shape == Gemm ? LGEMM_BN : shape == Wide ? LMMA_WIDE_BN : LMMA_BN;
-    const size_t smem_bytes = shape == Gemm ? (size_t)LgemmCfg::SMEM_BYTES
-                                            : sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>);
-    const unsigned gx = (p.n + bn - 1) / bn, gy = (p.m + bm - 1) / bm;
+// Rows and columns of a tile's block, and its shared memory.
+unsigned tile_rows(Shape s) { return s == Gemm ? LGEMM_BM : s == Wide ? LMMA_WIDE_BM : LMMA_BM; }
+unsigned tile_cols(Shape s) { return s == Gemm ? LGEMM_BN : s == Wide ? LMMA_WIDE_BN : LMMA_BN; }
+size_t tile_smem(Shape s) {
+    return s == Gemm ? (size_t)LgemmCfg::SMEM_BYTES
+                     : sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>);
+}
+
+// Runs `body` as every thread of a gx x gy grid of LMMA_THREADS-thread
+// blocks, one block at a time. Shared memory starts as NaN bytes: a read
+// of a slot nothing wrote shows.
+template <typename Body>
+void run_grid(unsigned gx, unsigned gy, size_t smem_bytes, Body body) {
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gx; ++bx) {
             std::barrier<> block(LMMA_THREADS);
             std::vector<sim::Warp> warps(LMMA_WARPS);
-            // Shared memory starts as NaN bytes: a read of a slot nothing
-            // wrote shows.
             std::vector<unsigned char> smem(smem_bytes, 0xff);
             std::vector<std::thread> threads;
             for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
@@ -45,12 +49,21 @@ void launch_shape(const LinearMmaParams& p, Shape shape) {
                     threadIdx = {t, 0, 0};
                     blockIdx = {bx, by, 0};
                     sim::ctx = {&warps[t / 32], &block, smem.data()};
-                    if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
-                    else if (shape == Wide) linear_mma_wide_body<__nv_bfloat16>(p);
-                    else linear_mma_body<__nv_bfloat16>(p);
+                    body();
                 });
             for (auto& th : threads) th.join();
         }
+}
+
+// Runs one tile's kernel over the whole grid.
+void launch_shape(const LinearMmaParams& p, Shape shape) {
+    const unsigned gx = (p.n + tile_cols(shape) - 1) / tile_cols(shape);
+    const unsigned gy = (p.m + tile_rows(shape) - 1) / tile_rows(shape);
+    run_grid(gx, gy, tile_smem(shape), [&] {
+        if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
+        else if (shape == Wide) linear_mma_wide_body<__nv_bfloat16>(p);
+        else linear_mma_body<__nv_bfloat16>(p);
+    });
 }
 
 // As the host launches it (src/backend/cuda/launch.rs): the prefill tile
@@ -144,30 +157,14 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
 
 // Runs a group launch (up to three products of one x) on one tile.
 void launch_group(const LinearMmaGroupParams& g, Shape shape) {
-    const unsigned bm = shape == Gemm ? LGEMM_BM : shape == Wide ? LMMA_WIDE_BM : LMMA_BM;
-    const size_t smem_bytes = shape == Gemm ? (size_t)LgemmCfg::SMEM_BYTES
-                                            : sizeof(LmmaSmem<LMMA_WIDE_BM / 16, LMMA_WIDE_BN / 8>);
-    const unsigned bn = shape == Gemm ? LGEMM_BN : shape == Wide ? LMMA_WIDE_BN : LMMA_BN;
+    const unsigned bn = tile_cols(shape);
     const unsigned blocks2 = g.n_groups == 3 ? (g.n2 + bn - 1) / bn : 0;
     const unsigned gx = g.blocks0 + (g.n_groups >= 2 ? g.blocks1 : 0) + blocks2;
-    const unsigned gy = (g.m + bm - 1) / bm;
-    for (unsigned by = 0; by < gy; ++by)
-        for (unsigned bx = 0; bx < gx; ++bx) {
-            std::barrier<> block(LMMA_THREADS);
-            std::vector<sim::Warp> warps(LMMA_WARPS);
-            std::vector<unsigned char> smem(smem_bytes, 0xff);
-            std::vector<std::thread> threads;
-            for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
-                threads.emplace_back([&, t] {
-                    threadIdx = {t, 0, 0};
-                    blockIdx = {bx, by, 0};
-                    sim::ctx = {&warps[t / 32], &block, smem.data()};
-                    if (shape == Gemm) linear_mma_gemm_group_body<__nv_bfloat16>(g);
-                    else if (shape == Wide) linear_mma_wide_group_body<__nv_bfloat16>(g);
-                    else linear_mma_group_body<__nv_bfloat16>(g);
-                });
-            for (auto& th : threads) th.join();
-        }
+    run_grid(gx, (g.m + tile_rows(shape) - 1) / tile_rows(shape), tile_smem(shape), [&] {
+        if (shape == Gemm) linear_mma_gemm_group_body<__nv_bfloat16>(g);
+        else if (shape == Wide) linear_mma_wide_group_body<__nv_bfloat16>(g);
+        else linear_mma_group_body<__nv_bfloat16>(g);
+    });
 }
 
 // Three products of one x (widths ns) in one group launch, as the host
@@ -186,7 +183,7 @@ bool run_group(uint32_t m, const uint32_t ns[3], uint32_t k, uint32_t n_groups, 
         launch(p);
     }
     const Shape shape = shape_for(m);
-    const unsigned bn = shape == Gemm ? LGEMM_BN : shape == Wide ? LMMA_WIDE_BN : LMMA_BN;
+    const unsigned bn = tile_cols(shape);
     LinearMmaGroupParams g{};
     g.x = x.data();
     g.m = m;
