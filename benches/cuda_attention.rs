@@ -57,8 +57,8 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use handoff::backend::cuda::{
-        CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena, PageTables,
-        PrefillKernel, SeqPages, Split, device_for_test,
+        CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena, LGEMM_BM,
+        LMMA_WIDE_BM, PageTables, PrefillKernel, SeqPages, Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
 
@@ -248,10 +248,13 @@ mod gpu {
                 let ms = time_ms(dev, 10, || dev.linear_bf16(&x, &w, n, &mut out))?;
                 let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
                 let gbps = (n * k * 2) as f64 / (ms * 1e-3) / 1e9;
-                let tile = match m {
-                    0..32 => "16 x 16",
-                    32..128 => "32 x 32",
-                    _ => "128 x 64 (pipelined)",
+                // As CudaDevice::linear_bf16 picks it.
+                let tile = if m >= LGEMM_BM {
+                    "128 x 64 (pipelined)"
+                } else if m >= LMMA_WIDE_BM {
+                    "32 x 32"
+                } else {
+                    "16 x 16"
                 };
                 println!(
                     "| {m} | {name} [{n} x {k}] | {tile} | {ms:.4} | {tflops:.1} | {gbps:.0} | {:.2} |",

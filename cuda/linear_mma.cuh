@@ -469,8 +469,8 @@ __device__ __forceinline__ void linear_mma_gemm_tiles(const LinearMmaParams& p, 
     cp_async_wait<0>();  // only empty groups remain
     // The phases with no k-block (k < 8 k-blocks): the other tiles' idle
     // warps add their zero sums too (x + 0 is not always x: -0 + 0 is +0).
-    for (uint32_t w = phases; w < (uint32_t)LMMA_WARPS; ++w) {
-        if (w == 0) continue;
+    // (None for phase 0: with no k-block at all, run is their warp 0's +0.)
+    for (uint32_t w = phases > 0 ? phases : 1; w < (uint32_t)LMMA_WARPS; ++w) {
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt)
 #pragma unroll

@@ -520,8 +520,6 @@ pub(crate) fn shape_err(
     }
 }
 
-/// Rows of a buffer of `len` elements given `cols`; errors unless `len` is a
-/// multiple of `cols`.
 /// `len` values make one RoPE row of `row_len` per position.
 pub(crate) fn check_rope_rows(
     len: usize,
@@ -540,6 +538,8 @@ pub(crate) fn check_rope_rows(
     Ok(())
 }
 
+/// Rows of a buffer of `len` elements given `cols`; errors unless `len` is a
+/// multiple of `cols`.
 pub(crate) fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize, BackendError> {
     if cols == 0 || !len.is_multiple_of(cols) {
         return Err(shape_err(

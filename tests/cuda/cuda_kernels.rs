@@ -1546,13 +1546,22 @@ fn q_k_and_v_in_one_launch_have_the_bits_of_three_launches() {
             }
         }
     }
-    // Products of different depths cannot share a launch.
+    // Products of different depths cannot share a launch: one row of x at
+    // depth 256 is two rows at depth 128, and each product's own shape
+    // checks out, but not together.
     let short = dev.upload(&vec![0u16; 8 * 128]).unwrap();
     let x = dev.upload(&rng.vec(k, 1.0)).unwrap();
-    let mut outs = vec![dev.zeros::<f32>(128).unwrap(), dev.zeros::<f32>(8).unwrap()];
+    let mut outs = vec![
+        dev.zeros::<f32>(128).unwrap(),
+        dev.zeros::<f32>(2 * 8).unwrap(),
+    ];
     assert!(matches!(
         dev.linear_bf16_many(&x, &[&ws[0], &short], &[128, 8], &mut outs),
-        Err(CudaError::Shape { .. })
+        Err(CudaError::Shape {
+            expected: 256,
+            got: 128,
+            ..
+        })
     ));
 }
 

@@ -669,7 +669,7 @@ impl Backend for CudaBackend {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             out.ensure(&self.dev, m * w.rows)?;
         }
-        let ns: Vec<usize> = ws.iter().map(|w| w.rows).collect();
+        let ns = ws.map(|w| w.rows);
         let mut views = outs
             .iter_mut()
             .map(|o| o.view_mut())

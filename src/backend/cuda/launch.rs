@@ -908,7 +908,8 @@ impl CudaDevice {
             Bf16Tile::Wide => kernels::linear_mma_wide_group(KvDtype::BF16),
             Bf16Tile::Prefill => kernels::linear_mma_gemm_group(KvDtype::BF16),
         })?;
-        let blocks: Vec<usize> = ns.iter().map(|n| n.div_ceil(bn)).collect();
+        // Column blocks of product i (0 past the last).
+        let blocks = |i: usize| ns.get(i).map_or(0, |n| n.div_ceil(bn));
         let mut args = Args::new(&self.inner.stream);
         let mut p = LinearMmaGroupParams {
             x: args.read(x),
@@ -929,11 +930,11 @@ impl CudaDevice {
                 _ => (p.w2, p.out2, p.n2) = (w, out, n),
             }
         }
-        p.blocks0 = to_u32("matmul column blocks", blocks[0])?;
-        p.blocks1 = to_u32("matmul column blocks", blocks.get(1).copied().unwrap_or(0))?;
+        p.blocks0 = to_u32("matmul column blocks", blocks(0))?;
+        p.blocks1 = to_u32("matmul column blocks", blocks(1))?;
         let Some(grid) = grid(
             "grouped tensor-core matmul blocks (columns, rows)",
-            blocks.iter().sum(),
+            (0..count).map(blocks).sum(),
             m.div_ceil(bm),
             1,
         )?

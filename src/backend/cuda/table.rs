@@ -102,11 +102,11 @@ pub const LMMA_WIDE_BN: usize = 32;
 /// Rows of x per block of the prefill tensor-core matmul (from this many
 /// rows on, the host launches it).
 pub const LGEMM_BM: usize = 128;
-/// Products one grouped tensor-core matmul launch runs (q, k and v).
-pub const LMMA_GROUPS: usize = 3;
 /// Output columns per block of the prefill tensor-core matmul.
 pub const LGEMM_BN: usize = 64;
-/// Shared-memory stages of its cp.async pipeline.
+/// Products one grouped tensor-core matmul launch runs (q, k and v).
+pub const LMMA_GROUPS: usize = 3;
+/// Shared-memory stages of the prefill matmul's cp.async pipeline.
 pub const LGEMM_STAGES: usize = 3;
 /// Its dynamic shared memory: per stage, an x tile of LGEMM_BM rows of 32
 /// f32 padded to 36, and a weight tile of LGEMM_BN rows of 32 bf16.
