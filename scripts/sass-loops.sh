@@ -29,7 +29,9 @@ fi
 bin="$(echo "$venv"/lib/python*/site-packages/nvidia/cu13/bin)"
 chmod +x "$bin"/* 2>/dev/null || true
 
-gen="$(dirname "$(find "$root/target" -path '*cuda-gen*' -name "${src%.cu}_kernels.cuh" | head -1)")"
+# The newest generated headers (several builds leave several out/ dirs).
+gen="$(dirname "$(find "$root/target" -path '*cuda-gen*' -name "${src%.cu}_kernels.cuh" -printf '%T@ %p\n' |
+  sort -rn | head -1 | cut -d' ' -f2-)")"
 [[ -d "$gen" ]] || { echo "sass-loops: no generated headers; run cargo build --features cuda" >&2; exit 1; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
