@@ -8,7 +8,11 @@
 // f32 KV and the other head dims): row r of the block is position
 // q0 + r / group, head kvh * group + r % group, so each K/V tile is loaded
 // once for the whole group. Each of the 4 warps owns 16 rows
-// (PMMA_BM = 64 per block); K/V tiles hold PMMA_BN = 64 positions.
+// (PMMA_BM = 64 per block); K/V tiles hold PMMA_BN = 64 positions. The
+// wide form (prefill_mma_wide) gives each warp two m-tiles of 16 rows
+// (PMMA_WIDE_BM = 128 per block): each K/V tile copied once for twice the
+// rows, each K and V fragment feeding two mma, Q's fragments re-read from
+// shared memory per k-step instead of held in registers.
 //
 // K/V tiles are double-buffered: the block's cp.async copies of tile i + 1
 // (cuda/pipeline.cuh) are in flight while its warps compute on tile i.
@@ -51,21 +55,29 @@ namespace handoff {
 
 constexpr int PMMA_WARPS = 4;
 constexpr int PMMA_THREADS = PMMA_WARPS * 32;
-constexpr int PMMA_BM = PMMA_WARPS * 16;  // rows per block
+constexpr int PMMA_BM = PMMA_WARPS * 16;  // rows per block (2x for the wide kernel)
+constexpr int PMMA_WIDE_BM = 2 * PMMA_BM;
 constexpr int PMMA_BN = 64;               // keys per tile
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, int MT = 1>
 struct PmmaCfg {
+    static constexpr int BM = PMMA_WARPS * 16 * MT;  // rows per block
     static constexpr int LD = HEAD_DIM + 8;   // padded shared row (elements): conflict-free fragments
     static constexpr int KSTEPS = HEAD_DIM / 16;
     static constexpr int DTILES = HEAD_DIM / 8;  // output n-tiles
     static constexpr int NTILES = PMMA_BN / 8;   // score n-tiles
     // Dynamic shared memory: Q tile, then two buffers of a K and a V tile,
     // 2-byte elements.
-    static constexpr int SMEM_BYTES = (PMMA_BM + 2 * 2 * PMMA_BN) * LD * 2;
+    static constexpr int SMEM_BYTES = (BM + 2 * 2 * PMMA_BN) * LD * 2;
     static_assert(HEAD_DIM % 32 == 0, "pairs of k-steps and of d-tiles per ldmatrix");
     static_assert(LD * 2 % 16 == 0, "16-byte aligned rows for cp.async and ldmatrix");
+    static_assert(MT == 1 || MT == 2, "one or two m-tiles a warp");
 };
+
+// The wide kernel's configuration (the kernel table names one template
+// parameter per configuration).
+template <int HEAD_DIM>
+struct PmmaWideCfg : PmmaCfg<HEAD_DIM, 2> {};
 
 // Two adjacent 16-bit elements (4-byte aligned) as one register.
 template <typename T>
@@ -73,19 +85,25 @@ __device__ __forceinline__ uint32_t ld_pair(const T* p) {
     return *reinterpret_cast<const uint32_t*>(p);
 }
 
-template <typename T, int HEAD_DIM>
-__device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
-    using C = PmmaCfg<HEAD_DIM>;
+// The kernel body for MT m-tiles (16 rows each) per warp: PMMA_BM = 64
+// rows per block for MT = 1 (Q's fragments held in registers), 128 for
+// MT = 2 (the wide kernel; Q's fragments re-read from shared memory each
+// k-step, as the registers hold two m-tiles' S and O). Each row's arithmetic
+// is the same in both, in the same order: their outputs have the same bits.
+template <typename T, int HEAD_DIM, int MT>
+__device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
+    using C = PmmaCfg<HEAD_DIM, MT>;
     constexpr int LD = C::LD, KSTEPS = C::KSTEPS, DTILES = C::DTILES, NTILES = C::NTILES;
+    constexpr int BM = C::BM, WROWS = 16 * MT;  // rows per block, per warp
     constexpr int VEC = 8;  // elements per 16-byte load
-    T* q_s = reinterpret_cast<T*>(dyn_smem());  // [PMMA_BM][LD]
-    T* kv_s = q_s + PMMA_BM * LD;              // [2 buffers][K|V][PMMA_BN][LD]
+    T* q_s = reinterpret_cast<T*>(dyn_smem());  // [BM][LD]
+    T* kv_s = q_s + BM * LD;                    // [2 buffers][K|V][PMMA_BN][LD]
 
     const uint32_t tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tig = lane & 3;  // mma fragment coordinates
     const uint32_t group = p.group;
-    const uint32_t qt = PMMA_BM / group;  // query positions per block
+    const uint32_t qt = BM / group;  // query positions per block
     const uint32_t q_first = p.q_indptr[b];
     const uint32_t q_len = p.q_indptr[b + 1] - q_first;
     const uint32_t q0 = tile * qt;
@@ -130,7 +148,7 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     load_tile(0);  // in flight while Q is staged
 
     // Q tile, scaled into the log2 domain and rounded to T.
-    for (uint32_t idx = threadIdx.x; idx < PMMA_BM * HEAD_DIM / 2; idx += PMMA_THREADS) {
+    for (uint32_t idx = threadIdx.x; idx < BM * HEAD_DIM / 2; idx += PMMA_THREADS) {
         const uint32_t r = idx / (HEAD_DIM / 2), d = 2 * (idx % (HEAD_DIM / 2));
         float x0 = 0.0f, x1 = 0.0f;
         if (r < n_rows) {
@@ -144,35 +162,52 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     }
     __syncthreads();
 
-    // This warp's rows: r_a = warp*16 + g and r_b = r_a + 8.
-    const uint32_t r_a = warp * 16 + g, r_b = r_a + 8;
-    const uint32_t lim_a = r_a < n_rows ? past + q0 + r_a / group : 0;
-    const uint32_t lim_b = r_b < n_rows ? past + q0 + r_b / group : 0;
-    const bool ok_a = r_a < n_rows, ok_b = r_b < n_rows;
-    const uint32_t warp_last_row = min((uint32_t)(warp * 16 + 15), n_rows - 1);
-    const bool warp_active = (uint32_t)(warp * 16) < n_rows;
-    const uint32_t warp_limit = past + q0 + warp_last_row / group;  // last key any row sees
-    // Last key every row of the warp sees (0 unless all 16 rows are real):
-    // tiles up to it need no mask.
-    const uint32_t warp_full_limit = (uint32_t)(warp * 16 + 15) < n_rows ? past + q0 + (warp * 16) / group : 0;
-
-    uint32_t qf[KSTEPS][4];
+    // This warp's rows: m-tile mt holds rows r(mt, 0) = warp * WROWS + 16 mt
+    // + g and r(mt, 1) = that + 8; vis: one past the last key each sees (0
+    // for a padding row past n_rows, which sees none).
+    uint32_t vis[MT][2];
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-        const T* base = q_s + (warp * 16) * LD + ks * 16 + tig * 2;
-        qf[ks][0] = ld_pair(base + g * LD);
-        qf[ks][1] = ld_pair(base + (g + 8) * LD);
-        qf[ks][2] = ld_pair(base + g * LD + 8);
-        qf[ks][3] = ld_pair(base + (g + 8) * LD + 8);
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t r = warp * WROWS + 16 * mt + 8 * h + g;
+            vis[mt][h] = r < n_rows ? past + q0 + r / group + 1 : 0;
+        }
     }
-
-    float o[DTILES][4];
-#pragma unroll
-    for (int i = 0; i < DTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+    const uint32_t warp_last_row = min((uint32_t)(warp * WROWS + WROWS - 1), n_rows - 1);
+    const bool warp_active = (uint32_t)(warp * WROWS) < n_rows;
+    const uint32_t warp_limit = past + q0 + warp_last_row / group;  // last key any row sees
+    // Last key every row of the warp sees (0 unless all its rows are real):
+    // tiles up to it need no mask.
+    const uint32_t warp_full_limit =
+        (uint32_t)(warp * WROWS + WROWS - 1) < n_rows ? past + q0 + (warp * WROWS) / group : 0;
 
     // ldmatrix: this lane names row r8 of matrix mi of each x4.
     const int mi = lane >> 3, r8 = lane & 7;
+    // Q's A fragments: held for MT = 1; for MT = 2 re-read per k-step by
+    // ldmatrix (matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15)).
+    uint32_t qf[MT == 1 ? KSTEPS : 1][4];
+    const T* q_lane = q_s + (warp * WROWS + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
+    if constexpr (MT == 1) {
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            const T* base = q_s + (warp * 16) * LD + ks * 16 + tig * 2;
+            qf[ks][0] = ld_pair(base + g * LD);
+            qf[ks][1] = ld_pair(base + (g + 8) * LD);
+            qf[ks][2] = ld_pair(base + g * LD + 8);
+            qf[ks][3] = ld_pair(base + (g + 8) * LD + 8);
+        }
+    }
+
+    float o[MT][DTILES][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < DTILES; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
 
     for (uint32_t i = 0; i < n_tiles; ++i) {
         load_tile(i + 1);     // into the buffer tile i - 1 used (released below)
@@ -182,99 +217,141 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
         const T* k_s = kv_s + (i % 2) * 2 * PMMA_BN * LD;
         const T* v_s = k_s + PMMA_BN * LD;
         if (warp_active && warp_limit >= kt0) {  // warp-uniform: else the tile is all in the future
-            // S = Q Kᵀ for 16 rows x PMMA_BN keys; matrices of an x4: (keys of
-            // n-tile nt) x (dims 0-7 | 8-15 of k-step 2 sp | of 2 sp + 1).
-            float s[NTILES][4];
+            // S = Q Kᵀ for WROWS rows x PMMA_BN keys; matrices of a K x4:
+            // (keys of n-tile nt) x (dims 0-7 | 8-15 of k-step 2 sp | of 2 sp
+            // + 1). Every s[mt][nt] sums its k-steps in ascending order.
+            float s[MT][NTILES][4];
 #pragma unroll
-            for (int nt = 0; nt < NTILES; ++nt) {
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-                const T* krow = k_s + (nt * 8 + r8) * LD + mi * 8;
+            for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                for (int sp = 0; sp < KSTEPS / 2; ++sp) {
-                    uint32_t kb[4];
-                    ldmatrix_x4(kb, krow + sp * 32);
-                    MmaOp<T>::run(s[nt], qf[2 * sp], kb[0], kb[1]);
-                    MmaOp<T>::run(s[nt], qf[2 * sp + 1], kb[2], kb[3]);
-                }
+                for (int nt = 0; nt < NTILES; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
             }
-
-            // Causal mask and the online softmax (rows a and b of this thread).
-            // Warp-uniform: a tile every row sees whole (all but the
-            // diagonal's) is not masked.
-            if (warp_full_limit == 0 || kt0 + PMMA_BN - 1 > warp_full_limit) {
+            if constexpr (MT == 1) {
 #pragma unroll
                 for (int nt = 0; nt < NTILES; ++nt) {
+                    const T* krow = k_s + (nt * 8 + r8) * LD + mi * 8;
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
-                        if (!ok_a || t > lim_a) s[nt][e] = -INFINITY;
-                        if (!ok_b || t > lim_b) s[nt][2 + e] = -INFINITY;
+                    for (int sp = 0; sp < KSTEPS / 2; ++sp) {
+                        uint32_t kb[4];
+                        ldmatrix_x4(kb, krow + sp * 32);
+                        MmaOp<T>::run(s[0][nt], qf[2 * sp], kb[0], kb[1]);
+                        MmaOp<T>::run(s[0][nt], qf[2 * sp + 1], kb[2], kb[3]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int sp = 0; sp < KSTEPS / 2; ++sp) {
+                    uint32_t qa[MT][2][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        ldmatrix_x4(qa[mt][0], q_lane + mt * 16 * LD + sp * 32);
+                        ldmatrix_x4(qa[mt][1], q_lane + mt * 16 * LD + sp * 32 + 16);
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NTILES; ++nt) {
+                        uint32_t kb[4];
+                        ldmatrix_x4(kb, k_s + (nt * 8 + r8) * LD + mi * 8 + sp * 32);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            MmaOp<T>::run(s[mt][nt], qa[mt][0], kb[0], kb[1]);
+                            MmaOp<T>::run(s[mt][nt], qa[mt][1], kb[2], kb[3]);
+                        }
                     }
                 }
             }
-            float mx_a = -INFINITY, mx_b = -INFINITY;
+
+            // Causal mask. Warp-uniform: a tile every row sees whole (all
+            // but the diagonal's) is not masked.
+            if (warp_full_limit == 0 || kt0 + PMMA_BN - 1 > warp_full_limit) {
 #pragma unroll
-            for (int nt = 0; nt < NTILES; ++nt) {
-                mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
-                mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
+                for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const uint32_t t = kt0 + nt * 8 + tig * 2 + e;
+                            if (t >= vis[mt][0]) s[mt][nt][e] = -INFINITY;
+                            if (t >= vis[mt][1]) s[mt][nt][2 + e] = -INFINITY;
+                        }
+                    }
+                }
             }
+
+            // The online softmax of each m-tile's rows a (h = 0) and b (h = 1).
 #pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-            }
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            // A row with nothing visible yet keeps m = -inf: use 0 as its base.
-            const float base_a = mn_a == -INFINITY ? 0.0f : mn_a;
-            const float base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float alpha_a = fast_exp2(m_a - base_a), alpha_b = fast_exp2(m_b - base_b);
-            m_a = mn_a;
-            m_b = mn_b;
-            float sum_a = 0.0f, sum_b = 0.0f;
+            for (int mt = 0; mt < MT; ++mt) {
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int nt = 0; nt < NTILES; ++nt) {
-                s[nt][0] = fast_exp2(s[nt][0] - base_a);
-                s[nt][1] = fast_exp2(s[nt][1] - base_a);
-                s[nt][2] = fast_exp2(s[nt][2] - base_b);
-                s[nt][3] = fast_exp2(s[nt][3] - base_b);
-                sum_a += s[nt][0] + s[nt][1];
-                sum_b += s[nt][2] + s[nt][3];
-            }
+                for (int nt = 0; nt < NTILES; ++nt) {
+                    mx[0] = fmaxf(mx[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
+                    mx[1] = fmaxf(mx[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
+                }
 #pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-                sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
-                sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
-            }
-            l_a = l_a * alpha_a + sum_a;
-            l_b = l_b * alpha_b + sum_b;
-            // Rescale only when some row's maximum moved (alpha is exactly 1
-            // otherwise, and x * 1 is x: the same bits either way).
-            if (__any_sync(0xffffffffu, alpha_a != 1.0f || alpha_b != 1.0f)) {
+                for (int off = 1; off < 4; off <<= 1) {
+                    mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off));
+                    mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
+                }
+                float base[2], alpha[2];
 #pragma unroll
-                for (int dt = 0; dt < DTILES; ++dt) {
-                    o[dt][0] *= alpha_a;
-                    o[dt][1] *= alpha_a;
-                    o[dt][2] *= alpha_b;
-                    o[dt][3] *= alpha_b;
+                for (int h = 0; h < 2; ++h) {
+                    const float mn = fmaxf(m[mt][h], mx[h]);
+                    // A row with nothing visible yet keeps m = -inf: use 0 as its base.
+                    base[h] = mn == -INFINITY ? 0.0f : mn;
+                    alpha[h] = fast_exp2(m[mt][h] - base[h]);
+                    m[mt][h] = mn;
+                }
+                float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int nt = 0; nt < NTILES; ++nt) {
+                    s[mt][nt][0] = fast_exp2(s[mt][nt][0] - base[0]);
+                    s[mt][nt][1] = fast_exp2(s[mt][nt][1] - base[0]);
+                    s[mt][nt][2] = fast_exp2(s[mt][nt][2] - base[1]);
+                    s[mt][nt][3] = fast_exp2(s[mt][nt][3] - base[1]);
+                    sum[0] += s[mt][nt][0] + s[mt][nt][1];
+                    sum[1] += s[mt][nt][2] + s[mt][nt][3];
+                }
+#pragma unroll
+                for (int off = 1; off < 4; off <<= 1) {
+                    sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], off);
+                    sum[1] += __shfl_xor_sync(0xffffffffu, sum[1], off);
+                }
+                l[mt][0] = l[mt][0] * alpha[0] + sum[0];
+                l[mt][1] = l[mt][1] * alpha[1] + sum[1];
+                // Rescale only when some row's maximum moved (alpha is exactly 1
+                // otherwise, and x * 1 is x: the same bits either way).
+                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                    for (int dt = 0; dt < DTILES; ++dt) {
+                        o[mt][dt][0] *= alpha[0];
+                        o[mt][dt][1] *= alpha[0];
+                        o[mt][dt][2] *= alpha[1];
+                        o[mt][dt][3] *= alpha[1];
+                    }
                 }
             }
 
             // O += P V: keys in k-steps of 16 (two score n-tiles per A fragment).
 #pragma unroll
             for (int kk = 0; kk < PMMA_BN / 16; ++kk) {
-                uint32_t pa[4];
-                pa[0] = MmaOp<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                pa[1] = MmaOp<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                pa[2] = MmaOp<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pa[3] = MmaOp<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    pa[mt][0] = MmaOp<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = MmaOp<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = MmaOp<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = MmaOp<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
                 // Matrices (keys 0-7 | 8-15 of the k-step) x (d-tile 2 j | 2 j + 1).
                 const T* vrow = v_s + (kk * 16 + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
 #pragma unroll
                 for (int j = 0; j < DTILES / 2; ++j) {
                     uint32_t vb[4];
                     ldmatrix_x4_trans(vb, vrow + j * 16);
-                    MmaOp<T>::run(o[2 * j], pa, vb[0], vb[1]);
-                    MmaOp<T>::run(o[2 * j + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        MmaOp<T>::run(o[mt][2 * j], pa[mt], vb[0], vb[1]);
+                        MmaOp<T>::run(o[mt][2 * j + 1], pa[mt], vb[2], vb[3]);
+                    }
                 }
             }
         }
@@ -282,23 +359,37 @@ __device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
     }
     cp_async_wait<0>();  // only an empty group remains
 
-    // out = O / l for the thread's two rows.
-    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
-    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+    // out = O / l for the thread's rows.
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const uint32_t r = half ? r_b : r_a;
-        if (r >= n_rows) continue;
-        const float inv = half ? inv_b : inv_a;
-        const uint64_t row = q_first + q0 + r / group;
-        const uint32_t head = kvh * group + r % group;
-        float* dst = p.out + (row * p.n_heads + head) * HEAD_DIM + tig * 2;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int dt = 0; dt < DTILES; ++dt) {
-            *reinterpret_cast<float2*>(dst + dt * 8) =
-                make_float2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t r = warp * WROWS + 16 * mt + 8 * h + g;
+            if (r >= n_rows) continue;
+            const float inv = l[mt][h] > 0.0f ? 1.0f / l[mt][h] : 0.0f;
+            const uint64_t row = q_first + q0 + r / group;
+            const uint32_t head = kvh * group + r % group;
+            float* dst = p.out + (row * p.n_heads + head) * HEAD_DIM + tig * 2;
+#pragma unroll
+            for (int dt = 0; dt < DTILES; ++dt) {
+                *reinterpret_cast<float2*>(dst + dt * 8) =
+                    make_float2(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+            }
         }
     }
+}
+
+// The kernel of 64 rows a block (one m-tile a warp).
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void prefill_mma(const PrefillParams& p) {
+    prefill_mma_rows<T, HEAD_DIM, 1>(p);
+}
+
+// The wide kernel: 128 rows a block (two m-tiles a warp), each K/V tile
+// loaded once for twice the rows and each K/V fragment feeding two mma.
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void prefill_mma_wide(const PrefillParams& p) {
+    prefill_mma_rows<T, HEAD_DIM, 2>(p);
 }
 
 }  // namespace handoff

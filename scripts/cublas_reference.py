@@ -40,6 +40,8 @@ def main():
     bench = open(sys.argv[1]).read() if len(sys.argv) > 1 else ""
     m = re.search(r"^prefill_tc_tflops_8k=([0-9.]+)$", bench, re.M)
     prefill = float(m.group(1)) if m else None
+    m = re.search(r"^prefill_tc_wide_tflops_8k=([0-9.]+)$", bench, re.M)
+    wide = float(m.group(1)) if m else None
     try:
         import torch
     except ImportError as e:
@@ -79,6 +81,10 @@ def main():
               f" ({prefill / 989.0:.3f} of the 989 TFLOP/s bf16 peak)")
         # Issue 16's figure: the share of cuBLAS on the QK^T shape of the same prefill.
         print(f"prefill_cublas_share_8k={prefill / qk:.3f}")
+    if wide is not None:
+        # The wide kernel (128 rows a block, the same bits), not yet Auto's choice.
+        print(f"prefill_wide_cublas_share_8k={wide / qk:.3f}"
+              f" ({wide:.1f} TFLOP/s, {wide / 989.0:.3f} of the bf16 peak)")
     dense_against_cublas(bench, dev)
     return 0 if prefill is not None else 1
 

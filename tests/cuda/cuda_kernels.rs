@@ -895,6 +895,9 @@ fn prefill_handles_odd_groups_and_long_prompts() {
 // reading a slot it was not given still fails on NaN, whatever the
 // tolerance.
 
+/// Both tensor-core prefill kernels: the 64-row one and the wide one.
+const MMA_PREFILLS: [PrefillKernel; 2] = [PrefillKernel::TensorCore, PrefillKernel::TensorCoreWide];
+
 fn mma_rtol(dtype: KvDtype) -> f64 {
     match dtype {
         KvDtype::BF16 => 8.0 * 2f64.powi(-8),
@@ -916,16 +919,20 @@ fn tensor_core_prefill_matches_reference_for_ragged_batches_on_scattered_pages()
             for ps in [16, 64] {
                 let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &kv_lens);
                 for group in [1, 4, 8] {
-                    check_prefill_with(
-                        &dev,
-                        &mut rng,
-                        &sc,
-                        &q_lens,
-                        2 * group,
-                        PrefillKernel::TensorCore,
-                        mma_rtol(dtype),
-                        &format!("mma prefill {dtype:?} hd {hd} page {ps} group {group}"),
-                    );
+                    for kernel in MMA_PREFILLS {
+                        check_prefill_with(
+                            &dev,
+                            &mut rng,
+                            &sc,
+                            &q_lens,
+                            2 * group,
+                            kernel,
+                            mma_rtol(dtype),
+                            &format!(
+                                "{kernel:?} prefill {dtype:?} hd {hd} page {ps} group {group}"
+                            ),
+                        );
+                    }
                 }
             }
         }
@@ -945,16 +952,54 @@ fn tensor_core_prefill_handles_odd_and_large_groups_and_long_prompts() {
         (2, 1, 1, 16),
     ] {
         let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 2, 128), ps, &[kv_len, 9]);
-        check_prefill_with(
-            &dev,
-            &mut rng,
-            &sc,
-            &[q_len, 9],
-            2 * group,
-            PrefillKernel::TensorCore,
-            mma_rtol(KvDtype::BF16),
-            &format!("mma prefill group {group} kv {kv_len} q {q_len} page {ps}"),
-        );
+        for kernel in MMA_PREFILLS {
+            check_prefill_with(
+                &dev,
+                &mut rng,
+                &sc,
+                &[q_len, 9],
+                2 * group,
+                kernel,
+                mma_rtol(KvDtype::BF16),
+                &format!("{kernel:?} prefill group {group} kv {kv_len} q {q_len} page {ps}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn wide_tensor_core_prefill_has_the_bits_of_the_64_row_kernel() {
+    // The wide kernel gives each warp two m-tiles of rows instead of one;
+    // every row's arithmetic is the same, in the same order, so a prompt's
+    // output must not change in its last bit with the kernel.
+    let dev = gpu!("wide_tensor_core_prefill_has_the_bits_of_the_64_row_kernel");
+    let mut rng = Rng(33);
+    for dtype in [KvDtype::F16, KvDtype::BF16] {
+        for hd in PREFILL_MMA_HEAD_DIMS {
+            for (group, ps) in [(1, 16), (3, 64), (4, 16), (8, 64)] {
+                let kv_lens = [300, 80, 1, 517];
+                let q_lens = [300, 33, 1, 200];
+                let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &kv_lens);
+                let arena = sc.arena.upload(&dev);
+                let tables = PageTables::new(&dev, &arena, &sc.seqs(&q_lens)).unwrap();
+                let n_heads = 2 * group;
+                let total_q: usize = q_lens.iter().sum();
+                let q = dev.upload(&rng.vec(total_q * n_heads * hd, 2.0)).unwrap();
+                let run = |kernel| {
+                    let mut out = dev.upload(&vec![f32::NAN; total_q * n_heads * hd]).unwrap();
+                    let ran = dev
+                        .prefill_attention_with(&arena, 1, &tables, n_heads, &q, &mut out, kernel)
+                        .unwrap();
+                    assert_eq!(ran, kernel);
+                    dev.download(&out).unwrap()
+                };
+                assert_eq!(
+                    bits(&run(PrefillKernel::TensorCoreWide)),
+                    bits(&run(PrefillKernel::TensorCore)),
+                    "{dtype:?} hd {hd} group {group} page {ps}"
+                );
+            }
+        }
     }
 }
 
@@ -995,7 +1040,9 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
             }
         }
     }
-    // 65 query heads per KV head: more than either kernel's row tile.
+    // 65 query heads per KV head: more than the scalar and the 64-row
+    // kernels' row tiles, which Auto chooses from; the wide kernel's 128
+    // rows hold them when asked for.
     let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 1, 64), 16, &[3]);
     let arena = sc.arena.upload(&dev);
     let tables = PageTables::new(&dev, &arena, &sc.seqs(&[3])).unwrap();
@@ -1005,6 +1052,9 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
         dev.prefill_attention(&arena, 0, &tables, 65, &q, &mut out),
         Err(CudaError::Unsupported { .. })
     ));
+    let wide = PrefillKernel::TensorCoreWide;
+    let ran = dev.prefill_attention_with(&arena, 0, &tables, 65, &q, &mut out, wide);
+    assert_eq!(ran.unwrap(), wide);
 }
 
 // -------------------------------------------------------------- KV append

@@ -14,7 +14,9 @@
 //! emulator lands each cp.async copy only at its wait, so a tile read
 //! before it has landed is NaN), and compares every output with an f64
 //! reference at the tolerance the GPU test uses (8 unit roundoffs of the KV
-//! dtype). A stray read turns an output NaN and fails the case.
+//! dtype). A stray read turns an output NaN and fails the case. The wide
+//! kernel (two m-tiles a warp, 128 rows a block) runs on the same cases and
+//! must give the 64-row kernel's output bit for bit.
 //!
 //! The emulator does not model memory ordering or timing; the GPU tests in
 //! tests/cuda_kernels.rs remain the word on the real hardware.

@@ -90,12 +90,12 @@ mod tests {
         // decode 3 x 6 x 4, prefill 3 x 6, append 3, merge, scrub, rms_norm,
         // rope, swiglu, embedding 2, argmax, sample_rows, row_logprobs,
         // linear, linear_mma, add_periodic, xxh3_ranges, page_checksums,
-        // tensor-core prefill 2 x 2, tensor-core decode 2 x 2 x 2,
+        // tensor-core prefill 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2,
         // linear_mma_wide, linear_mma_gemm; the three group launches: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 2 + 3
+            72 + 18 + 3 + 10 + 3 + 2 + 4 + 4 + 8 + 2 + 3
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -121,6 +121,7 @@ mod tests {
                 assert_eq!(prefill_attention(d, hd).is_some(), HEAD_DIMS.contains(&hd));
                 let mma = d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
                 assert_eq!(prefill_mma(d, hd).is_some(), mma, "{d:?} {hd}");
+                assert_eq!(prefill_mma_wide(d, hd).is_some(), mma, "{d:?} {hd}");
             }
             assert!(kv_append(d).is_some());
         }
@@ -142,6 +143,9 @@ mod tests {
         assert_eq!(mma, Some((128, (64 + 4 * 64) * 72 * 2)));
         let mma = prefill_mma(KvDtype::F16, 128).map(|k| spec(k.id()));
         assert_eq!(mma, Some((128, (64 + 4 * 64) * 136 * 2)));
+        // The wide kernel: a Q tile of 128 rows.
+        let wide = prefill_mma_wide(KvDtype::BF16, 128).map(|k| spec(k.id()));
+        assert_eq!(wide, Some((128, (128 + 4 * 64) * 136 * 2)));
         // Four warps, each with three stages of a K and a V tile of 16 rows.
         let mma = decode_mma(KvDtype::BF16, 128, 8).map(|k| spec(k.id()));
         assert_eq!(mma, Some((128, 4 * 3 * 2 * 16 * 128 * 2)));

@@ -419,8 +419,7 @@ impl CudaDevice {
     }
 
     /// [`CudaDevice::prefill_attention`] with the kernel chosen by `kernel`;
-    /// returns the one that ran ([`PrefillKernel::Scalar`] or
-    /// [`PrefillKernel::TensorCore`]).
+    /// returns the one that ran (never [`PrefillKernel::Auto`]).
     #[allow(clippy::too_many_arguments)]
     pub fn prefill_attention_with(
         &self,
@@ -461,9 +460,9 @@ impl CudaDevice {
         // with every page inside it, each sequence's kv_len covered by its
         // pages and q_len <= kv_len; the kernel matches dtype and head_dim.
         // Scalar: group <= 32 rows per tile. Tensor cores: group <= 64 rows
-        // per block; q and out 8-byte aligned (checked) for its float2
-        // accesses; KV rows are 16-byte multiples (arena invariant) for its
-        // 16-byte loads.
+        // per block (128 for the wide kernel); q and out 8-byte aligned
+        // (checked) for their float2 accesses; KV rows are 16-byte
+        // multiples (arena invariant) for their 16-byte loads.
         self.launch(kernel, &params, grid, args)?;
         Ok(plan.chosen)
     }

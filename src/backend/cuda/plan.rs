@@ -16,7 +16,7 @@ use super::CudaError;
 use super::kernels::{self, Kernel};
 use super::params::{DecodeParams, MergeParams, PrefillParams};
 use super::table::{
-    DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, PMMA_BM,
+    DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, PMMA_BM, PMMA_WIDE_BM,
     PREFILL_MMA_HEAD_DIMS, PREFILL_ROWS,
 };
 use crate::{KvDtype, KvGeometry};
@@ -76,8 +76,15 @@ pub enum PrefillKernel {
     Auto,
     /// The scalar f32 kernel (every dtype and head dim): the reference.
     Scalar,
-    /// The tensor-core (mma.sync) kernel; refused where not compiled.
+    /// The tensor-core (mma.sync) kernel, 64 (position, head) rows a block;
+    /// refused where not compiled.
     TensorCore,
+    /// The wide tensor-core kernel: 128 rows a block, two m-tiles a warp,
+    /// so each K/V tile and fragment serves twice the rows. Its outputs
+    /// have the bits of [`PrefillKernel::TensorCore`]'s (each row's
+    /// arithmetic is the same); refused where not compiled. Not yet what
+    /// `Auto` picks: it has not been timed on a GPU.
+    TensorCoreWide,
 }
 
 /// Blocks of a launch, (x, y, z).
@@ -416,8 +423,7 @@ pub(crate) fn decode(
 /// What one prefill attention call launches.
 #[derive(Debug)]
 pub(crate) struct PrefillPlan {
-    /// The kernel chosen ([`PrefillKernel::Scalar`] or
-    /// [`PrefillKernel::TensorCore`]).
+    /// The kernel chosen (never [`PrefillKernel::Auto`]).
     pub chosen: PrefillKernel,
     /// `None` when the grid is empty (nothing to launch).
     pub step: Option<Step<PrefillParams>>,
@@ -435,20 +441,32 @@ pub(crate) fn prefill(
     out_len: usize,
     choice: PrefillKernel,
 ) -> Result<PrefillPlan, CudaError> {
-    let mma = kernels::prefill_mma(a.dtype, a.head_dim).filter(|_| a.group <= PMMA_BM);
-    let mma = match (choice, mma) {
-        (PrefillKernel::Scalar, _) => None,
-        (PrefillKernel::Auto, mma) => mma,
-        (PrefillKernel::TensorCore, Some(k)) => Some(k),
-        (PrefillKernel::TensorCore, None) => {
-            return Err(CudaError::Unsupported {
-                what: "tensor-core prefill",
-                detail: format!(
-                    "{:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
-                     head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {PMMA_BM})",
-                    a.dtype, a.head_dim, a.group
-                ),
-            });
+    let narrow = || {
+        kernels::prefill_mma(a.dtype, a.head_dim)
+            .filter(|_| a.group <= PMMA_BM)
+            .map(|k| (PrefillKernel::TensorCore, k, PMMA_BM))
+    };
+    let wide = || {
+        kernels::prefill_mma_wide(a.dtype, a.head_dim)
+            .filter(|_| a.group <= PMMA_WIDE_BM)
+            .map(|k| (PrefillKernel::TensorCoreWide, k, PMMA_WIDE_BM))
+    };
+    let refused = |what: &'static str, most: usize| CudaError::Unsupported {
+        what,
+        detail: format!(
+            "{:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
+             head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {most})",
+            a.dtype, a.head_dim, a.group
+        ),
+    };
+    let mma = match choice {
+        PrefillKernel::Scalar => None,
+        PrefillKernel::Auto => narrow(),
+        PrefillKernel::TensorCore => {
+            Some(narrow().ok_or_else(|| refused("tensor-core prefill", PMMA_BM))?)
+        }
+        PrefillKernel::TensorCoreWide => {
+            Some(wide().ok_or_else(|| refused("wide tensor-core prefill", PMMA_WIDE_BM))?)
         }
     };
     if mma.is_none() && a.group > PREFILL_MAX_GROUP {
@@ -461,7 +479,7 @@ pub(crate) fn prefill(
     shape("prefill q elements", rows, q_len)?;
     shape("prefill out elements", rows, out_len)?;
     let (chosen, kernel, block_rows) = match mma {
-        Some(k) => (PrefillKernel::TensorCore, Some(k), PMMA_BM),
+        Some((chosen, k, rows)) => (chosen, Some(k), rows),
         None => (
             PrefillKernel::Scalar,
             kernels::prefill_attention(a.dtype, a.head_dim),
@@ -498,7 +516,7 @@ pub(crate) fn prefill(
             params,
             grid,
         }),
-        needs_aligned_rows: chosen == PrefillKernel::TensorCore,
+        needs_aligned_rows: chosen != PrefillKernel::Scalar,
     })
 }
 
@@ -838,6 +856,7 @@ mod tests {
                     let auto = plan_prefill(&a, &[5, 3], PrefillKernel::Auto);
                     let auto = auto.as_ref().map(|p| p.chosen);
                     let forced = plan_prefill(&a, &[5, 3], PrefillKernel::TensorCore);
+                    let wide = plan_prefill(&a, &[5, 3], PrefillKernel::TensorCoreWide);
                     let scalar = plan_prefill(&a, &[5, 3], PrefillKernel::Scalar);
                     let scalar_fits = a.group <= PREFILL_MAX_GROUP;
                     if compiled {
@@ -846,6 +865,9 @@ mod tests {
                             forced.as_ref().is_ok_and(|p| p.needs_aligned_rows),
                             "{what}"
                         );
+                        let w = wide.as_ref().unwrap();
+                        assert_eq!(w.chosen, PrefillKernel::TensorCoreWide, "{what}");
+                        assert!(w.needs_aligned_rows, "{what}");
                     } else if scalar_fits {
                         assert_eq!(auto, Ok(PrefillKernel::Scalar), "{what}");
                     } else {
@@ -856,6 +878,7 @@ mod tests {
                             matches!(forced, Err(CudaError::Unsupported { .. })),
                             "{what}"
                         );
+                        assert!(matches!(wide, Err(CudaError::Unsupported { .. })), "{what}");
                     }
                     if scalar_fits {
                         let s = scalar.unwrap();
@@ -870,17 +893,27 @@ mod tests {
                 }
             }
         }
-        // 65 query heads per KV head: more than either kernel's row tile.
+        // 65 query heads per KV head: more than the scalar and the 64-row
+        // kernels' row tiles; the wide kernel's 128 rows hold them.
         let a = attn(KvDtype::BF16, 64, 1, 65);
         assert!(matches!(
             plan_prefill(&a, &[3], PrefillKernel::Auto),
+            Err(CudaError::Unsupported { .. })
+        ));
+        let wide = plan_prefill(&a, &[3], PrefillKernel::TensorCoreWide).unwrap();
+        assert_eq!(wide.step.map(|s| s.grid), Some((3, 1, 1))); // 1 position a block
+        // 129: more than every row tile.
+        let a = attn(KvDtype::BF16, 64, 1, 129);
+        assert!(matches!(
+            plan_prefill(&a, &[3], PrefillKernel::TensorCoreWide),
             Err(CudaError::Unsupported { .. })
         ));
     }
 
     #[test]
     fn prefill_tiles_cover_every_query_row_of_the_longest_sequence() {
-        // Scalar: 32 (position, head) rows per block; tensor cores: 64.
+        // Scalar: 32 (position, head) rows per block; tensor cores: 64 (the
+        // wide kernel 128).
         let a = attn(KvDtype::F16, 64, 2, 8);
         let s = plan_prefill(&a, &[17, 40], PrefillKernel::Scalar).unwrap();
         assert_eq!(s.step.map(|s| s.grid), Some((5, 2, 2))); // ceil(40 / (32 / 4))
@@ -889,6 +922,11 @@ mod tests {
         assert_eq!(step.grid, (3, 2, 2)); // ceil(40 / (64 / 4))
         assert_eq!(step.kernel.id().spec().symbol, "prefill_mma_f16_d64");
         assert_eq!((step.params.group, step.params.n_kv_heads), (4, 2));
+        // The wide kernel: 128 rows a block.
+        let w = plan_prefill(&a, &[17, 40], PrefillKernel::TensorCoreWide).unwrap();
+        let step = w.step.unwrap();
+        assert_eq!(step.grid, (2, 2, 2)); // ceil(40 / (128 / 4))
+        assert_eq!(step.kernel.id().spec().symbol, "prefill_mma_wide_f16_d64");
         // No query rows: nothing to launch, and nothing refused.
         let a = attn(KvDtype::F32, 64, 2, 8);
         let empty = plan_prefill(&a, &[0, 0], PrefillKernel::Auto).unwrap();

@@ -75,7 +75,10 @@ pub const PREFILL_ROWS: usize = 32;
 pub const PREFILL_BK: usize = 32;
 /// (position, head) rows per block of the tensor-core prefill kernel.
 pub const PMMA_BM: usize = 64;
-/// Keys per K/V tile of the tensor-core prefill kernel.
+/// (position, head) rows per block of the wide tensor-core prefill kernel
+/// (two m-tiles of 16 rows a warp).
+pub const PMMA_WIDE_BM: usize = 128;
+/// Keys per K/V tile of both tensor-core prefill kernels.
 pub const PMMA_BN: usize = 64;
 /// Warps per block of the tensor-core decode kernel.
 pub const DMMA_WARPS: usize = 4;
@@ -287,6 +290,27 @@ pub const FAMILIES: &[Family] = &[
             128,
             true,
             "launching tensor-core prefill attention",
+        )
+    },
+    Family {
+        dtypes: &HALF_DTYPES,
+        head_dims: &PREFILL_MMA_HEAD_DIMS,
+        // As prefill_mma, with a Q tile of twice the rows.
+        smem: Smem::Tiles {
+            cfg: "PmmaWideCfg",
+            q_rows: PMMA_WIDE_BM,
+            kv_rows: 2 * PMMA_BN,
+            pad: 8,
+            elem_bytes: 2,
+        },
+        mirrors: &[("PMMA_WIDE_BM", PMMA_WIDE_BM)],
+        ..Family::plain(
+            "prefill_mma_wide",
+            "prefill_mma",
+            "PrefillParams",
+            128,
+            true,
+            "launching tensor-core prefill attention (wide)",
         )
     },
     Family {

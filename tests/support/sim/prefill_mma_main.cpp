@@ -9,6 +9,7 @@
 // scale (the tolerance tests/cuda_kernels.rs uses on the GPU).
 // Prints one line per case; exit status 0 when all pass.
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -93,26 +94,45 @@ bool run_case(const Case& c, Rng& rng) {
     p.page_size_log2 = log2;
     p.sm_scale_log2 = (float)(1.4426950408889634 / std::sqrt((double)D));
 
-    // The launch: grid (q_tiles, n_kv_heads, batch), 128 threads a block.
-    const int qt = PMMA_BM / c.group, q_tiles = (max_q + qt - 1) / qt;
-    std::vector<unsigned char> smem(PmmaCfg<D>::SMEM_BYTES + 16);
-    unsigned char* smem_base = smem.data() + (16 - (uintptr_t)smem.data() % 16) % 16;
-    for (unsigned bz = 0; bz < p.batch; ++bz)
-        for (unsigned by = 0; by < p.n_kv_heads; ++by)
-            for (unsigned bx = 0; bx < (unsigned)q_tiles; ++bx) {
-                std::fill(smem.begin(), smem.end(), 0xA5);  // stale garbage, not zeros
-                std::barrier<> block(PMMA_THREADS);
-                std::vector<sim::Warp> warps(PMMA_WARPS);
-                std::vector<std::thread> threads;
-                for (unsigned t = 0; t < (unsigned)PMMA_THREADS; ++t)
-                    threads.emplace_back([&, t] {
-                        threadIdx = {t, 0, 0};
-                        blockIdx = {bx, by, bz};
-                        sim::ctx = {&warps[t / 32], &block, smem_base};
-                        prefill_mma<T, D>(p);
-                    });
-                for (auto& th : threads) th.join();
-            }
+    // The launch: grid (q_tiles, n_kv_heads, batch), 128 threads a block;
+    // the kernel of 64 rows a block, then the wide one into `wide`.
+    auto launch = [&](int bm, int smem_bytes, auto kernel) {
+        const int qt = bm / c.group, q_tiles = (max_q + qt - 1) / qt;
+        std::vector<unsigned char> smem(smem_bytes + 16);
+        unsigned char* smem_base = smem.data() + (16 - (uintptr_t)smem.data() % 16) % 16;
+        for (unsigned bz = 0; bz < p.batch; ++bz)
+            for (unsigned by = 0; by < p.n_kv_heads; ++by)
+                for (unsigned bx = 0; bx < (unsigned)q_tiles; ++bx) {
+                    std::fill(smem.begin(), smem.end(), 0xA5);  // stale garbage, not zeros
+                    std::barrier<> block(PMMA_THREADS);
+                    std::vector<sim::Warp> warps(PMMA_WARPS);
+                    std::vector<std::thread> threads;
+                    for (unsigned t = 0; t < (unsigned)PMMA_THREADS; ++t)
+                        threads.emplace_back([&, t] {
+                            threadIdx = {t, 0, 0};
+                            blockIdx = {bx, by, bz};
+                            sim::ctx = {&warps[t / 32], &block, smem_base};
+                            kernel(p);
+                        });
+                    for (auto& th : threads) th.join();
+                }
+    };
+    launch(PMMA_BM, PmmaCfg<D>::SMEM_BYTES, prefill_mma<T, D>);
+    std::vector<float> wide(q.size(), NAN);
+    p.out = wide.data();
+    launch(PMMA_WIDE_BM, PmmaWideCfg<D>::SMEM_BYTES, prefill_mma_wide<T, D>);
+    p.out = out.data();
+    // Every row's arithmetic is the same in both kernels: the same bits.
+    for (size_t i = 0; i < out.size(); ++i) {
+        uint32_t x, y;
+        std::memcpy(&x, &out[i], 4);
+        std::memcpy(&y, &wide[i], 4);
+        if (x != y) {
+            std::printf("FAIL %s: the wide kernel's element #%zu is %a, the 64-row kernel's %a\n", c.name, i,
+                        wide[i], out[i]);
+            return false;
+        }
+    }
 
     // Reference (f64) from the stored values.
     std::vector<double> want(out.size());
@@ -165,8 +185,8 @@ bool run_case(const Case& c, Rng& rng) {
                     out.size(), first_bad, out[first_bad], want[first_bad]);
         return false;
     }
-    std::printf("PASS %s: %zu elements, worst error %.3f of the tolerance (%.2e)\n", c.name, out.size(), worst,
-                rtol);
+    std::printf("PASS %s: %zu elements, worst error %.3f of the tolerance (%.2e), wide kernel bit-identical\n",
+                c.name, out.size(), worst, rtol);
     return true;
 }
 
