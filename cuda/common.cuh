@@ -57,18 +57,28 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024). Every
-// thread gets the result. Uses 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float x) {
+// x reduced over the block by `warp_op` (warp_sum, warp_max), with
+// `identity` for the missing warps (blockDim.x a multiple of 32, at most
+// 1024). Every thread gets the result. Uses 32 floats of shared memory.
+template <typename WarpOp>
+__device__ __forceinline__ float block_reduce(float x, float identity, WarpOp warp_op) {
     __shared__ float partial[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    x = warp_sum(x);
+    x = warp_op(x);
     __syncthreads();  // partial may still be read by a previous call
     if (lane == 0) partial[warp] = x;
     __syncthreads();
     const int n_warps = blockDim.x >> 5;
-    float y = lane < n_warps ? partial[lane] : 0.0f;
-    return warp_sum(y);
+    float y = lane < n_warps ? partial[lane] : identity;
+    return warp_op(y);
+}
+
+__device__ __forceinline__ float block_sum(float x) {
+    return block_reduce(x, 0.0f, [](float v) { return warp_sum(v); });
+}
+
+__device__ __forceinline__ float block_max(float x) {
+    return block_reduce(x, -INFINITY, [](float v) { return warp_max(v); });
 }
 
 // 2^x on the special-function unit (ex2.approx.ftz: relative error about

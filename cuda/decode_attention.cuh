@@ -231,30 +231,68 @@ __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
         [&](int r, int g) { return sm_l[r][g]; }, [&](int r, int g, int d) { return sm_o[r][g][d]; });
 }
 
+// The merge: out(b, h) = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s -
+// max lse), summed in split order. Every split's lse is read once, by one
+// thread, and its weight worked out once per block into shared memory; a
+// thread then walks the splits for its dims with only the part_o loads in
+// its chain (independent of each other, so many in flight), instead of
+// re-reading and re-weighting every split per dim. The sums' order and
+// terms are the same as one thread walking all splits alone.
+constexpr int MERGE_THREADS = 128;
+constexpr int MERGE_DIMS = 2;  // dims per thread: head_dim <= 256
+constexpr int MERGE_BATCH = 8;  // splits whose part_o loads are in flight together
+
 __device__ __forceinline__ void decode_merge_impl(const MergeParams& p) {
+    __shared__ float w_s[MERGE_THREADS];  // the weights of one group of splits
     const uint32_t h = blockIdx.x, b = blockIdx.y;
     const uint64_t bh = (uint64_t)b * p.n_heads + h;
     const float* lse = p.part_lse + bh * p.num_splits;
     float mx = -INFINITY;
     bool bad = false;  // a chunk saw a non-finite score: the head's output is NaN
-    for (uint32_t s = 0; s < p.num_splits; ++s) {
+    for (uint32_t s = threadIdx.x; s < p.num_splits; s += MERGE_THREADS) {
         mx = fmaxf(mx, lse[s]);
         bad |= isnan(lse[s]);
     }
-    for (uint32_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-        float wsum = 0.0f, o = 0.0f;
-        if (bad) {
-            p.out[bh * p.head_dim + d] = NAN;
-            continue;
-        }
-        if (mx != -INFINITY) {
-            for (uint32_t s = 0; s < p.num_splits; ++s) {
-                const float w = exp2f(lse[s] - mx);  // 0 for empty chunks
-                wsum += w;
-                o = fmaf(w, p.part_o[(bh * p.num_splits + s) * p.head_dim + d], o);
+    mx = block_max(mx);
+    bad = __syncthreads_or(bad) != 0;
+    float wsum = 0.0f, o[MERGE_DIMS];
+#pragma unroll
+    for (int k = 0; k < MERGE_DIMS; ++k) o[k] = 0.0f;
+    if (!bad && mx != -INFINITY) {
+        for (uint32_t base = 0; base < p.num_splits; base += MERGE_THREADS) {
+            const uint32_t n = min((uint32_t)MERGE_THREADS, p.num_splits - base);
+            __syncthreads();  // the previous group's weights are read
+            if (threadIdx.x < n) w_s[threadIdx.x] = exp2f(lse[base + threadIdx.x] - mx);  // 0 for empty chunks
+            __syncthreads();
+            const float* po = p.part_o + (bh * p.num_splits + base) * p.head_dim;
+            // MERGE_BATCH splits' loads issued before their sums (a dim
+            // past head_dim loads nothing and is never stored).
+            for (uint32_t j = 0; j < n; j += MERGE_BATCH) {
+                float v[MERGE_BATCH][MERGE_DIMS];
+#pragma unroll
+                for (int u = 0; u < MERGE_BATCH; ++u) {
+#pragma unroll
+                    for (int k = 0; k < MERGE_DIMS; ++k) {
+                        const uint32_t d = threadIdx.x + k * MERGE_THREADS;
+                        v[u][k] = j + u < n && d < p.head_dim ? po[(uint64_t)(j + u) * p.head_dim + d] : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < MERGE_BATCH; ++u) {
+                    if (j + u < n) {
+                        const float w = w_s[j + u];
+                        wsum += w;
+#pragma unroll
+                        for (int k = 0; k < MERGE_DIMS; ++k) o[k] = fmaf(w, v[u][k], o[k]);
+                    }
+                }
             }
         }
-        p.out[bh * p.head_dim + d] = wsum > 0.0f ? o / wsum : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < MERGE_DIMS; ++k) {
+        const uint32_t d = threadIdx.x + k * MERGE_THREADS;
+        if (d < p.head_dim) p.out[bh * p.head_dim + d] = bad ? NAN : wsum > 0.0f ? o[k] / wsum : 0.0f;
     }
 }
 

@@ -306,6 +306,13 @@ fn decode_attention_on_a_simt_emulator_matches_an_f64_reference() {
             split: Split::Chunk(32),
             ..case(Dtype::F32, 128, 8, 12, 6)
         },
+        // 130 chunks of 2 positions: the merge weighs its splits in groups
+        // of 128 (one per thread), so this takes a second group.
+        Case {
+            split: Split::Chunk(2),
+            lens: vec![37, 260, 1],
+            ..case(Dtype::F32, 256, 1, 1, 4)
+        },
     ];
     check_against_reference(
         "decode_attention_on_a_simt_emulator_matches_an_f64_reference",

@@ -60,6 +60,10 @@ pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];
 /// Query heads per KV head that decode kernels are compiled for; a ratio in
 /// between uses the next one up (the padding heads are computed, not written).
 pub const DECODE_GROUPS: [usize; 4] = [1, 2, 4, 8];
+/// Dims of a head each thread of the split-KV merge (128 threads) combines:
+/// every compiled head_dim fits.
+pub const MERGE_DIMS: usize = 2;
+const _: () = assert!(HEAD_DIMS[HEAD_DIMS.len() - 1] <= 128 * MERGE_DIMS);
 /// Head dimensions with a tensor-core prefill kernel (f16 and bf16 KV).
 pub const PREFILL_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Head dimensions with a tensor-core decode kernel (f16 and bf16 KV).
@@ -220,6 +224,7 @@ impl Family {
 pub const FAMILIES: &[Family] = &[
     Family {
         body: "decode_merge_impl",
+        mirrors: &[("MERGE_THREADS", 128), ("MERGE_DIMS", MERGE_DIMS)],
         ..Family::plain(
             "decode_merge",
             "decode_attention",

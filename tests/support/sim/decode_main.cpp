@@ -114,6 +114,10 @@ std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, bool mma, const Deco
     switch (hd) {
         case 64: return by_group<T, 64>(f, g, mma, p, arena);
         case 128: return by_group<T, 128>(f, g, mma, p, arena);
+        // 256: the scalar kernel, group 1 only (two dims per merge thread).
+        case 256:
+            if (!mma && g == 1) return run<T, 256, 1, false>(f, p, arena);
+            std::exit(6);
         default: std::exit(7);
     }
 }
