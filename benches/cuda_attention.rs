@@ -363,11 +363,29 @@ mod gpu {
             dtype: KvDtype::BF16,
         };
         println!("\n## Decode per-call cost, batch 1 (GQA 32:4, bf16, page 16)\n");
-        println!("| context | kernel | chunks | device µs per call | host µs to queue a call |");
-        println!("|---|---|---|---|---|");
+        println!(
+            "| context | kernel | merge overlaps the split launch | chunks | device µs per call | \
+             host µs to queue a call |"
+        );
+        println!("|---|---|---|---|---|---|");
+        let overlap = dev.launch_overlap();
         for ctx in [16usize, 2048, 32768] {
             let mut cell = DecodeCell::new(dev, g, 32, 16, 1, ctx)?;
-            for kernel in [DecodeKernel::TensorCore, DecodeKernel::Scalar] {
+            // With and without the overlap where the device has it.
+            let runs: &[(DecodeKernel, bool)] = if overlap {
+                &[
+                    (DecodeKernel::TensorCore, true),
+                    (DecodeKernel::TensorCore, false),
+                    (DecodeKernel::Scalar, true),
+                ]
+            } else {
+                &[
+                    (DecodeKernel::TensorCore, false),
+                    (DecodeKernel::Scalar, false),
+                ]
+            };
+            for &(kernel, on) in runs {
+                dev.set_launch_overlap(on);
                 let device_us = 1e3 * cell.call_ms(dev, CALLS, kernel)?;
                 let start = std::time::Instant::now();
                 let mut chunks = 0;
@@ -376,9 +394,12 @@ mod gpu {
                 }
                 let host_us = start.elapsed().as_secs_f64() * 1e6 / CALLS as f64;
                 dev.synchronize()?;
-                println!("| {ctx} | {kernel:?} | {chunks} | {device_us:.1} | {host_us:.1} |");
+                println!(
+                    "| {ctx} | {kernel:?} | {on} | {chunks} | {device_us:.1} | {host_us:.1} |"
+                );
             }
         }
+        dev.set_launch_overlap(true);
         Ok(())
     }
 
@@ -486,6 +507,22 @@ mod gpu {
                         ctx / 1024,
                         gbps[0][0] / copy
                     ));
+                    // The same cell with the merge launched only after the
+                    // split launch has ended, side by side.
+                    if dev.launch_overlap() {
+                        let mut cell = DecodeCell::new(&dev, g, n_heads, 16, batch, ctx)?;
+                        dev.set_launch_overlap(false);
+                        let off = cell.gbps(&dev, Split::Auto, DecodeKernel::TensorCore);
+                        dev.set_launch_overlap(true);
+                        let on = cell.gbps(&dev, Split::Auto, DecodeKernel::TensorCore)?.0;
+                        shares.push(format!(
+                            "(batch {batch}, {}k: merge overlapping the split launch {:.3}, \
+                             after it {:.3})",
+                            ctx / 1024,
+                            on / copy,
+                            off?.0 / copy
+                        ));
+                    }
                 }
             }
             println!();

@@ -98,6 +98,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
+// Programmatic dependent launch (sm_90 and newer; no-ops on older code and
+// on the host emulator, which runs launches one after another). A kernel
+// the host queues with programmatic stream serialization (launch.rs,
+// `launch_dependent`) may have its blocks scheduled before the launch ahead
+// of it ends: it must call pdl_wait() before its first global read, which
+// returns once that launch has completed and its writes are visible. The
+// launch ahead lets it be scheduled early by calling pdl_launch_dependents()
+// (its blocks' signals; without them, the dependent starts at its end).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Element offset of (page, layer, k|v, slot 0) in the arena; see params.cuh.
 __device__ __forceinline__ uint64_t kv_page_offset(uint64_t page, uint64_t page_stride,
                                                    uint32_t layer, uint32_t kv,

@@ -108,6 +108,7 @@ template <typename T, int HEAD_DIM, int GROUP>
 __device__ __forceinline__ void decode_attention(const DecodeParams& p) {
     using C = DecodeCfg<T, HEAD_DIM, GROUP>;
     constexpr int VEC = C::VEC, TPR = C::TPR, NRG = C::NRG, TILE = C::TILE;
+    pdl_launch_dependents();  // the merge may be scheduled (it waits for the end)
 
     const uint32_t split = blockIdx.x, b = blockIdx.z;
     uint32_t kvh, h0;
@@ -243,6 +244,9 @@ constexpr int MERGE_DIMS = 2;  // dims per thread: head_dim <= 256
 constexpr int MERGE_BATCH = 8;  // splits whose part_o loads are in flight together
 
 __device__ __forceinline__ void decode_merge_impl(const MergeParams& p) {
+    // Queued to overlap the split launch's end: nothing is read before it has
+    // completed (common.cuh).
+    pdl_wait();
     __shared__ float w_s[MERGE_THREADS];  // the weights of one group of splits
     const uint32_t h = blockIdx.x, b = blockIdx.y;
     const uint64_t bh = (uint64_t)b * p.n_heads + h;

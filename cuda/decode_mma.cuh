@@ -92,6 +92,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     constexpr int OCT = GROUP / 8;
     constexpr int CHUNKS = C::CHUNKS, KSTEPS = C::KSTEPS, DTILES = C::DTILES;
     static_assert(GROUP % 8 == 0 && OCT >= 1 && OCT <= 2, "octets of 8 heads");
+    pdl_launch_dependents();  // the merge may be scheduled (it waits for the end)
 
     const uint32_t split = blockIdx.x, b = blockIdx.z;
     uint32_t kvh, h0;

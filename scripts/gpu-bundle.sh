@@ -148,11 +148,12 @@ RUN
 chmod +x "$bundle/run.sh"
 # Nsight Compute on single launches of the attention kernels (a second,
 # optional device call after run.sh): details and per-instruction SASS
-# counters as text (the .ncu-rep itself is dropped: 6 files come back).
+# counters as text (the .ncu-rep itself is dropped: 8 files come back).
 cat > "$bundle/profile.sh" <<'PROF'
 #!/usr/bin/env bash
 # Profiles one launch each of the tensor-core decode (batch 1 and batch 8
-# cells) and prefill (8k) in benches/cuda_attention, then stops the bench.
+# cells) and prefill (8k; the 64-row and the wide kernel) in
+# benches/cuda_attention, then stops the bench.
 # Launch indices follow the bench's order: each decode cell runs the
 # tensor-core kernel 3 + 20 times per page size (16, then 64), cells in
 # DECODE_CELLS_32_4 order; the prefill runs 3 + 3 times per prompt length
@@ -175,6 +176,7 @@ prof() { # name, kernel regex, launches to skip
 prof dec_b1 'decode_mma_bf16_d128_g8' 3     # batch 1, 1k: its 4th launch
 prof dec_b8 'decode_mma_bf16_d128_g8' 233   # batch 8, 8k (5 cells x 2 pages x 23 before it)
 prof pre_8k 'prefill_mma_bf16_d128' 12      # 8k, after 1k and 4k
+prof pre_8k_wide 'prefill_mma_wide_bf16_d128' 12  # the wide kernel, likewise
 grep -E "Duration|Achieved Occupancy|Registers Per|DRAM Throughput|Warp Cycles Per Issued|Issued Ipc" \
   "$out"/*.details.txt
 PROF

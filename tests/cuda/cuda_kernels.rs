@@ -497,6 +497,44 @@ fn decode_members(
 }
 
 #[test]
+fn a_merge_overlapping_the_split_launch_has_the_bits_of_one_after_it() {
+    // From sm_90 the split-KV merge is queued to be scheduled while the
+    // split launch finishes, and waits on the device for its end before
+    // reading. An early read would see the fresh workspace's zeros as
+    // partials: other bits, which no timing would show.
+    let dev = gpu!("a_merge_overlapping_the_split_launch_has_the_bits_of_one_after_it");
+    println!("launch overlap on this device: {}", dev.launch_overlap());
+    let mut rng = Rng(22);
+    let lens = [9000, 3000, 40, 20000];
+    let (n_heads, hd) = (32, 128);
+    for (dtype, kernel) in DTYPES
+        .into_iter()
+        .flat_map(|d| decode_kernels(d, hd).into_iter().map(move |k| (d, k)))
+    {
+        let sc = Scenario::new(&mut rng, geometry(dtype, 4, hd), 16, &lens);
+        let arena = sc.arena.upload(&dev);
+        let q: Vec<Vec<f32>> = lens.iter().map(|_| rng.vec(n_heads * hd, 2.0)).collect();
+        let all: Vec<usize> = (0..lens.len()).collect();
+        let run = |on: bool| {
+            dev.set_launch_overlap(on);
+            let mut rows = Vec::new();
+            // Several calls back to back, as layers run, the last one kept.
+            for _ in 0..4 {
+                rows = decode_members(&dev, &arena, &sc, &q, n_heads, &all, Split::Auto, kernel);
+            }
+            rows
+        };
+        let after = run(false);
+        let overlapped = run(true);
+        for (s, (a, o)) in after.iter().zip(&overlapped).enumerate() {
+            assert!(a.iter().all(|x| x.is_finite()), "{dtype:?} {kernel:?} {s}");
+            assert_eq!(bits(o), bits(a), "{dtype:?} {kernel:?} sequence {s}");
+        }
+    }
+    dev.set_launch_overlap(true);
+}
+
+#[test]
 fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
     // Greedy output must not depend on batching: a sequence's attention may
     // not change in its last bit with the length or number of its batch

@@ -31,6 +31,13 @@ pub(super) struct Inner {
     /// Every kernel of the table, at `KernelId::index`.
     kernels: Vec<CudaFunction>,
     pub(super) sm_count: u32,
+    /// Whether kernels that start with `pdl_wait()` may be queued with
+    /// programmatic stream serialization: compute capability 9.0 or newer
+    /// (older devices run sm_80 code, where the wait is compiled out), until
+    /// the driver refuses it.
+    pub(super) overlap_ok: std::sync::atomic::AtomicBool,
+    /// The host's choice ([`CudaDevice::set_launch_overlap`]), on by default.
+    overlap_on: std::sync::atomic::AtomicBool,
     name: String,
     /// Times the host waited for the device (downloads and syncs).
     syncs: std::sync::atomic::AtomicU64,
@@ -72,6 +79,9 @@ impl CudaDevice {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(CudaError::driver("reading the SM count"))?;
+        let (major, _) = ctx
+            .compute_capability()
+            .map_err(CudaError::driver("reading the compute capability"))?;
         let mut modules = Vec::new();
         for (stem, image) in embedded::FATBINS {
             // from_binary takes cubin/fatbin bytes (not PTX text) by value.
@@ -106,6 +116,8 @@ impl CudaDevice {
                 stream: ctx.default_stream(),
                 kernels,
                 sm_count: sm_count.max(1) as u32,
+                overlap_ok: std::sync::atomic::AtomicBool::new(major >= 9),
+                overlap_on: std::sync::atomic::AtomicBool::new(true),
                 name,
                 syncs: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -138,6 +150,25 @@ impl CudaDevice {
     /// Streaming multiprocessors (used to size split-KV decode).
     pub fn sm_count(&self) -> u32 {
         self.inner.sm_count
+    }
+
+    /// Whether a kernel that only depends on the launch before it (the
+    /// split-KV merge) may be scheduled while that launch finishes
+    /// (programmatic dependent launch: on by default from compute
+    /// capability 9.0; its first instruction waits until the launch before
+    /// it has completed and its writes are visible, so results do not
+    /// change). Off, every launch waits for the one before it to end.
+    pub fn set_launch_overlap(&self, on: bool) {
+        self.inner
+            .overlap_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether launches overlap (see [`CudaDevice::set_launch_overlap`]):
+    /// never before compute capability 9.0 or after the driver refused it.
+    pub fn launch_overlap(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.inner.overlap_on.load(Relaxed) && self.inner.overlap_ok.load(Relaxed)
     }
 
     /// Number of kernels loaded.

@@ -272,6 +272,84 @@ impl CudaDevice {
         launched.map(drop).map_err(CudaError::driver(spec.during))
     }
 
+    /// [`CudaDevice::launch`] for a kernel whose first instruction is
+    /// `pdl_wait()` (cuda/common.cuh) and that reads nothing but what the
+    /// launch before it on the stream wrote or what was there before it.
+    /// Where launches overlap ([`CudaDevice::launch_overlap`]) it is queued
+    /// with programmatic stream serialization: its blocks may be scheduled
+    /// once every block of the launch before it has started (the decode
+    /// kernels signal at their start), and wait there until that launch has
+    /// completed and its writes are visible. Where the driver refuses the
+    /// attribute, the kernel is launched as usual and overlap stays off.
+    fn launch_dependent<P: DeviceRepr>(
+        &self,
+        kernel: Kernel<P>,
+        params: &P,
+        grid: Grid,
+        args: Args<'_>,
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        if !self.launch_overlap() || args.bound > MAX_ARGS {
+            return self.launch(kernel, params, grid, args);
+        }
+        let spec = kernel.id().spec();
+        let func = self.function(kernel.id())?;
+        let stream = &self.inner.stream;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(CudaError::driver(spec.during))?;
+        // SAFETY: CUlaunchAttribute is a plain C struct (an id and a union
+        // of plain values); all zeros is a valid value of it.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: spec.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: spec.dynamic_smem,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // The kernel's one parameter, by address (as cuLaunchKernel takes it).
+        let mut arg = [params as *const P as *mut std::ffi::c_void];
+        // SAFETY: as for `launch`: `Kernel<P>` exists only for a compiled
+        // kernel whose parameter is `P`, launched with the block size and
+        // dynamic shared memory its code assumes, `params` filled only from
+        // buffers bound in `args` (alive until the launch is queued) after
+        // their lengths were checked. `cfg`, `attr` and `arg` outlive the
+        // call, which copies them. The overlap cannot expose a partial
+        // write: the kernel waits (griddepcontrol.wait, compiled for every
+        // device where overlap is on) before its first read.
+        let queued = unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                func.cu_function(),
+                arg.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result();
+        match queued {
+            Ok(()) => {
+                drop(args);
+                Ok(())
+            }
+            Err(_) => {
+                // Refused (nothing was queued): launch as usual from now on.
+                self.inner
+                    .overlap_ok
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                self.launch(kernel, params, grid, args)
+            }
+        }
+    }
+
     /// The attention shape of `n_heads` query heads over layer `layer` of
     /// `arena`, with `tables` built for that arena.
     fn attn(
@@ -392,7 +470,7 @@ impl CudaDevice {
                 m.part_o = args.read(part_o);
                 m.part_lse = args.read(part_lse);
                 m.out = args.write(out);
-                self.launch(merge.kernel, &m, merge.grid, args)?;
+                self.launch_dependent(merge.kernel, &m, merge.grid, args)?;
             }
         }
         Ok((splits, chosen))
