@@ -101,11 +101,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // Programmatic dependent launch (sm_90 and newer; no-ops on older code and
 // on the host emulator, which runs launches one after another). A kernel
 // the host queues with programmatic stream serialization (launch.rs,
-// `launch_dependent`) may have its blocks scheduled before the launch ahead
-// of it ends: it must call pdl_wait() before its first global read, which
-// returns once that launch has completed and its writes are visible. The
-// launch ahead lets it be scheduled early by calling pdl_launch_dependents()
-// (its blocks' signals; without them, the dependent starts at its end).
+// `launch_with` with `overlap`) may have its blocks scheduled before the
+// launch ahead of it ends: it must call pdl_wait() before its first global
+// read, which returns once that launch has completed and its writes are
+// visible. The launch ahead lets it be scheduled early by calling
+// pdl_launch_dependents() (its blocks' signals; without them, the dependent
+// starts at its end).
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

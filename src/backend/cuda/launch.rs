@@ -243,6 +243,28 @@ impl CudaDevice {
         grid: Grid,
         args: Args<'_>,
     ) -> Result<(), CudaError> {
+        self.launch_with(kernel, params, grid, args, false)
+    }
+
+    /// [`CudaDevice::launch`], or with `overlap` for a kernel whose first
+    /// instruction is `pdl_wait()` (cuda/common.cuh) and that reads nothing
+    /// but what the launch before it on the stream wrote or what was there
+    /// before it: queued with programmatic stream serialization, its blocks
+    /// may be scheduled once every block of the launch before it has
+    /// started (the decode kernels signal at their start), and wait there
+    /// until that launch has completed and its writes are visible. Ask for
+    /// it only where [`CudaDevice::launch_overlap`] says so; where the
+    /// driver refuses the attribute, the kernel is launched as usual and
+    /// overlap stays off.
+    fn launch_with<P: DeviceRepr>(
+        &self,
+        kernel: Kernel<P>,
+        params: &P,
+        grid: Grid,
+        args: Args<'_>,
+        overlap: bool,
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
         if args.bound > MAX_ARGS {
             return Err(CudaError::Unsupported {
                 what: "buffers bound to one launch",
@@ -251,103 +273,76 @@ impl CudaDevice {
         }
         let spec = kernel.id().spec();
         let func = self.function(kernel.id())?;
-        let mut b = self.inner.stream.launch_builder(func);
+        let stream = &self.inner.stream;
+        // SAFETY (both launches below): `Kernel<P>` exists only for a
+        // compiled kernel whose parameter is `P` (the table pairs them; the
+        // layout of `P` is asserted against cuda/params.cuh on both sides),
+        // launched with the block size its code assumes and the dynamic
+        // shared memory it was allowed at load. Every caller fills `params`
+        // only from buffers it bound in `args` after checking their lengths,
+        // and their indices and sizes against the shapes the kernel reads
+        // (its "Launch contract" comment), with `grid` the blocks the kernel
+        // indexes; the guards in `args` live until the launch is queued.
+        if overlap {
+            stream
+                .context()
+                .bind_to_thread()
+                .map_err(CudaError::driver(spec.during))?;
+            // SAFETY: CUlaunchAttribute is a plain C struct (an id and a
+            // union of plain values); all zeros is a valid value of it.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: spec.threads,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: spec.dynamic_smem,
+                hStream: stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // The kernel's one parameter, by address (as cuLaunchKernel
+            // takes it).
+            let mut arg = [params as *const P as *mut std::ffi::c_void];
+            // SAFETY: see above; `cfg`, `attr` and `arg` outlive the call,
+            // which copies them. The overlap cannot expose a partial write:
+            // it is asked for only for a kernel that waits
+            // (griddepcontrol.wait, compiled for every device where overlap
+            // is on) before its first read.
+            let queued = unsafe {
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    func.cu_function(),
+                    arg.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result();
+            if queued.is_ok() {
+                drop(args);
+                return Ok(());
+            }
+            // Refused (nothing was queued): launch as usual from now on.
+            self.inner
+                .overlap_ok
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut b = stream.launch_builder(func);
         b.arg(params);
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (spec.threads, 1, 1),
             shared_mem_bytes: spec.dynamic_smem,
         };
-        // SAFETY: `Kernel<P>` exists only for a compiled kernel whose
-        // parameter is `P` (the table pairs them; the layout of `P` is
-        // asserted against cuda/params.cuh on both sides), launched with the
-        // block size its code assumes and the dynamic shared memory it was
-        // allowed at load. Every caller below fills `params` only from
-        // buffers it bound in `args` after checking their lengths, and their
-        // indices and sizes against the shapes the kernel reads (its
-        // "Launch contract" comment), with `grid` the blocks the kernel
-        // indexes; the guards in `args` live until the launch is queued.
+        // SAFETY: see above.
         let launched = unsafe { b.launch(cfg) };
         drop(args);
         launched.map(drop).map_err(CudaError::driver(spec.during))
-    }
-
-    /// [`CudaDevice::launch`] for a kernel whose first instruction is
-    /// `pdl_wait()` (cuda/common.cuh) and that reads nothing but what the
-    /// launch before it on the stream wrote or what was there before it.
-    /// Where launches overlap ([`CudaDevice::launch_overlap`]) it is queued
-    /// with programmatic stream serialization: its blocks may be scheduled
-    /// once every block of the launch before it has started (the decode
-    /// kernels signal at their start), and wait there until that launch has
-    /// completed and its writes are visible. Where the driver refuses the
-    /// attribute, the kernel is launched as usual and overlap stays off.
-    fn launch_dependent<P: DeviceRepr>(
-        &self,
-        kernel: Kernel<P>,
-        params: &P,
-        grid: Grid,
-        args: Args<'_>,
-    ) -> Result<(), CudaError> {
-        use cudarc::driver::sys;
-        if !self.launch_overlap() || args.bound > MAX_ARGS {
-            return self.launch(kernel, params, grid, args);
-        }
-        let spec = kernel.id().spec();
-        let func = self.function(kernel.id())?;
-        let stream = &self.inner.stream;
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(CudaError::driver(spec.during))?;
-        // SAFETY: CUlaunchAttribute is a plain C struct (an id and a union
-        // of plain values); all zeros is a valid value of it.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: spec.threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: spec.dynamic_smem,
-            hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // The kernel's one parameter, by address (as cuLaunchKernel takes it).
-        let mut arg = [params as *const P as *mut std::ffi::c_void];
-        // SAFETY: as for `launch`: `Kernel<P>` exists only for a compiled
-        // kernel whose parameter is `P`, launched with the block size and
-        // dynamic shared memory its code assumes, `params` filled only from
-        // buffers bound in `args` (alive until the launch is queued) after
-        // their lengths were checked. `cfg`, `attr` and `arg` outlive the
-        // call, which copies them. The overlap cannot expose a partial
-        // write: the kernel waits (griddepcontrol.wait, compiled for every
-        // device where overlap is on) before its first read.
-        let queued = unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                func.cu_function(),
-                arg.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result();
-        match queued {
-            Ok(()) => {
-                drop(args);
-                Ok(())
-            }
-            Err(_) => {
-                // Refused (nothing was queued): launch as usual from now on.
-                self.inner
-                    .overlap_ok
-                    .store(false, std::sync::atomic::Ordering::Relaxed);
-                self.launch(kernel, params, grid, args)
-            }
-        }
     }
 
     /// The attention shape of `n_heads` query heads over layer `layer` of
@@ -470,7 +465,9 @@ impl CudaDevice {
                 m.part_o = args.read(part_o);
                 m.part_lse = args.read(part_lse);
                 m.out = args.write(out);
-                self.launch_dependent(merge.kernel, &m, merge.grid, args)?;
+                // The merge waits for the split launch on the device.
+                let overlap = self.launch_overlap();
+                self.launch_with(merge.kernel, &m, merge.grid, args, overlap)?;
             }
         }
         Ok((splits, chosen))
