@@ -935,8 +935,8 @@ impl CudaDevice {
         self.launch(kernel, &p, grid, args)
     }
 
-    /// `outs[i] = x · ws[i]ᵀ`, `ws[i]` bf16 `[ns[i], k]`, for up to
-    /// [`LMMA_GROUPS`] products of one input (q, k and v; gate and up) in
+    /// `outs[i] = x · ws[i]ᵀ`, `ws[i]` bf16 `[ns[i], k]`, for up to three
+    /// (`LMMA_GROUPS`) products of one input (q, k and v; gate and up) in
     /// one launch: each block computes a tile of one product with the code
     /// of [`CudaDevice::linear_bf16`] on the tile its row count picks, so
     /// each product has the bits of its own launch.
