@@ -1,24 +1,11 @@
-// Small kernels of the forward pass and of page management: KV append,
-// page scrub, RMSNorm, RoPE, SwiGLU, embedding gather, greedy argmax.
+// Small kernels of the forward pass and of page management: KV append and
+// RoPE (kv_write.cuh), page scrub, RMSNorm, SwiGLU, embedding gather, greedy
+// argmax.
 #include "common.cuh"
+#include "kv_write.cuh"
 #include "params.cuh"
 
 namespace handoff {
-
-template <typename T>
-__device__ __forceinline__ void kv_append(const KvAppendParams& p) {
-    T* kv = static_cast<T*>(p.kv);
-    const uint64_t total = (uint64_t)p.n_tokens * p.kv_dim;
-    const uint64_t k_to_v = ((uint64_t)1 << p.page_size_log2) * p.kv_dim;
-    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (uint64_t)gridDim.x * blockDim.x) {
-        const uint64_t t = idx / p.kv_dim, e = idx % p.kv_dim;
-        const uint64_t off = kv_page_offset(p.dst_page[t], p.page_stride, p.layer, 0, p.page_size_log2, p.kv_dim) +
-                             (uint64_t)p.dst_slot[t] * p.kv_dim + e;
-        kv[off] = from_float<T>(p.k[idx]);
-        kv[off + k_to_v] = from_float<T>(p.v[idx]);
-    }
-}
 
 __device__ __forceinline__ void scrub_pages(const ScrubParams& p) {
     uint4* kv = static_cast<uint4*>(p.kv);
@@ -36,50 +23,6 @@ __device__ __forceinline__ void rms_norm(const RmsNormParams& p) {
     const float inv = 1.0f / sqrtf(ss / (float)p.dim + p.eps);
     float* out = p.out + row * p.dim;
     for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = x[i] * inv * p.w[i];
-}
-
-// Rotation frequency of pair i, as RopeScaling::inv_freq on the host.
-__device__ __forceinline__ double rope_inv_freq(const RopeParams& p, uint32_t i) {
-    const double base = pow(p.theta, -2.0 * (double)i / (double)p.head_dim);
-    if (p.scaling == 1) return base / p.factor;
-    if (p.scaling == 2) {
-        const double old = p.original_max_position;
-        const double wavelen = 2.0 * 3.14159265358979323846 / base;
-        if (wavelen < old / p.high_freq_factor) return base;
-        if (wavelen > old / p.low_freq_factor) return base / p.factor;
-        const double smooth =
-            (old / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
-        return (1.0 - smooth) * base / p.factor + smooth * base;
-    }
-    return base;
-}
-
-// x (and x2, when it has heads: k beside q) rotated for each token's
-// position; a head of x2 gets the bits a launch of its own would give.
-__device__ __forceinline__ void rope(const RopeParams& p) {
-    const uint32_t half_dim = p.head_dim / 2;
-    const uint32_t heads = p.n_heads + p.n_heads2;  // per token, x's then x2's
-    const uint64_t total = (uint64_t)p.n_tokens * heads * half_dim;
-    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (uint64_t)gridDim.x * blockDim.x) {
-        const uint32_t i = idx % half_dim;
-        const uint64_t th = idx / half_dim;  // token * heads + head
-        const uint64_t t = th / heads;
-        const uint32_t h = th % heads;
-        float* x = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
-                                 : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
-        // Angles in double: positions reach 10^5-10^6, where an f32 angle
-        // would already be off by more than the f32 result's precision.
-        const double inv_freq = rope_inv_freq(p, i);
-        double sd, cd;
-        sincos((double)p.positions[t] * inv_freq, &sd, &cd);
-        const float s = (float)sd, c = (float)cd;
-        const uint32_t i0 = p.style == 0 ? 2 * i : i;
-        const uint32_t i1 = p.style == 0 ? 2 * i + 1 : i + half_dim;
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * c - x1 * s;
-        x[i1] = x0 * s + x1 * c;
-    }
 }
 
 __device__ __forceinline__ void swiglu(const SwigluParams& p) {

@@ -149,6 +149,17 @@ struct RopeParams {
     uint32_t scaling;           // 0 none, 1 linear, 2 llama3
     uint32_t n_heads2;          // heads of x2, rotated the same way (0: no x2)
     float* x2;                  // [n_tokens, n_heads2, head_dim] f32, in place (k beside q)
+    // The append (kv set; null: none): x2 after its rotation (k) and v are
+    // also stored, rounded to the KV dtype, in token t's slot dst_slot[t]
+    // of page dst_page[t] of `layer`, as kv_append stores them.
+    const float* v;             // [n_tokens, kv_dim] f32
+    const uint32_t* dst_page;   // [n_tokens] arena page of each token
+    const uint32_t* dst_slot;   // [n_tokens] slot within that page (< page_size)
+    void* kv;                   // KV arena, KV dtype
+    uint64_t page_stride;
+    uint32_t kv_dim;            // n_heads2 * head_dim
+    uint32_t layer;
+    uint32_t page_size_log2;
 };
 
 // out = silu(gate) * up, elementwise. grid-stride over n.

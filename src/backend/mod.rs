@@ -343,6 +343,29 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// [`Backend::rope_qk`] of `q` and `k` for the pass's `positions`,
+    /// then [`Backend::kv_append_each`] of the rotated `k` and of `v`: the
+    /// same bits in `q`, `k` and the pages. A backend may do both in one
+    /// pass. An error that is not a sequence's names sequence 0 (it is
+    /// never [`BackendError::Kv`]).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_append_each<S: Writable>(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        positions: &[usize],
+        rope: Rope,
+        k_heads: usize,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        spans: &[SeqSpan],
+    ) -> Result<(), (usize, BackendError)> {
+        self.rope_qk(q, k, positions, rope, k_heads)
+            .map_err(|e| (0, e))?;
+        self.kv_append_each(seqs, layer, k, v, spans)
+    }
+
     /// Causal attention for many query positions per sequence (prefill):
     /// `q: [rows, q_dim]`, span `s` reads `kv[s]`, which must already hold
     /// every position up to `spans[s].end_pos()`. `out: [rows, q_dim]`.

@@ -785,18 +785,21 @@ impl<B: Backend> Model<B> {
             if let Some(bv) = &layer.bv {
                 b.add_bias(&mut s.v, bv)?;
             }
-            b.rope_qk(
+            b.rope_qk_append_each(
                 &mut s.q,
                 &mut s.k,
+                &s.v,
                 &s.positions,
                 rope(c.n_heads),
                 c.n_kv_heads,
-            )?;
-            b.kv_append_each(seqs, li, &s.k, &s.v, &s.spans)
-                .map_err(|(i, e)| match e {
-                    BackendError::Kv(k) => kv_err(i, seqs[i].owner())(k),
-                    other => ForwardError::Backend(other),
-                })?;
+                seqs,
+                li,
+                &s.spans,
+            )
+            .map_err(|(i, e)| match e {
+                BackendError::Kv(k) => kv_err(i, seqs[i].owner())(k),
+                other => ForwardError::Backend(other),
+            })?;
             {
                 let seq_views = reader
                     .pass_views(&check, seqs.iter().map(|s| &**s))

@@ -324,12 +324,16 @@ const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
 fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
     // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
-    // merge, scrub, rms_norm, rope, swiglu, embedding (f32, bf16), argmax,
-    // sample_rows, row_logprobs; linear, linear_mma (bf16), add_periodic;
-    // xxh3_ranges, page_checksums; prefill_mma: 2 x 2; decode_mma: 2 dtypes
-    // x 2 head dims x 2 groups; linear_mma_wide and linear_mma_gemm (bf16);
+    // merge, scrub, rms_norm, rope (3 KV dtypes, for its append), swiglu,
+    // embedding (f32, bf16), argmax, sample_rows, row_logprobs; linear,
+    // linear_mma (bf16), add_periodic; xxh3_ranges, page_checksums;
+    // prefill_mma and prefill_mma_wide: 2 x 2 each; decode_mma: 2 dtypes x
+    // 2 head dims x 2 groups; linear_mma_wide and linear_mma_gemm (bf16);
     // the group launches of the three bf16 tiles.
-    assert_eq!(dev.kernel_count(), 72 + 18 + 3 + 10 + 3 + 2 + 4 + 8 + 2 + 3);
+    assert_eq!(
+        dev.kernel_count(),
+        72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 2 + 3
+    );
 }
 
 // ----------------------------------------------------------------- decode
@@ -1314,6 +1318,90 @@ fn rope_matches_reference_for_both_conventions() {
                 &want,
                 RTOL,
             );
+        }
+    }
+}
+
+#[test]
+fn rope_with_its_append_stores_the_bits_of_rope_then_the_append() {
+    // rope_pair_append (the decode step's RoPE and KV append in one launch):
+    // q, k and every page must end with the bits of rope_pair then
+    // kv_append, for every KV dtype and page size; poisoned neighbours stay
+    // poisoned.
+    let dev = gpu!("rope_with_its_append_stores_the_bits_of_rope_then_the_append");
+    let mut rng = Rng(19);
+    let (q_heads, k_heads, hd) = (8, 2, 64);
+    for dtype in DTYPES {
+        for ps in [1, 16, 64] {
+            let g = geometry(dtype, k_heads, hd);
+            let host = HostArena::poisoned(g, ps, 6);
+            let (mut two, mut one) = (host.upload(&dev), host.upload(&dev));
+            let pages = [4u32, 1, 5];
+            let kv_len = (2 * ps + 1).min(3 * ps);
+            let q_len = kv_len.min(3);
+            let seq = [SeqPages {
+                pages: &pages,
+                kv_len,
+                q_len,
+            }];
+            let slots_two = SlotMap::for_new_positions(&dev, &two, &seq).unwrap();
+            let slots_one = SlotMap::for_new_positions(&dev, &one, &seq).unwrap();
+            let pos: Vec<u32> = (kv_len - q_len..kv_len).map(|p| p as u32).collect();
+            let positions = dev.upload(&pos).unwrap();
+            let rope = Rope {
+                n_heads: q_heads,
+                head_dim: hd,
+                theta: 500_000.0,
+                style: RopeStyle::Half,
+                scaling: RopeScaling::None,
+            };
+            let q = rng.vec(q_len * q_heads * hd, 2.0);
+            let k = rng.vec(q_len * g.kv_dim(), 2.0);
+            let v = dev.upload(&rng.vec(q_len * g.kv_dim(), 2.0)).unwrap();
+            let (mut q2, mut k2) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+            dev.rope_pair(&mut q2, &mut k2, k_heads, &positions, rope)
+                .unwrap();
+            dev.kv_append(&mut two, 1, &slots_two, &k2, &v).unwrap();
+            let (mut q1, mut k1) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+            dev.rope_pair_append(
+                &mut q1, &mut k1, k_heads, &positions, rope, &mut one, 1, &slots_one, &v,
+            )
+            .unwrap();
+            let what = format!("{dtype:?} page size {ps}");
+            assert_eq!(
+                bits(&dev.download(&q1).unwrap()),
+                bits(&dev.download(&q2).unwrap()),
+                "{what}: q"
+            );
+            assert_eq!(
+                bits(&dev.download(&k1).unwrap()),
+                bits(&dev.download(&k2).unwrap()),
+                "{what}: k"
+            );
+            for p in 0..6u32 {
+                assert!(
+                    one.read_page(&dev, p).unwrap() == two.read_page(&dev, p).unwrap(),
+                    "{what}: page {p}"
+                );
+            }
+            // Another arena's slot map, or a slot map of another length, is refused.
+            assert!(matches!(
+                dev.rope_pair_append(
+                    &mut q1, &mut k1, k_heads, &positions, rope, &mut one, 1, &slots_two, &v,
+                ),
+                Err(CudaError::ForeignArena)
+            ));
+            let short = dev.upload(&pos[..q_len - 1]).unwrap();
+            if q_len > 1 {
+                let q_short = &mut dev.upload(&q[..(q_len - 1) * q_heads * hd]).unwrap();
+                let k_short = &mut dev.upload(&k[..(q_len - 1) * g.kv_dim()]).unwrap();
+                assert!(matches!(
+                    dev.rope_pair_append(
+                        q_short, k_short, k_heads, &short, rope, &mut one, 1, &slots_one, &v,
+                    ),
+                    Err(CudaError::Shape { .. })
+                ));
+            }
         }
     }
 }

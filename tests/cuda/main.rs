@@ -10,6 +10,7 @@ mod cuda_backend;
 mod cuda_kernels;
 mod cuda_pages;
 mod decode_host;
+mod kv_write_host;
 mod linear_mma_host;
 mod logprobs_host;
 mod prefill_mma_host;

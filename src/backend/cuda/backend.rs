@@ -453,6 +453,76 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The batched append of a pass (see [`CudaBackend::kv_append_each`]):
+    /// when every sequence is in this device's one device-resident pool and
+    /// the spans' rows follow each other, reserves every sequence's slots,
+    /// runs `launch` once with the arena, the pass's slot map and its rows,
+    /// and counts the rows as written once it is enqueued. `Ok(None)`: the
+    /// pass is not one for a single launch (nothing was reserved or run).
+    fn append_batched<S: Writable>(
+        &self,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        k_len: usize,
+        v_len: usize,
+        spans: &[SeqSpan],
+        launch: impl FnOnce(&mut DeviceKvArena, &SlotMap, Range<usize>) -> Result<(), BackendError>,
+    ) -> Result<Option<()>, (usize, BackendError)> {
+        let Some(pool) = seqs.first().map(|s| s.pool().clone()) else {
+            return Ok(Some(()));
+        };
+        let back_to_back = spans.len() == seqs.len()
+            && spans
+                .windows(2)
+                .all(|w| w[1].first_row == w[0].first_row + w[0].rows);
+        let one_pool = seqs.iter().all(|s| s.pool().shared.id == pool.shared.id);
+        if pool.residence() != Residence::Device || !back_to_back || !one_pool {
+            return Ok(None);
+        }
+        let kvd = pool.config().geometry().kv_dim();
+        let n = rows_of("kv_append", k_len, kvd).map_err(|e| (0, e))?;
+        if v_len != k_len {
+            let e = shape_err("kv_append", "V length (= K length)", k_len, v_len);
+            return Err((0, e));
+        }
+        let first_row = spans.first().map_or(0, |s| s.first_row);
+        let end_row = spans.last().map_or(0, |s| s.first_row + s.rows);
+        if end_row > n {
+            return Err((
+                seqs.len() - 1,
+                shape_err("kv_append", "row range within", n, end_row),
+            ));
+        }
+        let cuda = self.own_pages(pool.device_pages()).map_err(|e| (0, e))?;
+        let mut appends = Vec::with_capacity(seqs.len());
+        let mut slots = Vec::with_capacity(end_row - first_row);
+        for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
+            let append = seq
+                .device_append(layer, span.rows)
+                .map_err(|e| (i, BackendError::Kv(e)))?;
+            slots.extend_from_slice(append.slots());
+            appends.push(append);
+        }
+        if slots.is_empty() {
+            return Ok(Some(()));
+        }
+        let mut arena = cuda.arena();
+        // Every layer of a step appends to the same slots.
+        let map = self
+            .slots_memo
+            .get_or_make((arena.id, slots), |(_, slots)| {
+                SlotMap::new(&self.dev, &arena, slots)
+            })
+            .map_err(|e| (0, dev_err(e)))?;
+        launch(&mut arena, &map, first_row..end_row).map_err(|e| (0, e))?;
+        for append in appends {
+            append.commit();
+        }
+        Ok(Some(()))
+    }
+}
+
 fn dev_err(e: CudaError) -> BackendError {
     match e {
         CudaError::TokenOutOfRange { token, vocab } => {
@@ -887,66 +957,72 @@ impl Backend for CudaBackend {
         v: &CudaBuf,
         spans: &[SeqSpan],
     ) -> Result<(), (usize, BackendError)> {
-        let Some(pool) = seqs.first().map(|s| s.pool().clone()) else {
-            return Ok(());
-        };
-        let back_to_back = spans.len() == seqs.len()
-            && spans
-                .windows(2)
-                .all(|w| w[1].first_row == w[0].first_row + w[0].rows);
-        let one_pool = seqs.iter().all(|s| s.pool().shared.id == pool.shared.id);
-        if pool.residence() != Residence::Device || !back_to_back || !one_pool {
+        let batched =
+            self.append_batched(seqs, layer, k.len, v.len, spans, |arena, map, rows| {
+                let kvd = arena.geometry().kv_dim();
+                let elems = rows.start * kvd..rows.end * kvd;
+                let k_rows = k.view()?.slice(elems.clone());
+                let v_rows = v.view()?.slice(elems);
+                self.dev
+                    .kv_append(arena, layer, map, &k_rows, &v_rows)
+                    .map_err(dev_err)
+            })?;
+        if batched.is_none() {
             for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
                 self.kv_append(seq, layer, k, v, span.row_range())
                     .map_err(|e| (i, e))?;
             }
-            return Ok(());
-        }
-        let kvd = pool.config().geometry().kv_dim();
-        let n = rows_of("kv_append", k.len, kvd).map_err(|e| (0, e))?;
-        if v.len != k.len {
-            let e = shape_err("kv_append", "V length (= K length)", k.len, v.len);
-            return Err((0, e));
-        }
-        let first_row = spans.first().map_or(0, |s| s.first_row);
-        let end_row = spans.last().map_or(0, |s| s.first_row + s.rows);
-        if end_row > n {
-            return Err((
-                seqs.len() - 1,
-                shape_err("kv_append", "row range within", n, end_row),
-            ));
-        }
-        let cuda = self.own_pages(pool.device_pages()).map_err(|e| (0, e))?;
-        let mut appends = Vec::with_capacity(seqs.len());
-        let mut slots = Vec::with_capacity(end_row - first_row);
-        for (i, (seq, span)) in seqs.iter_mut().zip(spans).enumerate() {
-            let append = seq
-                .device_append(layer, span.rows)
-                .map_err(|e| (i, BackendError::Kv(e)))?;
-            slots.extend_from_slice(append.slots());
-            appends.push(append);
-        }
-        if slots.is_empty() {
-            return Ok(());
-        }
-        let elems = first_row * kvd..end_row * kvd;
-        let k_rows = k.view().map_err(|e| (0, e))?.slice(elems.clone());
-        let v_rows = v.view().map_err(|e| (0, e))?.slice(elems);
-        let mut arena = cuda.arena();
-        // Every layer of a step appends to the same slots.
-        let map = self
-            .slots_memo
-            .get_or_make((arena.id, slots), |(_, slots)| {
-                SlotMap::new(&self.dev, &arena, slots)
-            })
-            .map_err(|e| (0, dev_err(e)))?;
-        self.dev
-            .kv_append(&mut arena, layer, &map, &k_rows, &v_rows)
-            .map_err(|e| (0, dev_err(e)))?;
-        for append in appends {
-            append.commit();
         }
         Ok(())
+    }
+
+    /// RoPE and the append in one launch where the append is batched (see
+    /// [`CudaBackend::kv_append_each`]) and covers every row of the pass:
+    /// one launch a layer fewer, with the bits of the two.
+    fn rope_qk_append_each<S: Writable>(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        positions: &[usize],
+        rope: Rope,
+        k_heads: usize,
+        seqs: &mut [&mut KvSeq<S>],
+        layer: usize,
+        spans: &[SeqSpan],
+    ) -> Result<(), (usize, BackendError)> {
+        let every_row = !positions.is_empty()
+            && spans.first().is_some_and(|s| s.first_row == 0)
+            && spans.last().map(|s| s.first_row + s.rows) == Some(positions.len());
+        if every_row {
+            let checks = check_rope_rows(q.len, positions, rope.n_heads * rope.head_dim)
+                .and_then(|()| check_rope_rows(k.len, positions, k_heads * rope.head_dim));
+            checks.map_err(|e| (0, e))?;
+            let pos = self.device_positions(positions).map_err(|e| (0, e))?;
+            let k_len = k.len;
+            let batched =
+                self.append_batched(seqs, layer, k_len, v.len, spans, |arena, map, _| {
+                    self.dev
+                        .rope_pair_append(
+                            &mut q.view_mut()?,
+                            &mut k.view_mut()?,
+                            k_heads,
+                            &*pos,
+                            rope,
+                            arena,
+                            layer,
+                            map,
+                            &v.view()?,
+                        )
+                        .map_err(dev_err)
+                })?;
+            if batched.is_some() {
+                return Ok(());
+            }
+        }
+        self.rope_qk(q, k, positions, rope, k_heads)
+            .map_err(|e| (0, e))?;
+        self.kv_append_each(seqs, layer, k, v, spans)
     }
 
     fn attention_prefill(

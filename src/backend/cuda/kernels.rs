@@ -88,14 +88,15 @@ mod tests {
     #[test]
     fn every_kernel_has_its_own_slot_and_symbol() {
         // decode 3 x 6 x 4, prefill 3 x 6, append 3, merge, scrub, rms_norm,
-        // rope, swiglu, embedding 2, argmax, sample_rows, row_logprobs,
-        // linear, linear_mma, add_periodic, xxh3_ranges, page_checksums,
-        // tensor-core prefill 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2,
+        // rope 3 (one per KV dtype, for its append), swiglu, embedding 2,
+        // argmax, sample_rows, row_logprobs, linear, linear_mma,
+        // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
+        // 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2,
         // linear_mma_wide, linear_mma_gemm; the three group launches: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            72 + 18 + 3 + 10 + 3 + 2 + 4 + 4 + 8 + 2 + 3
+            72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 2 + 3
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");

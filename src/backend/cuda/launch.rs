@@ -162,6 +162,14 @@ impl<'a> Args<'a> {
     }
 }
 
+/// The append a RoPE launch also carries out ([`CudaDevice::rope_pair_append`]).
+struct Append<'a, V> {
+    arena: &'a mut DeviceKvArena,
+    layer: usize,
+    slots: &'a SlotMap,
+    v: &'a V,
+}
+
 /// Scratch buffers of split-KV decode, grown on demand and reused.
 #[derive(Default)]
 pub struct DecodeWorkspace {
@@ -678,7 +686,13 @@ impl CudaDevice {
         positions: &impl DevicePtr<u32>,
         rope: Rope,
     ) -> Result<(), CudaError> {
-        self.rope_launch(x, None::<(&mut CudaSlice<f32>, usize)>, positions, rope)
+        self.rope_launch(
+            x,
+            None::<(&mut CudaSlice<f32>, usize)>,
+            positions,
+            rope,
+            None::<Append<'_, CudaSlice<f32>>>,
+        )
     }
 
     /// [`CudaDevice::rope`] of `q` (`rope.n_heads` heads) and of `k`
@@ -692,15 +706,48 @@ impl CudaDevice {
         positions: &impl DevicePtr<u32>,
         rope: Rope,
     ) -> Result<(), CudaError> {
-        self.rope_launch(q, Some((k, k_heads)), positions, rope)
+        self.rope_launch(
+            q,
+            Some((k, k_heads)),
+            positions,
+            rope,
+            None::<Append<'_, CudaSlice<f32>>>,
+        )
     }
 
-    fn rope_launch<X2: DevicePtrMut<f32>>(
+    /// [`CudaDevice::rope_pair`], then [`CudaDevice::kv_append`] of the
+    /// rotated `k` and of `v` to `slots` of `layer`, in one launch: `q`, `k`
+    /// and the pages get the bits of the two launches. `k` must be the
+    /// arena's K rows (`k_heads * head_dim == kv_dim`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_pair_append(
+        &self,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        k_heads: usize,
+        positions: &impl DevicePtr<u32>,
+        rope: Rope,
+        arena: &mut DeviceKvArena,
+        layer: usize,
+        slots: &SlotMap,
+        v: &impl DevicePtr<f32>,
+    ) -> Result<(), CudaError> {
+        let append = Append {
+            arena,
+            layer,
+            slots,
+            v,
+        };
+        self.rope_launch(q, Some((k, k_heads)), positions, rope, Some(append))
+    }
+
+    fn rope_launch<X2: DevicePtrMut<f32>, V: DevicePtr<f32>>(
         &self,
         x: &mut impl DevicePtrMut<f32>,
         x2: Option<(&mut X2, usize)>,
         positions: &impl DevicePtr<u32>,
         rope: Rope,
+        append: Option<Append<'_, V>>,
     ) -> Result<(), CudaError> {
         let Rope {
             n_heads,
@@ -733,7 +780,7 @@ impl CudaDevice {
         }
         let total = elements(n_heads).saturating_add(elements(k_heads));
         let mut args = Args::new(&self.inner.stream);
-        let p = RopeParams {
+        let mut p = RopeParams {
             x: args.write(x),
             positions: args.read(positions),
             theta: f64::from(theta),
@@ -751,32 +798,86 @@ impl CudaDevice {
             },
             ..RopeParams::default()
         };
-        let p = match scaling {
-            RopeScaling::None => p,
-            RopeScaling::Linear { factor } => RopeParams {
-                scaling: 1,
-                factor: f64::from(factor),
-                ..p
-            },
+        match scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => {
+                p.scaling = 1;
+                p.factor = f64::from(factor);
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
                 original_max_position,
-            } => RopeParams {
-                scaling: 2,
-                factor: f64::from(factor),
-                low_freq_factor: f64::from(low_freq_factor),
-                high_freq_factor: f64::from(high_freq_factor),
-                original_max_position: f64::from(original_max_position),
-                ..p
-            },
+            } => {
+                p.scaling = 2;
+                p.factor = f64::from(factor);
+                p.low_freq_factor = f64::from(low_freq_factor);
+                p.high_freq_factor = f64::from(high_freq_factor);
+                p.original_max_position = f64::from(original_max_position);
+            }
+        }
+        // RoPE alone runs the f32 instantiation (it stores nothing in an
+        // arena); the append, the one of the arena's dtype, with one more
+        // item per V element.
+        let (dtype, extra) = match append {
+            None => (KvDtype::F32, 0),
+            Some(Append {
+                arena,
+                layer,
+                slots,
+                v,
+            }) => {
+                if slots.arena_id != arena.id {
+                    return Err(CudaError::ForeignArena);
+                }
+                let g = arena.geometry();
+                if layer >= g.n_layers {
+                    return Err(CudaError::Shape {
+                        what: "layer (below n_layers)",
+                        expected: g.n_layers,
+                        got: layer,
+                    });
+                }
+                shape(
+                    "appended tokens (one per rotated row)",
+                    positions.len(),
+                    slots.n_tokens,
+                )?;
+                shape(
+                    "appended K row (k_heads * head_dim)",
+                    g.kv_dim(),
+                    k_heads * head_dim,
+                )?;
+                shape("appended V elements", elements(k_heads), v.len())?;
+                p.page_stride = arena.page_elems() as u64;
+                p.kv_dim = to_u32("kv_dim", g.kv_dim())?;
+                p.layer = to_u32("layer", layer)?;
+                p.page_size_log2 = arena.page_size().trailing_zeros();
+                p.v = args.read(v);
+                p.dst_page = args.read(&slots.dst_page);
+                p.dst_slot = args.read(&slots.dst_slot);
+                p.kv = args.write(&mut arena.data);
+                (g.dtype, elements(k_heads))
+            }
         };
+        let kernel = kernels::rope(dtype).ok_or_else(|| CudaError::MissingKernel {
+            name: format!("rope for {dtype:?}"),
+        })?;
         // Launch contract: x holds n_tokens*n_heads*head_dim f32, x2 (when
         // n_heads2 > 0) n_tokens*n_heads2*head_dim, and positions n_tokens
         // u32 (checked); head_dim is even; the kernel grid-strides over the
-        // pairs of both.
-        self.launch(kernels::rope(), &p, grid_stride(total / 2), args)
+        // pairs of both. With kv set: the slot map was built for this arena
+        // (id checked) with every page inside it and every slot below
+        // page_size, one slot per token; layer < n_layers; x2's rows and v's
+        // are kv_dim wide (checked); the kernel matches the dtype and
+        // grid-strides over the v elements after the pairs.
+        self.launch(
+            kernel,
+            &p,
+            grid_stride((total / 2).saturating_add(extra)),
+            args,
+        )
     }
 
     /// `gate = silu(gate) * up`, elementwise, in place.

@@ -129,6 +129,15 @@ pub(crate) struct RopeParams {
     pub scaling: u32,
     pub n_heads2: u32, // heads of x2 (0: no x2)
     pub x2: u64,       // [n_tokens, n_heads2, head_dim] f32
+    // The append of x2 (k) and v (kv != 0).
+    pub v: u64,        // [n_tokens, kv_dim] f32
+    pub dst_page: u64, // [n_tokens] u32
+    pub dst_slot: u64, // [n_tokens] u32
+    pub kv: u64,       // KV arena (0: no append)
+    pub page_stride: u64,
+    pub kv_dim: u32,
+    pub layer: u32,
+    pub page_size_log2: u32,
 }
 
 /// SwiGLU. See `SwigluParams` in params.cuh.

@@ -372,14 +372,18 @@ pub const FAMILIES: &[Family] = &[
         true,
         "launching RMSNorm",
     ),
-    Family::plain(
-        "rope",
-        "elementwise",
-        "RopeParams",
-        256,
-        false,
-        "launching RoPE",
-    ),
+    Family {
+        // One per KV dtype for the append; RoPE alone runs the f32 one.
+        dtypes: &ALL_DTYPES,
+        ..Family::plain(
+            "rope",
+            "elementwise",
+            "RopeParams",
+            256,
+            false,
+            "launching RoPE",
+        )
+    },
     Family::plain(
         "swiglu",
         "elementwise",
@@ -713,6 +717,14 @@ pub const PARAMS: &[Params] = &[
             ("scaling", U32),
             ("n_heads2", U32),
             ("x2", Ptr),
+            ("v", Ptr),
+            ("dst_page", Ptr),
+            ("dst_slot", Ptr),
+            ("kv", Ptr),
+            ("page_stride", U64),
+            ("kv_dim", U32),
+            ("layer", U32),
+            ("page_size_log2", U32),
         ],
     },
     Params {

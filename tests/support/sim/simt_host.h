@@ -48,6 +48,7 @@ struct SimDim3 {
 inline thread_local SimDim3 threadIdx;
 inline thread_local SimDim3 blockIdx;
 inline thread_local SimDim3 blockDim;
+inline thread_local SimDim3 gridDim;
 
 struct alignas(16) uint4 {
     uint32_t x, y, z, w;
@@ -255,6 +256,9 @@ inline long long __double_as_longlong(double d) {
     std::memcpy(&v, &d, 8);
     return v;
 }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline unsigned long long __double2ull_rz(double d) { return (unsigned long long)d; }
