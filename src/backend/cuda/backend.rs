@@ -459,7 +459,8 @@ impl CudaBackend {
     /// the spans' rows follow each other, reserves every sequence's slots,
     /// runs `launch` once with the arena, the pass's slot map and its rows,
     /// and counts the rows as written once it is enqueued. `Ok(None)`: the
-    /// pass is not one for a single launch (nothing was reserved or run).
+    /// pass is not one for a single launch, or has no sequence (nothing
+    /// was reserved or run).
     fn append_batched<S: Writable>(
         &self,
         seqs: &mut [&mut KvSeq<S>],
@@ -470,7 +471,7 @@ impl CudaBackend {
         launch: impl FnOnce(&mut DeviceKvArena, &SlotMap, Range<usize>) -> Result<(), BackendError>,
     ) -> Result<Option<()>, (usize, BackendError)> {
         let Some(pool) = seqs.first().map(|s| s.pool().clone()) else {
-            return Ok(Some(()));
+            return Ok(None); // nothing to append: the caller's plain path
         };
         let back_to_back = spans.len() == seqs.len()
             && spans
