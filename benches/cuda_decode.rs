@@ -20,7 +20,11 @@
 //! (`e2e_b1_weight_bw_share`); the host's CPU time per decode step at batch
 //! 1 and 256 (the thread's run time from `/proc/thread-self/schedstat`,
 //! with the context set to block, not spin, in a sync); time to first
-//! token for 512- and 4,096-token prompts. `scripts/torch_decode_peer.py`
+//! token for 512- and 4,096-token prompts; decode at batch 1, 4 and 16
+//! with the RMSNorms and the SwiGLU carried in the matmuls' launches (the
+//! default; the norms up to 4 rows) and launched apart
+//! (`carried_stages_speedup_b1`, `_b4`, `_b16`).
+//! `scripts/torch_decode_peer.py`
 //! times the same shape in torch on the same GPU for the peer ratio.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
@@ -295,6 +299,30 @@ mod gpu {
             println!(
                 "e2e_b1_weight_bw_share={:.3} ({b1:.1} tokens/s of a {limit:.0} tokens/s limit)",
                 b1 / limit
+            );
+        }
+        println!();
+        // The norms and the SwiGLU carried in the matmuls' launches (the
+        // default: at batch 1, 6 launches a decode layer) against launched
+        // apart (9), one after the other on the device way.
+        let backend = ways[0].model.backend();
+        for batch in [1usize, 4, 16] {
+            backend.set_carried_stages(false);
+            let apart = decode(&ways[0], batch);
+            backend.set_carried_stages(true);
+            let (apart, carried) = (apart?, decode(&ways[0], batch)?);
+            let host = |d: &Decode| {
+                d.host_us_per_step
+                    .map_or("n/a".into(), |h| format!("{h:.0}"))
+            };
+            println!(
+                "carried_stages_speedup_b{batch}={:.3} ({:.1} tokens/s carried, {:.1} apart; host \
+                 µs/step {} vs {})",
+                carried.tokens_per_s / apart.tokens_per_s,
+                carried.tokens_per_s,
+                apart.tokens_per_s,
+                host(&carried),
+                host(&apart)
             );
         }
         println!();

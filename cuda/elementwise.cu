@@ -1,9 +1,10 @@
 // Small kernels of the forward pass and of page management: KV append and
-// RoPE (kv_write.cuh), page scrub, RMSNorm, SwiGLU, embedding gather, greedy
-// argmax.
+// RoPE (kv_write.cuh), page scrub, RMSNorm and SwiGLU (pointwise.cuh),
+// embedding gather, greedy argmax.
 #include "common.cuh"
 #include "kv_write.cuh"
 #include "params.cuh"
+#include "pointwise.cuh"
 
 namespace handoff {
 
@@ -12,25 +13,6 @@ __device__ __forceinline__ void scrub_pages(const ScrubParams& p) {
     const uint4 fill = make_uint4(p.fill, p.fill, p.fill, p.fill);
     uint4* page = kv + (uint64_t)p.pages[blockIdx.x] * p.page_vec16;
     for (uint64_t i = threadIdx.x; i < p.page_vec16; i += blockDim.x) page[i] = fill;
-}
-
-__device__ __forceinline__ void rms_norm(const RmsNormParams& p) {
-    const uint64_t row = blockIdx.x;
-    const float* x = p.x + row * p.dim;
-    float ss = 0.0f;
-    for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
-    ss = block_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / (float)p.dim + p.eps);
-    float* out = p.out + row * p.dim;
-    for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = x[i] * inv * p.w[i];
-}
-
-__device__ __forceinline__ void swiglu(const SwigluParams& p) {
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.n;
-         i += (uint64_t)gridDim.x * blockDim.x) {
-        const float g = p.gate[i];
-        p.out[i] = g / (1.0f + expf(-g)) * p.up[i];
-    }
 }
 
 template <typename T>

@@ -56,8 +56,10 @@
 #else
 #include "mma.cuh"
 #endif
+#include "common.cuh"
 #include "params.cuh"
 #include "pipeline.cuh"
+#include "pointwise.cuh"
 
 namespace handoff {
 
@@ -77,10 +79,15 @@ constexpr int LMMA_BN = 16;
 constexpr int LMMA_WIDE_BM = 32;
 constexpr int LMMA_WIDE_BN = 32;
 
-// The warps' partial sums, [warp][row tile][n-tile][accumulator][lane].
+static_assert(LMMA_THREADS == RMS_THREADS,
+              "a tile sums a row's squares in the rms_norm kernel's order");
+
+// The warps' partial sums, [warp][row tile][n-tile][accumulator][lane], and
+// the RMSNorm scale of each of the block's rows.
 template <int RT, int NT>
 struct LmmaSmem {
     float part[LMMA_WARPS][RT][NT][4][32];
+    float scale[RT * 16];
 };
 
 template <int RT, int NT>
@@ -103,10 +110,12 @@ __device__ __forceinline__ float round_to(float x) {
 #endif
 }
 
-// x[r][c .. c + 8), 0 outside [m, k]. `vec`: rows of x start on 16 bytes
-// (k % 4 == 0 and an aligned base), so a chunk inside k is two float4.
+// x[r][c .. c + 8), 0 outside [m, k]; with NORM, RMSNorm of it (row r's
+// `scale`, rms_norm's product with p.norm_w). `vec`: rows of x start on 16
+// bytes (k % 4 == 0 and an aligned base), so a chunk inside k is two float4.
+template <bool NORM>
 __device__ __forceinline__ void lmma_x8(const LinearMmaParams& p, uint64_t r, uint32_t c, bool vec,
-                                        float v[8]) {
+                                        float scale, float v[8]) {
     if (r >= p.m) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = 0.0f;
@@ -118,18 +127,24 @@ __device__ __forceinline__ void lmma_x8(const LinearMmaParams& p, uint64_t r, ui
         const float4 b = *reinterpret_cast<const float4*>(row + c + 4);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = c + i < p.k ? row[c + i] : 0.0f;
+        for (int i = 0; i < 8; ++i) v[i] = c + i < p.k ? row[c + i] : 0.0f;
+    }
+    if (!NORM) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        if (c + i < p.k) v[i] = rms_apply(v[i], scale, p.norm_w[c + i]);
+    }
 }
 
-// w[n][c .. c + 8) as four registers (lo half = the lower k), 0 outside
-// [n, k]. `vec`: rows of w start on 16 bytes (k % 8 == 0 and an aligned
-// base), so a chunk inside k is one 16-byte load.
-__device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, uint64_t n, uint32_t c, bool vec) {
+// w[n][c .. c + 8) of `w` [p.n, p.k] (p.w or p.w_up) as four registers (lo
+// half = the lower k), 0 outside [n, k]. `vec`: rows of w start on 16 bytes
+// (k % 8 == 0 and an aligned base), so a chunk inside k is one 16-byte load.
+__device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, const void* w, uint64_t n, uint32_t c,
+                                         bool vec) {
     if (n >= p.n || c >= p.k) return make_uint4(0, 0, 0, 0);
-    const uint16_t* row = static_cast<const uint16_t*>(p.w) + n * p.k;
+    const uint16_t* row = static_cast<const uint16_t*>(w) + n * p.k;
     if (vec) return *reinterpret_cast<const uint4*>(row + c);  // c + 8 <= k: k % 8 == 0
     uint32_t e[4];
 #pragma unroll
@@ -172,18 +187,45 @@ __device__ __forceinline__ void lmma_store(const LinearMmaParams& p, uint64_t at
 }
 
 // RT row tiles of 16 and NT n-tiles of 8 per block, UNROLL k-blocks of
-// loads in flight per warp. grid (ceil(n / (8 NT)), ceil(m / (16 RT)));
-// block LMMA_THREADS.
-template <typename T, int RT, int NT, int UNROLL>
-__device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint32_t bx) {
+// loads in flight per warp; NORM: x is RMSNorm(x) * p.norm_w; PAIR: n-tiles
+// t and t + NT / 2 are the gate (p.w) and the up (p.w_up) of the same
+// columns, stored as SwiGLU. grid (ceil(n / (8 NT)), ceil(m / (16 RT))),
+// with PAIR ceil(n / (4 NT)) column blocks; block LMMA_THREADS.
+template <typename T, int RT, int NT, int UNROLL, bool NORM, bool PAIR>
+__device__ __forceinline__ void linear_mma_tiles_as(const LinearMmaParams& p, uint32_t bx) {
+    static_assert(NT % 2 == 0, "a SwiGLU pair takes half the n-tiles each");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = lane >> 2, tid = lane & 3;
+    LmmaSmem<RT, NT>& s = lmma_smem<RT, NT>();
     // This lane's rows: r0 + 16 rt and r0 + 16 rt + 8 of row tile rt.
     const uint64_t r0 = (uint64_t)blockIdx.y * (16 * RT) + group;
-    const uint64_t n0 = (uint64_t)bx * (8 * NT);
+    constexpr bool pair = PAIR;
+    const uint64_t n0 = (uint64_t)bx * (pair ? 4 * NT : 8 * NT);
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-    const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+    const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
+                       (!PAIR || reinterpret_cast<uintptr_t>(p.w_up) % 16 == 0);
     const uint32_t kblocks = (p.k + LMMA_KB - 1) / LMMA_KB;
+    // RMSNorm: each row's scale, its squares summed as rms_norm sums them
+    // (this block's RMS_THREADS threads, the same order, the same
+    // block_sum), then this lane's rows' scales.
+    float scale[RT][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) scale[rt][0] = scale[rt][1] = 0.0f;
+    if (NORM) {
+        const uint64_t rb = (uint64_t)blockIdx.y * (16 * RT);
+        for (int lr = 0; lr < 16 * RT && rb + lr < p.m; ++lr) {
+            const float ss = block_sum(rms_partial(p.x + (rb + lr) * p.k, p.k, threadIdx.x));
+            if (threadIdx.x == 0) s.scale[lr] = rms_scale(ss, p.k, p.norm_eps);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int lr = 16 * rt + 8 * h + group;
+                if (rb + lr < p.m) scale[rt][h] = s.scale[lr];
+            }
+    }
     float c[RT][NT][4];
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
@@ -200,13 +242,16 @@ __device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint3
             const bool live = kb < kblocks;
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                wv[u][t] = live ? lmma_w8(p, n0 + t * 8 + group, c0, w_vec) : make_uint4(0, 0, 0, 0);
+                // A pair's n-tile t reads the gate's rows, t + NT / 2 the up's.
+                const void* w = pair && t >= NT / 2 ? p.w_up : p.w;
+                const uint64_t n = n0 + (pair ? t % (NT / 2) : t) * 8 + group;
+                wv[u][t] = live ? lmma_w8(p, w, n, c0, w_vec) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int rt = 0; rt < RT; ++rt) {
                 const uint64_t ra = r0 + 16 * rt;
-                lmma_x8(p, live ? ra : p.m, c0, x_vec, xv[u][rt][0]);
-                lmma_x8(p, live ? ra + 8 : p.m, c0, x_vec, xv[u][rt][1]);
+                lmma_x8<NORM>(p, live ? ra : p.m, c0, x_vec, scale[rt][0], xv[u][rt][0]);
+                lmma_x8<NORM>(p, live ? ra + 8 : p.m, c0, x_vec, scale[rt][1], xv[u][rt][1]);
             }
         }
         // Then the mma, k-block by k-block in k order: for every output,
@@ -230,7 +275,6 @@ __device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint3
         }
     }
     // The warps' partial sums, added in warp order by warp 0.
-    LmmaSmem<RT, NT>& s = lmma_smem<RT, NT>();
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -239,20 +283,45 @@ __device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint3
             for (int i = 0; i < 4; ++i) s.part[warp][rt][t][i][lane] = c[rt][t][i];
     __syncthreads();
     if (warp != 0) return;
+    auto sum = [&](int rt, int t, int i) {
+        float v = s.part[0][rt][t][i][lane];
+        for (int w = 1; w < LMMA_WARPS; ++w) v += s.part[w][rt][t][i][lane];
+        return v;
+    };
     // C fragment: c0 c1 (row group, cols 2 tid, +1), c2 c3 (row group + 8).
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
+            if (pair && t >= NT / 2) break;  // the up halves: read with their gates
             const uint64_t col = n0 + t * 8 + 2 * tid;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                float v = s.part[0][rt][t][i][lane];
-                for (int w = 1; w < LMMA_WARPS; ++w) v += s.part[w][rt][t][i][lane];
+                // A pair stores SwiGLU of the gate's and the up's sums, as
+                // swiglu does of the two products' outputs.
+                const float v = pair ? swiglu_of(sum(rt, t, i), sum(rt, t + NT / 2, i)) : sum(rt, t, i);
                 const uint64_t r = r0 + 16 * rt + (i < 2 ? 0 : 8), j = col + (i & 1);
                 if (r < p.m && j < p.n) lmma_store(p, r * p.n + j, v);
             }
         }
+    }
+}
+
+// linear_mma_tiles_as with the stages p asks to carry (one compiled form
+// each, so that a plain product runs the code it ran before there were
+// stages to carry).
+template <typename T, int RT, int NT, int UNROLL>
+__device__ __forceinline__ void linear_mma_tiles(const LinearMmaParams& p, uint32_t bx) {
+    if (p.norm_w != nullptr) {  // block-uniform, as below
+        if (p.w_up != nullptr) {
+            linear_mma_tiles_as<T, RT, NT, UNROLL, true, true>(p, bx);
+        } else {
+            linear_mma_tiles_as<T, RT, NT, UNROLL, true, false>(p, bx);
+        }
+    } else if (p.w_up != nullptr) {
+        linear_mma_tiles_as<T, RT, NT, UNROLL, false, true>(p, bx);
+    } else {
+        linear_mma_tiles_as<T, RT, NT, UNROLL, false, false>(p, bx);
     }
 }
 
@@ -506,11 +575,11 @@ __device__ __forceinline__ LinearMmaParams lmma_group(const LinearMmaGroupParams
         bx -= g.blocks0;
         if (g.n_groups == 3 && bx >= g.blocks1) {
             bx -= g.blocks1;
-            return LinearMmaParams{g.x, g.w2, g.out2, g.m, g.n2, g.k, 0};
+            return LinearMmaParams{g.x, g.w2, g.out2, g.norm_w, nullptr, g.m, g.n2, g.k, 0, g.norm_eps, 0};
         }
-        return LinearMmaParams{g.x, g.w1, g.out1, g.m, g.n1, g.k, 0};
+        return LinearMmaParams{g.x, g.w1, g.out1, g.norm_w, nullptr, g.m, g.n1, g.k, 0, g.norm_eps, 0};
     }
-    return LinearMmaParams{g.x, g.w0, g.out0, g.m, g.n0, g.k, 0};
+    return LinearMmaParams{g.x, g.w0, g.out0, g.norm_w, nullptr, g.m, g.n0, g.k, 0, g.norm_eps, 0};
 }
 
 // The group launches of the three tiles: grid (blocks0 + blocks1 + blocks of

@@ -245,13 +245,18 @@ struct LinearParams {
 // out = x · wᵀ, or out += x · wᵀ when `accumulate`, with bf16 weights on
 // tensor cores (cuda/linear_mma.cuh).
 struct LinearMmaParams {
-    const float* x;  // [m, k] f32
-    const void* w;   // [n, k] bf16
-    float* out;      // [m, n] f32
+    const float* x;       // [m, k] f32
+    const void* w;        // [n, k] bf16
+    float* out;           // [m, n] f32
+    // What the decode and wide tiles carry in (the prefill tile: both null):
+    const float* norm_w;  // [k] f32, or null: x is RMSNorm(x) * norm_w, row by row
+    const void* w_up;     // [n, k] bf16, or null: out = SwiGLU(x · wᵀ, x · w_upᵀ)
     uint32_t m;
     uint32_t n;
     uint32_t k;
     uint32_t accumulate;  // 0 or 1
+    float norm_eps;       // RMSNorm's epsilon (with norm_w)
+    uint32_t pad0;
 };
 
 // Up to three products of one x in one launch (q, k and v; gate and up),
@@ -275,6 +280,9 @@ struct LinearMmaGroupParams {
     uint32_t blocks0;  // column blocks of product 0
     uint32_t blocks1;  // column blocks of product 1
     uint32_t n_groups;  // 1..=3
+    const float* norm_w;  // [k] f32, or null: x is RMSNorm(x) * norm_w (decode tile)
+    float norm_eps;
+    uint32_t pad0;
 };
 
 // x[i] += y[i % period] (period = n: add; period = cols: bias per row).

@@ -122,6 +122,24 @@ impl Rope {
     }
 }
 
+/// An RMSNorm to apply ([`Backend::rms_norm`]'s weight and epsilon), for
+/// the operations that may carry it in their pass.
+#[derive(Debug)]
+pub struct Norm<'a, M> {
+    /// `[cols]`, one factor per element of a row.
+    pub weight: &'a M,
+    /// Added to the mean square before the square root.
+    pub eps: f32,
+}
+
+impl<M> Clone for Norm<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for Norm<'_, M> {}
+
 /// The operations of a Llama forward pass.
 ///
 /// Output buffers are sized by the op (grow-only: a reused buffer does not
@@ -253,6 +271,41 @@ pub trait Backend: Send + Sync + 'static {
             self.matmul(x, w, out)?;
         }
         Ok(())
+    }
+
+    /// `outs[i] = RMSNorm(x) · ws[i]ᵀ` (q, k and v of the attention norm's
+    /// output): the bits of [`Backend::rms_norm`] into `xn`, then
+    /// [`Backend::matmul_many`] of `xn`. A backend may carry the norm in
+    /// the products' pass; `xn` then holds nothing of use.
+    fn norm_matmul_many<const N: usize>(
+        &self,
+        x: &Self::Buf,
+        norm: Norm<'_, Self::Mat>,
+        xn: &mut Self::Buf,
+        ws: [&Self::Mat; N],
+        outs: [&mut Self::Buf; N],
+    ) -> Result<(), BackendError> {
+        self.rms_norm(x, norm.weight, norm.eps, xn)?;
+        self.matmul_many(xn, ws, outs)
+    }
+
+    /// The feed-forward's input: `gate = SwiGLU(RMSNorm(x) · w_gateᵀ,
+    /// RMSNorm(x) · w_upᵀ)` with `ws = [w_gate, w_up]` and `outs = [gate,
+    /// up]`: the bits of [`Backend::norm_matmul_many`] then
+    /// [`Backend::swiglu`]. `xn` and `up` are scratch: a backend may carry
+    /// the norm and the SwiGLU in the products' pass and leave them as
+    /// they were.
+    fn norm_swiglu(
+        &self,
+        x: &Self::Buf,
+        norm: Norm<'_, Self::Mat>,
+        xn: &mut Self::Buf,
+        ws: [&Self::Mat; 2],
+        outs: [&mut Self::Buf; 2],
+    ) -> Result<(), BackendError> {
+        let [gate, up] = outs;
+        self.norm_matmul_many(x, norm, xn, ws, [&mut *gate, &mut *up])?;
+        self.swiglu(gate, up)
     }
 
     /// `x += a · Wᵀ`: a projection added to the residual stream, with the

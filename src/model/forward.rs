@@ -7,7 +7,7 @@
 //! a pool or a scheduler: callers (the colocated [`crate::Engine`], prefill
 //! and decode workers) hand it the `KvSeq` handles to fill.
 
-use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, PassPlan, Rope, SeqSpan};
+use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, Norm, PassPlan, Rope, SeqSpan};
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Writable};
@@ -770,9 +770,11 @@ impl<B: Backend> Model<B> {
                 .map_err(|(i, e)| kv_err(i, seqs[i].owner())(e))?
         };
         for (li, layer) in self.layers.iter().enumerate() {
-            b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
-            b.matmul_many(
-                &s.xn,
+            let norm = |weight| Norm { weight, eps };
+            b.norm_matmul_many(
+                &s.x,
+                norm(&layer.attn_norm),
+                &mut s.xn,
                 [&layer.wq, &layer.wk, &layer.wv],
                 [&mut s.q, &mut s.k, &mut s.v],
             )?;
@@ -815,9 +817,13 @@ impl<B: Backend> Model<B> {
                 }
             }
             b.matmul_add(&s.att, &layer.wo, &mut s.proj, &mut s.x)?;
-            b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
-            b.matmul_many(&s.xn, [&layer.w1, &layer.w3], [&mut s.gate, &mut s.up])?;
-            b.swiglu(&mut s.gate, &s.up)?;
+            b.norm_swiglu(
+                &s.x,
+                norm(&layer.ffn_norm),
+                &mut s.xn,
+                [&layer.w1, &layer.w3],
+                [&mut s.gate, &mut s.up],
+            )?;
             b.matmul_add(&s.gate, &layer.w2, &mut s.proj, &mut s.x)?;
         }
         s.out_rows.clear();

@@ -599,8 +599,9 @@ fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
 /// A bf16 checkpoint's weights stay bf16 on the device (half the bytes of
 /// f32) and run on tensor cores: logits within the split activations'
 /// precision of the CPU backend's (which keeps the same bf16 weights), a
-/// sequence's logits the same bits alone as in a batch, and the same model
-/// widened to f32 (`bf16_weights(false)`) as a cross-check.
+/// sequence's logits the same bits alone as in a batch and with the norms
+/// and SwiGLU launched apart, and the same model widened to f32
+/// (`bf16_weights(false)`) as a cross-check.
 #[test]
 fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
     let test = "bf16_weights_stay_bf16_on_the_device_and_match_the_cpu";
@@ -679,6 +680,24 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
             );
         }
     }
+    // The norms and the SwiGLU ride in the matmuls' launches (the default);
+    // launched apart, every logit keeps its bits.
+    tc.backend().set_carried_stages(false);
+    let apart = forced_logits(&tc, &pool(), &prompts, &forced);
+    tc.backend().set_carried_stages(true);
+    let to_bits = |l: &Vec<Vec<Vec<f32>>>| -> Vec<Vec<Vec<u32>>> {
+        l.iter()
+            .map(|step| {
+                step.iter()
+                    .map(|r| r.iter().map(|x| x.to_bits()).collect())
+                    .collect()
+            })
+            .collect()
+    };
+    assert!(
+        to_bits(&apart) == to_bits(&batched),
+        "norms and SwiGLU launched apart change the logits"
+    );
 }
 
 /// A decode step on device-resident KV waits for the device once: every

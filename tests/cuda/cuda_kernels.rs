@@ -1741,6 +1741,110 @@ fn q_k_and_v_in_one_launch_have_the_bits_of_three_launches() {
     ));
 }
 
+#[test]
+fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches() {
+    // In decode-sized batches the attention norm rides in the q/k/v launch
+    // and the feed-forward norm and SwiGLU in the gate/up launch. Each must
+    // give the bits of rms_norm, the matmuls and swiglu launched apart, on
+    // every tile that carries them (the norm: the decode tile; SwiGLU: the
+    // decode and wide tiles); a larger batch is refused, not computed
+    // another way.
+    let dev = gpu!("rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches");
+    let mut rng = Rng(29);
+    let (k, eps) = (320, 1e-5f32);
+    let ns = [128usize, 40, 72];
+    let mut weights = |n: usize| {
+        let w: Vec<u16> = rng
+            .vec(n * k, 0.5)
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_bits())
+            .collect();
+        dev.upload(&w).unwrap()
+    };
+    let ws: Vec<_> = ns.iter().map(|&n| weights(n)).collect();
+    let w_up = weights(ns[0]);
+    let norm: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 0.5 + v.abs()).collect();
+    let norm = dev.upload(&norm).unwrap();
+    let refs: Vec<_> = ws.iter().collect();
+    for m in [1usize, 5, 17, 31, 40, 100] {
+        let x = dev.upload(&rng.vec(m * k, 3.0)).unwrap();
+        let mut xn = dev.zeros::<f32>(m * k).unwrap();
+        dev.rms_norm(&x, &norm, &mut xn, eps).unwrap();
+        let apart = |w: &CudaSlice<u16>, n: usize| {
+            let mut out = dev.zeros::<f32>(m * n).unwrap();
+            dev.linear_bf16(&xn, w, n, &mut out).unwrap();
+            out
+        };
+        // q, k and v of the normed x.
+        let mut outs: Vec<_> = ns
+            .iter()
+            .map(|&n| dev.zeros::<f32>(m * n).unwrap())
+            .collect();
+        let carried = dev.linear_bf16_many_normed(&x, &norm, eps, &refs, &ns, &mut outs);
+        if m < 32 {
+            carried.unwrap();
+            for i in 0..3 {
+                assert_eq!(
+                    bits(&dev.download(&outs[i]).unwrap()),
+                    bits(&dev.download(&apart(&ws[i], ns[i])).unwrap()),
+                    "{m} rows, normed product {i}"
+                );
+            }
+        } else {
+            assert!(
+                matches!(carried, Err(CudaError::Unsupported { .. })),
+                "{m} rows"
+            );
+        }
+        // SwiGLU of gate and up, with the norm carried too where it rides.
+        let mut want = apart(&ws[0], ns[0]);
+        dev.swiglu(&mut want, &apart(&w_up, ns[0])).unwrap();
+        let want = bits(&dev.download(&want).unwrap());
+        let mut pair = dev.zeros::<f32>(m * ns[0]).unwrap();
+        dev.linear_bf16_swiglu(
+            &xn,
+            None::<(&CudaSlice<f32>, f32)>,
+            &ws[0],
+            &w_up,
+            ns[0],
+            &mut pair,
+        )
+        .unwrap();
+        assert_eq!(bits(&dev.download(&pair).unwrap()), want, "{m} rows, pair");
+        let mut both = dev.zeros::<f32>(m * ns[0]).unwrap();
+        let carried =
+            dev.linear_bf16_swiglu(&x, Some((&norm, eps)), &ws[0], &w_up, ns[0], &mut both);
+        if m < 32 {
+            carried.unwrap();
+            assert_eq!(
+                bits(&dev.download(&both).unwrap()),
+                want,
+                "{m} rows, normed pair"
+            );
+        } else {
+            assert!(
+                matches!(carried, Err(CudaError::Unsupported { .. })),
+                "{m} rows"
+            );
+        }
+    }
+    // The prefill tile carries nothing.
+    let m = 128;
+    let x = dev.upload(&rng.vec(m * k, 3.0)).unwrap();
+    let mut out = dev.zeros::<f32>(m * ns[0]).unwrap();
+    assert!(matches!(
+        dev.linear_bf16_swiglu(
+            &x,
+            None::<(&CudaSlice<f32>, f32)>,
+            &ws[0],
+            &w_up,
+            ns[0],
+            &mut out
+        ),
+        Err(CudaError::Unsupported { .. })
+    ));
+}
+
 // -------------------------------------------------------------- checksums
 //
 // A transfer is trusted only when the receiver's page checksums equal the

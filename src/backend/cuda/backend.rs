@@ -34,13 +34,13 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::memo::Memo;
-use super::table::LMMA_GROUPS;
+use super::table::{LGEMM_BM, LMMA_GROUPS, NORM_CARRY_ROWS};
 use super::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
     PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
-    AttnShape, Backend, BackendError, Rope, SeqSpan, check_rope_rows, check_view, rows_of,
+    AttnShape, Backend, BackendError, Norm, Rope, SeqSpan, check_rope_rows, check_view, rows_of,
     shape_err,
 };
 use crate::kv::{
@@ -212,6 +212,9 @@ pub struct CudaBackend {
     /// Whether [`Backend::new_pool`] gives device-resident pools.
     device_kv: bool,
     bf16_weights: bool,
+    /// Whether RMSNorm and SwiGLU ride in the bf16 matmuls' launches
+    /// ([`CudaBackend::set_carried_stages`]).
+    carry: std::sync::atomic::AtomicBool,
     /// The last upload of each per-layer input, reused while the host-side
     /// content is equal (every layer of a step asks for the same).
     positions: Memo<Vec<u32>, CudaSlice<u32>>,
@@ -257,6 +260,7 @@ impl CudaBackend {
             workspace: Mutex::new(DecodeWorkspace::default()),
             device_kv: false,
             bf16_weights: true,
+            carry: std::sync::atomic::AtomicBool::new(true),
             positions: Memo::default(),
             tables_memo: Memo::default(),
             slots_memo: Memo::default(),
@@ -284,6 +288,20 @@ impl CudaBackend {
     pub fn device_kv(mut self, on: bool) -> Self {
         self.device_kv = on;
         self
+    }
+
+    /// Whether, with bf16 weights, the feed-forward's SwiGLU rides in the
+    /// launch of gate and up (below 128 rows), and the attention and
+    /// feed-forward RMSNorms in the launch of the matmul that reads their
+    /// output (up to `NORM_CARRY_ROWS` rows). Default: on; a decode layer
+    /// at batch 1 then makes 6 launches instead of 9. The bits are those of the separate kernels either way
+    /// (a GPU test requires it); off is for side-by-side timings.
+    pub fn set_carried_stages(&self, on: bool) {
+        self.carry.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn carries(&self) -> bool {
+        self.carry.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Opens device `ordinal` (see [`CudaDevice::open`]).
@@ -524,6 +542,20 @@ impl CudaBackend {
     }
 }
 
+/// The bf16 elements of each of `ws` when all are bf16 of one depth (the
+/// weights one tensor-core launch can take together).
+fn bf16_of_one_depth<'a, const N: usize>(ws: &[&'a CudaMat; N]) -> Option<[&'a CudaSlice<u16>; N]> {
+    let depth = ws.first()?.cols;
+    let mut out = Vec::with_capacity(N);
+    for w in ws {
+        match &w.data {
+            MatData::Bf16(d) if w.cols == depth => out.push(d),
+            _ => return None,
+        }
+    }
+    out.try_into().ok()
+}
+
 fn dev_err(e: CudaError) -> BackendError {
     match e {
         CudaError::TokenOutOfRange { token, vocab } => {
@@ -722,20 +754,12 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         // bf16 weights of one depth: one launch for all of them (each
         // product with the bits of its own). Anything else: one each.
-        let bf16: Vec<&CudaSlice<u16>> = ws
-            .iter()
-            .filter_map(|w| match &w.data {
-                MatData::Bf16(d) => Some(d),
-                MatData::F32(_) => None,
-            })
-            .collect();
-        let one_depth = ws.iter().all(|w| w.cols == ws[0].cols);
-        if N < 2 || N > LMMA_GROUPS || bf16.len() != N || !one_depth {
+        let Some(bf16) = bf16_of_one_depth(&ws).filter(|_| N >= 2 && N <= LMMA_GROUPS) else {
             for (w, out) in ws.into_iter().zip(outs) {
                 self.matmul(x, w, out)?;
             }
             return Ok(());
-        }
+        };
         let m = rows_of("matmul", x.len, ws[0].cols)?;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             out.ensure(&self.dev, m * w.rows)?;
@@ -747,6 +771,88 @@ impl Backend for CudaBackend {
             .collect::<Result<Vec<_>, _>>()?;
         self.dev
             .linear_bf16_many(&x.view()?, &bf16, &ns, &mut views)
+            .map_err(dev_err)
+    }
+
+    fn norm_matmul_many<const N: usize>(
+        &self,
+        x: &CudaBuf,
+        norm: Norm<'_, CudaMat>,
+        xn: &mut CudaBuf,
+        ws: [&CudaMat; N],
+        mut outs: [&mut CudaBuf; N],
+    ) -> Result<(), BackendError> {
+        let m = rows_of("norm_matmul_many", x.len, norm.weight.len())?;
+        let bf16 = bf16_of_one_depth(&ws);
+        let Some(bf16) =
+            bf16.filter(|_| m <= NORM_CARRY_ROWS && N <= LMMA_GROUPS && self.carries())
+        else {
+            self.rms_norm(x, norm.weight, norm.eps, xn)?;
+            return self.matmul_many(xn, ws, outs);
+        };
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            out.ensure(&self.dev, m * w.rows)?;
+        }
+        let ns = ws.map(|w| w.rows);
+        let mut views = outs
+            .iter_mut()
+            .map(|o| o.view_mut())
+            .collect::<Result<Vec<_>, _>>()?;
+        self.dev
+            .linear_bf16_many_normed(
+                &x.view()?,
+                norm.weight.f32s("norm_matmul_many")?,
+                norm.eps,
+                &bf16,
+                &ns,
+                &mut views,
+            )
+            .map_err(dev_err)
+    }
+
+    fn norm_swiglu(
+        &self,
+        x: &CudaBuf,
+        norm: Norm<'_, CudaMat>,
+        xn: &mut CudaBuf,
+        ws: [&CudaMat; 2],
+        outs: [&mut CudaBuf; 2],
+    ) -> Result<(), BackendError> {
+        let m = rows_of("norm_swiglu", x.len, norm.weight.len())?;
+        let [gate, up] = outs;
+        let pair = bf16_of_one_depth(&ws).filter(|_| {
+            m < LGEMM_BM && ws[0].rows == ws[1].rows && ws[0].cols == norm.weight.len()
+        });
+        let Some([w_gate, w_up]) = pair.filter(|_| self.carries()) else {
+            self.norm_matmul_many(x, norm, xn, ws, [&mut *gate, &mut *up])?;
+            return self.swiglu(gate, up);
+        };
+        gate.ensure(&self.dev, m * ws[0].rows)?;
+        let weight = norm.weight.f32s("norm_swiglu")?;
+        if m <= NORM_CARRY_ROWS {
+            // The norm rides in the loads too.
+            return self
+                .dev
+                .linear_bf16_swiglu(
+                    &x.view()?,
+                    Some((weight, norm.eps)),
+                    w_gate,
+                    w_up,
+                    ws[0].rows,
+                    &mut gate.view_mut()?,
+                )
+                .map_err(dev_err);
+        }
+        self.rms_norm(x, norm.weight, norm.eps, xn)?;
+        self.dev
+            .linear_bf16_swiglu(
+                &xn.view()?,
+                None::<(&CudaSlice<f32>, f32)>,
+                w_gate,
+                w_up,
+                ws[0].rows,
+                &mut gate.view_mut()?,
+            )
             .map_err(dev_err)
     }
 

@@ -110,6 +110,18 @@ impl Bf16Tile {
         }
     }
 
+    /// Ok when `tile` carries `stage` in its loads or stores: the tiles up
+    /// to `widest` do (decode, then wide), the prefill tile none.
+    fn carries(stage: &'static str, tile: Self, widest: Self) -> Result<(), CudaError> {
+        if tile.rows() <= widest.rows() {
+            return Ok(());
+        }
+        Err(CudaError::Unsupported {
+            what: "a stage carried into the tensor-core matmul",
+            detail: format!("{stage} on the {tile:?} tile (it rides up to the {widest:?} tile)"),
+        })
+    }
+
     /// This tile's kernel as the lookup found it, or which is missing.
     fn kernel<P>(self, found: Option<Kernel<P>>) -> Result<Kernel<P>, CudaError> {
         found.ok_or_else(|| CudaError::MissingKernel {
@@ -1019,6 +1031,7 @@ impl CudaDevice {
             n: to_u32("matmul columns", n)?,
             k: to_u32("matmul depth", k)?,
             accumulate: u32::from(accumulate),
+            ..Default::default()
         };
         let Some(grid) = grid(
             "tensor-core matmul blocks (columns, rows)",
@@ -1044,6 +1057,36 @@ impl CudaDevice {
     pub fn linear_bf16_many<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
         &self,
         x: &impl DevicePtr<f32>,
+        ws: &[&W],
+        ns: &[usize],
+        outs: &mut [O],
+    ) -> Result<(), CudaError> {
+        self.linear_bf16_group(x, None::<(&CudaSlice<f32>, f32)>, ws, ns, outs)
+    }
+
+    /// [`CudaDevice::rms_norm`] of `x` with `norm_w` and `eps`, then
+    /// [`CudaDevice::linear_bf16_many`] of its output, in one launch: each
+    /// block sums its rows' squares in rms_norm's order and normalises x as
+    /// it loads it, so the outputs have the bits of the two launches.
+    /// Decode-sized batches only (fewer than `LMMA_WIDE_BM` rows: the
+    /// decode tile), where a block re-reading its rows costs less than a
+    /// launch; more rows are a typed `Unsupported`.
+    pub fn linear_bf16_many_normed<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
+        &self,
+        x: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<f32>,
+        eps: f32,
+        ws: &[&W],
+        ns: &[usize],
+        outs: &mut [O],
+    ) -> Result<(), CudaError> {
+        self.linear_bf16_group(x, Some((norm_w, eps)), ws, ns, outs)
+    }
+
+    fn linear_bf16_group<N: DevicePtr<f32>, W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
+        &self,
+        x: &impl DevicePtr<f32>,
+        norm: Option<(&N, f32)>,
         ws: &[&W],
         ns: &[usize],
         outs: &mut [O],
@@ -1077,6 +1120,10 @@ impl CudaDevice {
             return Ok(());
         };
         let tile = Bf16Tile::for_rows(m);
+        if let Some((w, _)) = norm {
+            Bf16Tile::carries("RMSNorm", tile, Bf16Tile::Decode)?;
+            plan::shape("RMSNorm weight (the matmul depth)", k, w.len())?;
+        }
         let (bm, bn) = (tile.rows(), tile.cols());
         let kernel = tile.kernel(match tile {
             Bf16Tile::Decode => kernels::linear_mma_group(KvDtype::BF16),
@@ -1093,6 +1140,9 @@ impl CudaDevice {
             n_groups: count as u32,
             ..Default::default()
         };
+        if let Some((w, eps)) = norm {
+            (p.norm_w, p.norm_eps) = (args.read(w), eps);
+        }
         for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
             let (w, out, n) = (
                 args.read(*w),
@@ -1117,11 +1167,81 @@ impl CudaDevice {
             return Ok(());
         };
         // Launch contract: x holds m*k f32, each w n_i*k bf16 and each out
-        // m*n_i f32 (checked, every product of the same depth k); grid.x
-        // is the products' column blocks of the chosen tile back to back
-        // (blocks0 and blocks1 tell the kernel where products 1 and 2
-        // start), grid.y the row tiles, and the kernel bounds every access
-        // by m, its product's n, and k.
+        // m*n_i f32 (checked, every product of the same depth k), norm_w
+        // (when set, on the decode tile only: checked) k f32; grid.x is the
+        // products' column blocks of the chosen tile back to back (blocks0
+        // and blocks1 tell the kernel where products 1 and 2 start), grid.y
+        // the row tiles, and the kernel bounds every access by m, its
+        // product's n, and k.
+        self.launch(kernel, &p, grid, args)
+    }
+
+    /// `out = SwiGLU(x' · w_gateᵀ, x' · w_upᵀ)`, both weights bf16 `[n, k]`,
+    /// with `x' = RMSNorm(x)` (`norm`: its weight and epsilon) or `x`, in
+    /// one launch: a block computes the same columns of both products (the
+    /// code of [`CudaDevice::linear_bf16`], so the same sums) and stores
+    /// SwiGLU of each pair as [`CudaDevice::swiglu`] computes it: the bits
+    /// of rms_norm, the two matmuls and swiglu. Fewer than `LGEMM_BM` rows
+    /// (the decode and wide tiles), and with `norm` fewer than
+    /// `LMMA_WIDE_BM` (the decode tile); more are a typed `Unsupported`.
+    pub fn linear_bf16_swiglu(
+        &self,
+        x: &impl DevicePtr<f32>,
+        norm: Option<(&impl DevicePtr<f32>, f32)>,
+        w_gate: &impl DevicePtr<u16>,
+        w_up: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        let Some((m, k)) = matmul_shape(x.len(), w_gate.len(), n, out.len())? else {
+            return Ok(());
+        };
+        shape(
+            "SwiGLU up weight (the gate's size)",
+            w_gate.len(),
+            w_up.len(),
+        )?;
+        let tile = Bf16Tile::for_rows(m);
+        Bf16Tile::carries("SwiGLU", tile, Bf16Tile::Wide)?;
+        if let Some((w, _)) = norm {
+            Bf16Tile::carries("RMSNorm", tile, Bf16Tile::Decode)?;
+            shape("RMSNorm weight (the matmul depth)", k, w.len())?;
+        }
+        let kernel = tile.kernel(match tile {
+            Bf16Tile::Decode => kernels::linear_mma(KvDtype::BF16),
+            _ => kernels::linear_mma_wide(KvDtype::BF16),
+        })?;
+        let mut args = Args::new(&self.inner.stream);
+        let mut p = LinearMmaParams {
+            x: args.read(x),
+            w: args.read(w_gate),
+            w_up: args.read(w_up),
+            out: args.write(out),
+            m: to_u32("matmul rows", m)?,
+            n: to_u32("matmul columns", n)?,
+            k: to_u32("matmul depth", k)?,
+            ..Default::default()
+        };
+        if let Some((w, eps)) = norm {
+            (p.norm_w, p.norm_eps) = (args.read(w), eps);
+        }
+        // A pair's column block holds half the tile's columns of each
+        // product.
+        let Some(grid) = grid(
+            "SwiGLU-pair matmul blocks (columns, rows)",
+            n.div_ceil(tile.cols() / 2),
+            m.div_ceil(tile.rows()),
+            1,
+        )?
+        else {
+            return Ok(());
+        };
+        // Launch contract: x holds m*k f32, w_gate and w_up n*k bf16 each,
+        // out m*n f32, norm_w (when set) k f32 (all checked); the tile is
+        // the decode or the wide one (checked: the prefill tile carries
+        // nothing), the grid covers n columns in blocks of half its
+        // columns and m rows in its row tiles, and the kernel bounds every
+        // access by m, n, k.
         self.launch(kernel, &p, grid, args)
     }
 

@@ -194,10 +194,18 @@ pub(crate) struct LinearMmaParams {
     pub x: u64,   // [m, k] f32
     pub w: u64,   // [n, k] bf16
     pub out: u64, // [m, n] f32
+    /// [k] f32, or 0: x is RMSNorm(x) * norm_w, row by row (decode and
+    /// wide tiles only).
+    pub norm_w: u64,
+    /// [n, k] bf16, or 0: out = SwiGLU(x · wᵀ, x · w_upᵀ) (decode and wide
+    /// tiles only).
+    pub w_up: u64,
     pub m: u32,
     pub n: u32,
     pub k: u32,
     pub accumulate: u32, // 0 or 1: out += x · wᵀ
+    pub norm_eps: f32,
+    pub pad0: u32,
 }
 
 /// Up to three products of one `x` in one launch. See
@@ -220,6 +228,10 @@ pub(crate) struct LinearMmaGroupParams {
     pub blocks0: u32,
     pub blocks1: u32,
     pub n_groups: u32,
+    /// [k] f32, or 0: x is RMSNorm(x) * norm_w (decode tile only).
+    pub norm_w: u64,
+    pub norm_eps: f32,
+    pub pad0: u32,
 }
 
 /// Device sampling. See `SampleParams` in params.cuh.

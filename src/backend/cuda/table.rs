@@ -118,6 +118,17 @@ pub const LGEMM_STAGES: usize = 3;
 /// Its dynamic shared memory: per stage, an x tile of LGEMM_BM rows of 32
 /// f32 padded to 36, and a weight tile of LGEMM_BN rows of 32 bf16.
 pub const LGEMM_SMEM: usize = LGEMM_STAGES * (LGEMM_BM * 36 * 4 + LGEMM_BN * 32 * 2);
+/// Threads per block of RMSNorm (one row each), which is also the order in
+/// which the tensor-core matmul sums a row's squares when it carries the
+/// norm (cuda/pointwise.cuh).
+pub const RMS_THREADS: u32 = 256;
+const _: () = assert!(RMS_THREADS as usize == 32 * LMMA_WARPS);
+/// The most rows of x whose RMSNorm the backend has ride in the matmul's
+/// loads (the launch allows the whole decode tile): each block re-reads its
+/// rows to sum their squares, as much L2 traffic again as the tile's own
+/// reads of x, which at batch 1 is a few percent of the weights' bytes and
+/// at 16 rows about as much as they are.
+pub const NORM_CARRY_ROWS: usize = 4;
 /// Threads per block of device sampling (one row each).
 pub const SAMPLE_THREADS: u32 = 256;
 /// u32 words per row of device log-probabilities: the token's, then 20
@@ -364,14 +375,17 @@ pub const FAMILIES: &[Family] = &[
         true,
         "launching the page scrub",
     ),
-    Family::plain(
-        "rms_norm",
-        "elementwise",
-        "RmsNormParams",
-        256,
-        true,
-        "launching RMSNorm",
-    ),
+    Family {
+        mirrors: &[("RMS_THREADS", RMS_THREADS as usize)],
+        ..Family::plain(
+            "rms_norm",
+            "elementwise",
+            "RmsNormParams",
+            RMS_THREADS,
+            true,
+            "launching RMSNorm",
+        )
+    },
     Family {
         // One per KV dtype for the append; RoPE alone runs the f32 one.
         dtypes: &ALL_DTYPES,
@@ -801,10 +815,14 @@ pub const PARAMS: &[Params] = &[
             ("x", Ptr),
             ("w", Ptr),
             ("out", Ptr),
+            ("norm_w", Ptr),
+            ("w_up", Ptr),
             ("m", U32),
             ("n", U32),
             ("k", U32),
             ("accumulate", U32),
+            ("norm_eps", F32),
+            ("pad0", U32),
         ],
     },
     Params {
@@ -825,6 +843,9 @@ pub const PARAMS: &[Params] = &[
             ("blocks0", U32),
             ("blocks1", U32),
             ("n_groups", U32),
+            ("norm_w", Ptr),
+            ("norm_eps", F32),
+            ("pad0", U32),
         ],
     },
     Params {

@@ -48,6 +48,8 @@ void run_grid(unsigned gx, unsigned gy, size_t smem_bytes, Body body) {
                 threads.emplace_back([&, t] {
                     threadIdx = {t, 0, 0};
                     blockIdx = {bx, by, 0};
+                    blockDim = {(unsigned)LMMA_THREADS, 1, 1};
+                    gridDim = {gx, gy, 1};
                     sim::ctx = {&warps[t / 32], &block, smem.data()};
                     body();
                 });
@@ -55,9 +57,17 @@ void run_grid(unsigned gx, unsigned gy, size_t smem_bytes, Body body) {
         }
 }
 
-// Runs one tile's kernel over the whole grid.
+// x · wᵀ into out (out += with acc), nothing carried.
+LinearMmaParams lmma(const float* x, const uint16_t* w, float* out, uint32_t m, uint32_t n,
+                     uint32_t k, uint32_t acc) {
+    return LinearMmaParams{x, w, out, nullptr, nullptr, m, n, k, acc, 0.0f, 0};
+}
+
+// Runs one tile's kernel over the whole grid (a SwiGLU pair's column
+// blocks are half as wide).
 void launch_shape(const LinearMmaParams& p, Shape shape) {
-    const unsigned gx = (p.n + tile_cols(shape) - 1) / tile_cols(shape);
+    const unsigned bn = p.w_up ? tile_cols(shape) / 2 : tile_cols(shape);
+    const unsigned gx = (p.n + bn - 1) / bn;
     const unsigned gy = (p.m + tile_rows(shape) - 1) / tile_rows(shape);
     run_grid(gx, gy, tile_smem(shape), [&] {
         if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
@@ -80,7 +90,7 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     std::vector<uint16_t> w(n * k);
     for (auto& v : w) v = sim::float_to_bf16(rng.uniform() * 0.5f);
     std::vector<float> out(m * n, -7.0f);
-    LinearMmaParams p{x.data(), w.data(), out.data(), m, n, k, 0};
+    const LinearMmaParams p = lmma(x.data(), w.data(), out.data(), m, n, k, 0);
     launch(p);
     bool ok = true;
     for (uint32_t r = 0; r < m && ok; ++r) {
@@ -113,7 +123,7 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     for (uint32_t r = 0; r < m && ok; ++r) {
         if (m >= 128 && r % 16 != 0 && r != m - 1) continue;
         std::vector<float> one(n, -7.0f);
-        LinearMmaParams q{x.data() + (uint64_t)r * k, w.data(), one.data(), 1, n, k, 0};
+        const LinearMmaParams q = lmma(x.data() + (uint64_t)r * k, w.data(), one.data(), 1, n, k, 0);
         launch(q);
         for (uint32_t j = 0; j < n; ++j) {
             const float a = out[r * n + j], b = one[j];
@@ -129,7 +139,7 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
         std::vector<float> res(m * n), acc(m * n);
         for (auto& v : res) v = rng.uniform() * 8.0f;
         acc = res;
-        LinearMmaParams q{x.data(), w.data(), acc.data(), m, n, k, 1};
+        const LinearMmaParams q = lmma(x.data(), w.data(), acc.data(), m, n, k, 1);
         launch(q);
         for (size_t i = 0; i < acc.size() && ok; ++i) {
             const float want = res[i] + out[i];
@@ -143,7 +153,7 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     for (Shape other_shape : {Small, Wide, Gemm}) {
         if (!ok || other_shape == shape_for(m)) continue;
         std::vector<float> other(m * n, -7.0f);
-        LinearMmaParams q{x.data(), w.data(), other.data(), m, n, k, 0};
+        const LinearMmaParams q = lmma(x.data(), w.data(), other.data(), m, n, k, 0);
         launch_shape(q, other_shape);
         if (std::memcmp(other.data(), out.data(), out.size() * 4) != 0) {
             std::printf("  tile shape %d gave other bits than tile shape %d\n", (int)other_shape,
@@ -179,7 +189,7 @@ bool run_group(uint32_t m, const uint32_t ns[3], uint32_t k, uint32_t n_groups, 
         for (auto& v : w[i]) v = sim::float_to_bf16(rng.uniform() * 0.5f);
         alone[i].assign(m * ns[i], -7.0f);
         grouped[i].assign(m * ns[i], -5.0f);
-        LinearMmaParams p{x.data(), w[i].data(), alone[i].data(), m, ns[i], k, 0};
+        const LinearMmaParams p = lmma(x.data(), w[i].data(), alone[i].data(), m, ns[i], k, 0);
         launch(p);
     }
     const Shape shape = shape_for(m);
@@ -209,6 +219,133 @@ bool run_group(uint32_t m, const uint32_t ns[3], uint32_t k, uint32_t n_groups, 
     return ok;
 }
 
+// RMSNorm of m rows of k as the rms_norm kernel computes it (pointwise.cuh:
+// a block of RMS_THREADS per row).
+std::vector<float> rms_norm_rows(const std::vector<float>& x, const std::vector<float>& g, uint32_t m,
+                                 uint32_t k, float eps) {
+    std::vector<float> out(x.size(), -7.0f);
+    const RmsNormParams p{x.data(), g.data(), out.data(), m, k, eps, 0};
+    run_grid(m, 1, 0, [&] { rms_norm(p); });
+    return out;
+}
+
+// gate = SwiGLU(gate, up) as the swiglu kernel computes it (one thread).
+void swiglu_all(std::vector<float>& gate, const std::vector<float>& up) {
+    const SwigluParams p{gate.data(), up.data(), gate.data(), gate.size()};
+    threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+    swiglu(p);
+}
+
+// x with rows of unlike scales (RMSNorm's scale differs row to row), a NaN
+// in row 1 when asked.
+std::vector<float> draw_rows(uint32_t m, uint32_t k, bool nan_row, Rng& rng) {
+    std::vector<float> x(m * k);
+    for (uint32_t r = 0; r < m; ++r)
+        for (uint32_t c = 0; c < k; ++c) x[r * k + c] = rng.uniform() * (float)(1 + r % 5) * 3.0f;
+    if (nan_row && m > 1) x[1 * k + k / 3] = NAN;
+    return x;
+}
+
+std::vector<uint16_t> draw_weights(uint32_t n, uint32_t k, Rng& rng) {
+    std::vector<uint16_t> w(n * k);
+    for (auto& v : w) v = sim::float_to_bf16(rng.uniform() * 0.5f);
+    return w;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (std::memcmp(&a[i], &b[i], 4) != 0) {
+            std::printf("  %s at %zu: %.9g carried, %.9g by separate kernels\n", what, i, a[i], b[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+// RMSNorm carried into a group launch (q, k and v) on the decode tile: the
+// bits of the rms_norm kernel, then the group launch of its output. Also
+// checks the rms_norm kernel against an f64 reference.
+bool run_norm_group(uint32_t m, const uint32_t ns[3], uint32_t k, bool nan_row, Rng& rng) {
+    const float eps = 1e-5f;
+    const std::vector<float> x = draw_rows(m, k, nan_row, rng);
+    std::vector<float> g(k);
+    for (auto& v : g) v = 0.5f + rng.uniform();
+    const std::vector<float> xn = rms_norm_rows(x, g, m, k, eps);
+    bool ok = true;
+    for (uint32_t r = 0; r < m && ok; ++r) {
+        if (nan_row && r == 1) continue;
+        double ss = 0;
+        for (uint32_t c = 0; c < k; ++c) ss += (double)x[r * k + c] * x[r * k + c];
+        const double scale = 1.0 / std::sqrt(ss / k + eps);
+        for (uint32_t c = 0; c < k && ok; ++c) {
+            const double want = x[r * k + c] * scale * g[c];
+            if (!(std::fabs(xn[r * k + c] - want) <= std::fabs(want) * std::ldexp(1.0, -19) + 1e-30)) {
+                std::printf("  rms_norm row %u col %u: %.9g, want %.9g\n", r, c, xn[r * k + c], want);
+                ok = false;
+            }
+        }
+    }
+    std::vector<uint16_t> w[3];
+    std::vector<float> split[3], carried[3];
+    LinearMmaGroupParams sep{}, fused{};
+    for (LinearMmaGroupParams* q : {&sep, &fused}) {
+        q->m = m, q->k = k, q->n_groups = 3;
+        q->blocks0 = (ns[0] + LMMA_BN - 1) / LMMA_BN;
+        q->blocks1 = (ns[1] + LMMA_BN - 1) / LMMA_BN;
+        q->n0 = ns[0], q->n1 = ns[1], q->n2 = ns[2];
+    }
+    for (int i = 0; i < 3; ++i) {
+        w[i] = draw_weights(ns[i], k, rng);
+        split[i].assign(m * ns[i], -7.0f);
+        carried[i].assign(m * ns[i], -5.0f);
+    }
+    sep.x = xn.data(), sep.w0 = w[0].data(), sep.w1 = w[1].data(), sep.w2 = w[2].data();
+    sep.out0 = split[0].data(), sep.out1 = split[1].data(), sep.out2 = split[2].data();
+    fused.x = x.data(), fused.w0 = w[0].data(), fused.w1 = w[1].data(), fused.w2 = w[2].data();
+    fused.out0 = carried[0].data(), fused.out1 = carried[1].data(), fused.out2 = carried[2].data();
+    fused.norm_w = g.data(), fused.norm_eps = eps;
+    launch_group(sep, Small);
+    launch_group(fused, Small);
+    for (int i = 0; i < 3 && ok; ++i) ok = same_bits(carried[i], split[i], "normed product");
+    if (ok && nan_row) {
+        // The NaN stays in its row.
+        for (uint32_t j = 0; j < ns[0] && ok; ++j) {
+            ok = std::isnan(carried[0][1 * ns[0] + j]) && !std::isnan(carried[0][j]);
+        }
+        if (!ok) std::printf("  the NaN of row 1 did not stay in row 1\n");
+    }
+    std::printf("%s norm carried into a group of 3, m=%u n=%u/%u/%u k=%u%s\n", ok ? "ok" : "FAIL", m,
+                ns[0], ns[1], ns[2], k, nan_row ? " (NaN row)" : "");
+    return ok;
+}
+
+// gate and up as one SwiGLU pair (with RMSNorm carried in when `norm`), on
+// the decode and on the wide tile: the bits of rms_norm, the two matmuls
+// and swiglu as separate kernels.
+bool run_pair(uint32_t m, uint32_t n, uint32_t k, bool norm, Rng& rng) {
+    const float eps = 1e-6f;
+    const std::vector<float> x = draw_rows(m, k, false, rng);
+    std::vector<float> g(k);
+    for (auto& v : g) v = 0.25f + rng.uniform();
+    const std::vector<uint16_t> wg = draw_weights(n, k, rng), wu = draw_weights(n, k, rng);
+    const std::vector<float> xn = norm ? rms_norm_rows(x, g, m, k, eps) : x;
+    std::vector<float> gate(m * n, -7.0f), up(m * n, -7.0f);
+    launch(lmma(xn.data(), wg.data(), gate.data(), m, n, k, 0));
+    launch(lmma(xn.data(), wu.data(), up.data(), m, n, k, 0));
+    swiglu_all(gate, up);
+    bool ok = true;
+    for (Shape shape : {Small, Wide}) {
+        std::vector<float> out(m * n, -5.0f);
+        const LinearMmaParams p{x.data(), wg.data(), out.data(), norm ? g.data() : nullptr, wu.data(),
+                                m, n, k, 0, eps, 0};
+        launch_shape(p, shape);
+        if (!same_bits(out, gate, shape == Small ? "pair (decode tile)" : "pair (wide tile)")) ok = false;
+    }
+    std::printf("%s SwiGLU pair%s, m=%u n=%u k=%u\n", ok ? "ok" : "FAIL", norm ? " with the norm" : "", m,
+                n, k);
+    return ok;
+}
+
 int main() {
     Rng rng{2026};
     bool ok = true;
@@ -231,5 +368,17 @@ int main() {
     ok &= run_group(40, qkv, 520, 3, rng);
     ok &= run_group(130, qkv, 64, 3, rng);
     ok &= run_group(5, two, 33, 2, rng);
+    // Carried stages: RMSNorm in the load (decode tile: one and two row
+    // tiles, odd and long depths), SwiGLU in the store (decode and wide
+    // tiles), both.
+    ok &= run_norm_group(1, qkv, 520, false, rng);
+    ok &= run_norm_group(3, qkv, 33, false, rng);
+    ok &= run_norm_group(20, qkv, 1100, false, rng);
+    ok &= run_norm_group(4, qkv, 96, true, rng);
+    ok &= run_pair(1, 24, 520, false, rng);
+    ok &= run_pair(5, 130, 33, false, rng);
+    ok &= run_pair(40, 40, 96, false, rng);
+    ok &= run_pair(1, 72, 1100, true, rng);
+    ok &= run_pair(17, 24, 64, true, rng);
     return ok ? 0 : 1;
 }
