@@ -472,6 +472,37 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// The products `ws` (their bf16 elements `bf16`) of the `m` rows of
+    /// `x`, or of their RMSNorm, in one group launch.
+    fn bf16_group<const N: usize>(
+        &self,
+        x: &CudaBuf,
+        m: usize,
+        norm: Option<Norm<'_, CudaMat>>,
+        bf16: [&CudaSlice<u16>; N],
+        ws: [&CudaMat; N],
+        mut outs: [&mut CudaBuf; N],
+    ) -> Result<(), BackendError> {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            out.ensure(&self.dev, m * w.rows)?;
+        }
+        let ns = ws.map(|w| w.rows);
+        let mut views = outs
+            .iter_mut()
+            .map(|o| o.view_mut())
+            .collect::<Result<Vec<_>, _>>()?;
+        let x = x.view()?;
+        match norm {
+            None => self.dev.linear_bf16_many(&x, &bf16, &ns, &mut views),
+            Some(n) => {
+                let weight = n.weight.f32s("the RMSNorm a matmul carries")?;
+                self.dev
+                    .linear_bf16_many_normed(&x, weight, n.eps, &bf16, &ns, &mut views)
+            }
+        }
+        .map_err(dev_err)
+    }
+
     /// The batched append of a pass (see [`CudaBackend::kv_append_each`]):
     /// when every sequence is in this device's one device-resident pool and
     /// the spans' rows follow each other, reserves every sequence's slots,
@@ -750,7 +781,7 @@ impl Backend for CudaBackend {
         &self,
         x: &CudaBuf,
         ws: [&CudaMat; N],
-        mut outs: [&mut CudaBuf; N],
+        outs: [&mut CudaBuf; N],
     ) -> Result<(), BackendError> {
         // bf16 weights of one depth: one launch for all of them (each
         // product with the bits of its own). Anything else: one each.
@@ -761,17 +792,7 @@ impl Backend for CudaBackend {
             return Ok(());
         };
         let m = rows_of("matmul", x.len, ws[0].cols)?;
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            out.ensure(&self.dev, m * w.rows)?;
-        }
-        let ns = ws.map(|w| w.rows);
-        let mut views = outs
-            .iter_mut()
-            .map(|o| o.view_mut())
-            .collect::<Result<Vec<_>, _>>()?;
-        self.dev
-            .linear_bf16_many(&x.view()?, &bf16, &ns, &mut views)
-            .map_err(dev_err)
+        self.bf16_group(x, m, None, bf16, ws, outs)
     }
 
     fn norm_matmul_many<const N: usize>(
@@ -780,7 +801,7 @@ impl Backend for CudaBackend {
         norm: Norm<'_, CudaMat>,
         xn: &mut CudaBuf,
         ws: [&CudaMat; N],
-        mut outs: [&mut CudaBuf; N],
+        outs: [&mut CudaBuf; N],
     ) -> Result<(), BackendError> {
         let m = rows_of("norm_matmul_many", x.len, norm.weight.len())?;
         let bf16 = bf16_of_one_depth(&ws);
@@ -790,24 +811,7 @@ impl Backend for CudaBackend {
             self.rms_norm(x, norm.weight, norm.eps, xn)?;
             return self.matmul_many(xn, ws, outs);
         };
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            out.ensure(&self.dev, m * w.rows)?;
-        }
-        let ns = ws.map(|w| w.rows);
-        let mut views = outs
-            .iter_mut()
-            .map(|o| o.view_mut())
-            .collect::<Result<Vec<_>, _>>()?;
-        self.dev
-            .linear_bf16_many_normed(
-                &x.view()?,
-                norm.weight.f32s("norm_matmul_many")?,
-                norm.eps,
-                &bf16,
-                &ns,
-                &mut views,
-            )
-            .map_err(dev_err)
+        self.bf16_group(x, m, Some(norm), bf16, ws, outs)
     }
 
     fn norm_swiglu(

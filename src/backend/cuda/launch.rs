@@ -251,6 +251,27 @@ fn bind_decode<'a>(
     p.kv_len = args.read(&tables.kv_len);
 }
 
+/// The geometry of `arena` when `slots` were built for it and it has a
+/// layer `layer`: what every append checks before it writes.
+fn append_target(
+    arena: &DeviceKvArena,
+    layer: usize,
+    slots: &SlotMap,
+) -> Result<crate::kv::KvGeometry, CudaError> {
+    if slots.arena_id != arena.id {
+        return Err(CudaError::ForeignArena);
+    }
+    let g = arena.geometry();
+    if layer >= g.n_layers {
+        return Err(CudaError::Shape {
+            what: "layer (below n_layers)",
+            expected: g.n_layers,
+            got: layer,
+        });
+    }
+    Ok(g)
+}
+
 impl CudaDevice {
     /// Queues `kernel` over `grid` blocks on the device's stream, with the
     /// block size and dynamic shared memory the table gives it; `args` are
@@ -572,17 +593,7 @@ impl CudaDevice {
         k: &impl DevicePtr<f32>,
         v: &impl DevicePtr<f32>,
     ) -> Result<(), CudaError> {
-        if slots.arena_id != arena.id {
-            return Err(CudaError::ForeignArena);
-        }
-        let g = arena.geometry();
-        if layer >= g.n_layers {
-            return Err(CudaError::Shape {
-                what: "layer (below n_layers)",
-                expected: g.n_layers,
-                got: layer,
-            });
-        }
+        let g = append_target(arena, layer, slots)?;
         let total = slots.n_tokens * g.kv_dim();
         shape("appended K elements", total, k.len())?;
         shape("appended V elements", total, v.len())?;
@@ -840,17 +851,7 @@ impl CudaDevice {
                 slots,
                 v,
             }) => {
-                if slots.arena_id != arena.id {
-                    return Err(CudaError::ForeignArena);
-                }
-                let g = arena.geometry();
-                if layer >= g.n_layers {
-                    return Err(CudaError::Shape {
-                        what: "layer (below n_layers)",
-                        expected: g.n_layers,
-                        got: layer,
-                    });
-                }
+                let g = append_target(arena, layer, slots)?;
                 shape(
                     "appended tokens (one per rotated row)",
                     positions.len(),
