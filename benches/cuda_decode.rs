@@ -102,6 +102,8 @@ mod gpu {
     struct Decode {
         tokens_per_s: f64,
         host_us_per_step: Option<f64>,
+        /// The tokens of the last step, one per sequence.
+        last: Vec<u32>,
     }
 
     fn pool(w: &Way, tokens_each: usize, seqs: usize) -> R<KvPool> {
@@ -180,6 +182,7 @@ mod gpu {
         Ok(Decode {
             tokens_per_s: (batch * STEPS) as f64 / wall.as_secs_f64(),
             host_us_per_step: host,
+            last: next,
         })
     }
 
@@ -259,6 +262,28 @@ mod gpu {
              matrices, f32 norms): {:.2} GB; batch-1 weight-bandwidth limit: {limit:.0} tokens/s\n",
             weight_bytes as f64 / 1e9,
         );
+        // A path no GPU has run yet must not cost the run its figures: the
+        // norms and SwiGLU carried in the matmuls' launches, if they fail
+        // or change a token, are turned off for the rest of the run.
+        let backend = ways[0].model.backend();
+        let probe = |on: bool| {
+            backend.set_carried_stages(on);
+            decode(&ways[0], 4)
+        };
+        match (probe(false)?, probe(true)) {
+            (apart, Ok(carried)) if apart.last == carried.last => {
+                println!("carried stages: on (batch 4: the tokens of the stages launched apart)\n")
+            }
+            (_, Ok(_)) => {
+                println!("carried_stages=WRONG (other tokens than launched apart): turned off\n");
+                backend.set_carried_stages(false);
+            }
+            (_, Err(e)) => {
+                println!("carried_stages=FAILED ({e}): turned off\n");
+                backend.set_carried_stages(false);
+            }
+        }
+        let carrying = backend.carries_stages();
         println!(
             "| batch | device tokens/s | mirror tokens/s | device / mirror | device host µs/step |"
         );
@@ -305,8 +330,7 @@ mod gpu {
         // The norms and the SwiGLU carried in the matmuls' launches (the
         // default: at batch 1, 6 launches a decode layer) against launched
         // apart (9), one after the other on the device way.
-        let backend = ways[0].model.backend();
-        for batch in [1usize, 4, 16] {
+        for batch in [1usize, 4, 16].into_iter().filter(|_| carrying) {
             backend.set_carried_stages(false);
             let apart = decode(&ways[0], batch);
             backend.set_carried_stages(true);

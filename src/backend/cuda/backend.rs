@@ -300,7 +300,9 @@ impl CudaBackend {
         self.carry.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn carries(&self) -> bool {
+    /// Whether the stages ride in the matmuls' launches
+    /// ([`CudaBackend::set_carried_stages`]).
+    pub fn carries_stages(&self) -> bool {
         self.carry.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -806,7 +808,7 @@ impl Backend for CudaBackend {
         let m = rows_of("norm_matmul_many", x.len, norm.weight.len())?;
         let bf16 = bf16_of_one_depth(&ws);
         let Some(bf16) =
-            bf16.filter(|_| m <= NORM_CARRY_ROWS && N <= LMMA_GROUPS && self.carries())
+            bf16.filter(|_| m <= NORM_CARRY_ROWS && N <= LMMA_GROUPS && self.carries_stages())
         else {
             self.rms_norm(x, norm.weight, norm.eps, xn)?;
             return self.matmul_many(xn, ws, outs);
@@ -827,7 +829,7 @@ impl Backend for CudaBackend {
         let pair = bf16_of_one_depth(&ws).filter(|_| {
             m < LGEMM_BM && ws[0].rows == ws[1].rows && ws[0].cols == norm.weight.len()
         });
-        let Some([w_gate, w_up]) = pair.filter(|_| self.carries()) else {
+        let Some([w_gate, w_up]) = pair.filter(|_| self.carries_stages()) else {
             self.norm_matmul_many(x, norm, xn, ws, [&mut *gate, &mut *up])?;
             return self.swiglu(gate, up);
         };
