@@ -482,8 +482,16 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> Result<(), BackendError> {
         let cols = self.shape(norm).1;
-        self.gather_rows(x, cols, rows, tmp)?;
-        self.rms_norm(tmp, norm, eps, tmp2)?;
+        // Every row of x in order (a decode step's): the norm reads x
+        // itself, a gather (and its launch) fewer.
+        let every_row =
+            self.len(x) == rows.len() * cols && rows.iter().enumerate().all(|(i, &r)| i == r);
+        if every_row {
+            self.rms_norm(x, norm, eps, tmp2)?;
+        } else {
+            self.gather_rows(x, cols, rows, tmp)?;
+            self.rms_norm(tmp, norm, eps, tmp2)?;
+        }
         self.matmul(tmp2, output, out)
     }
 }
