@@ -197,6 +197,37 @@ pub struct SeqPages<'a> {
     pub q_len: usize,
 }
 
+/// u32 arrays uploaded as one buffer: one allocation and one copy a step
+/// instead of one of each per array.
+pub(super) struct Packed<const N: usize> {
+    pub(super) data: CudaSlice<u32>,
+    /// Where each array starts in `data`, in elements (see [`pack`]).
+    pub(super) at: [usize; N],
+}
+
+impl<const N: usize> Packed<N> {
+    fn upload(dev: &CudaDevice, parts: [&[u32]; N]) -> Result<Self, CudaError> {
+        let (host, at) = pack(parts);
+        Ok(Packed {
+            data: dev.upload(&host)?,
+            at,
+        })
+    }
+}
+
+/// `parts` back to back, each starting on a multiple of 4 elements (16
+/// bytes; zeros between), and where each starts.
+fn pack<const N: usize>(parts: [&[u32]; N]) -> (Vec<u32>, [usize; N]) {
+    let mut host = Vec::with_capacity(parts.iter().map(|p| p.len() + 3).sum());
+    let mut at = [0; N];
+    for (start, part) in at.iter_mut().zip(parts) {
+        *start = host.len();
+        host.extend_from_slice(part);
+        host.resize(host.len().next_multiple_of(4), 0);
+    }
+    (host, at)
+}
+
 /// Validated page tables of a batch, uploaded to the device.
 ///
 /// Built only by [`PageTables::new`], which checks that every page is inside
@@ -207,10 +238,11 @@ pub struct PageTables {
     pub(super) max_kv_len: usize,
     pub(super) max_q_len: usize,
     pub(super) total_q: usize,
-    pub(super) page_table: CudaSlice<u32>,
-    pub(super) page_indptr: CudaSlice<u32>,
-    pub(super) q_indptr: CudaSlice<u32>,
-    pub(super) kv_len: CudaSlice<u32>,
+    /// In one buffer: the pages of every sequence back to back (`page_table`
+    /// of the kernels' params), where each sequence's start (`page_indptr`,
+    /// batch + 1), where each one's query rows start (`q_indptr`, batch +
+    /// 1), and each one's KV length (`kv_len`, batch).
+    pub(super) arrays: Packed<4>,
 }
 
 impl PageTables {
@@ -278,10 +310,7 @@ impl PageTables {
             max_kv_len: max_kv,
             max_q_len: max_q,
             total_q,
-            page_table: dev.upload(&table)?,
-            page_indptr: dev.upload(&page_indptr)?,
-            q_indptr: dev.upload(&q_indptr)?,
-            kv_len: dev.upload(&kv_lens)?,
+            arrays: Packed::upload(dev, [&table, &page_indptr, &q_indptr, &kv_lens])?,
         })
     }
 
@@ -303,8 +332,9 @@ impl PageTables {
 pub struct SlotMap {
     pub(super) arena_id: u64,
     pub(super) n_tokens: usize,
-    pub(super) dst_page: CudaSlice<u32>,
-    pub(super) dst_slot: CudaSlice<u32>,
+    /// In one buffer: each row's page (`dst_page` of the kernels' params),
+    /// then its slot in the page (`dst_slot`), n_tokens each.
+    pub(super) arrays: Packed<2>,
 }
 
 impl SlotMap {
@@ -342,8 +372,7 @@ impl SlotMap {
         Ok(SlotMap {
             arena_id: arena.id,
             n_tokens: slots.len(),
-            dst_page: dev.upload(&pages)?,
-            dst_slot: dev.upload(&slot_ids)?,
+            arrays: Packed::upload(dev, [&pages, &slot_ids])?,
         })
     }
 
@@ -381,5 +410,26 @@ impl SlotMap {
     }
     pub fn is_empty(&self) -> bool {
         self.n_tokens == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack;
+
+    #[test]
+    fn packed_arrays_each_start_on_16_bytes_and_hold_their_elements() {
+        let parts: [&[u32]; 4] = [&[1, 2, 3], &[], &[4], &[5, 6, 7, 8, 9]];
+        let (host, at) = pack(parts);
+        assert_eq!(at, [0, 4, 4, 8]);
+        for (start, part) in at.iter().zip(parts) {
+            assert_eq!(start % 4, 0, "16-byte start");
+            assert_eq!(&host[*start..*start + part.len()], part);
+        }
+        assert_eq!(host.len(), 16, "the last array padded too");
+        assert_eq!(
+            pack([&[7u32; 4][..], &[8; 4]]),
+            (vec![7, 7, 7, 7, 8, 8, 8, 8], [0, 4])
+        );
     }
 }

@@ -16,7 +16,7 @@ use cudarc::driver::{
     SyncOnDrop,
 };
 
-use super::arena::{DeviceKvArena, PageTables, SlotMap};
+use super::arena::{DeviceKvArena, Packed, PageTables, SlotMap};
 use super::kernels::{self, Kernel};
 use super::params::*;
 use super::plan::{
@@ -165,6 +165,13 @@ impl<'a> Args<'a> {
         ptr
     }
 
+    /// The addresses of the arrays of a packed buffer, which the kernel
+    /// reads.
+    fn read_arrays<const N: usize>(&mut self, packed: &'a Packed<N>) -> [u64; N] {
+        let base = self.read(&packed.data);
+        packed.at.map(|at| base + 4 * at as u64)
+    }
+
     fn hold(&mut self, guard: SyncOnDrop<'a>) {
         if let Some(slot) = self.guards.get_mut(self.bound) {
             *slot = Some(guard);
@@ -246,9 +253,8 @@ fn bind_decode<'a>(
 ) {
     p.q = args.read(q);
     p.kv = args.read(&arena.data);
-    p.page_table = args.read(&tables.page_table);
-    p.page_indptr = args.read(&tables.page_indptr);
-    p.kv_len = args.read(&tables.kv_len);
+    let [page_table, page_indptr, _, kv_len] = args.read_arrays(&tables.arrays);
+    (p.page_table, p.page_indptr, p.kv_len) = (page_table, page_indptr, kv_len);
 }
 
 /// The geometry of `arena` when `slots` were built for it and it has a
@@ -560,10 +566,12 @@ impl CudaDevice {
         let mut args = Args::new(&self.inner.stream);
         params.q = args.read(q);
         params.kv = args.read(&arena.data);
-        params.page_table = args.read(&tables.page_table);
-        params.page_indptr = args.read(&tables.page_indptr);
-        params.q_indptr = args.read(&tables.q_indptr);
-        params.kv_len = args.read(&tables.kv_len);
+        [
+            params.page_table,
+            params.page_indptr,
+            params.q_indptr,
+            params.kv_len,
+        ] = args.read_arrays(&tables.arrays);
         params.out = args.write(out);
         if plan.needs_aligned_rows && (params.q % 8 != 0 || params.out % 8 != 0) {
             return Err(CudaError::Unsupported {
@@ -603,11 +611,12 @@ impl CudaDevice {
         let page_stride = arena.page_elems() as u64;
         let page_size_log2 = arena.page_size().trailing_zeros();
         let mut args = Args::new(&self.inner.stream);
+        let [dst_page, dst_slot] = args.read_arrays(&slots.arrays);
         let p = KvAppendParams {
             k: args.read(k),
             v: args.read(v),
-            dst_page: args.read(&slots.dst_page),
-            dst_slot: args.read(&slots.dst_slot),
+            dst_page,
+            dst_slot,
             kv: args.write(&mut arena.data),
             page_stride,
             n_tokens: to_u32("append rows", slots.n_tokens)?,
@@ -868,8 +877,7 @@ impl CudaDevice {
                 p.layer = to_u32("layer", layer)?;
                 p.page_size_log2 = arena.page_size().trailing_zeros();
                 p.v = args.read(v);
-                p.dst_page = args.read(&slots.dst_page);
-                p.dst_slot = args.read(&slots.dst_slot);
+                [p.dst_page, p.dst_slot] = args.read_arrays(&slots.arrays);
                 p.kv = args.write(&mut arena.data);
                 (g.dtype, elements(k_heads))
             }
