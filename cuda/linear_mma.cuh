@@ -570,16 +570,17 @@ __device__ __forceinline__ void linear_mma_gemm_body(const LinearMmaParams& p) {
 // A group launch's product for this block, and the block's column block in
 // it (the same for every thread of the block).
 __device__ __forceinline__ LinearMmaParams lmma_group(const LinearMmaGroupParams& g, uint32_t& bx) {
+    LinearMmaParams p{g.x, g.w0, g.out0, g.norm_w, nullptr, g.m, g.n0, g.k, 0, g.norm_eps, 0};
     bx = blockIdx.x;
     if (g.n_groups >= 2 && bx >= g.blocks0) {
         bx -= g.blocks0;
+        p.w = g.w1, p.out = g.out1, p.n = g.n1;
         if (g.n_groups == 3 && bx >= g.blocks1) {
             bx -= g.blocks1;
-            return LinearMmaParams{g.x, g.w2, g.out2, g.norm_w, nullptr, g.m, g.n2, g.k, 0, g.norm_eps, 0};
+            p.w = g.w2, p.out = g.out2, p.n = g.n2;
         }
-        return LinearMmaParams{g.x, g.w1, g.out1, g.norm_w, nullptr, g.m, g.n1, g.k, 0, g.norm_eps, 0};
     }
-    return LinearMmaParams{g.x, g.w0, g.out0, g.norm_w, nullptr, g.m, g.n0, g.k, 0, g.norm_eps, 0};
+    return p;
 }
 
 // The group launches of the three tiles: grid (blocks0 + blocks1 + blocks of

@@ -294,8 +294,9 @@ impl CudaBackend {
     /// launch of gate and up (below 128 rows), and the attention and
     /// feed-forward RMSNorms in the launch of the matmul that reads their
     /// output (up to `NORM_CARRY_ROWS` rows). Default: on; a decode layer
-    /// at batch 1 then makes 6 launches instead of 9. The bits are those of the separate kernels either way
-    /// (a GPU test requires it); off is for side-by-side timings.
+    /// at batch 1 then makes 6 launches instead of 9. The bits are those
+    /// of the separate kernels either way (a GPU test requires it); off is
+    /// for side-by-side timings.
     pub fn set_carried_stages(&self, on: bool) {
         self.carry.store(on, std::sync::atomic::Ordering::Relaxed);
     }

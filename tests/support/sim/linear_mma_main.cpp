@@ -339,10 +339,11 @@ bool run_pair(uint32_t m, uint32_t n, uint32_t k, bool norm, Rng& rng) {
         const LinearMmaParams p{x.data(), wg.data(), out.data(), norm ? g.data() : nullptr, wu.data(),
                                 m, n, k, 0, eps, 0};
         launch_shape(p, shape);
-        if (!same_bits(out, gate, shape == Small ? "pair (decode tile)" : "pair (wide tile)")) ok = false;
+        const char* tile = shape == Small ? "pair (decode tile)" : "pair (wide tile)";
+        if (!same_bits(out, gate, tile)) ok = false;
     }
-    std::printf("%s SwiGLU pair%s, m=%u n=%u k=%u\n", ok ? "ok" : "FAIL", norm ? " with the norm" : "", m,
-                n, k);
+    std::printf("%s SwiGLU pair%s, m=%u n=%u k=%u\n", ok ? "ok" : "FAIL",
+                norm ? " with the norm" : "", m, n, k);
     return ok;
 }
 
