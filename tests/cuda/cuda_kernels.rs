@@ -59,6 +59,11 @@ impl Rng {
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.f32() * scale).collect()
     }
+    /// `vec` rounded to bf16, as bits (a bf16 checkpoint's weights).
+    fn bf16_bits(&mut self, n: usize, scale: f32) -> Vec<u16> {
+        let v = self.vec(n, scale);
+        v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+    }
     fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
@@ -1598,11 +1603,7 @@ fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_any_tile() {
     let mut rng = Rng(15);
     const ROWS: usize = 300;
     for (n, k) in [(40, 64), (130, 520), (33, 1100), (16, 7), (256, 2048)] {
-        let w: Vec<u16> = rng
-            .vec(n * k, 0.5)
-            .iter()
-            .map(|&v| bf16::from_f32(v).to_bits())
-            .collect();
+        let w = rng.bf16_bits(n * k, 0.5);
         let w_dev = dev.upload(&w).unwrap();
         let x = rng.vec(ROWS * k, 2.0);
         let run = |m: usize| {
@@ -1692,14 +1693,7 @@ fn q_k_and_v_in_one_launch_have_the_bits_of_three_launches() {
     let (k, ns) = (256, [128usize, 40, 72]);
     let ws: Vec<_> = ns
         .iter()
-        .map(|&n| {
-            let w: Vec<u16> = rng
-                .vec(n * k, 0.5)
-                .iter()
-                .map(|&v| bf16::from_f32(v).to_bits())
-                .collect();
-            dev.upload(&w).unwrap()
-        })
+        .map(|&n| dev.upload(&rng.bf16_bits(n * k, 0.5)).unwrap())
         .collect();
     for m in [1, 40, 200] {
         let x = dev.upload(&rng.vec(m * k, 2.0)).unwrap();
@@ -1753,14 +1747,7 @@ fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches(
     let mut rng = Rng(29);
     let (k, eps) = (320, 1e-5f32);
     let ns = [128usize, 40, 72];
-    let mut weights = |n: usize| {
-        let w: Vec<u16> = rng
-            .vec(n * k, 0.5)
-            .iter()
-            .map(|&v| bf16::from_f32(v).to_bits())
-            .collect();
-        dev.upload(&w).unwrap()
-    };
+    let mut weights = |n: usize| dev.upload(&rng.bf16_bits(n * k, 0.5)).unwrap();
     let ws: Vec<_> = ns.iter().map(|&n| weights(n)).collect();
     let w_up = weights(ns[0]);
     let norm: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 0.5 + v.abs()).collect();
