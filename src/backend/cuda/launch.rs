@@ -257,6 +257,20 @@ fn bind_decode<'a>(
     (p.page_table, p.page_indptr, p.kv_len) = (page_table, page_indptr, kv_len);
 }
 
+/// Ok when there is no RMSNorm to carry, or `tile` carries it (the decode
+/// tile) and its weight has the matmul's depth `k`.
+fn check_norm<N: DevicePtr<f32>>(
+    norm: Option<(&N, f32)>,
+    tile: Bf16Tile,
+    k: usize,
+) -> Result<(), CudaError> {
+    let Some((w, _)) = norm else {
+        return Ok(());
+    };
+    Bf16Tile::carries("RMSNorm", tile, Bf16Tile::Decode)?;
+    shape("RMSNorm weight (the matmul depth)", k, w.len())
+}
+
 /// The geometry of `arena` when `slots` were built for it and it has a
 /// layer `layer`: what every append checks before it writes.
 fn append_target(
@@ -1021,18 +1035,54 @@ impl CudaDevice {
         out: &mut impl DevicePtrMut<f32>,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        self.linear_bf16_tile(
+            x,
+            w,
+            n,
+            out,
+            accumulate,
+            None::<(&CudaSlice<f32>, f32)>,
+            None::<&CudaSlice<u16>>,
+        )
+    }
+
+    /// The one launch of a single bf16 product, on the tile its rows pick,
+    /// with the stages it carries: RMSNorm of x (`norm`: weight and
+    /// epsilon; the decode tile) and SwiGLU with `w_up` (decode and wide
+    /// tiles).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_bf16_tile<N: DevicePtr<f32>, U: DevicePtr<u16>>(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+        norm: Option<(&N, f32)>,
+        w_up: Option<&U>,
+    ) -> Result<(), CudaError> {
         let Some((m, k)) = matmul_shape(x.len(), w.len(), n, out.len())? else {
             return Ok(());
         };
         let tile = Bf16Tile::for_rows(m);
-        let (bm, bn) = (tile.rows(), tile.cols());
+        check_norm(norm, tile, k)?;
+        if let Some(up) = w_up {
+            Bf16Tile::carries("SwiGLU", tile, Bf16Tile::Wide)?;
+            shape("SwiGLU up weight (the gate's size)", w.len(), up.len())?;
+        }
+        // A SwiGLU pair's column block holds half the tile's columns of
+        // each product.
+        let (bm, bn) = (
+            tile.rows(),
+            tile.cols() / if w_up.is_some() { 2 } else { 1 },
+        );
         let kernel = tile.kernel(match tile {
             Bf16Tile::Decode => kernels::linear_mma(KvDtype::BF16),
             Bf16Tile::Wide => kernels::linear_mma_wide(KvDtype::BF16),
             Bf16Tile::Prefill => kernels::linear_mma_gemm(KvDtype::BF16),
         })?;
         let mut args = Args::new(&self.inner.stream);
-        let p = LinearMmaParams {
+        let mut p = LinearMmaParams {
             x: args.read(x),
             w: args.read(w),
             out: args.write(out),
@@ -1042,6 +1092,12 @@ impl CudaDevice {
             accumulate: u32::from(accumulate),
             ..Default::default()
         };
+        if let Some(up) = w_up {
+            p.w_up = args.read(up);
+        }
+        if let Some((nw, eps)) = norm {
+            (p.norm_w, p.norm_eps) = (args.read(nw), eps);
+        }
         let Some(grid) = grid(
             "tensor-core matmul blocks (columns, rows)",
             n.div_ceil(bn),
@@ -1051,10 +1107,12 @@ impl CudaDevice {
         else {
             return Ok(());
         };
-        // Launch contract: x holds m*k f32, w n*k bf16, out m*n f32
-        // (checked); the grid covers n columns in blocks of bn and m rows
-        // in tiles of bm, the tile of the kernel chosen, and the kernel
-        // bounds every access by m, n, k.
+        // Launch contract: x holds m*k f32, w (and w_up) n*k bf16, out m*n
+        // f32, norm_w k f32 (checked); stages are carried only by the
+        // tiles that have them (checked: the prefill tile none); the grid
+        // covers n columns in blocks of bn and m rows in tiles of bm, the
+        // tile of the kernel chosen, and the kernel bounds every access by
+        // m, n, k.
         self.launch(kernel, &p, grid, args)
     }
 
@@ -1129,10 +1187,7 @@ impl CudaDevice {
             return Ok(());
         };
         let tile = Bf16Tile::for_rows(m);
-        if let Some((w, _)) = norm {
-            Bf16Tile::carries("RMSNorm", tile, Bf16Tile::Decode)?;
-            plan::shape("RMSNorm weight (the matmul depth)", k, w.len())?;
-        }
+        check_norm(norm, tile, k)?;
         let (bm, bn) = (tile.rows(), tile.cols());
         let kernel = tile.kernel(match tile {
             Bf16Tile::Decode => kernels::linear_mma_group(KvDtype::BF16),
@@ -1202,56 +1257,7 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        let Some((m, k)) = matmul_shape(x.len(), w_gate.len(), n, out.len())? else {
-            return Ok(());
-        };
-        shape(
-            "SwiGLU up weight (the gate's size)",
-            w_gate.len(),
-            w_up.len(),
-        )?;
-        let tile = Bf16Tile::for_rows(m);
-        Bf16Tile::carries("SwiGLU", tile, Bf16Tile::Wide)?;
-        if let Some((w, _)) = norm {
-            Bf16Tile::carries("RMSNorm", tile, Bf16Tile::Decode)?;
-            shape("RMSNorm weight (the matmul depth)", k, w.len())?;
-        }
-        let kernel = tile.kernel(match tile {
-            Bf16Tile::Decode => kernels::linear_mma(KvDtype::BF16),
-            _ => kernels::linear_mma_wide(KvDtype::BF16),
-        })?;
-        let mut args = Args::new(&self.inner.stream);
-        let mut p = LinearMmaParams {
-            x: args.read(x),
-            w: args.read(w_gate),
-            w_up: args.read(w_up),
-            out: args.write(out),
-            m: to_u32("matmul rows", m)?,
-            n: to_u32("matmul columns", n)?,
-            k: to_u32("matmul depth", k)?,
-            ..Default::default()
-        };
-        if let Some((w, eps)) = norm {
-            (p.norm_w, p.norm_eps) = (args.read(w), eps);
-        }
-        // A pair's column block holds half the tile's columns of each
-        // product.
-        let Some(grid) = grid(
-            "SwiGLU-pair matmul blocks (columns, rows)",
-            n.div_ceil(tile.cols() / 2),
-            m.div_ceil(tile.rows()),
-            1,
-        )?
-        else {
-            return Ok(());
-        };
-        // Launch contract: x holds m*k f32, w_gate and w_up n*k bf16 each,
-        // out m*n f32, norm_w (when set) k f32 (all checked); the tile is
-        // the decode or the wide one (checked: the prefill tile carries
-        // nothing), the grid covers n columns in blocks of half its
-        // columns and m rows in its row tiles, and the kernel bounds every
-        // access by m, n, k.
-        self.launch(kernel, &p, grid, args)
+        self.linear_bf16_tile(x, w_gate, n, out, false, norm, Some(w_up))
     }
 
     /// `x[i] += y[i % y.len()]`: a residual add when the lengths match, a
