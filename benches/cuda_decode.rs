@@ -330,7 +330,8 @@ mod gpu {
         // The norms and the SwiGLU carried in the matmuls' launches (the
         // default: at batch 1, 6 launches a decode layer) against launched
         // apart (9), one after the other on the device way.
-        for batch in [1usize, 4, 16].into_iter().filter(|_| carrying) {
+        let batches: &[usize] = if carrying { &[1, 4, 16] } else { &[] };
+        for &batch in batches {
             backend.set_carried_stages(false);
             let apart = decode(&ways[0], batch);
             backend.set_carried_stages(true);

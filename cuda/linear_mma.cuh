@@ -199,8 +199,7 @@ __device__ __forceinline__ void linear_mma_tiles_as(const LinearMmaParams& p, ui
     LmmaSmem<RT, NT>& s = lmma_smem<RT, NT>();
     // This lane's rows: r0 + 16 rt and r0 + 16 rt + 8 of row tile rt.
     const uint64_t r0 = (uint64_t)blockIdx.y * (16 * RT) + group;
-    constexpr bool pair = PAIR;
-    const uint64_t n0 = (uint64_t)bx * (pair ? 4 * NT : 8 * NT);
+    const uint64_t n0 = (uint64_t)bx * (PAIR ? 4 * NT : 8 * NT);
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
     const bool w_vec = p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
                        (!PAIR || reinterpret_cast<uintptr_t>(p.w_up) % 16 == 0);
@@ -243,8 +242,8 @@ __device__ __forceinline__ void linear_mma_tiles_as(const LinearMmaParams& p, ui
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 // A pair's n-tile t reads the gate's rows, t + NT / 2 the up's.
-                const void* w = pair && t >= NT / 2 ? p.w_up : p.w;
-                const uint64_t n = n0 + (pair ? t % (NT / 2) : t) * 8 + group;
+                const void* w = PAIR && t >= NT / 2 ? p.w_up : p.w;
+                const uint64_t n = n0 + (PAIR ? t % (NT / 2) : t) * 8 + group;
                 wv[u][t] = live ? lmma_w8(p, w, n, c0, w_vec) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
@@ -293,13 +292,13 @@ __device__ __forceinline__ void linear_mma_tiles_as(const LinearMmaParams& p, ui
     for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-            if (pair && t >= NT / 2) break;  // the up halves: read with their gates
+            if (PAIR && t >= NT / 2) break;  // the up halves: read with their gates
             const uint64_t col = n0 + t * 8 + 2 * tid;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 // A pair stores SwiGLU of the gate's and the up's sums, as
                 // swiglu does of the two products' outputs.
-                const float v = pair ? swiglu_of(sum(rt, t, i), sum(rt, t + NT / 2, i)) : sum(rt, t, i);
+                const float v = PAIR ? swiglu_of(sum(rt, t, i), sum(rt, t + NT / 2, i)) : sum(rt, t, i);
                 const uint64_t r = r0 + 16 * rt + (i < 2 ? 0 : 8), j = col + (i & 1);
                 if (r < p.m && j < p.n) lmma_store(p, r * p.n + j, v);
             }

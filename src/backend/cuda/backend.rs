@@ -579,15 +579,16 @@ impl CudaBackend {
 /// The bf16 elements of each of `ws` when all are bf16 of one depth (the
 /// weights one tensor-core launch can take together).
 fn bf16_of_one_depth<'a, const N: usize>(ws: &[&'a CudaMat; N]) -> Option<[&'a CudaSlice<u16>; N]> {
-    let depth = ws.first()?.cols;
-    let mut out = Vec::with_capacity(N);
-    for w in ws {
-        match &w.data {
-            MatData::Bf16(d) if w.cols == depth => out.push(d),
-            _ => return None,
-        }
+    let bf16 = |w: &&'a CudaMat| match &w.data {
+        MatData::Bf16(d) if w.cols == ws[0].cols => Some(d),
+        _ => None,
+    };
+    // Asked twice a layer: no allocation.
+    let mut out = [bf16(ws.first()?)?; N];
+    for (o, w) in out.iter_mut().zip(ws) {
+        *o = bf16(w)?;
     }
-    out.try_into().ok()
+    Some(out)
 }
 
 fn dev_err(e: CudaError) -> BackendError {
