@@ -41,6 +41,8 @@ pub(super) struct Inner {
     name: String,
     /// Times the host waited for the device (downloads and syncs).
     syncs: std::sync::atomic::AtomicU64,
+    /// Kernels queued.
+    pub(super) launches: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -120,6 +122,7 @@ impl CudaDevice {
                 overlap_on: std::sync::atomic::AtomicBool::new(true),
                 name,
                 syncs: std::sync::atomic::AtomicU64::new(0),
+                launches: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -233,6 +236,14 @@ impl CudaDevice {
     /// samples on the device waits once.
     pub fn host_syncs(&self) -> u64 {
         self.inner.syncs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Kernels queued on this device so far (through this handle and its
+    /// clones): what a decode step costs the host in launches.
+    pub fn launches(&self) -> u64 {
+        self.inner
+            .launches
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(super) fn count_sync(&self) {

@@ -335,6 +335,9 @@ impl CudaDevice {
         let spec = kernel.id().spec();
         let func = self.function(kernel.id())?;
         let stream = &self.inner.stream;
+        self.inner
+            .launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY (both launches below): `Kernel<P>` exists only for a
         // compiled kernel whose parameter is `P` (the table pairs them; the
         // layout of `P` is asserted against cuda/params.cuh on both sides),
