@@ -15,6 +15,17 @@
 //! address or remote key of its memory: its agent's metadata never leaves
 //! the process. The prefill end's pool arena is what a peer may read, and
 //! only the authenticated peer gets its metadata (inside the sealed link).
+//!
+//! The trust boundary is the link key, not the registration. A
+//! registration bounds what the peer's NIXL agrees to name (a READ outside
+//! it fails before it is posted), not what the prefill end serves: over
+//! UCX's TCP and shared-memory transports a peer holding metadata from
+//! before a deregistration still READs the deregistered memory (seen with
+//! nixl-cu12 1.5.1), and with UCX's registration cache an RDMA NIC may keep
+//! serving it too. So registering only each transfer's pages, for its
+//! duration, would bound an honest decode end, which already reads only
+//! what each write announces, and not a hostile one; a decode end that
+//! holds the link key is trusted with the prefill end's whole pool.
 //! A READ that races the prefill end letting go of its pages (an ack
 //! timeout, a dropped link) can only fetch other bytes into a destination
 //! whose receipt is then refused by its checksums: the same outcome as any
