@@ -3,14 +3,15 @@
 //!
 //! Decode: achieved bandwidth = KV bytes read / kernel time, as a share of
 //! a device-to-device copy ((read + write) bytes / time) measured in the
-//! same process, for the tensor-core kernel and the scalar one side by
-//! side on the same pages. GQA 32:4, head_dim 128, bf16 KV, one layer, page
+//! same process, for the tensor-core kernel, its wide form (eight warps a
+//! block) and the scalar one side by side on the same pages. GQA 32:4, head_dim 128, bf16 KV, one layer, page
 //! 16 vs 64, batch {1, 8, 64, 256} x context {1k, 8k, 32k, 128k}, and GQA
 //! 32:8 at the goal cells; cells whose arena would exceed
 //! HANDOFF_BENCH_MAX_GIB (default 80; the largest, 256 x 128k, is 64 GiB)
 //! or fail to allocate are reported as skipped. Prints
 //! `decode_copy_share_b8_ctx8k=X` and `decode_copy_share_b1_ctx32k=X`
-//! (GQA 32:4, page 16, the kernel `DecodeKernel::Auto` takes: tensor cores).
+//! (GQA 32:4, page 16, the kernel `DecodeKernel::Auto` takes: tensor cores),
+//! each followed by `decode_wide_copy_share_...=X` for the wide kernel.
 //!
 //! Prefill: causal, head_dim 128, 32:8 heads, bf16 KV, page 16, 1k-8k
 //! positions, on the tensor-core kernel and on the scalar reference:
@@ -373,9 +374,12 @@ mod gpu {
             let mut cell = DecodeCell::new(dev, g, 32, 16, 1, ctx)?;
             // With and without the overlap where the device has it.
             let runs: &[(DecodeKernel, bool)] = if overlap {
+                // (Compute capability 9.0: the wide kernel's shared memory
+                // is there too.)
                 &[
                     (DecodeKernel::TensorCore, true),
                     (DecodeKernel::TensorCore, false),
+                    (DecodeKernel::TensorCoreWide, true),
                     (DecodeKernel::Scalar, true),
                 ]
             } else {
@@ -428,7 +432,15 @@ mod gpu {
         }
 
         let hd = 128usize;
-        let kernels = [DecodeKernel::TensorCore, DecodeKernel::Scalar];
+        // What Auto runs, the wide tensor-core kernel (eight warps a block,
+        // not yet timed), then the scalar reference: the "vs scalar" column
+        // divides by the last.
+        let kernels = [
+            DecodeKernel::TensorCore,
+            DecodeKernel::TensorCoreWide,
+            DecodeKernel::Scalar,
+        ];
+        let scalar = kernels.len() - 1;
         let mut shares = Vec::new();
         for (n_heads, n_kv, cells) in [
             (32usize, 4usize, DECODE_CELLS_32_4),
@@ -459,7 +471,10 @@ mod gpu {
                     continue;
                 }
                 // GB/s per kernel, page 16 then 64.
-                let mut gbps = [[0.0f64; 2]; 2];
+                // NaN where the kernel was refused (the wide one on a device
+                // without its shared memory), printed as such.
+                let mut gbps = [[0.0f64; 2]; 3];
+                let mut refused = [None, None, None];
                 let mut splits = 0;
                 let mut no_memory = None;
                 for (pi, ps) in [16usize, 64].into_iter().enumerate() {
@@ -472,7 +487,14 @@ mod gpu {
                         }
                     };
                     for (ki, &kernel) in kernels.iter().enumerate() {
-                        (gbps[ki][pi], splits) = cell.gbps(&dev, Split::Auto, kernel)?;
+                        match cell.gbps(&dev, Split::Auto, kernel) {
+                            Ok((g, s)) => (gbps[ki][pi], splits) = (g, s),
+                            Err(e) if kernel == DecodeKernel::TensorCoreWide => {
+                                gbps[ki][pi] = f64::NAN;
+                                refused[ki] = Some(e);
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
                 }
                 if let Some(e) = no_memory {
@@ -480,11 +502,15 @@ mod gpu {
                     continue;
                 }
                 for (ki, kernel) in kernels.iter().enumerate() {
+                    if let Some(e) = &refused[ki] {
+                        println!("| {batch} | {ctx} | {kernel:?} | FAILED: {e} | | | | | |");
+                        continue;
+                    }
                     let [p16, p64] = gbps[ki];
-                    let vs = if ki == 0 {
-                        format!("{:.2}", p16 / gbps[1][0])
-                    } else {
+                    let vs = if ki == scalar {
                         String::new()
+                    } else {
+                        format!("{:.2}", p16 / gbps[scalar][0])
                     };
                     let fi = match spec {
                         Some(spec) if ctx >= 8192 => {
@@ -506,6 +532,14 @@ mod gpu {
                         "decode_copy_share_b{batch}_ctx{}k={:.3}",
                         ctx / 1024,
                         gbps[0][0] / copy
+                    ));
+                    // The wide kernel on the same cell, beside it (NaN if
+                    // refused), and its gain over the 4-warp kernel.
+                    shares.push(format!(
+                        "decode_wide_copy_share_b{batch}_ctx{}k={:.3} (x{:.2} the 4-warp kernel)",
+                        ctx / 1024,
+                        gbps[1][0] / copy,
+                        gbps[1][0] / gbps[0][0]
                     ));
                     // The same cell with the merge launched only after the
                     // split launch has ended, side by side.

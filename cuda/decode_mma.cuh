@@ -16,9 +16,9 @@
 // decode_merge). A block serves GROUP = 8 x OCT query heads of one KV head
 // (OCT octets of 8 heads; a larger ratio runs in slices).
 //
-// Each of the 4 warps takes every 4th tile of TILE = 16 positions of the
-// chunk and keeps its own online softmax; the warps are combined through
-// shared memory at the end. A warp's tiles go through STAGES shared-memory
+// Each of the 4 warps (8 in the wide form, decode_mma_wide) takes every 4th
+// (8th) tile of TILE = 16 positions of the chunk and keeps its own online
+// softmax; the warps are combined through shared memory at the end. A warp's tiles go through STAGES shared-memory
 // stages ([K|V][TILE][HEAD_DIM] each): while it computes tile i, the copies
 // of tiles i+1 .. i+STAGES-1 are in flight. Positions at or beyond the
 // chunk's end are zero-filled by the copy, never read, and masked.
@@ -60,22 +60,35 @@ namespace handoff {
 
 constexpr int DMMA_WARPS = 4;
 constexpr int DMMA_THREADS = DMMA_WARPS * 32;
+// The wide kernel (decode_mma_wide): twice the warps, each with its own
+// stages, so a block has twice the tiles in flight and a chunk's tiles
+// take half as many turns per warp. Where blocks are few (batch 1: one
+// block or fewer per SM), a block's time is its warps' chains of tiles
+// (about 1 us per tile on an H200, bound by instruction latency), and this
+// halves it. Its bits differ from the 4-warp kernel's (each warp's online
+// softmax runs over other tiles), and are the same in any batch.
+constexpr int DMMA_WIDE_WARPS = 8;
+constexpr int DMMA_WIDE_THREADS = DMMA_WIDE_WARPS * 32;
 constexpr int DMMA_TILE = 16;   // positions per warp tile
 constexpr int DMMA_STAGES = 3;  // tiles per warp in shared memory
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, int WARPS = DMMA_WARPS>
 struct DmmaCfg {
     static constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
     static constexpr int KSTEPS = HEAD_DIM / 16;
     static constexpr int DTILES = HEAD_DIM / 8;
     static constexpr int TILE_ELEMS = DMMA_TILE * HEAD_DIM;              // K or V of one tile
     static constexpr int WARP_ELEMS = DMMA_STAGES * 2 * TILE_ELEMS;      // one warp's stages
-    static constexpr int SMEM_BYTES = DMMA_WARPS * WARP_ELEMS * 2;      // 2-byte elements
+    static constexpr int SMEM_BYTES = WARPS * WARP_ELEMS * 2;           // 2-byte elements
     static_assert(HEAD_DIM % 32 == 0, "chunks 4s + t of every k-step pair");
     static_assert(DMMA_TILE * CHUNKS % 32 == 0, "whole copies per lane");
     // The combine (out of the stages, after they are drained): 16 heads.
-    static_assert(DMMA_WARPS * 16 * (HEAD_DIM + 2) * 4 <= SMEM_BYTES, "combine fits");
+    static_assert(WARPS * 16 * (HEAD_DIM + 2) * 4 <= SMEM_BYTES, "combine fits");
 };
+
+// The wide kernel's (the table names a config by head_dim alone).
+template <int HEAD_DIM>
+using DmmaWideCfg = DmmaCfg<HEAD_DIM, DMMA_WIDE_WARPS>;
 
 __device__ __forceinline__ int dmma_swz(int row) { return ((row & 1) << 2) | ((row >> 1) & 3); }
 
@@ -86,9 +99,11 @@ __device__ __forceinline__ void split_hi_lo(float x, float& hi, float& lo) {
     lo = x - hi;
 }
 
-template <typename T, int HEAD_DIM, int GROUP>
+// WARPS warps a block (DMMA_WARPS, or DMMA_WIDE_WARPS for the wide kernel).
+template <typename T, int HEAD_DIM, int GROUP, int WARPS = DMMA_WARPS>
 __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
-    using C = DmmaCfg<HEAD_DIM>;
+    using C = DmmaCfg<HEAD_DIM, WARPS>;
+    constexpr int THREADS = WARPS * 32;
     constexpr int OCT = GROUP / 8;
     constexpr int CHUNKS = C::CHUNKS, KSTEPS = C::KSTEPS, DTILES = C::DTILES;
     static_assert(GROUP % 8 == 0 && OCT >= 1 && OCT <= 2, "octets of 8 heads");
@@ -105,9 +120,8 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     uint32_t begin, end;
     decode_chunk(p, p.kv_len[b], split, begin, end);
     const uint32_t n_tiles = end > begin ? (end - begin + DMMA_TILE - 1) / DMMA_TILE : 0;
-    // This warp's tiles: warp, warp + 4, ...
-    const uint32_t mine =
-        n_tiles > (uint32_t)warp ? (n_tiles - warp + DMMA_WARPS - 1) / DMMA_WARPS : 0;
+    // This warp's tiles: warp, warp + WARPS, ...
+    const uint32_t mine = n_tiles > (uint32_t)warp ? (n_tiles - warp + WARPS - 1) / WARPS : 0;
 
     const uint32_t* pages = p.page_table + p.page_indptr[b];
     const T* kv = static_cast<const T*>(p.kv);
@@ -137,7 +151,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     }
     const uint32_t row_step = RPJ * kv_dim;  // elements between a lane's rows
     // First position of this warp's i-th tile.
-    auto tile_start = [&](uint32_t i) { return begin + (warp + i * DMMA_WARPS) * DMMA_TILE; };
+    auto tile_start = [&](uint32_t i) { return begin + (warp + i * WARPS) * DMMA_TILE; };
     // The page-table entry of the first position of the next tile to issue,
     // read one issue ahead: its latency passes during a tile's compute
     // instead of stalling the copies that need it.
@@ -318,10 +332,10 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     }
     cp_async_wait<0>();  // only empty groups remain; drained before the stages are reused
 
-    // Combine the warps: [DMMA_WARPS][GROUP][HEAD_DIM] outputs, then m and l.
+    // Combine the warps: [WARPS][GROUP][HEAD_DIM] outputs, then m and l.
     float* sm_o = reinterpret_cast<float*>(dyn_smem());
-    float* sm_m = sm_o + DMMA_WARPS * GROUP * HEAD_DIM;
-    float* sm_l = sm_m + DMMA_WARPS * GROUP;
+    float* sm_m = sm_o + WARPS * GROUP * HEAD_DIM;
+    float* sm_l = sm_m + WARPS * GROUP;
     __syncthreads();  // every warp is done with its stages
 #pragma unroll
     for (int o = 0; o < OCT; ++o) {
@@ -341,10 +355,16 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
         }
     }
     const bool any_bad = __syncthreads_or(bad) != 0;
-    decode_combine_store<HEAD_DIM, DMMA_THREADS>(
-        p, b, kvh, h0, split, here, DMMA_WARPS, any_bad, [&](int w, int h) { return sm_m[w * GROUP + h]; },
+    decode_combine_store<HEAD_DIM, THREADS>(
+        p, b, kvh, h0, split, here, WARPS, any_bad, [&](int w, int h) { return sm_m[w * GROUP + h]; },
         [&](int w, int h) { return sm_l[w * GROUP + h]; },
         [&](int w, int h, int d) { return sm_o[(w * GROUP + h) * HEAD_DIM + d]; });
+}
+
+// The wide kernel: decode_mma with DMMA_WIDE_WARPS warps.
+template <typename T, int HEAD_DIM, int GROUP>
+__device__ __forceinline__ void decode_mma_wide(const DecodeParams& p) {
+    decode_mma<T, HEAD_DIM, GROUP, DMMA_WIDE_WARPS>(p);
 }
 
 }  // namespace handoff

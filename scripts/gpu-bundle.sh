@@ -175,6 +175,8 @@ prof() { # name, kernel regex, launches to skip
 }
 prof dec_b1 'decode_mma_bf16_d128_g8' 3     # batch 1, 1k: its 4th launch
 prof dec_b8 'decode_mma_bf16_d128_g8' 233   # batch 8, 8k (5 cells x 2 pages x 23 before it)
+prof dec_b1_wide 'decode_mma_wide_bf16_d128_g8' 3    # the 8-warp kernel, likewise
+prof dec_b8_wide 'decode_mma_wide_bf16_d128_g8' 233
 prof pre_8k 'prefill_mma_bf16_d128' 12      # 8k, after 1k and 4k
 prof pre_8k_wide 'prefill_mma_wide_bf16_d128' 12  # the wide kernel, likewise
 grep -E "Duration|Achieved Occupancy|Registers Per|DRAM Throughput|Warp Cycles Per Issued|Issued Ipc" \

@@ -306,8 +306,8 @@ const RTOL: f64 = 1e-5;
 /// 4 `RTOL` for bf16 and 2 `RTOL` for f16.
 fn decode_rtol(kernel: DecodeKernel, dtype: KvDtype) -> f64 {
     match (kernel, dtype) {
-        (DecodeKernel::TensorCore, KvDtype::BF16) => 4.0 * RTOL,
-        (DecodeKernel::TensorCore, _) => 2.0 * RTOL,
+        (DecodeKernel::TensorCore | DecodeKernel::TensorCoreWide, KvDtype::BF16) => 4.0 * RTOL,
+        (DecodeKernel::TensorCore | DecodeKernel::TensorCoreWide, _) => 2.0 * RTOL,
         _ => RTOL,
     }
 }
@@ -332,23 +332,29 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // merge, scrub, rms_norm, rope (3 KV dtypes, for its append), swiglu,
     // embedding (f32, bf16), argmax, sample_rows, row_logprobs; linear,
     // linear_mma (bf16), add_periodic; xxh3_ranges, page_checksums;
-    // prefill_mma and prefill_mma_wide: 2 x 2 each; decode_mma: 2 dtypes x
-    // 2 head dims x 2 groups; linear_mma_wide and linear_mma_gemm (bf16);
-    // the group launches of the three bf16 tiles.
+    // prefill_mma and prefill_mma_wide: 2 x 2 each; decode_mma and
+    // decode_mma_wide: 2 dtypes x 2 head dims x 2 groups each;
+    // linear_mma_wide and linear_mma_gemm (bf16); the group launches of the
+    // three bf16 tiles.
     assert_eq!(
         dev.kernel_count(),
-        72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 2 + 3
+        72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
     );
 }
 
 // ----------------------------------------------------------------- decode
 
 /// The decode kernels compiled for `dtype` and `head_dim`: the scalar one
-/// always, the tensor-core one for f16/bf16 at its head dims.
-fn decode_kernels(dtype: KvDtype, head_dim: usize) -> Vec<DecodeKernel> {
+/// always, the tensor-core ones for f16/bf16 at their head dims (the wide
+/// one where `dev` has its shared memory: eight warps of three stages of a
+/// 16-row K and V tile).
+fn decode_kernels(dev: &CudaDevice, dtype: KvDtype, head_dim: usize) -> Vec<DecodeKernel> {
     let mut kernels = vec![DecodeKernel::Scalar];
     if dtype != KvDtype::F32 && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
         kernels.push(DecodeKernel::TensorCore);
+        if dev.max_shared_memory_per_block() >= 8 * 3 * 2 * 16 * head_dim * 2 {
+            kernels.push(DecodeKernel::TensorCoreWide);
+        }
     }
     kernels
 }
@@ -414,7 +420,7 @@ fn decode_matches_reference_for_every_dtype_head_dim_group_and_page_size() {
         for hd in HEAD_DIMS {
             for ps in [1, 16, 64] {
                 let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &lens);
-                for kernel in decode_kernels(dtype, hd) {
+                for kernel in decode_kernels(&dev, dtype, hd) {
                     for group in [1, 2, 4, 8, 16] {
                         check_decode(
                             &dev,
@@ -442,7 +448,7 @@ fn decode_split_kv_merges_to_the_same_answer_for_any_chunking() {
             let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &lens);
             // Chunks shorter than a page, not a multiple of anything, one
             // whole page, and longer than every sequence.
-            for kernel in decode_kernels(dtype, hd) {
+            for kernel in decode_kernels(&dev, dtype, hd) {
                 for chunk in [1, 7, 16, 100, 512, 4096] {
                     let splits = check_decode(
                         &dev,
@@ -518,7 +524,7 @@ fn a_merge_overlapping_the_split_launch_has_the_bits_of_one_after_it() {
     let (n_heads, hd) = (32, 128);
     for (dtype, kernel) in DTYPES
         .into_iter()
-        .flat_map(|d| decode_kernels(d, hd).into_iter().map(move |k| (d, k)))
+        .flat_map(|d| decode_kernels(&dev, d, hd).into_iter().map(move |k| (d, k)))
     {
         let sc = Scenario::new(&mut rng, geometry(dtype, 4, hd), 16, &lens);
         let arena = sc.arena.upload(&dev);
@@ -554,7 +560,7 @@ fn decode_output_of_a_sequence_is_bit_identical_alone_or_in_any_batch() {
     let (n_heads, hd) = (32, 128);
     for (dtype, kernel) in DTYPES
         .into_iter()
-        .flat_map(|d| decode_kernels(d, hd).into_iter().map(move |k| (d, k)))
+        .flat_map(|d| decode_kernels(&dev, d, hd).into_iter().map(move |k| (d, k)))
     {
         let sc = Scenario::new(&mut rng, geometry(dtype, 8, hd), 16, &lens);
         let arena = sc.arena.upload(&dev);
@@ -636,8 +642,11 @@ fn decode_turns_a_nan_key_into_nan_output_as_the_cpu_does() {
             Split::ChunkTokens(1000),
         ]
         .into_iter()
-        .flat_map(|s| decode_kernels(dtype, hd).into_iter().map(move |k| (s, k)))
-        {
+        .flat_map(|s| {
+            decode_kernels(&dev, dtype, hd)
+                .into_iter()
+                .map(move |k| (s, k))
+        }) {
             let out = decode_members(&dev, &arena, &sc, &q, n_heads, &[0, 1, 2, 3], split, kernel);
             let group = n_heads / 2;
             for s in 0..4 {
@@ -675,7 +684,7 @@ fn decode_handles_group_ratios_between_compiled_ones() {
     // KV head, the last one partly padding.
     let dev = gpu!("decode_handles_group_ratios_between_compiled_ones");
     let mut rng = Rng(3);
-    for kernel in decode_kernels(KvDtype::BF16, 64) {
+    for kernel in decode_kernels(&dev, KvDtype::BF16, 64) {
         for group in [3, 5, 6, 7, 9, 12, 16, 24, 40] {
             let sc = Scenario::new(&mut rng, geometry(KvDtype::BF16, 3, 64), 16, &[5, 40, 17]);
             check_decode(
@@ -731,19 +740,25 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
             let scalar = run(&mut out, DecodeKernel::Scalar).unwrap().1;
             assert_eq!(scalar, DecodeKernel::Scalar, "{what}");
             let before = dev.download(&out).unwrap();
-            let forced = run(&mut out, DecodeKernel::TensorCore);
-            if compiled {
-                assert_eq!(forced.unwrap().1, DecodeKernel::TensorCore, "{what}");
-            } else {
-                assert!(
-                    matches!(forced, Err(CudaError::Unsupported { .. })),
-                    "{what}: {forced:?}"
-                );
-                assert_eq!(
-                    bits(&dev.download(&out).unwrap()),
-                    bits(&before),
-                    "{what}: a refused launch wrote the output"
-                );
+            let wide = decode_kernels(&dev, dtype, hd).contains(&DecodeKernel::TensorCoreWide);
+            for (kernel, runs) in [
+                (DecodeKernel::TensorCore, compiled),
+                (DecodeKernel::TensorCoreWide, wide),
+            ] {
+                let forced = run(&mut out, kernel);
+                if runs {
+                    assert_eq!(forced.unwrap().1, kernel, "{what}");
+                } else {
+                    assert!(
+                        matches!(forced, Err(CudaError::Unsupported { .. })),
+                        "{what} {kernel:?}: {forced:?}"
+                    );
+                    assert_eq!(
+                        bits(&dev.download(&out).unwrap()),
+                        bits(&before),
+                        "{what} {kernel:?}: a refused launch wrote the output"
+                    );
+                }
             }
         }
     }

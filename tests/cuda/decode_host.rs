@@ -2,7 +2,8 @@
 //!
 //! Both paged decode kernels, the scalar one of cuda/decode_attention.cuh
 //! and the tensor-core one of cuda/decode_mma.cuh (with its cp.async
-//! pipeline), and their split-KV merge run here on the host SIMT emulator
+//! pipeline; four warps a block, and eight in the wide form), and their
+//! split-KV merge run here on the host SIMT emulator
 //! (tests/support/sim/: one OS thread per CUDA thread, barriers for
 //! __syncthreads and shuffles, mma.sync and ldmatrix from the PTX fragment
 //! layouts, async copies that land only at their wait) over scattered pages
@@ -51,6 +52,8 @@ enum Split {
 enum Kernel {
     Scalar,
     TensorCore,
+    /// Eight warps a block.
+    TensorCoreWide,
 }
 
 #[derive(Clone, Debug)]
@@ -156,6 +159,7 @@ fn encode(c: &Case, inp: &Inputs) -> Vec<u8> {
     let kernel = match c.kernel {
         Kernel::Scalar => 0,
         Kernel::TensorCore => 1,
+        Kernel::TensorCoreWide => 2,
     };
     u32s(&mut b, &[dtype, hd as u32, c.kgroup, kernel]);
     u32s(
@@ -371,6 +375,46 @@ fn the_tensor_core_decode_with_its_copy_pipeline_matches_an_f64_reference() {
     );
 }
 
+/// A case of the wide tensor-core kernel (eight warps a block).
+fn mma_wide(dtype: Dtype, head_dim: usize, kgroup: u32, group: usize, page_log2: u32) -> Case {
+    Case {
+        kernel: Kernel::TensorCoreWide,
+        ..case(dtype, head_dim, kgroup, group, page_log2)
+    }
+}
+
+#[test]
+fn the_wide_tensor_core_decode_matches_an_f64_reference() {
+    // 700 positions in one chunk: 44 tiles, 5 or 6 per warp of eight, so
+    // every warp's stages are reused; 37 positions: warps 3 to 7 get no
+    // tile at all and must add nothing to the combine.
+    let long = vec![37, 700, 1];
+    let cases = [
+        Case {
+            lens: long.clone(),
+            ..mma_wide(Dtype::Bf16, 128, 8, 8, 4)
+        },
+        Case {
+            lens: long,
+            ..mma_wide(Dtype::F16, 64, 16, 12, 6)
+        },
+        // Pages of one position, and automatic splits of a ratio of 32.
+        Case {
+            split: Split::Chunk(64),
+            ..mma_wide(Dtype::Bf16, 64, 8, 1, 0)
+        },
+        Case {
+            split: Split::Auto(4),
+            ..mma_wide(Dtype::F16, 128, 16, 32, 4)
+        },
+    ];
+    check_against_reference(
+        "the_wide_tensor_core_decode_matches_an_f64_reference",
+        &cases,
+        2e-6,
+    );
+}
+
 #[test]
 fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
     let dir = tempfile::tempdir().unwrap();
@@ -386,6 +430,7 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
     for base in [
         case(Dtype::Bf16, 64, 8, 16, 4),
         mma(Dtype::Bf16, 64, 16, 16, 4),
+        mma_wide(Dtype::Bf16, 64, 16, 16, 4),
     ] {
         poisoned_heads_only(&exe, dir.path(), base.clone());
         alone_equals_batched(&exe, dir.path(), base);

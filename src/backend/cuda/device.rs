@@ -28,8 +28,12 @@ pub struct CudaDevice {
 
 pub(super) struct Inner {
     pub(super) stream: Arc<CudaStream>,
-    /// Every kernel of the table, at `KernelId::index`.
-    kernels: Vec<CudaFunction>,
+    /// Every kernel of the table, at `KernelId::index`; `None` for one that
+    /// needs more shared memory per block than this device has (the wide
+    /// decode kernel below compute capability 9.0).
+    kernels: Vec<Option<CudaFunction>>,
+    /// Dynamic shared memory a block may opt into on this device, in bytes.
+    max_smem: u32,
     pub(super) sm_count: u32,
     /// Whether kernels that start with `pdl_wait()` may be queued with
     /// programmatic stream serialization: compute capability 9.0 or newer
@@ -84,6 +88,12 @@ impl CudaDevice {
         let (major, _) = ctx
             .compute_capability()
             .map_err(CudaError::driver("reading the compute capability"))?;
+        let max_smem = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(CudaError::driver("reading the shared memory per block"))?;
+        let max_smem = u32::try_from(max_smem).unwrap_or(0);
         let mut modules = Vec::new();
         for (stem, image) in embedded::FATBINS {
             // from_binary takes cubin/fatbin bytes (not PTX text) by value.
@@ -104,6 +114,10 @@ impl CudaDevice {
                 .ok_or_else(|| CudaError::MissingKernel {
                     name: spec.symbol.to_string(),
                 })?;
+            if spec.dynamic_smem > max_smem {
+                kernels.push(None); // refused at launch, with the reason
+                continue;
+            }
             if spec.dynamic_smem > 48 * 1024 {
                 func.set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -111,12 +125,13 @@ impl CudaDevice {
                 )
                 .map_err(CudaError::driver("raising a kernel's shared memory limit"))?;
             }
-            kernels.push(func);
+            kernels.push(Some(func));
         }
         Ok(CudaDevice {
             inner: Arc::new(Inner {
                 stream: ctx.default_stream(),
                 kernels,
+                max_smem,
                 sm_count: sm_count.max(1) as u32,
                 overlap_ok: std::sync::atomic::AtomicBool::new(major >= 9),
                 overlap_on: std::sync::atomic::AtomicBool::new(true),
@@ -177,6 +192,13 @@ impl CudaDevice {
     /// Number of kernels loaded.
     pub fn kernel_count(&self) -> usize {
         self.inner.kernels.len()
+    }
+
+    /// Dynamic shared memory a block may opt into on this device, in bytes:
+    /// a kernel that needs more is refused at launch
+    /// ([`CudaError::Unsupported`]).
+    pub fn max_shared_memory_per_block(&self) -> usize {
+        self.inner.max_smem as usize
     }
 
     /// The stream every operation is queued on (for timing with events).
@@ -266,13 +288,23 @@ impl CudaDevice {
             .map_err(CudaError::driver("a deferred device operation"))
     }
 
-    /// The loaded kernel `id` (every one is loaded by `open`).
+    /// The loaded kernel `id` (every one is loaded by `open`), or
+    /// [`CudaError::Unsupported`] for one that needs more shared memory per
+    /// block than this device has.
     pub(super) fn function(&self, id: KernelId) -> Result<&CudaFunction, CudaError> {
-        self.inner
-            .kernels
-            .get(id.index())
-            .ok_or_else(|| CudaError::MissingKernel {
-                name: id.spec().symbol.to_string(),
-            })
+        let spec = id.spec();
+        match self.inner.kernels.get(id.index()) {
+            Some(Some(f)) => Ok(f),
+            Some(None) => Err(CudaError::Unsupported {
+                what: "a kernel's shared memory on this device",
+                detail: format!(
+                    "{} needs {} bytes per block, {} allows {}",
+                    spec.symbol, spec.dynamic_smem, self.inner.name, self.inner.max_smem
+                ),
+            }),
+            None => Err(CudaError::MissingKernel {
+                name: spec.symbol.to_string(),
+            }),
+        }
     }
 }

@@ -91,12 +91,13 @@ mod tests {
         // rope 3 (one per KV dtype, for its append), swiglu, embedding 2,
         // argmax, sample_rows, row_logprobs, linear, linear_mma,
         // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
-        // 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2,
+        // 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2 (and wide
+        // 2 x 2 x 2),
         // linear_mma_wide, linear_mma_gemm; the three group launches: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 2 + 3
+            72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -118,6 +119,7 @@ mod tests {
                         && DECODE_MMA_HEAD_DIMS.contains(&hd)
                         && DECODE_MMA_GROUPS.contains(&g);
                     assert_eq!(decode_mma(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
+                    assert_eq!(decode_mma_wide(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
                 }
                 assert_eq!(prefill_attention(d, hd).is_some(), HEAD_DIMS.contains(&hd));
                 let mma = d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
@@ -152,6 +154,9 @@ mod tests {
         assert_eq!(mma, Some((128, 4 * 3 * 2 * 16 * 128 * 2)));
         let mma = decode_mma(KvDtype::F16, 64, 16).map(|k| spec(k.id()));
         assert_eq!(mma, Some((128, 4 * 3 * 2 * 16 * 64 * 2)));
+        // The wide one: eight such warps (192 KiB at head_dim 128).
+        let wide = decode_mma_wide(KvDtype::BF16, 128, 8).map(|k| spec(k.id()));
+        assert_eq!(wide, Some((256, 8 * 3 * 2 * 16 * 128 * 2)));
         assert_eq!(spec(decode_merge().id()), (128, 0));
         assert_eq!(spec(linear().id()), (256, 0));
         assert_eq!(spec(page_checksums().id()), (256, 0));

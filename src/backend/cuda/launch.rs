@@ -464,7 +464,7 @@ impl CudaDevice {
 
     /// [`CudaDevice::decode_attention`] with the kernel chosen by `kernel`;
     /// returns the KV chunks launched per sequence and the kernel that ran
-    /// ([`DecodeKernel::Scalar`] or [`DecodeKernel::TensorCore`]).
+    /// (never [`DecodeKernel::Auto`]).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention_with(
         &self,

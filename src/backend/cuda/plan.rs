@@ -64,6 +64,15 @@ pub enum DecodeKernel {
     /// The tensor-core (mma.sync, cp.async pipeline) kernel; refused where
     /// not compiled.
     TensorCore,
+    /// The tensor-core kernel with eight warps a block instead of four,
+    /// each with its own pipeline: a chunk's tiles take half as many turns
+    /// per warp, which is what a block's time is where blocks are few
+    /// (batch 1). Its bits differ from [`DecodeKernel::TensorCore`]'s (each
+    /// warp's softmax runs over other tiles) and are the same in any batch.
+    /// Refused where not compiled, and at launch on a device without the
+    /// shared memory (192 KiB a block at head_dim 128: compute capability
+    /// 9.0). Not yet what `Auto` picks: it has not been timed on a GPU.
+    TensorCoreWide,
 }
 
 /// Which prefill attention kernel runs.
@@ -258,8 +267,8 @@ pub(crate) struct Workspace {
 
 /// Plans decode attention (one query per sequence) for `b` with buffers
 /// `q` and `out` of `q_len` and `out_len` elements, on the kernel `choice`
-/// asks for; answers the kernel chosen ([`DecodeKernel::Scalar`] or
-/// [`DecodeKernel::TensorCore`]) with the plan.
+/// asks for; answers the kernel chosen (never [`DecodeKernel::Auto`]) with
+/// the plan.
 pub(crate) fn decode(
     a: &Attn,
     b: &Batch,
@@ -283,7 +292,8 @@ pub(crate) fn decode(
     let chosen = match (choice, mma) {
         (DecodeKernel::Scalar, _) | (DecodeKernel::Auto, false) => DecodeKernel::Scalar,
         (DecodeKernel::Auto | DecodeKernel::TensorCore, true) => DecodeKernel::TensorCore,
-        (DecodeKernel::TensorCore, false) => {
+        (DecodeKernel::TensorCoreWide, true) => DecodeKernel::TensorCoreWide,
+        (DecodeKernel::TensorCore | DecodeKernel::TensorCoreWide, false) => {
             return Err(CudaError::Unsupported {
                 what: "tensor-core decode",
                 detail: format!(
@@ -294,7 +304,7 @@ pub(crate) fn decode(
         }
     };
     let groups: &[usize] = match chosen {
-        DecodeKernel::TensorCore => &DECODE_MMA_GROUPS,
+        DecodeKernel::TensorCore | DecodeKernel::TensorCoreWide => &DECODE_MMA_GROUPS,
         _ => &DECODE_GROUPS,
     };
     // The smallest compiled group that holds the ratio; above the largest,
@@ -353,6 +363,10 @@ pub(crate) fn decode(
         DecodeKernel::TensorCore => (
             "decode_mma",
             kernels::decode_mma(a.dtype, a.head_dim, kgroup),
+        ),
+        DecodeKernel::TensorCoreWide => (
+            "decode_mma_wide",
+            kernels::decode_mma_wide(a.dtype, a.head_dim, kgroup),
         ),
         _ => (
             "decode_attention",
@@ -703,16 +717,33 @@ mod tests {
                     assert_eq!(symbol, want);
                     let slices = (n_heads / 2).div_ceil(16).max(1) as u32;
                     assert_eq!(step.grid.1, 2 * slices, "grid.y: KV heads x slices");
+                    // The wide kernel only when asked for, on the same grid.
+                    let (chosen, wide) = plan_decode_on(
+                        &a,
+                        &batch(1, 10),
+                        Split::Auto,
+                        DecodeKernel::TensorCoreWide,
+                    )
+                    .unwrap();
+                    let DecodePlan::Whole(wide) = wide else {
+                        panic!("{wide:?}")
+                    };
+                    assert_eq!(chosen, DecodeKernel::TensorCoreWide);
+                    let wide_symbol = want.replace("decode_mma_", "decode_mma_wide_");
+                    assert_eq!(wide.kernel.id().spec().symbol, wide_symbol);
+                    assert_eq!(wide.grid, step.grid);
+                    assert_eq!(wide.kernel.id().spec().threads, 256);
                 }
                 None => {
                     assert_eq!(chosen, DecodeKernel::Scalar);
                     assert!(symbol.starts_with("decode_attention_"), "{symbol}");
-                    let forced =
-                        plan_decode_on(&a, &batch(1, 10), Split::Auto, DecodeKernel::TensorCore);
-                    assert!(
-                        matches!(forced, Err(CudaError::Unsupported { .. })),
-                        "{dtype:?} d{head_dim}: {forced:?}"
-                    );
+                    for k in [DecodeKernel::TensorCore, DecodeKernel::TensorCoreWide] {
+                        let forced = plan_decode_on(&a, &batch(1, 10), Split::Auto, k);
+                        assert!(
+                            matches!(forced, Err(CudaError::Unsupported { .. })),
+                            "{dtype:?} d{head_dim} {k:?}: {forced:?}"
+                        );
+                    }
                 }
             }
             // The scalar kernel is there whatever Auto picks.

@@ -86,6 +86,8 @@ pub const PMMA_WIDE_BM: usize = 128;
 pub const PMMA_BN: usize = 64;
 /// Warps per block of the tensor-core decode kernel.
 pub const DMMA_WARPS: usize = 4;
+/// Warps per block of the wide tensor-core decode kernel.
+pub const DMMA_WIDE_WARPS: usize = 8;
 /// KV positions per warp tile of the tensor-core decode kernel.
 pub const DMMA_TILE: usize = 16;
 /// Tiles in flight per warp (its cp.async pipeline's stages).
@@ -354,6 +356,28 @@ pub const FAMILIES: &[Family] = &[
             32 * DMMA_WARPS as u32,
             true,
             "launching tensor-core decode attention",
+        )
+    },
+    Family {
+        dtypes: &HALF_DTYPES,
+        head_dims: &DECODE_MMA_HEAD_DIMS,
+        groups: &DECODE_MMA_GROUPS,
+        // As decode_mma, for twice the warps.
+        smem: Smem::Tiles {
+            cfg: "DmmaWideCfg",
+            q_rows: 0,
+            kv_rows: DMMA_WIDE_WARPS * DMMA_STAGES * DMMA_TILE,
+            pad: 0,
+            elem_bytes: 2,
+        },
+        mirrors: &[("DMMA_WIDE_THREADS", 32 * DMMA_WIDE_WARPS)],
+        ..Family::plain(
+            "decode_mma_wide",
+            "decode_mma",
+            "DecodeParams",
+            32 * DMMA_WIDE_WARPS as u32,
+            true,
+            "launching tensor-core decode attention (wide)",
         )
     },
     Family {

@@ -7,7 +7,8 @@
 // Usage: decode_sim INPUT
 //   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16), u32 head_dim
 //   (64 or 128), u32 GROUP (the instantiation: 1, 4 or 8 scalar, 8 or 16
-//   tensor-core), u32 kernel (0 scalar, 1 tensor-core), then
+//   tensor-core), u32 kernel (0 scalar, 1 tensor-core, 2 the wide
+//   tensor-core one), then
 //   DecodeParams' scalars: u32 batch, n_heads, n_kv_heads, group, layer,
 //   page_size_log2, num_splits, chunk_tokens, auto_max_splits, f32
 //   sm_scale_log2, u64 page_stride, u64 arena elements; then q (f32),
@@ -54,7 +55,8 @@ std::vector<T> read_vec(FILE* f, size_t n) {
     return v;
 }
 
-template <typename T, int HD, int G, bool MMA>
+// WARPS: the tensor-core kernel's warps a block; 0 for the scalar kernel.
+template <typename T, int HD, int G, int WARPS>
 std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
     const auto q = read_vec<float>(f, (size_t)p.batch * p.n_heads * HD);
     const auto kv = read_vec<T>(f, arena);
@@ -73,9 +75,9 @@ std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
     p.part_o = part_o.data();
     p.part_lse = part_lse.data();
     const unsigned slices = (p.group + G - 1) / G;
-    if constexpr (MMA) {
-        launch({p.num_splits, p.n_kv_heads * slices, p.batch}, DMMA_THREADS,
-               [&] { decode_mma<T, HD, G>(p); }, DmmaCfg<HD>::SMEM_BYTES);
+    if constexpr (WARPS != 0) {
+        launch({p.num_splits, p.n_kv_heads * slices, p.batch}, WARPS * 32,
+               [&] { decode_mma<T, HD, G, WARPS>(p); }, DmmaCfg<HD, WARPS>::SMEM_BYTES);
     } else {
         launch({p.num_splits, p.n_kv_heads * slices, p.batch}, DECODE_THREADS,
                [&] { decode_attention<T, HD, G>(p); });
@@ -88,35 +90,43 @@ std::vector<float> run(FILE* f, DecodeParams p, uint64_t arena) {
     return out;
 }
 
+template <typename T, int HD, int WARPS>
+std::vector<float> by_mma_group(FILE* f, uint32_t g, const DecodeParams& p, uint64_t arena) {
+    switch (g) {
+        case 8: return run<T, HD, 8, WARPS>(f, p, arena);
+        case 16: return run<T, HD, 16, WARPS>(f, p, arena);
+        default: std::exit(6);
+    }
+}
+
 template <typename T, int HD>
-std::vector<float> by_group(FILE* f, uint32_t g, bool mma, const DecodeParams& p, uint64_t arena) {
-    if (mma) {
+std::vector<float> by_group(FILE* f, uint32_t g, uint32_t kernel, const DecodeParams& p,
+                            uint64_t arena) {
+    if (kernel != 0) {
         if constexpr (sizeof(T) == 2) {
-            switch (g) {
-                case 8: return run<T, HD, 8, true>(f, p, arena);
-                case 16: return run<T, HD, 16, true>(f, p, arena);
-                default: std::exit(6);
-            }
+            if (kernel == 1) return by_mma_group<T, HD, DMMA_WARPS>(f, g, p, arena);
+            if (kernel == 2) return by_mma_group<T, HD, DMMA_WIDE_WARPS>(f, g, p, arena);
+            std::exit(10);
         }
         std::exit(9);  // tensor cores take f16 and bf16 only
     }
     switch (g) {
-        case 1: return run<T, HD, 1, false>(f, p, arena);
-        case 4: return run<T, HD, 4, false>(f, p, arena);
-        case 8: return run<T, HD, 8, false>(f, p, arena);
+        case 1: return run<T, HD, 1, 0>(f, p, arena);
+        case 4: return run<T, HD, 4, 0>(f, p, arena);
+        case 8: return run<T, HD, 8, 0>(f, p, arena);
         default: std::exit(6);
     }
 }
 
 template <typename T>
-std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, bool mma, const DecodeParams& p,
+std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, uint32_t kernel, const DecodeParams& p,
                           uint64_t arena) {
     switch (hd) {
-        case 64: return by_group<T, 64>(f, g, mma, p, arena);
-        case 128: return by_group<T, 128>(f, g, mma, p, arena);
+        case 64: return by_group<T, 64>(f, g, kernel, p, arena);
+        case 128: return by_group<T, 128>(f, g, kernel, p, arena);
         // 256: the scalar kernel, group 1 only (two dims per merge thread).
         case 256:
-            if (!mma && g == 1) return run<T, 256, 1, false>(f, p, arena);
+            if (kernel == 0 && g == 1) return run<T, 256, 1, 0>(f, p, arena);
             std::exit(6);
         default: std::exit(7);
     }
@@ -146,9 +156,9 @@ int main(int argc, char** argv) {
     p.page_stride = stride;
     std::vector<float> out;
     switch (head[0]) {
-        case 0: out = by_dim<float>(f, head[1], head[2], head[3] != 0, p, arena); break;
-        case 1: out = by_dim<__half>(f, head[1], head[2], head[3] != 0, p, arena); break;
-        case 2: out = by_dim<__nv_bfloat16>(f, head[1], head[2], head[3] != 0, p, arena); break;
+        case 0: out = by_dim<float>(f, head[1], head[2], head[3], p, arena); break;
+        case 1: out = by_dim<__half>(f, head[1], head[2], head[3], p, arena); break;
+        case 2: out = by_dim<__nv_bfloat16>(f, head[1], head[2], head[3], p, arena); break;
         default: return 8;
     }
     std::fclose(f);
