@@ -23,7 +23,9 @@
 //! token for 512- and 4,096-token prompts; decode at batch 1, 4 and 16
 //! with the RMSNorms and the SwiGLU carried in the matmuls' launches (the
 //! default; the norms up to 4 rows) and launched apart
-//! (`carried_stages_speedup_b1`, `_b4`, `_b16`).
+//! (`carried_stages_speedup_b1`, `_b4`, `_b16`); decode at batch 1 after
+//! 8k- and 32k-token prompts on the 8-warp decode kernel against the 4-warp
+//! one (`wide_decode_speedup_b1_ctx8k`, `_ctx32k`).
 //! `scripts/torch_decode_peer.py`
 //! times the same shape in torch on the same GPU for the peer ratio.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
@@ -50,7 +52,7 @@ mod gpu {
     use std::time::{Duration, Instant};
 
     use handoff::backend::Backend;
-    use handoff::backend::cuda::{CudaBackend, CudaDevice, device_for_test};
+    use handoff::backend::cuda::{CudaBackend, CudaDevice, DecodeKernel, device_for_test};
     use handoff::kv::{KvSeq, Ready};
     use handoff::model::{Model, ModelConfig, random_weights};
     use handoff::sampling::{Draw, argmax};
@@ -60,6 +62,8 @@ mod gpu {
 
     const STEPS: usize = 32;
     const PROMPT: usize = 8;
+    /// Tokens a prefill call takes of a long prompt.
+    const PREFILL_CHUNK: usize = 4096;
     const BATCHES: [usize; 4] = [1, 8, 64, 256];
 
     /// The calling thread's CPU time so far (run time, ns, as the
@@ -127,29 +131,38 @@ mod gpu {
     }
 
     fn decode(w: &Way, batch: usize) -> R<Decode> {
+        decode_after(w, batch, PROMPT)
+    }
+
+    /// [`decode`] after prompts of `prompt_len` tokens (prefilled in chunks
+    /// of `PREFILL_CHUNK`).
+    fn decode_after(w: &Way, batch: usize, prompt_len: usize) -> R<Decode> {
         let m = &w.model;
         let vocab = m.config().vocab_size;
-        let total = PROMPT + STEPS + 2;
+        let total = prompt_len + STEPS + 2;
         let pool = pool(w, total, batch)?;
         let mut s = m.scratch();
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| prompt(vocab, PROMPT, b)).collect();
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| prompt(vocab, prompt_len, b)).collect();
         let mut filling = (0..batch)
             .map(|b| pool.reserve(RequestId(b as u64), total))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
         let greedy = vec![Draw::greedy(); batch];
-        let mut next: Vec<u32> = {
+        let mut next = Vec::new();
+        for at in (0..prompt_len).step_by(PREFILL_CHUNK) {
+            let end = (at + PREFILL_CHUNK).min(prompt_len);
             let mut refs: Vec<_> = filling.iter_mut().collect();
-            let ps: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
-            m.prefill_sampled(&mut s, &mut refs, &ps, &greedy)
+            let ps: Vec<&[u32]> = prompts.iter().map(|p| &p[at..end]).collect();
+            next = m
+                .prefill_sampled(&mut s, &mut refs, &ps, &greedy)
                 .map_err(|e| e.to_string())?
                 .iter()
                 .map(|t| t.clone().map_err(|e| e.to_string()))
-                .collect::<R<_>>()?
-        };
+                .collect::<R<_>>()?;
+        }
         let mut seqs: Vec<KvSeq<Ready>> = filling
             .into_iter()
-            .map(|f| f.seal(PROMPT).map_err(|e| e.error.to_string()))
+            .map(|f| f.seal(prompt_len).map_err(|e| e.error.to_string()))
             .collect::<R<_>>()?;
         let mut step = |seqs: &mut Vec<KvSeq<Ready>>, next: &mut Vec<u32>| -> R<()> {
             let mut refs: Vec<&mut KvSeq<Ready>> = seqs.iter_mut().collect();
@@ -349,6 +362,36 @@ mod gpu {
                 host(&carried),
                 host(&apart)
             );
+        }
+        println!();
+        // The 8-warp decode kernel for the whole model against the 4-warp one
+        // (what Auto runs), at batch 1 after long prompts, where a block per
+        // SM or fewer walks a long chunk. A failure costs this line only.
+        for ctx in [8192usize, 32768] {
+            let timed = |k: DecodeKernel| {
+                backend.set_decode_kernel(k);
+                decode_after(&ways[0], 1, ctx)
+            };
+            let (narrow, wide) = (
+                timed(DecodeKernel::Auto),
+                timed(DecodeKernel::TensorCoreWide),
+            );
+            backend.set_decode_kernel(DecodeKernel::Auto);
+            match (narrow, wide) {
+                (Ok(n), Ok(w)) => println!(
+                    "wide_decode_speedup_b1_ctx{}k={:.3} ({:.1} tokens/s with 8 warps, {:.1} with 4)",
+                    ctx / 1024,
+                    w.tokens_per_s / n.tokens_per_s,
+                    w.tokens_per_s,
+                    n.tokens_per_s
+                ),
+                (n, w) => println!(
+                    "wide_decode_b1_ctx{}k=FAILED (4 warps: {}; 8 warps: {})",
+                    ctx / 1024,
+                    n.err().map_or("ok".into(), |e| e.to_string()),
+                    w.err().map_or("ok".into(), |e| e.to_string())
+                ),
+            }
         }
         println!();
         for n in [512usize, 4096] {

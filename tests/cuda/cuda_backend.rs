@@ -12,7 +12,8 @@
 //!    full again at the end.
 //! 3. A random model of real checkpoints' shapes (GQA 4:1, head_dim 64 and
 //!    128, bf16 KV, Llama 3 RoPE scaling) gives the CPU's logits within
-//!    bf16 tolerance at every prefill and decode step.
+//!    bf16 tolerance at every prefill and decode step, and the 8-warp decode
+//!    kernel, chosen for the model, the 4-warp kernel's.
 //!
 //! Skips (printing SKIP) without a GPU or without the shared model file.
 #![cfg(feature = "cuda")]
@@ -20,7 +21,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use handoff::backend::cuda::{CudaBackend, CudaPages, device_for_test};
+use handoff::backend::cuda::{CudaBackend, CudaPages, DecodeKernel, device_for_test};
 use handoff::kv::{Filling, KvSeq, Ready};
 use handoff::model::{ForwardError, Model, ModelWeights, load_llama2c};
 use handoff::sampling::argmax;
@@ -411,8 +412,91 @@ fn a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu() {
                 );
             }
         }
+        wide_decode_agrees(&gpu, &pg, &prompts, &forced, &got);
         assert!(pc.stats().is_full() && pg.stats().is_full());
     }
+}
+
+/// The 8-warp decode kernel chosen for the whole model
+/// (`CudaBackend::set_decode_kernel`): the prefill's logits keep their bits
+/// (it runs no decode), every decode step's are the 4-warp kernel's
+/// (`got`) within f32 summation order, each sequence's the same bits alone
+/// as batched; on f32 KV, which it has no kernel for, a decode step fails
+/// with a typed error instead of running another kernel.
+fn wide_decode_agrees(
+    gpu: &Model<CudaBackend>,
+    pool: &KvPool,
+    prompts: &[&[u32]],
+    forced: &[Vec<u32>],
+    got: &[Vec<Vec<f32>>],
+) {
+    let backend = gpu.backend();
+    if backend.device().max_shared_memory_per_block() < 8 * 3 * 2 * 16 * 128 * 2 {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP the wide decode: not enough shared memory"
+        );
+        return;
+    }
+    backend.set_decode_kernel(DecodeKernel::TensorCoreWide);
+    assert_eq!(backend.decode_kernel(), DecodeKernel::TensorCoreWide);
+    let wide = forced_logits(gpu, pool, prompts, forced);
+    let bits = |r: &[f32]| r.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (step, (w, g)) in wide.iter().zip(got).enumerate() {
+        for (s, (w, g)) in w.iter().zip(g).enumerate() {
+            if step == 0 {
+                assert_eq!(
+                    bits(w),
+                    bits(g),
+                    "sequence {s}: the prefill's logits changed"
+                );
+                continue;
+            }
+            let rms = (g.iter().map(|x| x * x).sum::<f32>() / g.len() as f32).sqrt();
+            let worst = w
+                .iter()
+                .zip(g)
+                .map(|(a, b)| {
+                    if a.is_finite() {
+                        (a - b).abs()
+                    } else {
+                        f32::INFINITY
+                    }
+                })
+                .fold(0.0, f32::max);
+            assert!(
+                worst <= 1e-3 * rms,
+                "wide decode, step {step}, sequence {s}: {worst} from the 4-warp kernel (rms {rms})"
+            );
+        }
+    }
+    let last = prompts.len() - 1;
+    let alone = forced_logits(gpu, pool, &prompts[last..], &forced[last..]);
+    for (step, rows) in alone.iter().enumerate() {
+        assert_eq!(
+            bits(&rows[0]),
+            bits(&wide[step][last]),
+            "wide decode, step {step}: alone differs from batched"
+        );
+    }
+    // f32 KV has no tensor-core kernel: refused, typed.
+    let f32_pool = KvPool::new(PoolConfig::new(gpu.kv_geometry(KvDtype::F32), 16, 16)).unwrap();
+    let mut scratch = gpu.scratch();
+    let mut seq = f32_pool.reserve(RequestId(99), 8).unwrap();
+    gpu.prefill(&mut scratch, &mut [&mut seq], &[&[1, 2, 3]])
+        .unwrap();
+    let mut ready = seq.seal(3).map_err(|e| e.error).unwrap();
+    let err = gpu
+        .decode(&mut scratch, &mut [&mut ready], &[4])
+        .map(drop)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("tensor-core decode"),
+        "expected a refusal of the wide kernel on f32 KV, got {err}"
+    );
+    drop(ready);
+    assert!(f32_pool.stats().is_full());
+    backend.set_decode_kernel(DecodeKernel::Auto);
 }
 
 #[test]

@@ -36,8 +36,8 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use super::memo::Memo;
 use super::table::{LGEMM_BM, LMMA_GROUPS, NORM_CARRY_ROWS};
 use super::{
-    CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeWorkspace, DeviceKvArena, HEAD_DIMS,
-    PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
+    CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeKernel, DecodeWorkspace, DeviceKvArena,
+    HEAD_DIMS, PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Norm, Rope, SeqSpan, check_rope_rows, check_view, rows_of,
@@ -215,12 +215,24 @@ pub struct CudaBackend {
     /// Whether RMSNorm and SwiGLU ride in the bf16 matmuls' launches
     /// ([`CudaBackend::set_carried_stages`]).
     carry: std::sync::atomic::AtomicBool,
+    /// The decode attention kernel, as [`DecodeKernel`]'s index
+    /// ([`CudaBackend::set_decode_kernel`]).
+    decode_kernel: std::sync::atomic::AtomicU8,
     /// The last upload of each per-layer input, reused while the host-side
     /// content is equal (every layer of a step asks for the same).
     positions: Memo<Vec<u32>, CudaSlice<u32>>,
     tables_memo: Memo<TablesKey, PageTables>,
     slots_memo: Memo<(u64, Vec<(u32, u32)>), SlotMap>,
 }
+
+/// Every [`DecodeKernel`], at the index `CudaBackend::decode_kernel`
+/// stores.
+const DECODE_KERNELS: [DecodeKernel; 4] = [
+    DecodeKernel::Auto,
+    DecodeKernel::Scalar,
+    DecodeKernel::TensorCore,
+    DecodeKernel::TensorCoreWide,
+];
 
 /// What a set of page tables is built from: the arena, and per sequence
 /// its pages, KV length and query length.
@@ -261,6 +273,7 @@ impl CudaBackend {
             device_kv: false,
             bf16_weights: true,
             carry: std::sync::atomic::AtomicBool::new(true),
+            decode_kernel: std::sync::atomic::AtomicU8::new(0),
             positions: Memo::default(),
             tables_memo: Memo::default(),
             slots_memo: Memo::default(),
@@ -305,6 +318,35 @@ impl CudaBackend {
     /// ([`CudaBackend::set_carried_stages`]).
     pub fn carries_stages(&self) -> bool {
         self.carry.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Which decode attention kernel runs (default [`DecodeKernel::Auto`]):
+    /// [`DecodeKernel::TensorCoreWide`] for long contexts at small batches,
+    /// where it halves each block's walk (see the bench's
+    /// `decode_wide_*` lines). The choice holds for every sequence and
+    /// step until changed, so outputs stay batch-invariant; a kernel not
+    /// compiled for the model's KV (or without its shared memory on this
+    /// device) fails the attention with a typed error, never silently
+    /// another kernel.
+    pub fn set_decode_kernel(&self, kernel: DecodeKernel) {
+        let i = DECODE_KERNELS
+            .iter()
+            .position(|&k| k == kernel)
+            .unwrap_or(0);
+        self.decode_kernel
+            .store(i as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The decode attention kernel asked for
+    /// ([`CudaBackend::set_decode_kernel`]).
+    pub fn decode_kernel(&self) -> DecodeKernel {
+        let i = self
+            .decode_kernel
+            .load(std::sync::atomic::Ordering::Relaxed);
+        DECODE_KERNELS
+            .get(usize::from(i))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Opens device `ordinal` (see [`CudaDevice::open`]).
@@ -1237,9 +1279,10 @@ impl Backend for CudaBackend {
             .workspace
             .lock()
             .map_err(|_| BackendError::Device("decode workspace lock poisoned".into()))?;
+        let kernel = self.decode_kernel();
         self.with_arena(kv, &lens, shape, |arena, tables| {
             self.dev
-                .decode_attention(
+                .decode_attention_with(
                     arena,
                     kv[0].layer_index(),
                     tables,
@@ -1248,6 +1291,7 @@ impl Backend for CudaBackend {
                     &mut out.view_mut()?,
                     &mut ws,
                     Split::Auto,
+                    kernel,
                 )
                 .map(drop)
                 .map_err(dev_err)
