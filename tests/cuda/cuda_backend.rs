@@ -305,6 +305,24 @@ fn no_nan_after_cancels_and_failures(cpu: &Model, gpu: &Model<CudaBackend>, pool
     assert_eq!(stats.isolation_violations, 0);
 }
 
+/// The largest difference of `got` from `want` (infinite where `got` is
+/// not finite), and the root mean square of `want`.
+fn worst_and_rms(want: &[f32], got: &[f32]) -> (f32, f32) {
+    let rms = (want.iter().map(|x| x * x).sum::<f32>() / want.len() as f32).sqrt();
+    let worst = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| {
+            if b.is_finite() {
+                (a - b).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0.0, f32::max);
+    (worst, rms)
+}
+
 /// Logits of every step when each sequence is fed `forced[i]` after its
 /// prompt (teacher forcing, so both backends see the same tokens): row
 /// `[step][sequence]`, step 0 being the prefill's last position.
@@ -391,18 +409,7 @@ fn a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu() {
         let got = forced_logits(&gpu, &pg, &prompts, &forced);
         for (step, (w, g)) in want.iter().zip(&got).enumerate() {
             for (s, (w, g)) in w.iter().zip(g).enumerate() {
-                let rms = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
-                let worst = w
-                    .iter()
-                    .zip(g)
-                    .map(|(a, b)| {
-                        if b.is_finite() {
-                            (a - b).abs()
-                        } else {
-                            f32::INFINITY
-                        }
-                    })
-                    .fold(0.0, f32::max);
+                let (worst, rms) = worst_and_rms(w, g);
                 // bf16 KV on both; the tensor-core prefill also rounds Q to
                 // bf16 (~2^-9 relative on each score).
                 assert!(
@@ -452,18 +459,7 @@ fn wide_decode_agrees(
                 );
                 continue;
             }
-            let rms = (g.iter().map(|x| x * x).sum::<f32>() / g.len() as f32).sqrt();
-            let worst = w
-                .iter()
-                .zip(g)
-                .map(|(a, b)| {
-                    if a.is_finite() {
-                        (a - b).abs()
-                    } else {
-                        f32::INFINITY
-                    }
-                })
-                .fold(0.0, f32::max);
+            let (worst, rms) = worst_and_rms(g, w);
             assert!(
                 worst <= 1e-3 * rms,
                 "wide decode, step {step}, sequence {s}: {worst} from the 4-warp kernel (rms {rms})"
@@ -730,18 +726,7 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
         let got = forced_logits(m, &pool(), &prompts, &forced);
         for (step, (w, g)) in want.iter().zip(&got).enumerate() {
             for (s, (w, g)) in w.iter().zip(g).enumerate() {
-                let rms = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
-                let worst = w
-                    .iter()
-                    .zip(g)
-                    .map(|(a, b)| {
-                        if b.is_finite() {
-                            (a - b).abs()
-                        } else {
-                            f32::INFINITY
-                        }
-                    })
-                    .fold(0.0, f32::max);
+                let (worst, rms) = worst_and_rms(w, g);
                 assert!(
                     worst <= 1e-3 * rms,
                     "{name}, step {step}, sequence {s}: logits differ by {worst} (rms {rms})"

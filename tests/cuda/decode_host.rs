@@ -334,10 +334,11 @@ fn mma(dtype: Dtype, head_dim: usize, kgroup: u32, group: usize, page_log2: u32)
 }
 
 #[test]
-fn the_tensor_core_decode_with_its_copy_pipeline_matches_an_f64_reference() {
-    // 700 positions in one chunk: 44 tiles, 11 per warp, so every warp's
-    // three stages are reused several times (the emulator lands a copy only
-    // at its wait: a stage read too early is NaN).
+fn both_tensor_core_decodes_with_their_copy_pipelines_match_an_f64_reference() {
+    // 700 positions in one chunk: 44 tiles, 11 per warp (5 or 6 of eight),
+    // so every warp's three stages are reused several times (the emulator
+    // lands a copy only at its wait: a stage read too early is NaN); 37
+    // positions leave warps without a tile, which add nothing.
     let long = vec![37, 700, 1];
     let cases = [
         Case {
@@ -368,51 +369,17 @@ fn the_tensor_core_decode_with_its_copy_pipeline_matches_an_f64_reference() {
             ..mma(Dtype::F16, 64, 16, 32, 4)
         },
     ];
-    check_against_reference(
-        "the_tensor_core_decode_with_its_copy_pipeline_matches_an_f64_reference",
-        &cases,
-        2e-6,
-    );
+    let test = "both_tensor_core_decodes_with_their_copy_pipelines_match_an_f64_reference";
+    check_against_reference(test, &cases, 2e-6);
+    check_against_reference(test, &cases.map(wide), 2e-6);
 }
 
-/// A case of the wide tensor-core kernel (eight warps a block).
-fn mma_wide(dtype: Dtype, head_dim: usize, kgroup: u32, group: usize, page_log2: u32) -> Case {
+/// `c` on the wide tensor-core kernel (eight warps a block).
+fn wide(c: Case) -> Case {
     Case {
         kernel: Kernel::TensorCoreWide,
-        ..case(dtype, head_dim, kgroup, group, page_log2)
+        ..c
     }
-}
-
-#[test]
-fn the_wide_tensor_core_decode_matches_an_f64_reference() {
-    // 700 positions in one chunk: 44 tiles, 5 or 6 per warp of eight, so
-    // every warp's stages are reused; 37 positions: warps 3 to 7 get no
-    // tile at all and must add nothing to the combine.
-    let long = vec![37, 700, 1];
-    let cases = [
-        Case {
-            lens: long.clone(),
-            ..mma_wide(Dtype::Bf16, 128, 8, 8, 4)
-        },
-        Case {
-            lens: long,
-            ..mma_wide(Dtype::F16, 64, 16, 12, 6)
-        },
-        // Pages of one position, and automatic splits of a ratio of 32.
-        Case {
-            split: Split::Chunk(64),
-            ..mma_wide(Dtype::Bf16, 64, 8, 1, 0)
-        },
-        Case {
-            split: Split::Auto(4),
-            ..mma_wide(Dtype::F16, 128, 16, 32, 4)
-        },
-    ];
-    check_against_reference(
-        "the_wide_tensor_core_decode_matches_an_f64_reference",
-        &cases,
-        2e-6,
-    );
 }
 
 #[test]
@@ -430,7 +397,7 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
     for base in [
         case(Dtype::Bf16, 64, 8, 16, 4),
         mma(Dtype::Bf16, 64, 16, 16, 4),
-        mma_wide(Dtype::Bf16, 64, 16, 16, 4),
+        wide(mma(Dtype::Bf16, 64, 16, 16, 4)),
     ] {
         poisoned_heads_only(&exe, dir.path(), base.clone());
         alone_equals_batched(&exe, dir.path(), base);
