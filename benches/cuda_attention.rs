@@ -35,7 +35,7 @@
 //!
 //! Last, tuning data: what one decode call costs on the device and on the
 //! host however little it reads, and a sweep of split-KV chunk sizes at the
-//! decode goal cells on the tensor-core kernel, to tune `Split::Auto` from.
+//! decode goal cells on both tensor-core kernels, to tune `Split::Auto` from.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(not(feature = "cuda"))]
@@ -310,8 +310,10 @@ mod gpu {
     }
 
     /// Split-KV chunk sizes against Auto's (at least 1024 positions, at most
-    /// 64 chunks) on the tensor-core kernel, GQA 32:4, page 16, at the goal
-    /// cells: what a GPU run needs to tune `MIN_CHUNK` / `AUTO_MAX_SPLITS`.
+    /// 64 chunks) on both tensor-core kernels (4 and 8 warps a block), GQA
+    /// 32:4, page 16, at the goal cells: what a GPU run needs to tune
+    /// `MIN_CHUNK` / `AUTO_MAX_SPLITS` for either. A kernel the device
+    /// refuses prints one line instead of its row.
     fn chunk_sweep(dev: &CudaDevice, copy: f64) -> R<()> {
         const CHUNKS: [usize; 7] = [64, 128, 256, 512, 1024, 2048, 4096];
         let g = KvGeometry {
@@ -325,8 +327,11 @@ mod gpu {
              sequence)\n"
         );
         let heads: Vec<String> = CHUNKS.iter().map(|c| format!("chunk {c}")).collect();
-        println!("| batch | context | Auto | {} |", heads.join(" | "));
-        println!("|---|---|---|{}", "---|".repeat(CHUNKS.len()));
+        println!(
+            "| batch | context | kernel | Auto | {} |",
+            heads.join(" | ")
+        );
+        println!("|---|---|---|---|{}", "---|".repeat(CHUNKS.len()));
         for (batch, ctx) in [
             (1usize, 8192usize),
             (1, 32768),
@@ -341,12 +346,20 @@ mod gpu {
                     continue;
                 }
             };
-            let mut row = vec![];
-            for split in std::iter::once(Split::Auto).chain(CHUNKS.map(Split::ChunkTokens)) {
-                let (gbps, splits) = cell.gbps(dev, split, DecodeKernel::TensorCore)?;
-                row.push(format!("{:.2} ({splits})", gbps / copy));
+            for kernel in [DecodeKernel::TensorCore, DecodeKernel::TensorCoreWide] {
+                let mut row = vec![];
+                for split in std::iter::once(Split::Auto).chain(CHUNKS.map(Split::ChunkTokens)) {
+                    match cell.gbps(dev, split, kernel) {
+                        Ok((gbps, splits)) => row.push(format!("{:.2} ({splits})", gbps / copy)),
+                        Err(e) if kernel == DecodeKernel::TensorCoreWide => {
+                            row = vec![format!("FAILED: {e}")];
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                println!("| {batch} | {ctx} | {kernel:?} | {} |", row.join(" | "));
             }
-            println!("| {batch} | {ctx} | {} |", row.join(" | "));
         }
         Ok(())
     }
