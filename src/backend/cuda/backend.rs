@@ -215,24 +215,14 @@ pub struct CudaBackend {
     /// Whether RMSNorm and SwiGLU ride in the bf16 matmuls' launches
     /// ([`CudaBackend::set_carried_stages`]).
     carry: std::sync::atomic::AtomicBool,
-    /// The decode attention kernel, as [`DecodeKernel`]'s index
-    /// ([`CudaBackend::set_decode_kernel`]).
-    decode_kernel: std::sync::atomic::AtomicU8,
+    /// The decode attention kernel ([`CudaBackend::set_decode_kernel`]).
+    decode_kernel: parking_lot::Mutex<DecodeKernel>,
     /// The last upload of each per-layer input, reused while the host-side
     /// content is equal (every layer of a step asks for the same).
     positions: Memo<Vec<u32>, CudaSlice<u32>>,
     tables_memo: Memo<TablesKey, PageTables>,
     slots_memo: Memo<(u64, Vec<(u32, u32)>), SlotMap>,
 }
-
-/// Every [`DecodeKernel`], at the index `CudaBackend::decode_kernel`
-/// stores.
-const DECODE_KERNELS: [DecodeKernel; 4] = [
-    DecodeKernel::Auto,
-    DecodeKernel::Scalar,
-    DecodeKernel::TensorCore,
-    DecodeKernel::TensorCoreWide,
-];
 
 /// What a set of page tables is built from: the arena, and per sequence
 /// its pages, KV length and query length.
@@ -273,7 +263,7 @@ impl CudaBackend {
             device_kv: false,
             bf16_weights: true,
             carry: std::sync::atomic::AtomicBool::new(true),
-            decode_kernel: std::sync::atomic::AtomicU8::new(0),
+            decode_kernel: parking_lot::Mutex::new(DecodeKernel::Auto),
             positions: Memo::default(),
             tables_memo: Memo::default(),
             slots_memo: Memo::default(),
@@ -329,24 +319,13 @@ impl CudaBackend {
     /// device) fails the attention with a typed error, never silently
     /// another kernel.
     pub fn set_decode_kernel(&self, kernel: DecodeKernel) {
-        let i = DECODE_KERNELS
-            .iter()
-            .position(|&k| k == kernel)
-            .unwrap_or(0);
-        self.decode_kernel
-            .store(i as u8, std::sync::atomic::Ordering::Relaxed);
+        *self.decode_kernel.lock() = kernel;
     }
 
     /// The decode attention kernel asked for
     /// ([`CudaBackend::set_decode_kernel`]).
     pub fn decode_kernel(&self) -> DecodeKernel {
-        let i = self
-            .decode_kernel
-            .load(std::sync::atomic::Ordering::Relaxed);
-        DECODE_KERNELS
-            .get(usize::from(i))
-            .copied()
-            .unwrap_or_default()
+        *self.decode_kernel.lock()
     }
 
     /// Opens device `ordinal` (see [`CudaDevice::open`]).
