@@ -18,9 +18,10 @@
 //
 // Each of the 4 warps (8 in the wide form, decode_mma_wide) takes every 4th
 // (8th) tile of TILE = 16 positions of the chunk and keeps its own online
-// softmax; the warps are combined through shared memory at the end. A warp's tiles go through STAGES shared-memory
-// stages ([K|V][TILE][HEAD_DIM] each): while it computes tile i, the copies
-// of tiles i+1 .. i+STAGES-1 are in flight. Positions at or beyond the
+// softmax; the warps are combined through shared memory at the end. A
+// warp's tiles go through STAGES shared-memory stages ([K|V][TILE][HEAD_DIM]
+// each): while it computes tile i, the copies of tiles i+1 .. i+STAGES-1
+// are in flight. Positions at or beyond the
 // chunk's end are zero-filled by the copy, never read, and masked.
 //
 // Precision, close to the scalar f32 kernel: Q is split into hi + lo (each
