@@ -15,7 +15,7 @@
 //!
 //! Flags: `--max-new-tokens N` (512), `--max-context N` (2048, capped at the
 //! model's), `--system TEXT`, `--temperature T` (0.7; 0 is greedy),
-//! `--top-p P` (0.9), `--seed S` (0), `--kv-dtype f32|f16|bf16` (f32),
+//! `--top-p P` (0.9), `--seed S` (0), `--kv-dtype f32|f16|bf16|fp8` (f32),
 //! `--threads N` (all cores).
 
 use std::io::{BufRead, Write};
@@ -32,7 +32,7 @@ use handoff::{
 };
 
 const USAGE: &str = "usage: chat --model PATH [--max-new-tokens N] [--max-context N] \
-[--system TEXT] [--temperature T] [--top-p P] [--seed S] [--kv-dtype f32|f16|bf16] [--threads N]";
+[--system TEXT] [--temperature T] [--top-p P] [--seed S] [--kv-dtype f32|f16|bf16|fp8] [--threads N]";
 
 struct Args {
     model: PathBuf,
@@ -82,7 +82,7 @@ fn parse() -> Result<Args, String> {
             "--seed" => a.seed = num(&flag, &v)?,
             "--kv-dtype" => {
                 a.kv_dtype =
-                    KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16 or bf16"))?
+                    KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?
             }
             "--threads" => a.threads = Some(num(&flag, &v)?),
             other => return Err(format!("unknown flag {other}")),

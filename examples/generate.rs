@@ -25,7 +25,7 @@
 //!
 //! Other flags: `--stop-ids 1,2`, `--top-k K`, `--top-p P`, `--seed S`
 //! (request i uses S + i), `--page-size N` (16; a power of two, lowered to
-//! fit the context window), `--kv-dtype f32|f16|bf16` (f32), `--threads N`
+//! fit the context window), `--kv-dtype f32|f16|bf16|fp8` (f32), `--threads N`
 //! (all cores).
 //!
 //! Bad arguments (including counts that overflow, and prompts the engine
@@ -75,7 +75,7 @@ struct Args {
 const USAGE: &str = "usage: generate --model PATH (--prompt-ids 1,2,3 [--prompt-ids ...] | \
 --prompt TEXT [--prompt ...] | --chat TEXT) --max-new-tokens N [--temperature T] [--top-k K] \
 [--top-p P] [--seed S] [--stop-ids a,b] [--stop STRING ...] [--page-size N] \
-[--kv-dtype f32|f16|bf16] [--threads N]";
+[--kv-dtype f32|f16|bf16|fp8] [--threads N]";
 
 fn ids(s: &str) -> Result<Vec<u32>, String> {
     s.split(',')
@@ -142,7 +142,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--page-size" => a.page_size = num(&flag, &v)?,
             "--kv-dtype" => {
                 a.kv_dtype =
-                    KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16 or bf16"))?
+                    KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?
             }
             "--threads" => a.threads = Some(num(&flag, &v)?),
             other => return Err(format!("unknown flag {other}")),

@@ -15,7 +15,7 @@ use handoff::{
 };
 
 const USAGE: &str = "usage: plan --max-context N --pool-tokens M [--role prefill|decode|colocated] \
-[--page-size 16] [--layers 32] [--kv-heads 8] [--head-dim 128] [--dtype bf16|f16|f32] [--headroom 2.0]";
+[--page-size 16] [--layers 32] [--kv-heads 8] [--head-dim 128] [--dtype bf16|f16|f32|fp8] [--headroom 2.0]";
 
 struct Args {
     max_context: usize,
@@ -59,8 +59,8 @@ fn parse() -> Result<Args, String> {
             "--kv-heads" => a.geometry.n_kv_heads = num()?,
             "--head-dim" => a.geometry.head_dim = num()?,
             "--dtype" => {
-                a.geometry.dtype =
-                    KvDtype::parse(&val).ok_or(format!("--dtype: {val:?}: use f32, f16 or bf16"))?
+                a.geometry.dtype = KvDtype::parse(&val)
+                    .ok_or(format!("--dtype: {val:?}: use f32, f16, bf16 or fp8"))?
             }
             "--headroom" => {
                 a.headroom = val

@@ -10,6 +10,9 @@ pub enum KvDtype {
     F32,
     F16,
     BF16,
+    /// FP8 E4M3 ([`F8E4M3`](crate::kv::F8E4M3)): half of bf16's bytes, about
+    /// two significant decimal digits, stored unscaled (±448 at most).
+    F8E4M3,
 }
 
 impl KvDtype {
@@ -18,15 +21,17 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 | KvDtype::BF16 => 2,
+            KvDtype::F8E4M3 => 1,
         }
     }
 
-    /// Parses `f32`, `f16` or `bf16`.
+    /// Parses `f32`, `f16`, `bf16` or `fp8` (also `f8e4m3`, `fp8_e4m3`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "f32" => Some(KvDtype::F32),
             "f16" => Some(KvDtype::F16),
             "bf16" => Some(KvDtype::BF16),
+            "fp8" | "f8e4m3" | "fp8_e4m3" => Some(KvDtype::F8E4M3),
             _ => None,
         }
     }

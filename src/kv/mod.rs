@@ -12,6 +12,7 @@
 mod cache_index;
 mod device;
 mod error;
+mod fp8;
 mod geometry;
 mod page;
 mod pool;
@@ -25,6 +26,7 @@ mod view;
 pub use cache_index::CacheCounters;
 pub use device::{DeviceError, DevicePages, Residence, StagedHostPages};
 pub use error::{KvError, PoolError};
+pub use fp8::F8E4M3;
 pub use geometry::{KvDtype, KvGeometry};
 pub use page::{PageId, PoolId, pages_for};
 pub use pool::{KvPool, PoolConfig, PoolStats, ScrubPolicy};

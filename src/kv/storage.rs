@@ -43,6 +43,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::{bf16, f16};
 
+use crate::kv::F8E4M3;
+
 use crate::ids::{RequestId, TenantId};
 use crate::kv::PageId;
 use crate::kv::device::{DeviceError, DevicePages, Residence};
@@ -101,6 +103,20 @@ impl KvElem for bf16 {
     }
 }
 
+impl KvElem for F8E4M3 {
+    const DTYPE: KvDtype = KvDtype::F8E4M3;
+    const ZERO: Self = F8E4M3::ZERO;
+    const POISON: Self = F8E4M3::NAN;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        F8E4M3::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        F8E4M3::from_f32(x)
+    }
+}
+
 impl<'a> KvSlice<'a> {
     /// The raw bytes, for as long as the elements are borrowed.
     pub fn into_bytes(self) -> &'a [u8] {
@@ -108,6 +124,7 @@ impl<'a> KvSlice<'a> {
             KvSlice::F32(s) => bytemuck::cast_slice(s),
             KvSlice::F16(s) => bytemuck::cast_slice(s),
             KvSlice::BF16(s) => bytemuck::cast_slice(s),
+            KvSlice::F8E4M3(s) => bytemuck::cast_slice(s),
         }
     }
 }
@@ -118,6 +135,7 @@ pub enum KvSlice<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
+    F8E4M3(&'a [F8E4M3]),
 }
 
 impl KvSlice<'_> {
@@ -127,6 +145,7 @@ impl KvSlice<'_> {
             KvSlice::F32(s) => s.len(),
             KvSlice::F16(s) => s.len(),
             KvSlice::BF16(s) => s.len(),
+            KvSlice::F8E4M3(s) => s.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -138,6 +157,7 @@ impl KvSlice<'_> {
             KvSlice::F32(s) => bytemuck::cast_slice(s),
             KvSlice::F16(s) => bytemuck::cast_slice(s),
             KvSlice::BF16(s) => bytemuck::cast_slice(s),
+            KvSlice::F8E4M3(s) => bytemuck::cast_slice(s),
         }
     }
     /// Converts to f32 into `out` (same length).
@@ -151,6 +171,7 @@ impl KvSlice<'_> {
             KvSlice::F32(s) => out.copy_from_slice(s),
             KvSlice::F16(s) => conv(s, out),
             KvSlice::BF16(s) => conv(s, out),
+            KvSlice::F8E4M3(s) => conv(s, out),
         }
     }
 }
@@ -451,6 +472,7 @@ impl Storage {
                 KvDtype::F32 => KvSlice::F32(std::slice::from_raw_parts(p.cast(), len)),
                 KvDtype::F16 => KvSlice::F16(std::slice::from_raw_parts(p.cast(), len)),
                 KvDtype::BF16 => KvSlice::BF16(std::slice::from_raw_parts(p.cast(), len)),
+                KvDtype::F8E4M3 => KvSlice::F8E4M3(std::slice::from_raw_parts(p.cast(), len)),
             }
         })
     }
@@ -1125,6 +1147,7 @@ pub(crate) fn bytes_to_f32(dtype: KvDtype, bytes: &[u8], out: &mut [f32]) {
         KvDtype::F32 => conv::<f32>(bytes, out),
         KvDtype::F16 => conv::<f16>(bytes, out),
         KvDtype::BF16 => conv::<bf16>(bytes, out),
+        KvDtype::F8E4M3 => conv::<F8E4M3>(bytes, out),
     }
 }
 
@@ -1151,6 +1174,7 @@ fn store_f32(dtype: KvDtype, dst: &mut [u8], src: &[f32]) {
         KvDtype::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
         KvDtype::F16 => put::<f16>(dst, src),
         KvDtype::BF16 => put::<bf16>(dst, src),
+        KvDtype::F8E4M3 => put::<F8E4M3>(dst, src),
     }
 }
 
@@ -1170,5 +1194,6 @@ fn fill_page(dtype: KvDtype, bytes: &mut [u8], poison: bool) {
         KvDtype::F32 => fill::<f32>(bytes, poison),
         KvDtype::F16 => fill::<f16>(bytes, poison),
         KvDtype::BF16 => fill::<bf16>(bytes, poison),
+        KvDtype::F8E4M3 => fill::<F8E4M3>(bytes, poison),
     }
 }

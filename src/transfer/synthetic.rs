@@ -1,8 +1,8 @@
 //! Synthetic KV for exercising transfers without a model: every element is
 //! a deterministic function of (request, layer, position, K|V, index), so a
 //! byte that lands in the wrong request's pages, layer or position is
-//! detected. Values are multiples of 1/8 below 32 in magnitude, exact in
-//! every storage dtype.
+//! detected. Values are the 254 finite FP8 E4M3 values (±448 at most),
+//! exact in every storage dtype.
 
 use crate::ids::RequestId;
 use crate::kv::{KvError, KvPool, KvSeq, Readable, Writable};
@@ -18,7 +18,9 @@ pub fn value(request: RequestId, layer: usize, pos: usize, kv: usize, j: usize) 
         .wrapping_add(j as u64);
     let h = (h ^ (h >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     let h = h ^ (h >> 32);
-    ((h % 251) as f32 - 125.0) / 8.0
+    // A finite code: 0x00..=0x7E, 0x80..=0xFE (0x7F and 0xFF are NaN).
+    let c = (h % 254) as u8;
+    crate::kv::F8E4M3(if c >= 0x7F { c + 1 } else { c }).to_f32()
 }
 
 /// Appends positions `[seq.written(l), seq.written(l) + tokens)` of every

@@ -78,6 +78,7 @@ fn stored_rows(
             KvDtype::F32 => x,
             KvDtype::F16 => half::f16::from_f32(x).to_f32(),
             KvDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+            KvDtype::F8E4M3 => handoff::kv::F8E4M3::from_f32(x).to_f32(),
         })
         .collect()
 }
@@ -167,7 +168,7 @@ proptest! {
     fn random_interleavings_never_leak(
         ops in proptest::collection::vec(op(), 1..120),
         page_size in prop_oneof![Just(1usize), Just(4), Just(16)],
-        dtype in prop_oneof![Just(KvDtype::F32), Just(KvDtype::F16), Just(KvDtype::BF16)],
+        dtype in prop_oneof![Just(KvDtype::F32), Just(KvDtype::F16), Just(KvDtype::BF16), Just(KvDtype::F8E4M3)],
         policy in prop_oneof![Just(ScrubPolicy::Zero), Just(ScrubPolicy::Poison), Just(ScrubPolicy::AcceptStaleBytes)],
         device in any::<bool>(),
     ) {

@@ -342,7 +342,12 @@ fn kv_append_and_paged_attention_match_dense_attention() {
 fn attention_matches_dense(shape: AttnShape) {
     // Page size 16 puts eight or more positions in a page (the blocked
     // score loop), 4 fewer.
-    for (dtype, page_size) in [(KvDtype::F32, 4), (KvDtype::F16, 4), (KvDtype::F32, 16)] {
+    for (dtype, page_size) in [
+        (KvDtype::F32, 4),
+        (KvDtype::F16, 4),
+        (KvDtype::F32, 16),
+        (KvDtype::F8E4M3, 16),
+    ] {
         for b in backends() {
             let pool = KvPool::new(PoolConfig::new(geometry(shape, dtype), page_size, 64)).unwrap();
             // Two sequences of different lengths, prefilled in one batch.
@@ -372,6 +377,7 @@ fn attention_matches_dense(shape: AttnShape) {
             // What was stored (after the dtype round trip) is the reference.
             let round = |x: f32| match dtype {
                 KvDtype::F16 => half::f16::from_f32(x).to_f32(),
+                KvDtype::F8E4M3 => handoff::kv::F8E4M3::from_f32(x).to_f32(),
                 _ => x,
             };
             let rows = |buf: &[f32], sp: &SeqSpan| -> Vec<Vec<f32>> {

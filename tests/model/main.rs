@@ -10,6 +10,7 @@ mod attention_bias_reference;
 mod cpu_backend_ops;
 mod fingerprint_across_builds;
 mod forward_misuse;
+mod fp8_kv_cache;
 mod fuzz_regressions;
 mod gguf_malformed;
 mod gguf_metadata;

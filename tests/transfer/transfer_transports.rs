@@ -80,7 +80,7 @@ fn nixl_transport_conforms_with_device_resident_pages() {
 }
 
 fn kv_arrives_intact_across_page_sizes_and_dtypes<T: Transfer>(t: T) {
-    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3] {
         for (prefill_page, decode_page) in [(16, 16), (16, 4), (4, 32), (8, 8)] {
             // Small batches so a layer spans several, not page-aligned to
             // the source when pages differ.

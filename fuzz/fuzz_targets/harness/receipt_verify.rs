@@ -72,6 +72,7 @@ fn encode(dtype: KvDtype, x: f32) -> Vec<u8> {
         KvDtype::F32 => x.to_le_bytes().to_vec(),
         KvDtype::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
         KvDtype::BF16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+        KvDtype::F8E4M3 => vec![handoff::kv::F8E4M3::from_f32(x).0],
     }
 }
 
@@ -286,7 +287,7 @@ fn typed(o: &DecodeOutcome) {
 
 pub fn receipt_verify(data: &[u8]) {
     let mut inp = Input(data);
-    let dtype = [KvDtype::BF16, KvDtype::F16, KvDtype::F32][inp.below(3)];
+    let dtype = [KvDtype::BF16, KvDtype::F16, KvDtype::F32, KvDtype::F8E4M3][inp.below(4)];
     let g = KvGeometry {
         n_layers: 1 + inp.below(3),
         n_kv_heads: 1 + inp.below(2),

@@ -935,7 +935,7 @@ mod tests {
                 head_dim: 8,
             };
             assert!(has_hd8_kernel(shape));
-            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3] {
                 for page in [1, 16, 64] {
                     let geometry = KvGeometry {
                         n_layers: 1,
@@ -985,6 +985,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, layouts.len() * 3 * 3 * (1 + 7 + 33 + 100));
+        assert_eq!(checked, layouts.len() * 4 * 3 * (1 + 7 + 33 + 100));
     }
 }

@@ -672,6 +672,7 @@ impl CudaDevice {
             (true, KvDtype::F32) => f32::NAN.to_bits(),
             (true, KvDtype::F16) => u32::from(half::f16::NAN.to_bits()) * 0x1_0001,
             (true, KvDtype::BF16) => u32::from(half::bf16::NAN.to_bits()) * 0x1_0001,
+            (true, KvDtype::F8E4M3) => u32::from(crate::kv::F8E4M3::NAN.0) * 0x0101_0101,
         };
         let n_pages = to_u32("pages to scrub", pages.len())?;
         let list = self.upload(pages)?;

@@ -318,6 +318,7 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
             0 => KvDtype::F32,
             1 => KvDtype::F16,
             2 => KvDtype::BF16,
+            3 => KvDtype::F8E4M3,
             _ => return Err(WireError::Invalid { what: "dtype" }),
         },
     };
@@ -589,6 +590,7 @@ fn write_plan(w: &mut Wr<'_>, p: &Plan) {
         KvDtype::F32 => 0,
         KvDtype::F16 => 1,
         KvDtype::BF16 => 2,
+        KvDtype::F8E4M3 => 3,
     });
     w.u32(p.page_size);
     w.u32(p.prompt.len() as u32);
