@@ -578,6 +578,52 @@ mod gpu {
             println!("{line}");
         }
 
+        // FP8 KV: half the bytes, read by the scalar kernel (the tensor-core
+        // ones take 16-bit KV). What counts for a step is the time per call
+        // against bf16 on what Auto runs there (tensor cores).
+        println!(
+            "\n## Decode attention, FP8 KV (scalar kernel) against bf16 KV (tensor cores), \
+             GQA 32:4, head_dim 128, page 16\n"
+        );
+        println!(
+            "| batch | context | bf16 us | bf16 GB/s | FP8 us | FP8 GB/s (share of copy) | FP8 time / bf16 |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let mut fp8_lines = Vec::new();
+        for (batch, ctx) in [(1usize, 32768usize), (8, 8192), (32, 8192)] {
+            let mut us = [0.0f64; 2];
+            let mut gb = [0.0f64; 2];
+            for (i, dtype) in [KvDtype::BF16, KvDtype::F8E4M3].into_iter().enumerate() {
+                let g = KvGeometry {
+                    n_layers: 1,
+                    n_kv_heads: 4,
+                    head_dim: hd,
+                    dtype,
+                };
+                let mut cell = DecodeCell::new(&dev, g, 32, 16, batch, ctx)?;
+                let ms = cell.call_ms(&dev, 20, DecodeKernel::Auto)?;
+                us[i] = ms * 1e3;
+                gb[i] = cell.kv_bytes as f64 / (ms * 1e-3) / 1e9;
+            }
+            println!(
+                "| {batch} | {ctx} | {:.1} | {:.0} | {:.1} | {:.0} ({:.2}) | {:.2} |",
+                us[0],
+                gb[0],
+                us[1],
+                gb[1],
+                gb[1] / copy,
+                us[1] / us[0]
+            );
+            fp8_lines.push(format!(
+                "decode_fp8_time_vs_bf16_b{batch}_ctx{}k={:.3}",
+                ctx / 1024,
+                us[1] / us[0]
+            ));
+        }
+        for line in &fp8_lines {
+            println!("{line}");
+        }
+
         println!("\n## Prefill attention, causal, 32:8 heads, head_dim 128, bf16 KV, page 16\n");
         println!(
             "| prompt | kernel | ms | TFLOP/s | share of 989 TFLOP/s bf16 peak | vs FA2 ({FA2_TFLOPS}) \

@@ -6,6 +6,7 @@
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 #endif
 
@@ -15,30 +16,62 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// Round to nearest even, as the host's `half` crate does.
+// FP8 E4M3 KV elements (OCP "fn": no infinities), the bytes src/kv/fp8.rs
+// stores: from f32 rounded to nearest even, saturated to +-448 (satfinite),
+// NaN kept as NaN. Every E4M3 value is an f16, so widening is exact.
+struct fp8_e4m3 {
+    uint8_t bits;
+};
+__device__ __forceinline__ float to_float(fp8_e4m3 x) {
+#ifdef HANDOFF_SIMT_HOST
+    return sim::fp8_e4m3_to_float(x.bits);
+#else
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E4M3)));
+#endif
+}
+
+// Round to nearest even, as the host's `half` crate (and src/kv/fp8.rs) do.
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
 }
+template <> __device__ __forceinline__ fp8_e4m3 from_float<fp8_e4m3>(float x) {
+#ifdef HANDOFF_SIMT_HOST
+    return fp8_e4m3{sim::float_to_fp8_e4m3(x)};
+#else
+    return fp8_e4m3{(uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)};
+#endif
+}
 
-// N elements of T as raw 16-byte words (N * sizeof(T) is a multiple of 16;
-// the address is 16-byte aligned: see the callers).
+// The word of a vector load of `BYTES` bytes: 16 bytes, or 8 (FP8 KV,
+// 8 elements a thread).
+template <int BYTES> struct LoadWord {
+    using type = uint4;
+};
+template <> struct LoadWord<8> {
+    using type = uint2;
+};
+
+// N elements of T as raw words (N * sizeof(T) is a multiple of 16, or 8;
+// the address is aligned to that: see the callers).
 template <typename T, int N>
 struct Raw {
-    static constexpr int WORDS = N * (int)sizeof(T) / 16;
-    static_assert(N * sizeof(T) % 16 == 0, "vector loads are whole 16-byte words");
-    uint4 w[WORDS];
+    static constexpr int BYTES = N * (int)sizeof(T);
+    static_assert(BYTES % 16 == 0 || BYTES == 8, "vector loads are whole 16-byte words, or one 8-byte one");
+    using Word = typename LoadWord<BYTES % 16 == 0 ? 16 : 8>::type;
+    static constexpr int WORDS = BYTES / (int)sizeof(Word);
+    Word w[WORDS];
 
     __device__ __forceinline__ void load(const T* __restrict__ p) {
-        const uint4* src = reinterpret_cast<const uint4*>(p);
+        const Word* src = reinterpret_cast<const Word*>(p);
 #pragma unroll
         for (int i = 0; i < WORDS; ++i) w[i] = src[i];
     }
     __device__ __forceinline__ void zero() {
 #pragma unroll
-        for (int i = 0; i < WORDS; ++i) w[i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < WORDS; ++i) w[i] = Word{};
     }
     __device__ __forceinline__ float get(int i) const {
         return to_float(reinterpret_cast<const T*>(w)[i]);

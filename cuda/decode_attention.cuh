@@ -27,8 +27,10 @@ constexpr int DECODE_THREADS = DECODE_WARPS * 32;
 
 template <typename T, int HEAD_DIM, int GROUP>
 struct DecodeCfg {
-    static constexpr int VEC_MIN = 16 / (int)sizeof(T);
-    // Elements per thread: a 16-byte load at least, and at most 32 threads per row.
+    // A 16-byte load, but at most 8 elements: FP8 loads 8 bytes, keeping the
+    // row groups (and the combine's shared memory) those of a 16-bit dtype.
+    static constexpr int VEC_MIN = 16 / (int)sizeof(T) < 8 ? 16 / (int)sizeof(T) : 8;
+    // Elements per thread: VEC_MIN at least, and at most 32 threads per row.
     static constexpr int VEC = HEAD_DIM / 32 > VEC_MIN ? HEAD_DIM / 32 : VEC_MIN;
     static constexpr int TPR = HEAD_DIM / VEC;  // threads per row group
     static constexpr int ROWS_PER_WARP = 32 / TPR;

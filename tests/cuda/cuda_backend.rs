@@ -359,6 +359,32 @@ fn forced_logits<B: handoff::backend::Backend>(
     out
 }
 
+/// A GQA model of real checkpoints' shapes (head_dim 64 or 128, four query
+/// heads per KV head) with Llama 3's scaled RoPE.
+fn gqa_llama3(head_dim: usize) -> handoff::model::ModelConfig {
+    handoff::model::ModelConfig {
+        dim: 512,
+        hidden_dim: 1024,
+        n_layers: 2,
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim,
+        vocab_size: 1000,
+        max_seq_len: 4096,
+        rope_theta: 500_000.0,
+        rope_style: handoff::model::RopeStyle::Half,
+        rope_scaling: handoff::model::RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 64,
+        },
+        norm_eps: 1e-5,
+        tied_embeddings: false,
+        attention_bias: false,
+    }
+}
+
 #[test]
 fn a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu() {
     // The shapes real checkpoints have (head_dim 64 and 128, four query
@@ -369,27 +395,7 @@ fn a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu() {
         return;
     };
     for head_dim in [64, 128] {
-        let cfg = handoff::model::ModelConfig {
-            dim: 512,
-            hidden_dim: 1024,
-            n_layers: 2,
-            n_heads: 8,
-            n_kv_heads: 2,
-            head_dim,
-            vocab_size: 1000,
-            max_seq_len: 4096,
-            rope_theta: 500_000.0,
-            rope_style: handoff::model::RopeStyle::Half,
-            rope_scaling: handoff::model::RopeScaling::Llama3 {
-                factor: 32.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position: 64,
-            },
-            norm_eps: 1e-5,
-            tied_embeddings: false,
-            attention_bias: false,
-        };
+        let cfg = gqa_llama3(head_dim);
         let w = handoff::model::random_weights(&cfg, 11);
         let cpu = Model::cpu(w.clone()).unwrap();
         let gpu = Model::new(CudaBackend::new(dev.clone()), w).unwrap();
@@ -493,6 +499,55 @@ fn wide_decode_agrees(
     drop(ready);
     assert!(f32_pool.stats().is_full());
     backend.set_decode_kernel(DecodeKernel::Auto);
+}
+
+/// FP8 KV on device-resident pages (poison scrub): the device appends E4M3
+/// bytes with its own conversion and reads them with the scalar kernels
+/// (the tensor-core ones take 16-bit KV); the logits are the CPU's on FP8
+/// KV within a bound wider than bf16's, because one K or V value computed a
+/// few f32 ulps apart on each side can round to neighbouring E4M3 codes
+/// (1/8 apart relative).
+#[test]
+fn an_fp8_kv_model_on_device_pages_runs_on_cuda_as_on_the_cpu() {
+    use handoff::backend::Backend;
+    let test = "an_fp8_kv_model_on_device_pages_runs_on_cuda_as_on_the_cpu";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let w = handoff::model::random_weights(&gqa_llama3(128), 17);
+    let cpu = Model::cpu(w.clone()).unwrap();
+    let gpu = Model::new(CudaBackend::new(dev.clone()).device_kv(true), w).unwrap();
+    let cfg = PoolConfig::new(cpu.kv_geometry(KvDtype::F8E4M3), 16, 256);
+    let pc = KvPool::new(cfg).unwrap();
+    let pg = gpu
+        .backend()
+        .new_pool(cfg.scrub(ScrubPolicy::Poison))
+        .unwrap();
+    assert_eq!(pg.residence(), handoff::kv::Residence::Device);
+    let long: Vec<u32> = (0..300).map(|i| (i * 41 % 1000) as u32).collect();
+    let prompts: [&[u32]; 3] = [&[3], &[8, 1, 99, 7, 250, 31], &long];
+    let forced: Vec<Vec<u32>> = (0..3)
+        .map(|s| (0..10).map(|i| ((s * 71 + i * 19) % 1000) as u32).collect())
+        .collect();
+    let want = forced_logits(&cpu, &pc, &prompts, &forced);
+    let got = forced_logits(&gpu, &pg, &prompts, &forced);
+    for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (s, (w, g)) in w.iter().zip(g).enumerate() {
+            assert!(g.iter().all(|x| x.is_finite()), "step {step}, sequence {s}");
+            let (worst, rms) = worst_and_rms(w, g);
+            assert!(
+                worst <= 0.1 * rms,
+                "FP8 KV, step {step}, sequence {s}: logits differ by {worst} (rms {rms})"
+            );
+        }
+    }
+    // Alone, the long sequence gives the bits it gave in the batch.
+    let alone = forced_logits(&gpu, &pg, &prompts[2..], &forced[2..]);
+    for (step, rows) in alone.iter().enumerate() {
+        let bits = |r: &[f32]| r.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&rows[0]), bits(&got[step][2]), "FP8 KV, step {step}");
+    }
+    assert!(pc.stats().is_full() && pg.stats().is_full());
 }
 
 #[test]

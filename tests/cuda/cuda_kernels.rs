@@ -27,6 +27,7 @@ use handoff::backend::cuda::{
     DeviceKvArena, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap,
     Split, device_for_test,
 };
+use handoff::kv::F8E4M3;
 use handoff::model::{RopeScaling, RopeStyle};
 use handoff::{KvDtype, KvGeometry};
 
@@ -83,6 +84,7 @@ fn encode(d: KvDtype, x: f32) -> Vec<u8> {
         KvDtype::F32 => x.to_le_bytes().to_vec(),
         KvDtype::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
         KvDtype::BF16 => bf16::from_f32(x).to_le_bytes().to_vec(),
+        KvDtype::F8E4M3 => vec![F8E4M3::from_f32(x).0],
     }
 }
 
@@ -91,6 +93,7 @@ fn decode_elem(d: KvDtype, b: &[u8]) -> f32 {
         KvDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         KvDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
         KvDtype::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        KvDtype::F8E4M3 => F8E4M3(b[0]).to_f32(),
     }
 }
 
@@ -321,15 +324,21 @@ fn geometry(dtype: KvDtype, n_kv_heads: usize, head_dim: usize) -> KvGeometry {
     }
 }
 
-const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
+const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3];
+
+/// Whether the tensor-core kernels are compiled for `dtype` (the 16-bit
+/// ones; f32 and FP8 KV run the scalar kernels).
+fn tensor_core_dtype(dtype: KvDtype) -> bool {
+    matches!(dtype, KvDtype::F16 | KvDtype::BF16)
+}
 
 // ------------------------------------------------------------------ setup
 
 #[test]
 fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     let dev = gpu!("every_kernel_the_dispatch_names_is_in_the_fatbin");
-    // decode: 3 dtypes x 6 head dims x 4 groups; prefill: 3 x 6; append: 3;
-    // merge, scrub, rms_norm, rope (3 KV dtypes, for its append), swiglu,
+    // decode: 4 dtypes x 6 head dims x 4 groups; prefill: 4 x 6; append: 4;
+    // merge, scrub, rms_norm, rope (4 KV dtypes, for its append), swiglu,
     // embedding (f32, bf16), argmax, sample_rows, row_logprobs; linear,
     // linear_mma (bf16), add_periodic; xxh3_ranges, page_checksums;
     // prefill_mma and prefill_mma_wide: 2 x 2 each; decode_mma and
@@ -338,7 +347,7 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // three bf16 tiles.
     assert_eq!(
         dev.kernel_count(),
-        72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
+        96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
     );
 }
 
@@ -350,7 +359,7 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
 /// 16-row K and V tile).
 fn decode_kernels(dev: &CudaDevice, dtype: KvDtype, head_dim: usize) -> Vec<DecodeKernel> {
     let mut kernels = vec![DecodeKernel::Scalar];
-    if dtype != KvDtype::F32 && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
+    if tensor_core_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
         kernels.push(DecodeKernel::TensorCore);
         if dev.max_shared_memory_per_block() >= 8 * 3 * 2 * 16 * head_dim * 2 {
             kernels.push(DecodeKernel::TensorCoreWide);
@@ -729,7 +738,7 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
                     kernel,
                 )
             };
-            let compiled = dtype != KvDtype::F32 && DECODE_MMA_HEAD_DIMS.contains(&hd);
+            let compiled = tensor_core_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&hd);
             let want = if compiled {
                 DecodeKernel::TensorCore
             } else {
@@ -1071,7 +1080,7 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
     let mut rng = Rng(32);
     for dtype in DTYPES {
         for hd in [32, 64, 128, 256] {
-            let compiled = dtype != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+            let compiled = tensor_core_dtype(dtype) && PREFILL_MMA_HEAD_DIMS.contains(&hd);
             // 48 query heads per KV head: beyond the scalar kernel's 32 rows,
             // within the tensor-core kernel's 64.
             for group in [1, 48] {

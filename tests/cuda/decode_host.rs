@@ -8,8 +8,8 @@
 //! __syncthreads and shuffles, mma.sync and ldmatrix from the PTX fragment
 //! layouts, async copies that land only at their wait) over scattered pages
 //! of a two-layer arena, and every output must match an f64 reference
-//! computed from the same KV bytes: f32 (scalar only), f16 and bf16 KV,
-//! head dims 64 and 128, GQA ratios 1 to 32 (past the largest compiled
+//! computed from the same KV bytes: f32 and FP8 E4M3 (scalar only), f16
+//! and bf16 KV, head dims 64 and 128 (and 8, 16, 256 scalar), GQA ratios 1 to 32 (past the largest compiled
 //! group in head slices per KV head), pages of 16 and 64, one chunk, fixed
 //! chunks and automatic splits. Every slot past a sequence's length in its
 //! last page holds NaN, as a poison-scrubbed page would, and must not reach
@@ -24,6 +24,7 @@ use std::io::Write;
 use std::process::Command;
 
 use half::{bf16, f16};
+use handoff::kv::F8E4M3;
 
 use crate::sampling_host::Rng;
 use crate::support::sim_host as host;
@@ -38,6 +39,8 @@ enum Dtype {
     F32,
     F16,
     Bf16,
+    /// FP8 E4M3: the scalar kernel only.
+    F8,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -109,6 +112,7 @@ fn build(c: &Case, rng: &mut Rng) -> Inputs {
                 Dtype::F32 => x,
                 Dtype::F16 => f16::from_f32(x).to_f32(),
                 Dtype::Bf16 => bf16::from_f32(x).to_f32(),
+                Dtype::F8 => F8E4M3::from_f32(x).to_f32(),
             }
         })
         .collect();
@@ -155,6 +159,7 @@ fn encode(c: &Case, inp: &Inputs) -> Vec<u8> {
         Dtype::F32 => 0,
         Dtype::F16 => 1,
         Dtype::Bf16 => 2,
+        Dtype::F8 => 3,
     };
     let kernel = match c.kernel {
         Kernel::Scalar => 0,
@@ -186,6 +191,7 @@ fn encode(c: &Case, inp: &Inputs) -> Vec<u8> {
             Dtype::F32 => b.extend(x.to_le_bytes()),
             Dtype::F16 => b.extend(f16::from_f32(x).to_le_bytes()),
             Dtype::Bf16 => b.extend(bf16::from_f32(x).to_le_bytes()),
+            Dtype::F8 => b.push(F8E4M3::from_f32(x).0),
         }
     }
     let mut indptr = vec![0u32];
@@ -317,6 +323,21 @@ fn decode_attention_on_a_simt_emulator_matches_an_f64_reference() {
             lens: vec![37, 260, 1],
             ..case(Dtype::F32, 256, 1, 1, 4)
         },
+        // FP8 KV: 16-byte loads of 16 elements (head_dim 128 and 64), one
+        // 16-byte load a row (16), and an 8-byte load a row (8).
+        Case {
+            split: Split::Auto(4),
+            ..case(Dtype::F8, 128, 8, 8, 4)
+        },
+        Case {
+            split: Split::Chunk(64),
+            ..case(Dtype::F8, 64, 4, 3, 6)
+        },
+        case(Dtype::F8, 16, 1, 2, 0),
+        Case {
+            split: Split::Chunk(40),
+            ..case(Dtype::F8, 8, 4, 4, 4)
+        },
     ];
     check_against_reference(
         "decode_attention_on_a_simt_emulator_matches_an_f64_reference",
@@ -396,6 +417,7 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
     // for the scalar kernel, one block of two octets for tensor cores).
     for base in [
         case(Dtype::Bf16, 64, 8, 16, 4),
+        case(Dtype::F8, 64, 8, 16, 4),
         mma(Dtype::Bf16, 64, 16, 16, 4),
         wide(mma(Dtype::Bf16, 64, 16, 16, 4)),
     ] {
@@ -436,7 +458,10 @@ fn alone_equals_batched(exe: &std::path::Path, dir: &std::path::Path, base: Case
     let batched = Case {
         split: Split::Auto(4),
         lens: vec![150, 300, 5],
-        dtype: Dtype::F16,
+        dtype: match base.dtype {
+            Dtype::F8 => Dtype::F8,
+            _ => Dtype::F16,
+        },
         group: 4,
         ..base
     };

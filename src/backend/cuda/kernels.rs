@@ -83,12 +83,12 @@ mod tests {
         DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS,
     };
 
-    const DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
+    const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3];
 
     #[test]
     fn every_kernel_has_its_own_slot_and_symbol() {
-        // decode 3 x 6 x 4, prefill 3 x 6, append 3, merge, scrub, rms_norm,
-        // rope 3 (one per KV dtype, for its append), swiglu, embedding 2,
+        // decode 4 x 6 x 4, prefill 4 x 6, append 4, merge, scrub, rms_norm,
+        // rope 4 (one per KV dtype, for its append), swiglu, embedding 2,
         // argmax, sample_rows, row_logprobs, linear, linear_mma,
         // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
         // 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2 (and wide
@@ -97,7 +97,7 @@ mod tests {
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            72 + 18 + 3 + 10 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
+            96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -115,14 +115,15 @@ mod tests {
                 for g in 0..=17 {
                     let want = HEAD_DIMS.contains(&hd) && DECODE_GROUPS.contains(&g);
                     assert_eq!(decode_attention(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
-                    let want = d != KvDtype::F32
+                    let want = matches!(d, KvDtype::F16 | KvDtype::BF16)
                         && DECODE_MMA_HEAD_DIMS.contains(&hd)
                         && DECODE_MMA_GROUPS.contains(&g);
                     assert_eq!(decode_mma(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
                     assert_eq!(decode_mma_wide(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
                 }
                 assert_eq!(prefill_attention(d, hd).is_some(), HEAD_DIMS.contains(&hd));
-                let mma = d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+                let mma = matches!(d, KvDtype::F16 | KvDtype::BF16)
+                    && PREFILL_MMA_HEAD_DIMS.contains(&hd);
                 assert_eq!(prefill_mma(d, hd).is_some(), mma, "{d:?} {hd}");
                 assert_eq!(prefill_mma_wide(d, hd).is_some(), mma, "{d:?} {hd}");
             }

@@ -878,11 +878,12 @@ mod tests {
 
     #[test]
     fn auto_prefill_takes_tensor_cores_where_compiled_and_the_scalar_kernel_elsewhere() {
-        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16] {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3] {
             for hd in HEAD_DIMS {
                 for (n_kv, n_heads) in [(2, 2), (1, 32), (1, 64)] {
                     let a = attn(dtype, hd, n_kv, n_heads);
-                    let compiled = dtype != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+                    let compiled = matches!(dtype, KvDtype::F16 | KvDtype::BF16)
+                        && PREFILL_MMA_HEAD_DIMS.contains(&hd);
                     let what = format!("{dtype:?} d{hd} group {}", a.group);
                     let auto = plan_prefill(&a, &[5, 3], PrefillKernel::Auto);
                     let auto = auto.as_ref().map(|p| p.chosen);

@@ -26,6 +26,7 @@ pub enum Dtype {
     F32,
     F16,
     BF16,
+    F8E4M3,
 }
 
 impl Dtype {
@@ -35,6 +36,7 @@ impl Dtype {
             Dtype::F32 => "f32",
             Dtype::F16 => "f16",
             Dtype::BF16 => "bf16",
+            Dtype::F8E4M3 => "fp8",
         }
     }
     /// C++ element type.
@@ -43,6 +45,7 @@ impl Dtype {
             Dtype::F32 => "float",
             Dtype::F16 => "__half",
             Dtype::BF16 => "__nv_bfloat16",
+            Dtype::F8E4M3 => "handoff::fp8_e4m3",
         }
     }
     /// The `KvDtype` variant (for generated Rust).
@@ -51,6 +54,7 @@ impl Dtype {
             Dtype::F32 => "F32",
             Dtype::F16 => "F16",
             Dtype::BF16 => "BF16",
+            Dtype::F8E4M3 => "F8E4M3",
         }
     }
 }
@@ -137,7 +141,9 @@ pub const SAMPLE_THREADS: u32 = 256;
 /// (id, value) pairs (src/sampling: `MAX_TOP_LOGPROBS`).
 pub const LOGPROB_STRIDE: usize = 41;
 
-const ALL_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
+/// Every KV dtype: the scalar attention kernels and the appends (the
+/// tensor-core kernels take the 16-bit ones only; FP8 KV runs the scalar).
+const ALL_DTYPES: [Dtype; 4] = [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::F8E4M3];
 const HALF_DTYPES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
 
 /// Dynamic shared memory of an instantiation.

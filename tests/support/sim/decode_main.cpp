@@ -5,8 +5,8 @@
 // reference.
 //
 // Usage: decode_sim INPUT
-//   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16), u32 head_dim
-//   (64 or 128), u32 GROUP (the instantiation: 1, 4 or 8 scalar, 8 or 16
+//   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16, 3 fp8 e4m3),
+//   u32 head_dim (64 or 128; 256, and 8 and 16, scalar only), u32 GROUP (the instantiation: 1, 4 or 8 scalar, 8 or 16
 //   tensor-core), u32 kernel (0 scalar, 1 tensor-core, 2 the wide
 //   tensor-core one), then
 //   DecodeParams' scalars: u32 batch, n_heads, n_kv_heads, group, layer,
@@ -124,6 +124,13 @@ std::vector<float> by_dim(FILE* f, uint32_t hd, uint32_t g, uint32_t kernel, con
     switch (hd) {
         case 64: return by_group<T, 64>(f, g, kernel, p, arena);
         case 128: return by_group<T, 128>(f, g, kernel, p, arena);
+        // Rows narrower than a 16-byte load in FP8 (8) or exactly one (16).
+        case 8:
+            if (kernel == 0 && g == 4) return run<T, 8, 4, 0>(f, p, arena);
+            std::exit(6);
+        case 16:
+            if (kernel == 0 && g == 1) return run<T, 16, 1, 0>(f, p, arena);
+            std::exit(6);
         // 256: the scalar kernel, group 1 only (two dims per merge thread).
         case 256:
             if (kernel == 0 && g == 1) return run<T, 256, 1, 0>(f, p, arena);
@@ -159,6 +166,7 @@ int main(int argc, char** argv) {
         case 0: out = by_dim<float>(f, head[1], head[2], head[3], p, arena); break;
         case 1: out = by_dim<__half>(f, head[1], head[2], head[3], p, arena); break;
         case 2: out = by_dim<__nv_bfloat16>(f, head[1], head[2], head[3], p, arena); break;
+        case 3: out = by_dim<fp8_e4m3>(f, head[1], head[2], head[3], p, arena); break;
         default: return 8;
     }
     std::fclose(f);

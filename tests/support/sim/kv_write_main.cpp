@@ -7,6 +7,10 @@
 // with the bits of the two launches, and the two launches must have stored
 // exactly the rounded rows in exactly the given slots. Prints one line per
 // case; exit status 0 when all pass.
+//
+// `kv_write_sim fp8 FILE`: the FP8 E4M3 conversions instead. FILE holds
+// little-endian f32 values; prints the code each converts to (one per
+// line), then the f32 bits of each of the 256 codes.
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -40,6 +44,7 @@ template <typename T> const char* dtype_name();
 template <> const char* dtype_name<float>() { return "f32"; }
 template <> const char* dtype_name<__half>() { return "f16"; }
 template <> const char* dtype_name<__nv_bfloat16>() { return "bf16"; }
+template <> const char* dtype_name<fp8_e4m3>() { return "fp8"; }
 
 template <typename T>
 bool run_case(const Case& c, Rng& rng) {
@@ -138,7 +143,18 @@ bool run_case(const Case& c, Rng& rng) {
     return true;
 }
 
-int main() {
+int fp8_conversions(const char* path) {
+    FILE* f = std::fopen(path, "rb");
+    if (!f) return 3;
+    float x;
+    while (std::fread(&x, 4, 1, f) == 1) std::printf("%u\n", (unsigned)from_float<fp8_e4m3>(x).bits);
+    std::fclose(f);
+    for (unsigned b = 0; b < 256; ++b) std::printf("%u\n", __float_as_uint(to_float(fp8_e4m3{(uint8_t)b})));
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 3 && std::strcmp(argv[1], "fp8") == 0) return fp8_conversions(argv[2]);
     Rng rng{7};
     const std::vector<Case> cases = {
         {"hd64 rotate-half page16", 64, 8, 2, 16, 1, 0, {0, 1, 2, 3, 17, 18, 40}},
@@ -150,6 +166,7 @@ int main() {
         ok = run_case<float>(c, rng) && ok;
         ok = run_case<__half>(c, rng) && ok;
         ok = run_case<__nv_bfloat16>(c, rng) && ok;
+        ok = run_case<fp8_e4m3>(c, rng) && ok;
     }
     return ok ? 0 : 1;
 }

@@ -57,6 +57,9 @@ struct alignas(16) float4 {
     float x, y, z, w;
 };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+struct alignas(8) uint2 {
+    uint32_t x, y;
+};
 struct float2 {
     float x, y;
 };
@@ -127,6 +130,37 @@ inline uint16_t float_to_bf16(float f) {
     if (std::isnan(f)) return 0x7fc0;
     u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
     return (uint16_t)(u >> 16);
+}
+
+// FP8 E4M3 ("fn": no infinities; NaN is S.1111.111), as the device's
+// cvt.rn.satfinite.e4m3x2.f32 and cvt.f16x2.e4m3x2 convert. Written from
+// the format's definition (by scaling, not bit fields as src/kv/fp8.rs does).
+inline float fp8_e4m3_to_float(uint8_t b) {
+    const float sign = (b & 0x80) ? -1.0f : 1.0f;
+    const int e = (b >> 3) & 0xF, m = b & 7;
+    if (e == 0xF && m == 7) return std::copysign(NAN, sign);
+    if (e == 0) return sign * std::ldexp((float)m, -9);
+    return sign * std::ldexp((float)(8 + m), e - 10);
+}
+inline uint8_t float_to_fp8_e4m3(float x) {
+    if (std::isnan(x)) return 0x7F;
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+    const double a = std::fabs((double)x);
+    if (a >= 448.0) return sign | 0x7E;
+    // The spacing of E4M3 values around a: 2^(e - 3) for a in [2^e, 2^(e+1)),
+    // 2^-9 below 2^-6. Dividing by a power of two is exact; nearbyint
+    // rounds to nearest even (the default rounding mode).
+    int e;
+    std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+    const int step = e - 1 < -6 ? -9 : e - 1 - 3;
+    const double q = std::nearbyint(std::ldexp(a, -step));  // steps of 2^step
+    const double v = std::ldexp(q, step);  // the rounded value (at most 448)
+    if (v == 0.0) return sign;
+    if (v < 1.0 / 64.0) return sign | (uint8_t)q;  // subnormal: m = q
+    int ve;
+    const double f = std::frexp(v, &ve);  // v = f 2^ve, f in [0.5, 1)
+    const int m = (int)std::ldexp(f, 4) - 8;  // 1.mmm = 2f
+    return sign | (uint8_t)((ve - 1 + 7) << 3 | m);
 }
 
 template <typename T> struct Conv;
