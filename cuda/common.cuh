@@ -30,6 +30,21 @@ __device__ __forceinline__ float to_float(fp8_e4m3 x) {
 #endif
 }
 
+// Four E4M3 values (the bytes of w, lowest first) widened to f16, as two
+// f16x2 words: lo holds bytes 0 and 1 (byte 0 in its low half), hi 2 and 3.
+__device__ __forceinline__ void fp8x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#ifdef HANDOFF_SIMT_HOST
+    auto h = [](uint32_t b) { return (uint32_t)sim::float_to_f16(sim::fp8_e4m3_to_float((uint8_t)b)); };
+    lo = h(w & 0xFF) | h((w >> 8) & 0xFF) << 16;
+    hi = h((w >> 16) & 0xFF) | h(w >> 24) << 16;
+#else
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFF), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    lo = (uint32_t)a.x | (uint32_t)a.y << 16;
+    hi = (uint32_t)b.x | (uint32_t)b.y << 16;
+#endif
+}
+
 // Round to nearest even, as the host's `half` crate (and src/kv/fp8.rs) do.
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }

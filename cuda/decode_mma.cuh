@@ -1,6 +1,9 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, f16 or bf16
 // KV, f32 accumulate), with each warp streaming its K/V tiles through a
-// cp.async pipeline in shared memory.
+// cp.async pipeline in shared memory. FP8 E4M3 KV streams its bytes the same
+// way (half the bytes a tile, so 4 stages in the same shared memory), and
+// each landed tile is widened in shared memory to the f16 tile the 16-bit
+// path reads (every E4M3 value is an f16): from there it is the f16 kernel.
 //
 // Why tensor cores for one query token: the scalar kernel
 // (decode_attention.cuh) spends, per KV position, GROUP dot products and
@@ -93,6 +96,14 @@ using DmmaWideCfg = DmmaCfg<HEAD_DIM, DMMA_WIDE_WARPS>;
 
 __device__ __forceinline__ int dmma_swz(int row) { return ((row & 1) << 2) | ((row >> 1) & 3); }
 
+// The mma operand type of KV stored as T: T itself, or f16 for FP8.
+template <typename T> struct DmmaOperand {
+    using type = T;
+};
+template <> struct DmmaOperand<fp8_e4m3> {
+    using type = __half;
+};
+
 // The hi and lo parts of x in T: x ~ hi + lo.
 template <typename T>
 __device__ __forceinline__ void split_hi_lo(float x, float& hi, float& lo) {
@@ -104,6 +115,16 @@ __device__ __forceinline__ void split_hi_lo(float x, float& hi, float& lo) {
 template <typename T, int HEAD_DIM, int GROUP, int WARPS = DMMA_WARPS>
 __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     using C = DmmaCfg<HEAD_DIM, WARPS>;
+    using M = typename DmmaOperand<T>::type;  // what the mma multiplies
+    constexpr bool F8 = sizeof(T) == 1;
+    // FP8 stages take half the bytes: 4 of them and the f16 tile they are
+    // widened into fill the shared memory of 3 16-bit stages.
+    constexpr int STAGES = F8 ? DMMA_STAGES + 1 : DMMA_STAGES;
+    constexpr int EPC = 16 / (int)sizeof(T);  // elements per 16-byte chunk
+    constexpr int SCH = HEAD_DIM / EPC;       // 16-byte chunks per stored row
+    static_assert(STAGES * 2 * C::TILE_ELEMS * (int)sizeof(T) + (F8 ? 2 * C::TILE_ELEMS * 2 : 0) <=
+                      C::WARP_ELEMS * 2,
+                  "a warp's stages (and FP8's f16 tile) fit its shared memory");
     constexpr int THREADS = WARPS * 32;
     constexpr int OCT = GROUP / 8;
     constexpr int CHUNKS = C::CHUNKS, KSTEPS = C::KSTEPS, DTILES = C::DTILES;
@@ -131,24 +152,30 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     const uint64_t k_in_page =
         kv_page_offset(0, 0, p.layer, 0, p.page_size_log2, kv_dim) + kvh * HEAD_DIM;
     const uint64_t k_to_v = ((uint64_t)1 << p.page_size_log2) * kv_dim;
-    // This warp's stages: [DMMA_STAGES][K|V][DMMA_TILE][HEAD_DIM], rows swizzled.
-    T* stages = reinterpret_cast<T*>(dyn_smem()) + warp * C::WARP_ELEMS;
+    // This warp's stages: [STAGES][K|V][DMMA_TILE][HEAD_DIM] of T, rows
+    // swizzled (16-bit) or not (FP8: only the widening reads them, in
+    // order); for FP8, then the f16 tile [K|V][DMMA_TILE][HEAD_DIM], rows
+    // swizzled, that the fragments are read from.
+    unsigned char* warp_smem = dyn_smem() + warp * C::WARP_ELEMS * 2;
+    T* stages = reinterpret_cast<T*>(warp_smem);
+    M* wide = reinterpret_cast<M*>(warp_smem + STAGES * 2 * C::TILE_ELEMS * sizeof(T));
 
     // Queues the copies of this warp's i-th tile into stage i % STAGES and
     // closes the group (an empty one past the last tile, so that every
     // lane's group count stays in step with the loop). Lane l copies the
-    // 16-byte chunk l % CHUNKS of rows RPJ j + l / CHUNKS, j < JOBS.
-    constexpr int RPJ = 32 / CHUNKS;                     // rows per lane step
-    constexpr int JOBS = DMMA_TILE * CHUNKS / 32;        // lane steps per tile
-    const int lane_ch = lane % CHUNKS, lane_row = lane / CHUNKS;
-    const uint64_t lane_off = (uint64_t)lane_row * kv_dim + lane_ch * 8;
-    // Where lane step j's chunk lands in a stage (rows swizzled): the same
-    // for every tile, so worked out once.
+    // 16-byte chunk l % SCH of rows RPJ j + l / SCH, j < JOBS.
+    constexpr int RPJ = 32 / SCH;                 // rows per lane step
+    constexpr int JOBS = DMMA_TILE * SCH / 32;    // lane steps per tile
+    static_assert(DMMA_TILE * SCH % 32 == 0, "whole copies per lane");
+    const int lane_ch = lane % SCH, lane_row = lane / SCH;
+    const uint64_t lane_off = (uint64_t)lane_row * kv_dim + lane_ch * EPC;
+    // Where lane step j's chunk lands in a stage: the same for every tile,
+    // so worked out once.
     int lane_at[JOBS];
 #pragma unroll
     for (int j = 0; j < JOBS; ++j) {
         const int row = RPJ * j + lane_row;
-        lane_at[j] = row * HEAD_DIM + (lane_ch ^ dmma_swz(row)) * 8;
+        lane_at[j] = row * HEAD_DIM + (F8 ? lane_ch : lane_ch ^ dmma_swz(row)) * EPC;
     }
     const uint32_t row_step = RPJ * kv_dim;  // elements between a lane's rows
     // First position of this warp's i-th tile.
@@ -162,7 +189,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
             const uint32_t t0 = tile_start(i);
             const uint32_t page = next_page;
             if (i + 1 < mine) next_page = pages[tile_start(i + 1) >> p.page_size_log2];
-            T* ks = stages + (i % DMMA_STAGES) * 2 * C::TILE_ELEMS;
+            T* ks = stages + (i % STAGES) * 2 * C::TILE_ELEMS;
             if ((t0 + DMMA_TILE - 1) >> p.page_size_log2 == t0 >> p.page_size_log2) {
                 // The whole tile in one page (every tile of pages of 16 or
                 // more with chunks on 16 positions): the entry read ahead,
@@ -190,7 +217,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                     if (fill) {
                         const uint64_t page = pages[pos >> p.page_size_log2];
                         src = kv + page * p.page_stride + k_in_page +
-                              (uint64_t)(pos & slot_mask) * kv_dim + lane_ch * 8;
+                              (uint64_t)(pos & slot_mask) * kv_dim + lane_ch * EPC;
                     }
                     cp_async_16(ks + lane_at[j], src, fill);
                     cp_async_16(ks + C::TILE_ELEMS + lane_at[j], fill ? src + k_to_v : kv, fill);
@@ -200,7 +227,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
         cp_async_commit();
     };
 #pragma unroll
-    for (int s = 0; s < DMMA_STAGES - 1; ++s) issue(s);
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
 
     // Q's A fragments, per octet and k-step: rows g (hi) and g + 8 (lo) of
     // head h0 + 8 o + g, the dims of chunk 4 (ks / 2) + t (see the top).
@@ -217,12 +244,12 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
             float hi[4], lo[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                split_hi_lo<T>(real ? qp[d0 + i] * p.sm_scale_log2 : 0.0f, hi[i], lo[i]);
+                split_hi_lo<M>(real ? qp[d0 + i] * p.sm_scale_log2 : 0.0f, hi[i], lo[i]);
             }
-            qa[o][ks][0] = MmaOp<T>::pack(hi[0], hi[1]);
-            qa[o][ks][1] = MmaOp<T>::pack(lo[0], lo[1]);
-            qa[o][ks][2] = MmaOp<T>::pack(hi[2], hi[3]);
-            qa[o][ks][3] = MmaOp<T>::pack(lo[2], lo[3]);
+            qa[o][ks][0] = MmaOp<M>::pack(hi[0], hi[1]);
+            qa[o][ks][1] = MmaOp<M>::pack(lo[0], lo[1]);
+            qa[o][ks][2] = MmaOp<M>::pack(hi[2], hi[3]);
+            qa[o][ks][3] = MmaOp<M>::pack(lo[2], lo[3]);
         }
     }
 
@@ -242,11 +269,36 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     bool bad = false;
 
     for (uint32_t i = 0; i < mine; ++i) {
-        cp_async_wait<DMMA_STAGES - 2>();  // tile i has landed (this lane's copies)
-        __syncwarp();                      // ... and every lane's
-        issue(i + DMMA_STAGES - 1);        // into the stage tile i - 1 used
-        const T* ks = stages + (i % DMMA_STAGES) * 2 * C::TILE_ELEMS;
-        const T* vs = ks + C::TILE_ELEMS;
+        cp_async_wait<STAGES - 2>();  // tile i has landed (this lane's copies)
+        __syncwarp();                 // ... and every lane's
+        issue(i + STAGES - 1);        // into the stage tile i - 1 used
+        const T* landed = stages + (i % STAGES) * 2 * C::TILE_ELEMS;
+        const M* ks;
+        if constexpr (F8) {
+            // Widen the landed K and V to f16 in the swizzled layout of the
+            // 16-bit stages: lane l takes 16-byte chunks l, l + 32, ... of
+            // the tile (row-major, K then V), each 16 values, which are the
+            // f16 chunks 2 c and 2 c + 1 of its row. The last tile's reads of
+            // `wide` ended before the __syncwarp above.
+#pragma unroll
+            for (int c = lane; c < 2 * DMMA_TILE * SCH; c += 32) {
+                const int half = c / (DMMA_TILE * SCH), row = c / SCH % DMMA_TILE, ch = c % SCH;
+                const uint4 raw = *reinterpret_cast<const uint4*>(landed + c * EPC);
+                uint4 lo, hi;
+                fp8x4_to_half2x2(raw.x, lo.x, lo.y);
+                fp8x4_to_half2x2(raw.y, lo.z, lo.w);
+                fp8x4_to_half2x2(raw.z, hi.x, hi.y);
+                fp8x4_to_half2x2(raw.w, hi.z, hi.w);
+                M* dst = wide + half * C::TILE_ELEMS + row * HEAD_DIM;
+                *reinterpret_cast<uint4*>(dst + ((2 * ch) ^ dmma_swz(row)) * 8) = lo;
+                *reinterpret_cast<uint4*>(dst + ((2 * ch + 1) ^ dmma_swz(row)) * 8) = hi;
+            }
+            __syncwarp();
+            ks = wide;
+        } else {
+            ks = landed;
+        }
+        const M* vs = ks + C::TILE_ELEMS;
         const uint32_t t0 = tile_start(i);
 
         // S for positions nt * 8 + n of the tile, both octets.
@@ -262,8 +314,8 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                     ks + row * HEAD_DIM + ((4 * sp + t) ^ dmma_swz(row)) * 8);
 #pragma unroll
                 for (int o = 0; o < OCT; ++o) {
-                    MmaOp<T>::run(s[o][nt], qa[o][2 * sp], kx.x, kx.y);
-                    MmaOp<T>::run(s[o][nt], qa[o][2 * sp + 1], kx.z, kx.w);
+                    MmaOp<M>::run(s[o][nt], qa[o][2 * sp], kx.x, kx.y);
+                    MmaOp<M>::run(s[o][nt], qa[o][2 * sp + 1], kx.z, kx.w);
                 }
             }
         }
@@ -298,7 +350,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                 for (int e = 0; e < 2; ++e) {
                     pw[nt][e] = fast_exp2(sc[nt][e] - base);  // 0 for masked positions
                     sum += pw[nt][e];
-                    split_hi_lo<T>(pw[nt][e], hi[nt][e], lo[nt][e]);
+                    split_hi_lo<M>(pw[nt][e], hi[nt][e], lo[nt][e]);
                 }
             }
             l[o] = l[o] * alpha + sum;
@@ -312,10 +364,10 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                 }
             }
             uint32_t pa[4];
-            pa[0] = MmaOp<T>::pack(hi[0][0], hi[0][1]);
-            pa[1] = MmaOp<T>::pack(lo[0][0], lo[0][1]);
-            pa[2] = MmaOp<T>::pack(hi[1][0], hi[1][1]);
-            pa[3] = MmaOp<T>::pack(lo[1][0], lo[1][1]);
+            pa[0] = MmaOp<M>::pack(hi[0][0], hi[0][1]);
+            pa[1] = MmaOp<M>::pack(lo[0][0], lo[0][1]);
+            pa[2] = MmaOp<M>::pack(hi[1][0], hi[1][1]);
+            pa[3] = MmaOp<M>::pack(lo[1][0], lo[1][1]);
             // O += P V, two d-tiles per ldmatrix: matrices (positions 0-7 |
             // 8-15) x (chunk 2 j | 2 j + 1); this lane names row r8 of
             // matrix lane / 8.
@@ -326,8 +378,8 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                 const int ch = 2 * j + (mi >> 1);
                 uint32_t vb[4];
                 ldmatrix_x4_trans(vb, vs + vrow * HEAD_DIM + (ch ^ dmma_swz(vrow)) * 8);
-                MmaOp<T>::run(acc[o][2 * j], pa, vb[0], vb[1]);
-                MmaOp<T>::run(acc[o][2 * j + 1], pa, vb[2], vb[3]);
+                MmaOp<M>::run(acc[o][2 * j], pa, vb[0], vb[1]);
+                MmaOp<M>::run(acc[o][2 * j + 1], pa, vb[2], vb[3]);
             }
         }
     }

@@ -306,7 +306,8 @@ const RTOL: f64 = 1e-5;
 /// bits for bf16, which leaves up to 2^-17 = 0.76 `RTOL` of each; 22 for
 /// f16) and sums in the tensor cores, whose f32 accumulation is not IEEE
 /// round-to-nearest. On an H200 a bf16 case erred by 1.1 `RTOL`; allowed:
-/// 4 `RTOL` for bf16 and 2 `RTOL` for f16.
+/// 4 `RTOL` for bf16 and 2 `RTOL` for f16 (and FP8, whose values are f16s
+/// and whose Q and weights are split in f16).
 fn decode_rtol(kernel: DecodeKernel, dtype: KvDtype) -> f64 {
     match (kernel, dtype) {
         (DecodeKernel::TensorCore | DecodeKernel::TensorCoreWide, KvDtype::BF16) => 4.0 * RTOL,
@@ -326,9 +327,14 @@ fn geometry(dtype: KvDtype, n_kv_heads: usize, head_dim: usize) -> KvGeometry {
 
 const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3];
 
-/// Whether the tensor-core kernels are compiled for `dtype` (the 16-bit
-/// ones; f32 and FP8 KV run the scalar kernels).
-fn tensor_core_dtype(dtype: KvDtype) -> bool {
+/// Whether the tensor-core decode is compiled for `dtype` (all but f32; FP8
+/// tiles are widened to f16 in shared memory).
+fn tensor_core_decode_dtype(dtype: KvDtype) -> bool {
+    dtype != KvDtype::F32
+}
+
+/// Whether the tensor-core prefill is (the 16-bit dtypes).
+fn tensor_core_prefill_dtype(dtype: KvDtype) -> bool {
     matches!(dtype, KvDtype::F16 | KvDtype::BF16)
 }
 
@@ -342,12 +348,12 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // embedding (f32, bf16), argmax, sample_rows, row_logprobs; linear,
     // linear_mma (bf16), add_periodic; xxh3_ranges, page_checksums;
     // prefill_mma and prefill_mma_wide: 2 x 2 each; decode_mma and
-    // decode_mma_wide: 2 dtypes x 2 head dims x 2 groups each;
+    // decode_mma_wide: 3 dtypes (f16, bf16, FP8) x 2 head dims x 2 groups each;
     // linear_mma_wide and linear_mma_gemm (bf16); the group launches of the
     // three bf16 tiles.
     assert_eq!(
         dev.kernel_count(),
-        96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
+        96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 12 + 12 + 2 + 3
     );
 }
 
@@ -359,7 +365,7 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
 /// 16-row K and V tile).
 fn decode_kernels(dev: &CudaDevice, dtype: KvDtype, head_dim: usize) -> Vec<DecodeKernel> {
     let mut kernels = vec![DecodeKernel::Scalar];
-    if tensor_core_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
+    if tensor_core_decode_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
         kernels.push(DecodeKernel::TensorCore);
         if dev.max_shared_memory_per_block() >= 8 * 3 * 2 * 16 * head_dim * 2 {
             kernels.push(DecodeKernel::TensorCoreWide);
@@ -738,7 +744,7 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
                     kernel,
                 )
             };
-            let compiled = tensor_core_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&hd);
+            let compiled = tensor_core_decode_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&hd);
             let want = if compiled {
                 DecodeKernel::TensorCore
             } else {
@@ -1080,7 +1086,7 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
     let mut rng = Rng(32);
     for dtype in DTYPES {
         for hd in [32, 64, 128, 256] {
-            let compiled = tensor_core_dtype(dtype) && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+            let compiled = tensor_core_prefill_dtype(dtype) && PREFILL_MMA_HEAD_DIMS.contains(&hd);
             // 48 query heads per KV head: beyond the scalar kernel's 32 rows,
             // within the tensor-core kernel's 64.
             for group in [1, 48] {

@@ -8,8 +8,9 @@
 //! __syncthreads and shuffles, mma.sync and ldmatrix from the PTX fragment
 //! layouts, async copies that land only at their wait) over scattered pages
 //! of a two-layer arena, and every output must match an f64 reference
-//! computed from the same KV bytes: f32 and FP8 E4M3 (scalar only), f16
-//! and bf16 KV, head dims 64 and 128 (and 8, 16, 256 scalar), GQA ratios 1 to 32 (past the largest compiled
+//! computed from the same KV bytes: f32 (scalar only), f16, bf16 and FP8
+//! E4M3 KV (its tensor-core tiles widened to f16 in shared memory), head
+//! dims 64 and 128 (and 8, 16, 256 scalar), GQA ratios 1 to 32 (past the largest compiled
 //! group in head slices per KV head), pages of 16 and 64, one chunk, fixed
 //! chunks and automatic splits. Every slot past a sequence's length in its
 //! last page holds NaN, as a poison-scrubbed page would, and must not reach
@@ -39,7 +40,7 @@ enum Dtype {
     F32,
     F16,
     Bf16,
-    /// FP8 E4M3: the scalar kernel only.
+    /// FP8 E4M3.
     F8,
 }
 
@@ -367,8 +368,22 @@ fn both_tensor_core_decodes_with_their_copy_pipelines_match_an_f64_reference() {
             ..mma(Dtype::Bf16, 128, 8, 8, 4)
         },
         Case {
-            lens: long,
+            lens: long.clone(),
             ..mma(Dtype::F16, 64, 8, 4, 6)
+        },
+        // FP8: four stages of bytes, each tile widened to f16 in shared
+        // memory; every stage reused, pages of one position, two octets.
+        Case {
+            lens: long,
+            ..mma(Dtype::F8, 128, 8, 8, 4)
+        },
+        Case {
+            split: Split::Chunk(48),
+            ..mma(Dtype::F8, 64, 8, 2, 0)
+        },
+        Case {
+            split: Split::Auto(4),
+            ..mma(Dtype::F8, 128, 16, 16, 6)
         },
         // Ratio 1 and 3: padding heads computed, not written; pages of
         // one position (every row of a tile from another page).
@@ -419,6 +434,7 @@ fn a_poisoned_slot_is_nan_in_its_heads_only_and_batch_mates_change_no_bit() {
         case(Dtype::Bf16, 64, 8, 16, 4),
         case(Dtype::F8, 64, 8, 16, 4),
         mma(Dtype::Bf16, 64, 16, 16, 4),
+        mma(Dtype::F8, 128, 16, 16, 4),
         wide(mma(Dtype::Bf16, 64, 16, 16, 4)),
     ] {
         poisoned_heads_only(&exe, dir.path(), base.clone());

@@ -91,13 +91,13 @@ mod tests {
         // rope 4 (one per KV dtype, for its append), swiglu, embedding 2,
         // argmax, sample_rows, row_logprobs, linear, linear_mma,
         // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
-        // 2 x 2 (and wide 2 x 2), tensor-core decode 2 x 2 x 2 (and wide
-        // 2 x 2 x 2),
+        // 2 x 2 (and wide 2 x 2), tensor-core decode 3 x 2 x 2 (and wide
+        // 3 x 2 x 2),
         // linear_mma_wide, linear_mma_gemm; the three group launches: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 8 + 8 + 2 + 3
+            96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 12 + 12 + 2 + 3
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -115,7 +115,7 @@ mod tests {
                 for g in 0..=17 {
                     let want = HEAD_DIMS.contains(&hd) && DECODE_GROUPS.contains(&g);
                     assert_eq!(decode_attention(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
-                    let want = matches!(d, KvDtype::F16 | KvDtype::BF16)
+                    let want = d != KvDtype::F32
                         && DECODE_MMA_HEAD_DIMS.contains(&hd)
                         && DECODE_MMA_GROUPS.contains(&g);
                     assert_eq!(decode_mma(d, hd, g).is_some(), want, "{d:?} {hd} {g}");

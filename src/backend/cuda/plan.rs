@@ -285,10 +285,10 @@ pub(crate) fn decode(
     }
     // The tensor-core kernel copies 16-byte chunks of K and V rows: pages
     // must start on 16 bytes (they do for every compiled head dim, whose
-    // rows are 128 bytes or more).
-    let mma = matches!(a.dtype, KvDtype::F16 | KvDtype::BF16)
+    // rows are 64 bytes or more).
+    let mma = matches!(a.dtype, KvDtype::F16 | KvDtype::BF16 | KvDtype::F8E4M3)
         && DECODE_MMA_HEAD_DIMS.contains(&a.head_dim)
-        && a.page_stride.is_multiple_of(8);
+        && (a.page_stride * a.dtype.size_bytes() as u64).is_multiple_of(16);
     let chosen = match (choice, mma) {
         (DecodeKernel::Scalar, _) | (DecodeKernel::Auto, false) => DecodeKernel::Scalar,
         (DecodeKernel::Auto | DecodeKernel::TensorCore, true) => DecodeKernel::TensorCore,
@@ -297,7 +297,7 @@ pub(crate) fn decode(
             return Err(CudaError::Unsupported {
                 what: "tensor-core decode",
                 detail: format!(
-                    "{:?} KV, head_dim {} (compiled: f16/bf16, head_dim {DECODE_MMA_HEAD_DIMS:?})",
+                    "{:?} KV, head_dim {} (compiled: f16/bf16/FP8, head_dim {DECODE_MMA_HEAD_DIMS:?})",
                     a.dtype, a.head_dim
                 ),
             });
@@ -692,8 +692,10 @@ mod tests {
     }
 
     #[test]
-    fn auto_decodes_f16_and_bf16_kv_on_tensor_cores_in_octets_of_heads() {
+    fn auto_decodes_f16_bf16_and_fp8_kv_on_tensor_cores_in_octets_of_heads() {
         for (dtype, head_dim, n_heads, want) in [
+            (KvDtype::F8E4M3, 128, 16, Some("decode_mma_fp8_d128_g8")),
+            (KvDtype::F8E4M3, 64, 32, Some("decode_mma_fp8_d64_g16")),
             (KvDtype::BF16, 128, 64, Some("decode_mma_bf16_d128_g16")),
             (KvDtype::BF16, 128, 16, Some("decode_mma_bf16_d128_g8")),
             (KvDtype::F16, 64, 2, Some("decode_mma_f16_d64_g8")),
@@ -703,6 +705,7 @@ mod tests {
             // No tensor-core kernel: the scalar one.
             (KvDtype::F32, 128, 16, None),
             (KvDtype::BF16, 32, 16, None),
+            (KvDtype::F8E4M3, 256, 8, None),
         ] {
             let a = attn(dtype, head_dim, 2, n_heads);
             let (chosen, p) =

@@ -141,10 +141,13 @@ pub const SAMPLE_THREADS: u32 = 256;
 /// (id, value) pairs (src/sampling: `MAX_TOP_LOGPROBS`).
 pub const LOGPROB_STRIDE: usize = 41;
 
-/// Every KV dtype: the scalar attention kernels and the appends (the
-/// tensor-core kernels take the 16-bit ones only; FP8 KV runs the scalar).
+/// Every KV dtype: the scalar attention kernels and the appends.
 const ALL_DTYPES: [Dtype; 4] = [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::F8E4M3];
+/// The 16-bit ones: the tensor-core prefill.
 const HALF_DTYPES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
+/// The tensor-core decode's: the 16-bit ones, and FP8 (its tiles widened to
+/// f16 in shared memory).
+const DECODE_MMA_DTYPES: [Dtype; 3] = [Dtype::F16, Dtype::BF16, Dtype::F8E4M3];
 
 /// Dynamic shared memory of an instantiation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,7 +341,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &HALF_DTYPES,
+        dtypes: &DECODE_MMA_DTYPES,
         head_dims: &DECODE_MMA_HEAD_DIMS,
         groups: &DECODE_MMA_GROUPS,
         // Every warp's stages of K and V tiles: no Q tile, no padding (the
@@ -365,7 +368,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &HALF_DTYPES,
+        dtypes: &DECODE_MMA_DTYPES,
         head_dims: &DECODE_MMA_HEAD_DIMS,
         groups: &DECODE_MMA_GROUPS,
         // As decode_mma, for twice the warps.

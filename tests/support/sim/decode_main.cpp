@@ -7,7 +7,7 @@
 // Usage: decode_sim INPUT
 //   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16, 3 fp8 e4m3),
 //   u32 head_dim (64 or 128; 256, and 8 and 16, scalar only), u32 GROUP (the instantiation: 1, 4 or 8 scalar, 8 or 16
-//   tensor-core), u32 kernel (0 scalar, 1 tensor-core, 2 the wide
+//   tensor-core; FP8 too), u32 kernel (0 scalar, 1 tensor-core, 2 the wide
 //   tensor-core one), then
 //   DecodeParams' scalars: u32 batch, n_heads, n_kv_heads, group, layer,
 //   page_size_log2, num_splits, chunk_tokens, auto_max_splits, f32
@@ -103,12 +103,12 @@ template <typename T, int HD>
 std::vector<float> by_group(FILE* f, uint32_t g, uint32_t kernel, const DecodeParams& p,
                             uint64_t arena) {
     if (kernel != 0) {
-        if constexpr (sizeof(T) == 2) {
+        if constexpr (sizeof(T) != 4) {
             if (kernel == 1) return by_mma_group<T, HD, DMMA_WARPS>(f, g, p, arena);
             if (kernel == 2) return by_mma_group<T, HD, DMMA_WIDE_WARPS>(f, g, p, arena);
             std::exit(10);
         }
-        std::exit(9);  // tensor cores take f16 and bf16 only
+        std::exit(9);  // tensor cores take f16, bf16 and FP8 only
     }
     switch (g) {
         case 1: return run<T, HD, 1, 0>(f, p, arena);
