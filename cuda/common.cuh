@@ -30,6 +30,16 @@ __device__ __forceinline__ float to_float(fp8_e4m3 x) {
 #endif
 }
 
+// The tensor cores' operand type for KV stored as T: T itself, or f16 for
+// FP8 (whose tiles the attention kernels widen in shared memory).
+template <typename T> struct MmaOperandOf {
+    using type = T;
+};
+template <> struct MmaOperandOf<fp8_e4m3> {
+    using type = __half;
+};
+template <typename T> using MmaOperand = typename MmaOperandOf<T>::type;
+
 // Four E4M3 values (the bytes of w, lowest first) widened to f16, as two
 // f16x2 words: lo holds bytes 0 and 1 (byte 0 in its low half), hi 2 and 3.
 __device__ __forceinline__ void fp8x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {

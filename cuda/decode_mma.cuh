@@ -96,14 +96,6 @@ using DmmaWideCfg = DmmaCfg<HEAD_DIM, DMMA_WIDE_WARPS>;
 
 __device__ __forceinline__ int dmma_swz(int row) { return ((row & 1) << 2) | ((row >> 1) & 3); }
 
-// The mma operand type of KV stored as T: T itself, or f16 for FP8.
-template <typename T> struct DmmaOperand {
-    using type = T;
-};
-template <> struct DmmaOperand<fp8_e4m3> {
-    using type = __half;
-};
-
 // The hi and lo parts of x in T: x ~ hi + lo.
 template <typename T>
 __device__ __forceinline__ void split_hi_lo(float x, float& hi, float& lo) {
@@ -115,7 +107,7 @@ __device__ __forceinline__ void split_hi_lo(float x, float& hi, float& lo) {
 template <typename T, int HEAD_DIM, int GROUP, int WARPS = DMMA_WARPS>
 __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
     using C = DmmaCfg<HEAD_DIM, WARPS>;
-    using M = typename DmmaOperand<T>::type;  // what the mma multiplies
+    using M = MmaOperand<T>;  // what the mma multiplies
     constexpr bool F8 = sizeof(T) == 1;
     // FP8 stages take half the bytes: 4 of them and the f16 tile they are
     // widened into fill the shared memory of 3 16-bit stages.

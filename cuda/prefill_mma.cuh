@@ -37,6 +37,11 @@
 // mma; products and sums are f32. See tests/cuda_kernels.rs for the
 // tolerance this implies.
 //
+// FP8 E4M3 KV: the copies bring its bytes (rows unpadded: only the
+// widening reads them), and after each tile lands the block widens it to
+// an f16 K/V tile in the padded layout the 16-bit path reads (every E4M3
+// value is an f16); from there it is the f16 kernel, Q and P in f16.
+//
 // The kernel body lives in this header so that tests/prefill_mma_host.rs can
 // also compile it on the host, with HANDOFF_SIMT_HOST defined, against a
 // SIMT emulator (tests/support/sim/simt_host.h: 128 threads per block, barriers for
@@ -93,11 +98,18 @@ __device__ __forceinline__ uint32_t ld_pair(const T* p) {
 template <typename T, int HEAD_DIM, int MT>
 __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
     using C = PmmaCfg<HEAD_DIM, MT>;
+    using M = MmaOperand<T>;  // what the mma multiplies
+    constexpr bool F8 = sizeof(T) == 1;
     constexpr int LD = C::LD, KSTEPS = C::KSTEPS, DTILES = C::DTILES, NTILES = C::NTILES;
     constexpr int BM = C::BM, WROWS = 16 * MT;  // rows per block, per warp
-    constexpr int VEC = 8;  // elements per 16-byte load
-    T* q_s = reinterpret_cast<T*>(dyn_smem());  // [BM][LD]
-    T* kv_s = q_s + BM * LD;                    // [2 buffers][K|V][PMMA_BN][LD]
+    constexpr int VEC = 16 / (int)sizeof(T);  // elements per 16-byte load
+    constexpr int LDS = F8 ? HEAD_DIM : LD;   // a copied row's stride (elements of T)
+    M* q_s = reinterpret_cast<M*>(dyn_smem());                  // [BM][LD]
+    T* kv_s = reinterpret_cast<T*>(q_s + BM * LD);              // [2 buffers][K|V][PMMA_BN][LDS]
+    M* wide_s = reinterpret_cast<M*>(kv_s + 2 * 2 * PMMA_BN * LDS);  // FP8: [K|V][PMMA_BN][LD]
+    static_assert(BM * LD * 2 + 2 * 2 * PMMA_BN * LDS * (int)sizeof(T) + (F8 ? 2 * PMMA_BN * LD * 2 : 0) <=
+                      C::SMEM_BYTES,
+                  "the copies (and FP8's f16 tile) fit the 16-bit kernel's shared memory");
 
     const uint32_t tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -127,8 +139,8 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
     // are zero-filled, never read.
     auto load_tile = [&](uint32_t i) {
         if (i < n_tiles) {
-            T* k_s = kv_s + (i % 2) * 2 * PMMA_BN * LD;
-            T* v_s = k_s + PMMA_BN * LD;
+            T* k_s = kv_s + (i % 2) * 2 * PMMA_BN * LDS;
+            T* v_s = k_s + PMMA_BN * LDS;
             const uint32_t kt0 = i * PMMA_BN;
             for (uint32_t idx = threadIdx.x; idx < PMMA_BN * (HEAD_DIM / VEC); idx += PMMA_THREADS) {
                 const uint32_t j = idx / (HEAD_DIM / VEC), d = (idx % (HEAD_DIM / VEC)) * VEC;
@@ -139,15 +151,15 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
                     const uint64_t page = pages[t >> p.page_size_log2];
                     src = kv + page * p.page_stride + k_in_page + (uint64_t)(t & slot_mask) * kv_dim + d;
                 }
-                cp_async_16(&k_s[j * LD + d], src, fill);
-                cp_async_16(&v_s[j * LD + d], fill ? src + k_to_v : kv, fill);
+                cp_async_16(&k_s[j * LDS + d], src, fill);
+                cp_async_16(&v_s[j * LDS + d], fill ? src + k_to_v : kv, fill);
             }
         }
         cp_async_commit();
     };
     load_tile(0);  // in flight while Q is staged
 
-    // Q tile, scaled into the log2 domain and rounded to T.
+    // Q tile, scaled into the log2 domain and rounded to M.
     for (uint32_t idx = threadIdx.x; idx < BM * HEAD_DIM / 2; idx += PMMA_THREADS) {
         const uint32_t r = idx / (HEAD_DIM / 2), d = 2 * (idx % (HEAD_DIM / 2));
         float x0 = 0.0f, x1 = 0.0f;
@@ -158,7 +170,7 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
             x0 = x.x * p.sm_scale_log2;
             x1 = x.y * p.sm_scale_log2;
         }
-        *reinterpret_cast<uint32_t*>(&q_s[r * LD + d]) = MmaOp<T>::pack(x0, x1);
+        *reinterpret_cast<uint32_t*>(&q_s[r * LD + d]) = MmaOp<M>::pack(x0, x1);
     }
     __syncthreads();
 
@@ -187,11 +199,11 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
     // Q's A fragments: held for MT = 1; for MT = 2 re-read per k-step by
     // ldmatrix (matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15)).
     uint32_t qf[MT == 1 ? KSTEPS : 1][4];
-    const T* q_lane = q_s + (warp * WROWS + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
+    const M* q_lane = q_s + (warp * WROWS + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
     if constexpr (MT == 1) {
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
-            const T* base = q_s + (warp * 16) * LD + ks * 16 + tig * 2;
+            const M* base = q_s + (warp * 16) * LD + ks * 16 + tig * 2;
             qf[ks][0] = ld_pair(base + g * LD);
             qf[ks][1] = ld_pair(base + (g + 8) * LD);
             qf[ks][2] = ld_pair(base + g * LD + 8);
@@ -214,8 +226,32 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
         cp_async_wait<1>();   // tile i has landed (this thread's copies)
         __syncthreads();      // ... and every thread's
         const uint32_t kt0 = i * PMMA_BN;
-        const T* k_s = kv_s + (i % 2) * 2 * PMMA_BN * LD;
-        const T* v_s = k_s + PMMA_BN * LD;
+        const T* landed = kv_s + (i % 2) * 2 * PMMA_BN * LDS;
+        const M* k_s;
+        if constexpr (F8) {
+            // Widen the landed K and V tiles to f16: 16-byte chunk c of the
+            // tile (rows contiguous, K then V) holds 16 values, the f16
+            // chunks 2 c and 2 c + 1 of its row. The last tile's reads of
+            // wide_s ended before the loop's closing __syncthreads.
+            constexpr int SCH = HEAD_DIM / VEC;  // chunks per row
+            for (int c = threadIdx.x; c < 2 * PMMA_BN * SCH; c += PMMA_THREADS) {
+                const int half = c / (PMMA_BN * SCH), row = c / SCH % PMMA_BN, ch = c % SCH;
+                const uint4 raw = *reinterpret_cast<const uint4*>(landed + c * VEC);
+                uint4 lo, hi;
+                fp8x4_to_half2x2(raw.x, lo.x, lo.y);
+                fp8x4_to_half2x2(raw.y, lo.z, lo.w);
+                fp8x4_to_half2x2(raw.z, hi.x, hi.y);
+                fp8x4_to_half2x2(raw.w, hi.z, hi.w);
+                M* dst = wide_s + (half * PMMA_BN + row) * LD + 2 * ch * 8;
+                *reinterpret_cast<uint4*>(dst) = lo;
+                *reinterpret_cast<uint4*>(dst + 8) = hi;
+            }
+            __syncthreads();
+            k_s = wide_s;
+        } else {
+            k_s = landed;
+        }
+        const M* v_s = k_s + PMMA_BN * LD;
         if (warp_active && warp_limit >= kt0) {  // warp-uniform: else the tile is all in the future
             // S = Q Kᵀ for WROWS rows x PMMA_BN keys; matrices of a K x4:
             // (keys of n-tile nt) x (dims 0-7 | 8-15 of k-step 2 sp | of 2 sp
@@ -229,13 +265,13 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
             if constexpr (MT == 1) {
 #pragma unroll
                 for (int nt = 0; nt < NTILES; ++nt) {
-                    const T* krow = k_s + (nt * 8 + r8) * LD + mi * 8;
+                    const M* krow = k_s + (nt * 8 + r8) * LD + mi * 8;
 #pragma unroll
                     for (int sp = 0; sp < KSTEPS / 2; ++sp) {
                         uint32_t kb[4];
                         ldmatrix_x4(kb, krow + sp * 32);
-                        MmaOp<T>::run(s[0][nt], qf[2 * sp], kb[0], kb[1]);
-                        MmaOp<T>::run(s[0][nt], qf[2 * sp + 1], kb[2], kb[3]);
+                        MmaOp<M>::run(s[0][nt], qf[2 * sp], kb[0], kb[1]);
+                        MmaOp<M>::run(s[0][nt], qf[2 * sp + 1], kb[2], kb[3]);
                     }
                 }
             } else {
@@ -253,8 +289,8 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
                         ldmatrix_x4(kb, k_s + (nt * 8 + r8) * LD + mi * 8 + sp * 32);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
-                            MmaOp<T>::run(s[mt][nt], qa[mt][0], kb[0], kb[1]);
-                            MmaOp<T>::run(s[mt][nt], qa[mt][1], kb[2], kb[3]);
+                            MmaOp<M>::run(s[mt][nt], qa[mt][0], kb[0], kb[1]);
+                            MmaOp<M>::run(s[mt][nt], qa[mt][1], kb[2], kb[3]);
                         }
                     }
                 }
@@ -336,21 +372,21 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
                 uint32_t pa[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    pa[mt][0] = MmaOp<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    pa[mt][1] = MmaOp<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    pa[mt][2] = MmaOp<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    pa[mt][3] = MmaOp<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                    pa[mt][0] = MmaOp<M>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = MmaOp<M>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = MmaOp<M>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = MmaOp<M>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
                 }
                 // Matrices (keys 0-7 | 8-15 of the k-step) x (d-tile 2 j | 2 j + 1).
-                const T* vrow = v_s + (kk * 16 + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
+                const M* vrow = v_s + (kk * 16 + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
 #pragma unroll
                 for (int j = 0; j < DTILES / 2; ++j) {
                     uint32_t vb[4];
                     ldmatrix_x4_trans(vb, vrow + j * 16);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
-                        MmaOp<T>::run(o[mt][2 * j], pa[mt], vb[0], vb[1]);
-                        MmaOp<T>::run(o[mt][2 * j + 1], pa[mt], vb[2], vb[3]);
+                        MmaOp<M>::run(o[mt][2 * j], pa[mt], vb[0], vb[1]);
+                        MmaOp<M>::run(o[mt][2 * j + 1], pa[mt], vb[2], vb[3]);
                     }
                 }
             }

@@ -502,8 +502,8 @@ fn wide_decode_agrees(
 }
 
 /// FP8 KV on device-resident pages (poison scrub): the device appends E4M3
-/// bytes with its own conversion, prefills with the scalar kernel and
-/// decodes on tensor cores (tiles widened to f16); the logits are the CPU's on FP8
+/// bytes with its own conversion and prefills and decodes on tensor cores
+/// (tiles widened to f16); the logits are the CPU's on FP8
 /// KV within a bound wider than bf16's, because one K or V value computed a
 /// few f32 ulps apart on each side can round to neighbouring E4M3 codes
 /// (1/8 apart relative).

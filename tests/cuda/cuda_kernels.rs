@@ -327,15 +327,10 @@ fn geometry(dtype: KvDtype, n_kv_heads: usize, head_dim: usize) -> KvGeometry {
 
 const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3];
 
-/// Whether the tensor-core decode is compiled for `dtype` (all but f32; FP8
-/// tiles are widened to f16 in shared memory).
-fn tensor_core_decode_dtype(dtype: KvDtype) -> bool {
+/// Whether the tensor-core attention kernels are compiled for `dtype` (all
+/// but f32; FP8 tiles are widened to f16 in shared memory).
+fn tensor_core_dtype(dtype: KvDtype) -> bool {
     dtype != KvDtype::F32
-}
-
-/// Whether the tensor-core prefill is (the 16-bit dtypes).
-fn tensor_core_prefill_dtype(dtype: KvDtype) -> bool {
-    matches!(dtype, KvDtype::F16 | KvDtype::BF16)
 }
 
 // ------------------------------------------------------------------ setup
@@ -347,13 +342,13 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
     // merge, scrub, rms_norm, rope (4 KV dtypes, for its append), swiglu,
     // embedding (f32, bf16), argmax, sample_rows, row_logprobs; linear,
     // linear_mma (bf16), add_periodic; xxh3_ranges, page_checksums;
-    // prefill_mma and prefill_mma_wide: 2 x 2 each; decode_mma and
+    // prefill_mma and prefill_mma_wide: 3 x 2 each; decode_mma and
     // decode_mma_wide: 3 dtypes (f16, bf16, FP8) x 2 head dims x 2 groups each;
     // linear_mma_wide and linear_mma_gemm (bf16); the group launches of the
     // three bf16 tiles.
     assert_eq!(
         dev.kernel_count(),
-        96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 12 + 12 + 2 + 3
+        96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3
     );
 }
 
@@ -365,7 +360,7 @@ fn every_kernel_the_dispatch_names_is_in_the_fatbin() {
 /// 16-row K and V tile).
 fn decode_kernels(dev: &CudaDevice, dtype: KvDtype, head_dim: usize) -> Vec<DecodeKernel> {
     let mut kernels = vec![DecodeKernel::Scalar];
-    if tensor_core_decode_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
+    if tensor_core_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&head_dim) {
         kernels.push(DecodeKernel::TensorCore);
         if dev.max_shared_memory_per_block() >= 8 * 3 * 2 * 16 * head_dim * 2 {
             kernels.push(DecodeKernel::TensorCoreWide);
@@ -744,7 +739,7 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
                     kernel,
                 )
             };
-            let compiled = tensor_core_decode_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&hd);
+            let compiled = tensor_core_dtype(dtype) && DECODE_MMA_HEAD_DIMS.contains(&hd);
             let want = if compiled {
                 DecodeKernel::TensorCore
             } else {
@@ -967,8 +962,9 @@ fn prefill_handles_odd_groups_and_long_prompts() {
 // (bf16 2^-8, f16 2^-11) each weight is off by about u relative (P) plus u
 // times the score (Q; scores here are O(1)), so the output, a weighted mean
 // of V rows, is off by a few u times the output's scale: about 2u for these
-// inputs. The tolerance is 8u (bf16 3.1e-2, f16 3.9e-3) against the f64
-// reference, on the same |want| + rms scale as the scalar tests. A kernel
+// inputs. The tolerance is 8u (bf16 3.1e-2; f16, and FP8, which multiplies
+// in f16, 3.9e-3) against the f64 reference, on the same |want| + rms scale
+// as the scalar tests. A kernel
 // reading a slot it was not given still fails on NaN, whatever the
 // tolerance.
 
@@ -991,7 +987,7 @@ fn tensor_core_prefill_matches_reference_for_ragged_batches_on_scattered_pages()
     // 64-row blocks, a chunk starting mid-page.
     let kv_lens = [19, 80, 1, 200, 131];
     let q_lens = [19, 33, 1, 200, 50];
-    for dtype in [KvDtype::F16, KvDtype::BF16] {
+    for dtype in [KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3] {
         for hd in PREFILL_MMA_HEAD_DIMS {
             for ps in [16, 64] {
                 let sc = Scenario::new(&mut rng, geometry(dtype, 2, hd), ps, &kv_lens);
@@ -1051,7 +1047,7 @@ fn wide_tensor_core_prefill_has_the_bits_of_the_64_row_kernel() {
     // output must not change in its last bit with the kernel.
     let dev = gpu!("wide_tensor_core_prefill_has_the_bits_of_the_64_row_kernel");
     let mut rng = Rng(33);
-    for dtype in [KvDtype::F16, KvDtype::BF16] {
+    for dtype in [KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3] {
         for hd in PREFILL_MMA_HEAD_DIMS {
             for (group, ps) in [(1, 16), (3, 64), (4, 16), (8, 64)] {
                 let kv_lens = [300, 80, 1, 517];
@@ -1086,7 +1082,7 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
     let mut rng = Rng(32);
     for dtype in DTYPES {
         for hd in [32, 64, 128, 256] {
-            let compiled = tensor_core_prefill_dtype(dtype) && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+            let compiled = tensor_core_dtype(dtype) && PREFILL_MMA_HEAD_DIMS.contains(&hd);
             // 48 query heads per KV head: beyond the scalar kernel's 32 rows,
             // within the tensor-core kernel's 64.
             for group in [1, 48] {

@@ -91,13 +91,13 @@ mod tests {
         // rope 4 (one per KV dtype, for its append), swiglu, embedding 2,
         // argmax, sample_rows, row_logprobs, linear, linear_mma,
         // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
-        // 2 x 2 (and wide 2 x 2), tensor-core decode 3 x 2 x 2 (and wide
+        // 3 x 2 (and wide 3 x 2), tensor-core decode 3 x 2 x 2 (and wide
         // 3 x 2 x 2),
         // linear_mma_wide, linear_mma_gemm; the three group launches: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            96 + 24 + 4 + 11 + 2 + 3 + 2 + 4 + 4 + 12 + 12 + 2 + 3
+            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -122,8 +122,7 @@ mod tests {
                     assert_eq!(decode_mma_wide(d, hd, g).is_some(), want, "{d:?} {hd} {g}");
                 }
                 assert_eq!(prefill_attention(d, hd).is_some(), HEAD_DIMS.contains(&hd));
-                let mma = matches!(d, KvDtype::F16 | KvDtype::BF16)
-                    && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+                let mma = d != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
                 assert_eq!(prefill_mma(d, hd).is_some(), mma, "{d:?} {hd}");
                 assert_eq!(prefill_mma_wide(d, hd).is_some(), mma, "{d:?} {hd}");
             }

@@ -55,7 +55,7 @@ pub enum Split {
 /// Which decode attention kernel runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeKernel {
-    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
+    /// Tensor cores where compiled (f16/bf16/FP8 KV, head_dim in
     /// [`DECODE_MMA_HEAD_DIMS`]), else the scalar kernel.
     #[default]
     Auto,
@@ -78,7 +78,7 @@ pub enum DecodeKernel {
 /// Which prefill attention kernel runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefillKernel {
-    /// Tensor cores where compiled (f16/bf16 KV, head_dim in
+    /// Tensor cores where compiled (f16/bf16/FP8 KV, head_dim in
     /// [`PREFILL_MMA_HEAD_DIMS`], at most 64 query heads per KV head), else
     /// the scalar kernel.
     #[default]
@@ -468,7 +468,7 @@ pub(crate) fn prefill(
     let refused = |what: &'static str, most: usize| CudaError::Unsupported {
         what,
         detail: format!(
-            "{:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16, \
+            "{:?} KV, head_dim {}, {} query heads per KV head (compiled: f16/bf16/FP8, \
              head_dim {PREFILL_MMA_HEAD_DIMS:?}, at most {most})",
             a.dtype, a.head_dim, a.group
         ),
@@ -885,8 +885,7 @@ mod tests {
             for hd in HEAD_DIMS {
                 for (n_kv, n_heads) in [(2, 2), (1, 32), (1, 64)] {
                     let a = attn(dtype, hd, n_kv, n_heads);
-                    let compiled = matches!(dtype, KvDtype::F16 | KvDtype::BF16)
-                        && PREFILL_MMA_HEAD_DIMS.contains(&hd);
+                    let compiled = dtype != KvDtype::F32 && PREFILL_MMA_HEAD_DIMS.contains(&hd);
                     let what = format!("{dtype:?} d{hd} group {}", a.group);
                     let auto = plan_prefill(&a, &[5, 3], PrefillKernel::Auto);
                     let auto = auto.as_ref().map(|p| p.chosen);

@@ -143,11 +143,9 @@ pub const LOGPROB_STRIDE: usize = 41;
 
 /// Every KV dtype: the scalar attention kernels and the appends.
 const ALL_DTYPES: [Dtype; 4] = [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::F8E4M3];
-/// The 16-bit ones: the tensor-core prefill.
-const HALF_DTYPES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
-/// The tensor-core decode's: the 16-bit ones, and FP8 (its tiles widened to
-/// f16 in shared memory).
-const DECODE_MMA_DTYPES: [Dtype; 3] = [Dtype::F16, Dtype::BF16, Dtype::F8E4M3];
+/// The tensor-core attention kernels': the 16-bit ones, and FP8 (its tiles
+/// widened to f16 in shared memory).
+const MMA_KV_DTYPES: [Dtype; 3] = [Dtype::F16, Dtype::BF16, Dtype::F8E4M3];
 
 /// Dynamic shared memory of an instantiation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,7 +293,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &HALF_DTYPES,
+        dtypes: &MMA_KV_DTYPES,
         head_dims: &PREFILL_MMA_HEAD_DIMS,
         // A Q tile and two buffers of K and V tiles (double-buffered).
         smem: Smem::Tiles {
@@ -320,7 +318,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &HALF_DTYPES,
+        dtypes: &MMA_KV_DTYPES,
         head_dims: &PREFILL_MMA_HEAD_DIMS,
         // As prefill_mma, with a Q tile of twice the rows.
         smem: Smem::Tiles {
@@ -341,7 +339,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &DECODE_MMA_DTYPES,
+        dtypes: &MMA_KV_DTYPES,
         head_dims: &DECODE_MMA_HEAD_DIMS,
         groups: &DECODE_MMA_GROUPS,
         // Every warp's stages of K and V tiles: no Q tile, no padding (the
@@ -368,7 +366,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &DECODE_MMA_DTYPES,
+        dtypes: &MMA_KV_DTYPES,
         head_dims: &DECODE_MMA_HEAD_DIMS,
         groups: &DECODE_MMA_GROUPS,
         // As decode_mma, for twice the warps.

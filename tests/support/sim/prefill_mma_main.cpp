@@ -20,11 +20,38 @@ using namespace handoff;
 using sim::Rng;
 
 
+enum class Dt { F16, BF16, F8 };
+
 struct Case {
     const char* name;
-    bool bf16;
+    Dt dtype;
     int head_dim, page_size, n_kv_heads, group;
     std::vector<std::pair<int, int>> seqs;  // (kv_len, q_len)
+};
+
+// The arena's element bits for KV stored as T, their conversions, NaN, and
+// the unit roundoff of what the mma multiplies (FP8's tiles in f16).
+template <typename T> struct Elem;
+template <> struct Elem<__half> {
+    using Bits = uint16_t;
+    static constexpr Bits NaN = 0x7e00;
+    static float to(Bits b) { return sim::Conv<__half>::to(b); }
+    static Bits from(float f) { return sim::Conv<__half>::from(f); }
+    static double unit() { return std::ldexp(1.0, -11); }
+};
+template <> struct Elem<__nv_bfloat16> {
+    using Bits = uint16_t;
+    static constexpr Bits NaN = 0x7fc0;
+    static float to(Bits b) { return sim::Conv<__nv_bfloat16>::to(b); }
+    static Bits from(float f) { return sim::Conv<__nv_bfloat16>::from(f); }
+    static double unit() { return std::ldexp(1.0, -8); }
+};
+template <> struct Elem<fp8_e4m3> {
+    using Bits = uint8_t;
+    static constexpr Bits NaN = 0x7f;
+    static float to(Bits b) { return sim::fp8_e4m3_to_float(b); }
+    static Bits from(float f) { return sim::float_to_fp8_e4m3(f); }
+    static double unit() { return std::ldexp(1.0, -11); }
 };
 
 template <typename T, int D>
@@ -52,8 +79,8 @@ bool run_case(const Case& c, Rng& rng) {
         if (!any) break;
     }
     const uint64_t page_stride = (uint64_t)n_layers * 2 * ps * kv_dim;
-    const uint16_t nan_bits = c.bf16 ? 0x7fc0 : 0x7e00;
-    std::vector<uint16_t> arena(page_stride * total, nan_bits);
+    using E = Elem<T>;
+    std::vector<typename E::Bits> arena(page_stride * total, E::NaN);
     auto at = [&](uint32_t page, int l, int kv, int slot, int e) {
         return page * page_stride + ((uint64_t)(l * 2 + kv) * ps + slot) * kv_dim + e;
     };
@@ -63,7 +90,7 @@ bool run_case(const Case& c, Rng& rng) {
                 for (int kv = 0; kv < 2; ++kv)
                     for (int e = 0; e < kv_dim; ++e)
                         arena[at(pages[s][pos / ps], l, kv, pos % ps, e)] =
-                            sim::Conv<T>::from(rng.uniform());
+                            E::from(rng.uniform());
     std::vector<uint32_t> table, page_indptr{0}, q_indptr{0}, kv_len;
     int max_q = 0;
     for (size_t s = 0; s < c.seqs.size(); ++s) {
@@ -151,7 +178,7 @@ bool run_case(const Case& c, Rng& rng) {
                     double dot = 0;
                     for (int d = 0; d < D; ++d)
                         dot += (double)qh[d] *
-                               sim::Conv<T>::to(arena[at(pages[s][t / ps], layer, 0, t % ps, kvh * D + d)]);
+                               E::to(arena[at(pages[s][t / ps], layer, 0, t % ps, kvh * D + d)]);
                     w[t] = dot * scale;
                     m = std::max(m, w[t]);
                 }
@@ -160,7 +187,7 @@ bool run_case(const Case& c, Rng& rng) {
                 for (int d = 0; d < D; ++d) {
                     double acc = 0;
                     for (int t = 0; t < n; ++t)
-                        acc += w[t] * sim::Conv<T>::to(arena[at(pages[s][t / ps], layer, 1, t % ps, kvh * D + d)]);
+                        acc += w[t] * E::to(arena[at(pages[s][t / ps], layer, 1, t % ps, kvh * D + d)]);
                     want[((size_t)row * n_heads + h) * D + d] = acc / z;
                 }
             }
@@ -169,7 +196,7 @@ bool run_case(const Case& c, Rng& rng) {
     double rms = 0;
     for (double x : want) rms += x * x;
     rms = std::sqrt(rms / want.size());
-    const double u = c.bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11), rtol = 8 * u;
+    const double u = E::unit(), rtol = 8 * u;
     double worst = 0;
     size_t bad = 0, first_bad = 0;
     for (size_t i = 0; i < out.size(); ++i) {
@@ -195,21 +222,28 @@ int main() {
     const std::vector<Case> cases = {
         // Ragged batch: whole prompt, chunked prefill after earlier positions,
         // one position, a prompt over two 64-key tiles, a chunk starting mid-page.
-        {"bf16 hd64 page16 group4", true, 64, 16, 2, 4, {{19, 19}, {80, 33}, {1, 1}, {131, 70}}},
-        {"f16 hd64 page64 group1", false, 64, 64, 2, 1, {{70, 70}, {9, 9}, {150, 21}}},
-        {"bf16 hd128 page64 group3 (odd)", true, 128, 64, 1, 3, {{90, 90}, {5, 2}}},
-        {"f16 hd128 page16 group8", false, 128, 16, 1, 8, {{40, 40}, {17, 3}}},
-        {"bf16 hd64 page16 group64", true, 64, 16, 1, 64, {{3, 3}}},
+        {"bf16 hd64 page16 group4", Dt::BF16, 64, 16, 2, 4, {{19, 19}, {80, 33}, {1, 1}, {131, 70}}},
+        {"f16 hd64 page64 group1", Dt::F16, 64, 64, 2, 1, {{70, 70}, {9, 9}, {150, 21}}},
+        {"bf16 hd128 page64 group3 (odd)", Dt::BF16, 128, 64, 1, 3, {{90, 90}, {5, 2}}},
+        {"f16 hd128 page16 group8", Dt::F16, 128, 16, 1, 8, {{40, 40}, {17, 3}}},
+        {"bf16 hd64 page16 group64", Dt::BF16, 64, 16, 1, 64, {{3, 3}}},
         // Five K/V tiles: both buffers of the cp.async double buffer reused.
-        {"bf16 hd128 page16 group2 (five tiles)", true, 128, 16, 1, 2, {{300, 300}, {260, 40}}},
+        {"bf16 hd128 page16 group2 (five tiles)", Dt::BF16, 128, 16, 1, 2, {{300, 300}, {260, 40}}},
+        // FP8: tiles widened to f16 in shared memory after they land.
+        {"fp8 hd128 page16 group4 (five tiles)", Dt::F8, 128, 16, 1, 4, {{300, 300}, {70, 9}}},
+        {"fp8 hd64 page64 group2", Dt::F8, 64, 64, 2, 2, {{80, 33}, {1, 1}, {131, 70}}},
     };
     bool ok = true;
     for (const Case& c : cases) {
         bool r;
-        if (c.bf16)
-            r = c.head_dim == 64 ? run_case<__nv_bfloat16, 64>(c, rng) : run_case<__nv_bfloat16, 128>(c, rng);
-        else
-            r = c.head_dim == 64 ? run_case<__half, 64>(c, rng) : run_case<__half, 128>(c, rng);
+        const bool d64 = c.head_dim == 64;
+        switch (c.dtype) {
+            case Dt::BF16:
+                r = d64 ? run_case<__nv_bfloat16, 64>(c, rng) : run_case<__nv_bfloat16, 128>(c, rng);
+                break;
+            case Dt::F16: r = d64 ? run_case<__half, 64>(c, rng) : run_case<__half, 128>(c, rng); break;
+            default: r = d64 ? run_case<fp8_e4m3, 64>(c, rng) : run_case<fp8_e4m3, 128>(c, rng); break;
+        }
         ok = ok && r;
     }
     return ok ? 0 : 1;
