@@ -635,7 +635,7 @@ mod gpu {
             head_dim: hd,
             dtype: KvDtype::BF16,
         };
-        let (mut tc_8k, mut wide_8k) = (None, None);
+        let (mut tc_8k, mut wide_8k, mut tc_8k_ms) = (None, None, None);
         for len in [1024usize, 4096, 8192] {
             let ps = 16;
             // Random finite inputs (zeros would let the GPU clock higher).
@@ -688,10 +688,63 @@ mod gpu {
                 );
                 if len == 8192 && kernel == PrefillKernel::TensorCore {
                     tc_8k = Some(tflops);
+                    tc_8k_ms = Some(ms);
                 }
                 if len == 8192 && kernel == PrefillKernel::TensorCoreWide {
                     wide_8k = Some(tflops);
                 }
+            }
+        }
+        // FP8 KV: the 8k prompt on tensor cores, each landed tile widened to
+        // f16, against bf16 KV's time above.
+        {
+            let (len, ps) = (8192usize, 16usize);
+            let g8 = KvGeometry {
+                dtype: KvDtype::F8E4M3,
+                ..g
+            };
+            let mut arena = DeviceKvArena::new(&dev, g8, ps, len / ps)?;
+            let mut rng = 0x5eed_u64;
+            for page in 0..(len / ps) as u32 {
+                // Finite E4M3 values below 2 in magnitude (exponent bit 3
+                // clear: no NaN).
+                let bytes: Vec<u8> = (0..arena.page_bytes())
+                    .map(|_| (next(&mut rng) >> 56) as u8 & 0xBF)
+                    .collect();
+                arena.write_page(&dev, page, &bytes)?;
+            }
+            let pages: Vec<u32> = (0..(len / ps) as u32).collect();
+            let pt = PageTables::new(
+                &dev,
+                &arena,
+                &[SeqPages {
+                    pages: &pages,
+                    kv_len: len,
+                    q_len: len,
+                }],
+            )?;
+            let q = dev.upload(&vec![0.25f32; len * n_heads * hd])?;
+            let mut out = dev.zeros::<f32>(len * n_heads * hd)?;
+            let ms = time_ms(&dev, 3, || {
+                dev.prefill_attention_with(
+                    &arena,
+                    0,
+                    &pt,
+                    n_heads,
+                    &q,
+                    &mut out,
+                    PrefillKernel::TensorCore,
+                )
+                .map(drop)
+            })?;
+            let flops = 4.0 * n_heads as f64 * hd as f64 * (len * (len + 1) / 2) as f64;
+            let tflops = flops / (ms * 1e-3) / 1e12;
+            println!(
+                "| {len} | TensorCore, FP8 KV | {ms:.2} | {tflops:.1} | {:.3} | | |",
+                tflops / 989.0
+            );
+            if let Some(bf16_ms) = tc_8k_ms {
+                println!("\nprefill_fp8_time_vs_bf16_8k={:.3}", ms / bf16_ms);
             }
         }
         // Read by gpu-bundle/cublas_reference.py: the kernel Auto runs, and
