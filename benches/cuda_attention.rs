@@ -294,6 +294,42 @@ mod gpu {
             .collect()
     }
 
+    /// Finite E4M3 bytes below 2 in magnitude (exponent's top bit clear:
+    /// no NaN).
+    fn random_fp8_bytes(state: &mut u64, n_bytes: usize) -> Vec<u8> {
+        (0..n_bytes)
+            .map(|_| (next(state) >> 56) as u8 & 0xBF)
+            .collect()
+    }
+
+    /// One causal prompt of `len` positions on pages of 16 filled by
+    /// `bytes`, and its page table.
+    fn prompt_arena(
+        dev: &CudaDevice,
+        g: KvGeometry,
+        len: usize,
+        rng: &mut u64,
+        bytes: fn(&mut u64, usize) -> Vec<u8>,
+    ) -> R<(DeviceKvArena, PageTables)> {
+        let ps = 16;
+        let mut arena = DeviceKvArena::new(dev, g, ps, len / ps)?;
+        for page in 0..(len / ps) as u32 {
+            let b = bytes(rng, arena.page_bytes());
+            arena.write_page(dev, page, &b)?;
+        }
+        let pages: Vec<u32> = (0..(len / ps) as u32).collect();
+        let pt = PageTables::new(
+            dev,
+            &arena,
+            &[SeqPages {
+                pages: &pages,
+                kv_len: len,
+                q_len: len,
+            }],
+        )?;
+        Ok((arena, pt))
+    }
+
     fn copy_gbps(dev: &CudaDevice) -> R<f64> {
         let n = 1usize << 30;
         let src = dev.zeros::<u8>(n)?;
@@ -637,24 +673,9 @@ mod gpu {
         };
         let (mut tc_8k, mut wide_8k, mut tc_8k_ms) = (None, None, None);
         for len in [1024usize, 4096, 8192] {
-            let ps = 16;
             // Random finite inputs (zeros would let the GPU clock higher).
-            let mut arena = DeviceKvArena::new(&dev, g, ps, len / ps)?;
             let mut rng = 0x1234_5678_u64 + len as u64;
-            for page in 0..(len / ps) as u32 {
-                let bytes = random_bf16_bytes(&mut rng, arena.page_bytes());
-                arena.write_page(&dev, page, &bytes)?;
-            }
-            let pages: Vec<u32> = (0..(len / ps) as u32).collect();
-            let pt = PageTables::new(
-                &dev,
-                &arena,
-                &[SeqPages {
-                    pages: &pages,
-                    kv_len: len,
-                    q_len: len,
-                }],
-            )?;
+            let (arena, pt) = prompt_arena(&dev, g, len, &mut rng, random_bf16_bytes)?;
             let q_host: Vec<f32> = (0..len * n_heads * hd)
                 .map(|_| (next(&mut rng) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
                 .collect();
@@ -698,31 +719,13 @@ mod gpu {
         // FP8 KV: the 8k prompt on tensor cores, each landed tile widened to
         // f16, against bf16 KV's time above.
         {
-            let (len, ps) = (8192usize, 16usize);
+            let len = 8192usize;
             let g8 = KvGeometry {
                 dtype: KvDtype::F8E4M3,
                 ..g
             };
-            let mut arena = DeviceKvArena::new(&dev, g8, ps, len / ps)?;
             let mut rng = 0x5eed_u64;
-            for page in 0..(len / ps) as u32 {
-                // Finite E4M3 values below 2 in magnitude (exponent bit 3
-                // clear: no NaN).
-                let bytes: Vec<u8> = (0..arena.page_bytes())
-                    .map(|_| (next(&mut rng) >> 56) as u8 & 0xBF)
-                    .collect();
-                arena.write_page(&dev, page, &bytes)?;
-            }
-            let pages: Vec<u32> = (0..(len / ps) as u32).collect();
-            let pt = PageTables::new(
-                &dev,
-                &arena,
-                &[SeqPages {
-                    pages: &pages,
-                    kv_len: len,
-                    q_len: len,
-                }],
-            )?;
+            let (arena, pt) = prompt_arena(&dev, g8, len, &mut rng, random_fp8_bytes)?;
             let q = dev.upload(&vec![0.25f32; len * n_heads * hd])?;
             let mut out = dev.zeros::<f32>(len * n_heads * hd)?;
             let ms = time_ms(&dev, 3, || {

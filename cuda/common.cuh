@@ -55,6 +55,16 @@ __device__ __forceinline__ void fp8x4_to_half2x2(uint32_t w, uint32_t& lo, uint3
 #endif
 }
 
+// A 16-byte chunk of 16 E4M3 values widened to f16: the two 16-byte
+// chunks lo (values 0-7) and hi (8-15). The attention kernels widen landed
+// FP8 tiles with it.
+__device__ __forceinline__ void fp8x16_to_half(const uint4& raw, uint4& lo, uint4& hi) {
+    fp8x4_to_half2x2(raw.x, lo.x, lo.y);
+    fp8x4_to_half2x2(raw.y, lo.z, lo.w);
+    fp8x4_to_half2x2(raw.z, hi.x, hi.y);
+    fp8x4_to_half2x2(raw.w, hi.z, hi.w);
+}
+
 // Round to nearest even, as the host's `half` crate (and src/kv/fp8.rs) do.
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }

@@ -78,7 +78,7 @@ constexpr int DMMA_STAGES = 3;  // tiles per warp in shared memory
 
 template <int HEAD_DIM, int WARPS = DMMA_WARPS>
 struct DmmaCfg {
-    static constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+    static constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per 16-bit row
     static constexpr int KSTEPS = HEAD_DIM / 16;
     static constexpr int DTILES = HEAD_DIM / 8;
     static constexpr int TILE_ELEMS = DMMA_TILE * HEAD_DIM;              // K or V of one tile
@@ -119,7 +119,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                   "a warp's stages (and FP8's f16 tile) fit its shared memory");
     constexpr int THREADS = WARPS * 32;
     constexpr int OCT = GROUP / 8;
-    constexpr int CHUNKS = C::CHUNKS, KSTEPS = C::KSTEPS, DTILES = C::DTILES;
+    constexpr int KSTEPS = C::KSTEPS, DTILES = C::DTILES;
     static_assert(GROUP % 8 == 0 && OCT >= 1 && OCT <= 2, "octets of 8 heads");
     pdl_launch_dependents();  // the merge may be scheduled (it waits for the end)
 
@@ -277,10 +277,7 @@ __device__ __forceinline__ void decode_mma(const DecodeParams& p) {
                 const int half = c / (DMMA_TILE * SCH), row = c / SCH % DMMA_TILE, ch = c % SCH;
                 const uint4 raw = *reinterpret_cast<const uint4*>(landed + c * EPC);
                 uint4 lo, hi;
-                fp8x4_to_half2x2(raw.x, lo.x, lo.y);
-                fp8x4_to_half2x2(raw.y, lo.z, lo.w);
-                fp8x4_to_half2x2(raw.z, hi.x, hi.y);
-                fp8x4_to_half2x2(raw.w, hi.z, hi.w);
+                fp8x16_to_half(raw, lo, hi);
                 M* dst = wide + half * C::TILE_ELEMS + row * HEAD_DIM;
                 *reinterpret_cast<uint4*>(dst + ((2 * ch) ^ dmma_swz(row)) * 8) = lo;
                 *reinterpret_cast<uint4*>(dst + ((2 * ch + 1) ^ dmma_swz(row)) * 8) = hi;

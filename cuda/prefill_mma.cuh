@@ -238,10 +238,7 @@ __device__ __forceinline__ void prefill_mma_rows(const PrefillParams& p) {
                 const int half = c / (PMMA_BN * SCH), row = c / SCH % PMMA_BN, ch = c % SCH;
                 const uint4 raw = *reinterpret_cast<const uint4*>(landed + c * VEC);
                 uint4 lo, hi;
-                fp8x4_to_half2x2(raw.x, lo.x, lo.y);
-                fp8x4_to_half2x2(raw.y, lo.z, lo.w);
-                fp8x4_to_half2x2(raw.z, hi.x, hi.y);
-                fp8x4_to_half2x2(raw.w, hi.z, hi.w);
+                fp8x16_to_half(raw, lo, hi);
                 M* dst = wide_s + (half * PMMA_BN + row) * LD + 2 * ch * 8;
                 *reinterpret_cast<uint4*>(dst) = lo;
                 *reinterpret_cast<uint4*>(dst + 8) = hi;

@@ -9,7 +9,7 @@
 use handoff::backend::CpuBackend;
 use handoff::kv::{KvPool, PoolConfig};
 use handoff::model::{Model, ModelConfig, RopeStyle, random_weights};
-use handoff::{ConfigError, Engine, EngineConfig, KvDtype, Outcome, Request, RequestId, TenantId};
+use handoff::{ConfigError, Engine, EngineConfig, KvDtype, RequestId};
 
 fn config() -> ModelConfig {
     ModelConfig {
@@ -132,29 +132,8 @@ fn generate(prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
         .build()
         .unwrap();
     let mut e = Engine::new(m, cfg).unwrap();
-    let handles: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            e.submit(Request::new(
-                RequestId(i as u64),
-                TenantId(1),
-                p.clone(),
-                10,
-            ))
-            .unwrap()
-        })
-        .collect();
-    e.run_until_idle();
-    assert!(e.pool_stats().is_full());
-    handles
-        .into_iter()
-        .map(|h| {
-            let (tokens, outcome) = h.try_collect();
-            assert!(matches!(outcome, Some(Outcome::Finished(_))), "{outcome:?}");
-            tokens
-        })
-        .collect()
+    let requests = crate::support::prompt_requests(prompts, 10);
+    crate::support::finished_tokens(&mut e, requests)
 }
 
 #[test]

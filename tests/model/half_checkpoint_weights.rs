@@ -8,7 +8,7 @@
 
 use handoff::backend::CpuBackend;
 use handoff::model::{Model, ModelConfig, ModelWeights, RopeStyle, random_weights};
-use handoff::{Engine, EngineConfig, KvDtype, Outcome, Request, RequestId, TenantId};
+use handoff::{Engine, EngineConfig, KvDtype};
 
 /// Wide enough (dim and hidden >= 256) that its matrices use the row-major
 /// kernels, as a real model's do; small enough for a debug test.
@@ -87,29 +87,8 @@ fn generate(m: Model, prompts: &[Vec<u32>], new: usize) -> Vec<Vec<u32>> {
         .build()
         .unwrap();
     let mut e = Engine::new(m, cfg).unwrap();
-    let handles: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            e.submit(Request::new(
-                RequestId(i as u64),
-                TenantId(1),
-                p.clone(),
-                new,
-            ))
-            .unwrap()
-        })
-        .collect();
-    e.run_until_idle();
-    assert!(e.pool_stats().is_full());
-    handles
-        .into_iter()
-        .map(|h| {
-            let (tokens, outcome) = h.try_collect();
-            assert!(matches!(outcome, Some(Outcome::Finished(_))), "{outcome:?}");
-            tokens
-        })
-        .collect()
+    let requests = crate::support::prompt_requests(prompts, new);
+    crate::support::finished_tokens(&mut e, requests)
 }
 
 /// Half the bytes, and logits identical bit for bit to f32 storage.

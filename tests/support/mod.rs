@@ -61,3 +61,45 @@ pub mod transfer_rig;
 
 #[allow(unused_imports)]
 pub use transfer_rig::*;
+
+/// Submits `requests` to `engine`, runs it until idle, and returns each
+/// request's tokens in order, requiring every request to finish and the
+/// pool to be full again.
+pub fn finished_tokens<B: handoff::backend::Backend>(
+    engine: &mut handoff::Engine<B>,
+    requests: impl IntoIterator<Item = handoff::Request>,
+) -> Vec<Vec<u32>> {
+    let handles: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).unwrap())
+        .collect();
+    engine.run_until_idle();
+    assert!(engine.pool_stats().is_full());
+    handles
+        .into_iter()
+        .map(|h| {
+            let (tokens, outcome) = h.try_collect();
+            assert!(
+                matches!(outcome, Some(handoff::Outcome::Finished(_))),
+                "{outcome:?}"
+            );
+            tokens
+        })
+        .collect()
+}
+
+/// One request of tenant 1 per prompt, ids 0, 1, ..., each for `new` tokens.
+pub fn prompt_requests(prompts: &[Vec<u32>], new: usize) -> Vec<handoff::Request> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            handoff::Request::new(
+                handoff::RequestId(i as u64),
+                handoff::TenantId(1),
+                p.clone(),
+                new,
+            )
+        })
+        .collect()
+}

@@ -74,19 +74,7 @@ pub fn reference_in_window(w: &ModelWeights, reqs: &[Request], window: usize) ->
         .build()
         .unwrap();
     let mut engine = Engine::new(Model::cpu(w.clone()).unwrap(), cfg).unwrap();
-    let handles: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    engine.run_until_idle();
-    handles
-        .into_iter()
-        .map(|h| {
-            let (tokens, outcome) = h.try_collect();
-            assert!(matches!(outcome, Some(Outcome::Finished(_))), "{outcome:?}");
-            tokens
-        })
-        .collect()
+    super::finished_tokens(&mut engine, reqs.iter().cloned())
 }
 
 /// One request as its client sees it.
