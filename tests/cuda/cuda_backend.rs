@@ -504,9 +504,11 @@ fn wide_decode_agrees(
 /// FP8 KV on device-resident pages (poison scrub): the device appends E4M3
 /// bytes with its own conversion and prefills and decodes on tensor cores
 /// (tiles widened to f16); the logits are the CPU's on FP8
-/// KV within a bound wider than bf16's, because one K or V value computed a
-/// few f32 ulps apart on each side can round to neighbouring E4M3 codes
-/// (1/8 apart relative).
+/// KV within a bound wider than bf16's (0.05 of their RMS against 0.03),
+/// because one K or V value computed a few f32 ulps apart on each side can
+/// round to neighbouring E4M3 codes (1/8 apart relative). On the CPU,
+/// weights perturbed by 2e-3 relative moved FP8 KV's logits by at most 0.01
+/// of their RMS (bf16 KV's by 0.006).
 #[test]
 fn an_fp8_kv_model_on_device_pages_runs_on_cuda_as_on_the_cpu() {
     use handoff::backend::Backend;
@@ -536,7 +538,7 @@ fn an_fp8_kv_model_on_device_pages_runs_on_cuda_as_on_the_cpu() {
             assert!(g.iter().all(|x| x.is_finite()), "step {step}, sequence {s}");
             let (worst, rms) = worst_and_rms(w, g);
             assert!(
-                worst <= 0.1 * rms,
+                worst <= 0.05 * rms,
                 "FP8 KV, step {step}, sequence {s}: logits differ by {worst} (rms {rms})"
             );
         }
