@@ -58,32 +58,25 @@ fn a_budget_that_holds_the_window_in_fp8_is_refused_in_bf16() {
     );
 }
 
-/// Prefill of `prompt` then `steps` greedy decode steps on a pool of
-/// `dtype`; every step's logits.
-fn logits_with(m: &Model, dtype: KvDtype, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+/// Prefill of `prompt`, then a decode step for each of `forced` (the same
+/// tokens for every dtype, so each step's logits compare like with like) on
+/// a pool of `dtype`; every step's logits.
+fn logits_with(m: &Model, dtype: KvDtype, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
     let pool = KvPool::new(PoolConfig::new(m.kv_geometry(dtype), 16, 16)).unwrap();
-    let mut seq = pool.reserve(RequestId(1), prompt.len() + steps).unwrap();
+    let mut seq = pool
+        .reserve(RequestId(1), prompt.len() + forced.len())
+        .unwrap();
     let mut scratch = m.scratch();
-    let mut all = Vec::new();
     let first = m.prefill(&mut scratch, &mut [&mut seq], &[prompt]).unwrap();
-    all.push(first.row(0).to_vec());
+    let mut all = vec![first.row(0).to_vec()];
     let mut seq = seq.seal(prompt.len()).unwrap();
-    for _ in 0..steps {
-        // The f32 pool's choice, so both pools see the same tokens.
-        let next = argmax(all.last().unwrap());
-        let out = m.decode(&mut scratch, &mut [&mut seq], &[next]).unwrap();
+    for &token in forced {
+        let out = m.decode(&mut scratch, &mut [&mut seq], &[token]).unwrap();
         all.push(out.row(0).to_vec());
     }
     drop(seq);
     assert!(pool.stats().is_full());
     all
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
 }
 
 fn rms(v: impl Iterator<Item = f64>) -> f64 {
@@ -99,18 +92,19 @@ fn rms(v: impl Iterator<Item = f64>) -> f64 {
 fn fp8_kv_logits_stay_within_the_stated_bound_of_f32_kv() {
     let m = model();
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 256).collect();
-    let exact = logits_with(&m, KvDtype::F32, &prompt, 8);
-    let bf16 = logits_with(&m, KvDtype::BF16, &prompt, 8);
-    let fp8 = logits_with(&m, KvDtype::F8E4M3, &prompt, 8);
+    let forced: Vec<u32> = (0..8).map(|i| (i * 53 + 11) % 256).collect();
+    let exact = logits_with(&m, KvDtype::F32, &prompt, &forced);
+    let bf16 = logits_with(&m, KvDtype::BF16, &prompt, &forced);
+    let fp8 = logits_with(&m, KvDtype::F8E4M3, &prompt, &forced);
     for (step, ((e, b), f)) in exact.iter().zip(&bf16).zip(&fp8).enumerate() {
         assert!(f.iter().all(|x| x.is_finite()), "step {step}");
         let scale = rms(e.iter().map(|&x| f64::from(x)));
         let err = |o: &[f32]| rms(o.iter().zip(e).map(|(&a, &b)| f64::from(a - b))) / scale;
         let (eb, ef) = (err(b), err(f));
         // The stated bound: FP8 KV moves the logits by at most 6% of their
-        // RMS (this model: 2.5% to 4.2%). With 3 mantissa bits against
+        // RMS (this model: 3.0% to 4.3%). With 3 mantissa bits against
         // bf16's 8 its error is an order of magnitude above bf16's (here
-        // 10 to 20 times), which shows the pages really hold E4M3 values.
+        // 10 to 18 times), which shows the pages really hold E4M3 values.
         assert!(
             ef <= 0.06,
             "step {step}: FP8 KV error {ef:.4} of the logits' RMS"
