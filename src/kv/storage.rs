@@ -43,13 +43,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::{bf16, f16};
 
-use crate::kv::F8E4M3;
-
 use crate::ids::{RequestId, TenantId};
-use crate::kv::PageId;
 use crate::kv::device::{DeviceError, DevicePages, Residence};
 use crate::kv::pool::Meta;
 use crate::kv::seq::{KvSeq, SeqState};
+use crate::kv::{F8E4M3, PageId};
 use crate::kv::{KvDtype, KvError, KvGeometry, PoolError};
 
 /// A stored KV element type.

@@ -10,8 +10,8 @@
 //! of a two-layer arena, and every output must match an f64 reference
 //! computed from the same KV bytes: f32 (scalar only), f16, bf16 and FP8
 //! E4M3 KV (its tensor-core tiles widened to f16 in shared memory), head
-//! dims 64 and 128 (and 8, 16, 256 scalar), GQA ratios 1 to 32 (past the largest compiled
-//! group in head slices per KV head), pages of 16 and 64, one chunk, fixed
+//! dims 64 and 128 (and 8, 16, 256 scalar), GQA ratios 1 to 32 (past the
+//! largest compiled group in head slices per KV head), pages of 16 and 64, one chunk, fixed
 //! chunks and automatic splits. Every slot past a sequence's length in its
 //! last page holds NaN, as a poison-scrubbed page would, and must not reach
 //! an output. A NaN-poisoned K slot inside a sequence

@@ -6,9 +6,9 @@
 //
 // Usage: decode_sim INPUT
 //   INPUT, little-endian: u32 dtype (0 f32, 1 f16, 2 bf16, 3 fp8 e4m3),
-//   u32 head_dim (64 or 128; 256, and 8 and 16, scalar only), u32 GROUP (the instantiation: 1, 4 or 8 scalar, 8 or 16
-//   tensor-core; FP8 too), u32 kernel (0 scalar, 1 tensor-core, 2 the wide
-//   tensor-core one), then
+//   u32 head_dim (64 or 128; 8, 16 and 256 scalar only), u32 GROUP (the
+//   instantiation: 1, 4 or 8 scalar, 8 or 16 tensor-core), u32 kernel (0
+//   scalar, 1 tensor-core, 2 the wide tensor-core one; f16, bf16, FP8), then
 //   DecodeParams' scalars: u32 batch, n_heads, n_kv_heads, group, layer,
 //   page_size_log2, num_splits, chunk_tokens, auto_max_splits, f32
 //   sm_scale_log2, u64 page_stride, u64 arena elements; then q (f32),
