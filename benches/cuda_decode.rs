@@ -25,7 +25,10 @@
 //! default; the norms up to 4 rows) and launched apart
 //! (`carried_stages_speedup_b1`, `_b4`, `_b16`); decode at batch 1 after
 //! 8k- and 32k-token prompts on the 8-warp decode kernel against the 4-warp
-//! one (`wide_decode_speedup_b1_ctx8k`, `_ctx32k`).
+//! one (`wide_decode_speedup_b1_ctx8k`, `_ctx32k`); decode at batch 1, 8
+//! and 64 with each step's pass replayed as one CUDA graph against queued
+//! launch by launch (`cuda_graphs_speedup_b1`, `_b8`, `_b64`, and
+//! `e2e_b1_weight_bw_share_graphs`).
 //! `scripts/torch_decode_peer.py`
 //! times the same shape in torch on the same GPU for the peer ratio.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
@@ -338,6 +341,68 @@ mod gpu {
                 "e2e_b1_weight_bw_share={:.3} ({b1:.1} tokens/s of a {limit:.0} tokens/s limit)",
                 b1 / limit
             );
+        }
+        println!();
+        // Each step's pass replayed as one CUDA graph against queued launch
+        // by launch, on the device way. Written before any GPU ran it: a
+        // failure, a refusal or other tokens cost these lines only, and
+        // graphs stay off for the rest of the run.
+        dev.set_graphs(false);
+        let eager = decode(&ways[0], 4)?;
+        dev.set_graphs(true);
+        let graphed = decode(&ways[0], 4);
+        let refused = !dev.graphs();
+        dev.set_graphs(false);
+        let graphs_ok = match graphed {
+            Ok(g) if !refused && g.last == eager.last => {
+                let (replays, captures) = dev.graph_counts();
+                println!(
+                    "cuda graphs: batch 4 gives the tokens of launch by launch ({replays} graph                      launches, {captures} captures)\n"
+                );
+                true
+            }
+            Ok(_) if refused => {
+                println!("cuda_graphs=REFUSED (the driver refused a capture or a launch)\n");
+                false
+            }
+            Ok(_) => {
+                println!("cuda_graphs=WRONG (other tokens than launch by launch)\n");
+                false
+            }
+            Err(e) => {
+                println!("cuda_graphs=FAILED ({e})\n");
+                false
+            }
+        };
+        for batch in if graphs_ok { &[1usize, 8, 64][..] } else { &[] } {
+            let eager = decode(&ways[0], *batch)?;
+            dev.set_graphs(true);
+            let before = dev.graph_counts().0;
+            let graphed = decode(&ways[0], *batch);
+            let replays = dev.graph_counts().0 - before;
+            dev.set_graphs(false);
+            let graphed = graphed?;
+            let host = |d: &Decode| {
+                d.host_us_per_step
+                    .map_or("n/a".into(), |h| format!("{h:.0}"))
+            };
+            println!(
+                "cuda_graphs_speedup_b{batch}={:.3} ({:.1} tokens/s as graphs, {:.1} launch by                  launch; host µs/step {} vs {}; {replays} graph launches in {} steps)",
+                graphed.tokens_per_s / eager.tokens_per_s,
+                graphed.tokens_per_s,
+                eager.tokens_per_s,
+                host(&graphed),
+                host(&eager),
+                STEPS + 1
+            );
+            if *batch == 1 {
+                println!(
+                    "e2e_b1_weight_bw_share_graphs={:.3} ({:.1} tokens/s of a {limit:.0} tokens/s \
+                     limit)",
+                    graphed.tokens_per_s / limit,
+                    graphed.tokens_per_s
+                );
+            }
         }
         println!();
         // The norms and the SwiGLU carried in the matmuls' launches (the

@@ -160,6 +160,7 @@ struct RopeParams {
     uint32_t kv_dim;            // n_heads2 * head_dim
     uint32_t layer;
     uint32_t page_size_log2;
+    uint32_t pad0;
 };
 
 // out = silu(gate) * up, elementwise. grid-stride over n.

@@ -15,6 +15,10 @@
 //!    bf16 tolerance at every prefill and decode step, and the 8-warp decode
 //!    kernel, chosen for the model, the 4-warp kernel's.
 //!
+//! 4. With CUDA graphs on, decode steps on device-resident pages replay as
+//!    one graph each once seen twice, with the logits of graphs off bit for
+//!    bit, at two batch sizes; a step still waits for the device once.
+//!
 //! Skips (printing SKIP) without a GPU or without the shared model file.
 #![cfg(feature = "cuda")]
 
@@ -427,6 +431,72 @@ fn a_bf16_gqa_model_with_llama3_rope_runs_on_cuda_as_on_the_cpu() {
         }
         wide_decode_agrees(&gpu, &pg, &prompts, &forced, &got);
         assert!(pc.stats().is_full() && pg.stats().is_full());
+    }
+}
+
+/// With CUDA graphs on (`CudaDevice::set_graphs`), every decode step's pass
+/// is recorded; once a step's launches have been seen before, they are
+/// replayed as one graph. The replay is the same kernels with the same
+/// parameter bytes (positions, page tables and slots are refilled in place
+/// so their addresses do not move), so the logits are those of graphs off
+/// bit for bit, at every step, across page boundaries (page 16, 40 steps)
+/// and for a second batch size (its own graph). The pool is full after.
+#[test]
+fn decode_steps_replayed_as_cuda_graphs_give_the_eager_logits_bit_for_bit() {
+    use handoff::backend::Backend;
+    let test = "decode_steps_replayed_as_cuda_graphs_give_the_eager_logits_bit_for_bit";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let cfg = gqa_llama3(128);
+    let mut w = handoff::model::random_weights(&cfg, 5);
+    w.round_matrices_to_bf16(); // tensor-core matmuls, as a bf16 checkpoint
+    let gpu = Model::new(CudaBackend::new(dev.clone()).device_kv(true), w).unwrap();
+    let pool = gpu
+        .backend()
+        .new_pool(PoolConfig::new(gpu.kv_geometry(KvDtype::BF16), 16, 64))
+        .unwrap();
+    let long: Vec<u32> = (0..37).map(|i| (i * 11 % 1000) as u32).collect();
+    let prompts: [&[u32]; 3] = [&[3, 1, 4], &long, &[9]];
+    const STEPS: usize = 40;
+    let forced: Vec<Vec<u32>> = (0..3)
+        .map(|s| {
+            (0..STEPS)
+                .map(|i| ((s * 7 + i * 31) % 1000) as u32)
+                .collect()
+        })
+        .collect();
+    for batch in [3, 1] {
+        dev.set_graphs(false);
+        let eager = forced_logits(&gpu, &pool, &prompts[..batch], &forced[..batch]);
+        dev.set_graphs(true);
+        let (replays, captures) = dev.graph_counts();
+        let graphed = forced_logits(&gpu, &pool, &prompts[..batch], &forced[..batch]);
+        let (replays, captures) = (
+            dev.graph_counts().0 - replays,
+            dev.graph_counts().1 - captures,
+        );
+        assert!(dev.graphs(), "batch {batch}: the driver refused a graph");
+        dev.set_graphs(false);
+        for (step, (e, g)) in eager.iter().zip(&graphed).enumerate() {
+            for (s, (e, g)) in e.iter().zip(g).enumerate() {
+                let differ = e.iter().zip(g).filter(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(
+                    differ.count(),
+                    0,
+                    "batch {batch}, step {step}, sequence {s}: graph logits differ from eager"
+                );
+            }
+        }
+        // 39 decode steps, each a pass of two flushes (its embedding, then
+        // the layers and logits): all but the first few replay.
+        assert!(
+            replays >= STEPS as u64 - 6,
+            "batch {batch}: only {replays} graph launches in {} decode steps ({captures} captures)",
+            STEPS - 1
+        );
+        assert!(captures <= 8, "batch {batch}: {captures} captures");
+        assert!(pool.stats().is_full());
     }
 }
 
@@ -847,12 +917,20 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
 /// back (`CudaDevice::host_syncs`).
 #[test]
 fn a_decode_step_on_device_kv_waits_for_the_device_once() {
-    use handoff::backend::Backend;
-    use handoff::sampling::Draw;
     let test = "a_decode_step_on_device_kv_waits_for_the_device_once";
     let Some(dev) = device_for_test(test) else {
         return;
     };
+    for graphs in [false, true] {
+        dev.set_graphs(graphs);
+        waits_once(&dev);
+    }
+    dev.set_graphs(false);
+}
+
+fn waits_once(dev: &handoff::backend::cuda::CudaDevice) {
+    use handoff::backend::Backend;
+    use handoff::sampling::Draw;
     let w = handoff::model::random_weights(&handoff::model::ModelConfig::tiny_gqa(), 3);
     let m = Model::new(CudaBackend::new(dev.clone()).device_kv(true), w).unwrap();
     let pool = m
@@ -899,7 +977,12 @@ fn a_decode_step_on_device_kv_waits_for_the_device_once() {
         }
         let waits = dev.host_syncs() - before;
         // The first step may grow buffers; every step waits exactly once.
-        assert_eq!(waits, 1, "step {step} waited for the device {waits} times");
+        assert_eq!(
+            waits,
+            1,
+            "step {step} waited for the device {waits} times (graphs {})",
+            dev.graphs()
+        );
     }
     drop(ready);
     assert!(pool.stats().is_full());

@@ -134,6 +134,8 @@ impl DeviceKvArena {
             });
         }
         let mut dst = self.data.slice_mut(range);
+        // A recorded launch may read these bytes: it goes first.
+        dev.flush()?;
         dev.inner
             .stream
             .memcpy_htod(bytes, &mut dst)
@@ -167,6 +169,8 @@ impl DeviceKvArena {
         }
         let start = page_range.start + ((layer * 2 + kv) * self.page_size + slot) * row;
         let mut dst = self.data.slice_mut(start..start + bytes.len());
+        // A recorded launch may read these bytes: it goes first.
+        dev.flush()?;
         dev.inner
             .stream
             .memcpy_htod(bytes, &mut dst)
@@ -177,6 +181,7 @@ impl DeviceKvArena {
     pub fn read_page(&self, dev: &CudaDevice, page: u32) -> Result<Vec<u8>, CudaError> {
         let range = self.check_page(page)?;
         let src = self.data.slice(range);
+        dev.flush()?;
         dev.count_sync();
         dev.inner
             .stream
@@ -206,12 +211,19 @@ pub(super) struct Packed<const N: usize> {
 }
 
 impl<const N: usize> Packed<N> {
-    fn upload(dev: &CudaDevice, parts: [&[u32]; N]) -> Result<Self, CudaError> {
+    /// `parts` on the device: written into `reuse`'s memory when it holds
+    /// them (the caller's guarantee: no launch still to be queued reads
+    /// it), else into a new buffer with room to grow (twice what they
+    /// need, rounded to a power of two), so that a batch's tables keep
+    /// their address while they grow by a page now and then.
+    fn fill(dev: &CudaDevice, parts: [&[u32]; N], reuse: Option<Self>) -> Result<Self, CudaError> {
         let (host, at) = pack(parts);
-        Ok(Packed {
-            data: dev.upload(&host)?,
-            at,
-        })
+        let mut data = match reuse {
+            Some(p) if p.data.len() >= host.len() => p.data,
+            _ => dev.zeros((2 * host.len()).next_power_of_two())?,
+        };
+        dev.overwrite(&host, &mut data)?;
+        Ok(Packed { data, at })
     }
 }
 
@@ -251,6 +263,18 @@ impl PageTables {
         dev: &CudaDevice,
         arena: &DeviceKvArena,
         seqs: &[SeqPages<'_>],
+    ) -> Result<Self, CudaError> {
+        Self::refill(dev, arena, seqs, None)
+    }
+
+    /// [`PageTables::new`], written into `reuse`'s device memory where it
+    /// has room (see `Packed::fill`: no launch still to be queued may read
+    /// `reuse`, which the backend's memo guarantees).
+    pub(super) fn refill(
+        dev: &CudaDevice,
+        arena: &DeviceKvArena,
+        seqs: &[SeqPages<'_>],
+        reuse: Option<Self>,
     ) -> Result<Self, CudaError> {
         if seqs.is_empty() || seqs.len() > 65_535 {
             return Err(CudaError::Unsupported {
@@ -310,7 +334,11 @@ impl PageTables {
             max_kv_len: max_kv,
             max_q_len: max_q,
             total_q,
-            arrays: Packed::upload(dev, [&table, &page_indptr, &q_indptr, &kv_lens])?,
+            arrays: Packed::fill(
+                dev,
+                [&table, &page_indptr, &q_indptr, &kv_lens],
+                reuse.map(|r| r.arrays),
+            )?,
         })
     }
 
@@ -345,6 +373,17 @@ impl SlotMap {
         arena: &DeviceKvArena,
         slots: &[(u32, u32)],
     ) -> Result<Self, CudaError> {
+        Self::refill(dev, arena, slots, None)
+    }
+
+    /// [`SlotMap::new`], written into `reuse`'s device memory where it has
+    /// room (as [`PageTables::refill`]).
+    pub(super) fn refill(
+        dev: &CudaDevice,
+        arena: &DeviceKvArena,
+        slots: &[(u32, u32)],
+        reuse: Option<Self>,
+    ) -> Result<Self, CudaError> {
         if slots.is_empty() || u32::try_from(slots.len()).is_err() {
             return Err(CudaError::Unsupported {
                 what: "append rows",
@@ -372,7 +411,7 @@ impl SlotMap {
         Ok(SlotMap {
             arena_id: arena.id,
             n_tokens: slots.len(),
-            arrays: Packed::upload(dev, [&pages, &slot_ids])?,
+            arrays: Packed::fill(dev, [&pages, &slot_ids], reuse.map(|r| r.arrays))?,
         })
     }
 

@@ -65,8 +65,11 @@ impl CudaBuf {
     /// Sets the length to `len`, reallocating (contents lost) when it grows
     /// past the capacity.
     fn ensure(&mut self, dev: &CudaDevice, len: usize) -> Result<(), BackendError> {
-        if self.data.as_ref().is_none_or(|d| d.len() < len.max(1)) {
-            self.data = Some(dev.zeros(len.max(1)).map_err(dev_err)?);
+        if self.data.as_ref().is_none_or(|d| d.len() < len.max(1))
+            && let Some(old) = self.data.replace(dev.zeros(len.max(1)).map_err(dev_err)?)
+        {
+            // A recorded launch may still use it (see graph.rs).
+            dev.retire(old);
         }
         self.len = len;
         Ok(())
@@ -250,7 +253,18 @@ impl CudaBackend {
             .map(|&p| u32::try_from(p).map_err(|_| shape_err("rope", "position below 2^32", 0, p)))
             .collect::<Result<_, _>>()?;
         self.positions
-            .get_or_make(pos, |pos| self.dev.upload(pos))
+            .get_or_refill(
+                pos,
+                || self.dev.moment(),
+                |pos, reuse| match reuse {
+                    // Same length (a steady batch): same address.
+                    Some(mut buf) if buf.len() == pos.len() => {
+                        self.dev.overwrite(pos, &mut buf).map(|()| buf)
+                    }
+                    _ => self.dev.upload(pos),
+                },
+                |old| self.dev.retire(old),
+            )
             .map_err(dev_err)
     }
 
@@ -474,23 +488,29 @@ impl CudaBackend {
             key.pages.extend(v.page_table());
             key.seqs.push((key.pages.len() - before, kv_len, q_len));
         }
+        let retire = |old| self.dev.retire(old);
         self.tables_memo
-            .get_or_make(key, |key| {
-                let mut at = 0;
-                let seqs: Vec<SeqPages<'_>> = key
-                    .seqs
-                    .iter()
-                    .map(|&(n, kv_len, q_len)| {
-                        at += n;
-                        SeqPages {
-                            pages: &key.pages[at - n..at],
-                            kv_len,
-                            q_len,
-                        }
-                    })
-                    .collect();
-                PageTables::new(&self.dev, arena, &seqs)
-            })
+            .get_or_refill(
+                key,
+                || self.dev.moment(),
+                |key, reuse| {
+                    let mut at = 0;
+                    let seqs: Vec<SeqPages<'_>> = key
+                        .seqs
+                        .iter()
+                        .map(|&(n, kv_len, q_len)| {
+                            at += n;
+                            SeqPages {
+                                pages: &key.pages[at - n..at],
+                                kv_len,
+                                q_len,
+                            }
+                        })
+                        .collect();
+                    PageTables::refill(&self.dev, arena, &seqs, reuse)
+                },
+                retire,
+            )
             .map_err(dev_err)
     }
 }
@@ -585,9 +605,12 @@ impl CudaBackend {
         // Every layer of a step appends to the same slots.
         let map = self
             .slots_memo
-            .get_or_make((arena.id, slots), |(_, slots)| {
-                SlotMap::new(&self.dev, &arena, slots)
-            })
+            .get_or_refill(
+                (arena.id, slots),
+                || self.dev.moment(),
+                |(_, slots), reuse| SlotMap::refill(&self.dev, &arena, slots, reuse),
+                |old| self.dev.retire(old),
+            )
             .map_err(|e| (0, dev_err(e)))?;
         launch(&mut arena, &map, first_row..end_row).map_err(|e| (0, e))?;
         for append in appends {
@@ -631,6 +654,16 @@ impl Backend for CudaBackend {
     }
 
     /// Host pools (mirrored) and device-resident pools on [`CudaPages`].
+    /// Opens the pass on the device: with graphs on
+    /// ([`CudaDevice::set_graphs`]), its launches are recorded and queued
+    /// (or replayed as one graph) at its flushes, the last before this
+    /// returns.
+    fn run_pass<R: Send, F: FnOnce() -> R + Send>(&self, rows: usize, weights: usize, f: F) -> R {
+        let _ = (rows, weights);
+        let _pass = self.dev.begin_pass();
+        f()
+    }
+
     fn accepts_kv(&self, _r: Residence) -> bool {
         true
     }
@@ -740,6 +773,9 @@ impl Backend for CudaBackend {
         if draws.is_empty() {
             return Ok(());
         }
+        // The pass up to its logits is queued (or replayed) apart from the
+        // sampling, whose draws are new every step.
+        self.dev.flush().map_err(dev_err)?;
         let (tokens, lps) = self
             .dev
             .sample_rows(&logits.view()?, vocab, draws)
@@ -769,7 +805,10 @@ impl Backend for CudaBackend {
             MatData::F32(t) => self.dev.embedding(t, table.cols, tokens, out),
             MatData::Bf16(t) => self.dev.embedding_bf16(t, table.cols, tokens, out),
         }
-        .map_err(dev_err)
+        .map_err(dev_err)?;
+        // Queued now: its token ids are new every step, and the rest of the
+        // pass, recorded apart, can then replay as one graph.
+        self.dev.flush().map_err(dev_err)
     }
 
     fn rms_norm(
@@ -1027,6 +1066,7 @@ impl Backend for CudaBackend {
                 .kv_append(&mut arena, layer, &map, &k_rows, &v_rows)
                 .map_err(dev_err)?;
             append.commit();
+            self.dev.retire(map);
             return Ok(());
         }
         // Host first: reservation check, accounting, audit trail, host bytes.
@@ -1058,6 +1098,7 @@ impl Backend for CudaBackend {
         self.dev
             .kv_append(&mut mirror.arena, layer, &map, &k_rows, &v_rows)
             .map_err(dev_err)?;
+        self.dev.retire(map);
         // Slots 0..synced of a page stay contiguous: extend only from the end.
         let touched = pages
             .iter()

@@ -4,11 +4,13 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::CudaError;
+use super::graph::{Graphs, Recording};
 use super::kernels::KernelId;
 use super::launch;
 
@@ -47,6 +49,47 @@ pub(super) struct Inner {
     syncs: std::sync::atomic::AtomicU64,
     /// Kernels queued.
     pub(super) launches: std::sync::atomic::AtomicU64,
+    /// The host's choice ([`CudaDevice::set_graphs`]), off by default.
+    pub(super) graphs_on: std::sync::atomic::AtomicBool,
+    /// The open pass's recording (one thread's at a time; see `graph.rs`).
+    pub(super) recorder: parking_lot::Mutex<Option<Recording>>,
+    /// Whether `recorder` holds a recording: the launch path's quick check.
+    pub(super) recording: std::sync::atomic::AtomicBool,
+    /// Graphs captured, and the lists seen lately.
+    pub(super) graphs: parking_lot::Mutex<Graphs>,
+    /// Flushes so far: a buffer last handed out before the current count
+    /// is read by no launch still recorded.
+    pub(super) segment: std::sync::atomic::AtomicU64,
+    /// A flush that failed with nobody to tell (a pass unwinding): the
+    /// next download or sync reports it.
+    pub(super) flush_error: parking_lot::Mutex<Option<CudaError>>,
+    /// Recorded lists launched as one graph, and graphs captured.
+    pub(super) graph_launches: std::sync::atomic::AtomicU64,
+    pub(super) graph_captures: std::sync::atomic::AtomicU64,
+}
+
+/// An open pass's recording ([`CudaDevice::begin_pass`]): flushed and
+/// closed on drop, so nothing recorded outlives the pass.
+#[must_use]
+pub(super) struct PassGuard<'a> {
+    dev: Option<&'a CudaDevice>,
+}
+
+impl Drop for PassGuard<'_> {
+    fn drop(&mut self) {
+        let Some(dev) = self.dev else {
+            return;
+        };
+        // A pass that ended in a download has flushed already; one that
+        // failed on the way may leave launches here.
+        dev.flush_or_keep_error();
+        let mut rec = dev.inner.recorder.lock();
+        dev.inner
+            .recording
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        // Anything retired after the last flush (nothing recorded uses it).
+        drop(rec.take());
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -138,8 +181,159 @@ impl CudaDevice {
                 name,
                 syncs: std::sync::atomic::AtomicU64::new(0),
                 launches: std::sync::atomic::AtomicU64::new(0),
+                graphs_on: std::sync::atomic::AtomicBool::new(false),
+                recorder: parking_lot::Mutex::new(None),
+                recording: std::sync::atomic::AtomicBool::new(false),
+                graphs: parking_lot::Mutex::new(Graphs::default()),
+                segment: std::sync::atomic::AtomicU64::new(0),
+                flush_error: parking_lot::Mutex::new(None),
+                graph_launches: std::sync::atomic::AtomicU64::new(0),
+                graph_captures: std::sync::atomic::AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Whether passes run as CUDA graphs (default: off). On, the launches of
+    /// a pass (`CudaBackend`'s `run_pass`, which opens it) are recorded and,
+    /// at its flush, launched as one graph when an equal list was captured
+    /// before, or queued one by one (and captured once seen twice) when
+    /// not. A replay is the same launches with the same bytes, so results
+    /// are those of graphs off bit for bit; see `graph.rs` for the rules
+    /// that keep the recorded launches' memory alive and in order. Where
+    /// the driver refuses a capture or a graph launch, graphs stay off.
+    pub fn set_graphs(&self, on: bool) {
+        self.inner
+            .graphs_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether passes run as CUDA graphs ([`CudaDevice::set_graphs`]): off
+    /// once the driver refused one.
+    pub fn graphs(&self) -> bool {
+        self.inner
+            .graphs_on
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && !self.inner.graphs.lock().broken
+    }
+
+    /// Recorded lists launched as one graph so far, and graphs captured
+    /// (a decode loop at a steady batch captures a few, then replays).
+    pub fn graph_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.inner.graph_launches.load(Relaxed),
+            self.inner.graph_captures.load(Relaxed),
+        )
+    }
+
+    /// Opens a pass on this thread: with graphs on and no other pass open,
+    /// its launches are recorded until the returned guard flushes them
+    /// (dropped: at the end of the pass). Otherwise launches are queued at
+    /// once, as always.
+    pub(super) fn begin_pass(&self) -> PassGuard<'_> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.inner.graphs_on.load(Relaxed) {
+            return PassGuard { dev: None };
+        }
+        let mut rec = self.inner.recorder.lock();
+        if rec.is_some() {
+            return PassGuard { dev: None };
+        }
+        *rec = Some(Recording::new(std::thread::current().id()));
+        // Whatever was handed out before was queued at once: refillable.
+        self.inner.segment.fetch_add(1, Relaxed);
+        self.inner.recording.store(true, Relaxed);
+        PassGuard { dev: Some(self) }
+    }
+
+    /// Records the launch `op()` when this thread's pass is recording
+    /// (true); false: nothing recorded, queue it now.
+    pub(super) fn record(&self, op: impl FnOnce() -> super::graph::Op) -> bool {
+        if !self
+            .inner
+            .recording
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return false;
+        }
+        let mut rec = self.inner.recorder.lock();
+        match rec.as_mut() {
+            Some(r) if r.thread == std::thread::current().id() => {
+                r.ops.push(op());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Keeps `x` (memory a recorded launch may use) until the open pass's
+    /// next flush has queued its launches (whichever thread retires it: a
+    /// buffer shared through a backend's memo may be another thread's);
+    /// drops it now when nothing is recorded.
+    pub(super) fn retire<T: Send + 'static>(&self, x: T) {
+        if self
+            .inner
+            .recording
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let mut rec = self.inner.recorder.lock();
+            if let Some(r) = rec.as_mut() {
+                r.graveyard.push(Box::new(x));
+            }
+        }
+    }
+
+    /// Flushes so far: a buffer handed out while this count was `n` is
+    /// read by no recorded launch once it has moved past `n`.
+    pub(super) fn segment(&self) -> u64 {
+        self.inner
+            .segment
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Queues what this thread's pass has recorded (as one graph where one
+    /// was captured from an equal list), then frees what was kept for it.
+    pub(super) fn flush(&self) -> Result<(), CudaError> {
+        if !self
+            .inner
+            .recording
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
+        let (ops, graveyard) = {
+            let mut rec = self.inner.recorder.lock();
+            match rec.as_mut() {
+                Some(r) if r.thread == std::thread::current().id() => {
+                    (std::mem::take(&mut r.ops), std::mem::take(&mut r.graveyard))
+                }
+                _ => return Ok(()),
+            }
+        };
+        let queued = self.run_recorded(ops);
+        // Only now may a memo refill what those launches read: the copy is
+        // queued after them.
+        self.inner
+            .segment
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        // Freed on the stream after the launches that used it.
+        drop(graveyard);
+        queued
+    }
+
+    /// [`CudaDevice::flush`] where no caller can take its error: kept for
+    /// the next download or sync.
+    fn flush_or_keep_error(&self) {
+        if let Err(e) = self.flush() {
+            self.inner.flush_error.lock().get_or_insert(e);
+        }
+    }
+
+    fn take_flush_error(&self) -> Result<(), CudaError> {
+        match self.inner.flush_error.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// True when both handles are the same opened device (one context and
@@ -202,7 +396,11 @@ impl CudaDevice {
     }
 
     /// The stream every operation is queued on (for timing with events).
+    /// Launches this thread's open pass has recorded are queued first (see
+    /// [`CudaDevice::set_graphs`]), so that what is queued on it directly
+    /// comes after them.
     pub fn stream(&self) -> &Arc<CudaStream> {
+        self.flush_or_keep_error();
         &self.inner.stream
     }
 
@@ -227,6 +425,8 @@ impl CudaDevice {
                 got: host.len(),
             });
         }
+        // A recorded launch may read `dst`: it goes first.
+        self.flush()?;
         self.inner
             .stream
             .memcpy_htod(host, dst)
@@ -244,8 +444,46 @@ impl CudaDevice {
             .map_err(CudaError::driver("allocating device memory"))
     }
 
+    /// Copies `host` to the start of `dst` without flushing: for memory no
+    /// launch still to be recorded-and-queued reads (a memo's refill; see
+    /// `memo.rs`). Stream-ordered after every launch already queued.
+    pub(super) fn overwrite<T: DeviceRepr>(
+        &self,
+        host: &[T],
+        dst: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), CudaError> {
+        if host.len() > dst.len() {
+            return Err(CudaError::Shape {
+                what: "host data for a device buffer (at most its length)",
+                expected: dst.len(),
+                got: host.len(),
+            });
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .stream
+            .memcpy_htod(host, dst)
+            .map_err(CudaError::driver("copying to the device"))
+    }
+
+    /// Now, for a memo (see `memo.rs`): the flush count and whether a pass
+    /// records (on any thread: a memo may be shared by threads).
+    pub(super) fn moment(&self) -> super::memo::Moment {
+        super::memo::Moment {
+            segment: self.segment(),
+            recording: self
+                .inner
+                .recording
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
     /// Copies a device buffer or view to the host (waits for queued work).
     pub fn download<T: DeviceRepr>(&self, src: &impl DevicePtr<T>) -> Result<Vec<T>, CudaError> {
+        self.flush()?;
+        self.take_flush_error()?;
         self.count_sync();
         self.inner
             .stream
@@ -276,6 +514,8 @@ impl CudaDevice {
 
     /// Waits for every queued operation; reports a failed kernel.
     pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.flush()?;
+        self.take_flush_error()?;
         self.count_sync();
         self.inner
             .stream

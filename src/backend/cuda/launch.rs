@@ -1,5 +1,7 @@
-//! Every kernel launch, and every other `unsafe` of the CUDA backend but
-//! the params structs' `DeviceRepr` (params.rs).
+//! Every kernel launch (queued now, recorded for a flush, or captured into
+//! a CUDA graph), and every other `unsafe` of the CUDA backend but the
+//! params structs' `DeviceRepr` (params.rs) and the graph and stream
+//! handles' ownership (graph.rs).
 //!
 //! Each public operation checks, before it launches, everything the kernel
 //! relies on for memory safety: buffer lengths against the shapes in the
@@ -11,13 +13,11 @@
 //! runs on the device's one stream, in call order, so a buffer dropped after
 //! a call is freed (stream-ordered) only after the kernels that use it.
 
-use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
-    SyncOnDrop,
-};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
 
 use super::arena::{DeviceKvArena, Packed, PageTables, SlotMap};
-use super::kernels::{self, Kernel};
+use super::graph;
+use super::kernels::{self, Kernel, KernelId};
 use super::params::*;
 use super::plan::{
     self, Attn, Batch, DecodeKernel, DecodePlan, Grid, PrefillKernel, Split, Step, grid,
@@ -202,15 +202,19 @@ impl DecodeWorkspace {
         dev: &CudaDevice,
         size: plan::Workspace,
     ) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<f32>), CudaError> {
-        if self.part_o.as_ref().is_none_or(|b| b.len() < size.part_o) {
-            self.part_o = Some(dev.zeros(size.part_o)?);
+        // A recorded launch may still use a buffer replaced here.
+        if self.part_o.as_ref().is_none_or(|b| b.len() < size.part_o)
+            && let Some(old) = self.part_o.replace(dev.zeros(size.part_o)?)
+        {
+            dev.retire(old);
         }
         if self
             .part_lse
             .as_ref()
             .is_none_or(|b| b.len() < size.part_lse)
+            && let Some(old) = self.part_lse.replace(dev.zeros(size.part_lse)?)
         {
-            self.part_lse = Some(dev.zeros(size.part_lse)?);
+            dev.retire(old);
         }
         match (self.part_o.as_mut(), self.part_lse.as_mut()) {
             (Some(o), Some(l)) => Ok((o, l)),
@@ -297,7 +301,7 @@ impl CudaDevice {
     /// block size and dynamic shared memory the table gives it; `args` are
     /// the guards of the buffers whose addresses `params` holds, released
     /// once the launch is queued. The crate's one kernel launch.
-    fn launch<P: DeviceRepr>(
+    fn launch<P: DeviceRepr + bytemuck::NoUninit>(
         &self,
         kernel: Kernel<P>,
         params: &P,
@@ -317,7 +321,7 @@ impl CudaDevice {
     /// it only where [`CudaDevice::launch_overlap`] says so; where the
     /// driver refuses the attribute, the kernel is launched as usual and
     /// overlap stays off.
-    fn launch_with<P: DeviceRepr>(
+    fn launch_with<P: DeviceRepr + bytemuck::NoUninit>(
         &self,
         kernel: Kernel<P>,
         params: &P,
@@ -325,70 +329,54 @@ impl CudaDevice {
         args: Args<'_>,
         overlap: bool,
     ) -> Result<(), CudaError> {
-        use cudarc::driver::sys;
         if args.bound > MAX_ARGS {
             return Err(CudaError::Unsupported {
                 what: "buffers bound to one launch",
                 detail: format!("{} (at most {MAX_ARGS})", args.bound),
             });
         }
-        let spec = kernel.id().spec();
-        let func = self.function(kernel.id())?;
-        let stream = &self.inner.stream;
+        // Refused now (not at the flush) when this device cannot run it.
+        self.function(kernel.id())?;
         self.inner
             .launches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // SAFETY (both launches below): `Kernel<P>` exists only for a
-        // compiled kernel whose parameter is `P` (the table pairs them; the
-        // layout of `P` is asserted against cuda/params.cuh on both sides),
-        // launched with the block size its code assumes and the dynamic
-        // shared memory it was allowed at load. Every caller fills `params`
-        // only from buffers it bound in `args` after checking their lengths,
-        // and their indices and sizes against the shapes the kernel reads
-        // (its "Launch contract" comment), with `grid` the blocks the kernel
-        // indexes; the guards in `args` live until the launch is queued.
+        // SAFETY (the launch here, or the recorded one at the flush):
+        // `Kernel<P>` exists only for a compiled kernel whose parameter is
+        // `P` (the table pairs them; the layout of `P` is asserted against
+        // cuda/params.cuh on both sides), launched with the block size its
+        // code assumes and the dynamic shared memory it was allowed at
+        // load. Every caller fills `params` only from buffers it bound in
+        // `args` after checking their lengths, and their indices and sizes
+        // against the shapes the kernel reads (its "Launch contract"
+        // comment), with `grid` the blocks the kernel indexes; the guards in
+        // `args` live until the launch is queued, and a recorded launch's
+        // buffers until its flush (`CudaDevice::retire`).
+        let recorded =
+            self.record(|| graph::Op::new(kernel.id(), grid, overlap, bytemuck::bytes_of(params)));
+        let queued = if recorded {
+            Ok(())
+        } else {
+            let params = params as *const P as *mut std::ffi::c_void;
+            self.enqueue(kernel.id(), grid, params, overlap)
+        };
+        drop(args);
+        queued
+    }
+
+    /// Queues `kernel` on the device's stream with the params struct at
+    /// `params`; with `overlap`, with programmatic stream serialization,
+    /// falling back to a plain launch (and overlap off from then on) where
+    /// the driver refuses it.
+    fn enqueue(
+        &self,
+        kernel: KernelId,
+        grid: Grid,
+        params: *mut std::ffi::c_void,
+        overlap: bool,
+    ) -> Result<(), CudaError> {
+        let stream = self.inner.stream.cu_stream();
         if overlap {
-            stream
-                .context()
-                .bind_to_thread()
-                .map_err(CudaError::driver(spec.during))?;
-            // SAFETY: CUlaunchAttribute is a plain C struct (an id and a
-            // union of plain values); all zeros is a valid value of it.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: grid.0,
-                gridDimY: grid.1,
-                gridDimZ: grid.2,
-                blockDimX: spec.threads,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: spec.dynamic_smem,
-                hStream: stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            // The kernel's one parameter, by address (as cuLaunchKernel
-            // takes it).
-            let mut arg = [params as *const P as *mut std::ffi::c_void];
-            // SAFETY: see above; `cfg`, `attr` and `arg` outlive the call,
-            // which copies them. The overlap cannot expose a partial write:
-            // it is asked for only for a kernel that waits
-            // (griddepcontrol.wait, compiled for every device where overlap
-            // is on) before its first read.
-            let queued = unsafe {
-                sys::cuLaunchKernelEx(
-                    &cfg,
-                    func.cu_function(),
-                    arg.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .result();
-            if queued.is_ok() {
-                drop(args);
+            if self.enqueue_on(stream, kernel, grid, params, true).is_ok() {
                 return Ok(());
             }
             // Refused (nothing was queued): launch as usual from now on.
@@ -396,17 +384,171 @@ impl CudaDevice {
                 .overlap_ok
                 .store(false, std::sync::atomic::Ordering::Relaxed);
         }
-        let mut b = stream.launch_builder(func);
-        b.arg(params);
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (spec.threads, 1, 1),
-            shared_mem_bytes: spec.dynamic_smem,
+        self.enqueue_on(stream, kernel, grid, params, false)
+    }
+
+    /// The crate's one kernel launch: `kernel` over `grid` blocks on
+    /// `stream` (the device's, or the capture stream), with the block size
+    /// and dynamic shared memory the table gives it and the params struct
+    /// at `params`. With `overlap` it is queued with programmatic stream
+    /// serialization: its blocks may be scheduled once every block of the
+    /// launch before it has started, and wait (its first instruction is
+    /// `pdl_wait()`) until that launch has completed and its writes are
+    /// visible. Callers ask for it only where
+    /// [`CudaDevice::launch_overlap`] says so.
+    fn enqueue_on(
+        &self,
+        stream: cudarc::driver::sys::CUstream,
+        kernel: KernelId,
+        grid: Grid,
+        params: *mut std::ffi::c_void,
+        overlap: bool,
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        let spec = kernel.spec();
+        let func = self.function(kernel)?;
+        self.inner
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(CudaError::driver(spec.during))?;
+        // SAFETY: CUlaunchAttribute is a plain C struct (an id and a union
+        // of plain values); all zeros is a valid value of it.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: spec.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: spec.dynamic_smem,
+            hStream: stream,
+            attrs: if overlap {
+                &mut attr
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: u32::from(overlap),
         };
-        // SAFETY: see above.
-        let launched = unsafe { b.launch(cfg) };
-        drop(args);
-        launched.map(drop).map_err(CudaError::driver(spec.during))
+        // The kernel's one parameter, by address (as cuLaunchKernel takes
+        // it).
+        let mut arg = [params];
+        // SAFETY: the caller's (`launch_with`'s contract, or a recorded
+        // launch's, made under it); `cfg`, `attr` and `arg` outlive the
+        // call, which copies them. The overlap cannot expose a partial
+        // write: it is asked for only for a kernel that waits
+        // (griddepcontrol.wait, compiled for every device where overlap is
+        // on) before its first read.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                func.cu_function(),
+                arg.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(CudaError::driver(spec.during))
+    }
+
+    /// Queues a flushed list: as the graph captured from an equal list, or
+    /// launch by launch (then captured when it was seen before).
+    pub(super) fn run_recorded(&self, ops: Vec<graph::Op>) -> Result<(), CudaError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let hash = graph::hash_ops(&ops);
+        let mut graphs = self.inner.graphs.lock();
+        let capture = match graphs.plan(&ops, hash) {
+            graph::Plan::Replay(exec) => {
+                let stream = self.inner.stream.cu_stream();
+                let launched = self.inner.stream.context().bind_to_thread().is_ok()
+                    // SAFETY: `exec` is a graph instantiated from launches
+                    // equal to these in every byte (so under their
+                    // contract), alive while `graphs` is locked.
+                    && unsafe { cudarc::driver::result::graph::launch(exec, stream) }.is_ok();
+                if launched {
+                    self.inner.graph_launches.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+                // Nothing was queued: launch by launch, and no graphs again.
+                graphs.broken = true;
+                false
+            }
+            graph::Plan::EagerThenCapture => true,
+            graph::Plan::Eager => false,
+        };
+        for op in &ops {
+            self.enqueue(op.kernel, op.grid, op.params_ptr(), op.overlap)?;
+        }
+        if capture {
+            match self.capture(&mut graphs, &ops) {
+                Ok(exec) => {
+                    graphs.keep(ops, hash, exec);
+                    self.inner.graph_captures.fetch_add(1, Relaxed);
+                }
+                Err(_) => graphs.broken = true,
+            }
+        }
+        Ok(())
+    }
+
+    /// A graph of `ops`, captured on the capture stream (nothing runs).
+    fn capture(
+        &self,
+        graphs: &mut graph::Graphs,
+        ops: &[graph::Op],
+    ) -> Result<graph::Exec, CudaError> {
+        use cudarc::driver::{result, sys};
+        let during = "capturing a CUDA graph";
+        self.inner
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(CudaError::driver(during))?;
+        let stream = match &graphs.capture {
+            Some(s) => s.handle(),
+            None => {
+                let s = graph::CaptureStream::new().map_err(CudaError::driver(during))?;
+                graphs.capture.insert(s).handle()
+            }
+        };
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `stream` is the live capture stream, used by nothing else.
+        unsafe { result::stream::begin_capture(stream, mode) }
+            .map_err(CudaError::driver(during))?;
+        // Overlap as recorded: captured as a programmatic edge.
+        let queued = ops.iter().try_for_each(|op| {
+            self.enqueue_on(stream, op.kernel, op.grid, op.params_ptr(), op.overlap)
+        });
+        // SAFETY: as above; capture is ended whatever was queued.
+        let graph = unsafe { result::stream::end_capture(stream) };
+        let graph = match (queued, graph) {
+            (Ok(()), Ok(g)) if !g.is_null() => g,
+            (queued, graph) => {
+                if let Ok(g) = graph
+                    && !g.is_null()
+                {
+                    // SAFETY: the graph the capture made, destroyed once.
+                    let _ = unsafe { result::graph::destroy(g) };
+                }
+                queued?;
+                return Err(CudaError::Driver {
+                    during,
+                    detail: "the capture made no graph".into(),
+                });
+            }
+        };
+        // SAFETY: `graph` is the captured graph; the exec is independent of
+        // it, which is destroyed once, here.
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        let _ = unsafe { result::graph::destroy(graph) };
+        exec.map(graph::Exec::new)
+            .map_err(CudaError::driver(during))
     }
 
     /// The attention shape of `n_heads` query heads over layer `layer` of
@@ -689,7 +831,9 @@ impl CudaDevice {
         // page bytes are a multiple of 16 (checked when the arena was
         // built), so the kernel's 16-byte stores stay inside each page; one
         // block per listed page.
-        self.launch(kernels::scrub_pages(), &p, (n_pages, 1, 1), args)
+        self.launch(kernels::scrub_pages(), &p, (n_pages, 1, 1), args)?;
+        self.retire(list);
+        Ok(())
     }
 
     /// `out = x / sqrt(mean(x^2) + eps) * w` for each row of `dim` elements.
@@ -1359,7 +1503,9 @@ impl CudaDevice {
         // type (the table's, `dtype`), every token is below vocab (checked,
         // and the kernel also bounds it), out holds n_tokens*dim f32
         // (checked).
-        self.launch(kernel, &p, grid_stride(total), args)
+        self.launch(kernel, &p, grid_stride(total), args)?;
+        self.retire(ids);
+        Ok(())
     }
 
     /// Greedy argmax of each row of `logits` `[n_rows, vocab]` (lowest index

@@ -11,6 +11,8 @@
 //!   of both sides and the typed `KernelId` lookups (`kernels.rs`).
 //! - Launch policy (`plan.rs`): kernel choice, split-KV chunking, workspace
 //!   and grid sizes, planned from sizes alone before a launch.
+//! - CUDA graphs (`graph.rs`, [`CudaDevice::set_graphs`]): a pass's launches
+//!   recorded and replayed as one graph when an equal list was captured.
 //! - [`DeviceKvArena`]: KV pages in device memory, the host arena's layout.
 //! - [`CudaPages`]: a device-resident pool's page bytes
 //!   ([`crate::kv::DevicePages`]), scrubbed and copied on the stream.
@@ -21,6 +23,7 @@ mod arena;
 mod backend;
 mod device;
 mod error;
+mod graph;
 mod kernels;
 mod launch;
 mod memo;

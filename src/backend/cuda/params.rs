@@ -12,7 +12,7 @@ use cudarc::driver::DeviceRepr;
 
 /// Paged decode attention. See `DecodeParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct DecodeParams {
     pub q: u64,           // [batch, n_heads, head_dim] f32
     pub kv: u64,          // KV arena
@@ -37,7 +37,7 @@ pub(crate) struct DecodeParams {
 
 /// Merge of split-KV partial outputs. See `MergeParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct MergeParams {
     pub part_o: u64,   // [batch, n_heads, num_splits, head_dim] f32
     pub part_lse: u64, // [batch, n_heads, num_splits] f32
@@ -51,7 +51,7 @@ pub(crate) struct MergeParams {
 /// Paged causal prefill attention, both kernels of the family (scalar and
 /// tensor-core). See `PrefillParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct PrefillParams {
     pub q: u64,           // [total_q, n_heads, head_dim] f32
     pub kv: u64,          // KV arena
@@ -73,7 +73,7 @@ pub(crate) struct PrefillParams {
 
 /// KV append into page slots. See `KvAppendParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct KvAppendParams {
     pub k: u64,        // [n_tokens, kv_dim] f32
     pub v: u64,        // [n_tokens, kv_dim] f32
@@ -89,7 +89,7 @@ pub(crate) struct KvAppendParams {
 
 /// Whole-page fill. See `ScrubParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct ScrubParams {
     pub kv: u64,    // KV arena as 16-byte words
     pub pages: u64, // [n_pages] u32
@@ -100,7 +100,7 @@ pub(crate) struct ScrubParams {
 
 /// RMSNorm. See `RmsNormParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct RmsNormParams {
     pub x: u64,   // [n_rows, dim] f32
     pub w: u64,   // [dim] f32
@@ -113,7 +113,7 @@ pub(crate) struct RmsNormParams {
 
 /// Rotary embedding in place. See `RopeParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct RopeParams {
     pub x: u64,         // [n_tokens, n_heads, head_dim] f32
     pub positions: u64, // [n_tokens] u32
@@ -138,11 +138,12 @@ pub(crate) struct RopeParams {
     pub kv_dim: u32,
     pub layer: u32,
     pub page_size_log2: u32,
+    pub pad0: u32,
 }
 
 /// SwiGLU. See `SwigluParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct SwigluParams {
     pub gate: u64, // [n] f32
     pub up: u64,   // [n] f32
@@ -152,7 +153,7 @@ pub(crate) struct SwigluParams {
 
 /// Embedding gather. See `EmbeddingParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct EmbeddingParams {
     pub table: u64,  // [vocab, dim] f32 or bf16
     pub tokens: u64, // [n_tokens] u32
@@ -165,7 +166,7 @@ pub(crate) struct EmbeddingParams {
 
 /// Greedy argmax. See `ArgmaxParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct ArgmaxParams {
     pub logits: u64,    // [n_rows, vocab] f32
     pub out_index: u64, // [n_rows] u32
@@ -176,7 +177,7 @@ pub(crate) struct ArgmaxParams {
 
 /// One row's draw. See `SampleDraw` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct SampleDraw {
     pub temperature: f32,
     pub top_k: u32,
@@ -189,7 +190,7 @@ pub(crate) struct SampleDraw {
 /// `x · wᵀ` with bf16 weights on tensor cores. See `LinearMmaParams` in
 /// params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct LinearMmaParams {
     pub x: u64,   // [m, k] f32
     pub w: u64,   // [n, k] bf16
@@ -211,7 +212,7 @@ pub(crate) struct LinearMmaParams {
 /// Up to three products of one `x` in one launch. See
 /// `LinearMmaGroupParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct LinearMmaGroupParams {
     pub x: u64,    // [m, k] f32
     pub w0: u64,   // [n0, k] bf16
@@ -236,7 +237,7 @@ pub(crate) struct LinearMmaGroupParams {
 
 /// Device sampling. See `SampleParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct SampleParams {
     pub logits: u64, // [n_rows, vocab] f32
     pub draws: u64,  // [n_rows] SampleDraw
@@ -247,7 +248,7 @@ pub(crate) struct SampleParams {
 
 /// Device log-probabilities. See `LogprobParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct LogprobParams {
     pub logits: u64, // [n_rows, vocab] f32
     pub draws: u64,  // [n_rows] SampleDraw
@@ -258,7 +259,7 @@ pub(crate) struct LogprobParams {
 
 /// Dense `x · wᵀ`. See `LinearParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct LinearParams {
     pub x: u64,   // [m, k] f32
     pub w: u64,   // [n, k] f32
@@ -271,7 +272,7 @@ pub(crate) struct LinearParams {
 
 /// `x[i] += y[i % period]`. See `AddParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct AddParams {
     pub x: u64, // [n] f32
     pub y: u64, // [period] f32
@@ -281,7 +282,7 @@ pub(crate) struct AddParams {
 
 /// xxh3-64 of byte ranges. See `HashRangesParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct HashRangesParams {
     pub data: u64,    // bytes
     pub offsets: u64, // [n] u64
@@ -293,7 +294,7 @@ pub(crate) struct HashRangesParams {
 
 /// Per-page transfer checksums. See `PageChecksumParams` in params.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct PageChecksumParams {
     pub kv: u64,             // KV arena bytes
     pub pages: u64,          // [n_pages] u32

@@ -770,6 +770,7 @@ pub const PARAMS: &[Params] = &[
             ("kv_dim", U32),
             ("layer", U32),
             ("page_size_log2", U32),
+            ("pad0", U32),
         ],
     },
     Params {
