@@ -10,7 +10,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::CudaError;
-use super::graph::{Graphs, Recording};
+use super::graph::{Graphs, Recorder};
 use super::kernels::KernelId;
 use super::launch;
 
@@ -51,15 +51,10 @@ pub(super) struct Inner {
     pub(super) launches: std::sync::atomic::AtomicU64,
     /// The host's choice ([`CudaDevice::set_graphs`]), off by default.
     pub(super) graphs_on: std::sync::atomic::AtomicBool,
-    /// The open pass's recording (one thread's at a time; see `graph.rs`).
-    pub(super) recorder: parking_lot::Mutex<Option<Recording>>,
-    /// Whether `recorder` holds a recording: the launch path's quick check.
-    pub(super) recording: std::sync::atomic::AtomicBool,
+    /// Which thread's pass records, and what (see `graph.rs`).
+    pub(super) recorder: Recorder,
     /// Graphs captured, and the lists seen lately.
     pub(super) graphs: parking_lot::Mutex<Graphs>,
-    /// Flushes so far: a buffer last handed out before the current count
-    /// is read by no launch still recorded.
-    pub(super) segment: std::sync::atomic::AtomicU64,
     /// A flush that failed with nobody to tell (a pass unwinding): the
     /// next download or sync reports it.
     pub(super) flush_error: parking_lot::Mutex<Option<CudaError>>,
@@ -83,12 +78,7 @@ impl Drop for PassGuard<'_> {
         // A pass that ended in a download has flushed already; one that
         // failed on the way may leave launches here.
         dev.flush_or_keep_error();
-        let mut rec = dev.inner.recorder.lock();
-        dev.inner
-            .recording
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        // Anything retired after the last flush (nothing recorded uses it).
-        drop(rec.take());
+        dev.inner.recorder.close(std::thread::current().id());
     }
 }
 
@@ -182,10 +172,8 @@ impl CudaDevice {
                 syncs: std::sync::atomic::AtomicU64::new(0),
                 launches: std::sync::atomic::AtomicU64::new(0),
                 graphs_on: std::sync::atomic::AtomicBool::new(false),
-                recorder: parking_lot::Mutex::new(None),
-                recording: std::sync::atomic::AtomicBool::new(false),
+                recorder: Recorder::default(),
                 graphs: parking_lot::Mutex::new(Graphs::default()),
-                segment: std::sync::atomic::AtomicU64::new(0),
                 flush_error: parking_lot::Mutex::new(None),
                 graph_launches: std::sync::atomic::AtomicU64::new(0),
                 graph_captures: std::sync::atomic::AtomicU64::new(0),
@@ -231,39 +219,20 @@ impl CudaDevice {
     /// (dropped: at the end of the pass). Otherwise launches are queued at
     /// once, as always.
     pub(super) fn begin_pass(&self) -> PassGuard<'_> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if !self.inner.graphs_on.load(Relaxed) {
-            return PassGuard { dev: None };
+        let on = self
+            .inner
+            .graphs_on
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let open = on && self.inner.recorder.open(std::thread::current().id());
+        PassGuard {
+            dev: open.then_some(self),
         }
-        let mut rec = self.inner.recorder.lock();
-        if rec.is_some() {
-            return PassGuard { dev: None };
-        }
-        *rec = Some(Recording::new(std::thread::current().id()));
-        // Whatever was handed out before was queued at once: refillable.
-        self.inner.segment.fetch_add(1, Relaxed);
-        self.inner.recording.store(true, Relaxed);
-        PassGuard { dev: Some(self) }
     }
 
     /// Records the launch `op()` when this thread's pass is recording
     /// (true); false: nothing recorded, queue it now.
     pub(super) fn record(&self, op: impl FnOnce() -> super::graph::Op) -> bool {
-        if !self
-            .inner
-            .recording
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return false;
-        }
-        let mut rec = self.inner.recorder.lock();
-        match rec.as_mut() {
-            Some(r) if r.thread == std::thread::current().id() => {
-                r.ops.push(op());
-                true
-            }
-            _ => false,
-        }
+        self.inner.recorder.record(std::thread::current().id(), op)
     }
 
     /// Keeps `x` (memory a recorded launch may use) until the open pass's
@@ -271,53 +240,21 @@ impl CudaDevice {
     /// buffer shared through a backend's memo may be another thread's);
     /// drops it now when nothing is recorded.
     pub(super) fn retire<T: Send + 'static>(&self, x: T) {
-        if self
-            .inner
-            .recording
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            let mut rec = self.inner.recorder.lock();
-            if let Some(r) = rec.as_mut() {
-                r.graveyard.push(Box::new(x));
-            }
-        }
-    }
-
-    /// Flushes so far: a buffer handed out while this count was `n` is
-    /// read by no recorded launch once it has moved past `n`.
-    pub(super) fn segment(&self) -> u64 {
-        self.inner
-            .segment
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.inner.recorder.retire(Box::new(x));
     }
 
     /// Queues what this thread's pass has recorded (as one graph where one
     /// was captured from an equal list), then frees what was kept for it.
     pub(super) fn flush(&self) -> Result<(), CudaError> {
-        if !self
-            .inner
-            .recording
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        let Some(flushed) = self.inner.recorder.take(std::thread::current().id()) else {
             return Ok(());
-        }
-        let (ops, graveyard) = {
-            let mut rec = self.inner.recorder.lock();
-            match rec.as_mut() {
-                Some(r) if r.thread == std::thread::current().id() => {
-                    (std::mem::take(&mut r.ops), std::mem::take(&mut r.graveyard))
-                }
-                _ => return Ok(()),
-            }
         };
-        let queued = self.run_recorded(ops);
+        let queued = self.run_recorded(flushed.ops);
         // Only now may a memo refill what those launches read: the copy is
         // queued after them.
-        self.inner
-            .segment
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.inner.recorder.flushed();
         // Freed on the stream after the launches that used it.
-        drop(graveyard);
+        drop(flushed.keep);
         queued
     }
 
@@ -471,13 +408,7 @@ impl CudaDevice {
     /// Now, for a memo (see `memo.rs`): the flush count and whether a pass
     /// records (on any thread: a memo may be shared by threads).
     pub(super) fn moment(&self) -> super::memo::Moment {
-        super::memo::Moment {
-            segment: self.segment(),
-            recording: self
-                .inner
-                .recording
-                .load(std::sync::atomic::Ordering::Relaxed),
-        }
+        self.inner.recorder.moment()
     }
 
     /// Copies a device buffer or view to the host (waits for queued work).

@@ -26,11 +26,14 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::ThreadId;
 
 use cudarc::driver::{result, sys};
+use parking_lot::Mutex;
 
 use super::kernels::KernelId;
+use super::memo::Moment;
 use super::plan::Grid;
 
 /// Graphs kept per device: a decode loop alternates between a few lists
@@ -75,20 +78,121 @@ impl Op {
 
 /// The launches a pass has recorded since its last flush, and what they
 /// use that the host dropped meanwhile.
-pub(super) struct Recording {
-    pub(super) thread: ThreadId,
-    pub(super) ops: Vec<Op>,
+struct Recording {
+    thread: ThreadId,
+    ops: Vec<Op>,
     /// Buffers dropped while a recorded launch may still use them: freed
     /// after the flush has queued those launches.
-    pub(super) graveyard: Vec<Box<dyn Any + Send>>,
+    graveyard: Vec<Box<dyn Any + Send>>,
 }
 
-impl Recording {
-    pub(super) fn new(thread: ThreadId) -> Self {
-        Recording {
+/// What a flush queues ([`Recorder::take`]): the launches, and what must
+/// stay allocated until they are queued.
+pub(super) struct Flushed {
+    pub(super) ops: Vec<Op>,
+    pub(super) keep: Vec<Box<dyn Any + Send>>,
+}
+
+/// A device's recording state, with no CUDA in it: which thread's pass
+/// records, what it recorded, what it keeps alive, and the flush count
+/// the memos read (see `memo.rs`).
+///
+/// - One pass records at a time, on the thread that opened it; every other
+///   thread's launches are queued at once.
+/// - A value retired while a pass records is kept until that pass's next
+///   flush, whichever thread retires it (a memo may be shared); retired
+///   while nothing records, it is dropped at once.
+/// - The flush count moves only once a flush has queued its launches
+///   ([`Recorder::flushed`]), so a memo never refills memory that a
+///   recorded launch still waiting to be queued reads.
+#[derive(Default)]
+pub(super) struct Recorder {
+    state: Mutex<Option<Recording>>,
+    /// Whether `state` holds a recording: the launch path's quick check.
+    open: AtomicBool,
+    segment: AtomicU64,
+}
+
+impl Recorder {
+    /// Opens a recording for `thread`; false when one is open already.
+    pub(super) fn open(&self, thread: ThreadId) -> bool {
+        let mut state = self.state.lock();
+        if state.is_some() {
+            return false;
+        }
+        *state = Some(Recording {
             thread,
             ops: Vec::new(),
             graveyard: Vec::new(),
+        });
+        // Whatever was handed out before was queued at once: refillable.
+        self.segment.fetch_add(1, Ordering::AcqRel);
+        self.open.store(true, Ordering::Release);
+        true
+    }
+
+    /// Records `op()` when `thread`'s pass is recording (true); false:
+    /// nothing recorded, the caller queues the launch now.
+    pub(super) fn record(&self, thread: ThreadId, op: impl FnOnce() -> Op) -> bool {
+        if !self.open.load(Ordering::Acquire) {
+            return false;
+        }
+        match self.state.lock().as_mut() {
+            Some(r) if r.thread == thread => {
+                r.ops.push(op());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Keeps `x` until the open recording's next flush; drops it now when
+    /// none is open.
+    pub(super) fn retire(&self, x: Box<dyn Any + Send>) {
+        if !self.open.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(r) = self.state.lock().as_mut() {
+            r.graveyard.push(x);
+        }
+    }
+
+    /// What `thread`'s recording holds, taken for a flush (`None`: it has
+    /// none open). Call [`Recorder::flushed`] once it is queued.
+    pub(super) fn take(&self, thread: ThreadId) -> Option<Flushed> {
+        if !self.open.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.state.lock().as_mut() {
+            Some(r) if r.thread == thread => Some(Flushed {
+                ops: std::mem::take(&mut r.ops),
+                keep: std::mem::take(&mut r.graveyard),
+            }),
+            _ => None,
+        }
+    }
+
+    /// A taken list has been queued: memory handed out before may be
+    /// refilled from now on.
+    pub(super) fn flushed(&self) {
+        self.segment.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Closes `thread`'s recording (flushed first by the caller); what was
+    /// retired since is dropped (no recorded launch uses it).
+    pub(super) fn close(&self, thread: ThreadId) {
+        let mut state = self.state.lock();
+        if state.as_ref().is_some_and(|r| r.thread == thread) {
+            self.open.store(false, Ordering::Release);
+            *state = None;
+        }
+    }
+
+    /// For a memo: the flush count, and whether any pass records.
+    pub(super) fn moment(&self) -> Moment {
+        Moment {
+            segment: self.segment.load(Ordering::Acquire),
+            recording: self.open.load(Ordering::Acquire),
         }
     }
 }
@@ -359,6 +463,104 @@ mod tests {
         for _ in 0..3 {
             assert!(matches!(g.plan(&a, h), Plan::Eager));
         }
+    }
+
+    /// Counts its drops.
+    struct Tracked(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn tracked() -> (
+        Box<dyn Any + Send>,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        (Box::new(Tracked(n.clone())), n)
+    }
+
+    fn other_thread() -> ThreadId {
+        std::thread::spawn(|| std::thread::current().id())
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_the_opening_thread_s_launches_are_recorded() {
+        let r = Recorder::default();
+        let (me, them) = (std::thread::current().id(), other_thread());
+        assert!(!r.record(me, || op(some_kernel(), 1)), "nothing open");
+        assert!(r.open(me));
+        assert!(!r.open(them), "one recording at a time");
+        assert!(r.record(me, || op(some_kernel(), 1)));
+        assert!(!r.record(them, || op(some_kernel(), 2)), "queued at once");
+        assert!(r.take(them).is_none(), "another thread flushes nothing");
+        let f = r.take(me).unwrap();
+        assert_eq!(f.ops, vec![op(some_kernel(), 1)]);
+        assert!(r.take(me).unwrap().ops.is_empty(), "taken once");
+        r.close(them);
+        assert!(r.moment().recording, "only its opener closes it");
+        r.close(me);
+        assert!(
+            !r.moment().recording && r.open(them),
+            "closed: open to others"
+        );
+    }
+
+    /// A retired value outlives the launches recorded before the flush,
+    /// whichever thread retired it; with nothing open it goes at once, and
+    /// what was retired after the last flush goes at the close.
+    #[test]
+    fn retired_memory_lives_until_the_flush_that_queues_its_launches() {
+        let r = std::sync::Arc::new(Recorder::default());
+        let me = std::thread::current().id();
+        let (x, dropped) = tracked();
+        r.retire(x);
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "nothing open: dropped now"
+        );
+        assert!(r.open(me));
+        let (x, dropped) = tracked();
+        r.retire(x);
+        let (y, dropped_y) = tracked();
+        let r2 = r.clone();
+        std::thread::spawn(move || r2.retire(y)).join().unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
+        assert_eq!(dropped_y.load(Ordering::SeqCst), 0, "kept for this pass");
+        let flushed = r.take(me).unwrap();
+        assert_eq!(flushed.keep.len(), 2);
+        drop(flushed);
+        assert_eq!(
+            dropped.load(Ordering::SeqCst) + dropped_y.load(Ordering::SeqCst),
+            2
+        );
+        let (z, dropped_z) = tracked();
+        r.retire(z);
+        r.close(me);
+        assert_eq!(dropped_z.load(Ordering::SeqCst), 1, "dropped at the close");
+    }
+
+    /// The count a memo reads moves at an open and after a flush was
+    /// queued, never when the list is merely taken.
+    #[test]
+    fn the_flush_count_moves_only_once_the_launches_are_queued() {
+        let r = Recorder::default();
+        let me = std::thread::current().id();
+        let start = r.moment().segment;
+        assert!(r.open(me));
+        let opened = r.moment().segment;
+        assert!(opened > start);
+        assert!(r.record(me, || op(some_kernel(), 1)));
+        let taken = r.take(me).unwrap();
+        assert_eq!(r.moment().segment, opened, "taken, not yet queued");
+        drop(taken);
+        r.flushed();
+        assert!(r.moment().segment > opened);
     }
 
     #[test]
