@@ -167,7 +167,7 @@ fn decode_once(
 /// One layer of decode attention alone (one thread): `batch` sequences of
 /// `ctx` positions, the model's head layout; nanoseconds per (position,
 /// query head).
-fn attention_ns(c: &ModelConfig, batch: usize, ctx: usize) -> f64 {
+fn attention_ns(c: &ModelConfig, batch: usize, ctx: usize, dtype: KvDtype) -> f64 {
     use handoff::backend::{AttnShape, Backend};
     let shape = AttnShape {
         n_heads: c.n_heads,
@@ -178,7 +178,7 @@ fn attention_ns(c: &ModelConfig, batch: usize, ctx: usize) -> f64 {
         n_layers: 1,
         n_kv_heads: c.n_kv_heads,
         head_dim: c.head_dim,
-        dtype: KvDtype::F32,
+        dtype,
     };
     let pool = KvPool::new(PoolConfig::new(geometry, 16, batch * ctx.div_ceil(16))).unwrap();
     let kvd = shape.kv_dim();
@@ -310,10 +310,15 @@ fn bench(w: ModelWeights, plan: &Plan) {
             knob("HANDOFF_BENCH_ATTN_SEQS", 32),
             knob("HANDOFF_BENCH_ATTN_CTX", 128),
         );
+        // HANDOFF_BENCH_ATTN_DTYPE=f16|bf16|fp8: the KV dtype (default f32).
+        let dtype = std::env::var("HANDOFF_BENCH_ATTN_DTYPE")
+            .ok()
+            .and_then(|v| KvDtype::parse(&v))
+            .unwrap_or(KvDtype::F32);
         for _ in 0..20 {
             say(format!(
-                "{:.2} ns per (position, head)",
-                attention_ns(m.config(), seqs, ctx)
+                "{:.2} ns per (position, head), {dtype:?} KV",
+                attention_ns(m.config(), seqs, ctx, dtype)
             ));
         }
         return;
@@ -394,7 +399,7 @@ fn bench(w: ModelWeights, plan: &Plan) {
     }
     say(format!(
         "decode attention alone, 1 thread, 32 sequences x 128 positions: {:.2} ns per (position, head)",
-        attention_ns(m.config(), 32, 128)
+        attention_ns(m.config(), 32, 128, KvDtype::F32)
     ));
     for &n in plan.ttft {
         say(format!(
