@@ -29,6 +29,9 @@ pub struct CudaDevice {
 }
 
 pub(super) struct Inner {
+    /// Graphs captured, and the lists seen lately. First, so dropped first:
+    /// its graphs launch the kernels below, on the context `stream` holds.
+    pub(super) graphs: parking_lot::Mutex<Graphs>,
     pub(super) stream: Arc<CudaStream>,
     /// Every kernel of the table, at `KernelId::index`; `None` for one that
     /// needs more shared memory per block than this device has (the wide
@@ -53,8 +56,6 @@ pub(super) struct Inner {
     pub(super) graphs_on: std::sync::atomic::AtomicBool,
     /// Which thread's pass records, and what (see `graph.rs`).
     pub(super) recorder: Recorder,
-    /// Graphs captured, and the lists seen lately.
-    pub(super) graphs: parking_lot::Mutex<Graphs>,
     /// A flush that failed with nobody to tell (a pass unwinding): the
     /// next download or sync reports it.
     pub(super) flush_error: parking_lot::Mutex<Option<CudaError>>,
@@ -162,6 +163,7 @@ impl CudaDevice {
         }
         Ok(CudaDevice {
             inner: Arc::new(Inner {
+                graphs: parking_lot::Mutex::new(Graphs::default()),
                 stream: ctx.default_stream(),
                 kernels,
                 max_smem,
@@ -173,7 +175,6 @@ impl CudaDevice {
                 launches: std::sync::atomic::AtomicU64::new(0),
                 graphs_on: std::sync::atomic::AtomicBool::new(false),
                 recorder: Recorder::default(),
-                graphs: parking_lot::Mutex::new(Graphs::default()),
                 flush_error: parking_lot::Mutex::new(None),
                 graph_launches: std::sync::atomic::AtomicU64::new(0),
                 graph_captures: std::sync::atomic::AtomicU64::new(0),

@@ -543,9 +543,10 @@ impl CudaDevice {
                 });
             }
         };
-        // SAFETY: `graph` is the captured graph; the exec is independent of
-        // it, which is destroyed once, here.
+        // SAFETY: `graph` is the captured graph, valid until destroyed below.
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: the exec does not depend on the graph it was made from,
+        // which is destroyed once, here.
         let _ = unsafe { result::graph::destroy(graph) };
         exec.map(graph::Exec::new)
             .map_err(CudaError::driver(during))
