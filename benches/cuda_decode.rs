@@ -28,7 +28,11 @@
 //! one (`wide_decode_speedup_b1_ctx8k`, `_ctx32k`); decode at batch 1, 8
 //! and 64 with each step's pass replayed as one CUDA graph against queued
 //! launch by launch (`cuda_graphs_speedup_b1`, `_b8`, `_b64`, and
-//! `e2e_b1_weight_bw_share_graphs`).
+//! `e2e_b1_weight_bw_share_graphs`); a 4,096-token prompt's KV written
+//! into and read back from device pages in one staged pass per layer
+//! through page-locked memory against a copy and a wait per page run, as
+//! a transfer over TCP lands and sends it (`kv_staged_write_speedup`,
+//! `kv_staged_read_speedup`).
 //! `scripts/torch_decode_peer.py`
 //! times the same shape in torch on the same GPU for the peer ratio.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
@@ -55,11 +59,13 @@ mod gpu {
     use std::time::{Duration, Instant};
 
     use handoff::backend::Backend;
-    use handoff::backend::cuda::{CudaBackend, CudaDevice, DecodeKernel, device_for_test};
+    use handoff::backend::cuda::{
+        CudaBackend, CudaDevice, CudaPages, DecodeKernel, device_for_test,
+    };
     use handoff::kv::{KvSeq, Ready};
     use handoff::model::{Model, ModelConfig, random_weights};
     use handoff::sampling::{Draw, argmax};
-    use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
+    use handoff::{KvDtype, KvGeometry, KvPool, PoolConfig, RequestId};
 
     type R<T> = Result<T, String>;
 
@@ -357,7 +363,7 @@ mod gpu {
             Ok(g) if !refused && g.last == eager.last => {
                 let (replays, captures) = dev.graph_counts();
                 println!(
-                    "cuda graphs: batch 4 gives the tokens of launch by launch ({replays} graph                      launches, {captures} captures)\n"
+                    "cuda graphs: batch 4 gives the tokens of launch by launch ({replays} graph launches, {captures} captures)\n"
                 );
                 true
             }
@@ -387,7 +393,7 @@ mod gpu {
                     .map_or("n/a".into(), |h| format!("{h:.0}"))
             };
             println!(
-                "cuda_graphs_speedup_b{batch}={:.3} ({:.1} tokens/s as graphs, {:.1} launch by                  launch; host µs/step {} vs {}; {replays} graph launches in {} steps)",
+                "cuda_graphs_speedup_b{batch}={:.3} ({:.1} tokens/s as graphs, {:.1} launch by launch; host µs/step {} vs {}; {replays} graph launches in {} steps)",
                 graphed.tokens_per_s / eager.tokens_per_s,
                 graphed.tokens_per_s,
                 eager.tokens_per_s,
@@ -466,6 +472,90 @@ mod gpu {
                 ttft(&ways[1], n)?
             );
         }
+        println!();
+        if let Err(e) = staging(&dev, ways[0].model.kv_geometry(KvDtype::BF16)) {
+            println!("kv_staged=FAILED ({e})");
+        }
+        Ok(())
+    }
+
+    /// A 4,096-token prompt's KV (this model's geometry, bf16, page 16)
+    /// written into device pages as a transfer over TCP lands it, and read
+    /// back as the prefill end sends it: one staged pass per layer through
+    /// page-locked memory (`DevicePages::write_runs`, `read_runs`) against
+    /// a copy and a wait per page run (`write`, `read`), best of 3 each.
+    fn staging(dev: &CudaDevice, g: KvGeometry) -> R<()> {
+        use handoff::kv::DevicePages;
+        let (ps, pages_n) = (16usize, 256usize);
+        let cfg = PoolConfig::new(g, ps, pages_n);
+        let pages = CudaPages::for_pool(dev, &cfg).map_err(|e| e.to_string())?;
+        let run = ps * g.kv_dim() * g.dtype.size_bytes();
+        // Per layer: K and V of every page, as a batch of a whole prompt
+        // touches them.
+        let layer_runs = |l: usize| -> Vec<(usize, usize)> {
+            (0..pages_n)
+                .flat_map(|p| (0..2).map(move |kv| (((p * g.n_layers + l) * 2 + kv) * run, run)))
+                .collect()
+        };
+        let src: Vec<u8> = (0..run).map(|i| (i * 7 + 1) as u8).collect();
+        let mut dst = vec![0u8; run];
+        let total = (g.n_layers * pages_n * 2 * run) as f64;
+        let best = |f: &mut dyn FnMut() -> R<()>| -> R<f64> {
+            let mut t = f64::MAX;
+            for _ in 0..3 {
+                let start = Instant::now();
+                f()?;
+                t = t.min(start.elapsed().as_secs_f64());
+            }
+            Ok(total / t / 1e9)
+        };
+        let e = |e: handoff::kv::DeviceError| e.to_string();
+        let write_runwise = best(&mut || {
+            for l in 0..g.n_layers {
+                for (at, _) in layer_runs(l) {
+                    pages.write(at, &src).map_err(e)?;
+                }
+            }
+            Ok(())
+        })?;
+        let write_staged = best(&mut || {
+            for l in 0..g.n_layers {
+                pages
+                    .write_runs(&layer_runs(l), &mut |_, d| d.copy_from_slice(&src))
+                    .map_err(e)?;
+            }
+            Ok(())
+        })?;
+        let read_runwise = best(&mut || {
+            for l in 0..g.n_layers {
+                for (at, _) in layer_runs(l) {
+                    pages.read(at, &mut dst).map_err(e)?;
+                }
+            }
+            Ok(())
+        })?;
+        let read_staged = best(&mut || {
+            let mut sum = 0u64;
+            for l in 0..g.n_layers {
+                pages
+                    .read_runs(&layer_runs(l), &mut |_, b| sum += u64::from(b[0]))
+                    .map_err(e)?;
+            }
+            std::hint::black_box(sum);
+            Ok(())
+        })?;
+        let mib = total / f64::from(1u32 << 20);
+        println!(
+            "kv_staged_write_speedup={:.2} ({write_staged:.1} GB/s in one pass per layer, \
+             {write_runwise:.1} GB/s a run at a time; {mib:.0} MiB in runs of {} KiB)",
+            write_staged / write_runwise,
+            run / 1024
+        );
+        println!(
+            "kv_staged_read_speedup={:.2} ({read_staged:.1} GB/s in one pass per layer, \
+             {read_runwise:.1} GB/s a run at a time)",
+            read_staged / read_runwise
+        );
         Ok(())
     }
 }

@@ -68,6 +68,47 @@ pub trait DevicePages: Send + Sync + 'static {
     /// Fills bytes `[at, at + len)` with `element` repeated (`len` is a
     /// multiple of its length): the scrub (zeros) or the poison (NaN).
     fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), DeviceError>;
+    /// Writes byte runs `(at, len)` as one pass: `fill(run, dst)` gives run
+    /// `run`'s bytes (once per run, in order), written straight into the
+    /// memory the copy reads, and the pass waits for the device once, not
+    /// once per run. A transfer lands a batch of K and V rows this way: one
+    /// run per page it touches. For CUDA the staging memory is page-locked,
+    /// so the copies are DMA that queue without waiting. The default stages
+    /// each run in a host buffer and writes it with [`DevicePages::write`].
+    /// After an error any subset of the runs may have been written (the
+    /// pool then fails closed, as for any device error).
+    fn write_runs(
+        &self,
+        runs: &[(usize, usize)],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), DeviceError> {
+        let mut scratch = Vec::new();
+        for (i, &(at, len)) in runs.iter().enumerate() {
+            scratch.clear();
+            scratch.resize(len, 0);
+            fill(i, &mut scratch);
+            self.write(at, &scratch)?;
+        }
+        Ok(())
+    }
+    /// Reads byte runs `(at, len)` as one pass and hands each run's bytes
+    /// to `take(run, bytes)`, in order, once the pass has landed on the host
+    /// (a transfer's sender reads a batch of rows this way). The default
+    /// reads run by run with [`DevicePages::read`].
+    fn read_runs(
+        &self,
+        runs: &[(usize, usize)],
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        let mut scratch = Vec::new();
+        for (i, &(at, len)) in runs.iter().enumerate() {
+            scratch.clear();
+            scratch.resize(len, 0);
+            self.read(at, &mut scratch)?;
+            take(i, &scratch);
+        }
+        Ok(())
+    }
     /// xxh3-64 (seed 0) of each `(at, len)` byte range, computed where the
     /// bytes are, in one pass: the transfer verifier's checksums over the
     /// KV that landed, without copying it back. `None` when this storage
@@ -110,9 +151,13 @@ pub struct StagedHostPages {
     /// Whether [`DevicePages::xxh3_ranges`] hashes (as a GPU's kernel
     /// does) or answers `None` (a device that cannot hash).
     hashes: bool,
-    /// Reads, writes, hash passes and device-to-device copy passes so far.
+    /// Runs read and written (one per `read`/`write`, one per run of a
+    /// pass), passes that read or wrote them (one per call), hash passes
+    /// and device-to-device copy passes so far.
     reads: std::sync::atomic::AtomicUsize,
     writes: std::sync::atomic::AtomicUsize,
+    read_passes: std::sync::atomic::AtomicUsize,
+    write_passes: std::sync::atomic::AtomicUsize,
     hash_passes: std::sync::atomic::AtomicUsize,
     copy_passes: std::sync::atomic::AtomicUsize,
 }
@@ -129,6 +174,8 @@ impl StagedHostPages {
             hashes: true,
             reads: std::sync::atomic::AtomicUsize::new(0),
             writes: std::sync::atomic::AtomicUsize::new(0),
+            read_passes: std::sync::atomic::AtomicUsize::new(0),
+            write_passes: std::sync::atomic::AtomicUsize::new(0),
             hash_passes: std::sync::atomic::AtomicUsize::new(0),
             copy_passes: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -142,9 +189,21 @@ impl StagedHostPages {
         self
     }
 
-    /// Reads (copies back to the host) so far.
+    /// Runs of bytes read (copied back to the host) so far.
     pub fn reads(&self) -> usize {
         self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Times the host waited for reads so far: one per
+    /// [`DevicePages::read`], one per [`DevicePages::read_runs`] pass.
+    pub fn read_passes(&self) -> usize {
+        self.read_passes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Times the host waited for writes so far: one per
+    /// [`DevicePages::write`], one per [`DevicePages::write_runs`] pass.
+    pub fn write_passes(&self) -> usize {
+        self.write_passes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Passes of [`DevicePages::xxh3_ranges`] that hashed, so far.
@@ -152,7 +211,7 @@ impl StagedHostPages {
         self.hash_passes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Writes (copies from the host) so far.
+    /// Runs of bytes written (copied from the host) so far.
     pub fn writes(&self) -> usize {
         self.writes.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -210,6 +269,8 @@ impl DevicePages for StagedHostPages {
         self.access(what)?;
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.write_passes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut b = self.bytes.lock();
         let dst = at
             .checked_add(src.len())
@@ -223,6 +284,8 @@ impl DevicePages for StagedHostPages {
         let what = || format!("read of {} bytes at {at}", dst.len());
         self.access(what)?;
         self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.read_passes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let b = self.bytes.lock();
         let src = at
             .checked_add(dst.len())
@@ -243,6 +306,71 @@ impl DevicePages for StagedHostPages {
             .ok_or_else(|| self.out_of_range(what()))?;
         for d in dst.chunks_exact_mut(element.len()) {
             d.copy_from_slice(element);
+        }
+        Ok(())
+    }
+
+    fn write_runs(
+        &self,
+        runs: &[(usize, usize)],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), DeviceError> {
+        // One access for the pass (a device lost mid-pass fails it whole),
+        // every run checked before any is written.
+        // Each run staged first, as for a device, so that `fill` never runs
+        // under the lock.
+        let what = || format!("write pass of {} runs", runs.len());
+        self.access(what)?;
+        let size = self.len();
+        for &(at, len) in runs {
+            if at.checked_add(len).is_none_or(|end| end > size) {
+                return Err(self.out_of_range(format!("write of {len} bytes at {at}")));
+            }
+        }
+        let staged: Vec<Vec<u8>> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, len))| {
+                let mut v = vec![0u8; len];
+                fill(i, &mut v);
+                v
+            })
+            .collect();
+        use std::sync::atomic::Ordering;
+        self.write_passes.fetch_add(1, Ordering::SeqCst);
+        self.writes.fetch_add(runs.len(), Ordering::SeqCst);
+        let mut b = self.bytes.lock();
+        for (&(at, len), v) in runs.iter().zip(&staged) {
+            b[at..at + len].copy_from_slice(v);
+        }
+        Ok(())
+    }
+
+    fn read_runs(
+        &self,
+        runs: &[(usize, usize)],
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        let what = || format!("read pass of {} runs", runs.len());
+        self.access(what)?;
+        // Copied out first, as from a device, so that `take` never runs
+        // under the lock.
+        let staged: Vec<Vec<u8>> = {
+            let b = self.bytes.lock();
+            runs.iter()
+                .map(|&(at, len)| {
+                    at.checked_add(len)
+                        .and_then(|end| b.get(at..end))
+                        .map(<[u8]>::to_vec)
+                        .ok_or_else(|| self.out_of_range(format!("read of {len} bytes at {at}")))
+                })
+                .collect::<Result<_, _>>()?
+        };
+        use std::sync::atomic::Ordering;
+        self.read_passes.fetch_add(1, Ordering::SeqCst);
+        self.reads.fetch_add(runs.len(), Ordering::SeqCst);
+        for (i, bytes) in staged.iter().enumerate() {
+            take(i, bytes);
         }
         Ok(())
     }

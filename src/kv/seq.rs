@@ -402,14 +402,19 @@ impl<S: Writable> KvSeq<S> {
         let n = self.check_append(layer, k.len() / esz, v.len() / esz)?;
         let row = self.geometry().kv_dim() * esz;
         let (ps, start, writer) = (self.pool.page_size(), self.written[layer], self.owner.0);
+        let pr: Vec<_> = runs(start, n, ps).collect();
+        let rr = row_runs(layer, &pr, &[0, 1], false);
         let mut w = self.pages_write();
-        let mut scratch = Vec::new();
-        for (i, slot, done, run) in runs(start, n, ps) {
-            for (kv, src) in [(0, k), (1, v)] {
-                w.write_rows(i, layer, kv, (slot, run), &mut scratch, |dst| {
-                    dst.copy_from_slice(&src[done * row..(done + run) * row]);
-                })?;
-            }
+        // One pass for the whole append (one wait for a device).
+        let wrote = w.write_row_runs(&rr, |r, dst| {
+            let (_, _, done, run) = pr[r / 2];
+            let src = if r % 2 == 0 { k } else { v };
+            dst.copy_from_slice(&src[done * row..(done + run) * row]);
+        })?;
+        if !wrote {
+            return Err(unreachable_rows(n));
+        }
+        for &(i, slot, _, run) in &pr {
             w.record_writers(i, layer, slot, run, writer);
         }
         self.written[layer] += n;
@@ -539,24 +544,51 @@ fn runs(start: usize, n: usize, ps: usize) -> impl Iterator<Item = (usize, usize
     })
 }
 
+/// The row runs of `layer` that `runs` (as [`runs`] gives them) covers,
+/// for `kvs` (K = 0, V = 1) in that order within each page run: run `r` of
+/// the result is page run `r / kvs.len()`.
+fn row_runs(
+    layer: usize,
+    runs: &[(usize, usize, usize, usize)],
+    kvs: &[usize],
+    from_slot_0: bool,
+) -> Vec<RowRun> {
+    runs.iter()
+        .flat_map(|&(page, slot, _, run)| {
+            kvs.iter().map(move |&kv| RowRun {
+                page,
+                layer,
+                kv,
+                slot: if from_slot_0 { 0 } else { slot },
+                rows: if from_slot_0 { slot + run } else { run },
+            })
+        })
+        .collect()
+}
+
 /// Hands `landed(page, kv, rows)` the K and V rows of `layer` from slot 0
 /// through the end of each run just written (`runs` as [`runs`] gives
-/// them): what the verifier hashes of a page that received rows.
+/// them): what the verifier hashes of a page that received rows. Read in
+/// place from host pages, in one staged pass from a device's.
 fn hand_landed(
     read: crate::kv::storage::PagesRead<'_>,
     layer: usize,
     runs: impl Iterator<Item = (usize, usize, usize, usize)>,
     landed: &mut impl FnMut(usize, usize, &[u8]),
 ) -> Result<(), KvError> {
-    let mut scratch = Vec::new();
-    for (i, slot, _, run) in runs {
-        for kv in 0..2 {
-            if let Some(rows) = read.rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)? {
-                landed(i, kv, rows);
-            }
-        }
-    }
+    let rr = row_runs(layer, &runs.collect::<Vec<_>>(), &[0, 1], true);
+    read.read_row_runs(&rr, |r, rows| landed(rr[r].page, rr[r].kv, rows))?;
     Ok(())
+}
+
+/// The error for rows a sequence's writer could not reach: a page not
+/// private to it, or past its pages (which its reservation rules out).
+fn unreachable_rows(n: usize) -> KvError {
+    KvError::Shape {
+        what: "destination rows (a page not private to the sequence)",
+        expected: n,
+        got: 0,
+    }
 }
 
 /// A fault injector's hook on each run of rows copied into a destination:
@@ -634,6 +666,22 @@ impl KvSeq<Received> {
         // A device that hashes where the bytes are hashes them all at once
         // when the receipt is verified: nothing is read back here.
         let hash_here = !w.read().storage().hashes_in_place();
+        if w.read().storage().residence() == crate::kv::Residence::Device {
+            // Device pages: the whole batch is staged and written in one
+            // pass, then (a device that cannot hash) read back in one.
+            let pr: Vec<_> = runs(start, n, ps).collect();
+            let rr = row_runs(layer, &pr, &[0, 1], false);
+            if !w.write_row_runs(&rr, |r, dst| fill(r % 2, pr[r / 2].2, dst))? {
+                return Err(unreachable_rows(n));
+            }
+            if hash_here {
+                hand_landed(w.read(), layer, pr.into_iter(), &mut landed)?;
+            }
+            self.written[layer] += n;
+            return Ok(());
+        }
+        // Host pages: each run written in place and handed to `landed`
+        // while it is still in cache.
         let mut scratch = Vec::new();
         for (i, slot, done, run) in runs(start, n, ps) {
             for kv in 0..2 {
@@ -889,14 +937,22 @@ impl KvSeq<Held> {
     ) -> Result<(), KvError> {
         self.check_rows(layer, start, n)?;
         self.check_rows_held(start, n)?;
-        let r = self.pages_read();
-        let mut scratch = Vec::new();
-        for (i, slot, done, run) in runs(start, n, self.pool.page_size()) {
-            if let Some(s) = r.rows_bytes(i, layer, kv, slot, run, &mut scratch)? {
-                f(done, s);
-            }
+        // In place from host pages; from a device's, in one staged pass.
+        let pr: Vec<_> = runs(start, n, self.pool.page_size()).collect();
+        let rr = row_runs(layer, &pr, &[kv], false);
+        if self
+            .pages_read()
+            .read_row_runs(&rr, |r, bytes| f(pr[r].2, bytes))?
+        {
+            Ok(())
+        } else {
+            // Past the sequence's pages, which `check_rows` rules out.
+            Err(KvError::Shape {
+                what: "source rows (past the sequence's pages)",
+                expected: n,
+                got: 0,
+            })
         }
-        Ok(())
     }
 
     /// Whether [`KvSeq::device_dest_region_xxh3`] can hash for a

@@ -531,6 +531,63 @@ impl Storage {
         }
     }
 
+    /// Writes runs of elements `(start, len)` (in range, checked by
+    /// `offset`), each run's bytes given by `fill(run, dst)`: in place for
+    /// host storage, as one staged pass for device storage.
+    ///
+    /// # Safety
+    /// No one else may read or write these elements meanwhile.
+    unsafe fn write_runs(
+        &self,
+        runs: &[(usize, usize)],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), KvError> {
+        let esz = self.geometry.dtype.size_bytes();
+        match &self.bytes {
+            Bytes::Host(_) => {
+                for (i, &(start, len)) in runs.iter().enumerate() {
+                    // SAFETY: per the contract; one run's slice at a time.
+                    fill(i, unsafe { self.bytes_mut(start, len) });
+                }
+                Ok(())
+            }
+            Bytes::Device(d) => {
+                let bytes: Vec<_> = runs.iter().map(|&(s, n)| (s * esz, n * esz)).collect();
+                d.write_runs(&bytes, fill)
+                    .map_err(|e| self.device_failed(e))
+            }
+        }
+    }
+
+    /// Reads runs of elements `(start, len)` (in range, checked by
+    /// `offset`) and hands each run's bytes to `take(run, bytes)`: in place
+    /// for host storage, as one staged pass for device storage.
+    ///
+    /// # Safety
+    /// No one may write these elements meanwhile.
+    unsafe fn read_runs(
+        &self,
+        runs: &[(usize, usize)],
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), KvError> {
+        let esz = self.geometry.dtype.size_bytes();
+        match &self.bytes {
+            Bytes::Host(_) => {
+                for (i, &(start, len)) in runs.iter().enumerate() {
+                    // SAFETY: per the contract.
+                    if let Some(s) = unsafe { self.slice(start, len) } {
+                        take(i, s.as_bytes());
+                    }
+                }
+                Ok(())
+            }
+            Bytes::Device(d) => {
+                let bytes: Vec<_> = runs.iter().map(|&(s, n)| (s * esz, n * esz)).collect();
+                d.read_runs(&bytes, take).map_err(|e| self.device_failed(e))
+            }
+        }
+    }
+
     #[inline]
     fn writer_index(&self, page: u32, layer: usize, slot: usize) -> usize {
         (page as usize * self.geometry.n_layers + layer) * self.page_size + slot
@@ -820,6 +877,42 @@ impl<'a> PagesRead<'a> {
         Ok(Some(&scratch[..]))
     }
 
+    /// The bytes of each run of K or V rows, handed to `take(run, bytes)`
+    /// in order: in place for host storage, read back in one staged pass
+    /// for device storage (one wait for the device, not one per run).
+    /// `Ok(false)`, having read nothing, when a run is out of range.
+    pub(crate) fn read_row_runs(
+        &self,
+        runs: &[RowRun],
+        mut take: impl FnMut(usize, &[u8]),
+    ) -> Result<bool, KvError> {
+        let Some(spans) = self.spans(runs) else {
+            return Ok(false);
+        };
+        for r in runs {
+            if let Some(page) = self.page(r.page) {
+                self.st.track(page, false);
+            }
+        }
+        // SAFETY: in range (offsets checked); the pages belong to the
+        // sequence this view borrows immutably, so nothing writes them.
+        unsafe { self.st.read_runs(&spans, &mut take) }?;
+        Ok(true)
+    }
+
+    /// Element runs `(start, len)` of `runs`, or `None` when one is out of
+    /// range.
+    fn spans(&self, runs: &[RowRun]) -> Option<Vec<(usize, usize)>> {
+        let kvd = self.st.geometry.kv_dim();
+        runs.iter()
+            .map(|r| {
+                let page = self.page(r.page)?;
+                let off = self.st.offset(page, r.layer, r.kv, r.slot, r.rows)?;
+                Some((off, r.rows * kvd))
+            })
+            .collect()
+    }
+
     /// xxh3-64 of each run of K or V rows, hashed where they are in one
     /// device pass. `Ok(None)` unless the storage hashes in place
     /// ([`Storage::hashes_in_place`]), or when a run is out of range.
@@ -976,6 +1069,32 @@ impl PagesWrite<'_> {
         // SAFETY: in range (offset checked); a private page of the
         // sequence borrowed mutably for this writer's life.
         unsafe { st.write_from(off, scratch) }?;
+        Ok(true)
+    }
+
+    /// Writes each run of K or V rows with the bytes `fill(run, dst)`
+    /// gives (once per run, in order): in place for host storage, staged
+    /// and written in one pass for device storage (one wait for the device,
+    /// not one per run). `Ok(false)`, having written nothing, when a run is
+    /// out of range or its page is not private. Runs must not overlap.
+    pub(crate) fn write_row_runs(
+        &mut self,
+        runs: &[RowRun],
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) -> Result<bool, KvError> {
+        let Some(spans) = self.read.spans(runs) else {
+            return Ok(false);
+        };
+        let st = self.read.st;
+        for r in runs {
+            if let Some(page) = self.read.page(r.page) {
+                st.track(page, true);
+            }
+        }
+        // SAFETY: in range (offsets checked); private pages of the
+        // sequence borrowed mutably for this writer's life, and the host
+        // path hands out one run's rows at a time.
+        unsafe { st.write_runs(&spans, &mut fill) }?;
         Ok(true)
     }
 

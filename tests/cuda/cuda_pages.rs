@@ -135,3 +135,88 @@ fn cuda_pages_copy_runs_from_another_pools_pages_on_the_device() {
     b.read(0, &mut again).unwrap();
     assert!(again == want);
 }
+
+#[test]
+fn cuda_pages_write_and_read_runs_in_staged_passes_that_wait_once_per_chunk() {
+    use handoff::kv::DevicePages;
+    let Some(dev) =
+        device_for_test("cuda_pages_write_and_read_runs_in_staged_passes_that_wait_once_per_chunk")
+    else {
+        return;
+    };
+    // Pages of 1 MiB (16 layers, 8 bf16 heads of 128, 16 tokens), 48 of
+    // them: a pass over every page is larger than the 32 MiB of staging
+    // memory a storage keeps, so it goes in two chunks.
+    let g = handoff::KvGeometry {
+        n_layers: 16,
+        n_kv_heads: 8,
+        head_dim: 128,
+        dtype: handoff::KvDtype::BF16,
+    };
+    let cfg = PoolConfig::new(g, 16, 48);
+    let pages = CudaPages::for_pool(&dev, &cfg).unwrap();
+    let len = pages.len();
+    let mib = 1 << 20;
+    assert_eq!(len, 48 * mib);
+    pages.fill(0, len, &[0, 0]).unwrap();
+    let byte = |run: usize, i: usize| (run * 31 + i * 7 + 1) as u8;
+
+    // Every page whole, then short unaligned runs between pages' starts.
+    let mut runs: Vec<(usize, usize)> = (0..48).map(|p| (p * mib, mib)).collect();
+    let syncs = dev.host_syncs();
+    pages
+        .write_runs(&runs, &mut |r, dst| {
+            for (i, b) in dst.iter_mut().enumerate() {
+                *b = byte(r, i);
+            }
+        })
+        .unwrap();
+    assert!(
+        dev.host_syncs() - syncs <= 2,
+        "48 MiB in two chunks: waited {} times",
+        dev.host_syncs() - syncs
+    );
+    runs = vec![(3, 5), (mib + 17, 4093), (7 * mib - 1, 2), (47 * mib, 0)];
+    pages
+        .write_runs(&runs, &mut |r, dst| {
+            for (i, b) in dst.iter_mut().enumerate() {
+                *b = byte(r + 100, i);
+            }
+        })
+        .unwrap();
+    let mut want: Vec<u8> = (0..len).map(|i| byte(i / mib, i % mib)).collect();
+    for (r, &(at, n)) in runs.iter().enumerate() {
+        for i in 0..n {
+            want[at + i] = byte(r + 100, i);
+        }
+    }
+    let mut got = vec![0u8; len];
+    pages.read(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "every run landed where it was sent, nothing else"
+    );
+
+    // Read back as passes: each run's bytes, in order, through the same
+    // staging (the whole arena in two chunks, then the short runs).
+    let whole: Vec<(usize, usize)> = (0..48).map(|p| (p * mib, mib)).collect();
+    for list in [&whole, &runs] {
+        let mut seen = Vec::new();
+        pages
+            .read_runs(list, &mut |r, bytes| {
+                let (at, n) = list[r];
+                assert!(bytes == &want[at..at + n], "run {r} of {}", list.len());
+                seen.push(r);
+            })
+            .unwrap();
+        assert_eq!(seen, (0..list.len()).collect::<Vec<_>>());
+    }
+
+    // A run past the end fails the pass before anything is written.
+    let e = pages.write_runs(&[(0, 4), (len - 2, 4)], &mut |_, dst| dst.fill(0xEE));
+    assert!(e.is_err());
+    let e = pages.read_runs(&[(len, 1)], &mut |_, _| panic!("nothing to take"));
+    assert!(e.is_err());
+    pages.read(0, &mut got).unwrap();
+    assert!(got == want, "the failed pass wrote nothing");
+}

@@ -151,6 +151,20 @@ impl handoff::kv::DevicePages for SharedStaged {
     fn fill(&self, at: usize, len: usize, element: &[u8]) -> Result<(), handoff::kv::DeviceError> {
         self.pages.fill(at, len, element)
     }
+    fn write_runs(
+        &self,
+        runs: &[(usize, usize)],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), handoff::kv::DeviceError> {
+        self.pages.write_runs(runs, fill)
+    }
+    fn read_runs(
+        &self,
+        runs: &[(usize, usize)],
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), handoff::kv::DeviceError> {
+        self.pages.read_runs(runs, take)
+    }
     fn xxh3_ranges(
         &self,
         ranges: &[(usize, usize)],

@@ -10,6 +10,7 @@ mod decode_lands_a_burst;
 mod decode_worker_shutdown;
 mod device_fails_mid_transfer;
 mod device_hashes_landed_kv;
+mod device_staged_batches;
 mod device_to_device_landing;
 mod disaggregated;
 mod example_disaggregated;

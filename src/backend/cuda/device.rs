@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
-    ValidAsZeroBits,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -369,6 +369,28 @@ impl CudaDevice {
             .stream
             .memcpy_htod(host, dst)
             .map_err(CudaError::driver("copying to the device"))
+    }
+
+    /// `len` zeroed bytes of page-locked host memory: a copy between it
+    /// and the device is DMA that queues without waiting, so a staged pass
+    /// of many copies waits for the device once.
+    pub(super) fn pinned(&self, len: usize) -> Result<PinnedHostSlice<u8>, CudaError> {
+        let what = "allocating page-locked host memory";
+        // SAFETY: the allocation's bytes are unset; they are zeroed below
+        // before anything reads them. Flags 0: cached (the host reads it
+        // back), not write-combined.
+        let mut buf = unsafe {
+            self.inner
+                .stream
+                .context()
+                .alloc_pinned_with_flags::<u8>(len, 0)
+        }
+        .map_err(CudaError::driver(what))?;
+        let ptr = buf.as_mut_ptr().map_err(CudaError::driver(what))?;
+        // SAFETY: `ptr` is the start of this allocation of `len` bytes, which
+        // nothing else references yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(buf)
     }
 
     /// A new zeroed device buffer of `len` elements.

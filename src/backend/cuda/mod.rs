@@ -15,7 +15,8 @@
 //!   recorded and replayed as one graph when an equal list was captured.
 //! - [`DeviceKvArena`]: KV pages in device memory, the host arena's layout.
 //! - [`CudaPages`]: a device-resident pool's page bytes
-//!   ([`crate::kv::DevicePages`]), scrubbed and copied on the stream.
+//!   ([`crate::kv::DevicePages`]), scrubbed and copied on the stream; a
+//!   transfer batch's runs staged through page-locked memory in one pass.
 //! - [`PageTables`] / [`SlotMap`]: page tables and append slots, validated
 //!   against the arena before they can reach a kernel.
 

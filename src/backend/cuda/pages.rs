@@ -1,16 +1,26 @@
 //! [`CudaPages`]: a device-resident pool's page bytes in GPU memory
 //! ([`crate::kv::DevicePages`]). The pool keeps every page's metadata on
 //! the host and reaches these bytes only as staged copies of rows it owns
-//! (appends, transfer landings), fills (scrubs) and hash passes (the
+//! (appends, transfer landings: a batch's runs in one pass through
+//! page-locked memory), fills (scrubs) and hash passes (the
 //! checksums of landed KV, computed on the device), each queued
 //! on the device's one stream, so a kernel launched after a scrub reads
 //! the scrubbed page, and each call waits for its copy to finish.
+
+use cudarc::driver::PinnedHostSlice;
+
+use parking_lot::MappedMutexGuard;
 
 use super::{CudaDevice, CudaError, DeviceKvArena};
 use crate::kv::{DeviceError, DevicePages, PoolConfig};
 
 /// How many bytes of a fill pattern are uploaded at a time.
 const FILL_CHUNK: usize = 1 << 20;
+
+/// The most page-locked host memory a storage keeps for staged passes
+/// ([`DevicePages::write_runs`], [`DevicePages::read_runs`]); a larger pass
+/// goes through it in chunks, waiting for the device once per chunk.
+const STAGING_MAX: usize = 32 << 20;
 
 /// Page bytes in device memory, as a [`DeviceKvArena`] the backend's
 /// kernels index through validated page tables.
@@ -20,6 +30,13 @@ pub struct CudaPages {
     /// launches on the host side (the stream orders them on the device).
     arena: parking_lot::Mutex<DeviceKvArena>,
     len: usize,
+    /// Page-locked host memory for staged passes, grown to the largest
+    /// pass (up to [`STAGING_MAX`]) and kept. Lock order: this before any
+    /// arena's lock, and never two storages' staging at once.
+    staging: parking_lot::Mutex<Option<PinnedHostSlice<u8>>>,
+    /// Whether page-locked memory could not be had: passes then copy run
+    /// by run from pageable memory.
+    pageable: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for CudaPages {
@@ -42,6 +59,8 @@ impl CudaPages {
             dev: dev.clone(),
             arena: parking_lot::Mutex::new(arena),
             len,
+            staging: parking_lot::Mutex::new(None),
+            pageable: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -62,6 +81,53 @@ impl CudaPages {
             what,
             reason: e.to_string(),
         }
+    }
+
+    /// The staging memory, at least `need` bytes (grown when smaller), or
+    /// `None` when page-locked memory cannot be had (then never tried
+    /// again for this storage).
+    fn staging(&self, need: usize) -> Option<MappedMutexGuard<'_, PinnedHostSlice<u8>>> {
+        use std::sync::atomic::Ordering;
+        if self.pageable.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut st = self.staging.lock();
+        if st.as_ref().is_none_or(|b| b.len() < need) {
+            // Dropped first: the old buffer's memory goes back before the
+            // new one is taken.
+            *st = None;
+            match self
+                .dev
+                .pinned(need.next_power_of_two().min(STAGING_MAX).max(need))
+            {
+                Ok(b) => *st = Some(b),
+                Err(_) => {
+                    self.pageable.store(true, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        }
+        parking_lot::MutexGuard::try_map(st, Option::as_mut).ok()
+    }
+
+    /// Splits `runs` into chunks of consecutive runs that fit `cap` bytes
+    /// together (a run longer than `cap` alone: callers size `cap` to the
+    /// longest run), as `(first, end, offsets)` with each run's offset in
+    /// the staging memory.
+    fn chunks(runs: &[(usize, usize)], cap: usize) -> Vec<(usize, usize, Vec<usize>)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < runs.len() {
+            let (mut j, mut used, mut offs) = (i, 0usize, Vec::new());
+            while j < runs.len() && (j == i || used + runs[j].1 <= cap) {
+                offs.push(used);
+                used += runs[j].1;
+                j += 1;
+            }
+            out.push((i, j, offs));
+            i = j;
+        }
+        out
     }
 
     /// `[at, at + n)`, or an error naming the access.
@@ -153,6 +219,105 @@ impl DevicePages for CudaPages {
         self.dev.synchronize().map_err(|e| self.err(what(), e))
     }
 
+    fn write_runs(
+        &self,
+        runs: &[(usize, usize)],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), DeviceError> {
+        for &(at, n) in runs {
+            self.range(at, n, "write")?;
+        }
+        let total: usize = runs.iter().map(|r| r.1).sum();
+        let longest = runs.iter().map(|r| r.1).max().unwrap_or(0);
+        if total == 0 {
+            return Ok(());
+        }
+        let what = || format!("write pass of {} runs ({total} bytes)", runs.len());
+        let Some(mut staging) = self.staging(total.min(STAGING_MAX).max(longest)) else {
+            // No page-locked memory: run by run, as the default does.
+            let mut scratch = Vec::new();
+            for (i, &(at, n)) in runs.iter().enumerate() {
+                scratch.clear();
+                scratch.resize(n, 0);
+                fill(i, &mut scratch);
+                self.write(at, &scratch)?;
+            }
+            return Ok(());
+        };
+        let host = staging.as_mut_slice().map_err(|e| self.err(what(), e))?;
+        for (first, end, offs) in Self::chunks(runs, host.len()) {
+            // Filled without the arena's lock (a fill may read another
+            // storage), then queued and waited for once.
+            for (k, &o) in (first..end).zip(&offs) {
+                fill(k, &mut host[o..o + runs[k].1]);
+            }
+            let mut arena = self.arena.lock();
+            let stream = self.dev.stream();
+            for (&(at, n), &o) in runs[first..end].iter().zip(&offs) {
+                if n == 0 {
+                    continue;
+                }
+                let mut dst = arena.data.slice_mut(at..at + n);
+                stream
+                    .memcpy_htod(&host[o..o + n], &mut dst)
+                    .map_err(|e| self.err(what(), e))?;
+            }
+            // The staging memory is refilled next: the copies must have
+            // read it.
+            self.dev.synchronize().map_err(|e| self.err(what(), e))?;
+        }
+        Ok(())
+    }
+
+    fn read_runs(
+        &self,
+        runs: &[(usize, usize)],
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        for &(at, n) in runs {
+            self.range(at, n, "read")?;
+        }
+        let total: usize = runs.iter().map(|r| r.1).sum();
+        let longest = runs.iter().map(|r| r.1).max().unwrap_or(0);
+        let what = || format!("read pass of {} runs ({total} bytes)", runs.len());
+        let staging = if total == 0 {
+            None
+        } else {
+            self.staging(total.min(STAGING_MAX).max(longest))
+        };
+        let Some(mut staging) = staging else {
+            let mut scratch = Vec::new();
+            for (i, &(at, n)) in runs.iter().enumerate() {
+                scratch.clear();
+                scratch.resize(n, 0);
+                self.read(at, &mut scratch)?;
+                take(i, &scratch);
+            }
+            return Ok(());
+        };
+        let host = staging.as_mut_slice().map_err(|e| self.err(what(), e))?;
+        for (first, end, offs) in Self::chunks(runs, host.len()) {
+            {
+                let arena = self.arena.lock();
+                let stream = self.dev.stream();
+                for (&(at, n), &o) in runs[first..end].iter().zip(&offs) {
+                    if n == 0 {
+                        continue;
+                    }
+                    let src = arena.data.slice(at..at + n);
+                    stream
+                        .memcpy_dtoh(&src, &mut host[o..o + n])
+                        .map_err(|e| self.err(what(), e))?;
+                }
+                self.dev.synchronize().map_err(|e| self.err(what(), e))?;
+            }
+            for (k, &o) in (first..end).zip(&offs) {
+                take(k, &host[o..o + runs[k].1]);
+            }
+        }
+        Ok(())
+    }
+
     fn xxh3_ranges(&self, ranges: &[(usize, usize)]) -> Option<Result<Vec<u64>, DeviceError>> {
         // One warp per range over the arena itself (the kernel proven equal
         // to the host's xxh3 in tests/cuda/xxh3_host.rs); the ranges are
@@ -232,5 +397,32 @@ impl DevicePages for CudaPages {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CudaPages;
+
+    #[test]
+    fn a_pass_is_cut_into_chunks_of_whole_runs_that_fit_the_staging() {
+        let runs = [(0, 4), (100, 4), (200, 2), (300, 9), (400, 0), (500, 1)];
+        let chunks = CudaPages::chunks(&runs, 8);
+        let got: Vec<_> = chunks.iter().map(|(a, b, o)| (*a, *b, o.clone())).collect();
+        // 4 + 4 fill 8; 2 alone (9 would overflow); 9 is longer than the
+        // staging and goes alone; the empty run and the last share a chunk.
+        assert_eq!(
+            got,
+            vec![
+                (0, 2, vec![0, 4]),
+                (2, 3, vec![0]),
+                (3, 4, vec![0]),
+                (4, 6, vec![0, 0]),
+            ]
+        );
+        assert!(CudaPages::chunks(&[], 8).is_empty());
+        // Every run once, in order.
+        let covered: Vec<usize> = chunks.iter().flat_map(|(a, b, _)| *a..*b).collect();
+        assert_eq!(covered, (0..runs.len()).collect::<Vec<_>>());
     }
 }
