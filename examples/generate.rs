@@ -26,7 +26,10 @@
 //! Other flags: `--stop-ids 1,2`, `--top-k K`, `--top-p P`, `--seed S`
 //! (request i uses S + i), `--page-size N` (16; a power of two, lowered to
 //! fit the context window), `--kv-dtype f32|f16|bf16|fp8` (f32), `--threads N`
-//! (all cores).
+//! (all cores), `--backend cpu|cuda` (cpu). `--backend cuda` runs the model
+//! on GPU 0 with its KV pages in device memory and sampling on the device
+//! (a build with `--features cuda`; without one, or without a usable GPU,
+//! it exits 2 and says why).
 //!
 //! Bad arguments (including counts that overflow, and prompts the engine
 //! rejects) print the reason and the usage on stderr, nothing on stdout, and
@@ -38,7 +41,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use handoff::backend::CpuBackend;
+use handoff::backend::{Backend, CpuBackend};
 use handoff::model::Model;
 use handoff::text::{Message, StopMatcher, StreamDecoder, TextModel, Tokenizer};
 use handoff::{
@@ -70,12 +73,13 @@ struct Args {
     page_size: usize,
     kv_dtype: KvDtype,
     threads: Option<usize>,
+    cuda: bool,
 }
 
 const USAGE: &str = "usage: generate --model PATH (--prompt-ids 1,2,3 [--prompt-ids ...] | \
 --prompt TEXT [--prompt ...] | --chat TEXT) --max-new-tokens N [--temperature T] [--top-k K] \
 [--top-p P] [--seed S] [--stop-ids a,b] [--stop STRING ...] [--page-size N] \
-[--kv-dtype f32|f16|bf16|fp8] [--threads N]";
+[--kv-dtype f32|f16|bf16|fp8] [--threads N] [--backend cpu|cuda]";
 
 fn ids(s: &str) -> Result<Vec<u32>, String> {
     s.split(',')
@@ -109,6 +113,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         page_size: 16,
         kv_dtype: KvDtype::F32,
         threads: None,
+        cuda: false,
     };
     let mut have_model = false;
     let mut texts = Vec::new();
@@ -145,6 +150,13 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?
             }
             "--threads" => a.threads = Some(num(&flag, &v)?),
+            "--backend" => {
+                a.cuda = match v.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    _ => return Err(format!("--backend {v:?}: cpu or cuda")),
+                }
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -169,6 +181,9 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         return Err(
             "--stop applies to text (--prompt or --chat); use --stop-ids with --prompt-ids".into(),
         );
+    }
+    if a.cuda && a.threads.is_some() {
+        return Err("--threads sets the CPU backend's threads; --backend cuda has none".into());
     }
     if !a.page_size.is_power_of_two() {
         return Err(format!(
@@ -234,13 +249,47 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode, String> {
     let args = parse(std::env::args().skip(1))?;
-    let mut err = std::io::stderr();
-    let t_load = Instant::now();
+    if args.cuda {
+        let (backend, on) = gpu::backend()?;
+        return generate(backend, on, args);
+    }
     let backend = match args.threads {
         Some(n) => CpuBackend::with_threads(n),
         None => CpuBackend::new(),
     };
-    let threads = backend.threads();
+    let on = format!("{} threads", backend.threads());
+    generate(backend, on, args)
+}
+
+/// `--backend cuda`: GPU 0, KV pages in its memory.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use handoff::backend::cuda::{CudaBackend, CudaDevice};
+
+    pub fn backend() -> Result<(CudaBackend, String), String> {
+        let dev = CudaDevice::open(0).map_err(|e| format!("--backend cuda: no usable GPU: {e}"))?;
+        let on = format!("{}, KV pages in device memory", dev.name());
+        Ok((CudaBackend::new(dev).device_kv(true), on))
+    }
+}
+
+/// `--backend cuda` in a build without the `cuda` feature: refused.
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    pub fn backend() -> Result<(handoff::backend::CpuBackend, String), String> {
+        Err(
+            "--backend cuda needs a build with the cuda feature (and nvcc to build it): \
+             cargo run --release --features cuda --example generate -- --backend cuda ..."
+                .into(),
+        )
+    }
+}
+
+/// Loads the model on `backend` (described as `on` in the log) and serves
+/// every prompt at once.
+fn generate<B: Backend>(backend: B, on: String, args: Args) -> Result<ExitCode, String> {
+    let mut err = std::io::stderr();
+    let t_load = Instant::now();
     // Placed as it is read: a bf16 checkpoint never sits in memory in f32.
     let model =
         Model::load(backend, &args.model).map_err(|e| format!("{}: {e}", args.model.display()))?;
@@ -278,7 +327,7 @@ fn run() -> Result<ExitCode, String> {
     }
     let _ = writeln!(
         err,
-        "loaded {} in {:.2?}: dim {}, {} layers, {} heads / {} KV heads, vocab {}, {:.1} MB of weights, {} threads",
+        "loaded {} in {:.2?}: dim {}, {} layers, {} heads / {} KV heads, vocab {}, {:.1} MB of weights, on {}",
         args.model.display(),
         t_load.elapsed(),
         mc.dim,
@@ -287,7 +336,7 @@ fn run() -> Result<ExitCode, String> {
         mc.n_kv_heads,
         mc.vocab_size,
         model.weight_bytes() as f64 / 1e6,
-        threads
+        on
     );
 
     // Size the deployment so that every prompt runs at once.

@@ -4,6 +4,9 @@
 #   gpu-bundle/tests/*        release test binaries with --features cuda
 #   gpu-bundle/benches/*      the kernel and end-to-end decode benchmarks
 #   gpu-bundle/examples/disaggregated  the main example, run with --backend cuda
+#   gpu-bundle/examples/generate       a Hugging Face checkpoint (the test
+#                             fixture) generated on the GPU; generate.cpu
+#                             holds what the CPU printed for it here
 #   gpu-bundle/stories260K.bin (for the end-to-end test, when present)
 #   gpu-bundle/cublas_reference.py  torch (cuBLAS) bf16 GEMMs for comparison
 #   gpu-bundle/torch_decode_peer.py the end-to-end decode model in torch (peer ratio)
@@ -27,9 +30,28 @@ cargo test --release --features cuda --no-run --message-format=json --test cuda 
   > target/gpu-bundle-tests.json
 cargo bench --features cuda --no-run --message-format=json --bench cuda_attention --bench cuda_decode \
   > target/gpu-bundle-benches.json
-cargo build --release --features cuda --example disaggregated
-cp target/release/examples/disaggregated "$bundle/examples/disaggregated"
-strip "$bundle/examples/disaggregated"
+cargo build --release --features cuda --example disaggregated --example generate
+for ex in disaggregated generate; do
+  cp "target/release/examples/$ex" "$bundle/examples/$ex"
+  strip "$bundle/examples/$ex"
+done
+# The Hugging Face fixture (tests/fixtures/hf_tiny_llama, f32, 360 KB) and
+# its transformers prompts: the GPU must print, greedy, the ids the CPU
+# prints here (the CPU's are transformers' own; tests check that).
+mkdir -p "$bundle/hf_tiny_llama"
+cp tests/fixtures/hf_tiny_llama/config.json tests/fixtures/hf_tiny_llama/model.safetensors "$bundle/hf_tiny_llama/"
+python3 - tests/fixtures/hf_tiny_llama/expected.json > "$bundle/generate.args" <<'PY'
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+args = []
+for c in cases:
+    args += ["--prompt-ids", ",".join(map(str, c["prompt"]))]
+args += ["--max-new-tokens", str(len(cases[0]["greedy_new_tokens"])), "--temperature", "0"]
+print(" ".join(args))
+PY
+# shellcheck disable=SC2046 # the ids and flags split on spaces
+"$bundle/examples/generate" --backend cpu --model "$bundle/hf_tiny_llama" $(cat "$bundle/generate.args") \
+  > "$bundle/generate.cpu"
 
 pick() { # json file, destination dir
   python3 - "$1" "$2" <<'PY'
@@ -49,7 +71,7 @@ PY
 for f in $(pick target/gpu-bundle-tests.json "$bundle/tests") $(pick target/gpu-bundle-benches.json "$bundle/benches"); do
   strip "$f"
 done
-for f in tests/cuda benches/cuda_decode benches/cuda_attention examples/disaggregated; do
+for f in tests/cuda benches/cuda_decode benches/cuda_attention examples/disaggregated examples/generate; do
   [[ -x "$bundle/$f" ]] || { echo "gpu-bundle: $f was not built" >&2; exit 1; }
 done
 model=../shared/models/stories260K.bin
@@ -64,10 +86,11 @@ cat > "$bundle/run.sh" <<'RUN'
 # env.txt (nvidia-smi, timings, every bench's stderr), tests.log,
 # cuda_attention.md, cublas.md, cuda_decode.md, torch_decode_peer.md and
 # example.log. Order: correctness, then issue 16's kernel figures, then
-# issue 15's end-to-end ones, then the example; a run cut short keeps what
-# came first. Budget (worst case, every step at its timeout): tests 140 s,
+# issue 15's end-to-end ones, then the examples; a run cut short keeps what
+# came first. Budget (worst case, every step at its timeout): tests 135 s,
 # kernel benchmark 120 s, cuBLAS 45 s, end-to-end decode 150 s, its torch
-# peer 45 s, the example 2 x 45 s: 590 s. Give the device call 600 s.
+# peer 45 s, the main example 2 x 40 s, generate 20 s: 595 s. Give the
+# device call 600 s.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/out}"
@@ -93,7 +116,7 @@ for t in "$here"/tests/*; do
   echo "#### $name" >> "$out/tests.log"
   # The SIMT-emulator stories (`*_host::`) check kernel bodies on the CPU;
   # CI runs them, and here they would only spend device time.
-  timeout 140 "$t" --test-threads=1 --skip _host:: >> "$out/tests.log" 2>&1
+  timeout 135 "$t" --test-threads=1 --skip _host:: >> "$out/tests.log" 2>&1
   rc=$?
   note "== $name: exit $rc in $((SECONDS - start))s"
   grep -E "^test .* (FAILED|ok)$|panicked|test result" "$out/tests.log" | tail -60
@@ -136,13 +159,28 @@ cat "$out/torch_decode_peer.md"
 for transport in inproc tcp; do
   start=$SECONDS
   echo "#### disaggregated --backend cuda --transport $transport" >> "$out/example.log"
-  timeout 45 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
+  timeout 40 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
     >> "$out/example.log" 2>&1
   rc=$?
   note "== disaggregated --backend cuda --transport $transport: exit $rc in $((SECONDS - start))s"
   tail -3 "$out/example.log"
   [[ $rc -eq 0 ]] || status=1
 done
+# A Hugging Face checkpoint on the GPU (KV pages in device memory, sampling
+# on the device): greedy, the ids the CPU printed when the bundle was built.
+start=$SECONDS
+echo "#### generate --backend cuda" >> "$out/example.log"
+# shellcheck disable=SC2046 # the ids and flags split on spaces
+timeout 20 "$here/examples/generate" --backend cuda --model "$here/hf_tiny_llama" \
+  $(cat "$here/generate.args") > /tmp/generate.gpu 2>> "$out/example.log"
+rc=$?
+cat /tmp/generate.gpu >> "$out/example.log"
+if [[ $rc -eq 0 ]] && cmp -s /tmp/generate.gpu "$here/generate.cpu"; then
+  note "== generate --backend cuda: the CPU's greedy ids (exit 0 in $((SECONDS - start))s)"
+else
+  note "== generate --backend cuda: exit $rc, ids $(cmp -s /tmp/generate.gpu "$here/generate.cpu" && echo equal || echo DIFFERENT) to the CPU's"
+  status=1
+fi
 exit $status
 RUN
 chmod +x "$bundle/run.sh"

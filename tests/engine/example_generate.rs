@@ -135,6 +135,50 @@ fn one_line_per_prompt_in_order_with_transformers_greedy_tokens() {
     }
 }
 
+/// `--backend cuda`: on a GPU, the fixture's prompts give transformers'
+/// greedy tokens as on the CPU (KV pages in device memory, sampling on the
+/// device); without one, or in a build without the `cuda` feature, exit 2
+/// with the reason and nothing on stdout, never a CPU run in its place.
+#[test]
+fn the_gpu_backend_generates_transformers_greedy_tokens_or_says_why_it_cannot() {
+    let cases = transformers_cases();
+    let n = cases[0].1.len().to_string();
+    let prompts: Vec<String> = cases.iter().map(|(p, _)| csv(p)).collect();
+    let mut args = vec!["--model", FIXTURE, "--backend", "cuda"];
+    for p in &prompts {
+        args.extend(["--prompt-ids", p.as_str()]);
+    }
+    args.extend(["--max-new-tokens", n.as_str(), "--temperature", "0"]);
+    let Some(out) = run(&args) else {
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
+        assert_eq!(
+            String::from_utf8(out.stdout.clone()).unwrap(),
+            format!("{}\n", expected.join("\n"))
+        );
+        assert!(stderr.contains("KV pages in device memory"), "{stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    let why = if cfg!(feature = "cuda") {
+        "no usable GPU"
+    } else {
+        "needs a build with the cuda feature"
+    };
+    assert!(
+        stderr.contains("--backend cuda") && stderr.contains(why),
+        "{stderr}"
+    );
+    assert!(
+        std::env::var("HANDOFF_REQUIRE_GPU").as_deref() != Ok("1"),
+        "HANDOFF_REQUIRE_GPU=1 but the example could not use the GPU: {stderr}"
+    );
+}
+
 #[test]
 fn a_llama3_checkpoint_generates_transformers_greedy_tokens() {
     // Llama 3's scaled RoPE, through the example's exact interface.
@@ -270,6 +314,34 @@ fn bad_arguments_exit_non_zero_with_nothing_on_stdout() {
                 "4",
                 "--page-size",
                 &huge,
+            ],
+        ),
+        (
+            "unknown backend",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                "4",
+                "--backend",
+                "tpu",
+            ],
+        ),
+        (
+            "threads for the GPU backend",
+            vec![
+                "--model",
+                FIXTURE,
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                "4",
+                "--backend",
+                "cuda",
+                "--threads",
+                "2",
             ],
         ),
         (
