@@ -6,7 +6,7 @@ use std::time::Duration;
 
 pub const USAGE: &str = "usage: openai_server [--model PATH|random] [--host 127.0.0.1] [--port 8000] \
 [--api-keys FILE] [--disaggregated [--transport inproc|tcp]] [--max-context N] [--pool-tokens N] [--max-queue N] \
-[--grace-secs S] [--served-model-name NAME] [--threads N] [--no-audit] \
+[--grace-secs S] [--served-model-name NAME] [--threads N] [--backend cpu|cuda] [--no-audit] \
 [--corrupt-receipt-of-request ID (test aid, with --disaggregated)]";
 
 /// The link between the workers of `--disaggregated`.
@@ -38,6 +38,8 @@ pub struct Args {
     pub grace: Duration,
     pub served_name: Option<String>,
     pub threads: Option<usize>,
+    /// `--backend cuda`: every model on GPU 0, KV pages in its memory.
+    pub cuda: bool,
     /// Keep the audit trail (every KV read checked against its writer).
     pub audit: bool,
     /// Test aid: the prefill worker corrupts this request's receipt (the
@@ -66,6 +68,7 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         grace: Duration::from_secs(10),
         served_name: None,
         threads: None,
+        cuda: false,
         audit: true,
         corrupt_receipt_of: None,
     };
@@ -98,11 +101,21 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--served-model-name" => a.served_name = Some(value()?),
             "--threads" => a.threads = Some(num(&flag, &value()?)?),
+            "--backend" => {
+                a.cuda = match value()?.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    other => return Err(format!("--backend {other:?}: expected cpu or cuda")),
+                }
+            }
             "--no-audit" => a.audit = false,
             "--corrupt-receipt-of-request" => a.corrupt_receipt_of = Some(num(&flag, &value()?)?),
             "-h" | "--help" => return Err("help".into()),
             other => return Err(format!("unknown flag {other}")),
         }
+    }
+    if a.cuda && a.threads.is_some() {
+        return Err("--threads sets the CPU backend's threads; --backend cuda has none".into());
     }
     if a.transport != LinkKind::InProcess && !a.disaggregated {
         return Err("--transport needs --disaggregated".into());

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use handoff::backend::CpuBackend;
+use handoff::backend::{Backend, CpuBackend};
 use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::service::{Service, Submitter};
 use handoff::transfer::{InProcess, LinkError, TcpAuth, Transfer, TransferConfig, TransferError};
@@ -26,8 +26,27 @@ use crate::staged_link::{StagedLink, Staging};
 pub const RANDOM_SEED: u64 = 2026;
 
 enum Kind {
-    Colocated(Service<Engine>),
+    Colocated(Box<dyn Colo>),
     Disaggregated(Box<dyn Pair>),
+}
+
+/// One engine behind a [`Service`], on whichever backend.
+trait Colo: Send {
+    fn submitter(&self) -> Submitter;
+    fn shutdown(self: Box<Self>, grace: Duration) -> Result<Stopped, String>;
+}
+
+impl<B: Backend + Send + 'static> Colo for Service<Engine<B>> {
+    fn submitter(&self) -> Submitter {
+        Service::submitter(self)
+    }
+
+    fn shutdown(self: Box<Self>, grace: Duration) -> Result<Stopped, String> {
+        let engine = Service::shutdown(*self, grace).map_err(|e| e.to_string())?;
+        Ok(Stopped {
+            pools: vec![("colocated", engine.pool_stats())],
+        })
+    }
 }
 
 /// A decode worker behind a [`Service`] and a prefill worker on its own
@@ -37,13 +56,13 @@ trait Pair: Send {
     fn shutdown(self: Box<Self>, grace: Duration) -> Result<Stopped, String>;
 }
 
-struct PairOver<T: Transfer> {
-    decode: Service<DecodeWorker<T::Decode>>,
-    prefill: JoinHandle<PrefillWorker<StagedLink<T::Prefill>>>,
+struct PairOver<T: Transfer, B: Backend> {
+    decode: Service<DecodeWorker<T::Decode, B>>,
+    prefill: JoinHandle<PrefillWorker<StagedLink<T::Prefill>, B>>,
     stop: Arc<AtomicBool>,
 }
 
-impl<T: Transfer> Pair for PairOver<T>
+impl<T: Transfer, B: Backend + Send + 'static> Pair for PairOver<T, B>
 where
     T::Decode: Send,
     T::Prefill: Send,
@@ -96,11 +115,7 @@ impl Stopped {
     }
 }
 
-fn model(path: Option<&Path>, threads: Option<usize>) -> Result<Model, String> {
-    let backend = match threads {
-        Some(n) => CpuBackend::with_threads(n),
-        None => CpuBackend::new(),
-    };
+fn model<B: Backend>(backend: B, path: Option<&Path>) -> Result<Model<B>, String> {
     match path {
         None => Model::new(
             backend,
@@ -111,7 +126,7 @@ fn model(path: Option<&Path>, threads: Option<usize>) -> Result<Model, String> {
     }
 }
 
-fn config<R: RoleKind>(args: &Args, m: &Model) -> Result<EngineConfig<R>, String> {
+fn config<R: RoleKind, B: Backend>(args: &Args, m: &Model<B>) -> Result<EngineConfig<R>, String> {
     let window = args.max_context.unwrap_or(m.config().max_seq_len.min(2048));
     let pool = args.pool_tokens.unwrap_or(window.saturating_mul(8));
     let mut b = EngineConfigBuilder::<R>::new(m.kv_geometry(KvDtype::F32))
@@ -126,27 +141,70 @@ fn config<R: RoleKind>(args: &Args, m: &Model) -> Result<EngineConfig<R>, String
         .map_err(|e| format!("{:?} configuration refused: {e}", R::ROLE))
 }
 
+/// `--backend cuda`: GPU 0, opened once; each model gets its own backend
+/// on it, with its KV pages in device memory.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use handoff::backend::cuda::{CudaBackend, CudaDevice};
+
+    pub fn start(args: &crate::args::Args) -> Result<super::Stack, String> {
+        let dev = CudaDevice::open(0).map_err(|e| format!("--backend cuda: no usable GPU: {e}"))?;
+        tracing::info!(
+            device = dev.name(),
+            "the models run on the GPU, KV pages in its memory"
+        );
+        super::Stack::start_on(args, &|| CudaBackend::new(dev.clone()).device_kv(true))
+    }
+}
+
+/// `--backend cuda` in a build without the `cuda` feature: refused.
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    pub fn start(_: &crate::args::Args) -> Result<super::Stack, String> {
+        Err(
+            "--backend cuda needs a build with the cuda feature (and nvcc to build it): \
+             cargo run --release --features cuda --example openai_server -- --backend cuda"
+                .into(),
+        )
+    }
+}
+
 impl Stack {
     pub fn start(args: &Args) -> Result<Stack, String> {
-        let m = model(args.model.as_deref(), args.threads)?;
+        if args.cuda {
+            return gpu::start(args);
+        }
+        let threads = args.threads;
+        Stack::start_on(args, &move || match threads {
+            Some(n) => CpuBackend::with_threads(n),
+            None => CpuBackend::new(),
+        })
+    }
+
+    /// [`Stack::start`] with every model on a backend `backend` makes.
+    fn start_on<B: Backend + Send + 'static>(
+        args: &Args,
+        backend: &dyn Fn() -> B,
+    ) -> Result<Stack, String> {
+        let m = model(backend(), args.model.as_deref())?;
         let vocab = m.config().vocab_size;
         if !args.disaggregated {
-            let cfg = config::<Colocated>(args, &m)?;
+            let cfg = config::<Colocated, B>(args, &m)?;
             let per_token = (cfg.bytes_per_page() / cfg.page_size()) as u64;
             let engine = Engine::new(m, cfg).map_err(|e| e.to_string())?;
             let pools = vec![("colocated", engine.pool().clone())];
             let service = Service::spawn(engine).map_err(|e| e.to_string())?;
             return Ok(Stack {
-                kind: Kind::Colocated(service),
+                kind: Kind::Colocated(Box::new(service)),
                 pools,
                 window: cfg.max_context(),
                 vocab,
                 kv_bytes_per_token: per_token,
             });
         }
-        let pm = model(args.model.as_deref(), args.threads)?;
-        let dcfg = config::<Decode>(args, &m)?;
-        let pcfg = config::<Prefill>(args, &pm)?;
+        let pm = model(backend(), args.model.as_deref())?;
+        let dcfg = config::<Decode, B>(args, &m)?;
+        let pcfg = config::<Prefill, B>(args, &pm)?;
         let per_token = (dcfg.bytes_per_page() / dcfg.page_size()) as u64;
         let window = dcfg.max_context();
         let (pair, pools) = match args.transport {
@@ -182,12 +240,7 @@ impl Stack {
     /// with 503, stops every worker and reports the pools. Blocks.
     pub fn shutdown(self, grace: Duration) -> Result<Stopped, String> {
         match self.kind {
-            Kind::Colocated(service) => {
-                let engine = service.shutdown(grace).map_err(|e| e.to_string())?;
-                Ok(Stopped {
-                    pools: vec![("colocated", engine.pool_stats())],
-                })
-            }
+            Kind::Colocated(service) => service.shutdown(grace),
             Kind::Disaggregated(pair) => pair.shutdown(grace),
         }
     }
@@ -197,12 +250,12 @@ type Pools = Vec<(&'static str, KvPool)>;
 
 /// Starts a prefill worker on its own thread and a decode worker behind a
 /// service, joined by `t`.
-fn start_pair<T: Transfer + 'static>(
+fn start_pair<T: Transfer + 'static, B: Backend + Send + 'static>(
     t: &T,
     args: &Args,
-    pm: Model,
+    pm: Model<B>,
     pcfg: EngineConfig<Prefill>,
-    m: Model,
+    m: Model<B>,
     dcfg: EngineConfig<Decode>,
 ) -> Result<(Box<dyn Pair>, Pools), String>
 where
@@ -245,7 +298,7 @@ where
             .map_err(|e| e.to_string())?
     };
     let decode = Service::spawn(decode).map_err(|e| e.to_string())?;
-    let pair = PairOver::<T> {
+    let pair = PairOver::<T, B> {
         decode,
         prefill,
         stop,

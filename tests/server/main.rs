@@ -12,6 +12,7 @@ mod openai_server_auth;
 mod openai_server_backpressure;
 mod openai_server_disaggregated;
 mod openai_server_disconnect;
+mod openai_server_gpu;
 mod openai_server_greedy;
 mod openai_server_http;
 mod openai_server_logprobs;

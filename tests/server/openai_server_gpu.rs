@@ -1,0 +1,78 @@
+//! Story: an operator serves a checkpoint on the GPU with `--backend
+//! cuda`. Colocated and disaggregated, the server answers greedy
+//! completions with the ids transformers recorded for the checkpoint, its
+//! KV pages in device memory. Where that cannot be (a build without the
+//! `cuda` feature, a machine without a usable GPU) it refuses to start,
+//! exit 2, and says why: it never serves from the CPU in the GPU's place.
+
+use crate::support::example_bin;
+use crate::support::hf_fixture;
+use crate::support::openai_client;
+
+use std::process::Command;
+
+use openai_client::{Server, post};
+use serde_json::json;
+
+/// Whether this test binary can open a GPU (a `cuda` build on a machine
+/// with one); with `HANDOFF_REQUIRE_GPU=1` a missing GPU fails instead.
+fn gpu() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        handoff::backend::cuda::device_for_test("openai_server --backend cuda").is_some()
+    }
+    #[cfg(not(feature = "cuda"))]
+    false
+}
+
+#[test]
+fn the_gpu_backend_serves_transformers_ids_or_refuses_to_start() {
+    if !gpu() {
+        let Some(bin) = example_bin::path("openai_server") else {
+            return;
+        };
+        let out = Command::new(&bin)
+            .args(["--port", "0", "--backend", "cuda"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(out.stdout.is_empty(), "nothing listened: {err}");
+        let why = if cfg!(feature = "cuda") {
+            "no usable GPU"
+        } else {
+            "needs a build with the cuda feature"
+        };
+        assert!(err.contains("--backend cuda") && err.contains(why), "{err}");
+        return;
+    }
+    for extra in [&[][..], &["--disaggregated"][..]] {
+        let mut args = vec!["--model", hf_fixture::FIXTURE, "--backend", "cuda"];
+        args.extend(extra);
+        let Some(server) = Server::start(&args) else {
+            return;
+        };
+        assert!(
+            server.log().contains("KV pages in its memory"),
+            "{}",
+            server.log()
+        );
+        for case in hf_fixture::expected() {
+            let a = post(
+                &server,
+                "/v1/completions",
+                &json!({"prompt": case.prompt, "max_tokens": case.greedy.len(),
+                    "temperature": 0}),
+                None,
+            );
+            assert_eq!(a.status, 200, "{extra:?}: {}", a.body);
+            let got: Vec<u32> = a.json()["choices"][0]["token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(got, case.greedy, "{extra:?}: prompt {:?}", case.prompt);
+        }
+    }
+}
