@@ -16,14 +16,15 @@
 //! Flags: `--max-new-tokens N` (512), `--max-context N` (2048, capped at the
 //! model's), `--system TEXT`, `--temperature T` (0.7; 0 is greedy),
 //! `--top-p P` (0.9), `--seed S` (0), `--kv-dtype f32|f16|bf16|fp8` (f32),
-//! `--threads N` (all cores).
+//! `--threads N` (all cores), `--backend cpu|cuda` (cpu; cuda: GPU 0 with
+//! KV pages in device memory, in a build with `--features cuda`).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use handoff::backend::CpuBackend;
+use handoff::backend::{Backend, CpuBackend};
 use handoff::model::Model;
 use handoff::text::{Message, StreamDecoder, TextModel};
 use handoff::{
@@ -32,7 +33,11 @@ use handoff::{
 };
 
 const USAGE: &str = "usage: chat --model PATH [--max-new-tokens N] [--max-context N] \
-[--system TEXT] [--temperature T] [--top-p P] [--seed S] [--kv-dtype f32|f16|bf16|fp8] [--threads N]";
+[--system TEXT] [--temperature T] [--top-p P] [--seed S] [--kv-dtype f32|f16|bf16|fp8] [--threads N] \
+[--backend cpu|cuda]";
+
+#[path = "support/on_gpu.rs"]
+mod on_gpu;
 
 struct Args {
     model: PathBuf,
@@ -44,6 +49,7 @@ struct Args {
     seed: u64,
     kv_dtype: KvDtype,
     threads: Option<usize>,
+    cuda: bool,
 }
 
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String>
@@ -64,6 +70,7 @@ fn parse() -> Result<Args, String> {
         seed: 0,
         kv_dtype: KvDtype::F32,
         threads: None,
+        cuda: false,
     };
     let mut have_model = false;
     let mut it = std::env::args().skip(1);
@@ -85,8 +92,18 @@ fn parse() -> Result<Args, String> {
                     KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?
             }
             "--threads" => a.threads = Some(num(&flag, &v)?),
+            "--backend" => {
+                a.cuda = match v.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    _ => return Err(format!("--backend {v:?}: cpu or cuda")),
+                }
+            }
             other => return Err(format!("unknown flag {other}")),
         }
+    }
+    if a.cuda && a.threads.is_some() {
+        return Err("--threads sets the CPU backend's threads; --backend cuda has none".into());
     }
     if !have_model || a.max_new == 0 || a.max_context == 0 {
         return Err("--model is required; --max-new-tokens and --max-context must be > 0".into());
@@ -106,13 +123,23 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args = parse()?;
-    let shown = |e: &dyn std::fmt::Display| format!("{}: {e}", args.model.display());
-    let text = TextModel::load(&args.model).map_err(|e| shown(&e))?;
-    text.chat_template().map_err(|e| shown(&e))?;
+    if args.cuda {
+        let gpu = on_gpu::open("chat")?;
+        return chat(on_gpu::backend(&gpu), on_gpu::describe(&gpu), &args);
+    }
     let backend = match args.threads {
         Some(n) => CpuBackend::with_threads(n),
         None => CpuBackend::new(),
     };
+    let on = format!("{} threads", backend.threads());
+    chat(backend, on, &args)
+}
+
+/// The conversation, with the model on `backend` (`on` in the log).
+fn chat<B: Backend>(backend: B, on: String, args: &Args) -> Result<(), String> {
+    let shown = |e: &dyn std::fmt::Display| format!("{}: {e}", args.model.display());
+    let text = TextModel::load(&args.model).map_err(|e| shown(&e))?;
+    text.chat_template().map_err(|e| shown(&e))?;
     let model = Model::load(backend, &args.model).map_err(|e| shown(&e))?;
     let max_context = args.max_context.min(model.config().max_seq_len);
     let pool_tokens = max_context
@@ -129,7 +156,7 @@ fn run() -> Result<(), String> {
     let mut err = std::io::stderr();
     let _ = writeln!(
         err,
-        "chat with {} ({max_context}-token context); /reset starts over, /exit quits",
+        "chat with {} ({max_context}-token context, on {on}); /reset starts over, /exit quits",
         args.model.display()
     );
 

@@ -42,6 +42,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use handoff::backend::{Backend, CpuBackend};
+
+#[path = "support/on_gpu.rs"]
+mod on_gpu;
 use handoff::model::Model;
 use handoff::text::{Message, StopMatcher, StreamDecoder, TextModel, Tokenizer};
 use handoff::{
@@ -250,8 +253,8 @@ fn main() -> ExitCode {
 fn run() -> Result<ExitCode, String> {
     let args = parse(std::env::args().skip(1))?;
     if args.cuda {
-        let (backend, on) = gpu::backend()?;
-        return generate(backend, on, args);
+        let gpu = on_gpu::open("generate")?;
+        return generate(on_gpu::backend(&gpu), on_gpu::describe(&gpu), args);
     }
     let backend = match args.threads {
         Some(n) => CpuBackend::with_threads(n),
@@ -259,30 +262,6 @@ fn run() -> Result<ExitCode, String> {
     };
     let on = format!("{} threads", backend.threads());
     generate(backend, on, args)
-}
-
-/// `--backend cuda`: GPU 0, KV pages in its memory.
-#[cfg(feature = "cuda")]
-mod gpu {
-    use handoff::backend::cuda::{CudaBackend, CudaDevice};
-
-    pub fn backend() -> Result<(CudaBackend, String), String> {
-        let dev = CudaDevice::open(0).map_err(|e| format!("--backend cuda: no usable GPU: {e}"))?;
-        let on = format!("{}, KV pages in device memory", dev.name());
-        Ok((CudaBackend::new(dev).device_kv(true), on))
-    }
-}
-
-/// `--backend cuda` in a build without the `cuda` feature: refused.
-#[cfg(not(feature = "cuda"))]
-mod gpu {
-    pub fn backend() -> Result<(handoff::backend::CpuBackend, String), String> {
-        Err(
-            "--backend cuda needs a build with the cuda feature (and nvcc to build it): \
-             cargo run --release --features cuda --example generate -- --backend cuda ..."
-                .into(),
-        )
-    }
 }
 
 /// Loads the model on `backend` (described as `on` in the log) and serves

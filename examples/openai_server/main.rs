@@ -69,6 +69,8 @@ mod errors;
 mod generation;
 mod logprobs;
 mod metrics;
+#[path = "../support/on_gpu.rs"]
+mod on_gpu;
 mod reply;
 mod routes;
 mod sse;

@@ -141,38 +141,12 @@ fn config<R: RoleKind, B: Backend>(args: &Args, m: &Model<B>) -> Result<EngineCo
         .map_err(|e| format!("{:?} configuration refused: {e}", R::ROLE))
 }
 
-/// `--backend cuda`: GPU 0, opened once; each model gets its own backend
-/// on it, with its KV pages in device memory.
-#[cfg(feature = "cuda")]
-mod gpu {
-    use handoff::backend::cuda::{CudaBackend, CudaDevice};
-
-    pub fn start(args: &crate::args::Args) -> Result<super::Stack, String> {
-        let dev = CudaDevice::open(0).map_err(|e| format!("--backend cuda: no usable GPU: {e}"))?;
-        tracing::info!(
-            device = dev.name(),
-            "the models run on the GPU, KV pages in its memory"
-        );
-        super::Stack::start_on(args, &|| CudaBackend::new(dev.clone()).device_kv(true))
-    }
-}
-
-/// `--backend cuda` in a build without the `cuda` feature: refused.
-#[cfg(not(feature = "cuda"))]
-mod gpu {
-    pub fn start(_: &crate::args::Args) -> Result<super::Stack, String> {
-        Err(
-            "--backend cuda needs a build with the cuda feature (and nvcc to build it): \
-             cargo run --release --features cuda --example openai_server -- --backend cuda"
-                .into(),
-        )
-    }
-}
-
 impl Stack {
     pub fn start(args: &Args) -> Result<Stack, String> {
         if args.cuda {
-            return gpu::start(args);
+            let gpu = crate::on_gpu::open("openai_server")?;
+            tracing::info!(on = %crate::on_gpu::describe(&gpu), "the models run on the GPU");
+            return Stack::start_on(args, &|| crate::on_gpu::backend(&gpu));
         }
         let threads = args.threads;
         Stack::start_on(args, &move || match threads {

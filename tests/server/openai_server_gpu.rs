@@ -53,7 +53,7 @@ fn the_gpu_backend_serves_transformers_ids_or_refuses_to_start() {
             return;
         };
         assert!(
-            server.log().contains("KV pages in its memory"),
+            server.log().contains("KV pages in device memory"),
             "{}",
             server.log()
         );

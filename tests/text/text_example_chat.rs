@@ -29,18 +29,61 @@ fn greedy_answer(dir: &std::path::Path, messages: &[Message], n: usize) -> Strin
 
 #[test]
 fn each_turn_answers_the_whole_conversation_and_reset_forgets_it() {
+    conversation(&[]);
+}
+
+/// With `--backend cuda`: the same answers from GPU 0; where it cannot
+/// be, exit 2 with the reason before a prompt is shown.
+#[test]
+fn on_the_gpu_each_turn_answers_the_same_or_the_chat_says_why_it_cannot() {
+    let gpu = {
+        #[cfg(feature = "cuda")]
+        {
+            handoff::backend::cuda::device_for_test("chat --backend cuda").is_some()
+        }
+        #[cfg(not(feature = "cuda"))]
+        false
+    };
+    if gpu {
+        conversation(&["--backend", "cuda"]);
+        return;
+    }
     let dir = served_folder();
     let path = dir.path().display().to_string();
+    let Some(out) = run_example("chat", &["--model", &path, "--backend", "cuda"], "hi\n") else {
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "no prompt shown: {stderr}");
+    let why = if cfg!(feature = "cuda") {
+        "no usable GPU"
+    } else {
+        "needs a build with the cuda feature"
+    };
+    assert!(
+        stderr.contains("--backend cuda") && stderr.contains(why),
+        "{stderr}"
+    );
+}
+
+/// Two turns, a reset and a third turn, greedy, with `extra` flags; each
+/// answer must be the CPU's greedy continuation of the conversation.
+fn conversation(extra: &[&str]) {
+    let dir = served_folder();
+    let path = dir.path().display().to_string();
+    let mut args = vec![
+        "--model",
+        &path,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "6",
+    ];
+    args.extend(extra);
     let Some(out) = run_example(
         "chat",
-        &[
-            "--model",
-            &path,
-            "--temperature",
-            "0",
-            "--max-new-tokens",
-            "6",
-        ],
+        &args,
         "hi\nagain\n/reset\nagain\n/exit\nnever read\n",
     ) else {
         return;
