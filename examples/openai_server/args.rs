@@ -6,7 +6,8 @@ use std::time::Duration;
 
 pub const USAGE: &str = "usage: openai_server [--model PATH|random] [--host 127.0.0.1] [--port 8000] \
 [--api-keys FILE] [--disaggregated [--transport inproc|tcp]] [--max-context N] [--pool-tokens N] [--max-queue N] \
-[--grace-secs S] [--served-model-name NAME] [--threads N] [--backend cpu|cuda] [--no-audit] \
+[--grace-secs S] [--served-model-name NAME] [--threads N] [--backend cpu|cuda] \
+[--kv-dtype f32|f16|bf16|fp8] [--no-audit] \
 [--corrupt-receipt-of-request ID (test aid, with --disaggregated)]";
 
 /// The link between the workers of `--disaggregated`.
@@ -40,6 +41,9 @@ pub struct Args {
     pub threads: Option<usize>,
     /// `--backend cuda`: every model on GPU 0, KV pages in its memory.
     pub cuda: bool,
+    /// The KV pages' element type (f32 by default; bf16 or f16 run the
+    /// GPU's tensor-core attention).
+    pub kv_dtype: handoff::KvDtype,
     /// Keep the audit trail (every KV read checked against its writer).
     pub audit: bool,
     /// Test aid: the prefill worker corrupts this request's receipt (the
@@ -69,6 +73,7 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         served_name: None,
         threads: None,
         cuda: false,
+        kv_dtype: handoff::KvDtype::F32,
         audit: true,
         corrupt_receipt_of: None,
     };
@@ -107,6 +112,11 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     "cuda" => true,
                     other => return Err(format!("--backend {other:?}: expected cpu or cuda")),
                 }
+            }
+            "--kv-dtype" => {
+                let v = value()?;
+                a.kv_dtype = handoff::KvDtype::parse(&v)
+                    .ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?
             }
             "--no-audit" => a.audit = false,
             "--corrupt-receipt-of-request" => a.corrupt_receipt_of = Some(num(&flag, &value()?)?),

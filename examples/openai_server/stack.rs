@@ -15,8 +15,8 @@ use handoff::model::{Model, ModelConfig, random_weights};
 use handoff::service::{Service, Submitter};
 use handoff::transfer::{InProcess, LinkError, TcpAuth, Transfer, TransferConfig, TransferError};
 use handoff::{
-    Colocated, Decode, DecodeWorker, Engine, EngineConfig, EngineConfigBuilder, KvDtype, KvPool,
-    PoolStats, Prefill, PrefillWorker, RequestId, RoleKind,
+    Colocated, Decode, DecodeWorker, Engine, EngineConfig, EngineConfigBuilder, KvPool, PoolStats,
+    Prefill, PrefillWorker, RequestId, RoleKind,
 };
 
 use crate::args::{Args, LinkKind};
@@ -129,7 +129,7 @@ fn model<B: Backend>(backend: B, path: Option<&Path>) -> Result<Model<B>, String
 fn config<R: RoleKind, B: Backend>(args: &Args, m: &Model<B>) -> Result<EngineConfig<R>, String> {
     let window = args.max_context.unwrap_or(m.config().max_seq_len.min(2048));
     let pool = args.pool_tokens.unwrap_or(window.saturating_mul(8));
-    let mut b = EngineConfigBuilder::<R>::new(m.kv_geometry(KvDtype::F32))
+    let mut b = EngineConfigBuilder::<R>::new(m.kv_geometry(args.kv_dtype))
         .max_context(window)
         .page_size(16.min(window.max(1).next_power_of_two()))
         .pool_tokens(pool)

@@ -113,3 +113,45 @@ fn verifies_every_transfer(transport: &str) {
         assert!(line.contains("isolation_violations=0"), "{line}");
     }
 }
+
+/// `--kv-dtype bf16`: the pools keep KV in bf16, so a verified transfer
+/// moves half the bytes of f32 KV; the pages still come back whole. A
+/// dtype the crate has no pages for refuses to start.
+#[test]
+fn bf16_kv_moves_half_the_bytes_and_an_unknown_dtype_refuses_to_start() {
+    let Some(mut server) = Server::start(&["--disaggregated", "--kv-dtype", "bf16"]) else {
+        return;
+    };
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 5 + 1) % 256).collect();
+    assert_eq!(
+        answer_ids(&post(
+            &server,
+            "/v1/completions",
+            &ask(&prompt, false),
+            None
+        ))
+        .len(),
+        10
+    );
+    let m = server.wait_pools_idle(Duration::from_secs(20));
+    assert_eq!(
+        sample(&m, "handoff_transfer_kv_bytes_total", &[]),
+        30.0 * 3.0 * 2.0 * 2.0 * 16.0 * 2.0,
+        "one transfer of 30 tokens (3 layers, K and V, 2 heads of 16 bf16)"
+    );
+    server.sigterm();
+    let (status, stdout) = server.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{stdout}\n{}", server.log());
+    assert_eq!(stdout.matches("full=true").count(), 2, "{stdout}");
+
+    let Some(bin) = crate::support::example_bin::path("openai_server") else {
+        return;
+    };
+    let out = std::process::Command::new(&bin)
+        .args(["--port", "0", "--kv-dtype", "f64"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--kv-dtype \"f64\""), "{err}");
+}
