@@ -82,14 +82,7 @@ pub trait DevicePages: Send + Sync + 'static {
         runs: &[(usize, usize)],
         fill: &mut dyn FnMut(usize, &mut [u8]),
     ) -> Result<(), DeviceError> {
-        let mut scratch = Vec::new();
-        for (i, &(at, len)) in runs.iter().enumerate() {
-            scratch.clear();
-            scratch.resize(len, 0);
-            fill(i, &mut scratch);
-            self.write(at, &scratch)?;
-        }
-        Ok(())
+        write_run_by_run(self, runs, fill)
     }
     /// Reads byte runs `(at, len)` as one pass and hands each run's bytes
     /// to `take(run, bytes)`, in order, once the pass has landed on the host
@@ -100,14 +93,7 @@ pub trait DevicePages: Send + Sync + 'static {
         runs: &[(usize, usize)],
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<(), DeviceError> {
-        let mut scratch = Vec::new();
-        for (i, &(at, len)) in runs.iter().enumerate() {
-            scratch.clear();
-            scratch.resize(len, 0);
-            self.read(at, &mut scratch)?;
-            take(i, &scratch);
-        }
-        Ok(())
+        read_run_by_run(self, runs, take)
     }
     /// xxh3-64 (seed 0) of each `(at, len)` byte range, computed where the
     /// bytes are, in one pass: the transfer verifier's checksums over the
@@ -137,6 +123,39 @@ pub trait DevicePages: Send + Sync + 'static {
     /// The storage itself, so that the backend that made it can reach its
     /// device memory for kernels (by downcasting to its own type).
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// [`DevicePages::write_runs`] as a storage without staging memory does it:
+/// each run staged in a host buffer and written with [`DevicePages::write`].
+pub(crate) fn write_run_by_run<D: DevicePages + ?Sized>(
+    dev: &D,
+    runs: &[(usize, usize)],
+    fill: &mut dyn FnMut(usize, &mut [u8]),
+) -> Result<(), DeviceError> {
+    let mut scratch = Vec::new();
+    for (i, &(at, len)) in runs.iter().enumerate() {
+        scratch.clear();
+        scratch.resize(len, 0);
+        fill(i, &mut scratch);
+        dev.write(at, &scratch)?;
+    }
+    Ok(())
+}
+
+/// [`DevicePages::read_runs`] run by run with [`DevicePages::read`].
+pub(crate) fn read_run_by_run<D: DevicePages + ?Sized>(
+    dev: &D,
+    runs: &[(usize, usize)],
+    take: &mut dyn FnMut(usize, &[u8]),
+) -> Result<(), DeviceError> {
+    let mut scratch = Vec::new();
+    for (i, &(at, len)) in runs.iter().enumerate() {
+        scratch.clear();
+        scratch.resize(len, 0);
+        dev.read(at, &mut scratch)?;
+        take(i, &scratch);
+    }
+    Ok(())
 }
 
 /// [`DevicePages`] kept in host memory behind a lock, each access a copy:

@@ -10,7 +10,7 @@
 //!   tenant, keyed by a salted hash chain ([`PrefixKeys`]), evicted LRU.
 
 mod cache_index;
-mod device;
+pub(crate) mod device;
 mod error;
 mod fp8;
 mod geometry;

@@ -152,31 +152,17 @@ fn the_gpu_backend_generates_transformers_greedy_tokens_or_says_why_it_cannot() 
     let Some(out) = run(&args) else {
         return;
     };
-    let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
         let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
         assert_eq!(
             String::from_utf8(out.stdout.clone()).unwrap(),
             format!("{}\n", expected.join("\n"))
         );
+        let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("KV pages in device memory"), "{stderr}");
         return;
     }
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(out.stdout.is_empty(), "nothing on stdout");
-    let why = if cfg!(feature = "cuda") {
-        "no usable GPU"
-    } else {
-        "needs a build with the cuda feature"
-    };
-    assert!(
-        stderr.contains("--backend cuda") && stderr.contains(why),
-        "{stderr}"
-    );
-    assert!(
-        std::env::var("HANDOFF_REQUIRE_GPU").as_deref() != Ok("1"),
-        "HANDOFF_REQUIRE_GPU=1 but the example could not use the GPU: {stderr}"
-    );
+    example_bin::assert_gpu_refused(&out, 2);
 }
 
 #[test]

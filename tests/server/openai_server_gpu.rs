@@ -35,15 +35,7 @@ fn the_gpu_backend_serves_transformers_ids_or_refuses_to_start() {
             .args(["--port", "0", "--backend", "cuda"])
             .output()
             .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(out.stdout.is_empty(), "nothing listened: {err}");
-        let why = if cfg!(feature = "cuda") {
-            "no usable GPU"
-        } else {
-            "needs a build with the cuda feature"
-        };
-        assert!(err.contains("--backend cuda") && err.contains(why), "{err}");
+        example_bin::assert_gpu_refused(&out, 2);
         return;
     }
     for extra in [&[][..], &["--disaggregated"][..]] {

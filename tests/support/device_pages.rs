@@ -197,3 +197,38 @@ impl handoff::kv::DevicePages for SharedStaged {
         self.pages.as_ref()
     }
 }
+
+/// Two pools on staged devices, joined by a transport: prefill pages of
+/// 16 tokens, decode pages of 8 (a batch's runs cross page boundaries on
+/// both sides), audit off on decode (as in production: nothing else reads
+/// landed rows back).
+pub struct DevicePools<T: handoff::transfer::Transfer> {
+    pub rig: crate::support::Rig<T>,
+    pub prefill_dev: SharedStaged,
+    pub decode_dev: SharedStaged,
+}
+
+/// [`DevicePools`] over `t` with `cfg`.
+pub fn device_pools<T: handoff::transfer::Transfer>(
+    t: &T,
+    cfg: handoff::transfer::TransferConfig,
+) -> DevicePools<T> {
+    use crate::support::{self, RigSpec};
+    let g = support::geometry(KvDtype::BF16);
+    let spec = RigSpec {
+        decode_page: 8,
+        decode_pages: 64,
+        ..RigSpec::default()
+    };
+    let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
+    let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages).audit(false);
+    let prefill_dev = SharedStaged::new(pcfg.storage_bytes().unwrap(), true);
+    let decode_dev = SharedStaged::new(dcfg.storage_bytes().unwrap(), true);
+    let prefill_pool = KvPool::with_device_pages(pcfg, Box::new(prefill_dev.handle())).unwrap();
+    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(decode_dev.handle())).unwrap();
+    DevicePools {
+        rig: support::rig_over(t, cfg, prefill_pool, decode_pool, &spec),
+        prefill_dev,
+        decode_dev,
+    }
+}

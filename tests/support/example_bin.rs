@@ -71,3 +71,26 @@ pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &std::ffi::OsStr)])
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
     Some(out)
 }
+
+/// Asserts that an example asked for `--backend cuda` where it cannot have
+/// a GPU refused as the build says it must: exit `code`, nothing on
+/// stdout, and the reason on stderr (`no usable GPU` in a `cuda` build,
+/// the missing build flag otherwise); never under `HANDOFF_REQUIRE_GPU=1`.
+pub fn assert_gpu_refused(out: &Output, code: i32) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        std::env::var("HANDOFF_REQUIRE_GPU").as_deref() != Ok("1"),
+        "HANDOFF_REQUIRE_GPU=1 but the example could not use the GPU: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout: {stderr}");
+    let why = if cfg!(feature = "cuda") {
+        "no usable GPU"
+    } else {
+        "needs a build with the cuda feature"
+    };
+    assert!(
+        stderr.contains("--backend cuda") && stderr.contains(why),
+        "{stderr}"
+    );
+}

@@ -53,18 +53,7 @@ fn on_the_gpu_each_turn_answers_the_same_or_the_chat_says_why_it_cannot() {
     let Some(out) = run_example("chat", &["--model", &path, "--backend", "cuda"], "hi\n") else {
         return;
     };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(out.stdout.is_empty(), "no prompt shown: {stderr}");
-    let why = if cfg!(feature = "cuda") {
-        "no usable GPU"
-    } else {
-        "needs a build with the cuda feature"
-    };
-    assert!(
-        stderr.contains("--backend cuda") && stderr.contains(why),
-        "{stderr}"
-    );
+    crate::support::example_bin::assert_gpu_refused(&out, 2);
 }
 
 /// Two turns, a reset and a third turn, greedy, with `extra` flags; each

@@ -8,44 +8,16 @@
 //! hold what prefill computed; a device that dies mid-pass fails that
 //! request closed.
 
-use handoff::transfer::{TransferConfig, synthetic};
-use handoff::{HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
+use handoff::transfer::{Tcp, TransferConfig, synthetic};
+use handoff::{HttpStatus, KvDtype, RequestId};
 
-use crate::support::device_pages::SharedStaged;
-use crate::support::{self, Rig, RigSpec, request};
+use crate::support::device_pages::{DevicePools, device_pools};
+use crate::support::{self, request};
 
-struct Pools {
-    rig: Rig<handoff::transfer::Tcp>,
-    prefill_dev: SharedStaged,
-    decode_dev: SharedStaged,
-}
-
-/// Prefill pages of 16 tokens, decode pages of 8, on two staged devices
-/// over TCP (which never copies device to device).
-fn pools(cfg: TransferConfig) -> Pools {
-    let g = support::geometry(KvDtype::BF16);
-    let spec = RigSpec {
-        decode_page: 8,
-        decode_pages: 64,
-        ..RigSpec::default()
-    };
-    let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
-    let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages).audit(false);
-    let prefill_dev = SharedStaged::new(pcfg.storage_bytes().unwrap(), true);
-    let decode_dev = SharedStaged::new(dcfg.storage_bytes().unwrap(), true);
-    let prefill_pool = KvPool::with_device_pages(pcfg, Box::new(prefill_dev.handle())).unwrap();
-    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(decode_dev.handle())).unwrap();
-    Pools {
-        rig: support::rig_over(
-            &handoff::transfer::Tcp,
-            cfg,
-            prefill_pool,
-            decode_pool,
-            &spec,
-        ),
-        prefill_dev,
-        decode_dev,
-    }
+/// Both pools on staged devices, over TCP (which never copies device to
+/// device).
+fn pools(cfg: TransferConfig) -> DevicePools<Tcp> {
+    device_pools(&Tcp, cfg)
 }
 
 #[test]

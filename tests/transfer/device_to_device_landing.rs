@@ -17,39 +17,14 @@ use handoff::transfer::{
     AbortReason, Fault, FaultPlan, FaultRule, InProcess, IntegrityError, Step, TransferConfig,
     TransferError, synthetic,
 };
-use handoff::{HttpStatus, KvDtype, KvPool, PoolConfig, RequestId};
+use handoff::{HttpStatus, KvDtype, RequestId};
 
-use crate::support::device_pages::SharedStaged;
-use crate::support::{self, Rig, RigSpec, request};
+use crate::support::device_pages::{DevicePools, device_pools};
+use crate::support::{self, request};
 
-struct Pools {
-    rig: Rig<InProcess>,
-    prefill_dev: SharedStaged,
-    decode_dev: SharedStaged,
-}
-
-/// Prefill pages of 16 tokens, decode pages of 8 (a batch's runs cross
-/// page boundaries on both sides), both on staged devices that reach each
-/// other, audit off on decode (as in production: nothing else reads landed
-/// rows back).
-fn pools(cfg: TransferConfig) -> Pools {
-    let g = support::geometry(KvDtype::BF16);
-    let spec = RigSpec {
-        decode_page: 8,
-        decode_pages: 64,
-        ..RigSpec::default()
-    };
-    let pcfg = PoolConfig::new(g, spec.prefill_page, spec.prefill_pages);
-    let dcfg = PoolConfig::new(g, spec.decode_page, spec.decode_pages).audit(false);
-    let prefill_dev = SharedStaged::new(pcfg.storage_bytes().unwrap(), true);
-    let decode_dev = SharedStaged::new(dcfg.storage_bytes().unwrap(), true);
-    let prefill_pool = KvPool::with_device_pages(pcfg, Box::new(prefill_dev.handle())).unwrap();
-    let decode_pool = KvPool::with_device_pages(dcfg, Box::new(decode_dev.handle())).unwrap();
-    Pools {
-        rig: support::rig_over(&InProcess, cfg, prefill_pool, decode_pool, &spec),
-        prefill_dev,
-        decode_dev,
-    }
+/// Both pools on staged devices that reach each other (one process).
+fn pools(cfg: TransferConfig) -> DevicePools<InProcess> {
+    device_pools(&InProcess, cfg)
 }
 
 #[test]

@@ -260,25 +260,7 @@ fn the_gpu_backend_serves_the_workload_or_says_why_it_cannot() {
         assert_eq!(a.failed, 0, "nothing fails without an injected fault");
         return;
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "an error exit, not a signal: {stderr}"
-    );
-    let why = if cfg!(feature = "cuda") {
-        "no usable GPU"
-    } else {
-        "needs a build with the cuda feature"
-    };
-    assert!(
-        stderr.contains("--backend cuda") && stderr.contains(why),
-        "{stderr}"
-    );
-    assert!(
-        std::env::var("HANDOFF_REQUIRE_GPU").as_deref() != Ok("1"),
-        "HANDOFF_REQUIRE_GPU=1 but the example could not use the GPU: {stderr}"
-    );
+    example_bin::assert_gpu_refused(&out, 1);
 }
 
 #[test]

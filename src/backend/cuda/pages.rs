@@ -235,14 +235,7 @@ impl DevicePages for CudaPages {
         let what = || format!("write pass of {} runs ({total} bytes)", runs.len());
         let Some(mut staging) = self.staging(total.min(STAGING_MAX).max(longest)) else {
             // No page-locked memory: run by run, as the default does.
-            let mut scratch = Vec::new();
-            for (i, &(at, n)) in runs.iter().enumerate() {
-                scratch.clear();
-                scratch.resize(n, 0);
-                fill(i, &mut scratch);
-                self.write(at, &scratch)?;
-            }
-            return Ok(());
+            return crate::kv::device::write_run_by_run(self, runs, fill);
         };
         let host = staging.as_mut_slice().map_err(|e| self.err(what(), e))?;
         for (first, end, offs) in Self::chunks(runs, host.len()) {
@@ -286,14 +279,7 @@ impl DevicePages for CudaPages {
             self.staging(total.min(STAGING_MAX).max(longest))
         };
         let Some(mut staging) = staging else {
-            let mut scratch = Vec::new();
-            for (i, &(at, n)) in runs.iter().enumerate() {
-                scratch.clear();
-                scratch.resize(n, 0);
-                self.read(at, &mut scratch)?;
-                take(i, &scratch);
-            }
-            return Ok(());
+            return crate::kv::device::read_run_by_run(self, runs, take);
         };
         let host = staging.as_mut_slice().map_err(|e| self.err(what(), e))?;
         for (first, end, offs) in Self::chunks(runs, host.len()) {
