@@ -123,6 +123,8 @@ struct Args {
     /// Test aid: the prefill process waits this long after connecting
     /// before serving, so its requests are certainly in flight meanwhile.
     prefill_stall_ms: u64,
+    /// The KV pages' element type, in every pool (f32 by default).
+    kv_dtype: KvDtype,
 }
 
 fn parse() -> Result<Args, String> {
@@ -134,6 +136,7 @@ fn parse() -> Result<Args, String> {
         corrupt: false,
         prefill_of: None,
         prefill_stall_ms: 0,
+        kv_dtype: KvDtype::F32,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -150,6 +153,11 @@ fn parse() -> Result<Args, String> {
                 other => return Err(format!("--backend cpu|cuda, got {other:?}")),
             },
             "--model" => a.model = Some(it.next().ok_or("--model needs a path")?.into()),
+            "--kv-dtype" => {
+                let v = it.next().ok_or("--kv-dtype needs f32, f16, bf16 or fp8")?;
+                a.kv_dtype =
+                    KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?;
+            }
             "--inject-corrupt-receipt" => a.corrupt = true,
             "--no-auth" => a.no_auth = true,
             "--prefill-stall-ms" => {
@@ -164,6 +172,7 @@ fn parse() -> Result<Args, String> {
                 return Err(
                     "usage: disaggregated [--transport inproc|tcp|nixl] [--backend cpu|cuda] \
                             [--no-auth (tcp or nixl without a link key)] [--model PATH] \
+                            [--kv-dtype f32|f16|bf16|fp8] \
                             [--inject-corrupt-receipt] [--prefill-stall-ms N (tcp: the prefill \
                             process waits N ms after connecting; a test aid)]"
                         .into(),
@@ -187,13 +196,13 @@ fn window(w: &ModelWeights) -> usize {
     w.config.max_seq_len.min(256)
 }
 
-fn config<R: RoleKind>(w: &ModelWeights) -> Result<EngineConfig<R>, String> {
+fn config<R: RoleKind>(w: &ModelWeights, kv: KvDtype) -> Result<EngineConfig<R>, String> {
     let win = window(w);
     let pool = match R::ROLE {
         Role::Decode => 4 * win,
         _ => 2 * win,
     };
-    EngineConfigBuilder::<R>::new(w.config.kv_geometry(KvDtype::F32))
+    EngineConfigBuilder::<R>::new(w.config.kv_geometry(kv))
         .max_context(win)
         .page_size(16)
         .pool_tokens(pool)
@@ -252,7 +261,7 @@ fn workload(w: &ModelWeights) -> Vec<Request> {
 /// reports its pool again.
 fn prefill_process<P: Place>(addr: SocketAddr, args: &Args, on: &P) -> Result<(), String> {
     let w = weights(args.model.as_deref())?;
-    let cfg = config::<Prefill>(&w)?;
+    let cfg = config::<Prefill>(&w, args.kv_dtype)?;
     let mut tcfg = TransferConfig::default();
     // The decode process hands over the deployment's link key, if any.
     if let Ok(hex) = std::env::var(KEY_ENV) {
@@ -417,8 +426,13 @@ struct Late {
     receipts: u64,
 }
 
-fn colocated<P: Place>(w: ModelWeights, reqs: &[Request], on: &P) -> Result<Vec<Vec<u32>>, String> {
-    let mut cfg = config::<Colocated>(&w)?;
+fn colocated<P: Place>(
+    w: ModelWeights,
+    kv: KvDtype,
+    reqs: &[Request],
+    on: &P,
+) -> Result<Vec<Vec<u32>>, String> {
+    let mut cfg = config::<Colocated>(&w, kv)?;
     if cfg.pool_tokens() < 4 * cfg.max_context() {
         cfg = EngineConfig::colocated(cfg.geometry())
             .max_context(cfg.max_context())
@@ -444,7 +458,7 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
         |p| p.display().to_string(),
     );
     let reqs = workload(&w);
-    let dcfg = config::<Decode>(&w)?;
+    let dcfg = config::<Decode>(&w, args.kv_dtype)?;
     let mut tcfg = TransferConfig::default();
     let two_processes = args.link != Link::Threads;
     let key = if two_processes && !args.no_auth {
@@ -489,6 +503,7 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
         if args.backend == BackendKind::Cuda {
             cmd.arg("--backend").arg("cuda");
         }
+        cmd.arg("--kv-dtype").arg(args.kv_dtype.name());
         match &key {
             Some(k) => cmd.env(KEY_ENV, k.to_hex()),
             None => cmd.env_remove(KEY_ENV),
@@ -546,7 +561,7 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
     } else {
         let (pl, dl) = InProcess.connect(&tcfg).map_err(|e| e.to_string())?;
         let pl = StagedLink::new(pl, staging(args.corrupt));
-        let pcfg = config::<Prefill>(&w)?;
+        let pcfg = config::<Prefill>(&w, args.kv_dtype)?;
         let pmodel = on.place(w.clone())?;
         let mut prefill =
             PrefillWorker::new(pl, pmodel, pcfg, tcfg.clone()).map_err(|e| e.to_string())?;
@@ -597,7 +612,7 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
         .filter(|(_, s)| matches!(s.outcome, Some(Outcome::Finished(_))))
         .map(|(r, _)| r.clone())
         .collect();
-    let reference = colocated(w, &ok_reqs, on)?;
+    let reference = colocated(w, args.kv_dtype, &ok_reqs, on)?;
     let mut reference = ok_reqs.iter().map(|r| r.id).zip(reference);
 
     let (mut ok, mut rejected, mut cancelled, mut failed) = (0usize, 0usize, 0usize, 0usize);

@@ -156,13 +156,16 @@ cat "$out/torch_decode_peer.md"
 # device 0 with device-resident KV, in one process (KV copied device to
 # device) and as two processes over authenticated TCP; the audit line must
 # show nothing leaked, held or read across requests.
-for transport in inproc tcp; do
+# In process on f32 KV (the scalar kernels), over TCP on bf16 KV (the
+# tensor-core ones).
+for run in "inproc f32" "tcp bf16"; do
+  read -r transport kv <<< "$run"
   start=$SECONDS
-  echo "#### disaggregated --backend cuda --transport $transport" >> "$out/example.log"
-  timeout 40 "$here/examples/disaggregated" --backend cuda --transport "$transport" \
+  echo "#### disaggregated --backend cuda --transport $transport --kv-dtype $kv" >> "$out/example.log"
+  timeout 40 "$here/examples/disaggregated" --backend cuda --transport "$transport" --kv-dtype "$kv" \
     >> "$out/example.log" 2>&1
   rc=$?
-  note "== disaggregated --backend cuda --transport $transport: exit $rc in $((SECONDS - start))s"
+  note "== disaggregated --backend cuda --transport $transport --kv-dtype $kv: exit $rc in $((SECONDS - start))s"
   tail -3 "$out/example.log"
   [[ $rc -eq 0 ]] || status=1
 done

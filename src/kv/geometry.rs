@@ -25,6 +25,16 @@ impl KvDtype {
         }
     }
 
+    /// The name [`KvDtype::parse`] reads back: `f32`, `f16`, `bf16`, `fp8`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::BF16 => "bf16",
+            KvDtype::F8E4M3 => "fp8",
+        }
+    }
+
     /// Parses `f32`, `f16`, `bf16` or `fp8` (also `f8e4m3`, `fp8_e4m3`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -81,5 +91,18 @@ impl KvGeometry {
             .ok_or(PoolError::Overflow {
                 what: "bytes per token",
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvDtype;
+
+    #[test]
+    fn each_dtype_parses_back_from_its_name() {
+        for d in [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::F8E4M3] {
+            assert_eq!(KvDtype::parse(d.name()), Some(d));
+        }
+        assert_eq!(KvDtype::parse("f64"), None);
     }
 }

@@ -180,6 +180,15 @@ fn threads_serve_the_workload_with_a_clean_audit() {
 }
 
 #[test]
+fn two_processes_over_tcp_serve_the_workload_on_bf16_kv_with_a_clean_audit() {
+    // Both processes' pools and the colocated reference keep bf16 KV.
+    let Some((a, _)) = run_checked(&["--transport", "tcp", "--kv-dtype", "bf16"]) else {
+        return;
+    };
+    assert_eq!(a.failed, 0, "nothing fails without an injected fault");
+}
+
+#[test]
 fn two_processes_over_tcp_serve_the_workload_with_a_clean_audit() {
     let Some((a, _)) = run_checked(&["--transport", "tcp"]) else {
         return;
