@@ -682,20 +682,17 @@ impl KvSeq<Received> {
         }
         // Host pages: each run written in place and handed to `landed`
         // while it is still in cache.
-        let mut scratch = Vec::new();
         for (i, slot, done, run) in runs(start, n, ps) {
             for kv in 0..2 {
-                w.write_rows(i, layer, kv, (slot, run), &mut scratch, |dst| {
-                    fill(kv, done, dst);
-                })?;
+                let dst = w
+                    .rows_mut(i, layer, kv, slot, run)
+                    .ok_or_else(|| unreachable_rows(n))?;
+                fill(kv, done, dst);
                 if !hash_here {
                     continue;
                 }
-                if let Some(rows) =
-                    w.read()
-                        .rows_bytes(i, layer, kv, 0, slot + run, &mut scratch)?
-                {
-                    landed(i, kv, rows);
+                if let Some(rows) = w.read().rows(i, layer, kv, 0, slot + run) {
+                    landed(i, kv, rows.into_bytes());
                 }
             }
         }

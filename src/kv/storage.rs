@@ -3,8 +3,9 @@
 //! raw-buffer layer for KV bytes.
 //!
 //! Host bytes are handed out in place ([`PagesRead::rows`]); device bytes
-//! only as staged copies of one run of rows ([`PagesRead::rows_bytes`],
-//! [`PagesWrite::write_rows`]), so that every path the pool itself takes
+//! only as staged copies, of one run of rows ([`PagesRead::rows_bytes`]) or
+//! of a pass of runs ([`PagesRead::read_row_runs`],
+//! [`PagesWrite::write_row_runs`]), so that every path the pool itself takes
 //! (appends, transfers, checksums, scrubs) works on both. A device access
 //! that fails marks the storage failed: the pool then hands out no page.
 //!
@@ -977,7 +978,7 @@ impl PagesWrite<'_> {
     /// K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
     /// sequence's `i`-th page as raw bytes, or `None` when out of range,
     /// the page is not private, or the storage is a device's (see
-    /// [`PagesWrite::write_rows`]).
+    /// [`PagesWrite::write_row_runs`]).
     #[inline]
     pub(crate) fn rows_mut(
         &mut self,
@@ -1037,39 +1038,6 @@ impl PagesWrite<'_> {
             }
         }
         Some(out)
-    }
-
-    /// Writes K (`kv == 0`) or V rows `[slot, slot + n)` of `layer` in the
-    /// sequence's `i`-th page with `fill`, which gets their bytes: in place
-    /// for host storage, staged in `scratch` and copied for device storage.
-    /// `Ok(false)` when out of range or the page is not private.
-    pub(crate) fn write_rows(
-        &mut self,
-        i: usize,
-        layer: usize,
-        kv: usize,
-        (slot, n): (usize, usize),
-        scratch: &mut Vec<u8>,
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<bool, KvError> {
-        let st = self.read.st;
-        if st.residence() == Residence::Host {
-            return Ok(self.rows_mut(i, layer, kv, slot, n).map(fill).is_some());
-        }
-        let Some(off) = self
-            .read
-            .page(i)
-            .and_then(|p| st.offset(p, layer, kv, slot, n))
-        else {
-            return Ok(false);
-        };
-        scratch.clear();
-        scratch.resize(n * st.row_bytes(), 0);
-        fill(scratch);
-        // SAFETY: in range (offset checked); a private page of the
-        // sequence borrowed mutably for this writer's life.
-        unsafe { st.write_from(off, scratch) }?;
-        Ok(true)
     }
 
     /// Writes each run of K or V rows with the bytes `fill(run, dst)`

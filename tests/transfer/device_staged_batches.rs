@@ -5,8 +5,8 @@
 //! each batch in one staged pass per layer, not one wait for the device per
 //! page run; on a GPU the staging memory is page-locked, so those passes
 //! are DMA that queue without waiting. The request verifies and the pages
-//! hold what prefill computed; a device that dies mid-pass fails that
-//! request closed.
+//! hold what prefill computed; a device that dies between a request's
+//! passes fails that request closed.
 
 use handoff::transfer::{Tcp, TransferConfig, synthetic};
 use handoff::{HttpStatus, KvDtype, RequestId};
@@ -87,10 +87,12 @@ fn each_batch_crosses_the_host_in_one_staged_pass_per_layer() {
 }
 
 #[test]
-fn a_device_lost_mid_pass_fails_that_request_closed() {
+fn a_device_lost_between_landing_passes_fails_that_request_closed() {
     let mut p = pools(TransferConfig::default());
-    // The decode device dies before the first landing pass.
-    p.decode_dev.pages.fail_after(0);
+    // The decode device lands layer 0's pass, then dies: layer 1's pass
+    // (of 3 layers) fails with the request's KV half landed.
+    let passes = p.decode_dev.pages.write_passes();
+    p.decode_dev.pages.fail_after(1);
     let _ = p.rig.decode.submit(request(1, 1, 40)).unwrap();
     let _ = p.rig.serve_one();
     let outcomes = p.rig.outcomes(1);
@@ -100,6 +102,11 @@ fn a_device_lost_mid_pass_fails_that_request_closed() {
     };
     assert!(e.http_status() >= 500, "{e}");
     assert!(e.to_string().contains("device"), "{e}");
+    assert_eq!(
+        p.decode_dev.pages.write_passes() - passes,
+        1,
+        "one pass landed before the device was lost"
+    );
     drop(outcomes);
     p.rig.settle();
     p.rig.assert_clean();

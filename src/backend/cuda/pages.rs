@@ -110,6 +110,27 @@ impl CudaPages {
         parking_lot::MutexGuard::try_map(st, Option::as_mut).ok()
     }
 
+    /// The staging memory for a pass over `runs`, all checked in range
+    /// first (an error names `access`): room for the whole pass up to
+    /// [`STAGING_MAX`], and at least its longest run. `None` when there is
+    /// nothing to copy or page-locked memory cannot be had: the caller then
+    /// goes run by run, as the trait's default does.
+    fn staging_for(
+        &self,
+        runs: &[(usize, usize)],
+        access: &str,
+    ) -> Result<Option<MappedMutexGuard<'_, PinnedHostSlice<u8>>>, DeviceError> {
+        for &(at, n) in runs {
+            self.range(at, n, access)?;
+        }
+        let total: usize = runs.iter().map(|r| r.1).sum();
+        let longest = runs.iter().map(|r| r.1).max().unwrap_or(0);
+        if total == 0 {
+            return Ok(None);
+        }
+        Ok(self.staging(total.min(STAGING_MAX).max(longest)))
+    }
+
     /// Splits `runs` into chunks of consecutive runs that fit `cap` bytes
     /// together (a run longer than `cap` alone: callers size `cap` to the
     /// longest run), as `(first, end, offsets)` with each run's offset in
@@ -224,17 +245,8 @@ impl DevicePages for CudaPages {
         runs: &[(usize, usize)],
         fill: &mut dyn FnMut(usize, &mut [u8]),
     ) -> Result<(), DeviceError> {
-        for &(at, n) in runs {
-            self.range(at, n, "write")?;
-        }
-        let total: usize = runs.iter().map(|r| r.1).sum();
-        let longest = runs.iter().map(|r| r.1).max().unwrap_or(0);
-        if total == 0 {
-            return Ok(());
-        }
-        let what = || format!("write pass of {} runs ({total} bytes)", runs.len());
-        let Some(mut staging) = self.staging(total.min(STAGING_MAX).max(longest)) else {
-            // No page-locked memory: run by run, as the default does.
+        let what = || format!("write pass of {} runs", runs.len());
+        let Some(mut staging) = self.staging_for(runs, "write")? else {
             return crate::kv::device::write_run_by_run(self, runs, fill);
         };
         let host = staging.as_mut_slice().map_err(|e| self.err(what(), e))?;
@@ -267,18 +279,8 @@ impl DevicePages for CudaPages {
         runs: &[(usize, usize)],
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<(), DeviceError> {
-        for &(at, n) in runs {
-            self.range(at, n, "read")?;
-        }
-        let total: usize = runs.iter().map(|r| r.1).sum();
-        let longest = runs.iter().map(|r| r.1).max().unwrap_or(0);
-        let what = || format!("read pass of {} runs ({total} bytes)", runs.len());
-        let staging = if total == 0 {
-            None
-        } else {
-            self.staging(total.min(STAGING_MAX).max(longest))
-        };
-        let Some(mut staging) = staging else {
+        let what = || format!("read pass of {} runs", runs.len());
+        let Some(mut staging) = self.staging_for(runs, "read")? else {
             return crate::kv::device::read_run_by_run(self, runs, take);
         };
         let host = staging.as_mut_slice().map_err(|e| self.err(what(), e))?;
