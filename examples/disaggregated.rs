@@ -65,6 +65,8 @@ use handoff::{
     RequestHandle, RequestId, Role, TenantId,
 };
 
+#[path = "support/on_gpu.rs"]
+mod on_gpu;
 #[path = "support/staged_link.rs"]
 mod staged_link;
 use staged_link::{StagedLink, Staging};
@@ -904,43 +906,26 @@ mod nixl {
     }
 }
 
-/// `--backend cuda`: every model on GPU 0, KV pages in its memory.
-#[cfg(feature = "cuda")]
+/// `--backend cuda`: every model on GPU 0, KV pages in its memory (each
+/// placed model gets its own backend there, so an in-process transfer
+/// copies device to device); in a build without the `cuda` feature,
+/// refused with the flag it needs (`support/on_gpu.rs`).
 mod gpu {
-    use super::{Model, ModelWeights, Place};
-    use handoff::backend::cuda::{CudaBackend, CudaDevice};
+    use super::{Model, ModelWeights, Place, on_gpu};
 
-    /// GPU 0, opened once; each placed model gets its own backend on it
-    /// (device-resident KV pools, so an in-process transfer copies device
-    /// to device).
-    pub struct OnGpu(CudaDevice);
+    pub struct OnGpu(on_gpu::Gpu);
 
     pub fn on_gpu() -> Result<OnGpu, String> {
-        CudaDevice::open(0)
-            .map(OnGpu)
-            .map_err(|e| format!("--backend cuda: no usable GPU: {e}"))
+        on_gpu::open("disaggregated").map(OnGpu)
     }
 
     impl Place for OnGpu {
-        type B = CudaBackend;
-        fn place(&self, w: ModelWeights) -> Result<Model<CudaBackend>, String> {
-            Model::new(CudaBackend::new(self.0.clone()).device_kv(true), w)
-                .map_err(|e| e.to_string())
+        type B = on_gpu::GpuBackend;
+        fn place(&self, w: ModelWeights) -> Result<Model<Self::B>, String> {
+            Model::new(on_gpu::backend(&self.0), w).map_err(|e| e.to_string())
         }
         fn describe(&self) -> String {
-            format!("cuda ({}, KV pages in device memory)", self.0.name())
+            format!("cuda ({})", on_gpu::describe(&self.0))
         }
-    }
-}
-
-/// `--backend cuda` in a build without the `cuda` feature: refused.
-#[cfg(not(feature = "cuda"))]
-mod gpu {
-    pub fn on_gpu() -> Result<super::OnCpu, String> {
-        Err(
-            "--backend cuda needs a build with the cuda feature (and nvcc to build it): \
-             cargo run --release --features cuda --example disaggregated -- --backend cuda"
-                .into(),
-        )
     }
 }

@@ -42,14 +42,14 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use handoff::backend::{Backend, CpuBackend};
-
-#[path = "support/on_gpu.rs"]
-mod on_gpu;
 use handoff::model::Model;
 use handoff::text::{Message, StopMatcher, StreamDecoder, TextModel, Tokenizer};
 use handoff::{
     Engine, EngineConfig, Event, KvDtype, Outcome, Request, RequestId, SamplingParams, TenantId,
 };
+
+#[path = "support/on_gpu.rs"]
+mod on_gpu;
 
 /// What the prompts are and how the output is printed.
 #[derive(Debug, Clone, PartialEq)]

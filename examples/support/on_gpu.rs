@@ -26,15 +26,21 @@ pub fn open(example: &str) -> Result<Gpu, String> {
     ))
 }
 
+/// The backend [`backend`] makes (never made without the `cuda` feature).
+#[cfg(feature = "cuda")]
+pub type GpuBackend = handoff::backend::cuda::CudaBackend;
+#[cfg(not(feature = "cuda"))]
+pub type GpuBackend = handoff::backend::CpuBackend;
+
 /// A backend on `gpu` whose pools keep their pages in its memory.
 #[cfg(feature = "cuda")]
-pub fn backend(gpu: &Gpu) -> handoff::backend::cuda::CudaBackend {
+pub fn backend(gpu: &Gpu) -> GpuBackend {
     handoff::backend::cuda::CudaBackend::new(gpu.clone()).device_kv(true)
 }
 
 /// Never called: there is no [`Gpu`] without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
-pub fn backend(gpu: &Gpu) -> handoff::backend::CpuBackend {
+pub fn backend(gpu: &Gpu) -> GpuBackend {
     match *gpu {}
 }
 
