@@ -59,7 +59,8 @@ fn main() {
 mod gpu {
     use handoff::backend::cuda::{
         CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena, LGEMM_BM,
-        LMMA_WIDE_BM, PageTables, PrefillKernel, SeqPages, Split, device_for_test,
+        LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PageTables, PrefillKernel,
+        SeqPages, Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
 
@@ -272,6 +273,63 @@ mod gpu {
             println!("{l}");
         }
         Ok(())
+    }
+
+    /// The dense layers with f32 weights (f32 checkpoints, quantized GGUF
+    /// widened exactly): the SIMT matmul (cuda/linear_f32.cuh) on the same
+    /// shapes at decode row counts, with the block shape the launch picks.
+    /// Prints `linear_f32_weight_share_m<m>_n<n>_k<k>=X` (weight bytes read
+    /// per second over the copy's rate): at batch 1 it bounds the
+    /// end-to-end rate of an f32 model.
+    fn dense_f32(dev: &CudaDevice, copy: f64) -> R<()> {
+        println!("\n## Dense layers: f32 weights on the SIMT cores\n");
+        println!(
+            "| rows (m) | layer [n x k] | rows a block | ms | TFLOP/s | weight GB/s | share of copy |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let shapes = [
+            ("attention out", 2048usize, 2048usize),
+            ("mlp up", 8192, 2048),
+            ("mlp down", 2048, 8192),
+        ];
+        let mut lines = Vec::new();
+        let mut rng = 0xf32_u64;
+        for (name, n, k) in shapes {
+            let w_host: Vec<f32> = (0..n * k).map(|_| unit(&mut rng) * 0.05).collect();
+            let w = dev.upload(&w_host)?;
+            for m in [1usize, 4, 8, 64, 256] {
+                let x_host: Vec<f32> = (0..m * k).map(|_| unit(&mut rng)).collect();
+                let x = dev.upload(&x_host)?;
+                let mut out = dev.zeros::<f32>(m * n)?;
+                let ms = time_ms(dev, 10, || dev.linear(&x, &w, n, &mut out))?;
+                let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
+                let gbps = (n * k * 4) as f64 / (ms * 1e-3) / 1e9;
+                // As CudaDevice::linear picks it.
+                let rows = match m {
+                    1 => LIN_ROWS_ONE,
+                    2..=LIN_ROWS_FEW => LIN_ROWS_FEW,
+                    _ => LIN_ROWS_MANY,
+                };
+                println!(
+                    "| {m} | {name} [{n} x {k}] | {rows} | {ms:.4} | {tflops:.2} | {gbps:.0} | {:.2} |",
+                    gbps / copy
+                );
+                lines.push(format!(
+                    "linear_f32_weight_share_m{m}_n{n}_k{k}={:.3}",
+                    gbps / copy
+                ));
+            }
+        }
+        println!();
+        for l in lines {
+            println!("{l}");
+        }
+        Ok(())
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(state: &mut u64) -> f32 {
+        (next(state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
     fn next(state: &mut u64) -> u64 {
@@ -759,6 +817,7 @@ mod gpu {
             println!("prefill_tc_wide_tflops_8k={t:.3}");
         }
         dense(&dev, copy)?;
+        dense_f32(&dev, copy)?;
         // Last: tuning data, the first thing to lose if the run is cut short.
         call_floor(&dev)?;
         chunk_sweep(&dev, copy)

@@ -271,6 +271,7 @@ mod gpu {
             },
         ];
         let weight_bytes = ways[0].model.weight_bytes();
+        let ways_geometry = ways[0].model.kv_geometry(KvDtype::BF16);
         println!(
             "## CUDA end to end on {}: Llama-3.2-1B shape, {layers} layers, random bf16 weights (made in \
              {made:.2?}, placed twice in {:.2?}), bf16 KV, page 16\n",
@@ -473,8 +474,45 @@ mod gpu {
             );
         }
         println!();
-        if let Err(e) = staging(&dev, ways[0].model.kv_geometry(KvDtype::BF16)) {
+        drop(ways);
+        if let Err(e) = staging(&dev, ways_geometry) {
             println!("kv_staged=FAILED ({e})");
+        }
+        // Last: a run cut short by its timeout loses this figure only.
+        println!();
+        if let Err(e) = f32_weights(&dev, layers, copy) {
+            println!("e2e_f32=FAILED ({e})");
+        }
+        Ok(())
+    }
+
+    /// The same model with f32 weights (an f32 checkpoint, or a quantized
+    /// GGUF widened exactly to f32): the SIMT matmul (cuda/linear_f32.cuh)
+    /// streams twice bf16's bytes, so its limit is half as many tokens/s.
+    /// Prints `e2e_b1_weight_bw_share_f32=X` against that limit.
+    fn f32_weights(dev: &CudaDevice, layers: usize, copy: f64) -> R<()> {
+        let w = random_weights(&ModelConfig::llama_3_2_1b_shape(layers), 1);
+        let way = Way {
+            model: Model::new(CudaBackend::new(dev.clone()).device_kv(true), w)
+                .map_err(|e| format!("placing the f32 model: {e}"))?,
+            device: true,
+        };
+        let bytes = way.model.weight_bytes();
+        let limit = copy * 1e9 / bytes as f64;
+        println!(
+            "f32 weights ({:.2} GB as placed; batch-1 limit {limit:.0} tokens/s):",
+            bytes as f64 / 1e9
+        );
+        for batch in [1usize, 8] {
+            let d = decode(&way, batch)?;
+            println!("| {batch} | {:.1} tokens/s |", d.tokens_per_s);
+            if batch == 1 {
+                println!(
+                    "e2e_b1_weight_bw_share_f32={:.3} ({:.1} tokens/s of a {limit:.0} tokens/s limit)",
+                    d.tokens_per_s / limit,
+                    d.tokens_per_s
+                );
+            }
         }
         Ok(())
     }

@@ -1573,11 +1573,12 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
     for (n, k) in [(1, 1), (17, 64), (512, 64), (33, 1000)] {
         let w = rng.vec(n * k, 1.0);
         let w_dev = dev.upload(&w).unwrap();
-        // The same first row alone and inside batches of 5 and 40 rows must
-        // give bit-identical results (batch invariance).
+        // The same first row alone and inside batches of 3, 5 and 40 rows
+        // (each block shape of cuda/linear_f32.cuh) must give bit-identical
+        // results (batch invariance).
         let x = rng.vec(40 * k, 1.0);
         let mut first_row: Option<Vec<f32>> = None;
-        for m in [1, 5, 40] {
+        for m in [1, 3, 5, 40] {
             let mut out = dev.zeros::<f32>(m * n).unwrap();
             dev.linear(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
                 .unwrap();

@@ -11,6 +11,7 @@ mod cuda_kernels;
 mod cuda_pages;
 mod decode_host;
 mod kv_write_host;
+mod linear_f32_host;
 mod linear_mma_host;
 mod logprobs_host;
 mod prefill_mma_host;

@@ -93,11 +93,12 @@ mod tests {
         // add_periodic, xxh3_ranges, page_checksums, tensor-core prefill
         // 3 x 2 (and wide 3 x 2), tensor-core decode 3 x 2 x 2 (and wide
         // 3 x 2 x 2),
-        // linear_mma_wide, linear_mma_gemm; the three group launches: what
+        // linear_mma_wide, linear_mma_gemm; the three group launches; the
+        // f32 matmul's two other shapes (linear_few, linear_many): what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3
+            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3 + 2
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -159,6 +160,8 @@ mod tests {
         assert_eq!(wide, Some((256, 8 * 3 * 2 * 16 * 128 * 2)));
         assert_eq!(spec(decode_merge().id()), (128, 0));
         assert_eq!(spec(linear().id()), (256, 0));
+        assert_eq!(spec(linear_few().id()), (256, 0));
+        assert_eq!(spec(linear_many().id()), (256, 0));
         assert_eq!(spec(page_checksums().id()), (256, 0));
         assert_eq!(spec(argmax().id()), (256, 0));
         assert_eq!(spec(sample_rows().id()), (256, 0));

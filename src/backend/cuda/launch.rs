@@ -24,8 +24,8 @@ use super::plan::{
     grid_stride, shape, to_u32,
 };
 use super::table::{
-    CHECKSUM_WARPS, LGEMM_BM, LGEMM_BN, LIN_ROWS, LIN_WARPS, LMMA_BM, LMMA_BN, LMMA_GROUPS,
-    LMMA_WIDE_BM, LMMA_WIDE_BN, LOGPROB_STRIDE,
+    CHECKSUM_WARPS, LGEMM_BM, LGEMM_BN, LIN_COLS, LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE,
+    LMMA_BM, LMMA_BN, LMMA_GROUPS, LMMA_WIDE_BM, LMMA_WIDE_BN, LOGPROB_STRIDE,
 };
 use super::{CudaDevice, CudaError};
 use crate::backend::Rope;
@@ -1131,19 +1131,23 @@ impl CudaDevice {
             k: to_u32("matmul depth", k)?,
             accumulate: u32::from(accumulate),
         };
-        let Some(grid) = grid(
-            "matmul blocks (columns, rows)",
-            n.div_ceil(LIN_WARPS),
-            m.div_ceil(LIN_ROWS),
-            1,
-        )?
-        else {
+        // One row, a few or many per block (cuda/linear_f32.cuh): the same
+        // bits for every output, with fewer wasted loads and products at
+        // small batches.
+        let (kernel, rows) = match m {
+            1 => (kernels::linear(), LIN_ROWS_ONE),
+            2..=LIN_ROWS_FEW => (kernels::linear_few(), LIN_ROWS_FEW),
+            _ => (kernels::linear_many(), LIN_ROWS_MANY),
+        };
+        let blocks = m.div_ceil(rows).saturating_mul(n.div_ceil(LIN_COLS));
+        let Some(grid) = grid("matmul blocks (row tiles x column blocks)", blocks, 1, 1)? else {
             return Ok(());
         };
         // Launch contract: x holds m*k, w n*k and out m*n f32 (checked); the
-        // grid covers n columns in blocks of LIN_WARPS warps and m rows in
-        // tiles of LIN_ROWS, and the kernel bounds every access by m, n, k.
-        self.launch(kernels::linear(), &p, grid, args)
+        // 1-D grid covers every (row tile of `rows`, block of LIN_COLS
+        // columns) pair, as the kernel decodes its block index, and the
+        // kernel bounds every access by m, n, k.
+        self.launch(kernel, &p, grid, args)
     }
 
     /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor

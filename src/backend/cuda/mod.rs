@@ -45,8 +45,8 @@ pub use launch::{DecodeWorkspace, PageChecksums};
 pub use pages::CudaPages;
 pub use plan::{DecodeKernel, PREFILL_MAX_GROUP, PrefillKernel, Split};
 pub use table::{
-    DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, LGEMM_BM, LMMA_WIDE_BM,
-    PREFILL_MMA_HEAD_DIMS,
+    DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, LGEMM_BM, LIN_ROWS_FEW,
+    LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PREFILL_MMA_HEAD_DIMS,
 };
 
 /// Opens device 0 for a test or benchmark, or says why not.

@@ -96,10 +96,17 @@ pub const DMMA_WIDE_WARPS: usize = 8;
 pub const DMMA_TILE: usize = 16;
 /// Tiles in flight per warp (its cp.async pipeline's stages).
 pub const DMMA_STAGES: usize = 3;
-/// Rows of x per block of the matmul.
-pub const LIN_ROWS: usize = 16;
-/// Output columns per block of the matmul (one warp each).
+/// Warps per block of the f32 matmul (they split k).
 pub const LIN_WARPS: usize = 8;
+/// Output columns per block of the f32 matmul.
+pub const LIN_COLS: usize = 4;
+/// Rows of x per block of the f32 matmul at batch 1. Its three shapes
+/// (one row, up to 4, more) give every output the same bits.
+pub const LIN_ROWS_ONE: usize = 1;
+/// Rows of x per block of the f32 matmul for 2 to 4 rows.
+pub const LIN_ROWS_FEW: usize = 4;
+/// Rows of x per block of the f32 matmul from 5 rows on.
+pub const LIN_ROWS_MANY: usize = 8;
 /// Warps per block of the checksum kernels (one byte range each).
 pub const CHECKSUM_WARPS: usize = 8;
 /// Warps per block of the tensor-core matmul.
@@ -479,7 +486,12 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        mirrors: &[("LIN_ROWS", LIN_ROWS), ("LIN_WARPS", LIN_WARPS)],
+        body: "linear_one",
+        mirrors: &[
+            ("LIN_WARPS", LIN_WARPS),
+            ("LIN_COLS", LIN_COLS),
+            ("LIN_ROWS_ONE", LIN_ROWS_ONE),
+        ],
         ..Family::plain(
             "linear",
             "linear",
@@ -487,6 +499,28 @@ pub const FAMILIES: &[Family] = &[
             32 * LIN_WARPS as u32,
             true,
             "launching matmul",
+        )
+    },
+    Family {
+        mirrors: &[("LIN_ROWS_FEW", LIN_ROWS_FEW)],
+        ..Family::plain(
+            "linear_few",
+            "linear",
+            "LinearParams",
+            32 * LIN_WARPS as u32,
+            true,
+            "launching matmul (a few rows)",
+        )
+    },
+    Family {
+        mirrors: &[("LIN_ROWS_MANY", LIN_ROWS_MANY)],
+        ..Family::plain(
+            "linear_many",
+            "linear",
+            "LinearParams",
+            32 * LIN_WARPS as u32,
+            true,
+            "launching matmul (many rows)",
         )
     },
     Family {

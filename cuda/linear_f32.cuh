@@ -1,0 +1,171 @@
+// Dense layers with f32 weights (f32 checkpoints, and quantized GGUF
+// widened exactly to f32): out = x · wᵀ, or out += x · wᵀ, with x f32
+// [m, k], w f32 [n, k], out f32 [m, n], on the SIMT cores.
+//
+// At batch 1 this is a stream of weight bytes, so what matters is how many
+// of them are in flight. A block's LIN_WARPS warps split k in k-blocks of
+// LIN_KB = 128 (lane l takes the 4 consecutive k at 4 l of each, one
+// 16-byte load per weight row): warp w takes k-blocks w, w + LIN_WARPS, ...
+// and issues the loads of UNROLL of them, for all LIN_COLS weight rows of
+// the block, before it multiplies any (at batch 1: 16 loads of 16 bytes a
+// lane, 8 KB a warp). Blocks own LIN_COLS columns, so a 512-column layer
+// still gives 128 blocks.
+//
+// Order of every sum, fixed by k alone: lane l accumulates its k-blocks in
+// order, the four k of each in order, with one fmaf per product; the lanes'
+// sums meet in a fixed xor butterfly (16, 8, 4, 2, 1; every lane ends with
+// the same bits); the warps' sums are added in warp order. Three shapes
+// (rows of x per block) are compiled:
+//   linear       1 row   4 k-blocks in flight (m = 1)
+//   linear_few   4 rows  2 k-blocks in flight (m <= 4)
+//   linear_many  8 rows  1 k-block in flight (m > 4)
+// and all three give every output the same bits, so a row's result does
+// not depend on the rest of the batch or on the shape the batch chose.
+//
+// A launch is 1-D: block b is row tile b % row_tiles of column block
+// b / row_tiles, so the row tiles of one column block run side by side and
+// read its weights from HBM about once, whatever m (x is the small
+// operand; it is re-read from L2 by every column block).
+//
+// The body lives in this header so that tests/cuda/linear_f32_host.rs can
+// run it on the host SIMT emulator against an f64 reference.
+#pragma once
+#ifdef HANDOFF_SIMT_HOST
+#include "simt_host.h"
+#endif
+#include "common.cuh"
+#include "params.cuh"
+
+namespace handoff {
+
+constexpr int LIN_WARPS = 8;  // warps per block, splitting k
+constexpr int LIN_THREADS = 32 * LIN_WARPS;
+constexpr int LIN_KB = 128;  // k per k-block: 4 a lane
+constexpr int LIN_COLS = 4;  // output columns per block
+constexpr int LIN_ROWS_ONE = 1;
+constexpr int LIN_ROWS_FEW = 4;
+constexpr int LIN_ROWS_MANY = 8;
+
+// The warps' sums of each output, [warp][row][column].
+template <int ROWS>
+struct LinSmem {
+    float part[LIN_WARPS][ROWS][LIN_COLS];
+};
+
+template <int ROWS>
+__device__ __forceinline__ LinSmem<ROWS>& lin_smem() {
+#ifdef HANDOFF_SIMT_HOST
+    return *reinterpret_cast<LinSmem<ROWS>*>(sim::ctx.smem);
+#else
+    __shared__ LinSmem<ROWS> s;
+    return s;
+#endif
+}
+
+// a[row][c .. c + 4) of `a` [rows, k] (x or w), zeros outside [rows, k].
+// `vec`: rows start on 16 bytes (k % 4 == 0 and an aligned base), so a
+// chunk that starts inside k ends inside it and is one 16-byte load.
+__device__ __forceinline__ float4 lin_load4(const float* a, uint64_t row, uint64_t rows, uint32_t k,
+                                            uint32_t c, bool vec) {
+    float4 v;
+    v.x = v.y = v.z = v.w = 0.0f;
+    if (row >= rows || c >= k) return v;
+    const float* r = a + row * k + c;
+    if (vec) return *reinterpret_cast<const float4*>(r);
+    v.x = r[0];
+    v.y = c + 1 < k ? r[1] : 0.0f;
+    v.z = c + 2 < k ? r[2] : 0.0f;
+    v.w = c + 3 < k ? r[3] : 0.0f;
+    return v;
+}
+
+// ROWS rows of x and LIN_COLS columns per block, UNROLL k-blocks of loads in
+// flight per warp. grid (ceil(m / ROWS) * ceil(n / LIN_COLS), 1, 1); block
+// LIN_THREADS.
+template <int ROWS, int UNROLL>
+__device__ __forceinline__ void linear_f32_tiles(const LinearParams& p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    LinSmem<ROWS>& s = lin_smem<ROWS>();
+    const uint32_t row_tiles = (p.m + ROWS - 1) / ROWS;
+    const uint64_t r0 = (uint64_t)(blockIdx.x % row_tiles) * ROWS;
+    const uint64_t n0 = (uint64_t)(blockIdx.x / row_tiles) * LIN_COLS;
+    const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+    const bool w_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+    const uint32_t kblocks = (p.k + LIN_KB - 1) / LIN_KB;
+    float acc[ROWS][LIN_COLS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < LIN_COLS; ++t) acc[r][t] = 0.0f;
+    for (uint32_t kb0 = warp; kb0 < kblocks; kb0 += LIN_WARPS * UNROLL) {
+        // Every load of UNROLL k-blocks first (past the last, zeros).
+        float4 wv[UNROLL][LIN_COLS];
+        float4 xv[UNROLL][ROWS];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const uint32_t kb = kb0 + u * LIN_WARPS;
+            const uint32_t c = kb * LIN_KB + 4 * lane;
+            const bool live = kb < kblocks;
+#pragma unroll
+            for (int t = 0; t < LIN_COLS; ++t) {
+                wv[u][t] = lin_load4(p.w, live ? n0 + t : p.n, p.n, p.k, c, w_vec);
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                xv[u][r] = lin_load4(p.x, live ? r0 + r : p.m, p.m, p.k, c, x_vec);
+            }
+        }
+        // Then the products, k-block by k-block in k order.
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (kb0 + u * LIN_WARPS >= kblocks) break;  // warp-uniform
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int t = 0; t < LIN_COLS; ++t) {
+                    const float4 a = xv[u][r], b = wv[u][t];
+                    float v = acc[r][t];
+                    v = fmaf(a.x, b.x, v);
+                    v = fmaf(a.y, b.y, v);
+                    v = fmaf(a.z, b.z, v);
+                    v = fmaf(a.w, b.w, v);
+                    acc[r][t] = v;
+                }
+        }
+    }
+    // Each warp's sum of each output across its lanes, then the warps' sums
+    // in warp order.
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < LIN_COLS; ++t) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) s.part[warp][r][t] = v;
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ROWS * LIN_COLS; e += LIN_THREADS) {
+        const int r = e / LIN_COLS, t = e % LIN_COLS;
+        const uint64_t row = r0 + r, col = n0 + t;
+        if (row >= p.m || col >= p.n) continue;
+        float v = s.part[0][r][t];
+        for (int w = 1; w < LIN_WARPS; ++w) v += s.part[w][r][t];
+        float* o = p.out + row * p.n + col;
+        *o = p.accumulate ? *o + v : v;
+    }
+}
+
+__device__ __forceinline__ void linear_one(const LinearParams& p) {
+    linear_f32_tiles<LIN_ROWS_ONE, 4>(p);
+}
+
+__device__ __forceinline__ void linear_few(const LinearParams& p) {
+    linear_f32_tiles<LIN_ROWS_FEW, 2>(p);
+}
+
+__device__ __forceinline__ void linear_many(const LinearParams& p) {
+    linear_f32_tiles<LIN_ROWS_MANY, 1>(p);
+}
+
+}  // namespace handoff

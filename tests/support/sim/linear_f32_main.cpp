@@ -1,0 +1,183 @@
+// Runs cuda/linear_f32.cuh's kernel (f32 weights on the SIMT cores) on the
+// SIMT emulator (simt_host.h); driven by tests/cuda/linear_f32_host.rs.
+//
+// Each case draws x and w, runs the kernel over the whole batch as the
+// host launches it (src/backend/cuda/launch.rs picks the shape by m),
+// checks every output against an f64 reference of the same inputs (within
+// f32 rounding of a k-term sum), then requires the bits of the batched run
+// from each row alone, from the other two shapes over the whole batch and
+// from x one float off 16-byte alignment (element loads instead of 16-byte
+// ones). A NaN in one row of x stays in that row; accumulating into a
+// residual gives the bits of the product added to it. Prints one line per
+// case; exit status 0 when all pass.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "linear_f32.cuh"
+
+using namespace handoff;
+using sim::Rng;
+
+enum Shape { One, Few, Many };
+
+unsigned shape_rows(Shape s) {
+    return s == One ? LIN_ROWS_ONE : s == Few ? LIN_ROWS_FEW : LIN_ROWS_MANY;
+}
+
+// As the host launches it: one row, up to LIN_ROWS_FEW, or more.
+Shape shape_for(uint32_t m) { return m == 1 ? One : m <= (uint32_t)LIN_ROWS_FEW ? Few : Many; }
+
+// Runs `body` as every thread of a 1-D grid of `blocks` LIN_THREADS-thread
+// blocks, one block at a time. Shared memory starts as NaN bytes: a read
+// of a slot nothing wrote shows.
+template <typename Body>
+void run_grid(unsigned blocks, Body body) {
+    for (unsigned b = 0; b < blocks; ++b) {
+        std::barrier<> block(LIN_THREADS);
+        std::vector<sim::Warp> warps(LIN_WARPS);
+        std::vector<unsigned char> smem(sizeof(LinSmem<LIN_ROWS_MANY>), 0xff);
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < (unsigned)LIN_THREADS; ++t)
+            threads.emplace_back([&, t] {
+                threadIdx = {t, 0, 0};
+                blockIdx = {b, 0, 0};
+                blockDim = {(unsigned)LIN_THREADS, 1, 1};
+                gridDim = {blocks, 1, 1};
+                sim::ctx = {&warps[t / 32], &block, smem.data()};
+                body();
+            });
+        for (auto& th : threads) th.join();
+    }
+}
+
+void launch_shape(const LinearParams& p, Shape s) {
+    const unsigned rows = shape_rows(s);
+    const unsigned blocks = ((p.m + rows - 1) / rows) * ((p.n + LIN_COLS - 1) / LIN_COLS);
+    run_grid(blocks, [&] {
+        if (s == One) linear_one(p);
+        else if (s == Few) linear_few(p);
+        else linear_many(p);
+    });
+}
+
+void launch(const LinearParams& p) { launch_shape(p, shape_for(p.m)); }
+
+LinearParams lin(const float* x, const float* w, float* out, uint32_t m, uint32_t n, uint32_t k,
+                 uint32_t acc) {
+    return LinearParams{x, w, out, m, n, k, acc};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (std::memcmp(&a[i], &b[i], 4) != 0) {
+            std::printf("  %s: output %zu is %.9g, the batched run's %.9g\n", what, i, b[i], a[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
+    std::vector<float> x(m * k);
+    for (auto& v : x) v = rng.uniform() * 4.0f;
+    if (nan_row && m > 1) x[1 * k + k / 2] = NAN;
+    std::vector<float> w(n * k);
+    for (auto& v : w) v = rng.uniform() * 0.5f;
+    std::vector<float> out(m * n, -7.0f);
+    launch(lin(x.data(), w.data(), out.data(), m, n, k, 0));
+    bool ok = true;
+    for (uint32_t r = 0; r < m && ok; ++r) {
+        const bool poisoned = nan_row && m > 1 && r == 1;
+        for (uint32_t j = 0; j < n; ++j) {
+            double want = 0, mag = 0;
+            for (uint32_t c = 0; c < k; ++c) {
+                const double prod = (double)x[r * k + c] * (double)w[j * k + c];
+                want += prod;
+                mag += std::fabs(prod);
+            }
+            const float got = out[r * n + j];
+            if (poisoned) {
+                if (!std::isnan(got)) {
+                    std::printf("  row %u col %u: %g, want NaN (its x holds one)\n", r, j, got);
+                    ok = false;
+                }
+                continue;
+            }
+            const double tol = mag * (k + 40) * std::ldexp(1.0, -24) + 1e-30;
+            if (!(std::fabs(got - want) <= tol)) {
+                std::printf("  row %u col %u: got %.9g want %.9g (tol %.3g)\n", r, j, got, want, tol);
+                ok = false;
+                break;
+            }
+        }
+        // A row that holds no NaN gives none, whatever its neighbours hold.
+        for (uint32_t j = 0; j < n && !poisoned; ++j) {
+            if (std::isnan(out[r * n + j])) {
+                std::printf("  row %u col %u: NaN from another row\n", r, j);
+                ok = false;
+                break;
+            }
+        }
+    }
+    // Each row alone: the bits of the batch.
+    for (uint32_t r = 0; r < m && ok; ++r) {
+        std::vector<float> one(n, -7.0f);
+        launch(lin(x.data() + (uint64_t)r * k, w.data(), one.data(), 1, n, k, 0));
+        std::vector<float> batched(out.begin() + (uint64_t)r * n, out.begin() + (uint64_t)(r + 1) * n);
+        if (!same_bits(batched, one, "a row alone")) ok = false;
+    }
+    // The other shapes over the whole batch: the same bits.
+    for (Shape s : {One, Few, Many}) {
+        if (!ok || s == shape_for(m)) continue;
+        std::vector<float> other(m * n, -7.0f);
+        launch_shape(lin(x.data(), w.data(), other.data(), m, n, k, 0), s);
+        char what[64];
+        std::snprintf(what, sizeof what, "%u rows a block", shape_rows(s));
+        if (!same_bits(out, other, what)) ok = false;
+    }
+    // x one float off 16-byte alignment (every load element by element).
+    if (ok) {
+        std::vector<float> shifted(m * k + 4);
+        float* xs = shifted.data() + 1;
+        std::memcpy(xs, x.data(), x.size() * 4);
+        std::vector<float> other(m * n, -7.0f);
+        launch(lin(xs, w.data(), other.data(), m, n, k, 0));
+        if (!same_bits(out, other, "unaligned x")) ok = false;
+    }
+    // Accumulating into a residual: the bits of the product, then the add.
+    if (ok) {
+        std::vector<float> res(m * n), acc(m * n);
+        for (auto& v : res) v = rng.uniform() * 8.0f;
+        acc = res;
+        launch(lin(x.data(), w.data(), acc.data(), m, n, k, 1));
+        for (size_t i = 0; i < acc.size() && ok; ++i) {
+            const float want = res[i] + out[i];
+            if (std::memcmp(&acc[i], &want, 4) != 0) {
+                std::printf("  accumulate at %zu: %.9g, want %.9g + %.9g\n", i, acc[i], res[i], out[i]);
+                ok = false;
+            }
+        }
+    }
+    std::printf("%s m=%u n=%u k=%u%s\n", ok ? "ok" : "FAIL", m, n, k, nan_row ? " (NaN row)" : "");
+    return ok;
+}
+
+int main() {
+    Rng rng{41};
+    bool all = true;
+    // (m, n, k): one element; k inside one k-block, across several, not a
+    // multiple of 4 or of 128, more k-blocks than warps (the unrolled loads
+    // of a warp past the last); n not a multiple of the block's columns;
+    // each shape's boundary (1 | 2..4 | 5..).
+    const uint32_t cases[][3] = {
+        {1, 1, 1},    {1, 37, 200},  {1, 6, 2053}, {2, 9, 130},  {3, 5, 77},
+        {4, 12, 256}, {5, 17, 129},  {8, 8, 1000}, {9, 7, 300},  {13, 3, 64},
+    };
+    for (const auto& c : cases) all &= run_case(c[0], c[1], c[2], false, rng);
+    all &= run_case(6, 10, 517, true, rng);
+    all &= run_case(3, 4, 96, true, rng);
+    return all ? 0 : 1;
+}
