@@ -340,7 +340,9 @@ fn kernels_cuh(stem: &str, all: &[Instance]) -> String {
     }
     for i in all.iter().filter(|i| i.family.source == stem) {
         let f = i.family;
-        let bounds = if f.bounded {
+        let bounds = if f.bounded && f.min_blocks > 0 {
+            format!("__launch_bounds__({}, {}) ", f.threads, f.min_blocks)
+        } else if f.bounded {
             format!("__launch_bounds__({}) ", f.threads)
         } else {
             String::new()

@@ -58,9 +58,9 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use handoff::backend::cuda::{
-        CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena, LGEMM_BM,
-        LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PageTables, PrefillKernel,
-        SeqPages, Split, device_for_test,
+        CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena,
+        HalfWeights, LGEMM_BM, LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PageTables,
+        PrefillKernel, SeqPages, Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
 
@@ -241,6 +241,15 @@ mod gpu {
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect();
             let w = dev.upload(&w_host)?;
+            // The same values as f16 (bf16's 8 significant bits fit f16's
+            // 11, and these magnitudes its range): an f16 checkpoint's
+            // weights, split into bf16 parts in registers (twice the mma).
+            let w_f16 = dev.upload(
+                &w_host
+                    .iter()
+                    .map(|&b| half::f16::from_f32(half::bf16::from_bits(b).to_f32()).to_bits())
+                    .collect::<Vec<u16>>(),
+            )?;
             for m in [1usize, 8, 64, 256, 1024, 4096] {
                 let x_host: Vec<f32> = (0..m * k)
                     .map(|_| (next(&mut rng) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
@@ -265,6 +274,15 @@ mod gpu {
                     gbps / copy
                 );
                 lines.push(format!("linear_tflops_m{m}_n{n}_k{k}={tflops:.3}"));
+                if m == 1 || m == 4096 {
+                    let f16_ms = time_ms(dev, 10, || {
+                        dev.linear_half(HalfWeights::F16, &x, &w_f16, n, &mut out)
+                    })?;
+                    lines.push(format!(
+                        "linear_f16_time_vs_bf16_m{m}_n{n}_k{k}={:.3} ({f16_ms:.4} ms, bf16 {ms:.4} ms)",
+                        f16_ms / ms
+                    ));
+                }
             }
         }
         // Read by gpu-bundle/cublas_reference.py.

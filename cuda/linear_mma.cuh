@@ -1,11 +1,14 @@
-// Dense layers with bf16 weights on tensor cores: out = x · wᵀ with
-// x f32 [m, k], w bf16 [n, k] (a bf16 checkpoint's weights, kept as they
-// were stored: half the bytes of f32 to read per token), out f32 [m, n].
+// Dense layers with 16-bit weights on tensor cores: out = x · wᵀ with
+// x f32 [m, k], w bf16 or f16 [n, k] (a bf16 or f16 checkpoint's weights,
+// kept as they were stored: half the bytes of f32 to read per token), out
+// f32 [m, n]. The template parameter T of every body is the weights' type.
 //
 // Precision: each x value is split into two bf16 parts, hi = bf16(x) and
 // lo = bf16(x - hi), and both meet the weight in an mma.sync m16n8k16 with
 // f32 accumulation, so the products carry about 16 bits of x (bf16 alone
-// would keep 8): within 2^-15 of the f32 product, summed in f32.
+// would keep 8): within 2^-15 of the f32 product, summed in f32. f16
+// weights are split the same way in registers (hi and lo in bf16, exactly:
+// see WeightMma), so they too meet x in bf16 mma, with twice the mma.
 //
 // Tiling: a block owns RT row tiles of 16 rows of x and NT n-tiles of 8
 // output columns, and its LMMA_WARPS warps split k in blocks of LMMA_KB =
@@ -156,27 +159,79 @@ __device__ __forceinline__ uint4 lmma_w8(const LinearMmaParams& p, const void* w
     return make_uint4(e[0], e[1], e[2], e[3]);
 }
 
+// The weights' products on the tensor cores, by how they are stored
+// (W: the checkpoint's 16-bit type). bf16 weights meet x's bf16 parts as
+// they are: two mma per n-tile and k-step (x hi, then x lo).
+template <typename W>
+struct WeightMma;
+template <>
+struct WeightMma<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float c[4], const uint32_t (&hi)[4],
+                                               const uint32_t (&lo)[4], uint32_t b0, uint32_t b1) {
+        MmaOp<__nv_bfloat16>::run(c, hi, b0, b1);
+        MmaOp<__nv_bfloat16>::run(c, lo, b0, b1);
+    }
+};
+
+// An f16 weight as float, from its bits.
+__device__ __forceinline__ float f16_bits_to_float(uint32_t bits) {
+#ifdef HANDOFF_SIMT_HOST
+    return sim::f16_to_float((uint16_t)bits);
+#else
+    return __half2float(__ushort_as_half((unsigned short)bits));
+#endif
+}
+
+// Two f16 weights (one register) as bf16 registers hi and lo with w = hi +
+// lo exactly: an f16 value has 11 significant bits, hi keeps the nearest
+// 8, and the rest (at most 4 bits, within bf16's range) is exact in lo.
+__device__ __forceinline__ void f16x2_split(uint32_t w, uint32_t& hi, uint32_t& lo) {
+    const float w0 = f16_bits_to_float(w & 0xffffu), w1 = f16_bits_to_float(w >> 16);
+    const float h0 = round_to<__nv_bfloat16>(w0), h1 = round_to<__nv_bfloat16>(w1);
+    hi = MmaOp<__nv_bfloat16>::pack(h0, h1);
+    lo = MmaOp<__nv_bfloat16>::pack(w0 - h0, w1 - h1);
+}
+
+// f16 weights (an f16 checkpoint's: half the bytes of f32, as bf16's) are
+// split into bf16 hi and lo parts in registers, so that the same bf16 mma
+// serves them with no weight bits lost: four mma per n-tile and k-step,
+// (x hi, w hi), (x lo, w hi), (x hi, w lo), (x lo, w lo). An f16 mma
+// instead would need x in f16, whose range (65504) an activation can pass.
+template <>
+struct WeightMma<__half> {
+    __device__ __forceinline__ static void run(float c[4], const uint32_t (&hi)[4],
+                                               const uint32_t (&lo)[4], uint32_t b0, uint32_t b1) {
+        uint32_t h0, l0, h1, l1;
+        f16x2_split(b0, h0, l0);
+        f16x2_split(b1, h1, l1);
+        MmaOp<__nv_bfloat16>::run(c, hi, h0, h1);
+        MmaOp<__nv_bfloat16>::run(c, lo, h0, h1);
+        MmaOp<__nv_bfloat16>::run(c, hi, l0, l1);
+        MmaOp<__nv_bfloat16>::run(c, lo, l0, l1);
+    }
+};
+
 // One k-step of one row tile: the 8 activations of its A fragment (a, in
-// the order of the mma's A registers) split into T parts hi and lo, and
-// both products with each of the NT weight fragments of k-step `step` (wv
-// holds both k-steps' registers), hi first. Every tile runs this one
-// sequence of operations, which is what gives every tile the same bits.
-template <typename T, int NT>
+// the order of the mma's A registers) split into bf16 parts hi and lo, and
+// their products with each of the NT weight fragments of k-step `step` (wv
+// holds both k-steps' registers, of the weights' type W), hi first. Every
+// tile runs this one sequence of operations, which is what gives every
+// tile the same bits.
+template <typename W, int NT>
 __device__ __forceinline__ void lmma_step(const float (&a)[8], const uint4 (&wv)[NT], int step,
                                           float (&c)[NT][4]) {
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const float h0 = round_to<T>(a[2 * i]), h1 = round_to<T>(a[2 * i + 1]);
-        hi[i] = MmaOp<T>::pack(h0, h1);
-        lo[i] = MmaOp<T>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
+        const float h0 = round_to<__nv_bfloat16>(a[2 * i]), h1 = round_to<__nv_bfloat16>(a[2 * i + 1]);
+        hi[i] = MmaOp<__nv_bfloat16>::pack(h0, h1);
+        lo[i] = MmaOp<__nv_bfloat16>::pack(a[2 * i] - h0, a[2 * i + 1] - h1);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         const uint32_t b0 = step == 0 ? wv[t].x : wv[t].z;
         const uint32_t b1 = step == 0 ? wv[t].y : wv[t].w;
-        MmaOp<T>::run(c[t], hi, b0, b1);
-        MmaOp<T>::run(c[t], lo, b0, b1);
+        WeightMma<W>::run(c[t], hi, lo, b0, b1);
     }
 }
 

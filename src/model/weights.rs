@@ -54,9 +54,21 @@ impl ModelWeights {
     /// checkpoint: backends then keep them as bf16. Norm gains and biases
     /// stay f32.
     pub fn round_matrices_to_bf16(&mut self) {
+        self.round_matrices(|x| half::bf16::from_f32(x).to_f32());
+    }
+
+    /// Rounds every matrix to the nearest f16 value, as if loaded from an
+    /// f16 checkpoint (values past f16's range become infinite, as they
+    /// would in one): backends then keep them as f16. Norm gains and
+    /// biases stay f32.
+    pub fn round_matrices_to_f16(&mut self) {
+        self.round_matrices(|x| half::f16::from_f32(x).to_f32());
+    }
+
+    fn round_matrices(&mut self, to: impl Fn(f32) -> f32) {
         let round = |v: &mut Vec<f32>| {
             for x in v.iter_mut() {
-                *x = half::bf16::from_f32(*x).to_f32();
+                *x = to(*x);
             }
         };
         round(&mut self.embedding);
@@ -77,13 +89,41 @@ impl ModelWeights {
 mod tests {
     use crate::model::{ModelConfig, random_weights};
 
-    #[test]
-    fn rounding_to_bf16_leaves_every_matrix_bf16_exact_and_the_norms_alone() {
+    fn small() -> crate::model::ModelWeights {
         let mut cfg = ModelConfig::llama_3_2_1b_shape(2);
         (cfg.dim, cfg.hidden_dim, cfg.vocab_size) = (64, 96, 50);
         (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) = (4, 2, 16);
         cfg.tied_embeddings = false;
-        let w0 = random_weights(&cfg, 3);
+        random_weights(&cfg, 3)
+    }
+
+    #[test]
+    fn rounding_to_f16_leaves_every_matrix_f16_exact_most_not_bf16_and_the_norms_alone() {
+        let w0 = small();
+        let mut w = w0.clone();
+        w.round_matrices_to_f16();
+        let f16 = |v: &[f32]| v.iter().all(|&x| half::f16::from_f32(x).to_f32() == x);
+        let bf16 = |v: &[f32]| v.iter().all(|&x| half::bf16::from_f32(x).to_f32() == x);
+        let head = w.lm_head.as_deref().unwrap_or(&[]);
+        assert!(!head.is_empty() && f16(head) && f16(&w.embedding) && !bf16(&w.embedding));
+        for l in &w.layers {
+            assert!(
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3]
+                    .iter()
+                    .all(|v| f16(v))
+            );
+        }
+        // Nearest: within half an f16 ulp (2^-11 relative) of normal values.
+        for (a, b) in w0.embedding.iter().zip(&w.embedding) {
+            assert!((a - b).abs() <= a.abs() * 2f32.powi(-11) + 2f32.powi(-25));
+        }
+        assert_eq!(w.final_norm, w0.final_norm);
+        assert_eq!(w.layers[0].attn_norm, w0.layers[0].attn_norm);
+    }
+
+    #[test]
+    fn rounding_to_bf16_leaves_every_matrix_bf16_exact_and_the_norms_alone() {
+        let w0 = small();
         let mut w = w0.clone();
         w.round_matrices_to_bf16();
         let exact = |v: &[f32]| v.iter().all(|&x| half::bf16::from_f32(x).to_f32() == x);

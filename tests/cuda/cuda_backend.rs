@@ -812,9 +812,28 @@ fn an_engine_sampling_on_the_device_draws_the_cpus_tokens_for_each_seed() {
 #[test]
 fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
     let test = "bf16_weights_stay_bf16_on_the_device_and_match_the_cpu";
-    let Some(dev) = device_for_test(test) else {
-        return;
-    };
+    if let Some(dev) = device_for_test(test) {
+        half_weights_match_the_cpu(dev, ModelWeights::round_matrices_to_bf16);
+    }
+}
+
+/// An f16 checkpoint's weights stay f16 on the device (half the bytes of
+/// f32; split into exact bf16 parts in the tensor-core matmul's registers):
+/// the same story as bf16's, against the CPU backend on the same f16
+/// values. A kernel that dropped the parts bf16 cannot hold would miss the
+/// CPU by about 2^-9 of each product.
+#[test]
+fn f16_weights_stay_f16_on_the_device_and_match_the_cpu() {
+    let test = "f16_weights_stay_f16_on_the_device_and_match_the_cpu";
+    if let Some(dev) = device_for_test(test) {
+        half_weights_match_the_cpu(dev, ModelWeights::round_matrices_to_f16);
+    }
+}
+
+fn half_weights_match_the_cpu(
+    dev: handoff::backend::cuda::CudaDevice,
+    round: fn(&mut ModelWeights),
+) {
     let cfg = handoff::model::ModelConfig {
         dim: 256,
         hidden_dim: 688,
@@ -832,13 +851,13 @@ fn bf16_weights_stay_bf16_on_the_device_and_match_the_cpu() {
         attention_bias: false,
     };
     let mut w = handoff::model::random_weights(&cfg, 21);
-    w.round_matrices_to_bf16();
+    round(&mut w);
     let cpu = Model::cpu(w.clone()).unwrap();
     let tc = Model::new(CudaBackend::new(dev.clone()), w.clone()).unwrap();
     let wide = Model::new(CudaBackend::new(dev).bf16_weights(false), w).unwrap();
     assert!(
         tc.weight_bytes() * 10 < wide.weight_bytes() * 6,
-        "bf16 matrices take half the bytes: {} vs {}",
+        "16-bit matrices take half the bytes: {} vs {}",
         tc.weight_bytes(),
         wide.weight_bytes()
     );

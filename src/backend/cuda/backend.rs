@@ -37,7 +37,7 @@ use super::memo::Memo;
 use super::table::{LGEMM_BM, LMMA_GROUPS, NORM_CARRY_ROWS};
 use super::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeKernel, DecodeWorkspace, DeviceKvArena,
-    HEAD_DIMS, PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
+    HEAD_DIMS, HalfWeights, PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Norm, Rope, SeqSpan, check_rope_rows, check_view, rows_of,
@@ -96,12 +96,12 @@ pub struct CudaMat {
     cols: usize,
 }
 
-/// A weight tensor's elements: f32, or bf16 (raw bits) for a matrix whose
-/// every element is exactly a bf16 value (a bf16 checkpoint's), which then
-/// runs on tensor cores at half the bytes.
+/// A weight tensor's elements: f32, or 16 bits (raw bits of bf16 or f16)
+/// for a matrix whose every element is exactly such a value (a bf16 or f16
+/// checkpoint's), which then runs on tensor cores at half the bytes.
 enum MatData {
     F32(CudaSlice<f32>),
-    Bf16(CudaSlice<u16>),
+    Half(HalfWeights, CudaSlice<u16>),
 }
 
 impl CudaMat {
@@ -109,9 +109,9 @@ impl CudaMat {
     fn f32s(&self, op: &'static str) -> Result<&CudaSlice<f32>, BackendError> {
         match &self.data {
             MatData::F32(d) => Ok(d),
-            MatData::Bf16(_) => Err(BackendError::Unsupported {
+            MatData::Half(h, _) => Err(BackendError::Unsupported {
                 what: op,
-                detail: "a bf16 weight where f32 is required".into(),
+                detail: format!("a {h:?} weight where f32 is required"),
             }),
         }
     }
@@ -285,9 +285,10 @@ impl CudaBackend {
     }
 
     /// Whether a weight matrix whose every element is exactly a bf16 value
-    /// (a bf16 checkpoint's) stays bf16 on the device and runs on tensor
-    /// cores (default: on), or is widened to f32 (the f32 kernels, closest
-    /// to the CPU backend's numbers).
+    /// (a bf16 checkpoint's), or else exactly an f16 value (an f16
+    /// checkpoint's), stays 16-bit on the device and runs on tensor cores
+    /// (default: on), or is widened to f32 (the f32 kernels, closest to the
+    /// CPU backend's numbers).
     #[must_use]
     pub fn bf16_weights(mut self, on: bool) -> Self {
         self.bf16_weights = on;
@@ -516,14 +517,15 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// The products `ws` (their bf16 elements `bf16`) of the `m` rows of
-    /// `x`, or of their RMSNorm, in one group launch.
-    fn bf16_group<const N: usize>(
+    /// The products `ws` (their 16-bit elements `bits`, all of type `h`)
+    /// of the `m` rows of `x`, or of their RMSNorm, in one group launch.
+    #[allow(clippy::too_many_arguments)]
+    fn half_group<const N: usize>(
         &self,
         x: &CudaBuf,
         m: usize,
         norm: Option<Norm<'_, CudaMat>>,
-        bf16: [&CudaSlice<u16>; N],
+        (h, bits): (HalfWeights, [&CudaSlice<u16>; N]),
         ws: [&CudaMat; N],
         mut outs: [&mut CudaBuf; N],
     ) -> Result<(), BackendError> {
@@ -537,11 +539,11 @@ impl CudaBackend {
             .collect::<Result<Vec<_>, _>>()?;
         let x = x.view()?;
         match norm {
-            None => self.dev.linear_bf16_many(&x, &bf16, &ns, &mut views),
+            None => self.dev.linear_half_many(h, &x, &bits, &ns, &mut views),
             Some(n) => {
                 let weight = n.weight.f32s("the RMSNorm a matmul carries")?;
                 self.dev
-                    .linear_bf16_many_normed(&x, weight, n.eps, &bf16, &ns, &mut views)
+                    .linear_half_many_normed(h, &x, weight, n.eps, &bits, &ns, &mut views)
             }
         }
         .map_err(dev_err)
@@ -620,19 +622,44 @@ impl CudaBackend {
     }
 }
 
-/// The bf16 elements of each of `ws` when all are bf16 of one depth (the
-/// weights one tensor-core launch can take together).
-fn bf16_of_one_depth<'a, const N: usize>(ws: &[&'a CudaMat; N]) -> Option<[&'a CudaSlice<u16>; N]> {
-    let bf16 = |w: &&'a CudaMat| match &w.data {
-        MatData::Bf16(d) if w.cols == ws[0].cols => Some(d),
+/// `data` as 16-bit values when that loses nothing: bf16 when every value
+/// is one (a bf16 checkpoint's; looked for first, so a matrix exact in both
+/// stays bf16 as before), else f16 when every value is one (an f16
+/// checkpoint's, or an unquantized GGUF's f16 tensor), else `None`: f32.
+fn exact_half(data: &[f32]) -> Option<(HalfWeights, Vec<u16>)> {
+    if data.iter().all(|x| x.to_bits() & 0xffff == 0) {
+        let bits = data.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        return Some((HalfWeights::Bf16, bits));
+    }
+    let mut bits = Vec::with_capacity(data.len());
+    for &x in data {
+        let h = half::f16::from_f32(x);
+        if h.to_f32().to_bits() != x.to_bits() {
+            return None;
+        }
+        bits.push(h.to_bits());
+    }
+    Some((HalfWeights::F16, bits))
+}
+
+/// The 16-bit elements of each of `ws` when all are 16-bit of one type and
+/// one depth (the weights one tensor-core launch can take together).
+fn half_of_one_depth<'a, const N: usize>(
+    ws: &[&'a CudaMat; N],
+) -> Option<(HalfWeights, [&'a CudaSlice<u16>; N])> {
+    let MatData::Half(h0, _) = ws.first()?.data else {
+        return None;
+    };
+    let half = |w: &&'a CudaMat| match &w.data {
+        MatData::Half(h, d) if *h == h0 && w.cols == ws[0].cols => Some(d),
         _ => None,
     };
     // Asked twice a layer: no allocation.
-    let mut out = [bf16(ws.first()?)?; N];
+    let mut out = [half(ws.first()?)?; N];
     for (o, w) in out.iter_mut().zip(ws) {
-        *o = bf16(w)?;
+        *o = half(w)?;
     }
-    Some(out)
+    Some((h0, out))
 }
 
 fn dev_err(e: CudaError) -> BackendError {
@@ -727,16 +754,14 @@ impl Backend for CudaBackend {
                 data.len(),
             ));
         }
-        // A matrix of exact bf16 values stays bf16 (vectors stay f32).
-        let bf16 = self.bf16_weights
-            && rows > 1
-            && cols > 1
-            && data.iter().all(|x| x.to_bits() & 0xffff == 0);
-        let data = if bf16 {
-            let bits: Vec<u16> = data.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-            MatData::Bf16(self.dev.upload(&bits).map_err(dev_err)?)
-        } else {
-            MatData::F32(self.dev.upload(&data).map_err(dev_err)?)
+        // A matrix of exact bf16 (or f16) values stays 16-bit (vectors stay
+        // f32).
+        let half = (self.bf16_weights && rows > 1 && cols > 1)
+            .then(|| exact_half(&data))
+            .flatten();
+        let data = match half {
+            Some((h, bits)) => MatData::Half(h, self.dev.upload(&bits).map_err(dev_err)?),
+            None => MatData::F32(self.dev.upload(&data).map_err(dev_err)?),
         };
         Ok(CudaMat { data, rows, cols })
     }
@@ -745,11 +770,11 @@ impl Backend for CudaBackend {
         (m.rows, m.cols)
     }
 
-    /// Bytes as placed: 2 per element of a bf16 matrix, 4 otherwise.
+    /// Bytes as placed: 2 per element of a 16-bit matrix, 4 otherwise.
     fn mat_bytes(&self, m: &CudaMat) -> usize {
         match m.data {
             MatData::F32(_) => m.len() * 4,
-            MatData::Bf16(_) => m.len() * 2,
+            MatData::Half(..) => m.len() * 2,
         }
     }
 
@@ -803,7 +828,7 @@ impl Backend for CudaBackend {
         let out = &mut out.view_mut()?;
         match &table.data {
             MatData::F32(t) => self.dev.embedding(t, table.cols, tokens, out),
-            MatData::Bf16(t) => self.dev.embedding_bf16(t, table.cols, tokens, out),
+            MatData::Half(h, t) => self.dev.embedding_half(*h, t, table.cols, tokens, out),
         }
         .map_err(dev_err)?;
         // Queued now: its token ids are new every step, and the rest of the
@@ -836,7 +861,7 @@ impl Backend for CudaBackend {
         let (x, out) = (&x.view()?, &mut out.view_mut()?);
         match &w.data {
             MatData::F32(d) => self.dev.linear(x, d, w.rows, out),
-            MatData::Bf16(d) => self.dev.linear_bf16(x, d, w.rows, out),
+            MatData::Half(h, d) => self.dev.linear_half(*h, x, d, w.rows, out),
         }
         .map_err(dev_err)
     }
@@ -847,16 +872,16 @@ impl Backend for CudaBackend {
         ws: [&CudaMat; N],
         outs: [&mut CudaBuf; N],
     ) -> Result<(), BackendError> {
-        // bf16 weights of one depth: one launch for all of them (each
-        // product with the bits of its own). Anything else: one each.
-        let Some(bf16) = bf16_of_one_depth(&ws).filter(|_| N >= 2 && N <= LMMA_GROUPS) else {
+        // 16-bit weights of one type and depth: one launch for all of them
+        // (each product with the bits of its own). Anything else: one each.
+        let Some(half) = half_of_one_depth(&ws).filter(|_| N >= 2 && N <= LMMA_GROUPS) else {
             for (w, out) in ws.into_iter().zip(outs) {
                 self.matmul(x, w, out)?;
             }
             return Ok(());
         };
         let m = rows_of("matmul", x.len, ws[0].cols)?;
-        self.bf16_group(x, m, None, bf16, ws, outs)
+        self.half_group(x, m, None, half, ws, outs)
     }
 
     fn norm_matmul_many<const N: usize>(
@@ -868,14 +893,14 @@ impl Backend for CudaBackend {
         outs: [&mut CudaBuf; N],
     ) -> Result<(), BackendError> {
         let m = rows_of("norm_matmul_many", x.len, norm.weight.len())?;
-        let bf16 = bf16_of_one_depth(&ws);
-        let Some(bf16) =
-            bf16.filter(|_| m <= NORM_CARRY_ROWS && N <= LMMA_GROUPS && self.carries_stages())
+        let half = half_of_one_depth(&ws);
+        let Some(half) =
+            half.filter(|_| m <= NORM_CARRY_ROWS && N <= LMMA_GROUPS && self.carries_stages())
         else {
             self.rms_norm(x, norm.weight, norm.eps, xn)?;
             return self.matmul_many(xn, ws, outs);
         };
-        self.bf16_group(x, m, Some(norm), bf16, ws, outs)
+        self.half_group(x, m, Some(norm), half, ws, outs)
     }
 
     fn norm_swiglu(
@@ -888,10 +913,10 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         let m = rows_of("norm_swiglu", x.len, norm.weight.len())?;
         let [gate, up] = outs;
-        let pair = bf16_of_one_depth(&ws).filter(|_| {
+        let pair = half_of_one_depth(&ws).filter(|_| {
             m < LGEMM_BM && ws[0].rows == ws[1].rows && ws[0].cols == norm.weight.len()
         });
-        let Some([w_gate, w_up]) = pair.filter(|_| self.carries_stages()) else {
+        let Some((h, [w_gate, w_up])) = pair.filter(|_| self.carries_stages()) else {
             self.norm_matmul_many(x, norm, xn, ws, [&mut *gate, &mut *up])?;
             return self.swiglu(gate, up);
         };
@@ -901,7 +926,8 @@ impl Backend for CudaBackend {
             // The norm rides in the loads too.
             return self
                 .dev
-                .linear_bf16_swiglu(
+                .linear_half_swiglu(
+                    h,
                     &x.view()?,
                     Some((weight, norm.eps)),
                     w_gate,
@@ -913,7 +939,8 @@ impl Backend for CudaBackend {
         }
         self.rms_norm(x, norm.weight, norm.eps, xn)?;
         self.dev
-            .linear_bf16_swiglu(
+            .linear_half_swiglu(
+                h,
                 &xn.view()?,
                 None::<(&CudaSlice<f32>, f32)>,
                 w_gate,
@@ -946,7 +973,7 @@ impl Backend for CudaBackend {
         let (a, x) = (&a.view()?, &mut x.view_mut()?);
         match &w.data {
             MatData::F32(d) => self.dev.linear_add(a, d, w.rows, x),
-            MatData::Bf16(d) => self.dev.linear_bf16_add(a, d, w.rows, x),
+            MatData::Half(h, d) => self.dev.linear_half_add(*h, a, d, w.rows, x),
         }
         .map_err(dev_err)
     }
@@ -1316,5 +1343,48 @@ impl Backend for CudaBackend {
                 .map(drop)
                 .map_err(dev_err)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matrix stays 16-bit only when no value changes: bf16 first (a
+    /// bf16 checkpoint's), then f16 (an f16 checkpoint's), else f32; the
+    /// bits kept are the values' own.
+    #[test]
+    fn weights_stay_16_bit_only_when_every_value_is_exact_and_bf16_comes_first() {
+        // Exact in both (small integers, zero, a power of two): bf16.
+        let both = [0.0f32, -0.0, 1.0, -3.0, 0.5, 1024.0];
+        let (h, bits) = exact_half(&both).unwrap();
+        assert_eq!(h, HalfWeights::Bf16);
+        let back: Vec<f32> = bits
+            .iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect();
+        assert_eq!(
+            back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            both.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        // f16 values that bf16 cannot hold (11 significant bits),
+        // subnormal f16 values and f16's largest: f16, bit for bit.
+        let f16s: Vec<f32> = [1.0 + 2f32.powi(-10), -1.0 / 3.0, 6.0e-8, 65504.0, -0.0]
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_f32())
+            .collect();
+        assert!(f16s.iter().any(|x| x.to_bits() & 0xffff != 0));
+        let (h, bits) = exact_half(&f16s).unwrap();
+        assert_eq!(h, HalfWeights::F16);
+        for (b, x) in bits.iter().zip(&f16s) {
+            assert_eq!(half::f16::from_bits(*b).to_f32().to_bits(), x.to_bits());
+        }
+        // One value that neither holds (an f32 checkpoint's, a quantized
+        // GGUF's widened values, f16's range passed): f32.
+        for odd in [0.1f32, 1.0 + f32::EPSILON, 70000.0, 1e-10] {
+            let mut v = f16s.clone();
+            v.push(odd);
+            assert!(exact_half(&v).is_none(), "{odd}");
+        }
     }
 }

@@ -94,11 +94,12 @@ mod tests {
         // 3 x 2 (and wide 3 x 2), tensor-core decode 3 x 2 x 2 (and wide
         // 3 x 2 x 2),
         // linear_mma_wide, linear_mma_gemm; the three group launches; the
-        // f32 matmul's two other shapes (linear_few, linear_many): what
+        // f32 matmul's two other shapes (linear_few, linear_many); the six
+        // tensor-core matmuls and the embedding again for f16 weights: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3 + 2
+            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3 + 2 + 7
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -173,7 +174,14 @@ mod tests {
         // Three stages of a 128 x 36 f32 x tile and a 64 x 32 bf16 w tile.
         let gemm = linear_mma_gemm(KvDtype::BF16).map(|k| spec(k.id()));
         assert_eq!(gemm, Some((256, 3 * (128 * 36 * 4 + 64 * 32 * 2))));
-        assert!(linear_mma_wide(KvDtype::F16).is_none() && linear_mma_gemm(KvDtype::F16).is_none());
-        assert!(linear_mma(KvDtype::F16).is_none() && embedding(KvDtype::F16).is_none());
+        // 16-bit weights of either type; no tensor-core matmul of f32 or
+        // FP8 weights.
+        for d in [KvDtype::F16, KvDtype::BF16] {
+            assert!(linear_mma(d).is_some() && linear_mma_wide(d).is_some());
+            assert!(linear_mma_gemm(d).is_some() && embedding(d).is_some());
+        }
+        for d in [KvDtype::F32, KvDtype::F8E4M3] {
+            assert!(linear_mma(d).is_none() && linear_mma_gemm(d).is_none());
+        }
     }
 }

@@ -69,8 +69,30 @@ fn matmul_shape(
     Ok((m > 0).then_some((m, k)))
 }
 
-/// The bf16 tensor-core matmul's tiles (cuda/linear_mma.cuh), chosen by
-/// the rows of x; each gives the others' bits.
+/// How a weight matrix kept in 16 bits (as its checkpoint stored it) is
+/// stored on the device: the tensor-core matmuls (cuda/linear_mma.cuh)
+/// and the embedding gather are compiled for both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfWeights {
+    /// bf16 (raw bits): meets x's bf16 parts in two mma a k-step.
+    Bf16,
+    /// f16 (raw bits): split into exact bf16 parts in registers, four mma
+    /// a k-step.
+    F16,
+}
+
+impl HalfWeights {
+    /// The element type the kernel table lists it under.
+    fn dtype(self) -> KvDtype {
+        match self {
+            HalfWeights::Bf16 => KvDtype::BF16,
+            HalfWeights::F16 => KvDtype::F16,
+        }
+    }
+}
+
+/// The tensor-core matmul's tiles (cuda/linear_mma.cuh), chosen by the
+/// rows of x; each gives the others' bits.
 #[derive(Clone, Copy, Debug)]
 enum Bf16Tile {
     /// 16 x 16, below 32 rows.
@@ -123,9 +145,9 @@ impl Bf16Tile {
     }
 
     /// This tile's kernel as the lookup found it, or which is missing.
-    fn kernel<P>(self, found: Option<Kernel<P>>) -> Result<Kernel<P>, CudaError> {
+    fn kernel<P>(self, h: HalfWeights, found: Option<Kernel<P>>) -> Result<Kernel<P>, CudaError> {
         found.ok_or_else(|| CudaError::MissingKernel {
-            name: format!("the {self:?} tile of the tensor-core matmul for bf16 weights"),
+            name: format!("the {self:?} tile of the tensor-core matmul for {h:?} weights"),
         })
     }
 }
@@ -1151,12 +1173,7 @@ impl CudaDevice {
     }
 
     /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor
-    /// cores (cuda/linear_mma.cuh): about 16 bits of each activation meet
-    /// the weights, summed in f32 in k order (batch-invariant). From 32
-    /// rows of x on, the wide tile (32 x 32) runs, and from 128 the
-    /// prefill tile (128 x 64, operands staged in shared memory by a
-    /// cp.async pipeline): the same sums in the same order, so the same
-    /// bits, with less traffic per product.
+    /// cores: [`CudaDevice::linear_half`] with [`HalfWeights::Bf16`].
     pub fn linear_bf16(
         &self,
         x: &impl DevicePtr<f32>,
@@ -1164,7 +1181,7 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        self.linear_bf16_into(x, w, n, out, false)
+        self.linear_half_into(HalfWeights::Bf16, x, w, n, out, false)
     }
 
     /// `out += x · wᵀ` with bf16 weights: the bits of
@@ -1177,18 +1194,53 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        self.linear_bf16_into(x, w, n, out, true)
+        self.linear_half_into(HalfWeights::Bf16, x, w, n, out, true)
     }
 
-    fn linear_bf16_into(
+    /// `out = x · wᵀ` with 16-bit weights `w` `[n, k]` (raw bits of `h`)
+    /// on tensor cores (cuda/linear_mma.cuh): about 16 bits of each
+    /// activation meet the weights (all of an f16 weight's bits, split in
+    /// registers), summed in f32 in k order (batch-invariant). From 32
+    /// rows of x on, the wide tile (32 x 32) runs, and from 128 the
+    /// prefill tile (128 x 64, operands staged in shared memory by a
+    /// cp.async pipeline): the same sums in the same order, so the same
+    /// bits, with less traffic per product.
+    pub fn linear_half(
         &self,
+        h: HalfWeights,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_half_into(h, x, w, n, out, false)
+    }
+
+    /// `out += x · wᵀ` with 16-bit weights: the bits of
+    /// [`CudaDevice::linear_half`] into a buffer then
+    /// [`CudaDevice::add_assign`], in one launch.
+    pub fn linear_half_add(
+        &self,
+        h: HalfWeights,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_half_into(h, x, w, n, out, true)
+    }
+
+    fn linear_half_into(
+        &self,
+        h: HalfWeights,
         x: &impl DevicePtr<f32>,
         w: &impl DevicePtr<u16>,
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        self.linear_bf16_tile(
+        self.linear_half_tile(
+            h,
             x,
             w,
             n,
@@ -1199,13 +1251,14 @@ impl CudaDevice {
         )
     }
 
-    /// The one launch of a single bf16 product, on the tile its rows pick,
+    /// The one launch of a single 16-bit product, on the tile its rows pick,
     /// with the stages it carries: RMSNorm of x (`norm`: weight and
     /// epsilon; the decode tile) and SwiGLU with `w_up` (decode and wide
     /// tiles).
     #[allow(clippy::too_many_arguments)]
-    fn linear_bf16_tile<N: DevicePtr<f32>, U: DevicePtr<u16>>(
+    fn linear_half_tile<N: DevicePtr<f32>, U: DevicePtr<u16>>(
         &self,
+        h: HalfWeights,
         x: &impl DevicePtr<f32>,
         w: &impl DevicePtr<u16>,
         n: usize,
@@ -1229,11 +1282,14 @@ impl CudaDevice {
             tile.rows(),
             tile.cols() / if w_up.is_some() { 2 } else { 1 },
         );
-        let kernel = tile.kernel(match tile {
-            Bf16Tile::Decode => kernels::linear_mma(KvDtype::BF16),
-            Bf16Tile::Wide => kernels::linear_mma_wide(KvDtype::BF16),
-            Bf16Tile::Prefill => kernels::linear_mma_gemm(KvDtype::BF16),
-        })?;
+        let kernel = tile.kernel(
+            h,
+            match tile {
+                Bf16Tile::Decode => kernels::linear_mma(h.dtype()),
+                Bf16Tile::Wide => kernels::linear_mma_wide(h.dtype()),
+                Bf16Tile::Prefill => kernels::linear_mma_gemm(h.dtype()),
+            },
+        )?;
         let mut args = Args::new(&self.inner.stream);
         let mut p = LinearMmaParams {
             x: args.read(x),
@@ -1281,7 +1337,20 @@ impl CudaDevice {
         ns: &[usize],
         outs: &mut [O],
     ) -> Result<(), CudaError> {
-        self.linear_bf16_group(x, None::<(&CudaSlice<f32>, f32)>, ws, ns, outs)
+        self.linear_half_many(HalfWeights::Bf16, x, ws, ns, outs)
+    }
+
+    /// [`CudaDevice::linear_bf16_many`] for weights of either 16-bit type
+    /// (all of `h`).
+    pub fn linear_half_many<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
+        &self,
+        h: HalfWeights,
+        x: &impl DevicePtr<f32>,
+        ws: &[&W],
+        ns: &[usize],
+        outs: &mut [O],
+    ) -> Result<(), CudaError> {
+        self.linear_half_group(h, x, None::<(&CudaSlice<f32>, f32)>, ws, ns, outs)
     }
 
     /// [`CudaDevice::rms_norm`] of `x` with `norm_w` and `eps`, then
@@ -1300,11 +1369,28 @@ impl CudaDevice {
         ns: &[usize],
         outs: &mut [O],
     ) -> Result<(), CudaError> {
-        self.linear_bf16_group(x, Some((norm_w, eps)), ws, ns, outs)
+        self.linear_half_many_normed(HalfWeights::Bf16, x, norm_w, eps, ws, ns, outs)
     }
 
-    fn linear_bf16_group<N: DevicePtr<f32>, W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
+    /// [`CudaDevice::linear_bf16_many_normed`] for weights of either 16-bit
+    /// type (all of `h`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_half_many_normed<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
         &self,
+        h: HalfWeights,
+        x: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<f32>,
+        eps: f32,
+        ws: &[&W],
+        ns: &[usize],
+        outs: &mut [O],
+    ) -> Result<(), CudaError> {
+        self.linear_half_group(h, x, Some((norm_w, eps)), ws, ns, outs)
+    }
+
+    fn linear_half_group<N: DevicePtr<f32>, W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
+        &self,
+        h: HalfWeights,
         x: &impl DevicePtr<f32>,
         norm: Option<(&N, f32)>,
         ws: &[&W],
@@ -1342,11 +1428,14 @@ impl CudaDevice {
         let tile = Bf16Tile::for_rows(m);
         check_norm(norm, tile, k)?;
         let (bm, bn) = (tile.rows(), tile.cols());
-        let kernel = tile.kernel(match tile {
-            Bf16Tile::Decode => kernels::linear_mma_group(KvDtype::BF16),
-            Bf16Tile::Wide => kernels::linear_mma_wide_group(KvDtype::BF16),
-            Bf16Tile::Prefill => kernels::linear_mma_gemm_group(KvDtype::BF16),
-        })?;
+        let kernel = tile.kernel(
+            h,
+            match tile {
+                Bf16Tile::Decode => kernels::linear_mma_group(h.dtype()),
+                Bf16Tile::Wide => kernels::linear_mma_wide_group(h.dtype()),
+                Bf16Tile::Prefill => kernels::linear_mma_gemm_group(h.dtype()),
+            },
+        )?;
         // Column blocks of product i (0 past the last).
         let blocks = |i: usize| ns.get(i).map_or(0, |n| n.div_ceil(bn));
         let mut args = Args::new(&self.inner.stream);
@@ -1410,7 +1499,23 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        self.linear_bf16_tile(x, w_gate, n, out, false, norm, Some(w_up))
+        self.linear_half_swiglu(HalfWeights::Bf16, x, norm, w_gate, w_up, n, out)
+    }
+
+    /// [`CudaDevice::linear_bf16_swiglu`] for weights of either 16-bit type
+    /// (both of `h`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_half_swiglu(
+        &self,
+        h: HalfWeights,
+        x: &impl DevicePtr<f32>,
+        norm: Option<(&impl DevicePtr<f32>, f32)>,
+        w_gate: &impl DevicePtr<u16>,
+        w_up: &impl DevicePtr<u16>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_half_tile(h, x, w_gate, n, out, false, norm, Some(w_up))
     }
 
     /// `x[i] += y[i % y.len()]`: a residual add when the lengths match, a
@@ -1463,7 +1568,19 @@ impl CudaDevice {
         tokens: &[u32],
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        self.embedding_of(KvDtype::BF16, table, dim, tokens, out)
+        self.embedding_half(HalfWeights::Bf16, table, dim, tokens, out)
+    }
+
+    /// [`CudaDevice::embedding`] from a 16-bit table (raw bits of `h`).
+    pub fn embedding_half(
+        &self,
+        h: HalfWeights,
+        table: &impl DevicePtr<u16>,
+        dim: usize,
+        tokens: &[u32],
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.embedding_of(h.dtype(), table, dim, tokens, out)
     }
 
     fn embedding_of<T>(

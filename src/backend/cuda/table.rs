@@ -59,6 +59,10 @@ impl Dtype {
     }
 }
 
+/// The 16-bit weight types the tensor-core matmuls are compiled for (a
+/// bf16 or f16 checkpoint's matrices stay as they were stored).
+pub const HALF_WEIGHTS: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
+
 /// Head dimensions with compiled attention kernels.
 pub const HEAD_DIMS: [usize; 6] = [8, 16, 32, 64, 128, 256];
 /// Query heads per KV head that decode kernels are compiled for; a ratio in
@@ -213,6 +217,9 @@ pub struct Family {
     pub threads: u32,
     /// Whether the kernel is declared `__launch_bounds__(threads)`.
     pub bounded: bool,
+    /// With `bounded`, the blocks per SM the compiler must leave room for
+    /// (its registers capped to fit them); 0 for no such bound.
+    pub min_blocks: u32,
     pub smem: Smem,
     /// C++ constants of `namespace handoff` the host relies on, with the
     /// values it assumes (checked by `static_assert`).
@@ -240,6 +247,7 @@ impl Family {
             groups: &[],
             threads,
             bounded,
+            min_blocks: 0,
             smem: Smem::None,
             mirrors: &[],
             during,
@@ -445,7 +453,7 @@ pub const FAMILIES: &[Family] = &[
         "launching SwiGLU",
     ),
     Family {
-        dtypes: &[Dtype::F32, Dtype::BF16],
+        dtypes: &[Dtype::F32, Dtype::F16, Dtype::BF16],
         ..Family::plain(
             "embedding",
             "elementwise",
@@ -524,7 +532,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &[Dtype::BF16],
+        dtypes: &HALF_WEIGHTS,
         body: "linear_mma_body",
         mirrors: &[
             ("LMMA_THREADS", 32 * LMMA_WARPS),
@@ -541,7 +549,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &[Dtype::BF16],
+        dtypes: &HALF_WEIGHTS,
         body: "linear_mma_wide_body",
         mirrors: &[
             ("LMMA_THREADS", 32 * LMMA_WARPS),
@@ -558,7 +566,11 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &[Dtype::BF16],
+        // Two blocks an SM (67.5 KB of shared memory each), as the bf16
+        // weights fit by themselves: the f16 weights' split would
+        // otherwise take 133 registers and leave room for one.
+        min_blocks: 2,
+        dtypes: &HALF_WEIGHTS,
         body: "linear_mma_gemm_body",
         smem: Smem::Fixed {
             cfg: "LgemmCfg",
@@ -580,7 +592,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &[Dtype::BF16],
+        dtypes: &HALF_WEIGHTS,
         body: "linear_mma_group_body",
         ..Family::plain(
             "linear_mma_group",
@@ -592,7 +604,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &[Dtype::BF16],
+        dtypes: &HALF_WEIGHTS,
         body: "linear_mma_wide_group_body",
         ..Family::plain(
             "linear_mma_wide_group",
@@ -604,7 +616,11 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
-        dtypes: &[Dtype::BF16],
+        // Two blocks an SM (67.5 KB of shared memory each), as the bf16
+        // weights fit by themselves: the f16 weights' split would
+        // otherwise take 133 registers and leave room for one.
+        min_blocks: 2,
+        dtypes: &HALF_WEIGHTS,
         body: "linear_mma_gemm_group_body",
         smem: Smem::Fixed {
             cfg: "LgemmCfg",

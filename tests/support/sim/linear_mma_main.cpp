@@ -1,5 +1,7 @@
-// Runs cuda/linear_mma.cuh's kernel (bf16 weights on tensor cores) on the
-// SIMT emulator (simt_host.h); driven by tests/cuda/linear_mma_host.rs.
+// Runs cuda/linear_mma.cuh's kernel (bf16 or f16 weights on tensor cores)
+// on the SIMT emulator (simt_host.h); driven by tests/cuda/linear_mma_host.rs.
+// The cases run with bf16 weights, then a set of them with f16 weights
+// (split into exact bf16 parts in registers).
 //
 // Each case draws x (f32) and bf16 weights, runs the kernel over the whole
 // batch, checks every output against an f64 reference of the same inputs
@@ -24,6 +26,14 @@ using sim::Rng;
 
 // The three tiles, as src/backend/cuda/launch.rs names them.
 enum Shape { Small, Wide, Gemm };
+
+// Whether the weights are f16 (else bf16): which instantiation runs, how
+// weights are drawn and how the reference reads them.
+bool g_f16 = false;
+
+float weight_value(uint16_t bits) { return g_f16 ? sim::f16_to_float(bits) : sim::bf16_to_float(bits); }
+uint16_t weight_bits(float v) { return g_f16 ? sim::float_to_f16(v) : sim::float_to_bf16(v); }
+const char* weight_tag() { return g_f16 ? " (f16 weights)" : ""; }
 
 // Rows and columns of a tile's block, and its shared memory.
 unsigned tile_rows(Shape s) { return s == Gemm ? LGEMM_BM : s == Wide ? LMMA_WIDE_BM : LMMA_BM; }
@@ -70,9 +80,15 @@ void launch_shape(const LinearMmaParams& p, Shape shape) {
     const unsigned gx = (p.n + bn - 1) / bn;
     const unsigned gy = (p.m + tile_rows(shape) - 1) / tile_rows(shape);
     run_grid(gx, gy, tile_smem(shape), [&] {
-        if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
-        else if (shape == Wide) linear_mma_wide_body<__nv_bfloat16>(p);
-        else linear_mma_body<__nv_bfloat16>(p);
+        if (g_f16) {
+            if (shape == Gemm) linear_mma_gemm_body<__half>(p);
+            else if (shape == Wide) linear_mma_wide_body<__half>(p);
+            else linear_mma_body<__half>(p);
+        } else {
+            if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
+            else if (shape == Wide) linear_mma_wide_body<__nv_bfloat16>(p);
+            else linear_mma_body<__nv_bfloat16>(p);
+        }
     });
 }
 
@@ -88,7 +104,7 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     for (auto& v : x) v = rng.uniform() * 4.0f;
     if (nan_row && m > 1) x[1 * k + k / 2] = NAN;
     std::vector<uint16_t> w(n * k);
-    for (auto& v : w) v = sim::float_to_bf16(rng.uniform() * 0.5f);
+    for (auto& v : w) v = weight_bits(rng.uniform() * 0.5f);
     std::vector<float> out(m * n, -7.0f);
     const LinearMmaParams p = lmma(x.data(), w.data(), out.data(), m, n, k, 0);
     launch(p);
@@ -98,7 +114,7 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
         for (uint32_t j = 0; j < n; ++j) {
             double want = 0, mag = 0;
             for (uint32_t c = 0; c < k; ++c) {
-                const double prod = (double)x[r * k + c] * (double)sim::bf16_to_float(w[j * k + c]);
+                const double prod = (double)x[r * k + c] * (double)weight_value(w[j * k + c]);
                 want += prod;
                 mag += std::fabs(prod);
             }
@@ -161,7 +177,8 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
             ok = false;
         }
     }
-    std::printf("%s m=%u n=%u k=%u%s\n", ok ? "ok" : "FAIL", m, n, k, nan_row ? " (NaN row)" : "");
+    std::printf("%s m=%u n=%u k=%u%s%s\n", ok ? "ok" : "FAIL", m, n, k, nan_row ? " (NaN row)" : "",
+                weight_tag());
     return ok;
 }
 
@@ -171,9 +188,15 @@ void launch_group(const LinearMmaGroupParams& g, Shape shape) {
     const unsigned blocks2 = g.n_groups == 3 ? (g.n2 + bn - 1) / bn : 0;
     const unsigned gx = g.blocks0 + (g.n_groups >= 2 ? g.blocks1 : 0) + blocks2;
     run_grid(gx, (g.m + tile_rows(shape) - 1) / tile_rows(shape), tile_smem(shape), [&] {
-        if (shape == Gemm) linear_mma_gemm_group_body<__nv_bfloat16>(g);
-        else if (shape == Wide) linear_mma_wide_group_body<__nv_bfloat16>(g);
-        else linear_mma_group_body<__nv_bfloat16>(g);
+        if (g_f16) {
+            if (shape == Gemm) linear_mma_gemm_group_body<__half>(g);
+            else if (shape == Wide) linear_mma_wide_group_body<__half>(g);
+            else linear_mma_group_body<__half>(g);
+        } else {
+            if (shape == Gemm) linear_mma_gemm_group_body<__nv_bfloat16>(g);
+            else if (shape == Wide) linear_mma_wide_group_body<__nv_bfloat16>(g);
+            else linear_mma_group_body<__nv_bfloat16>(g);
+        }
     });
 }
 
@@ -186,7 +209,7 @@ bool run_group(uint32_t m, const uint32_t ns[3], uint32_t k, uint32_t n_groups, 
     std::vector<float> alone[3], grouped[3];
     for (uint32_t i = 0; i < n_groups; ++i) {
         w[i].resize(ns[i] * k);
-        for (auto& v : w[i]) v = sim::float_to_bf16(rng.uniform() * 0.5f);
+        for (auto& v : w[i]) v = weight_bits(rng.uniform() * 0.5f);
         alone[i].assign(m * ns[i], -7.0f);
         grouped[i].assign(m * ns[i], -5.0f);
         const LinearMmaParams p = lmma(x.data(), w[i].data(), alone[i].data(), m, ns[i], k, 0);
@@ -214,8 +237,8 @@ bool run_group(uint32_t m, const uint32_t ns[3], uint32_t k, uint32_t n_groups, 
             ok = false;
         }
     }
-    std::printf("%s group of %u, m=%u n=%u/%u/%u k=%u\n", ok ? "ok" : "FAIL", n_groups, m, ns[0],
-                ns[1], ns[2], k);
+    std::printf("%s group of %u, m=%u n=%u/%u/%u k=%u%s\n", ok ? "ok" : "FAIL", n_groups, m, ns[0],
+                ns[1], ns[2], k, weight_tag());
     return ok;
 }
 
@@ -248,7 +271,7 @@ std::vector<float> draw_rows(uint32_t m, uint32_t k, bool nan_row, Rng& rng) {
 
 std::vector<uint16_t> draw_weights(uint32_t n, uint32_t k, Rng& rng) {
     std::vector<uint16_t> w(n * k);
-    for (auto& v : w) v = sim::float_to_bf16(rng.uniform() * 0.5f);
+    for (auto& v : w) v = weight_bits(rng.uniform() * 0.5f);
     return w;
 }
 
@@ -314,8 +337,8 @@ bool run_norm_group(uint32_t m, const uint32_t ns[3], uint32_t k, bool nan_row, 
         }
         if (!ok) std::printf("  the NaN of row 1 did not stay in row 1\n");
     }
-    std::printf("%s norm carried into a group of 3, m=%u n=%u/%u/%u k=%u%s\n", ok ? "ok" : "FAIL", m,
-                ns[0], ns[1], ns[2], k, nan_row ? " (NaN row)" : "");
+    std::printf("%s norm carried into a group of 3, m=%u n=%u/%u/%u k=%u%s%s\n", ok ? "ok" : "FAIL", m,
+                ns[0], ns[1], ns[2], k, nan_row ? " (NaN row)" : "", weight_tag());
     return ok;
 }
 
@@ -342,8 +365,8 @@ bool run_pair(uint32_t m, uint32_t n, uint32_t k, bool norm, Rng& rng) {
         const char* tile = shape == Small ? "pair (decode tile)" : "pair (wide tile)";
         if (!same_bits(out, gate, tile)) ok = false;
     }
-    std::printf("%s SwiGLU pair%s, m=%u n=%u k=%u\n", ok ? "ok" : "FAIL",
-                norm ? " with the norm" : "", m, n, k);
+    std::printf("%s SwiGLU pair%s, m=%u n=%u k=%u%s\n", ok ? "ok" : "FAIL",
+                norm ? " with the norm" : "", m, n, k, weight_tag());
     return ok;
 }
 
@@ -381,5 +404,17 @@ int main() {
     ok &= run_pair(40, 40, 96, false, rng);
     ok &= run_pair(1, 72, 1100, true, rng);
     ok &= run_pair(17, 24, 64, true, rng);
+    // f16 weights (11 significant bits: the split must keep all of them)
+    // on each tile, alone, grouped and with both stages carried.
+    g_f16 = true;
+    const uint32_t f16_cases[][3] = {{1, 8, 16},   {3, 130, 48},  {5, 64, 33},  {1, 16, 2051},
+                                     {33, 40, 64}, {130, 72, 520}, {129, 40, 33}};
+    for (auto& c : f16_cases) ok &= run_case(c[0], c[1], c[2], false, rng);
+    ok &= run_case(33, 16, 96, true, rng);
+    ok &= run_group(3, qkv, 96, 3, rng);
+    ok &= run_group(130, qkv, 64, 3, rng);
+    ok &= run_norm_group(3, qkv, 33, false, rng);
+    ok &= run_pair(5, 130, 33, false, rng);
+    ok &= run_pair(1, 72, 1100, true, rng);
     return ok ? 0 : 1;
 }
