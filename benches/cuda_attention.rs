@@ -60,7 +60,7 @@ mod gpu {
     use handoff::backend::cuda::{
         CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena,
         HalfWeights, LGEMM_BM, LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PageTables,
-        PrefillKernel, SeqPages, Split, device_for_test,
+        PrefillKernel, QuantWeights, SeqPages, Split, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
 
@@ -315,10 +315,37 @@ mod gpu {
         for (name, n, k) in shapes {
             let w_host: Vec<f32> = (0..n * k).map(|_| unit(&mut rng) * 0.05).collect();
             let w = dev.upload(&w_host)?;
+            // The same shape in a GGUF checkpoint's blocks (random nibbles
+            // and bytes, finite f16 scales), read as stored.
+            let blocks: Vec<_> = [QuantWeights::Q4_1, QuantWeights::Q8_0]
+                .into_iter()
+                .map(|q| {
+                    let mut b: Vec<u8> = (0..n * k / 32 * q.block_bytes())
+                        .map(|_| next(&mut rng) as u8)
+                        .collect();
+                    for blk in b.chunks_exact_mut(q.block_bytes()) {
+                        let d = half::f16::from_f32(unit(&mut rng) * 0.01).to_le_bytes();
+                        blk[..2].copy_from_slice(&d);
+                        if q == QuantWeights::Q4_1 {
+                            blk[2..4].copy_from_slice(&d);
+                        }
+                    }
+                    dev.upload(&b).map(|d| (q, d, b.len()))
+                })
+                .collect::<Result<_, _>>()?;
             for m in [1usize, 4, 8, 64, 256] {
                 let x_host: Vec<f32> = (0..m * k).map(|_| unit(&mut rng)).collect();
                 let x = dev.upload(&x_host)?;
                 let mut out = dev.zeros::<f32>(m * n)?;
+                if m == 1 || m == 8 {
+                    for (q, d, bytes) in &blocks {
+                        let qms = time_ms(dev, 10, || dev.linear_quant(*q, &x, d, n, k, &mut out))?;
+                        let share = *bytes as f64 / (qms * 1e-3) / 1e9 / copy;
+                        lines.push(format!(
+                            "linear_{q:?}_weight_share_m{m}_n{n}_k{k}={share:.3} ({qms:.4} ms)"
+                        ));
+                    }
+                }
                 let ms = time_ms(dev, 10, || dev.linear(&x, &w, n, &mut out))?;
                 let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
                 let gbps = (n * k * 4) as f64 / (ms * 1e-3) / 1e9;

@@ -16,6 +16,16 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
+// An f16 value as f32, from its bits (exact): 16-bit weights and ggml block
+// scales, read as raw bits.
+__device__ __forceinline__ float f16_bits_to_f32(uint32_t bits) {
+#ifdef HANDOFF_SIMT_HOST
+    return sim::f16_to_float((uint16_t)bits);
+#else
+    return __half2float(__ushort_as_half((unsigned short)bits));
+#endif
+}
+
 // FP8 E4M3 KV elements (OCP "fn": no infinities), the bytes src/kv/fp8.rs
 // stores: from f32 rounded to nearest even, saturated to +-448 (satfinite),
 // NaN kept as NaN. Every E4M3 value is an f16, so widening is exact.

@@ -79,18 +79,21 @@ __device__ __forceinline__ float4 lin_load4(const float* a, uint64_t row, uint64
     return v;
 }
 
-// ROWS rows of x and LIN_COLS columns per block, UNROLL k-blocks of loads in
-// flight per warp. grid (ceil(m / ROWS) * ceil(n / LIN_COLS), 1, 1); block
-// LIN_THREADS.
-template <int ROWS, int UNROLL>
-__device__ __forceinline__ void linear_f32_tiles(const LinearParams& p) {
+// The body of every matmul here: ROWS rows of x and LIN_COLS columns per
+// block, UNROLL k-blocks of loads in flight per warp; `wr.load4(row, n, k,
+// c)` gives weight row `row`'s values at k = c .. c + 4 as f32 (zeros
+// outside [n, k]), so weights stored otherwise (ggml blocks, widened as
+// they load) run these very sums. P: LinearParams or LinearQParams (x, out,
+// m, n, k, accumulate). grid (ceil(m / ROWS) * ceil(n / LIN_COLS), 1, 1);
+// block LIN_THREADS.
+template <int ROWS, int UNROLL, typename P, typename Rows>
+__device__ __forceinline__ void linear_tiles(const P& p, const Rows& wr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     LinSmem<ROWS>& s = lin_smem<ROWS>();
     const uint32_t row_tiles = (p.m + ROWS - 1) / ROWS;
     const uint64_t r0 = (uint64_t)(blockIdx.x % row_tiles) * ROWS;
     const uint64_t n0 = (uint64_t)(blockIdx.x / row_tiles) * LIN_COLS;
     const bool x_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-    const bool w_vec = p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
     const uint32_t kblocks = (p.k + LIN_KB - 1) / LIN_KB;
     float acc[ROWS][LIN_COLS];
 #pragma unroll
@@ -108,7 +111,7 @@ __device__ __forceinline__ void linear_f32_tiles(const LinearParams& p) {
             const bool live = kb < kblocks;
 #pragma unroll
             for (int t = 0; t < LIN_COLS; ++t) {
-                wv[u][t] = lin_load4(p.w, live ? n0 + t : p.n, p.n, p.k, c, w_vec);
+                wv[u][t] = wr.load4(live ? n0 + t : p.n, p.n, p.k, c);
             }
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
@@ -156,16 +159,149 @@ __device__ __forceinline__ void linear_f32_tiles(const LinearParams& p) {
     }
 }
 
+// Weights as f32 (LinearParams::w).
+struct F32Rows {
+    const float* w;
+    bool vec;
+    __device__ __forceinline__ explicit F32Rows(const LinearParams& p)
+        : w(p.w), vec(p.k % 4 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0) {}
+    __device__ __forceinline__ float4 load4(uint64_t row, uint64_t rows, uint32_t k, uint32_t c) const {
+        return lin_load4(w, row, rows, k, c, vec);
+    }
+};
+
 __device__ __forceinline__ void linear_one(const LinearParams& p) {
-    linear_f32_tiles<LIN_ROWS_ONE, 4>(p);
+    linear_tiles<LIN_ROWS_ONE, 4>(p, F32Rows(p));
 }
 
 __device__ __forceinline__ void linear_few(const LinearParams& p) {
-    linear_f32_tiles<LIN_ROWS_FEW, 2>(p);
+    linear_tiles<LIN_ROWS_FEW, 2>(p, F32Rows(p));
 }
 
 __device__ __forceinline__ void linear_many(const LinearParams& p) {
-    linear_f32_tiles<LIN_ROWS_MANY, 1>(p);
+    linear_tiles<LIN_ROWS_MANY, 1>(p, F32Rows(p));
+}
+
+// Weights kept as a GGUF checkpoint stored them: rows of ggml blocks of 32
+// values (LinearQParams::format; a row of k values is k / 32 blocks), each
+// value widened to f32 as it loads, exactly as the CPU backend widens it
+// (src/backend/quant.rs): Q8_0 d * q; Q4_0 d * (q - 8); Q4_1 q * d + m in
+// one fused multiply-add. So a product has the bits of the f32 matmul on the
+// widened weights, at a quarter (Q8_0: about half) of the bytes to read.
+// Block layouts (little-endian): Q8_0 [f16 d][32 x i8] (34 bytes); Q4_0
+// [f16 d][16 bytes: value j in the low nibble of byte j, j + 16 in its high
+// nibble] (18); Q4_1 [f16 d][f16 m][16 bytes as Q4_0] (20).
+template <int FMT>
+struct QRows {
+    const uint8_t* w;
+    uint64_t row_bytes;  // blocks per row x block bytes
+    static constexpr uint32_t BLOCK = FMT == QFMT_Q8_0 ? 34 : FMT == QFMT_Q4_0 ? 18 : 20;
+
+    // Rows of `k` values in blocks at `blocks`.
+    __device__ __forceinline__ QRows(const void* blocks, uint32_t k)
+        : w(static_cast<const uint8_t*>(blocks)), row_bytes((uint64_t)(k / 32) * BLOCK) {}
+
+    // The 16-bit word at byte `at` of a block (every field read here starts
+    // on an even byte of an even-sized block).
+    __device__ __forceinline__ static uint32_t u16_at(const uint8_t* b, uint32_t at) {
+        return *reinterpret_cast<const uint16_t*>(b + at);
+    }
+
+    // k % 32 == 0 (checked on the host), so a chunk of 4 that starts inside
+    // k ends inside it, in one block.
+    __device__ __forceinline__ float4 load4(uint64_t row, uint64_t rows, uint32_t k, uint32_t c) const {
+        float4 v;
+        v.x = v.y = v.z = v.w = 0.0f;
+        if (row >= rows || c >= k) return v;
+        const uint8_t* b = w + row * row_bytes + (uint64_t)(c / 32) * BLOCK;
+        const uint32_t j = c % 32;  // a multiple of 4
+        const float d = f16_bits_to_f32(u16_at(b, 0));
+        float q[4];
+        if (FMT == QFMT_Q8_0) {
+            const uint32_t lo = u16_at(b, 2 + j), hi = u16_at(b, 4 + j);
+            const uint32_t bytes = lo | hi << 16;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[i] = (float)(int8_t)(uint8_t)(bytes >> (8 * i));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(q[i], d);
+        } else {
+            const uint32_t qs = FMT == QFMT_Q4_0 ? 2 : 4;
+            const uint32_t at = qs + j % 16;
+            const uint32_t bytes = u16_at(b, at) | u16_at(b, at + 2) << 16;
+            const uint32_t shift = j < 16 ? 0 : 4;  // values 0-15 low nibbles, 16-31 high
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[i] = (float)((bytes >> (8 * i + shift)) & 0xfu);
+            if (FMT == QFMT_Q4_0) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(q[i] - 8.0f, d);
+            } else {
+                const float m = f16_bits_to_f32(u16_at(b, 2));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) q[i] = fmaf(q[i], d, m);
+            }
+        }
+        v.x = q[0], v.y = q[1], v.z = q[2], v.w = q[3];
+        return v;
+    }
+};
+
+// The shapes of the ggml-block matmul, each dispatching on the format (a
+// block-uniform branch) to its compiled form: the same ROWS and UNROLL,
+// so the same bits, as the f32 shapes.
+template <int ROWS, int UNROLL>
+__device__ __forceinline__ void linear_q_rows(const LinearQParams& p) {
+    if (p.format == QFMT_Q8_0) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q8_0>(p.w, p.k));
+    } else if (p.format == QFMT_Q4_0) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_0>(p.w, p.k));
+    } else if (p.format == QFMT_Q4_1) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_1>(p.w, p.k));
+    }
+}
+
+__device__ __forceinline__ void linear_q_one(const LinearQParams& p) {
+    linear_q_rows<LIN_ROWS_ONE, 4>(p);
+}
+
+__device__ __forceinline__ void linear_q_few(const LinearQParams& p) {
+    linear_q_rows<LIN_ROWS_FEW, 2>(p);
+}
+
+__device__ __forceinline__ void linear_q_many(const LinearQParams& p) {
+    linear_q_rows<LIN_ROWS_MANY, 1>(p);
+}
+
+// out[t][e] = row tokens[t] of a ggml-block table [vocab, dim], widened as
+// above (the embedding of a quantized checkpoint; with tied embeddings the
+// same bytes are the output head's). A grid-stride loop over n_tokens x dim.
+template <int FMT>
+__device__ __forceinline__ void embedding_q_as(const EmbeddingQParams& p) {
+    const QRows<FMT> rows(p.table, p.dim);
+    const uint64_t total = (uint64_t)p.n_tokens * p.dim;
+    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t t = idx / p.dim;
+        const uint32_t e = (uint32_t)(idx % p.dim);
+        const uint32_t tok = p.tokens[t];
+        if (tok >= p.vocab) {  // refused on the host; should one slip through, NaN
+            p.out[idx] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        // The chunk of 4 holding e, from the matmul's own loader.
+        const float4 v = rows.load4(tok, p.vocab, p.dim, e & ~3u);
+        const uint32_t i = e & 3u;
+        p.out[idx] = i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+    }
+}
+
+__device__ __forceinline__ void embedding_q(const EmbeddingQParams& p) {
+    if (p.format == QFMT_Q8_0) {
+        embedding_q_as<QFMT_Q8_0>(p);
+    } else if (p.format == QFMT_Q4_0) {
+        embedding_q_as<QFMT_Q4_0>(p);
+    } else if (p.format == QFMT_Q4_1) {
+        embedding_q_as<QFMT_Q4_1>(p);
+    }
 }
 
 }  // namespace handoff

@@ -173,20 +173,11 @@ struct WeightMma<__nv_bfloat16> {
     }
 };
 
-// An f16 weight as float, from its bits.
-__device__ __forceinline__ float f16_bits_to_float(uint32_t bits) {
-#ifdef HANDOFF_SIMT_HOST
-    return sim::f16_to_float((uint16_t)bits);
-#else
-    return __half2float(__ushort_as_half((unsigned short)bits));
-#endif
-}
-
 // Two f16 weights (one register) as bf16 registers hi and lo with w = hi +
 // lo exactly: an f16 value has 11 significant bits, hi keeps the nearest
 // 8, and the rest (at most 4 bits, within bf16's range) is exact in lo.
 __device__ __forceinline__ void f16x2_split(uint32_t w, uint32_t& hi, uint32_t& lo) {
-    const float w0 = f16_bits_to_float(w & 0xffffu), w1 = f16_bits_to_float(w >> 16);
+    const float w0 = f16_bits_to_f32(w & 0xffffu), w1 = f16_bits_to_f32(w >> 16);
     const float h0 = round_to<__nv_bfloat16>(w0), h1 = round_to<__nv_bfloat16>(w1);
     hi = MmaOp<__nv_bfloat16>::pack(h0, h1);
     lo = MmaOp<__nv_bfloat16>::pack(w0 - h0, w1 - h1);

@@ -243,6 +243,37 @@ struct LinearParams {
     uint32_t accumulate;  // 0 or 1
 };
 
+// Formats of the ggml-block matmul's weights (LinearQParams::format).
+constexpr uint32_t QFMT_Q8_0 = 0;
+constexpr uint32_t QFMT_Q4_0 = 1;
+constexpr uint32_t QFMT_Q4_1 = 2;
+
+// LinearParams with weights in ggml blocks of 32 values (k % 32 == 0), each
+// value widened to f32 as the CPU backend widens it (cuda/linear_f32.cuh).
+struct LinearQParams {
+    const float* x;       // [m, k] f32
+    const void* w;        // [n, k / 32] blocks of `format`
+    float* out;           // [m, n] f32
+    uint32_t m;
+    uint32_t n;
+    uint32_t k;
+    uint32_t accumulate;  // 0 or 1
+    uint32_t format;      // QFMT_*
+    uint32_t pad0;
+};
+
+// out[t] = table[tokens[t]] from a table in ggml blocks (dim % 32 == 0),
+// widened as LinearQParams' weights are. grid-stride over n_tokens * dim.
+struct EmbeddingQParams {
+    const void* table;        // [vocab, dim / 32] blocks of `format`
+    const uint32_t* tokens;   // [n_tokens] (< vocab; checked on the host)
+    float* out;               // [n_tokens, dim] f32
+    uint32_t n_tokens;
+    uint32_t dim;
+    uint32_t vocab;
+    uint32_t format;          // QFMT_*
+};
+
 // out = x · wᵀ, or out += x · wᵀ when `accumulate`, with bf16 weights on
 // tensor cores (cuda/linear_mma.cuh).
 struct LinearMmaParams {

@@ -930,6 +930,61 @@ fn half_weights_match_the_cpu(
     );
 }
 
+/// A GGUF checkpoint's Q8_0 and Q4_1 matrices stay in their ggml blocks on
+/// the device (the embedding, which is also the output head, included):
+/// well under a third of the same model's bytes widened to f32, every logit
+/// the bits of that widened model on the device (the block-reading kernels
+/// widen each value as the CPU backend does, inside the f32 matmul's own
+/// sums), and within f32 summation order of the CPU backend's.
+#[test]
+fn a_quantized_gguf_model_stays_in_its_blocks_on_the_device() {
+    let test = "a_quantized_gguf_model_stays_in_its_blocks_on_the_device";
+    let Some(dev) = device_for_test(test) else {
+        return;
+    };
+    let bytes = crate::support::gguf_llama::Parts::valid().bytes();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let blocks = Model::load(CudaBackend::new(dev.clone()), &path).unwrap();
+    let w = handoff::model::gguf::load_gguf_bytes(bytes).unwrap();
+    let widened = Model::new(CudaBackend::new(dev.clone()).bf16_weights(false), w).unwrap();
+    let cpu = Model::load(handoff::backend::CpuBackend::with_threads(1), &path).unwrap();
+    assert!(
+        blocks.weight_bytes() * 3 < widened.weight_bytes(),
+        "{} bytes in blocks, {} widened",
+        blocks.weight_bytes(),
+        widened.weight_bytes()
+    );
+    let vocab = cpu.config().vocab_size;
+    let geometry = cpu.kv_geometry(KvDtype::F32);
+    let pool = || KvPool::new(PoolConfig::new(geometry, 16, 64)).unwrap();
+    let prompts: [&[u32]; 3] = [&[3], &[5, 9, 40, 7, 7, 31], &[11; 20]];
+    let forced: Vec<Vec<u32>> = (0..3)
+        .map(|s| (0..8).map(|i| ((s * 37 + i * 13) % vocab) as u32).collect())
+        .collect();
+    let want = forced_logits(&cpu, &pool(), &prompts, &forced);
+    let wide = forced_logits(&widened, &pool(), &prompts, &forced);
+    let got = forced_logits(&blocks, &pool(), &prompts, &forced);
+    for (step, ((w, g), x)) in want.iter().zip(&got).zip(&wide).enumerate() {
+        for (s, ((w, g), x)) in w.iter().zip(g).zip(x).enumerate() {
+            let (gb, xb): (Vec<u32>, Vec<u32>) = (
+                g.iter().map(|v| v.to_bits()).collect(),
+                x.iter().map(|v| v.to_bits()).collect(),
+            );
+            assert!(
+                gb == xb,
+                "step {step}, sequence {s}: blocks differ from widened"
+            );
+            let (worst, rms) = worst_and_rms(w, g);
+            assert!(
+                worst <= 1e-3 * rms,
+                "step {step}, sequence {s}: logits differ from the CPU's by {worst} (rms {rms})"
+            );
+        }
+    }
+}
+
 /// A decode step on device-resident KV waits for the device once: every
 /// kernel of the pass is queued, the tokens are sampled on the device, and
 /// only their ids (and the log-probabilities two of the rows ask for) come

@@ -1566,6 +1566,79 @@ fn argmax_takes_the_lowest_index_on_ties_and_refuses_nan_rows() {
     );
 }
 
+/// A GGUF checkpoint's Q8_0, Q4_0 and Q4_1 matrices stay in their blocks on
+/// the device: the block-reading matmul gives, at 1, 3 and 6 rows and
+/// accumulating, the bits of the f32 matmul on the values the crate's own
+/// widening gives the blocks (`QuantMatrix::dequantize`), and the
+/// block-reading embedding gather gives those values.
+#[test]
+fn ggml_block_weights_give_the_bits_of_their_widened_values() {
+    use handoff::backend::cuda::QuantWeights;
+    use handoff::backend::{GgmlType, QuantMatrix};
+    let dev = gpu!("ggml_block_weights_give_the_bits_of_their_widened_values");
+    let mut rng = Rng(67);
+    for (ty, n, k) in [
+        (GgmlType::Q8_0, 9usize, 96usize),
+        (GgmlType::Q4_0, 33, 288),
+        (GgmlType::Q4_1, 17, 1056),
+    ] {
+        let q = QuantWeights::of(ty).unwrap();
+        let mut data: Vec<u8> = (0..n * k / 32 * q.block_bytes())
+            .map(|_| rng.next_u64() as u8)
+            .collect();
+        let scales: &[usize] = if ty == GgmlType::Q4_1 { &[0, 2] } else { &[0] };
+        for b in data.chunks_exact_mut(q.block_bytes()) {
+            for &at in scales {
+                let v = f16::from_f32(rng.f32() * 0.05);
+                b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let blocks = QuantMatrix::new("w", ty, n, k, data).unwrap();
+        let widened = blocks.dequantize();
+        let (w_q, w_f) = (
+            dev.upload(blocks.bytes()).unwrap(),
+            dev.upload(&widened).unwrap(),
+        );
+        for m in [1, 3, 6] {
+            let x = dev.upload(&rng.vec(m * k, 2.0)).unwrap();
+            let res = rng.vec(m * n, 1.0);
+            let (mut want, mut got) = (dev.upload(&res).unwrap(), dev.upload(&res).unwrap());
+            dev.linear(&x, &w_f, n, &mut want).unwrap();
+            dev.linear_quant(q, &x, &w_q, n, k, &mut got).unwrap();
+            let (want, got) = (dev.download(&want).unwrap(), dev.download(&got).unwrap());
+            assert_eq!(bits(&got), bits(&want), "{ty:?} at {m} rows");
+            let (mut want, mut got) = (dev.upload(&res).unwrap(), dev.upload(&res).unwrap());
+            dev.linear_add(&x, &w_f, n, &mut want).unwrap();
+            dev.linear_quant_add(q, &x, &w_q, n, k, &mut got).unwrap();
+            let (want, got) = (dev.download(&want).unwrap(), dev.download(&got).unwrap());
+            assert_eq!(bits(&got), bits(&want), "{ty:?} at {m} rows, accumulating");
+        }
+        let tokens: Vec<u32> = (0..n as u32).rev().collect();
+        let mut rows = dev.zeros::<f32>(n * k).unwrap();
+        dev.embedding_quant(q, &w_q, k, &tokens, &mut rows).unwrap();
+        let want: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| widened[t as usize * k..(t as usize + 1) * k].to_vec())
+            .collect();
+        assert_eq!(
+            bits(&dev.download(&rows).unwrap()),
+            bits(&want),
+            "{ty:?} embedding"
+        );
+        // A token past the table and a depth off the blocks are typed errors.
+        assert!(matches!(
+            dev.embedding_quant(q, &w_q, k, &[n as u32], &mut rows),
+            Err(CudaError::TokenOutOfRange { .. })
+        ));
+        let x = dev.upload(&rng.vec(k, 1.0)).unwrap();
+        let mut out = dev.zeros::<f32>(n).unwrap();
+        assert!(matches!(
+            dev.linear_quant(q, &x, &w_q, n, k + 32, &mut out),
+            Err(CudaError::Shape { .. })
+        ));
+    }
+}
+
 #[test]
 fn matmul_and_adds_match_reference_whatever_the_batch() {
     let dev = gpu!("matmul_and_adds_match_reference_whatever_the_batch");

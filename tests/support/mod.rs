@@ -48,6 +48,7 @@ macro_rules! on_nixl {
 
 pub mod device_pages;
 pub mod example_bin;
+pub mod gguf_llama;
 pub mod hf_fixture;
 pub mod naive_llama;
 pub mod nixl;

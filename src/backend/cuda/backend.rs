@@ -37,11 +37,11 @@ use super::memo::Memo;
 use super::table::{LGEMM_BM, LMMA_GROUPS, NORM_CARRY_ROWS};
 use super::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, DecodeKernel, DecodeWorkspace, DeviceKvArena,
-    HEAD_DIMS, HalfWeights, PREFILL_MAX_GROUP, PageTables, SeqPages, SlotMap, Split,
+    HEAD_DIMS, HalfWeights, PREFILL_MAX_GROUP, PageTables, QuantWeights, SeqPages, SlotMap, Split,
 };
 use crate::backend::{
-    AttnShape, Backend, BackendError, Norm, Rope, SeqSpan, check_rope_rows, check_view, rows_of,
-    shape_err,
+    AttnShape, Backend, BackendError, Norm, QuantMatrix, Rope, SeqSpan, check_rope_rows,
+    check_view, rows_of, shape_err,
 };
 use crate::kv::{
     DeviceError, DevicePages, KvPool, KvSeq, LayerView, PageId, PoolConfig, PoolError, PoolId,
@@ -99,9 +99,13 @@ pub struct CudaMat {
 /// A weight tensor's elements: f32, or 16 bits (raw bits of bf16 or f16)
 /// for a matrix whose every element is exactly such a value (a bf16 or f16
 /// checkpoint's), which then runs on tensor cores at half the bytes.
+///
+/// Or ggml blocks (raw bytes) for a GGUF checkpoint's Q8_0, Q4_0 and Q4_1
+/// matrices, read as stored and widened as they load.
 enum MatData {
     F32(CudaSlice<f32>),
     Half(HalfWeights, CudaSlice<u16>),
+    Quant(QuantWeights, CudaSlice<u8>),
 }
 
 impl CudaMat {
@@ -112,6 +116,10 @@ impl CudaMat {
             MatData::Half(h, _) => Err(BackendError::Unsupported {
                 what: op,
                 detail: format!("a {h:?} weight where f32 is required"),
+            }),
+            MatData::Quant(q, _) => Err(BackendError::Unsupported {
+                what: op,
+                detail: format!("a {q:?} weight where f32 is required"),
             }),
         }
     }
@@ -766,6 +774,21 @@ impl Backend for CudaBackend {
         Ok(CudaMat { data, rows, cols })
     }
 
+    /// Q8_0, Q4_0 and Q4_1 matrices (with whole blocks per row) stay in
+    /// their ggml blocks on the device; the kernels widen each value as
+    /// [`QuantMatrix::dequantize`] does. Other formats are widened to f32
+    /// here (and stay f32: their values are not 16-bit exact in general).
+    fn upload_quant(&self, q: QuantMatrix) -> Result<CudaMat, BackendError> {
+        let (rows, cols) = (q.rows(), q.cols());
+        match QuantWeights::of(q.ggml_type()) {
+            Some(f) if rows > 1 && cols.is_multiple_of(32) && cols > 0 => {
+                let data = MatData::Quant(f, self.dev.upload(q.bytes()).map_err(dev_err)?);
+                Ok(CudaMat { data, rows, cols })
+            }
+            _ => self.upload(q.dequantize(), rows, cols),
+        }
+    }
+
     fn shape(&self, m: &CudaMat) -> (usize, usize) {
         (m.rows, m.cols)
     }
@@ -775,6 +798,7 @@ impl Backend for CudaBackend {
         match m.data {
             MatData::F32(_) => m.len() * 4,
             MatData::Half(..) => m.len() * 2,
+            MatData::Quant(q, _) => m.rows * (m.cols / 32) * q.block_bytes(),
         }
     }
 
@@ -829,6 +853,7 @@ impl Backend for CudaBackend {
         match &table.data {
             MatData::F32(t) => self.dev.embedding(t, table.cols, tokens, out),
             MatData::Half(h, t) => self.dev.embedding_half(*h, t, table.cols, tokens, out),
+            MatData::Quant(q, t) => self.dev.embedding_quant(*q, t, table.cols, tokens, out),
         }
         .map_err(dev_err)?;
         // Queued now: its token ids are new every step, and the rest of the
@@ -862,6 +887,7 @@ impl Backend for CudaBackend {
         match &w.data {
             MatData::F32(d) => self.dev.linear(x, d, w.rows, out),
             MatData::Half(h, d) => self.dev.linear_half(*h, x, d, w.rows, out),
+            MatData::Quant(q, d) => self.dev.linear_quant(*q, x, d, w.rows, w.cols, out),
         }
         .map_err(dev_err)
     }
@@ -974,6 +1000,7 @@ impl Backend for CudaBackend {
         match &w.data {
             MatData::F32(d) => self.dev.linear_add(a, d, w.rows, x),
             MatData::Half(h, d) => self.dev.linear_half_add(*h, a, d, w.rows, x),
+            MatData::Quant(q, d) => self.dev.linear_quant_add(*q, a, d, w.rows, w.cols, x),
         }
         .map_err(dev_err)
     }

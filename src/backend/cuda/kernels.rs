@@ -95,11 +95,12 @@ mod tests {
         // 3 x 2 x 2),
         // linear_mma_wide, linear_mma_gemm; the three group launches; the
         // f32 matmul's two other shapes (linear_few, linear_many); the six
-        // tensor-core matmuls and the embedding again for f16 weights: what
+        // tensor-core matmuls and the embedding again for f16 weights; the
+        // ggml-block matmul's three shapes and its embedding gather: what
         // the fatbin test counts.
         assert_eq!(
             KernelId::ALL.len(),
-            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3 + 2 + 7
+            96 + 24 + 4 + 11 + 2 + 3 + 2 + 6 + 6 + 12 + 12 + 2 + 3 + 2 + 7 + 4
         );
         for (i, k) in KernelId::ALL.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
@@ -163,6 +164,10 @@ mod tests {
         assert_eq!(spec(linear().id()), (256, 0));
         assert_eq!(spec(linear_few().id()), (256, 0));
         assert_eq!(spec(linear_many().id()), (256, 0));
+        for k in [linear_q(), linear_q_few(), linear_q_many()] {
+            assert_eq!(spec(k.id()), (256, 0));
+        }
+        assert_eq!(spec(embedding_q().id()), (256, 0));
         assert_eq!(spec(page_checksums().id()), (256, 0));
         assert_eq!(spec(argmax().id()), (256, 0));
         assert_eq!(spec(sample_rows().id()), (256, 0));

@@ -91,6 +91,76 @@ impl HalfWeights {
     }
 }
 
+/// A weight matrix kept in the ggml block format its GGUF checkpoint stored
+/// it in: the f32 matmul's shapes read it as stored (cuda/linear_f32.cuh),
+/// widening each value as the CPU backend does, so a product has the bits
+/// of the f32 matmul on the widened weights at a quarter (Q8_0: about half)
+/// of the bytes. Rows are `k / 32` blocks of 32 values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantWeights {
+    /// `[f16 d][32 x i8]`, 34 bytes a block: `d * q`.
+    Q8_0,
+    /// `[f16 d][16 bytes of nibbles]`, 18 bytes: `d * (q - 8)`.
+    Q4_0,
+    /// `[f16 d][f16 m][16 bytes of nibbles]`, 20 bytes: `q * d + m` fused.
+    Q4_1,
+}
+
+impl QuantWeights {
+    /// The format of a GGUF tensor type, if the device reads it as stored
+    /// (others are widened to f32 when placed).
+    pub fn of(ty: crate::backend::GgmlType) -> Option<Self> {
+        use crate::backend::GgmlType;
+        match ty {
+            GgmlType::Q8_0 => Some(QuantWeights::Q8_0),
+            GgmlType::Q4_0 => Some(QuantWeights::Q4_0),
+            GgmlType::Q4_1 => Some(QuantWeights::Q4_1),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one block of 32 values.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantWeights::Q8_0 => 34,
+            QuantWeights::Q4_0 => 18,
+            QuantWeights::Q4_1 => 20,
+        }
+    }
+
+    /// `QFMT_*` in params.cuh.
+    fn code(self) -> u32 {
+        match self {
+            QuantWeights::Q8_0 => QFMT_Q8_0,
+            QuantWeights::Q4_0 => QFMT_Q4_0,
+            QuantWeights::Q4_1 => QFMT_Q4_1,
+        }
+    }
+
+    /// Checks that `len` bytes are `rows` rows of `cols` values in this
+    /// format (`cols` a multiple of 32).
+    fn check(
+        self,
+        what: &'static str,
+        len: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        if cols == 0 || !cols.is_multiple_of(32) {
+            return Err(CudaError::Shape {
+                what: "ggml-block columns (a non-zero multiple of 32)",
+                expected: cols.next_multiple_of(32).max(32),
+                got: cols,
+            });
+        }
+        let want = rows
+            .checked_mul(cols / 32)
+            .and_then(|b| b.checked_mul(self.block_bytes()))
+            .unwrap_or(usize::MAX);
+        shape(what, want, len)
+    }
+}
+
 /// The tensor-core matmul's tiles (cuda/linear_mma.cuh), chosen by the
 /// rows of x; each gives the others' bits.
 #[derive(Clone, Copy, Debug)]
@@ -1172,6 +1242,82 @@ impl CudaDevice {
         self.launch(kernel, &p, grid, args)
     }
 
+    /// `out = x · wᵀ` with weights `w` `[n, k]` kept in ggml blocks of `q`
+    /// (raw bytes, `k` a multiple of 32): each weight widened as the CPU
+    /// backend widens it, so the bits of [`CudaDevice::linear`] on the
+    /// widened weights, reading a quarter (Q8_0: about half) of the bytes.
+    pub fn linear_quant(
+        &self,
+        q: QuantWeights,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u8>,
+        n: usize,
+        k: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_quant_into(q, x, w, n, k, out, false)
+    }
+
+    /// `out += x · wᵀ` with ggml-block weights: the bits of
+    /// [`CudaDevice::linear_quant`] into a buffer then
+    /// [`CudaDevice::add_assign`], in one launch.
+    pub fn linear_quant_add(
+        &self,
+        q: QuantWeights,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u8>,
+        n: usize,
+        k: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        self.linear_quant_into(q, x, w, n, k, out, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear_quant_into(
+        &self,
+        q: QuantWeights,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<u8>,
+        n: usize,
+        k: usize,
+        out: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        q.check("ggml-block weight bytes", w.len(), n, k)?;
+        let Some((m, k)) = matmul_shape(x.len(), n * k, n, out.len())? else {
+            return Ok(());
+        };
+        let mut args = Args::new(&self.inner.stream);
+        let p = LinearQParams {
+            x: args.read(x),
+            w: args.read(w),
+            out: args.write(out),
+            m: to_u32("matmul rows", m)?,
+            n: to_u32("matmul columns", n)?,
+            k: to_u32("matmul depth", k)?,
+            accumulate: u32::from(accumulate),
+            format: q.code(),
+            pad0: 0,
+        };
+        // The f32 matmul's shapes, picked by m the same way.
+        let (kernel, rows) = match m {
+            1 => (kernels::linear_q(), LIN_ROWS_ONE),
+            2..=LIN_ROWS_FEW => (kernels::linear_q_few(), LIN_ROWS_FEW),
+            _ => (kernels::linear_q_many(), LIN_ROWS_MANY),
+        };
+        let blocks = m.div_ceil(rows).saturating_mul(n.div_ceil(LIN_COLS));
+        let Some(grid) = grid("matmul blocks (row tiles x column blocks)", blocks, 1, 1)? else {
+            return Ok(());
+        };
+        // Launch contract: x holds m*k f32, out m*n f32, w n rows of k / 32
+        // blocks of the format (checked; k a multiple of 32, so no block is
+        // cut); the 1-D grid covers every (row tile, column block) pair as
+        // the kernel decodes it, and the kernel bounds every access by m,
+        // n, k.
+        self.launch(kernel, &p, grid, args)
+    }
+
     /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor
     /// cores: [`CudaDevice::linear_half`] with [`HalfWeights::Bf16`].
     pub fn linear_bf16(
@@ -1581,6 +1727,46 @@ impl CudaDevice {
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
         self.embedding_of(h.dtype(), table, dim, tokens, out)
+    }
+
+    /// [`CudaDevice::embedding`] from a table `[vocab, dim]` kept in ggml
+    /// blocks of `q` (raw bytes, `dim` a multiple of 32): each value widened
+    /// as [`CudaDevice::linear_quant`] widens it.
+    pub fn embedding_quant(
+        &self,
+        q: QuantWeights,
+        table: &impl DevicePtr<u8>,
+        dim: usize,
+        tokens: &[u32],
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<(), CudaError> {
+        let row_bytes = (dim / 32) * q.block_bytes();
+        let vocab = table.len().checked_div(row_bytes).unwrap_or(0);
+        q.check("embedding table bytes", table.len(), vocab, dim)?;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(CudaError::TokenOutOfRange { token, vocab });
+        }
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        shape("embedding output elements", tokens.len() * dim, out.len())?;
+        let ids = self.upload(tokens)?;
+        let total = out.len();
+        let mut args = Args::new(&self.inner.stream);
+        let p = EmbeddingQParams {
+            table: args.read(table),
+            tokens: args.read(&ids),
+            out: args.write(out),
+            n_tokens: to_u32("tokens", tokens.len())?,
+            dim: to_u32("dim", dim)?,
+            vocab: to_u32("vocab", vocab)?,
+            format: q.code(),
+        };
+        // Launch contract: table holds vocab rows of dim / 32 blocks of the
+        // format (checked, and vocab is what they hold), every token is
+        // below vocab (checked, and the kernel also bounds it), out holds
+        // n_tokens*dim f32; a grid-stride loop covers them.
+        self.launch(kernels::embedding_q(), &p, grid_stride(total), args)
     }
 
     fn embedding_of<T>(

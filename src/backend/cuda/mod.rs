@@ -41,7 +41,7 @@ pub use backend::{CudaBackend, CudaBuf, CudaMat};
 pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use launch::{DecodeWorkspace, HalfWeights, PageChecksums};
+pub use launch::{DecodeWorkspace, HalfWeights, PageChecksums, QuantWeights};
 pub use pages::CudaPages;
 pub use plan::{DecodeKernel, PREFILL_MAX_GROUP, PrefillKernel, Split};
 pub use table::{

@@ -270,6 +270,41 @@ pub(crate) struct LinearParams {
     pub accumulate: u32, // 0 or 1: out += x · wᵀ
 }
 
+/// Formats of the ggml-block matmul's weights (`QFMT_*` in params.cuh).
+pub(crate) const QFMT_Q8_0: u32 = 0;
+pub(crate) const QFMT_Q4_0: u32 = 1;
+pub(crate) const QFMT_Q4_1: u32 = 2;
+
+/// Dense `x · wᵀ` with weights in ggml blocks. See `LinearQParams` in
+/// params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
+pub(crate) struct LinearQParams {
+    pub x: u64,   // [m, k] f32
+    pub w: u64,   // [n, k / 32] blocks of `format`
+    pub out: u64, // [m, n] f32
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub accumulate: u32, // 0 or 1: out += x · wᵀ
+    pub format: u32,     // QFMT_*
+    pub pad0: u32,
+}
+
+/// Embedding gather from a table in ggml blocks. See `EmbeddingQParams` in
+/// params.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
+pub(crate) struct EmbeddingQParams {
+    pub table: u64,  // [vocab, dim / 32] blocks of `format`
+    pub tokens: u64, // [n_tokens] u32
+    pub out: u64,    // [n_tokens, dim] f32
+    pub n_tokens: u32,
+    pub dim: u32,
+    pub vocab: u32,
+    pub format: u32, // QFMT_*
+}
+
 /// `x[i] += y[i % period]`. See `AddParams` in params.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
@@ -334,6 +369,8 @@ device_repr!(
     SampleParams,
     LogprobParams,
     LinearParams,
+    LinearQParams,
+    EmbeddingQParams,
     LinearMmaParams,
     LinearMmaGroupParams,
     AddParams,

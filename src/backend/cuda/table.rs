@@ -532,6 +532,47 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
+        body: "linear_q_one",
+        ..Family::plain(
+            "linear_q",
+            "linear",
+            "LinearQParams",
+            32 * LIN_WARPS as u32,
+            true,
+            "launching matmul (ggml-block weights)",
+        )
+    },
+    Family {
+        body: "linear_q_few",
+        ..Family::plain(
+            "linear_q_few",
+            "linear",
+            "LinearQParams",
+            32 * LIN_WARPS as u32,
+            true,
+            "launching matmul (ggml-block weights, a few rows)",
+        )
+    },
+    Family {
+        body: "linear_q_many",
+        ..Family::plain(
+            "linear_q_many",
+            "linear",
+            "LinearQParams",
+            32 * LIN_WARPS as u32,
+            true,
+            "launching matmul (ggml-block weights, many rows)",
+        )
+    },
+    Family::plain(
+        "embedding_q",
+        "linear",
+        "EmbeddingQParams",
+        256,
+        false,
+        "launching the embedding gather (ggml-block table)",
+    ),
+    Family {
         dtypes: &HALF_WEIGHTS,
         body: "linear_mma_body",
         mirrors: &[
@@ -889,6 +930,32 @@ pub const PARAMS: &[Params] = &[
             ("n", U32),
             ("k", U32),
             ("accumulate", U32),
+        ],
+    },
+    Params {
+        name: "LinearQParams",
+        fields: &[
+            ("x", Ptr),
+            ("w", Ptr),
+            ("out", Ptr),
+            ("m", U32),
+            ("n", U32),
+            ("k", U32),
+            ("accumulate", U32),
+            ("format", U32),
+            ("pad0", U32),
+        ],
+    },
+    Params {
+        name: "EmbeddingQParams",
+        fields: &[
+            ("table", Ptr),
+            ("tokens", Ptr),
+            ("out", Ptr),
+            ("n_tokens", U32),
+            ("dim", U32),
+            ("vocab", U32),
+            ("format", U32),
         ],
     },
     Params {

@@ -8,11 +8,19 @@
 // from each row alone, from the other two shapes over the whole batch and
 // from x one float off 16-byte alignment (element loads instead of 16-byte
 // ones). A NaN in one row of x stays in that row; accumulating into a
-// residual gives the bits of the product added to it. Prints one line per
-// case; exit status 0 when all pass.
+// residual gives the bits of the product added to it.
+//
+// Given a file of ggml-block matrices (written by the Rust test with the
+// crate's own widening: format, rows, cols, the raw blocks, then the f32
+// values QuantMatrix::dequantize gives), runs the block-reading matmul on
+// the raw blocks against the f32 matmul on those values: the same bits for
+// every shape and with accumulation; and the block-reading embedding
+// gather against the values, bit for bit. Prints one line per case; exit
+// status 0 when all pass.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -165,7 +173,81 @@ bool run_case(uint32_t m, uint32_t n, uint32_t k, bool nan_row, Rng& rng) {
     return ok;
 }
 
-int main() {
+// The block-reading matmul as the host launches it for m rows.
+void launch_q(const LinearQParams& p) {
+    const Shape s = shape_for(p.m);
+    const unsigned rows = shape_rows(s);
+    const unsigned blocks = ((p.m + rows - 1) / rows) * ((p.n + LIN_COLS - 1) / LIN_COLS);
+    run_grid(blocks, [&] {
+        if (s == One) linear_q_one(p);
+        else if (s == Few) linear_q_few(p);
+        else linear_q_many(p);
+    });
+}
+
+template <typename T>
+bool read_vec(std::ifstream& in, std::vector<T>& v, size_t n) {
+    v.resize(n);
+    return (bool)in.read(reinterpret_cast<char*>(v.data()), (std::streamsize)(n * sizeof(T)));
+}
+
+// One ggml-block matrix [n, k] (raw blocks `w`, the crate's widened values
+// `wf`) at m rows: the bits of the f32 matmul on wf, alone and accumulating;
+// then every row gathered as an embedding.
+bool run_quant(uint32_t fmt, uint32_t n, uint32_t k, const std::vector<uint8_t>& w,
+               const std::vector<float>& wf, Rng& rng) {
+    bool ok = true;
+    for (uint32_t m : {1u, 3u, 6u}) {
+        std::vector<float> x(m * k);
+        for (auto& v : x) v = rng.uniform() * 4.0f;
+        for (uint32_t acc : {0u, 1u}) {
+            std::vector<float> want(m * n), got(m * n);
+            for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = rng.uniform();
+            launch(lin(x.data(), wf.data(), want.data(), m, n, k, acc));
+            launch_q(LinearQParams{x.data(), w.data(), got.data(), m, n, k, acc, fmt, 0});
+            char what[64];
+            std::snprintf(what, sizeof what, "blocks at m=%u%s", m, acc ? ", accumulating" : "");
+            if (!same_bits(want, got, what)) ok = false;
+        }
+    }
+    std::vector<uint32_t> tokens(n);
+    for (uint32_t t = 0; t < n; ++t) tokens[t] = n - 1 - t;
+    std::vector<float> rows(n * k, -7.0f);
+    const EmbeddingQParams e{w.data(), tokens.data(), rows.data(), n, k, n, fmt};
+    run_grid(2, [&] { embedding_q(e); });
+    std::vector<float> want(n * k);
+    for (uint32_t t = 0; t < n; ++t)
+        std::memcpy(&want[t * k], &wf[(size_t)tokens[t] * k], k * 4);
+    if (!same_bits(want, rows, "embedding gather")) ok = false;
+    std::printf("%s ggml blocks, format %u, n=%u k=%u\n", ok ? "ok" : "FAIL", fmt, n, k);
+    return ok;
+}
+
+// The file's cases: [u32 count] then per case [u32 format, rows, cols,
+// bytes][bytes][rows * cols f32].
+bool run_quant_file(const char* path, Rng& rng) {
+    std::ifstream in(path, std::ios::binary);
+    uint32_t count = 0;
+    if (!in.read(reinterpret_cast<char*>(&count), 4)) {
+        std::printf("FAIL cannot read %s\n", path);
+        return false;
+    }
+    bool ok = true;
+    for (uint32_t c = 0; c < count; ++c) {
+        std::vector<uint32_t> head;
+        std::vector<uint8_t> w;
+        std::vector<float> wf;
+        if (!read_vec(in, head, 4) || !read_vec(in, w, head[3]) ||
+            !read_vec(in, wf, (size_t)head[1] * head[2])) {
+            std::printf("FAIL truncated case %u in %s\n", c, path);
+            return false;
+        }
+        ok &= run_quant(head[0], head[1], head[2], w, wf, rng);
+    }
+    return ok;
+}
+
+int main(int argc, char** argv) {
     Rng rng{41};
     bool all = true;
     // (m, n, k): one element; k inside one k-block, across several, not a
@@ -179,5 +261,6 @@ int main() {
     for (const auto& c : cases) all &= run_case(c[0], c[1], c[2], false, rng);
     all &= run_case(6, 10, 517, true, rng);
     all &= run_case(3, 4, 96, true, rng);
+    if (argc > 1) all &= run_quant_file(argv[1], rng);
     return all ? 0 : 1;
 }

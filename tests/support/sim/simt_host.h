@@ -280,6 +280,11 @@ inline uint32_t __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+inline float __int_as_float(int v) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    return f;
+}
 inline double __longlong_as_double(long long v) {
     double d;
     std::memcpy(&d, &v, 8);
