@@ -317,16 +317,16 @@ mod gpu {
             let w = dev.upload(&w_host)?;
             // The same shape in a GGUF checkpoint's blocks (random nibbles
             // and bytes, finite f16 scales), read as stored.
-            let blocks: Vec<_> = [QuantWeights::Q4_1, QuantWeights::Q8_0]
+            let blocks: Vec<_> = [QuantWeights::Q4_1, QuantWeights::Q8_0, QuantWeights::Q4K]
                 .into_iter()
                 .map(|q| {
-                    let mut b: Vec<u8> = (0..n * k / 32 * q.block_bytes())
+                    let mut b: Vec<u8> = (0..n * k / q.block_values() * q.block_bytes())
                         .map(|_| next(&mut rng) as u8)
                         .collect();
                     for blk in b.chunks_exact_mut(q.block_bytes()) {
                         let d = half::f16::from_f32(unit(&mut rng) * 0.01).to_le_bytes();
                         blk[..2].copy_from_slice(&d);
-                        if q == QuantWeights::Q4_1 {
+                        if q != QuantWeights::Q8_0 {
                             blk[2..4].copy_from_slice(&d);
                         }
                     }

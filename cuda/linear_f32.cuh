@@ -182,62 +182,128 @@ __device__ __forceinline__ void linear_many(const LinearParams& p) {
     linear_tiles<LIN_ROWS_MANY, 1>(p, F32Rows(p));
 }
 
-// Weights kept as a GGUF checkpoint stored them: rows of ggml blocks of 32
-// values (LinearQParams::format; a row of k values is k / 32 blocks), each
-// value widened to f32 as it loads, exactly as the CPU backend widens it
-// (src/backend/quant.rs): Q8_0 d * q; Q4_0 d * (q - 8); Q4_1 q * d + m in
-// one fused multiply-add. So a product has the bits of the f32 matmul on the
-// widened weights, at a quarter (Q8_0: about half) of the bytes to read.
-// Block layouts (little-endian): Q8_0 [f16 d][32 x i8] (34 bytes); Q4_0
-// [f16 d][16 bytes: value j in the low nibble of byte j, j + 16 in its high
-// nibble] (18); Q4_1 [f16 d][f16 m][16 bytes as Q4_0] (20).
+// Weights kept as a GGUF checkpoint stored them: rows of ggml blocks
+// (LinearQParams::format; a row of k values is k / ELEMS blocks), each value
+// widened to f32 as it loads, exactly as the CPU backend widens it
+// (src/backend/quant.rs, with its roundings: nothing here is contracted into
+// an fma that is not one there). So a product has the bits of the f32
+// matmul on the widened weights, reading 0.56 (Q4_0) to 1.06 (Q8_0) bytes a
+// weight instead of 4. Block layouts (little-endian):
+//   Q8_0 [f16 d][32 x i8]                           34 bytes, 32 values: d * q
+//   Q4_0 [f16 d][16 B: value j in the low nibble of
+//        byte j, j + 16 in its high nibble]         18 bytes, 32 values: d * (q - 8)
+//   Q4_1 [f16 d][f16 m][16 B as Q4_0]               20 bytes, 32 values: fma(q, d, m)
+//   Q4_K [f16 d][f16 dmin][12 B: 6-bit scale and min of 8 sub-blocks]
+//        [128 B: sub-blocks 2g and 2g+1 in the low and high nibbles of
+//        bytes 32g ..]                              144 bytes, 256 values:
+//        (d * sc) * q - dmin * m
+//   Q5_K Q4_K's header, [32 B: fifth bits, bit 2g | 2g+1 of byte l for
+//        value l of sub-block 2g | 2g+1][128 B as Q4_K]
+//                                                   176 bytes, 256 values: as Q4_K
+//   Q6_K [128 B low nibbles][64 B two high bits][16 x i8 scales][f16 d]
+//                                                   210 bytes, 256 values:
+//        (d * sc) * (q - 32)
 template <int FMT>
 struct QRows {
+    static constexpr bool K = FMT == QFMT_Q4_K || FMT == QFMT_Q5_K || FMT == QFMT_Q6_K;
+    static constexpr uint32_t ELEMS = K ? 256 : 32;
+    static constexpr uint32_t BLOCK = FMT == QFMT_Q8_0   ? 34
+                                      : FMT == QFMT_Q4_0 ? 18
+                                      : FMT == QFMT_Q4_1 ? 20
+                                      : FMT == QFMT_Q4_K ? 144
+                                      : FMT == QFMT_Q5_K ? 176
+                                                         : 210;
     const uint8_t* w;
     uint64_t row_bytes;  // blocks per row x block bytes
-    static constexpr uint32_t BLOCK = FMT == QFMT_Q8_0 ? 34 : FMT == QFMT_Q4_0 ? 18 : 20;
 
     // Rows of `k` values in blocks at `blocks`.
     __device__ __forceinline__ QRows(const void* blocks, uint32_t k)
-        : w(static_cast<const uint8_t*>(blocks)), row_bytes((uint64_t)(k / 32) * BLOCK) {}
+        : w(static_cast<const uint8_t*>(blocks)), row_bytes((uint64_t)(k / ELEMS) * BLOCK) {}
 
     // The 16-bit word at byte `at` of a block (every field read here starts
     // on an even byte of an even-sized block).
     __device__ __forceinline__ static uint32_t u16_at(const uint8_t* b, uint32_t at) {
         return *reinterpret_cast<const uint16_t*>(b + at);
     }
+    // Bytes at .. at + 4 of a block (at even) as one word, byte 0 lowest.
+    __device__ __forceinline__ static uint32_t u32_at(const uint8_t* b, uint32_t at) {
+        return u16_at(b, at) | u16_at(b, at + 2) << 16;
+    }
 
-    // k % 32 == 0 (checked on the host), so a chunk of 4 that starts inside
-    // k ends inside it, in one block.
+    // The 6-bit scale and min of sub-block `j` of a K block's 12 bytes
+    // `q` (as scale_min_k4 in src/backend/quant.rs).
+    __device__ __forceinline__ static void scale_min(const uint8_t* q, uint32_t j, float& sc,
+                                                     float& m) {
+        if (j < 4) {
+            sc = (float)(q[j] & 63);
+            m = (float)(q[j + 4] & 63);
+        } else {
+            sc = (float)((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+            m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+    }
+
+    // k % ELEMS == 0 (checked on the host), so a chunk of 4 that starts
+    // inside k ends inside it, in one block (and one sub-block).
     __device__ __forceinline__ float4 load4(uint64_t row, uint64_t rows, uint32_t k, uint32_t c) const {
         float4 v;
         v.x = v.y = v.z = v.w = 0.0f;
         if (row >= rows || c >= k) return v;
-        const uint8_t* b = w + row * row_bytes + (uint64_t)(c / 32) * BLOCK;
-        const uint32_t j = c % 32;  // a multiple of 4
-        const float d = f16_bits_to_f32(u16_at(b, 0));
+        const uint8_t* b = w + row * row_bytes + (uint64_t)(c / ELEMS) * BLOCK;
+        const uint32_t j = c % ELEMS;  // a multiple of 4
         float q[4];
         if (FMT == QFMT_Q8_0) {
-            const uint32_t lo = u16_at(b, 2 + j), hi = u16_at(b, 4 + j);
-            const uint32_t bytes = lo | hi << 16;
+            const float d = f16_bits_to_f32(u16_at(b, 0));
+            const uint32_t bytes = u32_at(b, 2 + j);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q[i] = (float)(int8_t)(uint8_t)(bytes >> (8 * i));
-#pragma unroll
-            for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(q[i], d);
-        } else {
-            const uint32_t qs = FMT == QFMT_Q4_0 ? 2 : 4;
-            const uint32_t at = qs + j % 16;
-            const uint32_t bytes = u16_at(b, at) | u16_at(b, at + 2) << 16;
+            for (int i = 0; i < 4; ++i) q[i] = __fmul_rn((float)(int8_t)(uint8_t)(bytes >> (8 * i)), d);
+        } else if (FMT == QFMT_Q4_0 || FMT == QFMT_Q4_1) {
+            const float d = f16_bits_to_f32(u16_at(b, 0));
+            const uint32_t bytes = u32_at(b, (FMT == QFMT_Q4_0 ? 2 : 4) + j % 16);
             const uint32_t shift = j < 16 ? 0 : 4;  // values 0-15 low nibbles, 16-31 high
+            float n[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q[i] = (float)((bytes >> (8 * i + shift)) & 0xfu);
+            for (int i = 0; i < 4; ++i) n[i] = (float)((bytes >> (8 * i + shift)) & 0xfu);
             if (FMT == QFMT_Q4_0) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(q[i] - 8.0f, d);
+                for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(n[i] - 8.0f, d);
             } else {
                 const float m = f16_bits_to_f32(u16_at(b, 2));
 #pragma unroll
-                for (int i = 0; i < 4; ++i) q[i] = fmaf(q[i], d, m);
+                for (int i = 0; i < 4; ++i) q[i] = fmaf(n[i], d, m);
+            }
+        } else if (FMT == QFMT_Q4_K || FMT == QFMT_Q5_K) {
+            const float d = f16_bits_to_f32(u16_at(b, 0)), dmin = f16_bits_to_f32(u16_at(b, 2));
+            const uint32_t g = j / 64, l = j % 32, sub = j / 32;  // sub = 2g or 2g + 1
+            float sc, mn;
+            scale_min(b + 4, sub, sc, mn);
+            const float d1 = __fmul_rn(d, sc), m1 = __fmul_rn(dmin, mn);
+            const uint32_t qs = FMT == QFMT_Q4_K ? 16 : 48;
+            const uint32_t bytes = u32_at(b, qs + 32 * g + l);
+            const uint32_t shift = sub & 1 ? 4 : 0;
+            uint32_t high = 0;  // Q5_K: the fifth bits of the four values
+            if (FMT == QFMT_Q5_K) high = u32_at(b, 16 + l);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                uint32_t n = (bytes >> (8 * i + shift)) & 0xfu;
+                if (FMT == QFMT_Q5_K) n += (high >> (8 * i + sub)) & 1u ? 16u : 0u;
+                q[i] = __fsub_rn(__fmul_rn(d1, (float)n), m1);
+            }
+        } else {  // Q6_K
+            const float d = f16_bits_to_f32(u16_at(b, 208));
+            const uint32_t half = j / 128, jj = j % 128, quarter = jj / 32, l = jj % 32;
+            // Quarters 0 and 2 take low | high nibbles of ql[l], 1 and 3 of
+            // ql[l + 32]; quarter t takes bits 2t, 2t + 1 of qh[l].
+            const uint32_t ql = u32_at(b, 64 * half + l + (quarter & 1 ? 32 : 0));
+            const uint32_t qh = u32_at(b, 128 + 32 * half + l);
+            const uint32_t shift = quarter >= 2 ? 4 : 0;
+            const float sc = (float)(int8_t)b[192 + 8 * half + l / 16 + 2 * quarter];
+            const float ds = __fmul_rn(d, sc);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t lo = (ql >> (8 * i + shift)) & 0xfu;
+                const uint32_t hi = (qh >> (8 * i + 2 * quarter)) & 3u;
+                q[i] = __fmul_rn(ds, (float)((int)(lo | hi << 4) - 32));
             }
         }
         v.x = q[0], v.y = q[1], v.z = q[2], v.w = q[3];
@@ -256,6 +322,12 @@ __device__ __forceinline__ void linear_q_rows(const LinearQParams& p) {
         linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_0>(p.w, p.k));
     } else if (p.format == QFMT_Q4_1) {
         linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_1>(p.w, p.k));
+    } else if (p.format == QFMT_Q4_K) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_K>(p.w, p.k));
+    } else if (p.format == QFMT_Q5_K) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q5_K>(p.w, p.k));
+    } else if (p.format == QFMT_Q6_K) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q6_K>(p.w, p.k));
     }
 }
 
@@ -301,6 +373,12 @@ __device__ __forceinline__ void embedding_q(const EmbeddingQParams& p) {
         embedding_q_as<QFMT_Q4_0>(p);
     } else if (p.format == QFMT_Q4_1) {
         embedding_q_as<QFMT_Q4_1>(p);
+    } else if (p.format == QFMT_Q4_K) {
+        embedding_q_as<QFMT_Q4_K>(p);
+    } else if (p.format == QFMT_Q5_K) {
+        embedding_q_as<QFMT_Q5_K>(p);
+    } else if (p.format == QFMT_Q6_K) {
+        embedding_q_as<QFMT_Q6_K>(p);
     }
 }
 

@@ -247,12 +247,16 @@ struct LinearParams {
 constexpr uint32_t QFMT_Q8_0 = 0;
 constexpr uint32_t QFMT_Q4_0 = 1;
 constexpr uint32_t QFMT_Q4_1 = 2;
+constexpr uint32_t QFMT_Q4_K = 3;
+constexpr uint32_t QFMT_Q5_K = 4;
+constexpr uint32_t QFMT_Q6_K = 5;
 
-// LinearParams with weights in ggml blocks of 32 values (k % 32 == 0), each
+// LinearParams with weights in ggml blocks (k a multiple of a block's 32 or
+// 256 values), each
 // value widened to f32 as the CPU backend widens it (cuda/linear_f32.cuh).
 struct LinearQParams {
     const float* x;       // [m, k] f32
-    const void* w;        // [n, k / 32] blocks of `format`
+    const void* w;        // [n, k / block values] blocks of `format`
     float* out;           // [m, n] f32
     uint32_t m;
     uint32_t n;
@@ -262,10 +266,11 @@ struct LinearQParams {
     uint32_t pad0;
 };
 
-// out[t] = table[tokens[t]] from a table in ggml blocks (dim % 32 == 0),
+// out[t] = table[tokens[t]] from a table in ggml blocks (dim a multiple of a
+// block's values),
 // widened as LinearQParams' weights are. grid-stride over n_tokens * dim.
 struct EmbeddingQParams {
-    const void* table;        // [vocab, dim / 32] blocks of `format`
+    const void* table;        // [vocab, dim / block values] blocks of `format`
     const uint32_t* tokens;   // [n_tokens] (< vocab; checked on the host)
     float* out;               // [n_tokens, dim] f32
     uint32_t n_tokens;

@@ -1,6 +1,6 @@
 //! Dense layers with f32 weights (f32 checkpoints), and with weights kept in
-//! a GGUF checkpoint's ggml blocks (Q8_0, Q4_0, Q4_1), run before any GPU
-//! sees them.
+//! a GGUF checkpoint's ggml blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), run
+//! before any GPU sees them.
 //!
 //! At batch 1 a dense layer is a stream of weight bytes, so the kernel
 //! (cuda/linear_f32.cuh) splits k across a block's warps and has each warp
@@ -46,12 +46,15 @@ fn next(state: &mut u64) -> u64 {
 /// Random blocks of `ty` for `rows` x `cols`, with finite f16 scales (and
 /// minimums) of unlike magnitudes, as a QuantMatrix.
 fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut u64) -> QuantMatrix {
-    let (block, scales): (usize, &[usize]) = match ty {
-        GgmlType::Q8_0 => (34, &[0]),
-        GgmlType::Q4_0 => (18, &[0]),
-        _ => (20, &[0, 2]),
+    let (block, values, scales): (usize, usize, &[usize]) = match ty {
+        GgmlType::Q8_0 => (34, 32, &[0]),
+        GgmlType::Q4_0 => (18, 32, &[0]),
+        GgmlType::Q4_1 => (20, 32, &[0, 2]),
+        GgmlType::Q4K => (144, 256, &[0, 2]),
+        GgmlType::Q5K => (176, 256, &[0, 2]),
+        _ => (210, 256, &[208]),
     };
-    let mut data: Vec<u8> = (0..rows * cols / 32 * block)
+    let mut data: Vec<u8> = (0..rows * cols / values * block)
         .map(|_| next(rng) as u8)
         .collect();
     for b in data.chunks_exact_mut(block) {
@@ -81,6 +84,9 @@ fn f32_and_ggml_block_matmuls_match_the_reference_and_give_every_row_the_same_bi
         (2, GgmlType::Q4_1, 7, 160),
         (2, GgmlType::Q4_1, 3, 1056),
         (0, GgmlType::Q8_0, 4, 544),
+        (3, GgmlType::Q4K, 5, 512),
+        (4, GgmlType::Q5K, 3, 256),
+        (5, GgmlType::Q6K, 4, 768),
     ];
     let mut rng = 0x6767_u64;
     let mut file = Vec::new();

@@ -100,8 +100,8 @@ pub struct CudaMat {
 /// for a matrix whose every element is exactly such a value (a bf16 or f16
 /// checkpoint's), which then runs on tensor cores at half the bytes.
 ///
-/// Or ggml blocks (raw bytes) for a GGUF checkpoint's Q8_0, Q4_0 and Q4_1
-/// matrices, read as stored and widened as they load.
+/// Or ggml blocks (raw bytes) for a GGUF checkpoint's Q8_0, Q4_0, Q4_1,
+/// Q4_K, Q5_K and Q6_K matrices, read as stored and widened as they load.
 enum MatData {
     F32(CudaSlice<f32>),
     Half(HalfWeights, CudaSlice<u16>),
@@ -774,14 +774,15 @@ impl Backend for CudaBackend {
         Ok(CudaMat { data, rows, cols })
     }
 
-    /// Q8_0, Q4_0 and Q4_1 matrices (with whole blocks per row) stay in
-    /// their ggml blocks on the device; the kernels widen each value as
-    /// [`QuantMatrix::dequantize`] does. Other formats are widened to f32
-    /// here (and stay f32: their values are not 16-bit exact in general).
+    /// Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices (with whole blocks
+    /// per row: always, in a valid GGUF) stay in their ggml blocks on the
+    /// device; the kernels widen each value as [`QuantMatrix::dequantize`]
+    /// does. Q5_0 and Q5_1 are widened to f32 here (and stay f32: their
+    /// values are not 16-bit exact in general).
     fn upload_quant(&self, q: QuantMatrix) -> Result<CudaMat, BackendError> {
         let (rows, cols) = (q.rows(), q.cols());
         match QuantWeights::of(q.ggml_type()) {
-            Some(f) if rows > 1 && cols.is_multiple_of(32) && cols > 0 => {
+            Some(f) if rows > 1 && cols.is_multiple_of(f.block_values()) && cols > 0 => {
                 let data = MatData::Quant(f, self.dev.upload(q.bytes()).map_err(dev_err)?);
                 Ok(CudaMat { data, rows, cols })
             }
@@ -798,7 +799,7 @@ impl Backend for CudaBackend {
         match m.data {
             MatData::F32(_) => m.len() * 4,
             MatData::Half(..) => m.len() * 2,
-            MatData::Quant(q, _) => m.rows * (m.cols / 32) * q.block_bytes(),
+            MatData::Quant(q, _) => m.rows * (m.cols / q.block_values()) * q.block_bytes(),
         }
     }
 

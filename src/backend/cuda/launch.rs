@@ -94,8 +94,8 @@ impl HalfWeights {
 /// A weight matrix kept in the ggml block format its GGUF checkpoint stored
 /// it in: the f32 matmul's shapes read it as stored (cuda/linear_f32.cuh),
 /// widening each value as the CPU backend does, so a product has the bits
-/// of the f32 matmul on the widened weights at a quarter (Q8_0: about half)
-/// of the bytes. Rows are `k / 32` blocks of 32 values.
+/// of the f32 matmul on the widened weights at 0.56 to 1.06 bytes a weight
+/// instead of 4. Rows are whole blocks of 32 values (256 for the K types).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantWeights {
     /// `[f16 d][32 x i8]`, 34 bytes a block: `d * q`.
@@ -104,6 +104,12 @@ pub enum QuantWeights {
     Q4_0,
     /// `[f16 d][f16 m][16 bytes of nibbles]`, 20 bytes: `q * d + m` fused.
     Q4_1,
+    /// 256 values in 144 bytes: 8 sub-blocks with 6-bit scales and mins.
+    Q4K,
+    /// Q4_K with a fifth bit a value: 176 bytes.
+    Q5K,
+    /// 256 values in 210 bytes: 6 bits a value, 16 signed 8-bit scales.
+    Q6K,
 }
 
 impl QuantWeights {
@@ -115,16 +121,30 @@ impl QuantWeights {
             GgmlType::Q8_0 => Some(QuantWeights::Q8_0),
             GgmlType::Q4_0 => Some(QuantWeights::Q4_0),
             GgmlType::Q4_1 => Some(QuantWeights::Q4_1),
+            GgmlType::Q4K => Some(QuantWeights::Q4K),
+            GgmlType::Q5K => Some(QuantWeights::Q5K),
+            GgmlType::Q6K => Some(QuantWeights::Q6K),
             _ => None,
         }
     }
 
-    /// Bytes of one block of 32 values.
+    /// Bytes of one block.
     pub fn block_bytes(self) -> usize {
         match self {
             QuantWeights::Q8_0 => 34,
             QuantWeights::Q4_0 => 18,
             QuantWeights::Q4_1 => 20,
+            QuantWeights::Q4K => 144,
+            QuantWeights::Q5K => 176,
+            QuantWeights::Q6K => 210,
+        }
+    }
+
+    /// Values in one block.
+    pub fn block_values(self) -> usize {
+        match self {
+            QuantWeights::Q8_0 | QuantWeights::Q4_0 | QuantWeights::Q4_1 => 32,
+            QuantWeights::Q4K | QuantWeights::Q5K | QuantWeights::Q6K => 256,
         }
     }
 
@@ -134,11 +154,14 @@ impl QuantWeights {
             QuantWeights::Q8_0 => QFMT_Q8_0,
             QuantWeights::Q4_0 => QFMT_Q4_0,
             QuantWeights::Q4_1 => QFMT_Q4_1,
+            QuantWeights::Q4K => QFMT_Q4_K,
+            QuantWeights::Q5K => QFMT_Q5_K,
+            QuantWeights::Q6K => QFMT_Q6_K,
         }
     }
 
     /// Checks that `len` bytes are `rows` rows of `cols` values in this
-    /// format (`cols` a multiple of 32).
+    /// format (`cols` a multiple of a block's values).
     fn check(
         self,
         what: &'static str,
@@ -146,15 +169,16 @@ impl QuantWeights {
         rows: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
-        if cols == 0 || !cols.is_multiple_of(32) {
+        let per = self.block_values();
+        if cols == 0 || !cols.is_multiple_of(per) {
             return Err(CudaError::Shape {
-                what: "ggml-block columns (a non-zero multiple of 32)",
-                expected: cols.next_multiple_of(32).max(32),
+                what: "ggml-block columns (a non-zero multiple of a block's values)",
+                expected: cols.next_multiple_of(per).max(per),
                 got: cols,
             });
         }
         let want = rows
-            .checked_mul(cols / 32)
+            .checked_mul(cols / per)
             .and_then(|b| b.checked_mul(self.block_bytes()))
             .unwrap_or(usize::MAX);
         shape(what, want, len)
@@ -1243,7 +1267,7 @@ impl CudaDevice {
     }
 
     /// `out = x · wᵀ` with weights `w` `[n, k]` kept in ggml blocks of `q`
-    /// (raw bytes, `k` a multiple of 32): each weight widened as the CPU
+    /// (raw bytes, `k` a multiple of a block's values): each weight widened as the CPU
     /// backend widens it, so the bits of [`CudaDevice::linear`] on the
     /// widened weights, reading a quarter (Q8_0: about half) of the bytes.
     pub fn linear_quant(
@@ -1310,9 +1334,9 @@ impl CudaDevice {
         let Some(grid) = grid("matmul blocks (row tiles x column blocks)", blocks, 1, 1)? else {
             return Ok(());
         };
-        // Launch contract: x holds m*k f32, out m*n f32, w n rows of k / 32
-        // blocks of the format (checked; k a multiple of 32, so no block is
-        // cut); the 1-D grid covers every (row tile, column block) pair as
+        // Launch contract: x holds m*k f32, out m*n f32, w n rows of whole
+        // blocks of the format (checked; k a multiple of a block's values,
+        // so no block is cut); the 1-D grid covers every (row tile, column block) pair as
         // the kernel decodes it, and the kernel bounds every access by m,
         // n, k.
         self.launch(kernel, &p, grid, args)
@@ -1730,7 +1754,7 @@ impl CudaDevice {
     }
 
     /// [`CudaDevice::embedding`] from a table `[vocab, dim]` kept in ggml
-    /// blocks of `q` (raw bytes, `dim` a multiple of 32): each value widened
+    /// blocks of `q` (raw bytes, `dim` a multiple of a block's values): each value widened
     /// as [`CudaDevice::linear_quant`] widens it.
     pub fn embedding_quant(
         &self,
@@ -1740,7 +1764,7 @@ impl CudaDevice {
         tokens: &[u32],
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        let row_bytes = (dim / 32) * q.block_bytes();
+        let row_bytes = (dim / q.block_values()) * q.block_bytes();
         let vocab = table.len().checked_div(row_bytes).unwrap_or(0);
         q.check("embedding table bytes", table.len(), vocab, dim)?;
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {

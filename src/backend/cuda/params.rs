@@ -274,6 +274,9 @@ pub(crate) struct LinearParams {
 pub(crate) const QFMT_Q8_0: u32 = 0;
 pub(crate) const QFMT_Q4_0: u32 = 1;
 pub(crate) const QFMT_Q4_1: u32 = 2;
+pub(crate) const QFMT_Q4_K: u32 = 3;
+pub(crate) const QFMT_Q5_K: u32 = 4;
+pub(crate) const QFMT_Q6_K: u32 = 5;
 
 /// Dense `x · wᵀ` with weights in ggml blocks. See `LinearQParams` in
 /// params.cuh.
@@ -281,7 +284,7 @@ pub(crate) const QFMT_Q4_1: u32 = 2;
 #[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct LinearQParams {
     pub x: u64,   // [m, k] f32
-    pub w: u64,   // [n, k / 32] blocks of `format`
+    pub w: u64,   // [n, k / block values] blocks of `format`
     pub out: u64, // [m, n] f32
     pub m: u32,
     pub n: u32,
@@ -296,7 +299,7 @@ pub(crate) struct LinearQParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::NoUninit)]
 pub(crate) struct EmbeddingQParams {
-    pub table: u64,  // [vocab, dim / 32] blocks of `format`
+    pub table: u64,  // [vocab, dim / block values] blocks of `format`
     pub tokens: u64, // [n_tokens] u32
     pub out: u64,    // [n_tokens, dim] f32
     pub n_tokens: u32,
