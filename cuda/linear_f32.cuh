@@ -193,6 +193,9 @@ __device__ __forceinline__ void linear_many(const LinearParams& p) {
 //   Q4_0 [f16 d][16 B: value j in the low nibble of
 //        byte j, j + 16 in its high nibble]         18 bytes, 32 values: d * (q - 8)
 //   Q4_1 [f16 d][f16 m][16 B as Q4_0]               20 bytes, 32 values: fma(q, d, m)
+//   Q5_0 [f16 d][u32: fifth bit of value j in bit j][16 B as Q4_0]
+//                                                   22 bytes, 32 values: d * (q - 16)
+//   Q5_1 [f16 d][f16 m][u32 as Q5_0][16 B as Q4_0]  24 bytes, 32 values: fma(q, d, m)
 //   Q4_K [f16 d][f16 dmin][12 B: 6-bit scale and min of 8 sub-blocks]
 //        [128 B: sub-blocks 2g and 2g+1 in the low and high nibbles of
 //        bytes 32g ..]                              144 bytes, 256 values:
@@ -210,6 +213,8 @@ struct QRows {
     static constexpr uint32_t BLOCK = FMT == QFMT_Q8_0   ? 34
                                       : FMT == QFMT_Q4_0 ? 18
                                       : FMT == QFMT_Q4_1 ? 20
+                                      : FMT == QFMT_Q5_0 ? 22
+                                      : FMT == QFMT_Q5_1 ? 24
                                       : FMT == QFMT_Q4_K ? 144
                                       : FMT == QFMT_Q5_K ? 176
                                                          : 210;
@@ -257,16 +262,25 @@ struct QRows {
             const uint32_t bytes = u32_at(b, 2 + j);
 #pragma unroll
             for (int i = 0; i < 4; ++i) q[i] = __fmul_rn((float)(int8_t)(uint8_t)(bytes >> (8 * i)), d);
-        } else if (FMT == QFMT_Q4_0 || FMT == QFMT_Q4_1) {
+        } else if (FMT == QFMT_Q4_0 || FMT == QFMT_Q4_1 || FMT == QFMT_Q5_0 || FMT == QFMT_Q5_1) {
             const float d = f16_bits_to_f32(u16_at(b, 0));
-            const uint32_t bytes = u32_at(b, (FMT == QFMT_Q4_0 ? 2 : 4) + j % 16);
+            const uint32_t qs = FMT == QFMT_Q4_0 ? 2 : FMT == QFMT_Q4_1 ? 4 : FMT == QFMT_Q5_0 ? 6 : 8;
+            const uint32_t bytes = u32_at(b, qs + j % 16);
             const uint32_t shift = j < 16 ? 0 : 4;  // values 0-15 low nibbles, 16-31 high
+            // Q5_0 / Q5_1: the fifth bits, bit v for value v.
+            const uint32_t qh = FMT == QFMT_Q5_0 ? u32_at(b, 2) : FMT == QFMT_Q5_1 ? u32_at(b, 4) : 0;
             float n[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) n[i] = (float)((bytes >> (8 * i + shift)) & 0xfu);
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t fifth = (qh >> (j + i)) & 1u ? 16u : 0u;
+                n[i] = (float)(((bytes >> (8 * i + shift)) & 0xfu) | fifth);
+            }
             if (FMT == QFMT_Q4_0) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(n[i] - 8.0f, d);
+            } else if (FMT == QFMT_Q5_0) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) q[i] = __fmul_rn(n[i] - 16.0f, d);
             } else {
                 const float m = f16_bits_to_f32(u16_at(b, 2));
 #pragma unroll
@@ -322,6 +336,10 @@ __device__ __forceinline__ void linear_q_rows(const LinearQParams& p) {
         linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_0>(p.w, p.k));
     } else if (p.format == QFMT_Q4_1) {
         linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_1>(p.w, p.k));
+    } else if (p.format == QFMT_Q5_0) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q5_0>(p.w, p.k));
+    } else if (p.format == QFMT_Q5_1) {
+        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q5_1>(p.w, p.k));
     } else if (p.format == QFMT_Q4_K) {
         linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_K>(p.w, p.k));
     } else if (p.format == QFMT_Q5_K) {
@@ -373,6 +391,10 @@ __device__ __forceinline__ void embedding_q(const EmbeddingQParams& p) {
         embedding_q_as<QFMT_Q4_0>(p);
     } else if (p.format == QFMT_Q4_1) {
         embedding_q_as<QFMT_Q4_1>(p);
+    } else if (p.format == QFMT_Q5_0) {
+        embedding_q_as<QFMT_Q5_0>(p);
+    } else if (p.format == QFMT_Q5_1) {
+        embedding_q_as<QFMT_Q5_1>(p);
     } else if (p.format == QFMT_Q4_K) {
         embedding_q_as<QFMT_Q4_K>(p);
     } else if (p.format == QFMT_Q5_K) {

@@ -250,6 +250,8 @@ constexpr uint32_t QFMT_Q4_1 = 2;
 constexpr uint32_t QFMT_Q4_K = 3;
 constexpr uint32_t QFMT_Q5_K = 4;
 constexpr uint32_t QFMT_Q6_K = 5;
+constexpr uint32_t QFMT_Q5_0 = 6;
+constexpr uint32_t QFMT_Q5_1 = 7;
 
 // LinearParams with weights in ggml blocks (k a multiple of a block's 32 or
 // 256 values), each

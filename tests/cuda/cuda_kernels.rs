@@ -1566,8 +1566,8 @@ fn argmax_takes_the_lowest_index_on_ties_and_refuses_nan_rows() {
     );
 }
 
-/// A GGUF checkpoint's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices stay
-/// in their blocks on the device: the block-reading matmul gives, at 1, 3 and 6 rows and
+/// A GGUF checkpoint's quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q4_K, Q5_K, Q6_K) stay in their blocks on the device: the block-reading matmul gives, at 1, 3 and 6 rows and
 /// accumulating, the bits of the f32 matmul on the values the crate's own
 /// widening gives the blocks (`QuantMatrix::dequantize`), and the
 /// block-reading embedding gather gives those values.
@@ -1584,13 +1584,15 @@ fn ggml_block_weights_give_the_bits_of_their_widened_values() {
         (GgmlType::Q4K, 9, 512),
         (GgmlType::Q5K, 5, 256),
         (GgmlType::Q6K, 6, 768),
+        (GgmlType::Q5_0, 7, 160),
+        (GgmlType::Q5_1, 4, 96),
     ] {
         let q = QuantWeights::of(ty).unwrap();
         let mut data: Vec<u8> = (0..n * k / q.block_values() * q.block_bytes())
             .map(|_| rng.next_u64() as u8)
             .collect();
         let scales: &[usize] = match ty {
-            GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
             GgmlType::Q6K => &[208],
             _ => &[0],
         };

@@ -1,6 +1,6 @@
 //! Dense layers with f32 weights (f32 checkpoints), and with weights kept in
-//! a GGUF checkpoint's ggml blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), run
-//! before any GPU sees them.
+//! a GGUF checkpoint's ggml blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//! Q5_K, Q6_K), run before any GPU sees them.
 //!
 //! At batch 1 a dense layer is a stream of weight bytes, so the kernel
 //! (cuda/linear_f32.cuh) splits k across a block's warps and has each warp
@@ -50,6 +50,8 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut u64) -> Quant
         GgmlType::Q8_0 => (34, 32, &[0]),
         GgmlType::Q4_0 => (18, 32, &[0]),
         GgmlType::Q4_1 => (20, 32, &[0, 2]),
+        GgmlType::Q5_0 => (22, 32, &[0]),
+        GgmlType::Q5_1 => (24, 32, &[0, 2]),
         GgmlType::Q4K => (144, 256, &[0, 2]),
         GgmlType::Q5K => (176, 256, &[0, 2]),
         _ => (210, 256, &[208]),
@@ -87,6 +89,8 @@ fn f32_and_ggml_block_matmuls_match_the_reference_and_give_every_row_the_same_bi
         (3, GgmlType::Q4K, 5, 512),
         (4, GgmlType::Q5K, 3, 256),
         (5, GgmlType::Q6K, 4, 768),
+        (6, GgmlType::Q5_0, 6, 160),
+        (7, GgmlType::Q5_1, 5, 288),
     ];
     let mut rng = 0x6767_u64;
     let mut file = Vec::new();

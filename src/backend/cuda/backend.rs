@@ -100,8 +100,9 @@ pub struct CudaMat {
 /// for a matrix whose every element is exactly such a value (a bf16 or f16
 /// checkpoint's), which then runs on tensor cores at half the bytes.
 ///
-/// Or ggml blocks (raw bytes) for a GGUF checkpoint's Q8_0, Q4_0, Q4_1,
-/// Q4_K, Q5_K and Q6_K matrices, read as stored and widened as they load.
+/// Or ggml blocks (raw bytes) for a GGUF checkpoint's quantized matrices
+/// (every ggml type this crate computes with), read as stored and widened
+/// as they load.
 enum MatData {
     F32(CudaSlice<f32>),
     Half(HalfWeights, CudaSlice<u16>),
@@ -774,11 +775,11 @@ impl Backend for CudaBackend {
         Ok(CudaMat { data, rows, cols })
     }
 
-    /// Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices (with whole blocks
-    /// per row: always, in a valid GGUF) stay in their ggml blocks on the
-    /// device; the kernels widen each value as [`QuantMatrix::dequantize`]
-    /// does. Q5_0 and Q5_1 are widened to f32 here (and stay f32: their
-    /// values are not 16-bit exact in general).
+    /// Quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+    /// with whole blocks per row: always, in a valid GGUF) stay in their
+    /// ggml blocks on the device; the kernels widen each value as
+    /// [`QuantMatrix::dequantize`] does. Anything else (a single row) is
+    /// widened to f32 here.
     fn upload_quant(&self, q: QuantMatrix) -> Result<CudaMat, BackendError> {
         let (rows, cols) = (q.rows(), q.cols());
         match QuantWeights::of(q.ggml_type()) {

@@ -104,6 +104,12 @@ pub enum QuantWeights {
     Q4_0,
     /// `[f16 d][f16 m][16 bytes of nibbles]`, 20 bytes: `q * d + m` fused.
     Q4_1,
+    /// `[f16 d][u32 fifth bits][16 bytes of nibbles]`, 22 bytes:
+    /// `d * (q - 16)`.
+    Q5_0,
+    /// `[f16 d][f16 m][u32 fifth bits][16 bytes of nibbles]`, 24 bytes:
+    /// `q * d + m` fused.
+    Q5_1,
     /// 256 values in 144 bytes: 8 sub-blocks with 6-bit scales and mins.
     Q4K,
     /// Q4_K with a fifth bit a value: 176 bytes.
@@ -113,14 +119,16 @@ pub enum QuantWeights {
 }
 
 impl QuantWeights {
-    /// The format of a GGUF tensor type, if the device reads it as stored
-    /// (others are widened to f32 when placed).
+    /// The format of a GGUF quantized tensor type (every one this crate
+    /// computes with; `None` for the float types).
     pub fn of(ty: crate::backend::GgmlType) -> Option<Self> {
         use crate::backend::GgmlType;
         match ty {
             GgmlType::Q8_0 => Some(QuantWeights::Q8_0),
             GgmlType::Q4_0 => Some(QuantWeights::Q4_0),
             GgmlType::Q4_1 => Some(QuantWeights::Q4_1),
+            GgmlType::Q5_0 => Some(QuantWeights::Q5_0),
+            GgmlType::Q5_1 => Some(QuantWeights::Q5_1),
             GgmlType::Q4K => Some(QuantWeights::Q4K),
             GgmlType::Q5K => Some(QuantWeights::Q5K),
             GgmlType::Q6K => Some(QuantWeights::Q6K),
@@ -134,6 +142,8 @@ impl QuantWeights {
             QuantWeights::Q8_0 => 34,
             QuantWeights::Q4_0 => 18,
             QuantWeights::Q4_1 => 20,
+            QuantWeights::Q5_0 => 22,
+            QuantWeights::Q5_1 => 24,
             QuantWeights::Q4K => 144,
             QuantWeights::Q5K => 176,
             QuantWeights::Q6K => 210,
@@ -143,7 +153,11 @@ impl QuantWeights {
     /// Values in one block.
     pub fn block_values(self) -> usize {
         match self {
-            QuantWeights::Q8_0 | QuantWeights::Q4_0 | QuantWeights::Q4_1 => 32,
+            QuantWeights::Q8_0
+            | QuantWeights::Q4_0
+            | QuantWeights::Q4_1
+            | QuantWeights::Q5_0
+            | QuantWeights::Q5_1 => 32,
             QuantWeights::Q4K | QuantWeights::Q5K | QuantWeights::Q6K => 256,
         }
     }
@@ -154,6 +168,8 @@ impl QuantWeights {
             QuantWeights::Q8_0 => QFMT_Q8_0,
             QuantWeights::Q4_0 => QFMT_Q4_0,
             QuantWeights::Q4_1 => QFMT_Q4_1,
+            QuantWeights::Q5_0 => QFMT_Q5_0,
+            QuantWeights::Q5_1 => QFMT_Q5_1,
             QuantWeights::Q4K => QFMT_Q4_K,
             QuantWeights::Q5K => QFMT_Q5_K,
             QuantWeights::Q6K => QFMT_Q6_K,

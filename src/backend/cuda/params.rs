@@ -277,6 +277,8 @@ pub(crate) const QFMT_Q4_1: u32 = 2;
 pub(crate) const QFMT_Q4_K: u32 = 3;
 pub(crate) const QFMT_Q5_K: u32 = 4;
 pub(crate) const QFMT_Q6_K: u32 = 5;
+pub(crate) const QFMT_Q5_0: u32 = 6;
+pub(crate) const QFMT_Q5_1: u32 = 7;
 
 /// Dense `x · wᵀ` with weights in ggml blocks. See `LinearQParams` in
 /// params.cuh.
