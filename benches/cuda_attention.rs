@@ -216,6 +216,13 @@ mod gpu {
         Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
     }
 
+    /// Dense layers of the Llama-3.2-1B shape, `(name, n, k)`.
+    const LAYER_SHAPES_1B: [(&str, usize, usize); 3] = [
+        ("attention out", 2048, 2048),
+        ("mlp up", 8192, 2048),
+        ("mlp down", 2048, 8192),
+    ];
+
     /// The dense layers' bf16 tensor-core matmul (cuda/linear_mma.cuh) on
     /// the Llama-3.2-1B shapes, at decode and prefill row counts: TFLOP/s,
     /// weight GB/s as a share of the copy (what bounds a few rows), and the
@@ -228,14 +235,9 @@ mod gpu {
             "| rows (m) | layer [n x k] | tile | ms | TFLOP/s | weight GB/s | share of copy |"
         );
         println!("|---|---|---|---|---|---|---|");
-        let shapes = [
-            ("attention out", 2048usize, 2048usize),
-            ("mlp up", 8192, 2048),
-            ("mlp down", 2048, 8192),
-        ];
         let mut lines = Vec::new();
         let mut rng = 0x5eed_u64;
-        for (name, n, k) in shapes {
+        for (name, n, k) in LAYER_SHAPES_1B {
             let w_host: Vec<u16> = random_bf16_bytes(&mut rng, n * k * 2)
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
@@ -305,14 +307,9 @@ mod gpu {
             "| rows (m) | layer [n x k] | rows a block | ms | TFLOP/s | weight GB/s | share of copy |"
         );
         println!("|---|---|---|---|---|---|---|");
-        let shapes = [
-            ("attention out", 2048usize, 2048usize),
-            ("mlp up", 8192, 2048),
-            ("mlp down", 2048, 8192),
-        ];
         let mut lines = Vec::new();
         let mut rng = 0xf32_u64;
-        for (name, n, k) in shapes {
+        for (name, n, k) in LAYER_SHAPES_1B {
             let w_host: Vec<f32> = (0..n * k).map(|_| unit(&mut rng) * 0.05).collect();
             let w = dev.upload(&w_host)?;
             // The same shape in a GGUF checkpoint's blocks (random nibbles

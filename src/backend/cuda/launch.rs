@@ -201,6 +201,31 @@ impl QuantWeights {
     }
 }
 
+/// The block shapes of the f32 and ggml-block matmuls (cuda/linear_f32.cuh):
+/// one row of x, a few or many per block, by m. Every output gets the same
+/// bits from each; the small ones waste fewer loads and products.
+#[derive(Clone, Copy, Debug)]
+enum LinShape {
+    One,
+    Few,
+    Many,
+}
+
+impl LinShape {
+    /// The shape for `m` rows and the 1-D grid of its (row tile, block of
+    /// `LIN_COLS` columns) pairs for `n` columns; `None` when there is
+    /// nothing to launch.
+    fn for_launch(m: usize, n: usize) -> Result<Option<(Self, Grid)>, CudaError> {
+        let (shape, rows) = match m {
+            1 => (LinShape::One, LIN_ROWS_ONE),
+            2..=LIN_ROWS_FEW => (LinShape::Few, LIN_ROWS_FEW),
+            _ => (LinShape::Many, LIN_ROWS_MANY),
+        };
+        let blocks = m.div_ceil(rows).saturating_mul(n.div_ceil(LIN_COLS));
+        Ok(grid("matmul blocks (row tiles x column blocks)", blocks, 1, 1)?.map(|g| (shape, g)))
+    }
+}
+
 /// The tensor-core matmul's tiles (cuda/linear_mma.cuh), chosen by the
 /// rows of x; each gives the others' bits.
 #[derive(Clone, Copy, Debug)]
@@ -1263,29 +1288,26 @@ impl CudaDevice {
             k: to_u32("matmul depth", k)?,
             accumulate: u32::from(accumulate),
         };
-        // One row, a few or many per block (cuda/linear_f32.cuh): the same
-        // bits for every output, with fewer wasted loads and products at
-        // small batches.
-        let (kernel, rows) = match m {
-            1 => (kernels::linear(), LIN_ROWS_ONE),
-            2..=LIN_ROWS_FEW => (kernels::linear_few(), LIN_ROWS_FEW),
-            _ => (kernels::linear_many(), LIN_ROWS_MANY),
-        };
-        let blocks = m.div_ceil(rows).saturating_mul(n.div_ceil(LIN_COLS));
-        let Some(grid) = grid("matmul blocks (row tiles x column blocks)", blocks, 1, 1)? else {
+        let Some((shape, grid)) = LinShape::for_launch(m, n)? else {
             return Ok(());
         };
+        let kernel = match shape {
+            LinShape::One => kernels::linear(),
+            LinShape::Few => kernels::linear_few(),
+            LinShape::Many => kernels::linear_many(),
+        };
         // Launch contract: x holds m*k, w n*k and out m*n f32 (checked); the
-        // 1-D grid covers every (row tile of `rows`, block of LIN_COLS
-        // columns) pair, as the kernel decodes its block index, and the
-        // kernel bounds every access by m, n, k.
+        // 1-D grid covers every (row tile of the shape's rows, block of
+        // LIN_COLS columns) pair, as the kernel decodes its block index, and
+        // the kernel bounds every access by m, n, k.
         self.launch(kernel, &p, grid, args)
     }
 
     /// `out = x · wᵀ` with weights `w` `[n, k]` kept in ggml blocks of `q`
-    /// (raw bytes, `k` a multiple of a block's values): each weight widened as the CPU
-    /// backend widens it, so the bits of [`CudaDevice::linear`] on the
-    /// widened weights, reading a quarter (Q8_0: about half) of the bytes.
+    /// (raw bytes, `k` a multiple of a block's values): each weight widened
+    /// as the CPU backend widens it, so the bits of [`CudaDevice::linear`]
+    /// on the widened weights, reading a quarter of the bytes or less
+    /// (Q8_0: about half).
     pub fn linear_quant(
         &self,
         q: QuantWeights,
@@ -1340,21 +1362,19 @@ impl CudaDevice {
             format: q.code(),
             pad0: 0,
         };
-        // The f32 matmul's shapes, picked by m the same way.
-        let (kernel, rows) = match m {
-            1 => (kernels::linear_q(), LIN_ROWS_ONE),
-            2..=LIN_ROWS_FEW => (kernels::linear_q_few(), LIN_ROWS_FEW),
-            _ => (kernels::linear_q_many(), LIN_ROWS_MANY),
-        };
-        let blocks = m.div_ceil(rows).saturating_mul(n.div_ceil(LIN_COLS));
-        let Some(grid) = grid("matmul blocks (row tiles x column blocks)", blocks, 1, 1)? else {
+        let Some((shape, grid)) = LinShape::for_launch(m, n)? else {
             return Ok(());
+        };
+        let kernel = match shape {
+            LinShape::One => kernels::linear_q(),
+            LinShape::Few => kernels::linear_q_few(),
+            LinShape::Many => kernels::linear_q_many(),
         };
         // Launch contract: x holds m*k f32, out m*n f32, w n rows of whole
         // blocks of the format (checked; k a multiple of a block's values,
-        // so no block is cut); the 1-D grid covers every (row tile, column block) pair as
-        // the kernel decodes it, and the kernel bounds every access by m,
-        // n, k.
+        // so no block is cut); the 1-D grid covers every (row tile, column
+        // block) pair as the kernel decodes it, and the kernel bounds every
+        // access by m, n, k.
         self.launch(kernel, &p, grid, args)
     }
 
