@@ -1,6 +1,8 @@
-// Dense layers with f32 weights (f32 checkpoints, and quantized GGUF
-// widened exactly to f32): out = x · wᵀ, or out += x · wᵀ, with x f32
-// [m, k], w f32 [n, k], out f32 [m, n], on the SIMT cores.
+// Dense layers on the SIMT cores: out = x · wᵀ, or out += x · wᵀ, with x
+// f32 [m, k], out f32 [m, n], and w [n, k] either f32 (f32 checkpoints) or
+// in a GGUF checkpoint's ggml blocks, each value widened to f32 as it loads
+// (QRows below): one body (linear_tiles) for both, so a block-stored
+// product has the f32 one's bits on the widened weights.
 //
 // At batch 1 this is a stream of weight bytes, so what matters is how many
 // of them are in flight. A block's LIN_WARPS warps split k in k-blocks of
@@ -28,7 +30,8 @@
 // operand; it is re-read from L2 by every column block).
 //
 // The body lives in this header so that tests/cuda/linear_f32_host.rs can
-// run it on the host SIMT emulator against an f64 reference.
+// run it on the host SIMT emulator against an f64 reference and, for the
+// blocks, against the crate's own widening.
 #pragma once
 #ifdef HANDOFF_SIMT_HOST
 #include "simt_host.h"
