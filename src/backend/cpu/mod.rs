@@ -8,6 +8,7 @@ mod attend;
 mod attention;
 mod fastmath;
 mod kernel;
+pub(crate) use kernel::{Bf16, F16};
 pub(crate) mod matmul;
 mod ops;
 mod quant;
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rayon::prelude::*;
 
 use crate::backend::QuantMatrix;
-use crate::backend::cpu::kernel::{Bf16, Elem, F16, Half, WeightRows};
+use crate::backend::cpu::kernel::{Elem, Half, WeightRows};
 use crate::backend::{
     AttnShape, Backend, BackendError, PassPlan, Rope, SeqSpan, check_rope_rows, check_view,
     rows_of, shape_err,
@@ -413,8 +414,8 @@ impl CpuBackend {
 }
 
 /// `data` in the 16-bit format `H` when every element is exactly such a
-/// value.
-fn exact_in<H: Half>(data: &[f32]) -> Option<Vec<H>> {
+/// value (the CUDA backend places 16-bit weights by the same rule).
+pub(crate) fn exact_in<H: Half>(data: &[f32]) -> Option<Vec<H>> {
     // Sized up front: collecting `Option`s would grow the vector by
     // doubling (their iterator gives no length) and keep up to twice the
     // bytes the halves need.

@@ -41,7 +41,7 @@ use super::{
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Norm, QuantMatrix, Rope, SeqSpan, check_rope_rows,
-    check_view, rows_of, shape_err,
+    check_view, cpu, rows_of, shape_err,
 };
 use crate::kv::{
     DeviceError, DevicePages, KvPool, KvSeq, LayerView, PageId, PoolConfig, PoolError, PoolId,
@@ -631,24 +631,18 @@ impl CudaBackend {
     }
 }
 
-/// `data` as 16-bit values when that loses nothing: bf16 when every value
-/// is one (a bf16 checkpoint's; looked for first, so a matrix exact in both
-/// stays bf16 as before), else f16 when every value is one (an f16
-/// checkpoint's, or an unquantized GGUF's f16 tensor), else `None`: f32.
+/// `data` as 16-bit values when that loses nothing, by the CPU backend's
+/// rule ([`cpu::exact_in`]): bf16 when every value is one (a bf16
+/// checkpoint's; looked for first, so a matrix exact in both stays bf16 as
+/// before), else f16 when every value is one (an f16 checkpoint's, or an
+/// unquantized GGUF's f16 tensor), else `None`: f32.
 fn exact_half(data: &[f32]) -> Option<(HalfWeights, Vec<u16>)> {
-    if data.iter().all(|x| x.to_bits() & 0xffff == 0) {
-        let bits = data.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-        return Some((HalfWeights::Bf16, bits));
+    // The wrappers are one u16 each: the collects reuse their allocation.
+    if let Some(h) = cpu::exact_in::<cpu::Bf16>(data) {
+        return Some((HalfWeights::Bf16, h.into_iter().map(|b| b.0).collect()));
     }
-    let mut bits = Vec::with_capacity(data.len());
-    for &x in data {
-        let h = half::f16::from_f32(x);
-        if h.to_f32().to_bits() != x.to_bits() {
-            return None;
-        }
-        bits.push(h.to_bits());
-    }
-    Some((HalfWeights::F16, bits))
+    cpu::exact_in::<cpu::F16>(data)
+        .map(|h| (HalfWeights::F16, h.into_iter().map(|b| b.0).collect()))
 }
 
 /// The 16-bit elements of each of `ws` when all are 16-bit of one type and
