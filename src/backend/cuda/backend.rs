@@ -528,7 +528,6 @@ impl CudaBackend {
 impl CudaBackend {
     /// The products `ws` (their 16-bit elements `bits`, all of type `h`)
     /// of the `m` rows of `x`, or of their RMSNorm, in one group launch.
-    #[allow(clippy::too_many_arguments)]
     fn half_group<const N: usize>(
         &self,
         x: &CudaBuf,
@@ -769,15 +768,15 @@ impl Backend for CudaBackend {
         Ok(CudaMat { data, rows, cols })
     }
 
-    /// Quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
-    /// with whole blocks per row: always, in a valid GGUF) stay in their
-    /// ggml blocks on the device; the kernels widen each value as
-    /// [`QuantMatrix::dequantize`] does. Anything else (a single row) is
-    /// widened to f32 here.
+    /// Quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K;
+    /// a [`QuantMatrix`] holds whole blocks per row) stay in their ggml
+    /// blocks on the device; the kernels widen each value as
+    /// [`QuantMatrix::dequantize`] does. A single row (a vector, which ops
+    /// read as f32) is widened here, as [`Backend::upload`] keeps vectors.
     fn upload_quant(&self, q: QuantMatrix) -> Result<CudaMat, BackendError> {
         let (rows, cols) = (q.rows(), q.cols());
         match QuantWeights::of(q.ggml_type()) {
-            Some(f) if rows > 1 && cols.is_multiple_of(f.block_values()) && cols > 0 => {
+            Some(f) if rows > 1 => {
                 let data = MatData::Quant(f, self.dev.upload(q.bytes()).map_err(dev_err)?);
                 Ok(CudaMat { data, rows, cols })
             }
@@ -1372,6 +1371,23 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every quantized type the crate computes with is one the device reads
+    /// in its blocks (none is widened when placed), with ggml's own block
+    /// sizes; the float types are not.
+    #[test]
+    fn every_computable_quantized_type_stays_in_its_blocks_on_the_device() {
+        use crate::backend::GgmlType;
+        for ty in GgmlType::every() {
+            let quantized = ty.computable() && ty.block_elems() > 1;
+            let q = QuantWeights::of(ty);
+            assert_eq!(q.is_some(), quantized, "{ty:?}");
+            if let Some(q) = q {
+                assert_eq!(q.ggml(), ty);
+                assert_eq!(q.block_bytes() as u64, ty.block_bytes());
+            }
+        }
+    }
 
     /// A matrix stays 16-bit only when no value changes: bf16 first (a
     /// bf16 checkpoint's), then f16 (an f16 checkpoint's), else f32; the

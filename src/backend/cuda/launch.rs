@@ -136,30 +136,31 @@ impl QuantWeights {
         }
     }
 
-    /// Bytes of one block.
-    pub fn block_bytes(self) -> usize {
+    /// The GGUF tensor type it is ([`QuantWeights::of`]'s inverse).
+    pub fn ggml(self) -> crate::backend::GgmlType {
+        use crate::backend::GgmlType;
         match self {
-            QuantWeights::Q8_0 => 34,
-            QuantWeights::Q4_0 => 18,
-            QuantWeights::Q4_1 => 20,
-            QuantWeights::Q5_0 => 22,
-            QuantWeights::Q5_1 => 24,
-            QuantWeights::Q4K => 144,
-            QuantWeights::Q5K => 176,
-            QuantWeights::Q6K => 210,
+            QuantWeights::Q8_0 => GgmlType::Q8_0,
+            QuantWeights::Q4_0 => GgmlType::Q4_0,
+            QuantWeights::Q4_1 => GgmlType::Q4_1,
+            QuantWeights::Q5_0 => GgmlType::Q5_0,
+            QuantWeights::Q5_1 => GgmlType::Q5_1,
+            QuantWeights::Q4K => GgmlType::Q4K,
+            QuantWeights::Q5K => GgmlType::Q5K,
+            QuantWeights::Q6K => GgmlType::Q6K,
         }
     }
 
-    /// Values in one block.
+    /// Bytes of one block (ggml's table, [`GgmlType::block_bytes`]).
+    ///
+    /// [`GgmlType::block_bytes`]: crate::backend::GgmlType::block_bytes
+    pub fn block_bytes(self) -> usize {
+        self.ggml().block_bytes() as usize
+    }
+
+    /// Values in one block (ggml's table).
     pub fn block_values(self) -> usize {
-        match self {
-            QuantWeights::Q8_0
-            | QuantWeights::Q4_0
-            | QuantWeights::Q4_1
-            | QuantWeights::Q5_0
-            | QuantWeights::Q5_1 => 32,
-            QuantWeights::Q4K | QuantWeights::Q5K | QuantWeights::Q6K => 256,
-        }
+        self.ggml().block_elems() as usize
     }
 
     /// `QFMT_*` in params.cuh.
