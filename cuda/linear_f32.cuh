@@ -328,28 +328,30 @@ struct QRows {
     }
 };
 
-// The shapes of the ggml-block matmul, each dispatching on the format (a
-// block-uniform branch) to its compiled form: the same ROWS and UNROLL,
-// so the same bits, as the f32 shapes.
+// Calls f(rows) with the loader of `format` over the blocks at `blocks`
+// (rows of k values): the one dispatch of every ggml-block kernel to its
+// compiled forms, a block-uniform branch. The host sends only these
+// formats (QuantWeights).
+template <typename F>
+__device__ __forceinline__ void with_qrows(uint32_t format, const void* blocks, uint32_t k, F&& f) {
+    switch (format) {
+        case QFMT_Q8_0: f(QRows<QFMT_Q8_0>(blocks, k)); break;
+        case QFMT_Q4_0: f(QRows<QFMT_Q4_0>(blocks, k)); break;
+        case QFMT_Q4_1: f(QRows<QFMT_Q4_1>(blocks, k)); break;
+        case QFMT_Q5_0: f(QRows<QFMT_Q5_0>(blocks, k)); break;
+        case QFMT_Q5_1: f(QRows<QFMT_Q5_1>(blocks, k)); break;
+        case QFMT_Q4_K: f(QRows<QFMT_Q4_K>(blocks, k)); break;
+        case QFMT_Q5_K: f(QRows<QFMT_Q5_K>(blocks, k)); break;
+        case QFMT_Q6_K: f(QRows<QFMT_Q6_K>(blocks, k)); break;
+        default: break;
+    }
+}
+
+// The shapes of the ggml-block matmul: the same ROWS and UNROLL, so the
+// same bits, as the f32 shapes.
 template <int ROWS, int UNROLL>
 __device__ __forceinline__ void linear_q_rows(const LinearQParams& p) {
-    if (p.format == QFMT_Q8_0) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q8_0>(p.w, p.k));
-    } else if (p.format == QFMT_Q4_0) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_0>(p.w, p.k));
-    } else if (p.format == QFMT_Q4_1) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_1>(p.w, p.k));
-    } else if (p.format == QFMT_Q5_0) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q5_0>(p.w, p.k));
-    } else if (p.format == QFMT_Q5_1) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q5_1>(p.w, p.k));
-    } else if (p.format == QFMT_Q4_K) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q4_K>(p.w, p.k));
-    } else if (p.format == QFMT_Q5_K) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q5_K>(p.w, p.k));
-    } else if (p.format == QFMT_Q6_K) {
-        linear_tiles<ROWS, UNROLL>(p, QRows<QFMT_Q6_K>(p.w, p.k));
-    }
+    with_qrows(p.format, p.w, p.k, [&](const auto& rows) { linear_tiles<ROWS, UNROLL>(p, rows); });
 }
 
 __device__ __forceinline__ void linear_q_one(const LinearQParams& p) {
@@ -367,44 +369,24 @@ __device__ __forceinline__ void linear_q_many(const LinearQParams& p) {
 // out[t][e] = row tokens[t] of a ggml-block table [vocab, dim], widened as
 // above (the embedding of a quantized checkpoint; with tied embeddings the
 // same bytes are the output head's). A grid-stride loop over n_tokens x dim.
-template <int FMT>
-__device__ __forceinline__ void embedding_q_as(const EmbeddingQParams& p) {
-    const QRows<FMT> rows(p.table, p.dim);
-    const uint64_t total = (uint64_t)p.n_tokens * p.dim;
-    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (uint64_t)gridDim.x * blockDim.x) {
-        const uint64_t t = idx / p.dim;
-        const uint32_t e = (uint32_t)(idx % p.dim);
-        const uint32_t tok = p.tokens[t];
-        if (tok >= p.vocab) {  // refused on the host; should one slip through, NaN
-            p.out[idx] = __int_as_float(0x7fc00000);
-            continue;
-        }
-        // The chunk of 4 holding e, from the matmul's own loader.
-        const float4 v = rows.load4(tok, p.vocab, p.dim, e & ~3u);
-        const uint32_t i = e & 3u;
-        p.out[idx] = i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-    }
-}
-
 __device__ __forceinline__ void embedding_q(const EmbeddingQParams& p) {
-    if (p.format == QFMT_Q8_0) {
-        embedding_q_as<QFMT_Q8_0>(p);
-    } else if (p.format == QFMT_Q4_0) {
-        embedding_q_as<QFMT_Q4_0>(p);
-    } else if (p.format == QFMT_Q4_1) {
-        embedding_q_as<QFMT_Q4_1>(p);
-    } else if (p.format == QFMT_Q5_0) {
-        embedding_q_as<QFMT_Q5_0>(p);
-    } else if (p.format == QFMT_Q5_1) {
-        embedding_q_as<QFMT_Q5_1>(p);
-    } else if (p.format == QFMT_Q4_K) {
-        embedding_q_as<QFMT_Q4_K>(p);
-    } else if (p.format == QFMT_Q5_K) {
-        embedding_q_as<QFMT_Q5_K>(p);
-    } else if (p.format == QFMT_Q6_K) {
-        embedding_q_as<QFMT_Q6_K>(p);
-    }
+    with_qrows(p.format, p.table, p.dim, [&](const auto& rows) {
+        const uint64_t total = (uint64_t)p.n_tokens * p.dim;
+        for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+             idx += (uint64_t)gridDim.x * blockDim.x) {
+            const uint64_t t = idx / p.dim;
+            const uint32_t e = (uint32_t)(idx % p.dim);
+            const uint32_t tok = p.tokens[t];
+            if (tok >= p.vocab) {  // refused on the host; should one slip through, NaN
+                p.out[idx] = __int_as_float(0x7fc00000);
+                continue;
+            }
+            // The chunk of 4 holding e, from the matmul's own loader.
+            const float4 v = rows.load4(tok, p.vocab, p.dim, e & ~3u);
+            const uint32_t i = e & 3u;
+            p.out[idx] = i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+        }
+    });
 }
 
 }  // namespace handoff
