@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <thread>
 #include <vector>
 
 #include "linear_f32.cuh"
@@ -39,26 +38,10 @@ unsigned shape_rows(Shape s) {
 Shape shape_for(uint32_t m) { return m == 1 ? One : m <= (uint32_t)LIN_ROWS_FEW ? Few : Many; }
 
 // Runs `body` as every thread of a 1-D grid of `blocks` LIN_THREADS-thread
-// blocks, one block at a time. Shared memory starts as NaN bytes: a read
-// of a slot nothing wrote shows.
+// blocks (sim::run_blocks).
 template <typename Body>
 void run_grid(unsigned blocks, Body body) {
-    for (unsigned b = 0; b < blocks; ++b) {
-        std::barrier<> block(LIN_THREADS);
-        std::vector<sim::Warp> warps(LIN_WARPS);
-        std::vector<unsigned char> smem(sizeof(LinSmem<LIN_ROWS_MANY>), 0xff);
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < (unsigned)LIN_THREADS; ++t)
-            threads.emplace_back([&, t] {
-                threadIdx = {t, 0, 0};
-                blockIdx = {b, 0, 0};
-                blockDim = {(unsigned)LIN_THREADS, 1, 1};
-                gridDim = {blocks, 1, 1};
-                sim::ctx = {&warps[t / 32], &block, smem.data()};
-                body();
-            });
-        for (auto& th : threads) th.join();
-    }
+    sim::run_blocks(blocks, 1, LIN_THREADS, sizeof(LinSmem<LIN_ROWS_MANY>), body);
 }
 
 void launch_shape(const LinearParams& p, Shape s) {

@@ -15,7 +15,6 @@
 // case; exit status 0 when all pass.
 #include <cmath>
 #include <cstdio>
-#include <thread>
 #include <vector>
 
 #include "linear_mma.cuh"
@@ -44,27 +43,17 @@ size_t tile_smem(Shape s) {
 }
 
 // Runs `body` as every thread of a gx x gy grid of LMMA_THREADS-thread
-// blocks, one block at a time. Shared memory starts as NaN bytes: a read
-// of a slot nothing wrote shows.
+// blocks (sim::run_blocks).
 template <typename Body>
 void run_grid(unsigned gx, unsigned gy, size_t smem_bytes, Body body) {
-    for (unsigned by = 0; by < gy; ++by)
-        for (unsigned bx = 0; bx < gx; ++bx) {
-            std::barrier<> block(LMMA_THREADS);
-            std::vector<sim::Warp> warps(LMMA_WARPS);
-            std::vector<unsigned char> smem(smem_bytes, 0xff);
-            std::vector<std::thread> threads;
-            for (unsigned t = 0; t < (unsigned)LMMA_THREADS; ++t)
-                threads.emplace_back([&, t] {
-                    threadIdx = {t, 0, 0};
-                    blockIdx = {bx, by, 0};
-                    blockDim = {(unsigned)LMMA_THREADS, 1, 1};
-                    gridDim = {gx, gy, 1};
-                    sim::ctx = {&warps[t / 32], &block, smem.data()};
-                    body();
-                });
-            for (auto& th : threads) th.join();
-        }
+    sim::run_blocks(gx, gy, LMMA_THREADS, smem_bytes, body);
+}
+
+// Calls body.template operator()<W>() with the weights' type.
+template <typename Body>
+void with_weights(Body body) {
+    if (g_f16) body.template operator()<__half>();
+    else body.template operator()<__nv_bfloat16>();
 }
 
 // x · wᵀ into out (out += with acc), nothing carried.
@@ -79,16 +68,12 @@ void launch_shape(const LinearMmaParams& p, Shape shape) {
     const unsigned bn = p.w_up ? tile_cols(shape) / 2 : tile_cols(shape);
     const unsigned gx = (p.n + bn - 1) / bn;
     const unsigned gy = (p.m + tile_rows(shape) - 1) / tile_rows(shape);
-    run_grid(gx, gy, tile_smem(shape), [&] {
-        if (g_f16) {
-            if (shape == Gemm) linear_mma_gemm_body<__half>(p);
-            else if (shape == Wide) linear_mma_wide_body<__half>(p);
-            else linear_mma_body<__half>(p);
-        } else {
-            if (shape == Gemm) linear_mma_gemm_body<__nv_bfloat16>(p);
-            else if (shape == Wide) linear_mma_wide_body<__nv_bfloat16>(p);
-            else linear_mma_body<__nv_bfloat16>(p);
-        }
+    with_weights([&]<typename W>() {
+        run_grid(gx, gy, tile_smem(shape), [&] {
+            if (shape == Gemm) linear_mma_gemm_body<W>(p);
+            else if (shape == Wide) linear_mma_wide_body<W>(p);
+            else linear_mma_body<W>(p);
+        });
     });
 }
 
@@ -187,16 +172,13 @@ void launch_group(const LinearMmaGroupParams& g, Shape shape) {
     const unsigned bn = tile_cols(shape);
     const unsigned blocks2 = g.n_groups == 3 ? (g.n2 + bn - 1) / bn : 0;
     const unsigned gx = g.blocks0 + (g.n_groups >= 2 ? g.blocks1 : 0) + blocks2;
-    run_grid(gx, (g.m + tile_rows(shape) - 1) / tile_rows(shape), tile_smem(shape), [&] {
-        if (g_f16) {
-            if (shape == Gemm) linear_mma_gemm_group_body<__half>(g);
-            else if (shape == Wide) linear_mma_wide_group_body<__half>(g);
-            else linear_mma_group_body<__half>(g);
-        } else {
-            if (shape == Gemm) linear_mma_gemm_group_body<__nv_bfloat16>(g);
-            else if (shape == Wide) linear_mma_wide_group_body<__nv_bfloat16>(g);
-            else linear_mma_group_body<__nv_bfloat16>(g);
-        }
+    const unsigned gy = (g.m + tile_rows(shape) - 1) / tile_rows(shape);
+    with_weights([&]<typename W>() {
+        run_grid(gx, gy, tile_smem(shape), [&] {
+            if (shape == Gemm) linear_mma_gemm_group_body<W>(g);
+            else if (shape == Wide) linear_mma_wide_group_body<W>(g);
+            else linear_mma_group_body<W>(g);
+        });
     });
 }
 

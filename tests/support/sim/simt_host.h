@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <vector>
 
 #define __device__
@@ -106,6 +107,13 @@ struct ThreadCtx {
     unsigned char* smem;
 };
 inline thread_local ThreadCtx ctx;
+
+// Runs `body` as every thread of every block of a gx x gy grid of blocks of
+// `threads` threads (a multiple of 32), one block at a time, each block
+// with `smem_bytes` of shared memory that starts as 0xff bytes (a NaN in
+// every f32 slot: a read of a slot nothing wrote shows).
+template <typename Body>
+void run_blocks(unsigned gx, unsigned gy, unsigned threads, size_t smem_bytes, Body body);
 
 inline float f16_to_float(uint16_t h) {
     _Float16 x;
@@ -381,3 +389,24 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) { ldmatrix_x4_impl(r, ro
 inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) { ldmatrix_x4_impl(r, row, true); }
 
 }  // namespace handoff
+
+template <typename Body>
+void sim::run_blocks(unsigned gx, unsigned gy, unsigned threads, size_t smem_bytes, Body body) {
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::barrier<> block(threads);
+            std::vector<Warp> warps(threads / 32);
+            std::vector<unsigned char> smem(smem_bytes, 0xff);
+            std::vector<std::thread> ts;
+            for (unsigned t = 0; t < threads; ++t)
+                ts.emplace_back([&, t] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    blockDim = {threads, 1, 1};
+                    gridDim = {gx, gy, 1};
+                    ctx = {&warps[t / 32], &block, smem.data()};
+                    body();
+                });
+            for (auto& th : ts) th.join();
+        }
+}
