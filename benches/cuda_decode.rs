@@ -32,7 +32,11 @@
 //! into and read back from device pages in one staged pass per layer
 //! through page-locked memory against a copy and a wait per page run, as
 //! a transfer over TCP lands and sends it (`kv_staged_write_speedup`,
-//! `kv_staged_read_speedup`).
+//! `kv_staged_read_speedup`); last, the same shape with f32 weights
+//! (`e2e_b1_weight_bw_share_f32`) and as quantized GGUF files kept in their
+//! ggml blocks, llama.cpp's Q4_K_M mix and Q8_0
+//! (`e2e_b1_weight_bw_share_gguf_q4_k_m`, `_q8_0`), each against the
+//! copy bandwidth over its own bytes.
 //! `scripts/torch_decode_peer.py`
 //! times the same shape in torch on the same GPU for the peer ratio.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
@@ -63,7 +67,8 @@ mod gpu {
         CudaBackend, CudaDevice, CudaPages, DecodeKernel, device_for_test,
     };
     use handoff::kv::{KvSeq, Ready};
-    use handoff::model::{Model, ModelConfig, random_weights};
+    use handoff::model::gguf::{GgmlType, random_gguf};
+    use handoff::model::{Model, ModelConfig, RopeScaling, RopeStyle, random_weights};
     use handoff::sampling::{Draw, argmax};
     use handoff::{KvDtype, KvGeometry, KvPool, PoolConfig, RequestId};
 
@@ -482,6 +487,77 @@ mod gpu {
         println!();
         if let Err(e) = f32_weights(&dev, layers, copy) {
             println!("e2e_f32=FAILED ({e})");
+        }
+        println!();
+        for (name, ty) in GGUF_MIXES {
+            if let Err(e) = gguf_weights(&dev, layers, copy, name, ty) {
+                println!("e2e_gguf_{name}=FAILED ({e})");
+            }
+        }
+        Ok(())
+    }
+
+    /// GGUF storage mixes, by the base names `random_gguf` passes: llama.cpp's
+    /// Q4_K_M (Q6_K for the embedding, which is the tied output head, and the
+    /// down projections; Q4_K elsewhere) and Q8_0 throughout.
+    type Mix = fn(&str) -> GgmlType;
+    const GGUF_MIXES: [(&str, Mix); 2] = [
+        ("q4_k_m", |name| match name {
+            "token_embd" | "output" | "ffn_down" => GgmlType::Q6K,
+            _ => GgmlType::Q4K,
+        }),
+        ("q8_0", |_| GgmlType::Q8_0),
+    ];
+
+    /// The same shape as a quantized GGUF file (random blocks,
+    /// `random_gguf`; llama's interleaved RoPE without Llama 3 scaling,
+    /// which costs the same) loaded with `Model::load`: its matrices stay in
+    /// ggml blocks on the device (cuda/linear_f32.cuh's `QRows`), so the
+    /// batch-1 limit is the copy bandwidth over the blocks' bytes. Prints
+    /// `e2e_b1_weight_bw_share_gguf_<mix>=X`.
+    fn gguf_weights(dev: &CudaDevice, layers: usize, copy: f64, name: &str, mix: Mix) -> R<()> {
+        let cfg = ModelConfig {
+            rope_style: RopeStyle::Interleaved,
+            rope_scaling: RopeScaling::None,
+            ..ModelConfig::llama_3_2_1b_shape(layers)
+        };
+        let t = Instant::now();
+        let bytes = random_gguf(&cfg, 1, mix).map_err(|e| e.to_string())?;
+        let dir = std::env::temp_dir().join(format!("handoff-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let path = dir.join(format!("{name}.gguf"));
+        let written = std::fs::write(&path, &bytes);
+        let file_bytes = bytes.len();
+        drop(bytes);
+        let loaded = written.map_err(|e| e.to_string()).and_then(|()| {
+            Model::load(CudaBackend::new(dev.clone()).device_kv(true), &path)
+                .map_err(|e| format!("loading the {name} file: {e}"))
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        let way = Way {
+            model: loaded?,
+            device: true,
+        };
+        let bytes = way.model.weight_bytes();
+        let limit = copy * 1e9 / bytes as f64;
+        println!(
+            "GGUF {name} ({:.2} GB file, {:.2} GB as placed, made and loaded in {:.2?}; batch-1 \
+             limit {limit:.0} tokens/s):",
+            file_bytes as f64 / 1e9,
+            bytes as f64 / 1e9,
+            t.elapsed()
+        );
+        for batch in [1usize, 8] {
+            let d = decode(&way, batch)?;
+            println!("| {batch} | {:.1} tokens/s |", d.tokens_per_s);
+            if batch == 1 {
+                println!(
+                    "e2e_b1_weight_bw_share_gguf_{name}={:.3} ({:.1} tokens/s of a {limit:.0} \
+                     tokens/s limit)",
+                    d.tokens_per_s / limit,
+                    d.tokens_per_s
+                );
+            }
         }
         Ok(())
     }

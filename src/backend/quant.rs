@@ -151,7 +151,7 @@ fn f16(b: &[u8], at: usize) -> f32 {
 
 /// Byte offsets of the f16 scale fields in a block of `ty`; `None` for the
 /// plain float types, whose elements are their own values.
-fn scale_fields(ty: GgmlType) -> Option<&'static [usize]> {
+pub(crate) fn scale_fields(ty: GgmlType) -> Option<&'static [usize]> {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(&[0]),
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => Some(&[0, 2]),

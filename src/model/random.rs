@@ -14,7 +14,7 @@ const CHUNK: usize = 1 << 16;
 
 /// Fills a tensor with `center + U(-a, a)`, `a = std * sqrt(3)`; chunks are
 /// seeded independently so generation is parallel and still deterministic.
-fn tensor(len: usize, seed: u64, id: u64, center: f32, std: f32) -> Vec<f32> {
+pub(crate) fn tensor(len: usize, seed: u64, id: u64, center: f32, std: f32) -> Vec<f32> {
     let a = std * 3f32.sqrt();
     let mut v = vec![0f32; len];
     let fill = |(c, chunk): (usize, &mut [f32])| {
@@ -34,14 +34,36 @@ fn tensor(len: usize, seed: u64, id: u64, center: f32, std: f32) -> Vec<f32> {
     v
 }
 
+/// The standard deviations of a config's random matrices: a standard
+/// initialisation (`1/in`) for the projections, and an output head whose
+/// logits have a standard deviation of about 4.
+pub(crate) struct MatrixStd {
+    /// Projections from the model dimension (q, k, v, gate, up).
+    pub into_dim: f32,
+    /// The attention output projection (from the heads).
+    pub from_heads: f32,
+    /// The down projection (from the hidden dimension).
+    pub from_hidden: f32,
+    /// The output head (and a tied embedding).
+    pub output: f32,
+}
+
+pub(crate) fn matrix_std(cfg: &ModelConfig) -> MatrixStd {
+    let inv = |n: usize| 1.0 / (n.max(1) as f32).sqrt();
+    MatrixStd {
+        into_dim: inv(cfg.dim),
+        from_heads: inv(cfg.n_heads * cfg.head_dim),
+        from_hidden: inv(cfg.hidden_dim),
+        output: 4.0 * inv(cfg.dim),
+    }
+}
+
 /// Random weights for `cfg`, the same for the same `(cfg, seed)`.
 pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     let (d, h, v) = (cfg.dim, cfg.hidden_dim, cfg.vocab_size);
     let qd = cfg.n_heads * cfg.head_dim;
     let kvd = cfg.n_kv_heads * cfg.head_dim;
-    let inv = |n: usize| 1.0 / (n.max(1) as f32).sqrt();
-    // Output logits have standard deviation about `out_std * sqrt(d)`.
-    let out_std = 4.0 * inv(d);
+    let std = matrix_std(cfg);
     let mut id = 0u64;
     let mut next = || {
         id += 1;
@@ -52,7 +74,7 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
         seed,
         next(),
         0.0,
-        if cfg.tied_embeddings { out_std } else { 1.0 },
+        if cfg.tied_embeddings { std.output } else { 1.0 },
     );
     let layers = (0..cfg.n_layers)
         .map(|_| {
@@ -60,22 +82,22 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
                 |n: usize, id: u64| cfg.attention_bias.then(|| tensor(n, seed, id, 0.0, 0.1));
             LayerWeights {
                 attn_norm: tensor(d, seed, next(), 1.0, 0.05),
-                wq: tensor(qd * d, seed, next(), 0.0, inv(d)),
-                wk: tensor(kvd * d, seed, next(), 0.0, inv(d)),
-                wv: tensor(kvd * d, seed, next(), 0.0, inv(d)),
-                wo: tensor(d * qd, seed, next(), 0.0, inv(qd)),
+                wq: tensor(qd * d, seed, next(), 0.0, std.into_dim),
+                wk: tensor(kvd * d, seed, next(), 0.0, std.into_dim),
+                wv: tensor(kvd * d, seed, next(), 0.0, std.into_dim),
+                wo: tensor(d * qd, seed, next(), 0.0, std.from_heads),
                 bq: bias(qd, next()),
                 bk: bias(kvd, next()),
                 bv: bias(kvd, next()),
                 ffn_norm: tensor(d, seed, next(), 1.0, 0.05),
-                w1: tensor(h * d, seed, next(), 0.0, inv(d)),
-                w2: tensor(d * h, seed, next(), 0.0, inv(h)),
-                w3: tensor(h * d, seed, next(), 0.0, inv(d)),
+                w1: tensor(h * d, seed, next(), 0.0, std.into_dim),
+                w2: tensor(d * h, seed, next(), 0.0, std.from_hidden),
+                w3: tensor(h * d, seed, next(), 0.0, std.into_dim),
             }
         })
         .collect();
     let final_norm = tensor(d, seed, next(), 1.0, 0.05);
-    let lm_head = (!cfg.tied_embeddings).then(|| tensor(v * d, seed, next(), 0.0, out_std));
+    let lm_head = (!cfg.tied_embeddings).then(|| tensor(v * d, seed, next(), 0.0, std.output));
     ModelWeights {
         config: cfg.clone(),
         embedding,

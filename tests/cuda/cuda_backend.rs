@@ -930,19 +930,49 @@ fn half_weights_match_the_cpu(
     );
 }
 
-/// A GGUF checkpoint's Q8_0 and Q4_1 matrices stay in their ggml blocks on
-/// the device (the embedding, which is also the output head, included):
-/// well under a third of the same model's bytes widened to f32, every logit
-/// the bits of that widened model on the device (the block-reading kernels
+/// A GGUF checkpoint's quantized matrices stay in their ggml blocks on the
+/// device (the embedding, which is also the output head, included): well
+/// under a third of the same model's bytes widened to f32, every logit the
+/// bits of that widened model on the device (the block-reading kernels
 /// widen each value as the CPU backend does, inside the f32 matmul's own
-/// sums), and within f32 summation order of the CPU backend's.
+/// sums), and within f32 summation order of the CPU backend's. Two files:
+/// the malformed-file stories' valid one (Q8_0 and Q4_1), and a random one
+/// in llama.cpp's Q4_K_M mix with Q5_K and Q5_0/Q5_1/Q4_0 layers beside it.
 #[test]
 fn a_quantized_gguf_model_stays_in_its_blocks_on_the_device() {
     let test = "a_quantized_gguf_model_stays_in_its_blocks_on_the_device";
     let Some(dev) = device_for_test(test) else {
         return;
     };
-    let bytes = crate::support::gguf_llama::Parts::valid().bytes();
+    use handoff::model::gguf::{GgmlType, random_gguf};
+    let cfg = handoff::model::ModelConfig {
+        dim: 256,
+        hidden_dim: 512,
+        head_dim: 64,
+        vocab_size: 320,
+        ..handoff::model::ModelConfig::tiny_gqa()
+    };
+    let mix = random_gguf(&cfg, 5, |name| match name {
+        "token_embd" | "ffn_down" => GgmlType::Q6K,
+        "output" => GgmlType::Q5K,
+        "attn_v" => GgmlType::Q5_0,
+        "attn_k" => GgmlType::Q5_1,
+        "attn_output" => GgmlType::Q4_0,
+        _ => GgmlType::Q4K,
+    })
+    .unwrap();
+    for (file, bytes) in [
+        (
+            "Q8_0/Q4_1",
+            crate::support::gguf_llama::Parts::valid().bytes(),
+        ),
+        ("K-quant mix", mix),
+    ] {
+        stays_in_blocks(&dev, file, bytes);
+    }
+}
+
+fn stays_in_blocks(dev: &handoff::backend::cuda::CudaDevice, file: &str, bytes: Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     std::fs::write(&path, &bytes).unwrap();
@@ -952,7 +982,7 @@ fn a_quantized_gguf_model_stays_in_its_blocks_on_the_device() {
     let cpu = Model::load(handoff::backend::CpuBackend::with_threads(1), &path).unwrap();
     assert!(
         blocks.weight_bytes() * 3 < widened.weight_bytes(),
-        "{} bytes in blocks, {} widened",
+        "{file}: {} bytes in blocks, {} widened",
         blocks.weight_bytes(),
         widened.weight_bytes()
     );
@@ -974,12 +1004,12 @@ fn a_quantized_gguf_model_stays_in_its_blocks_on_the_device() {
             );
             assert!(
                 gb == xb,
-                "step {step}, sequence {s}: blocks differ from widened"
+                "{file}, step {step}, sequence {s}: blocks differ from widened"
             );
             let (worst, rms) = worst_and_rms(w, g);
             assert!(
                 worst <= 1e-3 * rms,
-                "step {step}, sequence {s}: logits differ from the CPU's by {worst} (rms {rms})"
+                "{file}, step {step}, sequence {s}: logits differ from the CPU's by {worst} (rms {rms})"
             );
         }
     }

@@ -5,6 +5,7 @@
 mod error;
 mod file;
 pub(crate) mod model;
+mod random;
 mod reader;
 mod value;
 
@@ -15,6 +16,7 @@ pub use value::{GgufArray, GgufValue};
 mod write;
 pub use crate::backend::QuantMatrix;
 pub(crate) use crate::backend::quant::dequantize;
+pub use random::random_gguf;
 pub use write::GgufWriter;
 
 use std::path::Path;
