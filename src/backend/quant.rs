@@ -305,7 +305,7 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
 /// Scale and min of sub-block `j` of a Q4_K/Q5_K block (6 bits each,
 /// packed in 12 bytes), as ggml's `get_scale_min_k4`.
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -1,0 +1,381 @@
+//! AVX2 + FMA kernels over ggml's K-quant rows (Q4_K, Q5_K, Q6_K: the
+//! blocks of llama.cpp's Q4_K_M and Q5_K_M files), entered only when the CPU
+//! has AVX2, FMA and F16C.
+//!
+//! A leaf, as `x86_quant`: rows come in as byte slices of whole 256-value
+//! super-blocks, never as the matrix type. Each super-block is first
+//! [`decode`]d onto the stack: its quants as one byte each, in value order,
+//! and its scales widened ([`params`]: `d * sc` and `dmin * m` per 32 values
+//! for Q4_K/Q5_K, `d * sc` per 16 for Q6_K, each the scalar definition's f32
+//! product). Then [`chunk`] turns each 8 of them into f32 lanes by the
+//! definition's operations in its order (`q * d1 - m1` as a multiply then a
+//! subtract; `(d * sc) * q`), each rounded once. So the dequantized rows and
+//! the fused matmul use the same bits as a matrix dequantized up front
+//! (`backend::quant`), and the fused matmul's chain is the f32 tile's.
+//! Widening from memory, not from registers, keeps the shuffle port free:
+//! at one activation row a Q4_K matrix in L2 runs at Q4_1's speed
+//! (BENCHMARKS.md, CPU round 12).
+
+use std::arch::x86_64::{
+    __m128i, __m256, __m256i, _MM_HINT_T0, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtsi64_si128,
+    _mm_loadl_epi64, _mm_loadu_si128, _mm_movehdup_ps, _mm_prefetch, _mm_srli_si128,
+    _mm256_and_si256, _mm256_broadcast_ss, _mm256_broadcastss_ps, _mm256_cvtepi8_epi32,
+    _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_mul_ps, _mm256_or_si256, _mm256_set1_epi8, _mm256_setzero_ps, _mm256_slli_epi16,
+    _mm256_srl_epi16, _mm256_srli_epi16, _mm256_store_si256, _mm256_storeu_ps, _mm256_sub_epi8,
+    _mm256_sub_ps,
+};
+
+use crate::backend::GgmlType;
+use crate::backend::cpu::kernel::LANES;
+use crate::backend::cpu::x86_quant::{PREFETCH, put_sums};
+
+/// Values per super-block.
+const QK: usize = 256;
+
+/// The K-quant types these kernels decode, as a const parameter.
+pub(crate) const Q4K: u8 = 0;
+pub(crate) const Q5K: u8 = 1;
+pub(crate) const Q6K: u8 = 2;
+
+/// `ty`'s code for these kernels, when they decode it.
+pub(crate) fn code(ty: GgmlType) -> Option<u8> {
+    match ty {
+        GgmlType::Q4K => Some(Q4K),
+        GgmlType::Q5K => Some(Q5K),
+        GgmlType::Q6K => Some(Q6K),
+        _ => None,
+    }
+}
+
+/// Bytes of one super-block of type `T`.
+const fn block_bytes(t: u8) -> usize {
+    match t {
+        Q4K => 144,
+        Q5K => 176,
+        _ => 210,
+    }
+}
+
+/// A super-block's widened scales: Q4_K/Q5_K `[d * sc_j; 8]` then
+/// `[dmin * m_j; 8]` for its eight runs of 32; Q6_K `d * sc_i` for its
+/// sixteen runs of 16. Eight at a time: the 6-bit scales and mins unpacked
+/// from their 12 bytes as ggml's `get_scale_min_k4` reads them, each
+/// product the scalar definition's f32 multiply.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `b` points at a whole super-block of type `T`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn params<const T: u8>(b: *const u8) -> [f32; 16] {
+    // SAFETY (whole body): every read lies inside the block's bytes (the
+    // f16 fields at 0..4 or 208..210, the scales at 4..16 or 192..208);
+    // stores write inside `p`.
+    unsafe {
+        let mut p = [0f32; 16];
+        if T == Q6K {
+            let bits = i32::from(b.add(208).cast::<u16>().read_unaligned());
+            let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
+            let sc = _mm_loadu_si128(b.add(192).cast::<__m128i>());
+            let lo = _mm256_cvtepi8_epi32(sc);
+            let hi = _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc));
+            _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(lo)));
+            _mm256_storeu_ps(
+                p.as_mut_ptr().add(8),
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(hi)),
+            );
+        } else {
+            let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(b.cast::<i32>().read_unaligned()));
+            let d = _mm256_broadcastss_ps(dd);
+            let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+            let w = b.add(4).cast::<u32>();
+            let (w0, w1, w2) = (
+                w.read_unaligned(),
+                w.add(1).read_unaligned(),
+                w.add(2).read_unaligned(),
+            );
+            let sc = (w0 & 0x3f3f_3f3f) as u64
+                | (((w2 & 0x0f0f_0f0f) | ((w0 >> 2) & 0x3030_3030)) as u64) << 32;
+            let m = (w1 & 0x3f3f_3f3f) as u64
+                | ((((w2 >> 4) & 0x0f0f_0f0f) | ((w1 >> 2) & 0x3030_3030)) as u64) << 32;
+            let sc = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+            let m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64));
+            _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+            _mm256_storeu_ps(
+                p.as_mut_ptr().add(8),
+                _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m)),
+            );
+        }
+        p
+    }
+}
+
+/// A super-block decoded for the multiply: its 256 quants as bytes in
+/// value order (Q4_K `0..16`, Q5_K `0..32`, Q6_K `q - 32` as `i8`) and its
+/// [`params`]. On the stack, so that each 8 of them widen straight from
+/// memory and each scale broadcasts from it.
+#[repr(C, align(32))]
+struct Decoded {
+    q: [u8; QK],
+    p: [f32; 16],
+}
+
+impl Decoded {
+    const fn new() -> Self {
+        Decoded {
+            q: [0; QK],
+            p: [0.0; 16],
+        }
+    }
+}
+
+/// Decodes super-block `b` of type `T` into `out`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `b` points at a whole super-block of type `T`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode<const T: u8>(b: *const u8, out: &mut Decoded) {
+    // SAFETY (whole body): each 32-byte load lies inside the block (Q4_K:
+    // quants at 16..144; Q5_K: high bits at 16..48, quants at 48..176;
+    // Q6_K: low bits at 0..128, high bits at 128..192); each 32-byte store
+    // lies inside `out.q`.
+    unsafe {
+        out.p = params::<T>(b);
+        let low4 = _mm256_set1_epi8(0x0f);
+        let load = |at: usize| b.add(at).cast::<__m256i>();
+        let q = out.q.as_mut_ptr().cast::<__m256i>();
+        if T == Q6K {
+            let (two, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(32));
+            for n in 0..2 {
+                let ql0 = _mm256_loadu_si256(load(64 * n));
+                let ql1 = _mm256_loadu_si256(load(64 * n + 32));
+                let qh = _mm256_loadu_si256(load(128 + 32 * n));
+                let parts = [
+                    (_mm256_and_si256(ql0, low4), qh),
+                    (_mm256_and_si256(ql1, low4), _mm256_srli_epi16::<2>(qh)),
+                    (
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                        _mm256_srli_epi16::<4>(qh),
+                    ),
+                    (
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                        _mm256_srli_epi16::<6>(qh),
+                    ),
+                ];
+                for (quarter, (lo, hi)) in parts.into_iter().enumerate() {
+                    let hi = _mm256_slli_epi16::<4>(_mm256_and_si256(hi, two));
+                    let v = _mm256_sub_epi8(_mm256_or_si256(lo, hi), one);
+                    _mm256_store_si256(q.add(4 * n + quarter), v);
+                }
+            }
+        } else {
+            let base = if T == Q4K { 16 } else { 48 };
+            let qh = _mm256_loadu_si256(load(16));
+            for g in 0..4 {
+                let raw = _mm256_loadu_si256(load(base + 32 * g));
+                let mut lo = _mm256_and_si256(raw, low4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low4);
+                if T == Q5K {
+                    let bit = _mm256_set1_epi8(1);
+                    let shift = _mm_cvtsi32_si128(2 * g as i32);
+                    let h = _mm256_srl_epi16(qh, shift);
+                    let h0 = _mm256_and_si256(h, bit);
+                    let h1 = _mm256_and_si256(_mm256_srli_epi16::<1>(h), bit);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(h0));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(h1));
+                }
+                _mm256_store_si256(q.add(2 * g), lo);
+                _mm256_store_si256(q.add(2 * g + 1), hi);
+            }
+        }
+    }
+}
+
+/// Values `8 * c..8 * c + 8` of `d` (c < 32), as the definition computes
+/// them: `d * sc * q - dmin * m` as a multiply then a subtract (Q4_K,
+/// Q5_K), `(d * sc) * q` (Q6_K).
+///
+/// # Safety
+/// AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk<const T: u8>(d: &Decoded, c: usize) -> __m256 {
+    // SAFETY (whole body): the 8-byte load lies inside `d.q` (c < 32), the
+    // broadcasts read inside `d.p`.
+    unsafe {
+        let at = d.q.as_ptr().add(8 * c).cast::<__m128i>();
+        if T == Q6K {
+            let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(at)));
+            // Runs of 16 values share a scale.
+            _mm256_mul_ps(_mm256_broadcast_ss(&d.p[c / 2]), q)
+        } else {
+            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
+            let scaled = _mm256_mul_ps(_mm256_broadcast_ss(&d.p[c / 4]), q);
+            _mm256_sub_ps(scaled, _mm256_broadcast_ss(&d.p[8 + c / 4]))
+        }
+    }
+}
+
+/// One row of whole super-blocks of type `code` as f32 into `out`.
+/// Returns false, leaving `out` alone, when `row` does not hold
+/// `out.len() / 256` of them or `out` is not whole super-blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dequantize_row(code: u8, row: &[u8], out: &mut [f32]) -> bool {
+    match code {
+        Q4K => dequantize_row_as::<Q4K>(row, out),
+        Q5K => dequantize_row_as::<Q5K>(row, out),
+        _ => dequantize_row_as::<Q6K>(row, out),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dequantize_row_as<const T: u8>(row: &[u8], out: &mut [f32]) -> bool {
+    let bb = block_bytes(T);
+    if !out.len().is_multiple_of(QK) || row.len() < out.len() / QK * bb {
+        return false;
+    }
+    for (sb, y) in out.chunks_exact_mut(QK).enumerate() {
+        // SAFETY: AVX2, FMA and F16C are enabled on this function;
+        // super-block `sb` lies inside `row` (checked above); each store
+        // writes 8 floats at y[8 * c..], inside the 256-float `y`.
+        unsafe {
+            let mut d = Decoded::new();
+            decode::<T>(row.as_ptr().add(sb * bb), &mut d);
+            for c in 0..QK / LANES {
+                _mm256_storeu_ps(y.as_mut_ptr().add(8 * c), chunk::<T>(&d, c));
+            }
+        }
+    }
+    true
+}
+
+/// Dot products of `M` (1 to 8) activation rows (`x: [m, k]`) with every
+/// K-quant weight row `j` in `cols` (`row(j)`: its super-blocks), `R`
+/// weight rows at a time: each super-block [`decode`]d, each 8 of its values
+/// made by [`chunk`] and multiplied into one accumulator per pair in order,
+/// then the lane tree of `x86::tree`: the chain `Avx2::tile` runs over the
+/// dequantized rows, so the same bits.
+/// `out[(j - cols.start) * col_stride + i * row_stride]`. Returns false
+/// (nothing written) for `k` not a whole number of super-blocks, or
+/// arguments too short for it.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_cols<'w, const M: usize, const R: usize>(
+    code: u8,
+    x: &[f32],
+    k: usize,
+    row: impl Fn(usize) -> &'w [u8],
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) -> bool {
+    match code {
+        Q4K => matmul_cols_as::<M, R, Q4K>(x, k, row, cols, out, row_stride, col_stride),
+        Q5K => matmul_cols_as::<M, R, Q5K>(x, k, row, cols, out, row_stride, col_stride),
+        _ => matmul_cols_as::<M, R, Q6K>(x, k, row, cols, out, row_stride, col_stride),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
+    x: &[f32],
+    k: usize,
+    row: impl Fn(usize) -> &'w [u8],
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    row_stride: usize,
+    col_stride: usize,
+) -> bool {
+    let bb = block_bytes(T);
+    if !k.is_multiple_of(QK) || M == 0 || x.len() < M * k || cols.is_empty() {
+        return false;
+    }
+    let blocks = k / QK;
+    let last = (cols.end - 1 - cols.start) * col_stride + (M - 1) * row_stride;
+    if out.len() <= last || cols.clone().any(|j| row(j).len() < blocks * bb) {
+        return false;
+    }
+    let strides = (row_stride, col_stride);
+    let mut j = cols.start;
+    while j + R <= cols.end {
+        let rows: [&[u8]; R] = std::array::from_fn(|r| row(j + r));
+        // SAFETY: AVX2, FMA and F16C are enabled on this function; every
+        // row holds `blocks` super-blocks and x holds M rows of k (checked
+        // above).
+        put_sums(
+            out,
+            &cols,
+            j,
+            &unsafe { rows_as::<M, R, T>(blocks, x, k, rows) },
+            strides,
+        );
+        j += R;
+    }
+    for j in j..cols.end {
+        // SAFETY: as above.
+        put_sums(
+            out,
+            &cols,
+            j,
+            &unsafe { rows_as::<M, 1, T>(blocks, x, k, [row(j)]) },
+            strides,
+        );
+    }
+    true
+}
+
+/// The `M x R` dot products of [`matmul_cols`] for `R` weight rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C; every row in `w` holds `blocks` super-blocks of
+/// type `T`; `x` holds `M` rows of `k = 256 * blocks` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
+    blocks: usize,
+    x: &[f32],
+    k: usize,
+    w: [&[u8]; R],
+) -> [[f32; M]; R] {
+    let bb = block_bytes(T);
+    // SAFETY (whole body): the caller guarantees the features, that
+    // super-block `sb < blocks` of each row lies inside it, and that x
+    // holds M rows of k floats (loads read 8 at `i * k + 256 * sb + 8 * c`,
+    // c < 32).
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let mut dec = [const { Decoded::new() }; R];
+        for sb in 0..blocks {
+            for (r, d) in dec.iter_mut().enumerate() {
+                let b = w[r].as_ptr().add(sb * bb);
+                // A hint: never faults, so it may point past the row.
+                for line in 0..3 {
+                    let ahead = b.wrapping_add(PREFETCH + 64 * line);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>());
+                }
+                decode::<T>(b, d);
+            }
+            for c in 0..QK / LANES {
+                for (a, d) in acc.iter_mut().zip(&dec) {
+                    let wc = chunk::<T>(d, c);
+                    for (i, ai) in a.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + QK * sb + 8 * c));
+                        *ai = _mm256_fmadd_ps(xv, wc, *ai);
+                    }
+                }
+            }
+        }
+        let mut sums = [[0f32; M]; R];
+        for (s, a) in sums.iter_mut().zip(&acc) {
+            for (v, lanes) in s.iter_mut().zip(a) {
+                let mut l = [0f32; LANES];
+                _mm256_storeu_ps(l.as_mut_ptr(), *lanes);
+                // The lane tree of `x86::tree`, written out here to inline.
+                *v = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+            }
+        }
+        sums
+    }
+}
