@@ -70,10 +70,19 @@ fn quantized_matmul_gives_the_dequantized_reference_bits_batched_or_alone() {
                 .min_parallel_work(1);
             for ty in TYPES {
                 // k of 256 and 512 (K-quants need 256), n not a multiple
-                // of any tile, so leftover columns are covered; and a k of
-                // 48 blocks of 32, past the 32-block runs in which the AVX2
-                // kernels widen scales.
-                for (n, k) in [(37, 256), (20, 512), (9, 1536)] {
+                // of any tile, so leftover columns are covered; a k of 48
+                // blocks of 32, past the 32-block runs in which the AVX2
+                // kernels widen scales; and for the 32-value types, rows
+                // that end inside a 256-value group (576: two groups and
+                // two blocks; 288: one group and one block).
+                let small = [(13, 576), (5, 288)];
+                let shapes = [(37, 256), (20, 512), (9, 1536)];
+                let extra = if ty.block_elems() == 32 {
+                    &small[..]
+                } else {
+                    &[]
+                };
+                for &(n, k) in shapes.iter().chain(extra) {
                     let bytes = blocks(ty, n, k, n as u64 * 31 + k as u64);
                     let q = QuantMatrix::new("w", ty, n, k, bytes).unwrap();
                     let reference = b.upload(q.dequantize(), n, k).unwrap();

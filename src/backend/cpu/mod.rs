@@ -15,7 +15,7 @@ mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
-mod x86_kquant;
+mod x86_blocks;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;
 #[cfg(target_arch = "x86_64")]

@@ -13,7 +13,11 @@
 //! instead of one block at a time. For up to eight activation rows
 //! (decode), their blocks are dequantized in registers and multiplied at
 //! once (`x86_quant::matmul_cols_split`), by the same operations in the
-//! same order: the same bits again.
+//! same order: the same bits again. The other types a GGUF holds (Q4_K,
+//! Q5_K, Q6_K, Q4_0, Q5_0, Q5_1) stay in their blocks; with AVX2 each 256
+//! values of a row are decoded onto the stack and multiplied from there for
+//! up to eight activation rows, or fill the tiles for more
+//! (`x86_blocks`): the same bits once more.
 
 use std::cell::RefCell;
 
@@ -230,10 +234,10 @@ pub(crate) fn matmul_cols_split(
 }
 
 /// `matmul_cols` (see there) for a quantized `w` (`[n, k]`) kept in its
-/// GGUF blocks. With AVX2, K-quant matrices (Q4_K, Q5_K, Q6_K) are decoded
-/// in registers for up to eight activation rows (`x86_kquant`), and
-/// dequantized eight lanes at a time into the tiles for more: the same
-/// bits as the tiles over the scalar definition.
+/// GGUF blocks. With AVX2, the types `x86_blocks` decodes (Q4_K, Q5_K,
+/// Q6_K, Q4_0, Q5_0, Q5_1) are multiplied from their decoded blocks for up
+/// to eight activation rows, and dequantized eight lanes at a time into the
+/// tiles for more: the same bits as the tiles over the scalar definition.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_cols_quant(
     isa: Isa,
@@ -247,11 +251,11 @@ pub(crate) fn matmul_cols_quant(
     col_stride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(code) = crate::backend::cpu::x86_kquant::code(w.ggml_type())
+    if let Some(code) = crate::backend::cpu::x86_blocks::code(w.ggml_type())
         && isa.avx2()
     {
         if (1..=FUSED_ROWS).contains(&m) {
-            use crate::backend::cpu::x86_kquant::matmul_cols as fused;
+            use crate::backend::cpu::x86_blocks::matmul_cols as fused;
             let (row, c) = (|r: usize| w.row(r), cols.clone());
             // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2, FMA and F16C (`Isa::detect`).
@@ -277,7 +281,7 @@ pub(crate) fn matmul_cols_quant(
         let row = |r: usize, o: &mut [f32]| {
             // SAFETY: as above.
             let done =
-                unsafe { crate::backend::cpu::x86_kquant::dequantize_row(code, w.row(r), o) };
+                unsafe { crate::backend::cpu::x86_blocks::dequantize_row(code, w.row(r), o) };
             if !done {
                 w.dequantize_row(r, o);
             }

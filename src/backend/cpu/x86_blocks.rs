@@ -1,42 +1,41 @@
-//! AVX2 + FMA kernels over ggml's K-quant rows (Q4_K, Q5_K, Q6_K: the
-//! blocks of llama.cpp's Q4_K_M and Q5_K_M files), entered only when the CPU
-//! has AVX2, FMA and F16C.
+//! AVX2 + FMA kernels over ggml block rows that are not split
+//! (`quant::SplitQuant` takes Q8_0 and Q4_1): the K-quants Q4_K, Q5_K and
+//! Q6_K (the blocks of llama.cpp's Q4_K_M and Q5_K_M files) and the 32-value
+//! Q4_0, Q5_0 and Q5_1 (which those files use where a row is not whole
+//! super-blocks). Entered only when the CPU has AVX2, FMA and F16C.
 //!
-//! A leaf, as `x86_quant`: rows come in as byte slices of whole 256-value
-//! super-blocks, never as the matrix type. Each super-block is first
-//! [`decode`]d onto the stack: its quants as one byte each, in value order,
-//! and its scales widened ([`params`]: `d * sc` and `dmin * m` per 32 values
-//! for Q4_K/Q5_K, `d * sc` per 16 for Q6_K, each the scalar definition's f32
-//! product). Then [`chunk`] turns each 8 of them into f32 lanes by the
-//! definition's operations in its order (`q * d1 - m1` as a multiply then a
-//! subtract; `(d * sc) * q`), each rounded once. So the dequantized rows and
-//! the fused matmul use the same bits as a matrix dequantized up front
-//! (`backend::quant`), and the fused matmul's chain is the f32 tile's.
-//! Widening from memory, not from registers, keeps the shuffle port free:
-//! at one activation row a Q4_K matrix in L2 runs at Q4_1's speed
-//! (BENCHMARKS.md, CPU round 12).
+//! A leaf, as `x86_quant`: rows come in as byte slices of whole blocks,
+//! never as the matrix type. A row is taken 256 values at a time (one
+//! super-block, or eight 32-value blocks; fewer at a row's end). Each such
+//! group is first [`decode`]d onto the stack: its quants as one byte each,
+//! in value order, and its scales widened ([`params`]: `d * sc` and
+//! `dmin * m` per 32 values for Q4_K/Q5_K, `d * sc` per 16 for Q6_K, each the
+//! scalar definition's f32 product; `d` and `m` per block for the others).
+//! Then [`chunk`] turns each 8 of them into f32 lanes by the definition's
+//! operations in its order (`q * d1 - m1` as a multiply then a subtract;
+//! `(d * sc) * q`; `q * d`; `q * d + m` fused for Q5_1), each rounded once.
+//! So the dequantized rows and the fused matmul use the same bits as a
+//! matrix dequantized up front (`backend::quant`), and the fused matmul's
+//! chain is the f32 tile's. Widening from memory, not from registers, keeps
+//! the shuffle port free: at one activation row a Q4_K matrix in L2 runs at
+//! Q4_1's speed (BENCHMARKS.md, CPU round 12).
 
-use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _MM_HINT_T0, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtsi64_si128,
-    _mm_loadl_epi64, _mm_loadu_si128, _mm_movehdup_ps, _mm_prefetch, _mm_srli_si128,
-    _mm256_and_si256, _mm256_broadcast_ss, _mm256_broadcastss_ps, _mm256_cvtepi8_epi32,
-    _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_mul_ps, _mm256_or_si256, _mm256_set1_epi8, _mm256_setzero_ps, _mm256_slli_epi16,
-    _mm256_srl_epi16, _mm256_srli_epi16, _mm256_store_si256, _mm256_storeu_ps, _mm256_sub_epi8,
-    _mm256_sub_ps,
-};
+use std::arch::x86_64::*;
 
 use crate::backend::GgmlType;
 use crate::backend::cpu::kernel::LANES;
 use crate::backend::cpu::x86_quant::{PREFETCH, put_sums};
 
-/// Values per super-block.
+/// Values per group: a K-quant super-block, or eight 32-value blocks.
 const QK: usize = 256;
 
-/// The K-quant types these kernels decode, as a const parameter.
+/// The types these kernels decode, as a const parameter.
 pub(crate) const Q4K: u8 = 0;
 pub(crate) const Q5K: u8 = 1;
 pub(crate) const Q6K: u8 = 2;
+pub(crate) const Q4_0: u8 = 3;
+pub(crate) const Q5_0: u8 = 4;
+pub(crate) const Q5_1: u8 = 5;
 
 /// `ty`'s code for these kernels, when they decode it.
 pub(crate) fn code(ty: GgmlType) -> Option<u8> {
@@ -44,17 +43,33 @@ pub(crate) fn code(ty: GgmlType) -> Option<u8> {
         GgmlType::Q4K => Some(Q4K),
         GgmlType::Q5K => Some(Q5K),
         GgmlType::Q6K => Some(Q6K),
+        GgmlType::Q4_0 => Some(Q4_0),
+        GgmlType::Q5_0 => Some(Q5_0),
+        GgmlType::Q5_1 => Some(Q5_1),
         _ => None,
     }
 }
 
-/// Bytes of one super-block of type `T`.
+/// Whether type `t` is a K-quant (one 256-value block a group).
+const fn k_quant(t: u8) -> bool {
+    t <= Q6K
+}
+
+/// Bytes of one block of type `t`.
 const fn block_bytes(t: u8) -> usize {
     match t {
         Q4K => 144,
         Q5K => 176,
-        _ => 210,
+        Q6K => 210,
+        Q4_0 => 18,
+        Q5_0 => 22,
+        _ => 24,
     }
+}
+
+/// Values of one block of type `t`.
+const fn block_values(t: u8) -> usize {
+    if k_quant(t) { QK } else { 32 }
 }
 
 /// A super-block's widened scales: Q4_K/Q5_K `[d * sc_j; 8]` then
@@ -129,22 +144,29 @@ impl Decoded {
     }
 }
 
-/// Decodes super-block `b` of type `T` into `out`.
+/// Decodes the group at `b` of type `T` into `out`: one super-block, or
+/// `blocks` (1 to 8) 32-value blocks.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `b` points at a whole super-block of type `T`.
+/// AVX2, FMA and F16C; `b` points at a whole super-block of type `T`, or
+/// at `blocks` whole blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode<const T: u8>(b: *const u8, out: &mut Decoded) {
-    // SAFETY (whole body): each 32-byte load lies inside the block (Q4_K:
+unsafe fn decode<const T: u8>(b: *const u8, blocks: usize, out: &mut Decoded) {
+    // SAFETY (whole body): each load lies inside the group's blocks (Q4_K:
     // quants at 16..144; Q5_K: high bits at 16..48, quants at 48..176;
-    // Q6_K: low bits at 0..128, high bits at 128..192); each 32-byte store
-    // lies inside `out.q`.
+    // Q6_K: low bits at 0..128, high bits at 128..192; a 32-value block
+    // `i < blocks`: its f16 fields, high bits and 16 quant bytes); each
+    // store lies inside `out`.
     unsafe {
-        out.p = params::<T>(b);
         let low4 = _mm256_set1_epi8(0x0f);
         let load = |at: usize| b.add(at).cast::<__m256i>();
         let q = out.q.as_mut_ptr().cast::<__m256i>();
+        if !k_quant(T) {
+            decode_small::<T>(b, blocks, out);
+            return;
+        }
+        out.p = params::<T>(b);
         if T == Q6K {
             let (two, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(32));
             for n in 0..2 {
@@ -192,9 +214,71 @@ unsafe fn decode<const T: u8>(b: *const u8, out: &mut Decoded) {
     }
 }
 
+/// [`decode`] for the 32-value types: `blocks` (1 to 8) blocks, each's
+/// quants as bytes in value order (low nibbles, then high; the fifth bit
+/// `j` of its 32-bit field for value `j`), less the type's offset (Q4_0 8,
+/// Q5_0 16, as `i8`), its `d` (and Q5_1's `m`) widened.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `b` points at `blocks` whole blocks of type `T`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_small<const T: u8>(b: *const u8, blocks: usize, out: &mut Decoded) {
+    // SAFETY (whole body): block `i < blocks` spans `bb` bytes from
+    // `b + i * bb`: its f16 fields at 0..4, high bits at 2..6 (Q5_0) or
+    // 4..8 (Q5_1) and 16 quant bytes end at its end; stores write
+    // `out.q[32 * i..32 * i + 32]` and `out.p` inside their arrays.
+    unsafe {
+        let bb = block_bytes(T);
+        let qs_at = bb - 16;
+        let low4 = _mm_set1_epi8(0x0f);
+        // Byte `j` of the 32 takes byte `j / 8` of the high bits, then
+        // keeps bit `j % 8` of it.
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let (mut d, mut m) = ([0u16; 8], [0u16; 8]);
+        for i in 0..blocks {
+            let blk = b.add(i * bb);
+            d[i] = blk.cast::<u16>().read_unaligned();
+            if T == Q5_1 {
+                m[i] = blk.add(2).cast::<u16>().read_unaligned();
+            }
+            let raw = _mm_loadu_si128(blk.add(qs_at).cast::<__m128i>());
+            let lo = _mm_and_si128(raw, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low4);
+            let mut v = _mm256_set_m128i(hi, lo);
+            if T != Q4_0 {
+                let at = if T == Q5_0 { 2 } else { 4 };
+                let h = blk.add(at).cast::<i32>().read_unaligned();
+                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(h), spread);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+                v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+            }
+            let offset = match T {
+                Q4_0 => 8,
+                Q5_0 => 16,
+                _ => 0,
+            };
+            v = _mm256_sub_epi8(v, _mm256_set1_epi8(offset));
+            _mm256_store_si256(out.q.as_mut_ptr().cast::<__m256i>().add(i), v);
+        }
+        let widen = |h: &[u16; 8]| _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast::<__m128i>()));
+        _mm256_storeu_ps(out.p.as_mut_ptr(), widen(&d));
+        if T == Q5_1 {
+            _mm256_storeu_ps(out.p.as_mut_ptr().add(8), widen(&m));
+        }
+    }
+}
+
 /// Values `8 * c..8 * c + 8` of `d` (c < 32), as the definition computes
 /// them: `d * sc * q - dmin * m` as a multiply then a subtract (Q4_K,
-/// Q5_K), `(d * sc) * q` (Q6_K).
+/// Q5_K), `(d * sc) * q` (Q6_K), `q * d` (Q4_0, Q5_0), `q * d + m` fused
+/// (Q5_1).
 ///
 /// # Safety
 /// AVX2, FMA and F16C.
@@ -205,45 +289,60 @@ unsafe fn chunk<const T: u8>(d: &Decoded, c: usize) -> __m256 {
     // broadcasts read inside `d.p`.
     unsafe {
         let at = d.q.as_ptr().add(8 * c).cast::<__m128i>();
-        if T == Q6K {
-            let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(at)));
+        let signed = || _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(at)));
+        let unsigned = || _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
+        let s = |i: usize| _mm256_broadcast_ss(&d.p[i]);
+        match T {
             // Runs of 16 values share a scale.
-            _mm256_mul_ps(_mm256_broadcast_ss(&d.p[c / 2]), q)
-        } else {
-            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
-            let scaled = _mm256_mul_ps(_mm256_broadcast_ss(&d.p[c / 4]), q);
-            _mm256_sub_ps(scaled, _mm256_broadcast_ss(&d.p[8 + c / 4]))
+            Q6K => _mm256_mul_ps(s(c / 2), signed()),
+            Q4K | Q5K => _mm256_sub_ps(_mm256_mul_ps(s(c / 4), unsigned()), s(8 + c / 4)),
+            Q5_1 => _mm256_fmadd_ps(unsigned(), s(c / 4), s(8 + c / 4)),
+            _ => _mm256_mul_ps(signed(), s(c / 4)),
         }
     }
 }
 
-/// One row of whole super-blocks of type `code` as f32 into `out`.
-/// Returns false, leaving `out` alone, when `row` does not hold
-/// `out.len() / 256` of them or `out` is not whole super-blocks.
+/// The group of `k`-value rows at value `at` (a multiple of 256): its
+/// byte offset in a row, its blocks (1 for a K-quant; up to 8) and its
+/// values.
+#[inline(always)]
+fn group(t: u8, k: usize, at: usize) -> (usize, usize, usize) {
+    let values = QK.min(k - at);
+    let blocks = values / block_values(t);
+    (at / block_values(t) * block_bytes(t), blocks, values)
+}
+
+/// One row of whole blocks of type `code` as f32 into `out`. Returns
+/// false, leaving `out` alone, when `out` is not whole blocks or `row` does
+/// not hold them.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dequantize_row(code: u8, row: &[u8], out: &mut [f32]) -> bool {
     match code {
         Q4K => dequantize_row_as::<Q4K>(row, out),
         Q5K => dequantize_row_as::<Q5K>(row, out),
-        _ => dequantize_row_as::<Q6K>(row, out),
+        Q6K => dequantize_row_as::<Q6K>(row, out),
+        Q4_0 => dequantize_row_as::<Q4_0>(row, out),
+        Q5_0 => dequantize_row_as::<Q5_0>(row, out),
+        _ => dequantize_row_as::<Q5_1>(row, out),
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dequantize_row_as<const T: u8>(row: &[u8], out: &mut [f32]) -> bool {
-    let bb = block_bytes(T);
-    if !out.len().is_multiple_of(QK) || row.len() < out.len() / QK * bb {
+    let (k, bv) = (out.len(), block_values(T));
+    if !k.is_multiple_of(bv) || row.len() < k / bv * block_bytes(T) {
         return false;
     }
-    for (sb, y) in out.chunks_exact_mut(QK).enumerate() {
-        // SAFETY: AVX2, FMA and F16C are enabled on this function;
-        // super-block `sb` lies inside `row` (checked above); each store
-        // writes 8 floats at y[8 * c..], inside the 256-float `y`.
+    let mut d = Decoded::new();
+    for at in (0..k).step_by(QK) {
+        let (byte, blocks, values) = group(T, k, at);
+        // SAFETY: AVX2, FMA and F16C are enabled on this function; the
+        // group's blocks lie inside `row` (checked above); each store
+        // writes 8 floats at out[at + 8 * c..], inside the group's values.
         unsafe {
-            let mut d = Decoded::new();
-            decode::<T>(row.as_ptr().add(sb * bb), &mut d);
-            for c in 0..QK / LANES {
-                _mm256_storeu_ps(y.as_mut_ptr().add(8 * c), chunk::<T>(&d, c));
+            decode::<T>(row.as_ptr().add(byte), blocks, &mut d);
+            for c in 0..values / LANES {
+                _mm256_storeu_ps(out.as_mut_ptr().add(at + 8 * c), chunk::<T>(&d, c));
             }
         }
     }
@@ -251,14 +350,14 @@ fn dequantize_row_as<const T: u8>(row: &[u8], out: &mut [f32]) -> bool {
 }
 
 /// Dot products of `M` (1 to 8) activation rows (`x: [m, k]`) with every
-/// K-quant weight row `j` in `cols` (`row(j)`: its super-blocks), `R`
-/// weight rows at a time: each super-block [`decode`]d, each 8 of its values
+/// weight row `j` in `cols` (`row(j)`: its blocks of type `code`), `R`
+/// weight rows at a time: each group [`decode`]d, each 8 of its values
 /// made by [`chunk`] and multiplied into one accumulator per pair in order,
 /// then the lane tree of `x86::tree`: the chain `Avx2::tile` runs over the
 /// dequantized rows, so the same bits.
 /// `out[(j - cols.start) * col_stride + i * row_stride]`. Returns false
-/// (nothing written) for `k` not a whole number of super-blocks, or
-/// arguments too short for it.
+/// (nothing written) for `k` not a whole number of blocks, or arguments too
+/// short for it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_cols<'w, const M: usize, const R: usize>(
@@ -271,10 +370,14 @@ pub(crate) fn matmul_cols<'w, const M: usize, const R: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
+    let (c, o) = (cols, out);
     match code {
-        Q4K => matmul_cols_as::<M, R, Q4K>(x, k, row, cols, out, row_stride, col_stride),
-        Q5K => matmul_cols_as::<M, R, Q5K>(x, k, row, cols, out, row_stride, col_stride),
-        _ => matmul_cols_as::<M, R, Q6K>(x, k, row, cols, out, row_stride, col_stride),
+        Q4K => matmul_cols_as::<M, R, Q4K>(x, k, row, c, o, row_stride, col_stride),
+        Q5K => matmul_cols_as::<M, R, Q5K>(x, k, row, c, o, row_stride, col_stride),
+        Q6K => matmul_cols_as::<M, R, Q6K>(x, k, row, c, o, row_stride, col_stride),
+        Q4_0 => matmul_cols_as::<M, R, Q4_0>(x, k, row, c, o, row_stride, col_stride),
+        Q5_0 => matmul_cols_as::<M, R, Q5_0>(x, k, row, c, o, row_stride, col_stride),
+        _ => matmul_cols_as::<M, R, Q5_1>(x, k, row, c, o, row_stride, col_stride),
     }
 }
 
@@ -289,13 +392,13 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let bb = block_bytes(T);
-    if !k.is_multiple_of(QK) || M == 0 || x.len() < M * k || cols.is_empty() {
+    let bv = block_values(T);
+    if !k.is_multiple_of(bv) || M == 0 || x.len() < M * k || cols.is_empty() {
         return false;
     }
-    let blocks = k / QK;
+    let row_bytes = k / bv * block_bytes(T);
     let last = (cols.end - 1 - cols.start) * col_stride + (M - 1) * row_stride;
-    if out.len() <= last || cols.clone().any(|j| row(j).len() < blocks * bb) {
+    if out.len() <= last || cols.clone().any(|j| row(j).len() < row_bytes) {
         return false;
     }
     let strides = (row_stride, col_stride);
@@ -303,13 +406,13 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
     while j + R <= cols.end {
         let rows: [&[u8]; R] = std::array::from_fn(|r| row(j + r));
         // SAFETY: AVX2, FMA and F16C are enabled on this function; every
-        // row holds `blocks` super-blocks and x holds M rows of k (checked
+        // row holds `k / bv` blocks and x holds M rows of k (checked
         // above).
         put_sums(
             out,
             &cols,
             j,
-            &unsafe { rows_as::<M, R, T>(blocks, x, k, rows) },
+            &unsafe { rows_as::<M, R, T>(x, k, rows) },
             strides,
         );
         j += R;
@@ -320,7 +423,7 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
             out,
             &cols,
             j,
-            &unsafe { rows_as::<M, 1, T>(blocks, x, k, [row(j)]) },
+            &unsafe { rows_as::<M, 1, T>(x, k, [row(j)]) },
             strides,
         );
     }
@@ -330,38 +433,37 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
 /// The `M x R` dot products of [`matmul_cols`] for `R` weight rows.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; every row in `w` holds `blocks` super-blocks of
-/// type `T`; `x` holds `M` rows of `k = 256 * blocks` floats.
+/// AVX2, FMA and F16C; `k` is whole blocks of type `T` and every row in
+/// `w` holds them; `x` holds `M` rows of `k` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
-    blocks: usize,
     x: &[f32],
     k: usize,
     w: [&[u8]; R],
 ) -> [[f32; M]; R] {
-    let bb = block_bytes(T);
-    // SAFETY (whole body): the caller guarantees the features, that
-    // super-block `sb < blocks` of each row lies inside it, and that x
-    // holds M rows of k floats (loads read 8 at `i * k + 256 * sb + 8 * c`,
-    // c < 32).
+    // SAFETY (whole body): the caller guarantees the features, that each
+    // group's blocks lie inside each row, and that x holds M rows of k
+    // floats (loads read 8 at `i * k + at + 8 * c`, `8 * c` below the
+    // group's values).
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); M]; R];
         let mut dec = [const { Decoded::new() }; R];
-        for sb in 0..blocks {
+        for at in (0..k).step_by(QK) {
+            let (byte, blocks, values) = group(T, k, at);
             for (r, d) in dec.iter_mut().enumerate() {
-                let b = w[r].as_ptr().add(sb * bb);
+                let b = w[r].as_ptr().add(byte);
                 // A hint: never faults, so it may point past the row.
                 for line in 0..3 {
                     let ahead = b.wrapping_add(PREFETCH + 64 * line);
                     _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>());
                 }
-                decode::<T>(b, d);
+                decode::<T>(b, blocks, d);
             }
-            for c in 0..QK / LANES {
+            for c in 0..values / LANES {
                 for (a, d) in acc.iter_mut().zip(&dec) {
                     let wc = chunk::<T>(d, c);
                     for (i, ai) in a.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + QK * sb + 8 * c));
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + at + 8 * c));
                         *ai = _mm256_fmadd_ps(xv, wc, *ai);
                     }
                 }

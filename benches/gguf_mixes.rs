@@ -2,19 +2,20 @@
 //! Llama-3.2-1B shape (`HANDOFF_BENCH_LAYERS` layers, default 4; llama's
 //! interleaved RoPE, which costs the same) written by `random_gguf` as
 //! llama.cpp's Q4_K_M and Q5_K_M mixes (Q6_K for the embedding, which is the
-//! tied output head, and the down projections), all Q6_K, all Q8_0 and all
-//! Q4_1, each loaded with `Model::load` so its matrices stay in their blocks.
+//! tied output head, and the down projections), and all Q6_K, Q8_0, Q4_1,
+//! Q4_0 and Q5_0, each loaded with `Model::load` so its matrices stay in
+//! their blocks.
 //!
 //! Per mix: the bytes of its weights; single-stream and batch-8 decode
 //! tokens/s (medians over `HANDOFF_BENCH_ROUNDS` rounds, default 3, the
 //! mixes taking turns within each round so that the machine's drift falls
 //! on all of them); the weight bytes streamed per second at batch 1; and
-//! that rate over Q4_1's (`kquant_b1_bytes_rate_vs_q4_1_<mix>=X`: Q4_1 and
-//! Q8_0 have had fused decode kernels since issue 18, so 1.0 means a
-//! K-quant row costs what a Q4_1 row of the same bytes costs).
+//! that rate over Q4_1's (`gguf_b1_bytes_rate_vs_q4_1_<mix>=X`: Q4_1 and
+//! Q8_0 have the longest-tuned decode kernels, so 1.0 means a row of that
+//! mix costs what a Q4_1 row of the same bytes costs).
 //!
 //! ```sh
-//! cargo bench --bench kquant_decode
+//! cargo bench --bench gguf_mixes
 //! ```
 
 use std::io::Write;
@@ -42,7 +43,7 @@ fn knob(name: &str, default: usize) -> usize {
 type Mix = fn(&str) -> GgmlType;
 
 /// The mixes, by the base names `random_gguf` passes.
-const MIXES: [(&str, Mix); 5] = [
+const MIXES: [(&str, Mix); 7] = [
     ("q4_1", |_| GgmlType::Q4_1),
     ("q8_0", |_| GgmlType::Q8_0),
     ("q4_k_m", |name| match name {
@@ -54,6 +55,8 @@ const MIXES: [(&str, Mix); 5] = [
         _ => GgmlType::Q5K,
     }),
     ("q6_k", |_| GgmlType::Q6K),
+    ("q4_0", |_| GgmlType::Q4_0),
+    ("q5_0", |_| GgmlType::Q5_0),
 ];
 
 const PROMPT: usize = 16;
@@ -122,7 +125,7 @@ fn main() {
         rope_scaling: RopeScaling::None,
         ..ModelConfig::llama_3_2_1b_shape(layers)
     };
-    let dir = std::env::temp_dir().join(format!("handoff-kquant-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("handoff-gguf-mixes-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary folder");
     say(format!(
         "## GGUF mixes on the CPU ({threads} threads, {:?}): Llama-3.2-1B shape, {layers} layers, \
@@ -172,7 +175,7 @@ fn main() {
     say(String::new());
     for ((name, _), r) in models.iter().zip(&rates).skip(1) {
         say(format!(
-            "kquant_b1_bytes_rate_vs_q4_1_{name}={:.2}",
+            "gguf_b1_bytes_rate_vs_q4_1_{name}={:.2}",
             r / rates[0]
         ));
     }
