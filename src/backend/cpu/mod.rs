@@ -17,6 +17,8 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_blocks;
 #[cfg(target_arch = "x86_64")]
+mod x86_blocks512;
+#[cfg(target_arch = "x86_64")]
 mod x86_quant;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant512;
@@ -170,9 +172,10 @@ pub enum Isa {
     /// (which every such CPU has) to widen f16 weights.
     Avx2Fma,
     /// Everything of [`Isa::Avx2Fma`], and AVX-512 (F, BW, DQ, VL): the
-    /// quantized decode kernels (Q8_0 and Q4_1, one to eight activation
-    /// rows) run 16 lanes wide, two weight rows at once. The same bits as
-    /// `Avx2Fma`: each lane does the same operations in the same order.
+    /// quantized decode kernels (Q8_0 and Q4_1 at one to eight activation
+    /// rows, the other block types at five to eight) run 16 lanes wide, two
+    /// weight rows at once. The same bits as `Avx2Fma`: each lane does the
+    /// same operations in the same order.
     Avx512,
 }
 

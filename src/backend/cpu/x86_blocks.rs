@@ -27,7 +27,7 @@ use crate::backend::cpu::kernel::LANES;
 use crate::backend::cpu::x86_quant::{PREFETCH, put_sums};
 
 /// Values per group: a K-quant super-block, or eight 32-value blocks.
-const QK: usize = 256;
+pub(crate) const QK: usize = 256;
 
 /// The types these kernels decode, as a const parameter.
 pub(crate) const Q4K: u8 = 0;
@@ -56,7 +56,7 @@ const fn k_quant(t: u8) -> bool {
 }
 
 /// Bytes of one block of type `t`.
-const fn block_bytes(t: u8) -> usize {
+pub(crate) const fn block_bytes(t: u8) -> usize {
     match t {
         Q4K => 144,
         Q5K => 176,
@@ -68,7 +68,7 @@ const fn block_bytes(t: u8) -> usize {
 }
 
 /// Values of one block of type `t`.
-const fn block_values(t: u8) -> usize {
+pub(crate) const fn block_values(t: u8) -> usize {
     if k_quant(t) { QK } else { 32 }
 }
 
@@ -130,13 +130,13 @@ unsafe fn params<const T: u8>(b: *const u8) -> [f32; 16] {
 /// [`params`]. On the stack, so that each 8 of them widen straight from
 /// memory and each scale broadcasts from it.
 #[repr(C, align(32))]
-struct Decoded {
-    q: [u8; QK],
-    p: [f32; 16],
+pub(crate) struct Decoded {
+    pub(crate) q: [u8; QK],
+    pub(crate) p: [f32; 16],
 }
 
 impl Decoded {
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Decoded {
             q: [0; QK],
             p: [0.0; 16],
@@ -152,7 +152,7 @@ impl Decoded {
 /// at `blocks` whole blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode<const T: u8>(b: *const u8, blocks: usize, out: &mut Decoded) {
+pub(crate) unsafe fn decode<const T: u8>(b: *const u8, blocks: usize, out: &mut Decoded) {
     // SAFETY (whole body): each load lies inside the group's blocks (Q4_K:
     // quants at 16..144; Q5_K: high bits at 16..48, quants at 48..176;
     // Q6_K: low bits at 0..128, high bits at 128..192; a 32-value block
@@ -306,7 +306,7 @@ unsafe fn chunk<const T: u8>(d: &Decoded, c: usize) -> __m256 {
 /// byte offset in a row, its blocks (1 for a K-quant; up to 8) and its
 /// values.
 #[inline(always)]
-fn group(t: u8, k: usize, at: usize) -> (usize, usize, usize) {
+pub(crate) fn group(t: u8, k: usize, at: usize) -> (usize, usize, usize) {
     let values = QK.min(k - at);
     let blocks = values / block_values(t);
     (at / block_values(t) * block_bytes(t), blocks, values)
@@ -392,13 +392,15 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let bv = block_values(T);
-    if !k.is_multiple_of(bv) || M == 0 || x.len() < M * k || cols.is_empty() {
-        return false;
-    }
-    let row_bytes = k / bv * block_bytes(T);
-    let last = (cols.end - 1 - cols.start) * col_stride + (M - 1) * row_stride;
-    if out.len() <= last || cols.clone().any(|j| row(j).len() < row_bytes) {
+    if !fits::<T>(
+        x.len(),
+        M,
+        k,
+        &row,
+        &cols,
+        out.len(),
+        (row_stride, col_stride),
+    ) {
         return false;
     }
     let strides = (row_stride, col_stride);
@@ -430,13 +432,36 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
     true
 }
 
+/// Whether a matmul's arguments hold what its kernels read (`x` of `x_len`
+/// floats for `m` rows of `k`, `k` whole blocks of type `T`; weight rows
+/// `cols` through `row`, each holding them; `out` of `out_len` floats at
+/// `strides = (row, col)`): the checks every block kernel's safety rests on.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fits<'w, const T: u8>(
+    x_len: usize,
+    m: usize,
+    k: usize,
+    row: &impl Fn(usize) -> &'w [u8],
+    cols: &std::ops::Range<usize>,
+    out_len: usize,
+    (row_stride, col_stride): (usize, usize),
+) -> bool {
+    let bv = block_values(T);
+    if !k.is_multiple_of(bv) || m == 0 || x_len < m * k || cols.is_empty() {
+        return false;
+    }
+    let row_bytes = k / bv * block_bytes(T);
+    let last = (cols.end - 1 - cols.start) * col_stride + (m - 1) * row_stride;
+    out_len > last && !cols.clone().any(|j| row(j).len() < row_bytes)
+}
+
 /// The `M x R` dot products of [`matmul_cols`] for `R` weight rows.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `k` is whole blocks of type `T` and every row in
 /// `w` holds them; `x` holds `M` rows of `k` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
+pub(crate) unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
     x: &[f32],
     k: usize,
     w: [&[u8]; R],
