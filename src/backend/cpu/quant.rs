@@ -41,6 +41,25 @@ thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// `$f::<M, R>($args)` for `m` activation rows (1 to 8), `R` (weight rows,
+/// or pairs of them, per pass) taken from the table by `M`: the one
+/// dispatch of every fused kernel's instantiations.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($m:expr, [$r1:literal, $r2:literal, $r3:literal, $r4:literal, $r5:literal, $r6:literal, $r7:literal, $r8:literal], $f:ident($($a:expr),* $(,)?)) => {
+        match $m {
+            1 => $f::<1, $r1>($($a),*),
+            2 => $f::<2, $r2>($($a),*),
+            3 => $f::<3, $r3>($($a),*),
+            4 => $f::<4, $r4>($($a),*),
+            5 => $f::<5, $r5>($($a),*),
+            6 => $f::<6, $r6>($($a),*),
+            7 => $f::<7, $r7>($($a),*),
+            _ => $f::<8, $r8>($($a),*),
+        }
+    };
+}
+
 /// A Q8_0 or Q4_1 matrix with its scales split from its quants: the
 /// blocks' quant bytes in one array (32 bytes a block for Q8_0, 16 for
 /// Q4_1, rows one after another) and their f16 scales in another (`d`, or
@@ -180,16 +199,11 @@ pub(crate) fn matmul_cols_split(
         let done = unsafe {
             // Pairs of weight rows per pass: enough independent chains to
             // hide the multiply-add latency, few enough for 32 registers.
-            match m {
-                1 => fused::<1, 2>(q8, x, k, row, c, out, row_stride, col_stride),
-                2 => fused::<2, 2>(q8, x, k, row, c, out, row_stride, col_stride),
-                3 => fused::<3, 2>(q8, x, k, row, c, out, row_stride, col_stride),
-                4 => fused::<4, 2>(q8, x, k, row, c, out, row_stride, col_stride),
-                5 => fused::<5, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                6 => fused::<6, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                7 => fused::<7, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                _ => fused::<8, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-            }
+            by_rows!(
+                m,
+                [2, 2, 2, 2, 1, 1, 1, 1],
+                fused(q8, x, k, row, c, out, row_stride, col_stride)
+            )
         };
         if done {
             return;
@@ -205,16 +219,11 @@ pub(crate) fn matmul_cols_split(
         let done = unsafe {
             // Weight rows per pass: enough independent chains to hide the
             // multiply-add latency, few enough for the 16 registers.
-            match m {
-                1 => fused::<1, 4>(q8, x, k, row, c, out, row_stride, col_stride),
-                2 => fused::<2, 4>(q8, x, k, row, c, out, row_stride, col_stride),
-                3 => fused::<3, 2>(q8, x, k, row, c, out, row_stride, col_stride),
-                4 => fused::<4, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                5 => fused::<5, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                6 => fused::<6, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                7 => fused::<7, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-                _ => fused::<8, 1>(q8, x, k, row, c, out, row_stride, col_stride),
-            }
+            by_rows!(
+                m,
+                [4, 4, 2, 1, 1, 1, 1, 1],
+                fused(q8, x, k, row, c, out, row_stride, col_stride)
+            )
         };
         if done {
             return;
@@ -263,12 +272,11 @@ pub(crate) fn matmul_cols_quant(
             // SAFETY: a CpuBackend holds `Isa::Avx512` only after the CPU
             // reported AVX2, FMA, F16C and AVX-512 F, BW, DQ and VL.
             let done = unsafe {
-                match m {
-                    5 => fused::<5, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                    6 => fused::<6, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                    7 => fused::<7, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                    _ => fused::<8, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                }
+                by_rows!(
+                    m,
+                    [1, 1, 1, 1, 1, 1, 1, 1],
+                    fused(code, x, k, row, c, out, row_stride, col_stride)
+                )
             };
             if done {
                 return;
@@ -283,16 +291,11 @@ pub(crate) fn matmul_cols_quant(
                 // Weight rows per pass: independent chains to hide the
                 // multiply-add latency, within the 16 registers (two at
                 // four rows measured 1.5x one on Q6_K; two spill at five).
-                match m {
-                    1 => fused::<1, 4>(code, x, k, row, c, out, row_stride, col_stride),
-                    2 => fused::<2, 4>(code, x, k, row, c, out, row_stride, col_stride),
-                    3 => fused::<3, 2>(code, x, k, row, c, out, row_stride, col_stride),
-                    4 => fused::<4, 2>(code, x, k, row, c, out, row_stride, col_stride),
-                    5 => fused::<5, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                    6 => fused::<6, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                    7 => fused::<7, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                    _ => fused::<8, 1>(code, x, k, row, c, out, row_stride, col_stride),
-                }
+                by_rows!(
+                    m,
+                    [4, 4, 2, 2, 1, 1, 1, 1],
+                    fused(code, x, k, row, c, out, row_stride, col_stride)
+                )
             };
             if done {
                 return;

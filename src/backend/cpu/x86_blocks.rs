@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use crate::backend::GgmlType;
 use crate::backend::cpu::kernel::LANES;
-use crate::backend::cpu::x86_quant::{PREFETCH, put_sums};
+use crate::backend::cpu::x86_quant::{PREFETCH, lane_sums, put_sums};
 
 /// Values per group: a K-quant super-block, or eight 32-value blocks.
 pub(crate) const QK: usize = 256;
@@ -49,6 +49,42 @@ pub(crate) fn code(ty: GgmlType) -> Option<u8> {
         _ => None,
     }
 }
+
+/// `$body` with `$t` a const item holding the const parameter of type code
+/// `$code` (from [`code`]): the one dispatch from a matrix's type to the
+/// kernels' instantiations, here and in `x86_blocks512`.
+macro_rules! with_type {
+    ($code:expr, $t:ident => $body:expr) => {{
+        use $crate::backend::cpu::x86_blocks as blocks;
+        match $code {
+            blocks::Q4K => {
+                const $t: u8 = blocks::Q4K;
+                $body
+            }
+            blocks::Q5K => {
+                const $t: u8 = blocks::Q5K;
+                $body
+            }
+            blocks::Q6K => {
+                const $t: u8 = blocks::Q6K;
+                $body
+            }
+            blocks::Q4_0 => {
+                const $t: u8 = blocks::Q4_0;
+                $body
+            }
+            blocks::Q5_0 => {
+                const $t: u8 = blocks::Q5_0;
+                $body
+            }
+            _ => {
+                const $t: u8 = blocks::Q5_1;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_type;
 
 /// Whether type `t` is a K-quant (one 256-value block a group).
 const fn k_quant(t: u8) -> bool {
@@ -317,14 +353,7 @@ pub(crate) fn group(t: u8, k: usize, at: usize) -> (usize, usize, usize) {
 /// not hold them.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dequantize_row(code: u8, row: &[u8], out: &mut [f32]) -> bool {
-    match code {
-        Q4K => dequantize_row_as::<Q4K>(row, out),
-        Q5K => dequantize_row_as::<Q5K>(row, out),
-        Q6K => dequantize_row_as::<Q6K>(row, out),
-        Q4_0 => dequantize_row_as::<Q4_0>(row, out),
-        Q5_0 => dequantize_row_as::<Q5_0>(row, out),
-        _ => dequantize_row_as::<Q5_1>(row, out),
-    }
+    with_type!(code, T => dequantize_row_as::<T>(row, out))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -370,15 +399,7 @@ pub(crate) fn matmul_cols<'w, const M: usize, const R: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let (c, o) = (cols, out);
-    match code {
-        Q4K => matmul_cols_as::<M, R, Q4K>(x, k, row, c, o, row_stride, col_stride),
-        Q5K => matmul_cols_as::<M, R, Q5K>(x, k, row, c, o, row_stride, col_stride),
-        Q6K => matmul_cols_as::<M, R, Q6K>(x, k, row, c, o, row_stride, col_stride),
-        Q4_0 => matmul_cols_as::<M, R, Q4_0>(x, k, row, c, o, row_stride, col_stride),
-        Q5_0 => matmul_cols_as::<M, R, Q5_0>(x, k, row, c, o, row_stride, col_stride),
-        _ => matmul_cols_as::<M, R, Q5_1>(x, k, row, c, o, row_stride, col_stride),
-    }
+    with_type!(code, T => matmul_cols_as::<M, R, T>(x, k, row, cols, out, row_stride, col_stride))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -494,15 +515,6 @@ pub(crate) unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
                 }
             }
         }
-        let mut sums = [[0f32; M]; R];
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            for (v, lanes) in s.iter_mut().zip(a) {
-                let mut l = [0f32; LANES];
-                _mm256_storeu_ps(l.as_mut_ptr(), *lanes);
-                // The lane tree of `x86::tree`, written out here to inline.
-                *v = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-            }
-        }
-        sums
+        lane_sums(&acc)
     }
 }

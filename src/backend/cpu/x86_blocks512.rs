@@ -15,9 +15,10 @@
 use std::arch::x86_64::*;
 
 use crate::backend::cpu::x86_blocks::{
-    Decoded, Q4_0, Q4K, Q5_0, Q5_1, Q5K, Q6K, decode, fits, group, rows_as,
+    Decoded, Q4K, Q5_1, Q5K, Q6K, decode, fits, group, rows_as, with_type,
 };
 use crate::backend::cpu::x86_quant::{PREFETCH, put_sums};
+use crate::backend::cpu::x86_quant512::pair_sums;
 
 /// `[x | y]`: `x` in lanes 0-7, `y` in lanes 8-15.
 #[inline]
@@ -64,15 +65,7 @@ pub(crate) fn matmul_cols<'w, const M: usize, const P: usize>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    let (c, o) = (cols, out);
-    match code {
-        Q4K => matmul_cols_as::<M, P, Q4K>(x, k, row, c, o, row_stride, col_stride),
-        Q5K => matmul_cols_as::<M, P, Q5K>(x, k, row, c, o, row_stride, col_stride),
-        Q6K => matmul_cols_as::<M, P, Q6K>(x, k, row, c, o, row_stride, col_stride),
-        Q4_0 => matmul_cols_as::<M, P, Q4_0>(x, k, row, c, o, row_stride, col_stride),
-        Q5_0 => matmul_cols_as::<M, P, Q5_0>(x, k, row, c, o, row_stride, col_stride),
-        _ => matmul_cols_as::<M, P, Q5_1>(x, k, row, c, o, row_stride, col_stride),
-    }
+    with_type!(code, T => matmul_cols_as::<M, P, T>(x, k, row, cols, out, row_stride, col_stride))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")]
@@ -183,18 +176,6 @@ unsafe fn pair_rows<const M: usize, const P: usize, const T: u8>(
                 }
             }
         }
-        let mut sums = [[[0f32; M]; 2]; P];
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            for (i, lanes) in a.iter().enumerate() {
-                let mut l = [0f32; 16];
-                _mm512_storeu_ps(l.as_mut_ptr(), *lanes);
-                for (h, half) in l.chunks_exact(8).enumerate() {
-                    // The lane tree of `x86::tree`, per half.
-                    s[h][i] = ((half[0] + half[1]) + (half[2] + half[3]))
-                        + ((half[4] + half[5]) + (half[6] + half[7]));
-                }
-            }
-        }
-        sums
+        pair_sums(&acc)
     }
 }

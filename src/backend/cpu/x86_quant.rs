@@ -294,15 +294,24 @@ pub(crate) unsafe fn split_rows<const M: usize, const R: usize, const Q8: bool>(
             }
             b0 += run;
         }
-        let mut sums = [[0f32; M]; R];
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            for (v, lanes) in s.iter_mut().zip(a) {
-                let mut l = [0f32; LANES];
-                _mm256_storeu_ps(l.as_mut_ptr(), *lanes);
-                // The lane tree of `x86::tree`, written out here to inline.
-                *v = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-            }
-        }
-        sums
+        lane_sums(&acc)
     }
+}
+
+/// Each accumulator's lane tree (`x86::tree`, written out here to inline):
+/// `[weight row][activation row]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn lane_sums<const M: usize, const R: usize>(acc: &[[__m256; M]; R]) -> [[f32; M]; R] {
+    let mut sums = [[0f32; M]; R];
+    for (s, a) in sums.iter_mut().zip(acc) {
+        for (v, lanes) in s.iter_mut().zip(a) {
+            let mut l = [0f32; LANES];
+            // SAFETY: AVX is enabled on this function; the store writes 8
+            // floats into the 8-float `l`.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *lanes) };
+            *v = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        }
+    }
+    sums
 }

@@ -219,18 +219,29 @@ unsafe fn pair_rows<const M: usize, const P: usize, const Q8: bool>(
             }
             b0 += run;
         }
-        let mut sums = [[[0f32; M]; 2]; P];
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            for (i, lanes) in a.iter().enumerate() {
-                let mut l = [0f32; 16];
-                _mm512_storeu_ps(l.as_mut_ptr(), *lanes);
-                for (h, half) in l.chunks_exact(8).enumerate() {
-                    // The lane tree of `x86::tree`, per half.
-                    s[h][i] = ((half[0] + half[1]) + (half[2] + half[3]))
-                        + ((half[4] + half[5]) + (half[6] + half[7]));
-                }
+        pair_sums(&acc)
+    }
+}
+
+/// Each paired accumulator's two lane trees (`x86::tree` per half):
+/// `[pair][row of the pair][activation row]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")]
+pub(crate) fn pair_sums<const M: usize, const P: usize>(
+    acc: &[[__m512; M]; P],
+) -> [[[f32; M]; 2]; P] {
+    let mut sums = [[[0f32; M]; 2]; P];
+    for (s, a) in sums.iter_mut().zip(acc) {
+        for (i, lanes) in a.iter().enumerate() {
+            let mut l = [0f32; 16];
+            // SAFETY: AVX-512 F is enabled on this function; the store
+            // writes 16 floats into the 16-float `l`.
+            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *lanes) };
+            for (h, half) in l.chunks_exact(8).enumerate() {
+                s[h][i] = ((half[0] + half[1]) + (half[2] + half[3]))
+                    + ((half[4] + half[5]) + (half[6] + half[7]));
             }
         }
-        sums
     }
+    sums
 }
