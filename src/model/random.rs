@@ -12,16 +12,22 @@ use crate::rng::SplitMix64;
 
 const CHUNK: usize = 1 << 16;
 
+/// The stream of chunk `c` of tensor `id`: each chunk seeded on its own, so
+/// tensors fill in parallel and still the same for the same seed.
+pub(crate) fn chunk_rng(seed: u64, id: u64, c: usize) -> SplitMix64 {
+    SplitMix64::new(
+        seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (c as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93),
+    )
+}
+
 /// Fills a tensor with `center + U(-a, a)`, `a = std * sqrt(3)`; chunks are
 /// seeded independently so generation is parallel and still deterministic.
 pub(crate) fn tensor(len: usize, seed: u64, id: u64, center: f32, std: f32) -> Vec<f32> {
     let a = std * 3f32.sqrt();
     let mut v = vec![0f32; len];
     let fill = |(c, chunk): (usize, &mut [f32])| {
-        let mut rng = SplitMix64::new(
-            seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ (c as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93),
-        );
+        let mut rng = chunk_rng(seed, id, c);
         for x in chunk {
             *x = center + a * (2.0 * rng.next_f32() - 1.0);
         }

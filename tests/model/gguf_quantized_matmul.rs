@@ -1,9 +1,10 @@
 //! A matrix kept in a ggml block format on the CPU backend multiplies to
 //! the same f32 bits as the same matrix dequantized up front, for every
 //! supported format, every instruction set, alone or batched, on one thread
-//! or split over several (one to eight rows take the fused Q8_0/Q4_1 path,
-//! more take dequantized tiles); and it takes the bytes of its blocks, not 4 per
-//! element.
+//! or split over several (one to eight rows take the fused kernels: split
+//! Q8_0/Q4_1, decoded groups for the others, AVX-512 pairs where the ISA has
+//! them; more take dequantized tiles); and it takes the bytes of its blocks,
+//! not 4 per element.
 
 use handoff::backend::{Backend, CpuBackend, Isa};
 use handoff::model::gguf::{GgmlType, QuantMatrix};

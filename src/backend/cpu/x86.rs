@@ -30,7 +30,7 @@ struct Avx2;
 
 /// The lane tree of one accumulator, in scalar code.
 #[inline(always)]
-fn tree(v: __m256) -> f32 {
+pub(crate) fn tree(v: __m256) -> f32 {
     let mut l = [0f32; LANES];
     // SAFETY: stores 8 floats into an 8-float local; AVX is available in
     // every caller (see `Avx2`).

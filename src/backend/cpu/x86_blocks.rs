@@ -108,6 +108,25 @@ pub(crate) const fn block_values(t: u8) -> usize {
     if k_quant(t) { QK } else { 32 }
 }
 
+/// Whether type `t`'s decoded quants are signed bytes (`q` less the type's
+/// offset) rather than unsigned ones.
+pub(crate) const fn signed(t: u8) -> bool {
+    matches!(t, Q6K | Q4_0 | Q5_0)
+}
+
+/// Whether type `t`'s values have an offset besides their scale (in
+/// [`Decoded::p`] at `8 +` the scale's index).
+pub(crate) const fn has_offset(t: u8) -> bool {
+    matches!(t, Q4K | Q5K | Q5_1)
+}
+
+/// The index in [`Decoded::p`] of chunk `c`'s scale (its offset, where
+/// the type has one, is 8 further): Q6_K's scales change every 16 values,
+/// the others' every 32.
+pub(crate) const fn scale_at(t: u8, c: usize) -> usize {
+    if t == Q6K { c / 2 } else { c / 4 }
+}
+
 /// A super-block's widened scales: Q4_K/Q5_K `[d * sc_j; 8]` then
 /// `[dmin * m_j; 8]` for its eight runs of 32; Q6_K `d * sc_i` for its
 /// sixteen runs of 16. Eight at a time: the 6-bit scales and mins unpacked
@@ -161,10 +180,11 @@ unsafe fn params<const T: u8>(b: *const u8) -> [f32; 16] {
     }
 }
 
-/// A super-block decoded for the multiply: its 256 quants as bytes in
-/// value order (Q4_K `0..16`, Q5_K `0..32`, Q6_K `q - 32` as `i8`) and its
-/// [`params`]. On the stack, so that each 8 of them widen straight from
-/// memory and each scale broadcasts from it.
+/// A group decoded for the multiply: its quants as bytes in value order
+/// (Q4_K `0..16`, Q5_K and Q5_1 `0..32`; as `i8`, Q6_K `q - 32`, Q4_0
+/// `q - 8`, Q5_0 `q - 16`) and its scales (see [`scale_at`]; offsets 8
+/// further). On the stack, so that each 8 quants widen straight from memory
+/// and each scale broadcasts from it.
 #[repr(C, align(32))]
 pub(crate) struct Decoded {
     pub(crate) q: [u8; QK],
@@ -195,14 +215,14 @@ pub(crate) unsafe fn decode<const T: u8>(b: *const u8, blocks: usize, out: &mut 
     // `i < blocks`: its f16 fields, high bits and 16 quant bytes); each
     // store lies inside `out`.
     unsafe {
-        let low4 = _mm256_set1_epi8(0x0f);
-        let load = |at: usize| b.add(at).cast::<__m256i>();
-        let q = out.q.as_mut_ptr().cast::<__m256i>();
         if !k_quant(T) {
             decode_small::<T>(b, blocks, out);
             return;
         }
         out.p = params::<T>(b);
+        let low4 = _mm256_set1_epi8(0x0f);
+        let load = |at: usize| b.add(at).cast::<__m256i>();
+        let q = out.q.as_mut_ptr().cast::<__m256i>();
         if T == Q6K {
             let (two, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(32));
             for n in 0..2 {
@@ -324,16 +344,19 @@ unsafe fn chunk<const T: u8>(d: &Decoded, c: usize) -> __m256 {
     // SAFETY (whole body): the 8-byte load lies inside `d.q` (c < 32), the
     // broadcasts read inside `d.p`.
     unsafe {
-        let at = d.q.as_ptr().add(8 * c).cast::<__m128i>();
-        let signed = || _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(at)));
-        let unsigned = || _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
-        let s = |i: usize| _mm256_broadcast_ss(&d.p[i]);
+        let bytes = _mm_loadl_epi64(d.q.as_ptr().add(8 * c).cast::<__m128i>());
+        let q = _mm256_cvtepi32_ps(if signed(T) {
+            _mm256_cvtepi8_epi32(bytes)
+        } else {
+            _mm256_cvtepu8_epi32(bytes)
+        });
+        let i = scale_at(T, c);
+        let s = _mm256_broadcast_ss(&d.p[i]);
         match T {
-            // Runs of 16 values share a scale.
-            Q6K => _mm256_mul_ps(s(c / 2), signed()),
-            Q4K | Q5K => _mm256_sub_ps(_mm256_mul_ps(s(c / 4), unsigned()), s(8 + c / 4)),
-            Q5_1 => _mm256_fmadd_ps(unsigned(), s(c / 4), s(8 + c / 4)),
-            _ => _mm256_mul_ps(signed(), s(c / 4)),
+            Q6K => _mm256_mul_ps(s, q),
+            Q4K | Q5K => _mm256_sub_ps(_mm256_mul_ps(s, q), _mm256_broadcast_ss(&d.p[8 + i])),
+            Q5_1 => _mm256_fmadd_ps(q, s, _mm256_broadcast_ss(&d.p[8 + i])),
+            _ => _mm256_mul_ps(q, s),
         }
     }
 }
@@ -413,24 +436,16 @@ fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
     row_stride: usize,
     col_stride: usize,
 ) -> bool {
-    if !fits::<T>(
-        x.len(),
-        M,
-        k,
-        &row,
-        &cols,
-        out.len(),
-        (row_stride, col_stride),
-    ) {
+    let strides = (row_stride, col_stride);
+    if !fits::<T>(x.len(), M, k, &row, &cols, out.len(), strides) {
         return false;
     }
-    let strides = (row_stride, col_stride);
     let mut j = cols.start;
     while j + R <= cols.end {
         let rows: [&[u8]; R] = std::array::from_fn(|r| row(j + r));
-        // SAFETY: AVX2, FMA and F16C are enabled on this function; every
-        // row holds `k / bv` blocks and x holds M rows of k (checked
-        // above).
+        // SAFETY: AVX2, FMA and F16C are enabled on this function; `fits`
+        // checked that k is whole blocks, that every row holds them and
+        // that x holds M rows of k.
         put_sums(
             out,
             &cols,
@@ -516,5 +531,103 @@ pub(crate) unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
             }
         }
         lane_sums(&acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::QuantMatrix;
+    use crate::backend::quant::scale_fields;
+
+    #[test]
+    fn every_block_type_but_the_split_ones_has_a_kernel_with_ggmls_sizes() {
+        for ty in GgmlType::every().filter(|t| t.computable()) {
+            let split = matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_1);
+            let float = scale_fields(ty).is_none();
+            match code(ty) {
+                Some(t) => {
+                    assert!(!split && !float, "{ty} has two fused paths");
+                    assert_eq!(block_bytes(t) as u64, ty.block_bytes(), "{ty}");
+                    assert_eq!(block_values(t) as u64, ty.block_elems(), "{ty}");
+                }
+                None => assert!(split || float, "{ty} has no fused CPU kernel"),
+            }
+        }
+    }
+
+    /// `n` rows of `k` values of `ty`: deterministic quants, finite scales.
+    fn matrix(ty: GgmlType, n: usize, k: usize) -> QuantMatrix {
+        let (bb, be) = (ty.block_bytes() as usize, ty.block_elems() as usize);
+        let mut bytes: Vec<u8> = (0..n * k / be * bb)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+            .collect();
+        for (i, b) in bytes.chunks_exact_mut(bb).enumerate() {
+            for &at in scale_fields(ty).unwrap_or(&[]) {
+                let v = half::f16::from_f32(0.01 + 0.001 * (i % 7) as f32);
+                b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        QuantMatrix::new("w", ty, n, k, bytes).unwrap()
+    }
+
+    #[test]
+    fn the_kernels_run_on_whole_blocks_and_refuse_anything_short() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("SKIP: no AVX2, FMA and F16C on this CPU");
+            return;
+        }
+        for ty in GgmlType::every() {
+            let Some(t) = code(ty) else { continue };
+            // A row ending inside a group where the type allows one.
+            let k = if k_quant(t) { 512 } else { 288 };
+            let (n, m) = (5, 3);
+            let q = matrix(ty, n, k);
+            let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+            for r in 0..n {
+                let (mut want, mut got) = (vec![0f32; k], vec![0f32; k]);
+                q.dequantize_row(r, &mut want);
+                // SAFETY: the features were detected above.
+                assert!(unsafe { dequantize_row(t, q.row(r), &mut got) }, "{ty}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{ty} row {r}");
+            }
+            let mut out = vec![0f32; m * n];
+            let whole = |j: usize| q.row(j);
+            fn matmul<'w>(
+                t: u8,
+                x: &[f32],
+                n: usize,
+                out: &mut [f32],
+                k: usize,
+                row: &dyn Fn(usize) -> &'w [u8],
+            ) -> bool {
+                // SAFETY: the callers detected the features.
+                unsafe { matmul_cols::<3, 2>(t, x, k, row, 0..n, out, n, 1) }
+            }
+            assert!(matmul(t, &x, n, &mut out, k, &whole), "{ty}: whole blocks");
+            assert!(out.iter().all(|v| v.is_finite() && *v != 0.0), "{ty}");
+            let short = |j: usize| &q.row(j)[..q.row_bytes() - 1];
+            assert!(
+                !matmul(t, &x, n, &mut out, k, &short),
+                "{ty}: a row one byte short"
+            );
+            assert!(
+                !matmul(t, &x, n, &mut out, k - 1, &whole),
+                "{ty}: k not whole blocks"
+            );
+            let mut small = vec![0f32; m * n - 1];
+            assert!(
+                !matmul(t, &x, n, &mut small, k, &whole),
+                "{ty}: out too short"
+            );
+            // SAFETY: as above.
+            let dq =
+                unsafe { dequantize_row(t, &q.row(0)[..q.row_bytes() - 1], &mut vec![0.0; k]) };
+            assert!(!dq, "{ty}: dequantizing a short row");
+        }
     }
 }

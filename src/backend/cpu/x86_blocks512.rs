@@ -15,7 +15,8 @@
 use std::arch::x86_64::*;
 
 use crate::backend::cpu::x86_blocks::{
-    Decoded, Q4K, Q5_1, Q5K, Q6K, decode, fits, group, rows_as, with_type,
+    Decoded, Q4K, Q5_1, Q5K, Q6K, QK, decode, fits, group, has_offset, rows_as, scale_at, signed,
+    with_type,
 };
 use crate::backend::cpu::x86_quant::{PREFETCH, put_sums};
 use crate::backend::cpu::x86_quant512::pair_sums;
@@ -41,11 +42,11 @@ unsafe fn pair_quants<const T: u8>(a: &Decoded, b: &Decoded, c: usize) -> __m512
         let qa = _mm_loadl_epi64(a.q.as_ptr().add(8 * c).cast::<__m128i>());
         let qb = _mm_loadl_epi64(b.q.as_ptr().add(8 * c).cast::<__m128i>());
         let q = _mm_unpacklo_epi64(qa, qb);
-        let wide = match T {
-            Q4K | Q5K | Q5_1 => _mm512_cvtepu8_epi32(q),
-            _ => _mm512_cvtepi8_epi32(q),
-        };
-        _mm512_cvtepi32_ps(wide)
+        _mm512_cvtepi32_ps(if signed(T) {
+            _mm512_cvtepi8_epi32(q)
+        } else {
+            _mm512_cvtepu8_epi32(q)
+        })
     }
 }
 
@@ -127,11 +128,12 @@ unsafe fn pair_rows<const M: usize, const P: usize, const T: u8>(
     // SAFETY (whole body): the caller guarantees the features, that each
     // group's blocks lie inside each row, and that x holds M rows of k
     // floats (loads read 8 at `i * k + at + 8 * c`, `8 * c` below the
-    // group's values); scale reads index `p` below 16.
+    // group's values); scale reads index `p` below 16 (`scale_at` below
+    // 8, offsets 8 further).
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); M]; P];
         let mut dec = [const { [const { Decoded::new() }; 2] }; P];
-        for at in (0..k).step_by(crate::backend::cpu::x86_blocks::QK) {
+        for at in (0..k).step_by(QK) {
             let (byte, blocks, values) = group(T, k, at);
             for (pair, d) in w.iter().zip(dec.iter_mut()) {
                 for (r, dr) in pair.iter().zip(d.iter_mut()) {
@@ -144,29 +146,28 @@ unsafe fn pair_rows<const M: usize, const P: usize, const T: u8>(
                     decode::<T>(b, blocks, dr);
                 }
             }
-            // Runs of 32 values: Q6_K's scale changes every 16, the
-            // others' every 32 (and their offsets with them).
+            // Runs of 32 values, their scales (and offsets) paired once a
+            // run: at most two scales a run (Q6_K's change every 16).
             for run in 0..values / 32 {
                 for (a, [da, db]) in acc.iter_mut().zip(&dec) {
-                    let (s0, s1, m) = if T == Q6K {
-                        let i = 2 * run;
-                        (
-                            halves(&da.p[i], &db.p[i]),
-                            halves(&da.p[i + 1], &db.p[i + 1]),
-                            _mm512_setzero_ps(),
-                        )
+                    let pair = |i: usize| halves(&da.p[i], &db.p[i]);
+                    let (i0, i1) = (scale_at(T, 4 * run), scale_at(T, 4 * run + 3));
+                    let s0 = pair(i0);
+                    let s = [s0, if i1 == i0 { s0 } else { pair(i1) }];
+                    let m = if has_offset(T) {
+                        pair(8 + i0)
                     } else {
-                        let s = halves(&da.p[run], &db.p[run]);
-                        (s, s, halves(&da.p[8 + run], &db.p[8 + run]))
+                        _mm512_setzero_ps()
                     };
                     for c4 in 0..4 {
                         let c = 4 * run + c4;
                         let q = pair_quants::<T>(da, db, c);
+                        let sc = s[scale_at(T, c) - i0];
                         let wc = match T {
-                            Q6K => _mm512_mul_ps(if c4 < 2 { s0 } else { s1 }, q),
-                            Q4K | Q5K => _mm512_sub_ps(_mm512_mul_ps(s0, q), m),
-                            Q5_1 => _mm512_fmadd_ps(q, s0, m),
-                            _ => _mm512_mul_ps(q, s0),
+                            Q6K => _mm512_mul_ps(sc, q),
+                            Q4K | Q5K => _mm512_sub_ps(_mm512_mul_ps(sc, q), m),
+                            Q5_1 => _mm512_fmadd_ps(q, sc, m),
+                            _ => _mm512_mul_ps(q, sc),
                         };
                         for (i, ai) in a.iter_mut().enumerate() {
                             let xc = _mm256_loadu_ps(x.as_ptr().add(i * k + at + 8 * c));

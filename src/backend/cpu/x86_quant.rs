@@ -16,7 +16,8 @@ use std::arch::x86_64::{
     _mm256_storeu_ps,
 };
 
-use crate::backend::cpu::kernel::{LANES, SplitBlock};
+use crate::backend::cpu::kernel::SplitBlock;
+use crate::backend::cpu::x86::tree;
 
 /// Bytes ahead of the block being decoded that its row's quants are
 /// prefetched: a weight matrix streams from memory once per decode step,
@@ -298,19 +299,17 @@ pub(crate) unsafe fn split_rows<const M: usize, const R: usize, const Q8: bool>(
     }
 }
 
-/// Each accumulator's lane tree (`x86::tree`, written out here to inline):
-/// `[weight row][activation row]`.
+/// Each accumulator's lane tree (`x86::tree`): `[weight row][activation
+/// row]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn lane_sums<const M: usize, const R: usize>(acc: &[[__m256; M]; R]) -> [[f32; M]; R] {
+    // Loops, not `array::map`: the maps measured 0.87x on Q4_0 decode
+    // (their closures kept the reduction out of line).
     let mut sums = [[0f32; M]; R];
     for (s, a) in sums.iter_mut().zip(acc) {
         for (v, lanes) in s.iter_mut().zip(a) {
-            let mut l = [0f32; LANES];
-            // SAFETY: AVX is enabled on this function; the store writes 8
-            // floats into the 8-float `l`.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *lanes) };
-            *v = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+            *v = tree(*lanes);
         }
     }
     sums

@@ -14,13 +14,15 @@ use std::arch::x86_64::{
     __m128i, __m512, __m512i, _MM_HINT_T0, _mm_loadu_si128, _mm_prefetch, _mm256_and_si256,
     _mm256_broadcast_ss, _mm256_castsi128_si256, _mm256_inserti128_si256, _mm256_loadu_ps,
     _mm256_loadu_si256, _mm256_permute4x64_epi64, _mm256_set1_epi8, _mm256_srli_epi16,
-    _mm512_broadcast_f32x8, _mm512_castps256_ps512, _mm512_castsi256_si512, _mm512_castsi512_si128,
-    _mm512_cvtepi8_epi32, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32, _mm512_extracti32x4_epi32,
-    _mm512_fmadd_ps, _mm512_insertf32x8, _mm512_inserti64x4, _mm512_mul_ps,
-    _mm512_permutexvar_epi64, _mm512_set_epi64, _mm512_setzero_ps, _mm512_storeu_ps,
+    _mm512_broadcast_f32x8, _mm512_castps256_ps512, _mm512_castps512_ps256, _mm512_castsi256_si512,
+    _mm512_castsi512_si128, _mm512_cvtepi8_epi32, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32,
+    _mm512_extractf32x8_ps, _mm512_extracti32x4_epi32, _mm512_fmadd_ps, _mm512_insertf32x8,
+    _mm512_inserti64x4, _mm512_mul_ps, _mm512_permutexvar_epi64, _mm512_set_epi64,
+    _mm512_setzero_ps,
 };
 
 use crate::backend::cpu::kernel::SplitBlock;
+use crate::backend::cpu::x86::tree;
 use crate::backend::cpu::x86_quant::{
     PREFETCH, SCALE_RUN, put_sums, split_blocks, split_rows, widen_scales,
 };
@@ -230,17 +232,13 @@ unsafe fn pair_rows<const M: usize, const P: usize, const Q8: bool>(
 pub(crate) fn pair_sums<const M: usize, const P: usize>(
     acc: &[[__m512; M]; P],
 ) -> [[[f32; M]; 2]; P] {
+    // Loops, not `array::map`: the maps measured 0.87x on Q4_0 decode
+    // (their closures kept the reduction out of line).
     let mut sums = [[[0f32; M]; 2]; P];
     for (s, a) in sums.iter_mut().zip(acc) {
-        for (i, lanes) in a.iter().enumerate() {
-            let mut l = [0f32; 16];
-            // SAFETY: AVX-512 F is enabled on this function; the store
-            // writes 16 floats into the 16-float `l`.
-            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *lanes) };
-            for (h, half) in l.chunks_exact(8).enumerate() {
-                s[h][i] = ((half[0] + half[1]) + (half[2] + half[3]))
-                    + ((half[4] + half[5]) + (half[6] + half[7]));
-            }
+        for (i, v) in a.iter().enumerate() {
+            s[0][i] = tree(_mm512_castps512_ps256(*v));
+            s[1][i] = tree(_mm512_extractf32x8_ps::<1>(*v));
         }
     }
     sums

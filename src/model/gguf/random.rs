@@ -12,9 +12,8 @@ use rayon::prelude::*;
 
 use crate::backend::quant::{dequantize, scale_fields};
 use crate::model::gguf::{GgmlType, GgufArray, GgufValue, GgufWriter};
-use crate::model::random::{matrix_std, tensor};
+use crate::model::random::{chunk_rng, matrix_std, tensor};
 use crate::model::{ModelConfig, ModelError, RopeScaling, RopeStyle};
-use crate::rng::SplitMix64;
 
 /// Blocks filled from one seeded stream (parallel and deterministic).
 const BLOCKS_PER_CHUNK: usize = 4096;
@@ -25,8 +24,8 @@ const SAMPLE_BLOCKS: usize = 64;
 /// seeded random weights, the same for the same `(cfg, seed, ty)`. `ty`
 /// names each matrix's storage from its GGUF base name (`token_embd`,
 /// `output`, `attn_q`, `attn_k`, `attn_v`, `attn_output`, `ffn_gate`,
-/// `ffn_down`, `ffn_up`); norms are f32. A llama2.c/llama.cpp-style
-/// "Q4_K_M" mix, for instance:
+/// `ffn_down`, `ffn_up`); norms are f32. llama.cpp's "Q4_K_M" mix, for
+/// instance:
 ///
 /// ```
 /// use handoff::model::gguf::{GgmlType, random_gguf};
@@ -197,10 +196,7 @@ fn random_tensor(
     data.par_chunks_mut(BLOCKS_PER_CHUNK * bb)
         .enumerate()
         .for_each(|(c, chunk)| {
-            let mut rng = SplitMix64::new(
-                seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                    ^ (c as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93),
-            );
+            let mut rng = chunk_rng(seed, id, c);
             for word in chunk.chunks_mut(8) {
                 let r = rng.next_u64().to_le_bytes();
                 word.copy_from_slice(&r[..word.len()]);
