@@ -20,6 +20,36 @@
 //! [`Outcome`]. A failure inside a batched pass fails the request at fault;
 //! on the colocated engine the others in that pass are preempted and
 //! recomputed, never served from KV the failed pass half-wrote.
+//!
+//! # Reading a request's tokens
+//!
+//! [`RequestHandle::wait`] blocks for the whole answer. To stream, read
+//! [`RequestHandle::events`] ([`Events`]: `try_recv`, `recv`,
+//! `recv_timeout`, `try_iter`, with a channel receiver's names and errors)
+//! for each [`Event::Token`] and the one [`Event::Done`] that ends it.
+//! [`Events`] is not `Clone` and does not take part in a channel `select!`.
+//!
+//! # Prefix cache and chunked prefill
+//!
+//! Both are on by default in [`Engine`] ([`EngineOptions`]`{ prefix_cache,
+//! chunked_prefill, .. }`), and the prefix cache in [`PrefillWorker`]; a
+//! request opts out with [`crate::Request::with_prefix_cache`]. The cache's
+//! keys chain a salt derived from a server secret and the
+//! [`crate::TenantId`] ([`crate::kv::PrefixKeys`]), so one tenant never
+//! reuses another's pages.
+//!
+//! # Disaggregated serving
+//!
+//! [`PrefillWorker`] and [`DecodeWorker`] are built from
+//! [`crate::EngineConfig::prefill`] and [`crate::EngineConfig::decode`]
+//! over a [`crate::transfer::Transfer`] (in-process, TCP, or NIXL). Decode
+//! admits the request and reserves destination pages, prefill computes and
+//! sends the KV with a receipt, and decode starts only from a
+//! `KvSeq<Ready>` that its verifier produced after checking the receipt
+//! against the plan and the bytes that landed. Both generate on the core
+//! above: [`DecodeWorker::step`] and [`DecodeWorker::run_until_idle`] are
+//! the engine's. A host whose clients arrive on many threads puts either
+//! server behind [`crate::service::Service`].
 
 mod colocated;
 mod decode_worker;

@@ -27,6 +27,19 @@
 //!   client, exhausts a pool or makes admission reject, at any protocol
 //!   step (see RELIABILITY.md).
 //!
+//! # KV in device memory
+//!
+//! Between two device-resident pools in one process a transfer copies
+//! device to device, and the receipt's checksums are hashed on the device
+//! ([`crate::kv::DevicePages::copy_from`],
+//! [`crate::kv::DevicePages::xxh3_ranges`]), so no KV row crosses to the
+//! host. Across processes (TCP, or NIXL into device pages) the rows cross
+//! through the host: each batch is read on the prefill end and landed on
+//! the decode end in one staged pass per layer through page-locked memory
+//! ([`crate::kv::DevicePages::read_runs`],
+//! [`crate::kv::DevicePages::write_runs`]), one wait for the device instead
+//! of one per page run.
+//!
 //! ```
 //! use std::time::Duration;
 //! use handoff::transfer::{synthetic, DecodeSide, InProcess, PrefillSide, Transfer, TransferConfig};

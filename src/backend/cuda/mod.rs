@@ -19,6 +19,21 @@
 //!   transfer batch's runs staged through page-locked memory in one pass.
 //! - [`PageTables`] / [`SlotMap`]: page tables and append slots, validated
 //!   against the arena before they can reach a kernel.
+//!
+//! # Choosing kernels and launches
+//!
+//! [`CudaBackend::new`]`(dev).device_kv(true)` keeps a pool's pages in
+//! device memory ([`CudaPages::for_pool`]; see [`crate::kv`] for what that
+//! changes for views and appends). [`CudaBackend::set_decode_kernel`] picks
+//! the decode attention kernel for every sequence and step:
+//! [`DecodeKernel::TensorCoreWide`] runs eight warps a block, for long
+//! contexts at small batches (not yet timed on a GPU, so
+//! [`DecodeKernel::Auto`] keeps the four-warp kernel); a kernel with no
+//! build for the pool's KV dtype fails the step with a typed error.
+//! [`CudaDevice::set_graphs`]`(true)` (off by default until it has run on a
+//! GPU) replays each decode step's launches as one CUDA graph once the same
+//! launches have been seen twice: the same kernels with the same parameter
+//! bytes, so the same bits as launching them one by one.
 
 mod arena;
 mod backend;
