@@ -83,24 +83,24 @@ for doc in "${docs[@]}"; do
         }
         {
             if (pending != "") {
-                if (match($0, /^[[:space:]`]*[^[:space:]`]+/)) {
+                if (match($0, /^[ \t`]*[^ \t`]+/)) {
                     w = substr($0, RSTART, RLENGTH)
-                    gsub(/^[[:space:]`]+/, "", w)
+                    gsub(/^[ \t`]+/, "", w)
                     emit(pending, w, pending_line)
                 }
                 pending = ""
             }
             rest = $0
-            while (match(rest, /--(test|example|bench|bin)([=[:space:]`]|$)/)) {
+            while (match(rest, /--(test|example|bench|bin)([= \t`]|$)/)) {
                 flag = substr(rest, RSTART + 2, RLENGTH - 2)
-                sub(/[=[:space:]`]$/, "", flag)
+                sub(/[= \t`]$/, "", flag)
                 rest = substr(rest, RSTART + RLENGTH)
-                if (match(rest, /^[[:space:]]*[A-Za-z0-9_.\/-]+/)) {
+                if (match(rest, /^[ \t]*[A-Za-z0-9_.\/-]+/)) {
                     w = substr(rest, RSTART, RLENGTH)
-                    gsub(/^[[:space:]]+/, "", w)
+                    gsub(/^[ \t]+/, "", w)
                     emit(flag, w, NR)
                     rest = substr(rest, RSTART + RLENGTH)
-                } else if (rest ~ /^[[:space:]`]*$/) {
+                } else if (rest ~ /^[ \t`]*$/) {
                     pending = flag
                     pending_line = NR
                 }
