@@ -5,7 +5,9 @@
 //! connection cap keeps the open ones under `--max-connections` (the rest
 //! wait in the kernel's backlog): the process's descriptors stay bounded,
 //! every flood connection is closed by the server, and `/health` and a
-//! completion still answer. Loopback only, 200 connections, seconds long.
+//! completion still answer. A keep-alive connection left idle after its
+//! answer is closed by the same clock. Loopback only, 200 connections,
+//! seconds long.
 
 use crate::support::openai_client::{Server, curl, post};
 
@@ -95,6 +97,24 @@ fn a_flood_of_unfinished_heads_is_bounded_and_health_still_answers() {
         );
     }
     assert!(all_closed < Duration::from_secs(30), "{all_closed:?}");
+
+    // An idle keep-alive connection is closed by the same timeout.
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: idle\r\n\r\n")
+        .unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = idle.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let t = Instant::now();
+    let mut rest = Vec::new();
+    let _ = idle.read_to_end(&mut rest);
+    let idle_closed = t.elapsed();
+    assert!(
+        idle_closed < Duration::from_secs(10),
+        "an idle keep-alive connection stayed open {idle_closed:?}"
+    );
 
     // And the server serves as before.
     let a = post(
