@@ -6,8 +6,9 @@
 //! wait in the kernel's backlog): the process's descriptors stay bounded,
 //! every flood connection is closed by the server, and `/health` and a
 //! completion still answer. A keep-alive connection left idle after its
-//! answer is closed by the same clock. Loopback only, 200 connections,
-//! seconds long.
+//! answer is closed by the same clock, and a body that stalls midway gets
+//! a 400 after `--body-idle-timeout-secs` (tower-http's body timeout).
+//! Loopback only, 200 connections, seconds long.
 
 use crate::support::openai_client::{Server, curl, post};
 
@@ -27,11 +28,40 @@ fn open_fds(pid: u32) -> Option<usize> {
 #[test]
 fn a_flood_of_unfinished_heads_is_bounded_and_health_still_answers() {
     let cap = CAP.to_string();
-    let Some(server) = Server::start(&["--max-connections", &cap, "--header-timeout-secs", "1"])
-    else {
+    let Some(server) = Server::start(&[
+        "--max-connections",
+        &cap,
+        "--header-timeout-secs",
+        "1",
+        "--body-idle-timeout-secs",
+        "1",
+    ]) else {
         return;
     };
     let addr = server.base.trim_start_matches("http://").to_string();
+
+    // A body that stops halfway: a 400 saying so, then the connection closes.
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: slow\r\ncontent-type: application/json\r\n\
+          content-length: 100\r\n\r\n{\"prompt\": ",
+    )
+    .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let t = Instant::now();
+    let mut answer = Vec::new();
+    let _ = slow.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 400"),
+        "{answer:?} after {:?}\n{}",
+        t.elapsed(),
+        server.log()
+    );
+    assert!(answer.contains("timeout"), "{answer}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
     let before = open_fds(server.pid());
 
     let started = Instant::now();
