@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Creates the virtual environment in which tests/openai_server.rs runs the
-# official `openai` Python client against examples/openai_server.rs:
-# .venv-openai/ at the repository root, with a pinned `openai` from PyPI.
+# Creates the virtual environment in which handoff-server's tests
+# (crates/handoff-server/tests/server/openai_server_python.rs and
+# openai_server_smollm2.rs) run the official `openai` Python client against
+# the server: .venv-openai/ at the repository root, with a pinned `openai`
+# from PyPI.
 # Idempotent: an environment that already has the pinned version is kept.
 # Needs python3 with venv and pip, and access to PyPI.
 set -euo pipefail

@@ -1,6 +1,9 @@
 //! [`ChatTemplate`]: a conversation rendered to the prompt text the model
 //! was trained on, by the model's own Jinja template.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Value;
 use minijinja::{Environment, Error, ErrorKind};
@@ -30,13 +33,68 @@ impl Message {
     }
 }
 
+/// The bounds every render of a chat template runs under. A template is
+/// code from the model file: these keep a hostile or broken one from
+/// hanging or exhausting the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// minijinja's fuel: about one per instruction executed and one per 64
+    /// bytes of data the template creates, so it bounds both the time and
+    /// the memory of a render.
+    pub fuel: u64,
+    /// The rendered prompt's size at most, in bytes.
+    pub max_output_bytes: usize,
+    /// The wall-clock time a render may take; the caller gets its error
+    /// when it passes, whatever the render is doing.
+    pub deadline: Duration,
+}
+
+impl Default for TemplateLimits {
+    /// One million fuel (a chat template needs a few thousand per message;
+    /// it also caps a render's data near 64 MB), 8 MiB of prompt text, 2 s.
+    fn default() -> Self {
+        TemplateLimits {
+            fuel: 1_000_000,
+            max_output_bytes: 8 << 20,
+            deadline: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Which of [`TemplateLimits`] a render ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateLimit {
+    /// The fuel budget ([`TemplateLimits::fuel`]).
+    Fuel(u64),
+    /// The output cap, in bytes ([`TemplateLimits::max_output_bytes`]).
+    OutputBytes(usize),
+    /// The deadline ([`TemplateLimits::deadline`]).
+    Deadline(Duration),
+}
+
+impl std::fmt::Display for TemplateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateLimit::Fuel(n) => write!(f, "fuel budget of {n}"),
+            TemplateLimit::OutputBytes(n) => write!(f, "output cap of {n} bytes"),
+            TemplateLimit::Deadline(d) => write!(f, "deadline of {} ms", d.as_millis()),
+        }
+    }
+}
+
 /// A model's chat template, compiled once. Rendering follows Hugging Face's
 /// `apply_chat_template`: Jinja with `trim_blocks` and `lstrip_blocks`, the
 /// globals `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
 /// `raise_exception(msg)` and `strftime_now(fmt)`, and Python's string
 /// methods (`.strip()`, `.startswith()`...).
+///
+/// Every render runs under [`TemplateLimits`]; a template that exceeds
+/// them on a probe conversation is refused when it is loaded
+/// ([`TextError::TemplateLimit`]), and one that exceeds them later fails
+/// only the render that did.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
+    limits: TemplateLimits,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -137,7 +195,20 @@ impl ChatTemplate {
         bos_token: Option<&str>,
         eos_token: Option<&str>,
     ) -> Result<Self, TextError> {
+        Self::with_limits(source, bos_token, eos_token, TemplateLimits::default())
+    }
+
+    /// [`new`](Self::new) under `limits`. The template renders probe
+    /// conversations before it is accepted: one that exceeds a limit there
+    /// is refused with [`TextError::TemplateLimit`] naming it.
+    pub fn with_limits(
+        source: &str,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+        limits: TemplateLimits,
+    ) -> Result<Self, TextError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
         let syntax = SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -155,41 +226,103 @@ impl ChatTemplate {
             .map_err(|e| TextError::TemplateSyntax {
                 reason: format!("{e:#}"),
             })?;
-        Ok(ChatTemplate { env })
+        let template = ChatTemplate {
+            env: Arc::new(env),
+            limits,
+        };
+        template.probe()?;
+        Ok(template)
+    }
+
+    /// Renders the probe conversations a template must handle at load;
+    /// only a limit is an error here (a template may refuse a probe, for
+    /// instance a system turn, with its own `raise_exception`).
+    fn probe(&self) -> Result<(), TextError> {
+        let system = Message::new("system", "You are a helpful assistant.");
+        let user = Message::new("user", "What is the capital of France?");
+        let answer = Message::new("assistant", "Paris.");
+        let again = Message::new("user", "And of Italy?");
+        let probes: [&[Message]; 2] = [
+            &[system, user.clone(), answer.clone(), again.clone()],
+            &[user, answer, again],
+        ];
+        for probe in probes {
+            for generation_prompt in [true, false] {
+                if let Err(TextError::TemplateLimit { limit, .. }) =
+                    self.render(probe, generation_prompt)
+                {
+                    return Err(TextError::TemplateLimit {
+                        limit,
+                        at_load: true,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bounds this template renders under.
+    pub fn limits(&self) -> TemplateLimits {
+        self.limits
     }
 
     /// The template a tokenizer's model ships, with its BOS/EOS texts.
     pub fn for_tokenizer(source: &str, tokenizer: &Tokenizer) -> Result<Self, TextError> {
-        Self::new(
+        Self::for_tokenizer_with_limits(source, tokenizer, TemplateLimits::default())
+    }
+
+    /// [`for_tokenizer`](Self::for_tokenizer) under `limits`.
+    pub fn for_tokenizer_with_limits(
+        source: &str,
+        tokenizer: &Tokenizer,
+        limits: TemplateLimits,
+    ) -> Result<Self, TextError> {
+        Self::with_limits(
             source,
             tokenizer.bos_token().as_deref(),
             tokenizer.eos_token().as_deref(),
+            limits,
         )
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt`, ending
     /// where the assistant's answer begins. A conversation the template
-    /// refuses (its `raise_exception`) is `TemplateRefused` (400).
+    /// refuses (its `raise_exception`) is `TemplateRefused` (400); one on
+    /// which it exceeds a [`TemplateLimits`] bound is `TemplateLimit`
+    /// (500), returned by the deadline at the latest: the render goes on
+    /// on its own thread until its fuel ends, and its result is dropped.
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
-        let template = self.env.get_template(NAME).map_err(render_error)?;
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
+        let ctx = context(messages, add_generation_prompt);
+        let env = self.env.clone();
+        let limits = self.limits;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("chat-template".into())
+            .spawn(move || {
+                let _ = tx.send(render_bounded(&env, ctx, limits));
             })
-            .collect();
-        let ctx = Value::from_pairs([
-            ("messages", Value::from(messages)),
-            ("add_generation_prompt", Value::from(add_generation_prompt)),
-        ]);
-        template.render(ctx).map_err(render_error)
+            .map_err(|e| TextError::TemplateRender {
+                reason: format!("no thread to render on: {e}"),
+            })?;
+        let over = |limit| TextError::TemplateLimit {
+            limit,
+            at_load: false,
+        };
+        match rx.recv_timeout(limits.deadline) {
+            Ok(rendered) => rendered,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(over(TemplateLimit::Deadline(limits.deadline)))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(TextError::TemplateRender {
+                    reason: "the render stopped without a result".into(),
+                })
+            }
+        }
     }
 
     /// The token that ends an assistant turn in this template (`<|im_end|>`
@@ -206,5 +339,71 @@ impl ChatTemplate {
         let after = &text[text.rfind(ANSWER)? + ANSWER.len()..];
         let first = *tokenizer.encode_plain(after).ok()?.first()?;
         tokenizer.is_special(first).then_some(first)
+    }
+}
+
+/// The template's context: the conversation and the generation flag.
+fn context(messages: &[Message], add_generation_prompt: bool) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            Value::from_pairs([
+                ("role", Value::from(m.role.as_str())),
+                ("content", Value::from(m.content.as_str())),
+            ])
+        })
+        .collect();
+    Value::from_pairs([
+        ("messages", Value::from(messages)),
+        ("add_generation_prompt", Value::from(add_generation_prompt)),
+    ])
+}
+
+/// Collects rendered text up to a cap; one byte more fails the write.
+struct Capped {
+    out: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("over the output cap"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One render under `limits`' fuel and output cap (the deadline is the
+/// caller's).
+fn render_bounded(
+    env: &Environment<'static>,
+    ctx: Value,
+    limits: TemplateLimits,
+) -> Result<String, TextError> {
+    let over = |limit| TextError::TemplateLimit {
+        limit,
+        at_load: false,
+    };
+    let template = env.get_template(NAME).map_err(render_error)?;
+    let mut out = Capped {
+        out: Vec::new(),
+        cap: limits.max_output_bytes,
+        over: false,
+    };
+    match template.render_captured_to(ctx, &mut out) {
+        Ok(_) => String::from_utf8(out.out).map_err(|e| TextError::TemplateRender {
+            reason: format!("the output is not UTF-8: {e}"),
+        }),
+        Err(_) if out.over => Err(over(TemplateLimit::OutputBytes(limits.max_output_bytes))),
+        Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(over(TemplateLimit::Fuel(limits.fuel))),
+        Err(e) => Err(render_error(e)),
     }
 }

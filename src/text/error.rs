@@ -58,6 +58,20 @@ pub enum TextError {
     TemplateRefused { message: String },
     #[error("the model's chat template failed while rendering the conversation: {reason}")]
     TemplateRender { reason: String },
+    #[error(
+        "the model's chat template exceeded its {limit} {}",
+        if *at_load {
+            "on a probe conversation when it was loaded: the template is refused"
+        } else {
+            "rendering this conversation"
+        }
+    )]
+    TemplateLimit {
+        limit: super::TemplateLimit,
+        /// Found by the probe renders at load (the template is refused)
+        /// rather than on a request's conversation.
+        at_load: bool,
+    },
     #[error("a stop string must not be empty")]
     EmptyStopString,
     #[error(transparent)]

@@ -3,7 +3,28 @@
 
 use std::path::Path;
 
-use super::{ChatTemplate, Message, TextError, Tokenizer, TokenizerMetadata};
+use super::{ChatTemplate, Message, TemplateLimits, TextError, Tokenizer, TokenizerMetadata};
+
+/// The first of the private-use characters that stand in for special-token
+/// text found in message content while the template renders (plane 15,
+/// which no tokenizer gives a meaning to).
+const STAND_IN: u32 = 0xF_0000;
+/// How many distinct special-token texts one conversation can have stand-ins for.
+const STAND_INS: u32 = 0xFFFE;
+
+/// How a chat's message content is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContentTokens {
+    /// As text: special-token text in a message (`<|im_end|>`) encodes as
+    /// the pieces of its characters; only the template's own text yields
+    /// control tokens. The default: a user cannot forge another role's turn.
+    #[default]
+    Text,
+    /// Special-token text in messages encodes as the control token, as the
+    /// rendered prompt's text reads (a deployment whose clients are trusted
+    /// to write control tokens).
+    Special,
+}
 
 /// A model's tokenizer, its chat template (if it ships one) and the ids that
 /// end a generation: EOS, the template's end-of-turn token, and any other
@@ -22,18 +43,30 @@ impl TextModel {
     /// (`tokenizer.json`, `tokenizer_config.json`, `generation_config.json`)
     /// or a `.gguf` file (its `tokenizer.*` metadata).
     pub fn load(path: &Path) -> Result<Self, TextError> {
+        Self::load_with_limits(path, TemplateLimits::default())
+    }
+
+    /// [`load`](Self::load), its chat template bounded by `limits` (a
+    /// template that exceeds them on the probe conversations is refused).
+    pub fn load_with_limits(path: &Path, limits: TemplateLimits) -> Result<Self, TextError> {
         if path.is_dir() {
-            return Self::from_hf_dir(path);
+            return Self::from_hf_dir_with_limits(path, limits);
         }
-        Self::from_file(path)
+        Self::from_file(path, limits)
     }
 
     /// The text side of a Hugging Face model folder.
     pub fn from_hf_dir(dir: &Path) -> Result<Self, TextError> {
+        Self::from_hf_dir_with_limits(dir, TemplateLimits::default())
+    }
+
+    fn from_hf_dir_with_limits(dir: &Path, limits: TemplateLimits) -> Result<Self, TextError> {
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let config = super::hf::tokenizer_config(dir)?;
         let chat = match config.and_then(|c| c.chat_template) {
-            Some(source) => Some(ChatTemplate::for_tokenizer(&source, &tokenizer)?),
+            Some(source) => Some(ChatTemplate::for_tokenizer_with_limits(
+                &source, &tokenizer, limits,
+            )?),
             None => None,
         };
         let extra = super::hf::generation_eos_ids(dir)?;
@@ -47,9 +80,19 @@ impl TextModel {
 
     /// The text side described by GGUF tokenizer metadata.
     pub fn from_metadata(meta: &TokenizerMetadata) -> Result<Self, TextError> {
+        Self::from_metadata_with_limits(meta, TemplateLimits::default())
+    }
+
+    /// [`from_metadata`](Self::from_metadata), its chat template bounded by `limits`.
+    pub fn from_metadata_with_limits(
+        meta: &TokenizerMetadata,
+        limits: TemplateLimits,
+    ) -> Result<Self, TextError> {
         let tokenizer = Tokenizer::from_metadata(meta)?;
         let chat = match &meta.chat_template {
-            Some(source) => Some(ChatTemplate::for_tokenizer(source, &tokenizer)?),
+            Some(source) => Some(ChatTemplate::for_tokenizer_with_limits(
+                source, &tokenizer, limits,
+            )?),
             None => None,
         };
         Ok(Self::assemble(
@@ -62,7 +105,7 @@ impl TextModel {
 
     /// A GGUF file (told by its magic, not its name) carries its tokenizer;
     /// any other file (a llama2.c `.bin`) has none.
-    fn from_file(path: &Path) -> Result<Self, TextError> {
+    fn from_file(path: &Path, limits: TemplateLimits) -> Result<Self, TextError> {
         let mut magic = [0u8; 4];
         let is_gguf = std::fs::File::open(path)
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
@@ -70,7 +113,7 @@ impl TextModel {
         match is_gguf {
             Ok(true) => {
                 let file = crate::model::gguf::GgufFile::open(path)?;
-                Self::from_metadata(&TokenizerMetadata::from_gguf(&file)?)
+                Self::from_metadata_with_limits(&TokenizerMetadata::from_gguf(&file)?, limits)
             }
             Ok(false) => Err(TextError::NoTokenizer {
                 path: path.display().to_string(),
@@ -119,11 +162,83 @@ impl TextModel {
     }
 
     /// `messages` rendered with the generation prompt, and its token ids
-    /// (nothing added: the template writes its own special tokens).
+    /// (nothing added: the template writes its own special tokens). Message
+    /// content is encoded as text ([`ContentTokens::Text`]).
     pub fn render_chat(&self, messages: &[Message]) -> Result<(String, Vec<u32>), TextError> {
-        let text = self.chat_template()?.render(messages, true)?;
-        let ids = self.tokenizer.encode_plain(&text)?;
+        self.render_chat_with(messages, ContentTokens::Text)
+    }
+
+    /// [`render_chat`](Self::render_chat), with message content encoded as
+    /// `content` says.
+    ///
+    /// With [`ContentTokens::Text`], each special-token text found in a
+    /// message is replaced, while the template renders, by a private-use
+    /// character standing in for it; the rendered prompt is then encoded
+    /// piece by piece: the template's text with special tokens parsed, each
+    /// stand-in as its special token's text with none parsed. The returned
+    /// text is the prompt as the template rendered the real messages.
+    pub fn render_chat_with(
+        &self,
+        messages: &[Message],
+        content: ContentTokens,
+    ) -> Result<(String, Vec<u32>), TextError> {
+        let template = self.chat_template()?;
+        let forged: Vec<String> = match content {
+            ContentTokens::Special => Vec::new(),
+            ContentTokens::Text => self.specials_in(messages),
+        };
+        if forged.is_empty() {
+            let text = template.render(messages, true)?;
+            let ids = self.tokenizer.encode_plain(&text)?;
+            return Ok((text, ids));
+        }
+        let stand_in = |k: usize| char::from_u32(STAND_IN + k as u32).unwrap_or('\u{FFFD}');
+        let masked: Vec<Message> = messages
+            .iter()
+            .map(|m| {
+                let mut c = m.content.clone();
+                for (k, special) in forged.iter().enumerate() {
+                    c = c.replace(special.as_str(), &stand_in(k).to_string());
+                }
+                Message::new(m.role.clone(), c)
+            })
+            .collect();
+        let rendered = template.render(&masked, true)?;
+        let mut text = String::with_capacity(rendered.len());
+        let mut ids = Vec::new();
+        let mut piece = String::new();
+        for ch in rendered.chars() {
+            let k = (ch as u32).wrapping_sub(STAND_IN) as usize;
+            match forged.get(k) {
+                Some(special) => {
+                    ids.extend(self.tokenizer.encode_plain(&piece)?);
+                    text.push_str(&piece);
+                    piece.clear();
+                    ids.extend(self.tokenizer.encode_text(special)?);
+                    text.push_str(special);
+                }
+                None => piece.push(ch),
+            }
+        }
+        ids.extend(self.tokenizer.encode_plain(&piece)?);
+        text.push_str(&piece);
         Ok((text, ids))
+    }
+
+    /// The special-token texts that occur in any message's content, longest
+    /// first (so a token whose text holds another's is replaced whole).
+    fn specials_in(&self, messages: &[Message]) -> Vec<String> {
+        let mut found: Vec<String> = self
+            .tokenizer
+            .special_tokens()
+            .into_iter()
+            .map(|(_, t)| t)
+            .filter(|t| !t.is_empty() && messages.iter().any(|m| m.content.contains(t.as_str())))
+            .collect();
+        found.sort_by_key(|t| std::cmp::Reverse(t.len()));
+        found.dedup();
+        found.truncate(STAND_INS as usize);
+        found
     }
 
     /// The ids that end a generation (EOS, end of turn), each once.

@@ -30,9 +30,19 @@ pub struct Tokenizer {
     eos: Option<u32>,
     eot: Option<u32>,
     special: std::sync::Arc<std::collections::HashSet<u32>>,
+    /// `inner` with special-token text left as text: what
+    /// [`encode_text`](Self::encode_text) encodes with.
+    as_text: std::sync::Arc<tokenizers::Tokenizer>,
     /// Bytes with no token in a byte-level vocabulary: text holding one is
     /// refused rather than encoded without it.
     missing_bytes: Vec<u8>,
+}
+
+/// `inner`, encoding the text of its special tokens as ordinary text.
+fn text_only(inner: &tokenizers::Tokenizer) -> std::sync::Arc<tokenizers::Tokenizer> {
+    let mut t = inner.clone();
+    t.set_encode_special_tokens(true);
+    std::sync::Arc::new(t)
 }
 
 /// The ids of `inner`'s special added tokens.
@@ -74,6 +84,7 @@ impl Tokenizer {
             })?;
         Ok(Tokenizer {
             special: special_ids(&inner),
+            as_text: text_only(&inner),
             inner,
             bracket: Bracket::PostProcessor,
             bos: None,
@@ -109,6 +120,7 @@ impl Tokenizer {
         let (bos, eos) = (id(meta.bos_id), id(meta.eos_id));
         Ok(Tokenizer {
             special: special_ids(&built.inner),
+            as_text: text_only(&built.inner),
             inner: built.inner,
             bracket: Bracket::Ids {
                 bos: bos.filter(|_| built.add_bos),
@@ -143,7 +155,32 @@ impl Tokenizer {
         self.encode_with(text, false)
     }
 
-    fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TextError> {
+    /// `text` as token ids with nothing added and special tokens left
+    /// unparsed: `<|im_end|>` written in `text` encodes as the pieces of its
+    /// characters, never as the control token. For text from a user that
+    /// must not be able to forge the model's control tokens.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        self.check_bytes(text)?;
+        self.as_text
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TextError::Encode {
+                reason: e.to_string(),
+            })
+    }
+
+    /// The special tokens (control tokens) and their texts.
+    pub fn special_tokens(&self) -> Vec<(u32, String)> {
+        let mut all: Vec<(u32, String)> = self
+            .special
+            .iter()
+            .filter_map(|&id| Some((id, self.id_to_token(id)?)))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    fn check_bytes(&self, text: &str) -> Result<(), TextError> {
         if !self.missing_bytes.is_empty()
             && let Some(b) = text.bytes().find(|b| self.missing_bytes.contains(b))
         {
@@ -153,6 +190,11 @@ impl Tokenizer {
                 ),
             });
         }
+        Ok(())
+    }
+
+    fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TextError> {
+        self.check_bytes(text)?;
         self.inner
             .encode_fast(text, add_special)
             .map(|e| e.get_ids().to_vec())

@@ -52,7 +52,6 @@ pub mod gguf_llama;
 pub mod hf_fixture;
 pub mod naive_llama;
 pub mod nixl;
-pub mod openai_client;
 pub mod pd;
 pub mod serving_path;
 #[path = "sim/host.rs"]

@@ -1,5 +1,5 @@
-//! Runs `examples/openai_server` on 127.0.0.1 (an ephemeral port) and talks
-//! to it with `curl`, as a newcomer would.
+//! Runs `handoff-server` on 127.0.0.1 (an ephemeral port) and talks to it
+//! with `curl`, as a newcomer would.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::example_bin;
+use crate::support::server_bin;
 
 /// A running server; killed on drop if it is still running.
 pub struct Server {
@@ -30,27 +30,6 @@ fn unique(tag: &str) -> PathBuf {
     ))
 }
 
-/// Fails, saying how to rebuild, when the binary is older than a source of
-/// the example's folder (example_bin checks the library's sources and a
-/// single-file example's; this example is a folder).
-fn assert_fresh(bin: &std::path::Path) {
-    let mtime = |p: &std::path::Path| {
-        std::fs::metadata(p)
-            .and_then(|m| m.modified())
-            .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
-    };
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_server");
-    let built = mtime(bin);
-    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        assert!(
-            built >= mtime(&entry.path()),
-            "{} is older than {}: run `cargo test` (or `cargo build --examples`) first",
-            bin.display(),
-            entry.path().display()
-        );
-    }
-}
-
 /// Whether `curl` can be run; tests that need it say so when it cannot.
 pub fn have_curl() -> bool {
     let ok = Command::new("curl")
@@ -65,16 +44,14 @@ pub fn have_curl() -> bool {
 }
 
 impl Server {
-    /// Starts the example with `args` (plus `--port 0`) and waits for its
-    /// `listening on` line. `None` when the example is not built (a
-    /// filtered `cargo test --test`; the reason is on stderr) or curl is
-    /// missing.
+    /// Starts the server with `args` (plus `--port 0`) and waits for its
+    /// `listening on` line. `None` when curl is missing (the reason is on
+    /// stderr).
     pub fn start(args: &[&str]) -> Option<Server> {
         if !have_curl() {
             return None;
         }
-        let bin = example_bin::path("openai_server")?;
-        assert_fresh(&bin);
+        let bin = server_bin();
         let log = unique("log");
         let log_file = std::fs::File::create(&log).expect("a log file in the temp dir");
         let mut child = Command::new(&bin)

@@ -5,8 +5,6 @@
 //! `cuda` feature, a machine without a usable GPU) it refuses to start,
 //! exit 2, and says why: it never serves from the CPU in the GPU's place.
 
-use crate::support::example_bin;
-use crate::support::hf_fixture;
 use crate::support::openai_client;
 
 use std::process::Command;
@@ -19,7 +17,7 @@ use serde_json::json;
 fn gpu() -> bool {
     #[cfg(feature = "cuda")]
     {
-        handoff::backend::cuda::device_for_test("openai_server --backend cuda").is_some()
+        handoff::backend::cuda::device_for_test("handoff-server --backend cuda").is_some()
     }
     #[cfg(not(feature = "cuda"))]
     false
@@ -28,18 +26,17 @@ fn gpu() -> bool {
 #[test]
 fn the_gpu_backend_serves_transformers_ids_or_refuses_to_start() {
     if !gpu() {
-        let Some(bin) = example_bin::path("openai_server") else {
-            return;
-        };
+        let bin = crate::support::server_bin();
         let out = Command::new(&bin)
             .args(["--port", "0", "--backend", "cuda"])
             .output()
             .unwrap();
-        example_bin::assert_gpu_refused(&out, 2);
+        crate::support::assert_gpu_refused(&out);
         return;
     }
     for extra in [&[][..], &["--disaggregated"][..]] {
-        let mut args = vec!["--model", hf_fixture::FIXTURE, "--backend", "cuda"];
+        let fixture = crate::support::hf_fixture();
+        let mut args = vec!["--model", fixture.to_str().unwrap(), "--backend", "cuda"];
         args.extend(extra);
         let Some(server) = Server::start(&args) else {
             return;
@@ -49,7 +46,7 @@ fn the_gpu_backend_serves_transformers_ids_or_refuses_to_start() {
             "{}",
             server.log()
         );
-        for case in hf_fixture::expected() {
+        for case in crate::support::hf_expected() {
             let a = post(
                 &server,
                 "/v1/completions",

@@ -7,7 +7,9 @@ use handoff::SamplingParams;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::codec::{ChatMessage, TextCodec};
+use handoff::text::Message;
+
+use crate::codec::TextCodec;
 use crate::errors::ApiError;
 
 #[derive(Debug, Default, Deserialize)]
@@ -270,7 +272,7 @@ pub fn completion_prompt(b: &CompletionBody, codec: &dyn TextCodec) -> Result<Ve
 }
 
 /// The messages of `/v1/chat/completions`.
-pub fn chat_messages(b: &ChatBody) -> Result<Vec<ChatMessage>, ApiError> {
+pub fn chat_messages(b: &ChatBody) -> Result<Vec<Message>, ApiError> {
     if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(unsupported("tools", "tool calling"));
     }
@@ -316,10 +318,7 @@ pub fn chat_messages(b: &ChatBody) -> Result<Vec<ChatMessage>, ApiError> {
                 }
                 Some(_) => return Err(bad(format!("messages[{i}].content is not text"))),
             };
-            Ok(ChatMessage {
-                role: role.to_string(),
-                content,
-            })
+            Ok(Message::new(role, content))
         })
         .collect()
 }

@@ -1,4 +1,4 @@
-//! Story: a newcomer starts `examples/openai_server` with the embedded
+//! Story: a newcomer starts `handoff-server` with the embedded
 //! random-weights model and points `curl` at it. They list the model, ask
 //! for completions and chats with and without streaming (the streamed
 //! tokens are the tokens of the whole answer), cut an answer short with a
@@ -6,10 +6,6 @@
 //! unknown model, broken JSON, a prompt longer than the context window.
 //! Each mistake gets an OpenAI-style error body with the crate's status,
 //! the metrics count what happened, and every page is back in the pool.
-//!
-//! Runs the example binary that `cargo test` builds; under a filtered
-//! `cargo test --test openai_server_http` it is not built and the test says
-//! so on stderr and returns.
 
 use crate::support::openai_client;
 

@@ -7,13 +7,11 @@
 //! first one left in the prefix cache. Every page is back afterwards.
 //!
 //! Skips with the reason when the model is not fetched
-//! (`scripts/fetch-models.sh`) or the example is not built; the Python half
+//! (`scripts/fetch-models.sh`); the Python half
 //! skips without the venv `scripts/openai-venv.sh` makes.
 
 use crate::support::openai_client::{Server, post, sample};
-use crate::support::text_support;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -44,7 +42,7 @@ print(finish)
 
 #[test]
 fn smollm2_answers_the_readme_question_over_http() {
-    let path = text_support::smollm2_path();
+    let path = crate::support::smollm2_path();
     if !path.is_file() {
         eprintln!(
             "SKIP: {} is absent (run scripts/fetch-models.sh, or set HANDOFF_SMOLLM2)",
@@ -77,8 +75,7 @@ fn smollm2_answers_the_readme_question_over_http() {
         "{v}"
     );
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join(".venv-openai/bin/python");
+    let python = crate::support::openai_python();
     if python.is_file() {
         let out = Command::new(&python)
             .args(["-c", STREAM_PY, &server.url("/v1"), MODEL, QUESTION])

@@ -133,7 +133,7 @@ fn config<R: RoleKind, B: Backend>(args: &Args, m: &Model<B>) -> Result<EngineCo
         .max_context(window)
         .page_size(16.min(window.max(1).next_power_of_two()))
         .pool_tokens(pool)
-        .audit(args.audit);
+        .audit(args.audit());
     if let Some(q) = args.max_queue {
         b = b.max_queue(q);
     }
@@ -143,10 +143,10 @@ fn config<R: RoleKind, B: Backend>(args: &Args, m: &Model<B>) -> Result<EngineCo
 
 impl Stack {
     pub fn start(args: &Args) -> Result<Stack, String> {
-        if args.cuda {
-            let gpu = crate::on_gpu::open("openai_server")?;
-            tracing::info!(on = %crate::on_gpu::describe(&gpu), "the models run on the GPU");
-            return Stack::start_on(args, &|| crate::on_gpu::backend(&gpu));
+        if args.cuda() {
+            let gpu = crate::gpu::open()?;
+            tracing::info!(on = %crate::gpu::describe(&gpu), "the models run on the GPU");
+            return Stack::start_on(args, &|| crate::gpu::backend(&gpu));
         }
         let threads = args.threads;
         Stack::start_on(args, &move || match threads {
@@ -160,7 +160,7 @@ impl Stack {
         args: &Args,
         backend: &dyn Fn() -> B,
     ) -> Result<Stack, String> {
-        let m = model(backend(), args.model.as_deref())?;
+        let m = model(backend(), args.model())?;
         let vocab = m.config().vocab_size;
         if !args.disaggregated {
             let cfg = config::<Colocated, B>(args, &m)?;
@@ -176,7 +176,7 @@ impl Stack {
                 kv_bytes_per_token: per_token,
             });
         }
-        let pm = model(backend(), args.model.as_deref())?;
+        let pm = model(backend(), args.model())?;
         let dcfg = config::<Decode, B>(args, &m)?;
         let pcfg = config::<Prefill, B>(args, &pm)?;
         let per_token = (dcfg.bytes_per_page() / dcfg.page_size()) as u64;

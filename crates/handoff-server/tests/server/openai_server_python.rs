@@ -21,8 +21,7 @@ const WINDOW: usize = 256;
 
 #[test]
 fn the_official_python_client_works_against_the_server() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join(".venv-openai/bin/python");
+    let python = crate::support::openai_python();
     if !python.is_file() {
         eprintln!(
             "skipped: no {} (run scripts/openai-venv.sh: it needs python3 and PyPI)",
@@ -45,7 +44,7 @@ fn the_official_python_client_works_against_the_server() {
     };
     let over = (WINDOW + 1).to_string();
     let out = Command::new(&python)
-        .arg(root.join("tests/support/openai_client/drive.py"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/server/support/drive.py"))
         .args([&server.url("/v1"), "sk-test", "handoff-random", &over])
         .output()
         .expect("python runs");

@@ -14,15 +14,15 @@
 //!   `.bin`, or a folder without `tokenizer.json` support): text prompts and
 //!   chats are refused with a 400 that says to send token ids, and every
 //!   answer carries the generated `token_ids` with empty text.
+//! - [`ModelCodec`], the model's own tokenizer and chat template
+//!   ([`handoff::text::TextModel`]).
+//!
+//! Chat messages, UTF-8 streaming and stop strings are the library's
+//! (`handoff::text`): this module only adapts them to the routes.
+
+use handoff::text::{ContentTokens, Message, TemplateLimits, TextModel, Utf8Decoder};
 
 use crate::errors::ApiError;
-
-/// One chat message, as rendered by a template.
-#[derive(Clone, Debug)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
 
 /// Turns streamed token ids into text, never emitting half a character.
 pub trait StreamText: Send {
@@ -40,8 +40,9 @@ pub trait TextCodec: Send + Sync + 'static {
     fn has_text(&self) -> bool;
     /// A prompt's ids.
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError>;
-    /// A chat rendered with the generation prompt, as ids.
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError>;
+    /// A chat rendered with the generation prompt, as ids. May block for
+    /// the template's deadline: call it off the async workers.
+    fn render_chat(&self, messages: &[Message]) -> Result<Vec<u32>, ApiError>;
     /// A fresh streaming decoder.
     fn decoder(&self) -> Box<dyn StreamText>;
     /// Ids that end generation (EOS, end of turn); never shown as text.
@@ -77,7 +78,7 @@ impl TextCodec for ByteCodec {
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         Ok(text.bytes().map(u32::from).collect())
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+    fn render_chat(&self, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
         let mut s = String::new();
         for m in messages {
             s.push_str("<|");
@@ -90,7 +91,7 @@ impl TextCodec for ByteCodec {
         self.encode(&s)
     }
     fn decoder(&self) -> Box<dyn StreamText> {
-        Box::new(Utf8Stream::default())
+        Box::new(ByteStream::default())
     }
     fn stop_ids(&self) -> Vec<u32> {
         Vec::new()
@@ -103,65 +104,26 @@ impl TextCodec for ByteCodec {
     }
 }
 
-/// Bytes to UTF-8 text as they stream: complete characters go out, an
-/// incomplete trailing sequence waits for its next byte, and an invalid
-/// byte becomes U+FFFD (as `String::from_utf8_lossy` does).
+/// Byte ids to text as they stream (the library's [`Utf8Decoder`]); an id
+/// past the bytes ends any pending character and prints as `<|id|>`.
 #[derive(Debug, Default)]
-pub struct Utf8Stream {
-    pending: Vec<u8>,
+struct ByteStream {
+    bytes: Utf8Decoder,
 }
 
-impl Utf8Stream {
-    fn drain(&mut self, at_end: bool) -> String {
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let good = e.valid_up_to();
-                    // The prefix up to `good` is valid UTF-8 by the error's word.
-                    out.push_str(&String::from_utf8_lossy(&self.pending[..good]));
-                    match e.error_len() {
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            self.pending.drain(..good + bad);
-                        }
-                        None if at_end => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            self.pending.clear();
-                            return out;
-                        }
-                        None => {
-                            self.pending.drain(..good);
-                            return out;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl StreamText for Utf8Stream {
+impl StreamText for ByteStream {
     fn push(&mut self, id: u32) -> String {
         match u8::try_from(id) {
-            Ok(b) => {
-                self.pending.push(b);
-                self.drain(false)
-            }
+            Ok(b) => self.bytes.push(b),
             Err(_) => {
-                let mut s = self.drain(true);
+                let mut s = self.bytes.finish();
                 s.push_str(&format!("<|{id}|>"));
                 s
             }
         }
     }
     fn finish(&mut self) -> String {
-        self.drain(true)
+        self.bytes.finish()
     }
 }
 
@@ -184,7 +146,7 @@ impl TextCodec for IdsOnly {
             "this model is served without a tokenizer: send the prompt as an array of token ids",
         ))
     }
-    fn render_chat(&self, _messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+    fn render_chat(&self, _messages: &[Message]) -> Result<Vec<u32>, ApiError> {
         Err(ApiError::bad_param(
             "messages",
             "this model is served without a tokenizer or chat template: use /v1/completions \
@@ -214,83 +176,43 @@ impl StreamText for NoText {
     }
 }
 
-/// User stop strings over streamed text: holds back a tail that may be the
-/// start of a stop string, and never emits the stop string itself.
-#[derive(Debug, Default)]
-pub struct StopMatcher {
-    stops: Vec<String>,
-    pending: String,
-}
-
-/// What [`StopMatcher::push`] lets out.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Released {
-    /// Text safe to send; generation goes on.
-    Text(String),
-    /// A stop string matched: the text before it, and generation ends.
-    Stopped(String),
-}
-
-impl StopMatcher {
-    pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher {
-            stops,
-            pending: String::new(),
-        }
-    }
-
-    pub fn push(&mut self, text: &str) -> Released {
-        self.pending.push_str(text);
-        if self.stops.is_empty() {
-            return Released::Text(std::mem::take(&mut self.pending));
-        }
-        let first = self
-            .stops
-            .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
-            let before = self.pending[..at].to_string();
-            self.pending.clear();
-            return Released::Stopped(before);
-        }
-        // Hold back the longest tail that starts some stop string.
-        let hold = self
-            .pending
-            .char_indices()
-            .map(|(i, _)| i)
-            .find(|&i| {
-                let tail = &self.pending[i..];
-                self.stops.iter().any(|s| s.starts_with(tail))
-            })
-            .unwrap_or(self.pending.len());
-        let out = self.pending[..hold].to_string();
-        self.pending.drain(..hold);
-        Released::Text(out)
-    }
-
-    /// The held-back tail, once generation has ended without a match.
-    pub fn finish(&mut self) -> String {
-        std::mem::take(&mut self.pending)
-    }
-}
-
 /// The model's own tokenizer and chat template (`handoff::text`): a GGUF
 /// file's vocabulary and template, or a Hugging Face folder's
 /// `tokenizer.json` and `tokenizer_config.json`. The text model lives as
 /// long as the process (the server loads it once), so each stream's decoder
 /// can borrow it.
 pub struct ModelCodec {
-    text: &'static handoff::text::TextModel,
+    text: &'static TextModel,
+    /// How message content encodes (as text unless the deployment allows
+    /// control tokens in messages).
+    content: ContentTokens,
+}
+
+/// Why a model is served without its text side.
+pub enum Untextual {
+    /// The model ships no tokenizer the library reads: serve token ids only.
+    IdsOnly(String),
+    /// The model's chat template exceeds its limits on the probe
+    /// conversations: refuse to serve the model at all.
+    Refused(handoff::text::TextError),
 }
 
 impl ModelCodec {
-    /// The codec of the model at `path`, or `None` (with the reason) when it
-    /// carries no tokenizer.
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let text = handoff::text::TextModel::load(path).map_err(|e| e.to_string())?;
+    /// The codec of the model at `path`, its chat template bounded by
+    /// `limits`.
+    pub fn load(
+        path: &std::path::Path,
+        limits: TemplateLimits,
+        content: ContentTokens,
+    ) -> Result<Self, Untextual> {
+        use handoff::text::TextError;
+        let text = TextModel::load_with_limits(path, limits).map_err(|e| match e {
+            TextError::TemplateLimit { .. } => Untextual::Refused(e),
+            e => Untextual::IdsOnly(e.to_string()),
+        })?;
         Ok(ModelCodec {
             text: Box::leak(Box::new(text)),
+            content,
         })
     }
 }
@@ -313,13 +235,9 @@ impl TextCodec for ModelCodec {
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         self.text.tokenizer().encode(text).map_err(text_error)
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
-        let messages: Vec<handoff::text::Message> = messages
-            .iter()
-            .map(|m| handoff::text::Message::new(m.role.clone(), m.content.clone()))
-            .collect();
+    fn render_chat(&self, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
         self.text
-            .render_chat(&messages)
+            .render_chat_with(messages, self.content)
             .map(|(_, ids)| ids)
             .map_err(text_error)
     }

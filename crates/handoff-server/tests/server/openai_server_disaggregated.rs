@@ -144,9 +144,7 @@ fn bf16_kv_moves_half_the_bytes_and_an_unknown_dtype_refuses_to_start() {
     assert!(status.success(), "{status:?}\n{stdout}\n{}", server.log());
     assert_eq!(stdout.matches("full=true").count(), 2, "{stdout}");
 
-    let Some(bin) = crate::support::example_bin::path("openai_server") else {
-        return;
-    };
+    let bin = crate::support::server_bin();
     let out = std::process::Command::new(&bin)
         .args(["--port", "0", "--kv-dtype", "f64"])
         .output()

@@ -1,12 +1,15 @@
-//! An OpenAI-compatible HTTP server that embeds the engine.
+//! `handoff-server`: an OpenAI-compatible HTTP server that embeds the engine.
 //!
 //! ```sh
-//! cargo run --release --example openai_server                      # embedded random-weights model
-//! cargo run --release --example openai_server -- --model PATH --port 8000 --api-keys keys.txt
-//! cargo run --release --example openai_server -- --disaggregated   # prefill + decode workers
+//! cargo install --path crates/handoff-server                 # or: cargo run --release -p handoff-server --
+//! handoff-server                                             # embedded random-weights model
+//! handoff-server --model PATH --port 8000 --api-keys keys.txt
+//! handoff-server --disaggregated                             # prefill + decode workers
 //! curl -s localhost:8000/v1/completions -H 'content-type: application/json' \
 //!     -d '{"model": "handoff-random", "prompt": "Hello", "max_tokens": 8}'
 //! ```
+//!
+//! `handoff-server --help` lists every argument.
 //!
 //! Routes: `GET /v1/models`, `POST /v1/completions`,
 //! `POST /v1/chat/completions` (`stream: true` gives server-sent events in
@@ -56,8 +59,16 @@
 //!
 //! Text: the embedded random-weights model has no tokenizer, so it is
 //! served with a byte-level codec (its output is noise; see `codec.rs`); a
-//! model file (`--model`) is served ids-only until a tokenizer is wired
-//! in. Logs (`tracing`, one span per request with phases `admission`,
+//! model file (`--model`) is served with its own tokenizer and chat
+//! template (`handoff::text`), or ids-only when it ships none. The chat
+//! template is code from the model file: it renders under a fuel budget,
+//! an output cap and a deadline (`--template-*`); one that exceeds them on
+//! the probe conversations at load is refused (exit 2), one that exceeds
+//! them on a request fails that request alone (500). Message content is
+//! encoded as text: special-token text a user writes never becomes a
+//! control token (`--allow-special-tokens-in-messages` lifts that).
+//! Connections: hyper's header-read timeout, tower-http's request-body
+//! idle timeout and a connection cap (`listen.rs`). Logs (`tracing`, one span per request with phases `admission`,
 //! `prefill` or `prefill_transfer`, and `decode`) go to stderr; `RUST_LOG`
 //! filters them. Stdout gets one line, `listening on http://ADDR`, once the
 //! port is bound, and the pool report at exit.
@@ -67,15 +78,16 @@ mod auth;
 mod codec;
 mod errors;
 mod generation;
+mod gpu;
+mod listen;
 mod logprobs;
 mod metrics;
-#[path = "../support/on_gpu.rs"]
-mod on_gpu;
 mod reply;
 mod routes;
 mod sse;
 mod stack;
-#[path = "../support/staged_link.rs"]
+// The lying-peer test aid the library's examples share (no crate feature).
+#[path = "../../../examples/support/staged_link.rs"]
 mod staged_link;
 mod wire;
 
@@ -86,12 +98,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use clap::Parser;
 use handoff::TenantId;
+use handoff::text::ContentTokens;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::auth::Auth;
-use crate::codec::{ByteCodec, IdsOnly, ModelCodec, TextCodec};
+use crate::codec::{ByteCodec, IdsOnly, ModelCodec, TextCodec, Untextual};
 use crate::routes::AppState;
 use crate::stack::Stack;
 
@@ -103,13 +117,12 @@ fn say(s: &str) {
 }
 
 fn main() -> ExitCode {
-    let args = match args::parse(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "error: {e}\n{}", args::USAGE);
-            return ExitCode::from(2);
-        }
-    };
+    // A bad or missing value: clap's message and exit 2; --help: exit 0.
+    let args = args::Args::parse();
+    if let Err(e) = args.check() {
+        let _ = writeln!(std::io::stderr(), "error: {e}");
+        return ExitCode::from(2);
+    }
     // Each span's close is logged with its busy and idle time: the
     // request's phases, timed.
     tracing_subscriber::fmt()
@@ -187,23 +200,29 @@ async fn run(args: args::Args) -> Result<bool, String> {
         None => Auth::Open(TenantId(0)),
     };
     let stack = Stack::start(&args)?;
-    let codec: Arc<dyn TextCodec> = match (&args.model, ByteCodec::new(stack.vocab)) {
+    let content = if args.allow_special_tokens_in_messages {
+        ContentTokens::Special
+    } else {
+        ContentTokens::Text
+    };
+    let codec: Arc<dyn TextCodec> = match (args.model(), ByteCodec::new(stack.vocab)) {
         (None, Some(bytes)) => Arc::new(bytes),
         // A model file with a tokenizer (GGUF metadata, or tokenizer.json in a
         // Hugging Face folder) serves text; one without serves token ids only.
-        (Some(path), _) => match ModelCodec::load(path) {
+        (Some(path), _) => match ModelCodec::load(path, args.template_limits(), content) {
             Ok(codec) => Arc::new(codec),
-            Err(why) => {
+            Err(Untextual::IdsOnly(why)) => {
                 tracing::warn!(%why, "no tokenizer in the model: serving token ids only");
                 Arc::new(IdsOnly)
             }
+            Err(Untextual::Refused(e)) => return Err(format!("{}: {e}", path.display())),
         },
         _ => Arc::new(IdsOnly),
     };
     let model_name = args
         .served_name
         .clone()
-        .unwrap_or_else(|| match &args.model {
+        .unwrap_or_else(|| match args.model() {
             None => "handoff-random".into(),
             Some(p) => p
                 .file_stem()
@@ -212,7 +231,7 @@ async fn run(args: args::Args) -> Result<bool, String> {
         });
     let metrics = metrics::Metrics::install(
         stack.pools(),
-        args.audit,
+        args.audit(),
         stack.kv_bytes_per_token,
         stack.submitter(),
     )?;
@@ -242,7 +261,7 @@ async fn run(args: args::Args) -> Result<bool, String> {
         model = %model_name,
         window = stack.window,
         disaggregated = stack.disaggregated(),
-        audit = args.audit,
+        audit = args.audit(),
         text = %codec.describe(),
         "serving"
     );
@@ -265,13 +284,19 @@ async fn run(args: args::Args) -> Result<bool, String> {
         let _ = stop_tx.send(true);
     });
     let mut graceful = stop_rx.clone();
-    let server = tokio::spawn(
-        axum::serve(listener, routes::router(state.clone()))
-            .with_graceful_shutdown(async move {
-                let _ = graceful.wait_for(|s| *s).await;
-            })
-            .into_future(),
-    );
+    let limits = listen::ConnLimits {
+        header_timeout: args.header_timeout,
+        body_idle_timeout: args.body_idle_timeout,
+        max_connections: args.max_connections,
+    };
+    let server = tokio::spawn(listen::serve(
+        listener,
+        routes::router(state.clone()),
+        limits,
+        async move {
+            let _ = graceful.wait_for(|s| *s).await;
+        },
+    ));
 
     // Until a signal: serve. Then drain.
     let _ = stop_rx.wait_for(|s| *s).await;
@@ -287,8 +312,7 @@ async fn run(args: args::Args) -> Result<bool, String> {
     // Every live request has its outcome now; the connections finish
     // writing them. A connection that does not close in time is dropped.
     match tokio::time::timeout(Duration::from_secs(10), server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => warn!(error = %e, "the HTTP server ended with an error"),
+        Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(error = %e, "the HTTP server task failed"),
         Err(_) => warn!("connections still open 10 s after shutdown: dropped"),
     }

@@ -1,10 +1,10 @@
-//! A bounded load run against `examples/openai_server.rs` on loopback:
+//! A bounded load run against `handoff-server` on loopback:
 //! concurrent streaming clients for a fixed time, then the latencies they
 //! saw and the server's pools and isolation counter.
 //!
 //! ```sh
-//! cargo run --release --example openai_server -- --port 8000 &
-//! cargo run --release --example openai_load -- --url http://127.0.0.1:8000 --clients 64 --seconds 30
+//! cargo run --release -p handoff-server -- --port 8000 &
+//! cargo run --release -p handoff-server --example openai_load -- --url http://127.0.0.1:8000 --clients 64 --seconds 30
 //! ```
 //!
 //! Each client sends streaming `/v1/completions` requests one after another

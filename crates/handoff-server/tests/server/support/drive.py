@@ -1,8 +1,8 @@
-"""Drives examples/openai_server.rs with the official `openai` Python client.
+"""Drives handoff-server with the official `openai` Python client.
 
 Usage: drive.py BASE_URL API_KEY MODEL OVER_WINDOW_TOKENS
 
-Runs each story the Rust test (tests/openai_server.rs) asserts on and prints
+Runs each story the Rust test (openai_server_python.rs) asserts on and prints
 one JSON object on stdout with what the client saw; it asserts nothing
 itself, so a wrong answer shows up as a failed assertion in the test, with
 the values. Exceptions the client raises are recorded by class name, HTTP

@@ -4,7 +4,6 @@
 //! open to the scraper. A key file with a mistake, or an open server asked
 //! to listen beyond loopback, refuses to start and says why.
 
-use crate::support::example_bin;
 use crate::support::openai_client;
 
 use std::process::Command;
@@ -77,9 +76,7 @@ fn keys_map_clients_to_tenants_and_strangers_get_401() {
 
 #[test]
 fn a_bad_key_file_or_an_open_public_address_refuses_to_start() {
-    let Some(bin) = example_bin::path("openai_server") else {
-        return;
-    };
+    let bin = crate::support::server_bin();
     let bad = key_file("sk-alice 1\nsk-bob two\n");
     let out = Command::new(&bin)
         .args(["--port", "0", "--api-keys", bad.to_str().unwrap()])

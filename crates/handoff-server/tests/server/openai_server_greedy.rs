@@ -6,15 +6,13 @@
 //! transformers recorded for it, and, having no tokenizer, refuses text
 //! prompts with a 400 that says to send ids.
 
-use crate::support::example_bin;
-use crate::support::hf_fixture;
 use crate::support::openai_client;
 
 use handoff::model::{ModelConfig, random_weights, write_llama2c};
 use openai_client::{Server, post};
 use serde_json::{Value, json};
 
-/// The embedded model's seed (examples/openai_server/stack.rs).
+/// The embedded model's seed (crates/handoff-server/src/stack.rs).
 const RANDOM_SEED: u64 = 2026;
 const NEW: usize = 12;
 
@@ -70,7 +68,7 @@ fn http_greedy_equals_generate_on_the_random_model() {
     }
     let new = NEW.to_string();
     args.extend(["--max-new-tokens", &new, "--temperature", "0"]);
-    let generated = example_bin::run("generate", &args);
+    let generated = crate::support::run_example("generate", &args);
     let _ = std::fs::remove_file(&file);
     let Some(out) = generated else {
         return;
@@ -109,12 +107,13 @@ fn http_greedy_equals_generate_on_the_random_model() {
 
 #[test]
 fn a_checkpoint_without_tokenizer_answers_with_transformers_ids() {
-    let Some(server) = Server::start(&["--model", hf_fixture::FIXTURE]) else {
+    let fixture = crate::support::hf_fixture();
+    let Some(server) = Server::start(&["--model", fixture.to_str().unwrap()]) else {
         return;
     };
     let name = openai_client::curl(&[&server.url("/v1/models")]).json()["data"][0]["id"].clone();
     assert_eq!(name, "hf_tiny_llama");
-    for case in hf_fixture::expected() {
+    for case in crate::support::hf_expected() {
         let a = post(
             &server,
             "/v1/completions",

@@ -1,8 +1,10 @@
 //! OpenAI response bodies and stream chunks, and the text that goes in them.
 
+use handoff::text::StopMatcher;
 use serde_json::{Value, json};
 
-use crate::codec::{Released, StopMatcher, StreamText, TextCodec};
+use crate::codec::{StreamText, TextCodec};
+use crate::errors::ApiError;
 
 /// Which API a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,22 +163,27 @@ impl Reply {
 }
 
 /// Generated ids to text: streaming detokenization, end-of-turn ids kept
-/// out of the text, and user stop strings.
+/// out of the text, and user stop strings (the library's [`StopMatcher`]).
 pub struct Detok {
     decoder: Box<dyn StreamText>,
-    stops: StopMatcher,
+    /// `None` once finished.
+    stops: Option<StopMatcher>,
     stop_ids: Vec<u32>,
     ids: Vec<u32>,
 }
 
 impl Detok {
-    pub fn new(codec: &dyn TextCodec, stops: Vec<String>) -> Self {
-        Detok {
+    /// `stops` are checked already (non-empty strings): a refusal here is
+    /// the request's 400.
+    pub fn new(codec: &dyn TextCodec, stops: Vec<String>) -> Result<Self, ApiError> {
+        let stops =
+            StopMatcher::new(stops).map_err(|e| ApiError::bad_param("stop", e.to_string()))?;
+        Ok(Detok {
             decoder: codec.decoder(),
-            stops: StopMatcher::new(stops),
+            stops: Some(stops),
             stop_ids: codec.stop_ids(),
             ids: Vec::new(),
-        }
+        })
     }
 
     /// Every id generated so far.
@@ -191,9 +198,12 @@ impl Detok {
             return (String::new(), false);
         }
         let piece = self.decoder.push(id);
-        match self.stops.push(&piece) {
-            Released::Text(t) => (t, false),
-            Released::Stopped(t) => (t, true),
+        match self.stops.as_mut() {
+            Some(stops) => {
+                let step = stops.push(&piece);
+                (step.text, step.stopped.is_some())
+            }
+            None => (String::new(), false),
         }
     }
 
@@ -201,12 +211,15 @@ impl Detok {
     /// matched in it.
     pub fn finish(&mut self) -> (String, bool) {
         let tail = self.decoder.finish();
-        match self.stops.push(&tail) {
-            Released::Stopped(t) => (t, true),
-            Released::Text(mut t) => {
-                t.push_str(&self.stops.finish());
-                (t, false)
-            }
+        let Some(mut stops) = self.stops.take() else {
+            return (String::new(), false);
+        };
+        let step = stops.push(&tail);
+        if step.stopped.is_some() {
+            return (step.text, true);
         }
+        let mut text = step.text;
+        text.push_str(&stops.finish());
+        (text, false)
     }
 }

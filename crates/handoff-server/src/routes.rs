@@ -175,7 +175,16 @@ async fn run(
             wire::chat_max_tokens(&b, &mut g)?;
             wire::chat_logprobs(&b, &mut g)?;
             let msgs = wire::chat_messages(&b)?;
-            (codec.render_chat(&msgs)?, g)
+            // The chat template is the model's code: it renders on a
+            // blocking thread, under its fuel, output cap and deadline, so
+            // a hostile one costs this request alone.
+            let codec = st.codec.clone();
+            let ids = tokio::task::spawn_blocking(move || codec.render_chat(&msgs))
+                .await
+                .map_err(|e| {
+                    ApiError::new(500, format!("the chat template's task failed: {e}"))
+                })??;
+            (ids, g)
         }
     };
     if !codec.has_text() && !ask.stops.is_empty() {
@@ -195,6 +204,7 @@ async fn run(
         .sampling
         .logprobs
         .map(|_| LogprobJson::new(api, st.codec.clone()));
+    let detok = Detok::new(codec, ask.stops)?;
     let req = Request::new(RequestId(id), tenant, prompt, max_new).with_sampling(ask.sampling);
     let g = generation::start(st, req, api.label(), api.prompt_param()).await?;
     let reply = Reply::new(
@@ -204,7 +214,6 @@ async fn run(
         &st.model_name,
         ask.return_token_ids || !codec.has_text(),
     );
-    let detok = Detok::new(codec, ask.stops);
     Ok(if ask.stream {
         sse::respond(g, reply, detok, ask.include_usage, logprobs).await
     } else {
