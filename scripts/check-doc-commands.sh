@@ -9,8 +9,9 @@
 #   --example NAME  examples/NAME.rs or examples/NAME/main.rs
 #   --bench NAME    benches/NAME.rs or benches/NAME/main.rs
 #   --bin NAME      src/bin/NAME.rs, src/bin/NAME/main.rs, or src/main.rs of a package called NAME
-# A document is checked against the crate it lies in (the nearest Cargo.toml above it, e.g. fuzz/) and the
-# repository's root crate (fuzz/README.md runs `cd .. && cargo test --test model ...`).
+# A document is checked against the crate it lies in (the nearest Cargo.toml above it, e.g. fuzz/), the
+# repository's root crate (fuzz/README.md runs `cd .. && cargo test --test model ...`) and the workspace's member
+# crates under crates/ (`cargo run -p handoff-server --example openai_load`).
 #
 # No file is exempt: docs/bench-history.md quotes only commands that still run. A history page that must quote
 # a command whose target is gone should say so in its text and be added to EXEMPT below with the reason.
@@ -73,6 +74,11 @@ for doc in "${docs[@]}"; do
         if has_target "$crate" "$kind" "$name" || has_target "$root" "$kind" "$name"; then
             continue
         fi
+        found=0
+        for member in "$root"/crates/*/; do
+            [ -f "$member/Cargo.toml" ] && has_target "${member%/}" "$kind" "$name" && found=1 && break
+        done
+        [ $found -eq 1 ] && continue
         echo "$doc:$line: --$kind $name: no such target (see scripts/check-doc-commands.sh for where each lives)"
         failures=$((failures + 1))
     done < <(awk '
