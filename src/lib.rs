@@ -81,6 +81,8 @@
 pub mod backend;
 pub mod config;
 pub mod engine;
+pub mod fingerprint;
+pub mod format;
 pub mod http;
 pub mod ids;
 pub mod kv;

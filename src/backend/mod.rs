@@ -17,15 +17,14 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
-mod ggml;
 pub(crate) mod quant;
 mod rope;
 
 use std::ops::Range;
 
+pub use crate::format::gguf::GgmlType;
 pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, GROUP_WEIGHT_BYTES, Isa};
 pub use error::BackendError;
-pub use ggml::GgmlType;
 pub use quant::{QuantError, QuantMatrix};
 pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 

@@ -69,7 +69,7 @@ impl TextModel {
             .map(|()| &magic == b"GGUF");
         match is_gguf {
             Ok(true) => {
-                let file = crate::model::gguf::GgufFile::open(path)?;
+                let file = crate::format::gguf::GgufFile::open(path)?;
                 Self::from_metadata(&TokenizerMetadata::from_gguf(&file)?)
             }
             Ok(false) => Err(TextError::NoTokenizer {

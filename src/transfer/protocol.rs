@@ -22,10 +22,10 @@
 
 use std::fmt;
 
+use crate::fingerprint::ModelFingerprint;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::KvGeometry;
 use crate::kv::PageId;
-use crate::model::ModelFingerprint;
 use crate::request::SamplingParams;
 use crate::sampling::TokenLogprobs;
 
