@@ -109,7 +109,8 @@ pub use ids::{RequestId, TenantId};
 pub use kv::{
     KvDtype, KvError, KvGeometry, KvPool, KvSeq, PoolConfig, PoolError, PoolStats, ScrubPolicy,
 };
-pub use request::{Priority, Request, SamplingParams};
+pub use request::{Priority, Request};
+pub use sampling::SamplingParams;
 pub use sched::{AdmissionLimits, BatchLimits, Rejection, Scheduler, Ticket};
 
 /// The README's examples, compiled and run as doctests so they stay true.

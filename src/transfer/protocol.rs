@@ -26,7 +26,7 @@ use crate::fingerprint::ModelFingerprint;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::KvGeometry;
 use crate::kv::PageId;
-use crate::request::SamplingParams;
+use crate::sampling::SamplingParams;
 use crate::sampling::TokenLogprobs;
 
 /// A fresh random value per plan: a receipt is matched to the plan that

@@ -19,7 +19,7 @@
 use crate::fingerprint::ModelFingerprint;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::{KvDtype, KvGeometry};
-use crate::request::SamplingParams;
+use crate::sampling::SamplingParams;
 use crate::sampling::{MAX_TOP_LOGPROBS, TokenLogprobs};
 use crate::transfer::error::WireError;
 use crate::transfer::protocol::{
