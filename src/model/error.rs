@@ -53,7 +53,7 @@ pub enum ModelError {
         source: crate::backend::BackendError,
     },
     #[error(transparent)]
-    Gguf(#[from] crate::model::gguf::GgufError),
+    Gguf(#[from] crate::format::gguf::GgufError),
 }
 
 impl HttpStatus for ModelError {
