@@ -1,7 +1,7 @@
 //! The compute boundary: every operation a Llama forward pass needs, over
 //! activations the backend owns and KV pages the [`crate::kv`] module owns.
 //!
-//! The model code ([`crate::model::Model`]) is written once against
+//! The model code (`model::Model`, the layer above) is written once against
 //! [`Backend`]; [`CpuBackend`] implements it now, a CUDA backend later.
 //! KV is reached only through the kv module's validated handles and views
 //! ([`KvSeq`] to append, [`LayerView`] — a page table plus a written length —

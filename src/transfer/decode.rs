@@ -161,7 +161,8 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// by `pool` itself: a request the pool can never hold is rejected,
     /// whatever pool the limits were written for. Plans name the model of
     /// [`TransferConfig::with_model`] (a host running its own model should
-    /// set its [fingerprint](crate::model::Model::fingerprint) there).
+    /// set its [`ModelFingerprint`](crate::fingerprint::ModelFingerprint)
+    /// there, as `Model::fingerprint` gives it).
     pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
         let limits = limits.within_pool(pool.capacity(), pool.page_size());
         DecodeSide {
