@@ -4,7 +4,7 @@
 //! one activation buffer so every weight matrix is read once per step, each
 //! sequence's K/V rows are appended to its own pages, and attention reads
 //! each sequence's own pages through validated views. The pass does not own
-//! a pool or a scheduler: callers (the colocated [`crate::Engine`], prefill
+//! a pool or a scheduler: callers (the engine layer's colocated `Engine`, prefill
 //! and decode workers) hand it the `KvSeq` handles to fill.
 
 use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, Norm, PassPlan, Rope, SeqSpan};

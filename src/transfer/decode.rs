@@ -134,7 +134,7 @@ pub const POLL_BURST: usize = 64;
 /// a transfer that has ended is ignored and counted, even when the client
 /// retried under the same id. The id itself is free again here once its
 /// transfer has ended; a host that goes on generating for the request must
-/// keep its ids unique while it does ([`crate::DecodeWorker`]
+/// keep its ids unique while it does (the engine layer's `DecodeWorker`
 /// refuses a live id with [`Rejection::DuplicateId`]).
 pub struct DecodeSide<L: DecodeLink> {
     link: L,
