@@ -81,6 +81,8 @@
 pub mod backend;
 pub mod config;
 pub mod engine;
+pub mod fingerprint;
+pub mod format;
 pub mod http;
 pub mod ids;
 pub mod kv;
@@ -107,7 +109,8 @@ pub use ids::{RequestId, TenantId};
 pub use kv::{
     KvDtype, KvError, KvGeometry, KvPool, KvSeq, PoolConfig, PoolError, PoolStats, ScrubPolicy,
 };
-pub use request::{Priority, Request, SamplingParams};
+pub use request::{Priority, Request};
+pub use sampling::SamplingParams;
 pub use sched::{AdmissionLimits, BatchLimits, Rejection, Scheduler, Ticket};
 
 /// The README's examples, compiled and run as doctests so they stay true.

@@ -1,7 +1,7 @@
 //! The compute boundary: every operation a Llama forward pass needs, over
 //! activations the backend owns and KV pages the [`crate::kv`] module owns.
 //!
-//! The model code ([`crate::model::Model`]) is written once against
+//! The model code (`model::Model`, the layer above) is written once against
 //! [`Backend`]; [`CpuBackend`] implements it now, a CUDA backend later.
 //! KV is reached only through the kv module's validated handles and views
 //! ([`KvSeq`] to append, [`LayerView`] — a page table plus a written length —
@@ -17,15 +17,14 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
-mod ggml;
 pub(crate) mod quant;
 mod rope;
 
 use std::ops::Range;
 
+pub use crate::format::gguf::GgmlType;
 pub use cpu::{CpuBackend, DEFAULT_PARALLEL_WORK, GROUP_WEIGHT_BYTES, Isa};
 pub use error::BackendError;
-pub use ggml::GgmlType;
 pub use quant::{QuantError, QuantMatrix};
 pub use rope::{InvalidRopeScaling, RopeScaling, RopeStyle};
 

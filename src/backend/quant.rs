@@ -7,9 +7,10 @@
 //! values.
 
 use crate::backend::GgmlType;
+use crate::format::gguf::GgufError;
 
 /// Why bytes are not a quantized matrix handoff computes with. The GGUF
-/// loader reports each as the matching [`GgufError`](crate::model::gguf::GgufError).
+/// loader reports each as the matching [`GgufError`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum QuantError {
@@ -23,6 +24,24 @@ pub enum QuantError {
         needed: u64,
         available: u64,
     },
+}
+
+impl From<QuantError> for GgufError {
+    fn from(e: QuantError) -> Self {
+        match e {
+            QuantError::UnsupportedType { tensor, ty } => GgufError::UnsupportedType { tensor, ty },
+            QuantError::BadDims { tensor, dims } => GgufError::BadDims { tensor, dims },
+            QuantError::Truncated {
+                what,
+                needed,
+                available,
+            } => GgufError::Truncated {
+                what,
+                needed,
+                available,
+            },
+        }
+    }
 }
 
 /// A matrix `[rows, cols]` kept in a ggml storage type: each row is

@@ -117,7 +117,7 @@ pub type DecodeConfig = EngineConfig<Decode>;
 pub const DEFAULT_MAX_QUEUE: usize = 65_536;
 
 impl EngineConfig<Colocated> {
-    /// Starts a builder for a colocated [`crate::Engine`] with the given KV
+    /// Starts a builder for a colocated `Engine` with the given KV
     /// geometry (its pool must hold 2x the window by default).
     pub fn colocated(geometry: KvGeometry) -> EngineConfigBuilder<Colocated> {
         EngineConfigBuilder::new(geometry)

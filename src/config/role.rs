@@ -69,7 +69,7 @@ pub trait RoleKind: sealed::Sealed + Copy + Debug + PartialEq + Send + Sync + 's
     const ROLE: Role;
 }
 
-/// Prefill and decode in one engine, one pool ([`crate::Engine`]).
+/// Prefill and decode in one engine, one pool (the engine layer's `Engine`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Colocated;
 /// Computes prompts' KV and sends it to a decode worker.

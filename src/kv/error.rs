@@ -99,7 +99,7 @@ pub enum KvError {
 
 /// Why a pool (or a KV geometry) could not be built. Every variant names the
 /// size at fault; deployments see these as the matching
-/// [`ConfigError`](crate::ConfigError).
+/// `ConfigError` (the config layer above).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError {

@@ -30,7 +30,7 @@ pub enum ScrubPolicy {
 }
 
 /// Shape and size of a pool. Usually obtained from
-/// [`crate::EngineConfig::pool_config`], which has checked it against the
+/// `EngineConfig::pool_config` (the config layer above), which has checked it against the
 /// context window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolConfig {

@@ -364,8 +364,8 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{KvDtype, KvGeometry};
     use crate::kv::PoolConfig;
+    use crate::kv::{KvDtype, KvGeometry};
 
     fn cache() -> PrefixCache {
         let g = KvGeometry {

@@ -1,3 +1,6 @@
+use std::path::Path;
+
+use crate::format::Mapped;
 use crate::http::HttpStatus;
 
 /// Errors loading or validating a model. Each names what was wrong and where.
@@ -50,7 +53,7 @@ pub enum ModelError {
         source: crate::backend::BackendError,
     },
     #[error(transparent)]
-    Gguf(#[from] crate::model::gguf::GgufError),
+    Gguf(#[from] crate::format::gguf::GgufError),
 }
 
 impl HttpStatus for ModelError {
@@ -63,4 +66,17 @@ impl From<crate::backend::InvalidRopeScaling> for ModelError {
     fn from(e: crate::backend::InvalidRopeScaling) -> Self {
         ModelError::InvalidConfig(e.0)
     }
+}
+
+/// An I/O failure on `path`, as the loaders report it.
+pub(crate) fn io_err(path: &Path, source: std::io::Error) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// `path`'s bytes mapped read-only for a load, or the loaders' I/O error.
+pub(crate) fn map_file(path: &Path) -> Result<Mapped, ModelError> {
+    Mapped::open(path).map_err(|e| io_err(path, e))
 }

@@ -1,22 +1,12 @@
-//! A model's identity: a hash of its configuration and every weight.
-//!
-//! Disaggregated serving computes a prompt's KV on one worker and decodes
-//! from it on another; KV computed by other weights is wrong for every token
-//! that follows, however well it verifies. Decode names the model it serves
-//! in each plan and prefill refuses a plan for any other model.
+//! Computing a model's identity: a hash of its configuration and every
+//! weight (the value, [`ModelFingerprint`], lives in `crate::fingerprint`).
 
-use std::fmt;
 use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
 
+use crate::fingerprint::ModelFingerprint;
 use crate::model::{LayerWeights, ModelConfig, ModelWeights, RopeScaling, RopeStyle};
-
-/// xxh3-64 of a model's configuration and weights (f32 bits, in a fixed
-/// order with every tensor's length). Equal models have equal fingerprints;
-/// a different bit anywhere gives a different one (up to hash collisions).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ModelFingerprint(u64);
 
 impl ModelFingerprint {
     /// Hashes `weights` (one pass over every weight).
@@ -27,22 +17,6 @@ impl ModelFingerprint {
             f.layer(l);
         }
         f.finish(&weights.final_norm, weights.lm_head.as_deref())
-    }
-
-    /// The fingerprint as carried on a wire.
-    pub fn to_u64(self) -> u64 {
-        self.0
-    }
-
-    /// A fingerprint read from a wire.
-    pub const fn from_u64(v: u64) -> Self {
-        ModelFingerprint(v)
-    }
-}
-
-impl fmt::Display for ModelFingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
     }
 }
 
@@ -85,7 +59,7 @@ impl Fingerprinter {
     ) -> ModelFingerprint {
         tensor(&mut self.0, final_norm);
         optional(&mut self.0, lm_head);
-        ModelFingerprint(self.0.finish())
+        ModelFingerprint::from_u64(self.0.finish())
     }
 }
 

@@ -4,7 +4,7 @@
 //! one activation buffer so every weight matrix is read once per step, each
 //! sequence's K/V rows are appended to its own pages, and attention reads
 //! each sequence's own pages through validated views. The pass does not own
-//! a pool or a scheduler: callers (the colocated [`crate::Engine`], prefill
+//! a pool or a scheduler: callers (the engine layer's colocated `Engine`, prefill
 //! and decode workers) hand it the `KvSeq` handles to fill.
 
 use crate::backend::{AttnShape, Backend, BackendError, CpuBackend, Norm, PassPlan, Rope, SeqSpan};
@@ -12,8 +12,7 @@ use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvError, KvPool, KvSeq, PoolConfig, Readable, Ready, Writable};
 use crate::kv::{KvDtype, KvGeometry};
-use crate::model::place::{Placer, WeightSink};
-use crate::model::{ModelConfig, ModelError, ModelFingerprint, ModelWeights};
+use crate::model::{ModelConfig, ModelFingerprint};
 use crate::sampling::{Draw, SamplingError, TokenLogprobs};
 
 /// Why a forward pass failed. Variants with an `index` name the sequence
@@ -328,48 +327,8 @@ enum Want {
     Every,
 }
 
-impl Model<CpuBackend> {
-    /// Places `weights` on a [`CpuBackend`] using every core.
-    pub fn cpu(weights: ModelWeights) -> Result<Self, ModelError> {
-        Model::new(CpuBackend::new(), weights)
-    }
-}
-
 impl<B: Backend> Model<B> {
-    /// Checks `weights` and places them on `backend`.
-    pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
-        weights.check_shapes()?;
-        let ModelWeights {
-            config,
-            embedding,
-            layers,
-            final_norm,
-            lm_head,
-        } = weights;
-        let mut placer = Placer::new(backend, config)?;
-        placer.embedding(embedding)?;
-        for l in layers {
-            placer.layer(l)?;
-        }
-        placer.finish(final_norm, lm_head)
-    }
-
-    /// Loads the model at `path` (a Hugging Face folder or a llama2.c file,
-    /// as [`load_model`](crate::model::load_model) reads them) and places it
-    /// on `backend` as it is read: a Hugging Face checkpoint's tensors are
-    /// placed one layer at a time, so loading never holds the whole model in
-    /// f32. A bf16 checkpoint, kept as bf16 by the CPU backend, needs about
-    /// its file's size plus its largest layer (or embedding) in f32, where
-    /// reading it whole first needed twice its file's size (`cargo bench
-    /// --bench load_memory`). It refuses the same models, with the same
-    /// numbers and the same [fingerprint](Model::fingerprint) for those it
-    /// accepts, as `Model::new(backend, load_model(path)?)`; a backend that
-    /// cannot run the model's shape refuses it before any tensor is read.
-    pub fn load(backend: B, path: &std::path::Path) -> Result<Self, ModelError> {
-        crate::model::load::load_on(backend, path)
-    }
-
-    /// A model from parts a [`Placer`] placed.
+    /// A model from parts a placer placed (`model::place`).
     pub(crate) fn from_placed(
         backend: B,
         config: ModelConfig,

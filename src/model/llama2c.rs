@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use crate::model::mapped::Mapped;
+use crate::model::error::map_file;
 use crate::model::{LayerWeights, ModelConfig, ModelError, ModelWeights, RopeScaling, RopeStyle};
 
 const HEADER_BYTES: usize = 7 * 4;
@@ -23,7 +23,7 @@ const MAX_DIM: usize = 1 << 24;
 /// Loads a llama2.c `.bin` file (mapped, so the file is never held in
 /// memory beside the weights made from it).
 pub fn load_llama2c(path: &Path) -> Result<ModelWeights, ModelError> {
-    let bytes = Mapped::open(path)?;
+    let bytes = map_file(path)?;
     parse_llama2c(bytes.as_slice())
 }
 

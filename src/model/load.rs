@@ -1,10 +1,56 @@
-//! One entry point for every model format: a Hugging Face folder or a
-//! llama2.c `.bin` file, told apart by what the path is.
+//! Where a [`Model`] comes from: one entry point for every model format (a
+//! Hugging Face folder, a GGUF file or a llama2.c `.bin` file, told apart by
+//! what the path is), and the constructors that check weights and place them
+//! on a backend. The loaders sit above the forward pass: they build a
+//! `Model` through `model::place`, and the pass knows none of them.
 
 use std::path::Path;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, CpuBackend};
+use crate::model::place::{Placer, WeightSink};
 use crate::model::{Model, ModelError, ModelWeights, load_hf, load_llama2c};
+
+impl Model<CpuBackend> {
+    /// Places `weights` on a [`CpuBackend`] using every core.
+    pub fn cpu(weights: ModelWeights) -> Result<Self, ModelError> {
+        Model::new(CpuBackend::new(), weights)
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Checks `weights` and places them on `backend`.
+    pub fn new(backend: B, weights: ModelWeights) -> Result<Self, ModelError> {
+        weights.check_shapes()?;
+        let ModelWeights {
+            config,
+            embedding,
+            layers,
+            final_norm,
+            lm_head,
+        } = weights;
+        let mut placer = Placer::new(backend, config)?;
+        placer.embedding(embedding)?;
+        for l in layers {
+            placer.layer(l)?;
+        }
+        placer.finish(final_norm, lm_head)
+    }
+
+    /// Loads the model at `path` (a Hugging Face folder or a llama2.c file,
+    /// as [`load_model`](crate::model::load_model) reads them) and places it
+    /// on `backend` as it is read: a Hugging Face checkpoint's tensors are
+    /// placed one layer at a time, so loading never holds the whole model in
+    /// f32. A bf16 checkpoint, kept as bf16 by the CPU backend, needs about
+    /// its file's size plus its largest layer (or embedding) in f32, where
+    /// reading it whole first needed twice its file's size (`cargo bench
+    /// --bench load_memory`). It refuses the same models, with the same
+    /// numbers and the same [fingerprint](Model::fingerprint) for those it
+    /// accepts, as `Model::new(backend, load_model(path)?)`; a backend that
+    /// cannot run the model's shape refuses it before any tensor is read.
+    pub fn load(backend: B, path: &Path) -> Result<Self, ModelError> {
+        load_on(backend, path)
+    }
+}
 
 /// Loads the model at `path`: a directory is a Hugging Face checkpoint
 /// (`config.json` + `*.safetensors`), a `.gguf` file (or one starting with

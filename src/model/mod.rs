@@ -9,15 +9,14 @@ pub mod gguf;
 mod hf;
 mod llama2c;
 mod load;
-mod mapped;
 mod place;
 mod random;
 mod weights;
 
 pub use crate::backend::{RopeScaling, RopeStyle};
+pub use crate::fingerprint::ModelFingerprint;
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use fingerprint::ModelFingerprint;
 pub use forward::{ForwardError, Logits, Model, Sampled, Scratch};
 pub use hf::{load_hf, load_hf_bytes};
 pub use llama2c::{load_llama2c, parse_llama2c, write_llama2c};

@@ -2,11 +2,11 @@
 //! [`ModelWeights`], or placed on a backend at once ([`Placer`]), so a model
 //! can be loaded without ever holding all of its weights in f32.
 
+use crate::backend::QuantMatrix;
 use crate::backend::{AttnShape, Backend};
 use crate::model::check::{check, check_output};
 use crate::model::fingerprint::Fingerprinter;
 use crate::model::forward::Layer;
-use crate::model::gguf::QuantMatrix;
 use crate::model::{LayerWeights, Model, ModelConfig, ModelError, ModelWeights};
 
 /// Receives a model's tensors in load order: the embedding, every layer in

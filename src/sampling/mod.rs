@@ -10,6 +10,7 @@
 //! for the same logits).
 
 mod logprobs;
+mod params;
 mod row;
 mod simd;
 
@@ -17,13 +18,13 @@ pub use logprobs::{
     MAX_TOP_LOGPROBS, TokenLogprobs, log_normaliser, logprob_of, token_logprobs, top_ids,
 };
 
+pub use params::SamplingParams;
 pub use row::{
     MAX_VOCAB, RowScratch, WEIGHT_BITS, draw_point, key, key_id, log2e_over, nucleus_need,
     sample_row, weight,
 };
 
 use crate::http::HttpStatus;
-use crate::request::SamplingParams;
 use crate::rng::SplitMix64;
 
 /// Why no token could be chosen. The request fails; nothing is emitted.

@@ -75,7 +75,7 @@ pub enum TextError {
     #[error("a stop string must not be empty")]
     EmptyStopString,
     #[error(transparent)]
-    Gguf(#[from] crate::model::gguf::GgufError),
+    Gguf(#[from] crate::format::gguf::GgufError),
 }
 
 impl HttpStatus for TextError {

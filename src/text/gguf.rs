@@ -1,6 +1,6 @@
 //! [`TokenizerMetadata`] read from a GGUF file's `tokenizer.*` keys.
 
-use crate::model::gguf::{GgufFile, GgufValue};
+use crate::format::gguf::{GgufFile, GgufValue};
 
 use super::{TextError, TokenizerMetadata};
 

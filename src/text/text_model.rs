@@ -112,7 +112,7 @@ impl TextModel {
             .map(|()| &magic == b"GGUF");
         match is_gguf {
             Ok(true) => {
-                let file = crate::model::gguf::GgufFile::open(path)?;
+                let file = crate::format::gguf::GgufFile::open(path)?;
                 Self::from_metadata_with_limits(&TokenizerMetadata::from_gguf(&file)?, limits)
             }
             Ok(false) => Err(TextError::NoTokenizer {

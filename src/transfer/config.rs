@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::model::ModelFingerprint;
+use crate::fingerprint::ModelFingerprint;
 use crate::transfer::auth::LinkKey;
 use crate::transfer::error::LinkError;
 

@@ -134,7 +134,7 @@ pub const POLL_BURST: usize = 64;
 /// a transfer that has ended is ignored and counted, even when the client
 /// retried under the same id. The id itself is free again here once its
 /// transfer has ended; a host that goes on generating for the request must
-/// keep its ids unique while it does ([`crate::DecodeWorker`]
+/// keep its ids unique while it does (the engine layer's `DecodeWorker`
 /// refuses a live id with [`Rejection::DuplicateId`]).
 pub struct DecodeSide<L: DecodeLink> {
     link: L,
@@ -161,7 +161,8 @@ impl<L: DecodeLink> DecodeSide<L> {
     /// by `pool` itself: a request the pool can never hold is rejected,
     /// whatever pool the limits were written for. Plans name the model of
     /// [`TransferConfig::with_model`] (a host running its own model should
-    /// set its [fingerprint](crate::model::Model::fingerprint) there).
+    /// set its [`ModelFingerprint`](crate::fingerprint::ModelFingerprint)
+    /// there, as `Model::fingerprint` gives it).
     pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
         let limits = limits.within_pool(pool.capacity(), pool.page_size());
         DecodeSide {

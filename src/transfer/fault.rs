@@ -55,7 +55,7 @@ pub enum Fault {
     Kill,
     /// The request's client cancels (or disconnects) at this step. The
     /// decode worker applies it at its next step, as it would a
-    /// [`crate::RequestHandle::cancel`]; hosts driving a
+    /// `RequestHandle::cancel` (engine layer); hosts driving a
     /// [`crate::transfer::DecodeSide`] directly read
     /// [`FaultPlan::take_cancels`].
     CancelClient,

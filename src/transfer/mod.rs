@@ -18,9 +18,9 @@
 //!   inside the landing zone's fence; everything else on authenticated TCP;
 //!   see `nixl`), each with a cap on KV bytes in flight.
 //!
-//! The workers that run a model on each side, [`crate::engine::PrefillWorker`]
-//! and [`crate::engine::DecodeWorker`], live in the engine layer above this
-//! one: nothing here knows a model, a sampler or a request handle.
+//! The workers that run a model on each side, `engine::PrefillWorker` and
+//! `engine::DecodeWorker`, live in the engine layer above this one: nothing
+//! here knows a model, a sampler or a request handle.
 //! - `fault` (tests and the `fault-injection` feature): a `FaultPlan` that
 //!   drops, delays, duplicates, reorders, truncates or corrupts messages and
 //!   KV bytes, or disconnects the peer, and kills a worker, cancels a

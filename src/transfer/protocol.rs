@@ -22,11 +22,11 @@
 
 use std::fmt;
 
+use crate::fingerprint::ModelFingerprint;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::KvGeometry;
 use crate::kv::PageId;
-use crate::model::ModelFingerprint;
-use crate::request::SamplingParams;
+use crate::sampling::SamplingParams;
 use crate::sampling::TokenLogprobs;
 
 /// A fresh random value per plan: a receipt is matched to the plan that

@@ -1,23 +1,18 @@
-//! GGUF files (llama.cpp's format, versions 2 and 3): the metadata and the
-//! tensor directory ([`GgufFile`]), parsed with every count, length and
-//! offset checked against the file before it sizes anything.
+//! Llama-family models from GGUF files: the configuration from the
+//! metadata, the weights from the tensor directory. The file itself (its
+//! reader, values, tensor directory and errors) is [`crate::format::gguf`],
+//! re-exported here so that `handoff::model::gguf::GgufFile` and the rest
+//! keep their paths.
 
-mod error;
-mod file;
 pub(crate) mod model;
 mod random;
-mod reader;
-mod value;
 
-pub use crate::backend::GgmlType;
-pub use error::GgufError;
-pub use file::{GgufFile, TensorInfo};
-pub use value::{GgufArray, GgufValue};
-mod write;
 pub use crate::backend::QuantMatrix;
 pub(crate) use crate::backend::quant::dequantize;
+pub use crate::format::gguf::{
+    GgmlType, GgufArray, GgufError, GgufFile, GgufValue, GgufWriter, TensorInfo,
+};
 pub use random::random_gguf;
-pub use write::GgufWriter;
 
 use std::path::Path;
 

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Component, Path};
 
+use crate::model::error::{io_err, map_file};
 use crate::model::hf::config::HfConfig;
 use crate::model::hf::shard::Shard;
 use crate::model::hf::tensors::TensorSet;
-use crate::model::mapped::{Mapped, io_err};
 use crate::model::place::WeightSink;
 use crate::model::{ModelConfig, ModelError};
 
@@ -95,7 +95,7 @@ pub(super) fn load<S: WeightSink>(
     };
     let files = names
         .iter()
-        .map(|n| Mapped::open(&dir.join(n)))
+        .map(|n| map_file(&dir.join(n)))
         .collect::<Result<Vec<_>, _>>()?;
     let shards = names
         .iter()

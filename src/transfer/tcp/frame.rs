@@ -16,10 +16,10 @@
 //! Decoding is a pure function of a byte slice; it never panics and never
 //! allocates more than the bytes it was given justify.
 
+use crate::fingerprint::ModelFingerprint;
 use crate::ids::{RequestId, TenantId};
 use crate::kv::{KvDtype, KvGeometry};
-use crate::model::ModelFingerprint;
-use crate::request::SamplingParams;
+use crate::sampling::SamplingParams;
 use crate::sampling::{MAX_TOP_LOGPROBS, TokenLogprobs};
 use crate::transfer::error::WireError;
 use crate::transfer::protocol::{

@@ -1,6 +1,6 @@
 //! What can be wrong with a GGUF file, each naming where.
 
-use crate::backend::{GgmlType, QuantError};
+use crate::format::gguf::GgmlType;
 use crate::http::HttpStatus;
 
 /// A GGUF file that cannot be read, or cannot be served. Every variant names
@@ -125,23 +125,5 @@ pub enum GgufError {
 impl HttpStatus for GgufError {
     fn http_status(&self) -> u16 {
         500
-    }
-}
-
-impl From<QuantError> for GgufError {
-    fn from(e: QuantError) -> Self {
-        match e {
-            QuantError::UnsupportedType { tensor, ty } => GgufError::UnsupportedType { tensor, ty },
-            QuantError::BadDims { tensor, dims } => GgufError::BadDims { tensor, dims },
-            QuantError::Truncated {
-                what,
-                needed,
-                available,
-            } => GgufError::Truncated {
-                what,
-                needed,
-                available,
-            },
-        }
     }
 }

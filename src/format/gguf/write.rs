@@ -2,7 +2,7 @@
 //! models. It writes what it is told, malformed files included (that is
 //! what the malformed-file tests need), and is not used when loading.
 
-use crate::model::gguf::{GgmlType, GgufArray, GgufValue};
+use crate::format::gguf::{GgmlType, GgufArray, GgufValue};
 
 /// A GGUF v3 file under construction.
 #[derive(Clone, Debug, Default)]

@@ -7,16 +7,6 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use crate::model::ModelError;
-
-/// An I/O failure on `path`, as the loaders report it.
-pub(crate) fn io_err(path: &Path, source: std::io::Error) -> ModelError {
-    ModelError::Io {
-        path: path.display().to_string(),
-        source,
-    }
-}
-
 /// A file's bytes: mapped, or empty (a zero-length file cannot be mapped).
 pub(crate) enum Mapped {
     Map(Mmap),
@@ -24,9 +14,9 @@ pub(crate) enum Mapped {
 }
 
 impl Mapped {
-    pub(crate) fn open(path: &Path) -> Result<Self, ModelError> {
-        let file = File::open(path).map_err(|e| io_err(path, e))?;
-        let len = file.metadata().map_err(|e| io_err(path, e))?.len();
+    pub(crate) fn open(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
         if len == 0 {
             return Ok(Self::Empty);
         }
@@ -35,7 +25,7 @@ impl Mapped {
         // no other process truncates or rewrites the file meanwhile; model
         // files are read-only inputs, and the alternative (reading whole
         // multi-GB files into memory) is what the mapping exists to avoid.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
+        let map = unsafe { Mmap::map(&file) }?;
         Ok(Self::Map(map))
     }
 

@@ -2,7 +2,7 @@
 //! says what it was reading when the bytes run out, and every count is
 //! checked against the bytes left before anything is allocated for it.
 
-use crate::model::gguf::{GgufArray, GgufError, GgufValue};
+use crate::format::gguf::{GgufArray, GgufError, GgufValue};
 
 /// Arrays of arrays nest at most this deep (real files nest none).
 pub(super) const MAX_NESTING: usize = 8;

@@ -5,10 +5,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::model::ModelError;
-use crate::model::gguf::reader::Reader;
-use crate::model::gguf::{GgmlType, GgufError, GgufValue};
-use crate::model::mapped::Mapped;
+use crate::format::Mapped;
+use crate::format::gguf::reader::Reader;
+use crate::format::gguf::{GgmlType, GgufError, GgufValue};
 
 /// ggml's limit on a tensor's dimensions.
 const MAX_DIMS: u32 = 4;
@@ -93,17 +92,14 @@ impl GgufFile {
     /// directory. Nothing is read from the tensor data.
     ///
     /// ```no_run
-    /// let f = handoff::model::gguf::GgufFile::open(std::path::Path::new("model.gguf"))?;
+    /// let f = handoff::format::gguf::GgufFile::open(std::path::Path::new("model.gguf"))?;
     /// println!("{} with {} tensors", f.architecture()?, f.tensors().len());
-    /// # Ok::<(), handoff::model::gguf::GgufError>(())
+    /// # Ok::<(), handoff::format::gguf::GgufError>(())
     /// ```
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let mapped = Mapped::open(path).map_err(|e| match e {
-            ModelError::Io { path, source } => GgufError::Io { path, source },
-            other => GgufError::Io {
-                path: path.display().to_string(),
-                source: std::io::Error::other(other.to_string()),
-            },
+        let mapped = Mapped::open(path).map_err(|source| GgufError::Io {
+            path: path.display().to_string(),
+            source,
         })?;
         Self::parse(Source::Mapped(mapped))
     }
