@@ -49,7 +49,7 @@
 //! against the plan and the bytes that landed. Both generate on the core
 //! above: [`DecodeWorker::step`] and [`DecodeWorker::run_until_idle`] are
 //! the engine's. A host whose clients arrive on many threads puts either
-//! server behind [`crate::service::Service`].
+//! server behind `handoff::service::Service`.
 
 mod colocated;
 mod decode_worker;

@@ -16,9 +16,9 @@
 //! [`DevicePages`]; on a GPU, `backend::cuda::CudaPages::for_pool`). Either
 //! way the host keeps every page's owner, generation and written counts,
 //! and the audit trail. Engines and workers built with `new` ask their
-//! backend for the pool ([`crate::backend::Backend::new_pool`]): host memory
+//! backend for the pool (`Backend::new_pool`): host memory
 //! by default, device memory from `CudaBackend::new(dev).device_kv(true)`.
-//! [`crate::EngineConfigBuilder::pool_memory`] sizes a pool from a memory
+//! `EngineConfigBuilder::pool_memory` sizes a pool from a memory
 //! budget instead of a token count.
 //!
 //! Views of a device-resident pool lend no rows in place
