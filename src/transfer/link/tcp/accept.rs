@@ -1,5 +1,5 @@
 //! The decode end's accept loop: every connection must prove itself (with a
-//! link key: the handshake of [`crate::transfer::auth`] and a sealed hello;
+//! link key: the handshake of [`crate::transfer::link::auth`] and a sealed hello;
 //! without: a valid hello frame) within the auth timeout, while the loop
 //! keeps accepting others. The first connection that does becomes the link;
 //! a stranger that connects first, stays silent, or floods the port is
@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::transfer::auth::{
-    AuthError, HS_HEADER_LEN, HS_MAGIC, Handshake, LinkKey, Session, TAG_LEN, hs_header,
-};
 use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::{LinkError, WireError};
-use crate::transfer::tcp::frame::{
+use crate::transfer::link::auth::{
+    AuthError, HS_HEADER_LEN, HS_MAGIC, Handshake, LinkKey, Session, TAG_LEN, hs_header,
+};
+use crate::transfer::link::tcp::frame::{
     self, FLAG_SEALED, Frame, HEADER_LEN, Kind, MAGIC, Role, decode_header_flagged,
 };
 

@@ -3,7 +3,7 @@
 //!
 //! With a link key ([`TransferConfig::with_link_key`]) both ends prove they
 //! hold it before any frame, and every frame is sealed under the session's
-//! keys (see [`crate::transfer::auth`]); such a link may use any address.
+//! keys (see [`crate::transfer::link::auth`]); such a link may use any address.
 //! Without one the link is unauthenticated and unencrypted, and binds and
 //! connects to loopback addresses only: for tests, demos and single-user
 //! hosts, where any local process could connect as the peer.
@@ -38,16 +38,16 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::kv::{Held, KvSeq};
-use crate::transfer::auth::{
+use crate::transfer::config::{TransferConfig, deadline};
+use crate::transfer::error::{LinkError, WireError};
+use crate::transfer::link::auth::{
     AuthError, HS_HEADER_LEN, Handshake, LinkKey, Opener, Sealer, Session, TAG_LEN, hs_header,
 };
-use crate::transfer::config::{TransferConfig, deadline};
-use crate::transfer::credits::{Credits, InFlightStats};
-use crate::transfer::error::{LinkError, WireError};
-use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
-use crate::transfer::landing::LandingZone;
+use crate::transfer::link::credits::{Credits, InFlightStats};
+use crate::transfer::link::landing::LandingZone;
 use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
+use crate::transfer::testing::gate::{Gate, Step, WriteMsg, receiver_delay};
 use frame::{FLAG_SEALED, Frame, HEADER_LEN, Kind, Role};
 
 /// TCP on 127.0.0.1, authenticated when the configuration carries a link

@@ -277,7 +277,7 @@ impl Handshake {
 /// Checks a handshake message's header; `Ok(len)` is its body's length.
 pub(crate) fn hs_header(h: &[u8; HS_HEADER_LEN]) -> Result<usize, AuthError> {
     let magic = [h[0], h[1], h[2], h[3]];
-    if magic == crate::transfer::tcp::frame::MAGIC {
+    if magic == crate::transfer::link::tcp::frame::MAGIC {
         return Err(AuthError::PeerUnauthenticated);
     }
     if magic != HS_MAGIC {

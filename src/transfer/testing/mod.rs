@@ -1,0 +1,15 @@
+//! The seams tests reach through, kept apart from the protocol and the
+//! links.
+//!
+//! - `gate`: where the links apply injected faults and the sides take the
+//!   worker faults. Without the `fault-injection` feature (and outside
+//!   tests) it holds nothing and passes every message through unchanged.
+//! - `fault` (tests and the `fault-injection` feature): the `FaultPlan`.
+//! - [`synthetic`]: deterministic KV for transfers without a model.
+
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod fault;
+pub(crate) mod gate;
+pub mod synthetic;
+
+pub use gate::Step;
