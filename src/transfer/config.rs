@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use crate::fingerprint::ModelFingerprint;
-use crate::transfer::auth::LinkKey;
 use crate::transfer::error::LinkError;
+use crate::transfer::link::auth::LinkKey;
 
 /// Timeouts on every wait and the bound on KV bytes in flight. Obtained
 /// from [`TransferConfig::default`] and adjusted with the `with_*` methods;
@@ -23,7 +23,7 @@ pub struct TransferConfig {
     link_key: Option<LinkKey>,
     auth_timeout: Duration,
     #[cfg(any(test, feature = "fault-injection"))]
-    faults: Option<std::sync::Arc<crate::transfer::fault::FaultPlan>>,
+    faults: Option<std::sync::Arc<crate::transfer::testing::fault::FaultPlan>>,
 }
 
 impl Default for TransferConfig {
@@ -104,7 +104,7 @@ impl TransferConfig {
         self
     }
     /// The deployment's link key: TCP links then authenticate both ends
-    /// before any frame (see [`crate::transfer::auth`]) and seal every frame,
+    /// before any frame (see [`crate::transfer::link::auth`]) and seal every frame,
     /// and may use non-loopback addresses. Both ends need the same key.
     /// Without one, TCP serves loopback only, unauthenticated (tests, demos,
     /// single-user hosts: any local process can connect as the peer).
@@ -125,7 +125,10 @@ impl TransferConfig {
     /// Injects the faults of `plan` at the protocol steps it names.
     #[cfg(any(test, feature = "fault-injection"))]
     #[must_use]
-    pub fn with_faults(mut self, plan: std::sync::Arc<crate::transfer::fault::FaultPlan>) -> Self {
+    pub fn with_faults(
+        mut self,
+        plan: std::sync::Arc<crate::transfer::testing::fault::FaultPlan>,
+    ) -> Self {
         self.faults = Some(plan);
         self
     }
@@ -163,7 +166,9 @@ impl TransferConfig {
         self.auth_timeout
     }
     #[cfg(any(test, feature = "fault-injection"))]
-    pub(crate) fn faults(&self) -> Option<&std::sync::Arc<crate::transfer::fault::FaultPlan>> {
+    pub(crate) fn faults(
+        &self,
+    ) -> Option<&std::sync::Arc<crate::transfer::testing::fault::FaultPlan>> {
         self.faults.as_ref()
     }
 

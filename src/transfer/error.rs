@@ -4,7 +4,7 @@
 use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::KvError;
-use crate::transfer::auth::AuthError;
+use crate::transfer::link::auth::AuthError;
 use crate::transfer::protocol::{AbortReason, Nonce, PlannedPage};
 
 /// What a side was waiting for when its timeout expired.

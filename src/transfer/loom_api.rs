@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use crate::ids::RequestId;
 use crate::kv::{Held, KvError, KvPool, KvSeq, Ready};
-use crate::transfer::credits;
 use crate::transfer::error::LinkError;
-use crate::transfer::landing::{self, Destination, LandingZone};
+use crate::transfer::link::credits;
+use crate::transfer::link::landing::{self, Destination, LandingZone};
 use crate::transfer::protocol::{Nonce, WriteBatch};
 
-pub use crate::transfer::credits::InFlightStats;
+pub use crate::transfer::link::credits::InFlightStats;
 
 /// What became of one write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

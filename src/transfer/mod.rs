@@ -2,30 +2,38 @@
 //! worker that computed it to the worker that decodes from it, which is the
 //! security boundary this crate exists for.
 //!
-//! - [`protocol`]: the messages (plan, write batch, receipt, abort, answer).
-//! - [`DecodeSide`]: admits, reserves destination pages, plans, and
-//!   verifies every receipt against its plan and the bytes that landed.
-//!   Only the verifier produces [`VerifiedKv`], the only source of a
-//!   `KvSeq<Ready>` from a transfer.
-//! - [`PrefillSide`]: refuses plans beyond its limits with a typed abort (no
-//!   receipt, no placeholder), computes, sends, and holds the source pages
-//!   until decode answers or the transfer is abandoned and drained.
-//! - [`Transfer`]: transports — [`InProcess`] (threads, one memory copy),
-//!   [`Tcp`] (framed, bounded; loopback without a link key, any address
-//!   with one: [`auth`] authenticates both ends and seals every frame), and
-//!   with the `nixl` feature `Nixl` (the decode end READs the KV bytes by
-//!   NIXL straight from the prefill end's held pages into its own, from
-//!   inside the landing zone's fence; everything else on authenticated TCP;
-//!   see `nixl`), each with a cap on KV bytes in flight.
+//! Three folders, one concern each:
+//!
+//! - [`protocol`]: what is said and what is checked, independent of how the
+//!   bytes move. The messages (plan, write batch, receipt, abort, answer);
+//!   the two sides' state machines, [`DecodeSide`] (admits, reserves
+//!   destination pages, plans, and verifies every receipt against its plan
+//!   and the bytes that landed: only the verifier produces [`VerifiedKv`],
+//!   the only source of a `KvSeq<Ready>` from a transfer) and
+//!   [`PrefillSide`] (refuses plans beyond its limits with a typed abort, no
+//!   receipt, no placeholder; computes, sends, and holds the source pages
+//!   until decode answers or the transfer is abandoned and drained); the
+//!   pure verifier (`protocol::verify`) and the checksums it compares.
+//! - [`link`]: how the bytes move. The [`Transfer`] transports —
+//!   [`InProcess`] (threads, one memory copy), [`Tcp`] (framed, bounded;
+//!   loopback without a link key, any address with one: [`auth`]
+//!   authenticates both ends and seals every frame), and with the `nixl`
+//!   feature `Nixl` (the decode end READs the KV bytes by NIXL straight
+//!   from the prefill end's held pages into its own, from inside the landing
+//!   zone's fence; everything else on authenticated TCP; see `nixl`), each
+//!   with a cap on KV bytes in flight — and the decode end's
+//!   [`LandingZone`].
+//! - [`testing`]: the seams tests reach through. With the `fault-injection`
+//!   feature (always on in this crate's tests) `fault`'s `FaultPlan` drops,
+//!   delays, duplicates, reorders, truncates or corrupts messages and KV
+//!   bytes, or disconnects the peer, and kills a worker, cancels a client,
+//!   exhausts a pool or makes admission reject, at any protocol step (see
+//!   RELIABILITY.md); without it the links' gates pass every message
+//!   through. [`synthetic`] KV exercises transfers without a model.
 //!
 //! The workers that run a model on each side, `engine::PrefillWorker` and
 //! `engine::DecodeWorker`, live in the engine layer above this one: nothing
 //! here knows a model, a sampler or a request handle.
-//! - `fault` (tests and the `fault-injection` feature): a `FaultPlan` that
-//!   drops, delays, duplicates, reorders, truncates or corrupts messages and
-//!   KV bytes, or disconnects the peer, and kills a worker, cancels a
-//!   client, exhausts a pool or makes admission reject, at any protocol
-//!   step (see RELIABILITY.md).
 //!
 //! # KV in device memory
 //!
@@ -69,45 +77,39 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod auth;
-pub mod checksum;
 mod config;
-mod credits;
-mod decode;
-mod ended;
 mod error;
-#[cfg(any(test, feature = "fault-injection"))]
-pub mod fault;
-mod gate;
-mod inproc;
-mod landing;
-mod link;
+pub mod link;
 #[cfg(handoff_loom)]
 #[doc(hidden)]
 pub mod loom_api;
-#[cfg(feature = "nixl")]
-pub mod nixl;
-mod prefill;
 pub mod protocol;
-pub mod synthetic;
-pub mod tcp;
+pub mod testing;
+
+pub use link::auth;
+#[cfg(feature = "nixl")]
+pub use link::nixl;
+pub use link::tcp;
+pub use protocol::checksum;
+#[cfg(any(test, feature = "fault-injection"))]
+pub use testing::fault;
+pub use testing::synthetic;
 
 pub use auth::{AuthError, LinkKey};
 pub use config::TransferConfig;
-pub use credits::InFlightStats;
-pub use decode::{CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, POLL_BURST, VerifiedKv};
 pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::{Fault, FaultPlan, FaultRule};
-pub use gate::Step;
-pub use inproc::{InProcess, InProcessDecode, InProcessPrefill};
-pub use landing::LandingZone;
-pub use link::{DecodeLink, PrefillLink, Transfer};
+pub use link::{
+    DecodeLink, InFlightStats, InProcess, InProcessDecode, InProcessPrefill, LandingZone,
+    PrefillLink, Transfer,
+};
 #[cfg(feature = "nixl")]
 pub use nixl::{Nixl, NixlConfig};
-pub use prefill::{PrefillJob, PrefillSide, PrefillStats};
 pub use protocol::{
-    Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
-    Verdict, WriteBatch, WriterRun,
+    Abort, AbortReason, Answer, CancelOutcome, DecodeOutcome, DecodeSide, DecodeStats, FailReason,
+    Nonce, POLL_BURST, Plan, PlannedPage, PrefillJob, PrefillSide, PrefillStats, Receipt, ToDecode,
+    ToPrefill, Verdict, VerifiedKv, WriteBatch, WriterRun,
 };
 pub use tcp::{Refusal, Tcp, TcpAuth, TcpDecode, TcpDecodeListener, TcpPrefill};
+pub use testing::Step;

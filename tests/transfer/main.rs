@@ -23,6 +23,7 @@ mod pd_prefix_cache;
 mod prefill_then_decode;
 mod transfer_auth;
 mod transfer_faults;
+mod transfer_flood;
 mod transfer_nixl;
 mod transfer_prefill_refusals;
 mod transfer_protocol;

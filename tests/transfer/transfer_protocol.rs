@@ -6,7 +6,7 @@
 //! every rule the verifier checks a receipt against is broken on purpose,
 //! one at a time, and a write refused at the landing zone fails its
 //! transfer too (each landing rule has its own unit test in
-//! `src/transfer/landing.rs`), while a bystander request from another
+//! `src/transfer/link/landing.rs`), while a bystander request from another
 //! tenant transfers alongside. Each
 //! time: the broken transfer ends in its typed error (HTTP 500), decode gets
 //! nothing to generate from (no verified KV), the bystander's KV arrives

@@ -3,7 +3,7 @@
 //!
 //! With a link key ([`TransferConfig::with_link_key`]) both ends prove they
 //! hold it before any frame, and every frame is sealed under the session's
-//! keys (see [`crate::transfer::auth`]); such a link may use any address.
+//! keys (see [`crate::transfer::link::auth`]); such a link may use any address.
 //! Without one the link is unauthenticated and unencrypted, and binds and
 //! connects to loopback addresses only: for tests, demos and single-user
 //! hosts, where any local process could connect as the peer.
@@ -25,7 +25,7 @@ mod accept;
 pub mod frame;
 mod plane;
 
-pub use accept::{MAX_PENDING, Refusal};
+pub use accept::{MAX_PENDING, MAX_PENDING_PER_SOURCE, Refusal};
 pub(crate) use plane::{CreditMark, PlaneReceiver, PlaneSender, SenderFactory};
 
 use std::io::{Read, Write};
@@ -38,16 +38,16 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::kv::{Held, KvSeq};
-use crate::transfer::auth::{
+use crate::transfer::config::{TransferConfig, deadline};
+use crate::transfer::error::{LinkError, WireError};
+use crate::transfer::link::auth::{
     AuthError, HS_HEADER_LEN, Handshake, LinkKey, Opener, Sealer, Session, TAG_LEN, hs_header,
 };
-use crate::transfer::config::{TransferConfig, deadline};
-use crate::transfer::credits::{Credits, InFlightStats};
-use crate::transfer::error::{LinkError, WireError};
-use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
-use crate::transfer::landing::LandingZone;
+use crate::transfer::link::credits::{Credits, InFlightStats};
+use crate::transfer::link::landing::LandingZone;
 use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
+use crate::transfer::testing::gate::{Gate, Step, WriteMsg, receiver_delay};
 use frame::{FLAG_SEALED, Frame, HEADER_LEN, Kind, Role};
 
 /// TCP on 127.0.0.1, authenticated when the configuration carries a link
@@ -291,6 +291,40 @@ impl FrameReader {
             }
             .into()),
         }
+    }
+
+    /// Waits, by `until`, for the decode end's acceptance on an
+    /// authenticated link: its first frame, a hello sealed under this
+    /// session, which it sends only once its accept loop has handed this
+    /// connection out as its link. A decode end that completed the
+    /// handshake but never takes the link is [`AuthError::NotAccepted`].
+    fn accepted(&mut self, until: Instant, limit: Duration) -> Result<(), LinkError> {
+        let not_accepted = |e: LinkError| match e {
+            LinkError::Auth(AuthError::Deadline { waited_ms }) => {
+                AuthError::NotAccepted { waited_ms }.into()
+            }
+            e => e,
+        };
+        let mut h = [0u8; HEADER_LEN];
+        read_until(&self.stream, &mut h, until, limit).map_err(not_accepted)?;
+        let header = frame::decode_header_flagged(&h, self.max, FLAG_SEALED)?;
+        if header.kind != Kind::Hello || header.seq != self.expect {
+            return Err(WireError::Unexpected {
+                kind: header.kind.name(),
+                context: "before the decode end's acceptance",
+            }
+            .into());
+        }
+        self.buf.resize(header.len as usize, 0);
+        read_until(&self.stream, &mut self.buf, until, limit).map_err(not_accepted)?;
+        if let Some(opener) = self.opener.as_mut() {
+            opener.open(&h, &mut self.buf)?;
+        }
+        let hello = frame::decode_payload(Kind::Hello, &self.buf)?;
+        self.check_hello(&hello)?;
+        self.expect = self.expect.wrapping_add(1);
+        self.hello = true;
+        Ok(())
     }
 
     fn check_hello(&self, f: &Frame<'_>) -> Result<(), LinkError> {
@@ -653,8 +687,13 @@ pub struct TcpPrefill {
 impl TcpPrefill {
     /// Connects to a decode end at `addr`: a loopback address, or any
     /// address when `cfg` carries a link key, in which case the decode end
-    /// must prove it holds the same key (within
-    /// [`TransferConfig::auth_timeout`]) before this returns.
+    /// must prove it holds the same key and accept this connection as its
+    /// link (within [`TransferConfig::auth_timeout`]) before this returns:
+    /// a decode end that never does is a typed [`AuthError`]
+    /// ([`AuthError::Deadline`] before the key exchange completed,
+    /// [`AuthError::NotAccepted`] after it). One that turns the connection
+    /// away unread while strangers flood it ([`AuthError::Busy`]) is
+    /// dialled again within the same deadline.
     pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
         Self::connect_with(addr, cfg, None)
     }
@@ -669,21 +708,21 @@ impl TcpPrefill {
     ) -> Result<Self, LinkError> {
         cfg.validate()?;
         check_address(addr, Some(cfg))?;
-        let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
-        let session = match cfg.link_key() {
-            Some(key) => Some(initiate(&stream, key, cfg.auth_timeout())?),
-            None => None,
-        };
+        let (stream, session, until) = dial(addr, cfg)?;
         let (sealer, opener) = match session {
             Some(s) => (Some(s.sealer), Some(s.opener)),
             None => (None, None),
         };
+        let authenticated = opener.is_some();
         let (w, r) = stream_pair(&stream, cfg)?;
         let mut writer = FrameWriter::new(w, sealer);
         writer.send(&Frame::Hello(Role::Prefill))?;
         let credits = Arc::new(Credits::new(cfg.max_in_flight_bytes()));
         let (tx, incoming) = crossbeam_channel::unbounded();
-        let reader = FrameReader::new(r, cfg, Role::Decode, opener);
+        let mut reader = FrameReader::new(r, cfg, Role::Decode, opener);
+        if authenticated {
+            reader.accepted(until, cfg.auth_timeout())?;
+        }
         let (params_tx, params_rx) = crossbeam_channel::bounded(1);
         let params_tx = plane.is_some().then_some(params_tx);
         let handle = {
@@ -777,11 +816,44 @@ impl TcpPrefill {
     }
 }
 
-/// The prefill end's handshake on a fresh connection: sends its message,
-/// checks decode's answer (proof that decode holds `key`), and returns the
-/// session. The peer then gets this end's sealed hello as its proof.
-fn initiate(stream: &TcpStream, key: &LinkKey, limit: Duration) -> Result<Session, LinkError> {
+/// Connects to `addr` and, with a link key, runs the handshake; returns the
+/// connection, its session, and the handshake's deadline (which also bounds
+/// the wait for the decode end's acceptance). A decode end that turns the
+/// connection away unread ([`AuthError::Busy`]: full of strangers) is
+/// dialled again, backing off, until that deadline.
+fn dial(
+    addr: SocketAddr,
+    cfg: &TransferConfig,
+) -> Result<(TcpStream, Option<Session>, Instant), LinkError> {
+    let limit = cfg.auth_timeout();
     let until = deadline(Instant::now(), limit);
+    let Some(key) = cfg.link_key() else {
+        let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
+        return Ok((stream, None, until));
+    };
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
+        match initiate(&stream, key, until, limit) {
+            Err(LinkError::Auth(AuthError::Busy)) if Instant::now() + backoff < until => {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(50));
+            }
+            r => return r.map(|session| (stream, Some(session), until)),
+        }
+    }
+}
+
+/// The prefill end's handshake on a fresh connection: sends its message,
+/// checks decode's answer (proof that decode holds `key`) by `until`, and
+/// returns the session. The peer then gets this end's sealed hello as its
+/// proof.
+fn initiate(
+    stream: &TcpStream,
+    key: &LinkKey,
+    until: Instant,
+    limit: Duration,
+) -> Result<Session, LinkError> {
     let mut s = stream;
     let mut hs = Handshake::initiator(key)?;
     stream.set_write_timeout(Some(limit))?;

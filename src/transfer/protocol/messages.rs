@@ -132,7 +132,7 @@ pub struct Receipt {
     /// The destination pages written, echoed from the plan.
     pub pages: Vec<PlannedPage>,
     /// Per destination page: the checksum of the bytes written to it
-    /// (see [`crate::transfer::checksum`]).
+    /// (see [`crate::transfer::protocol::checksum`]).
     pub page_checksums: Vec<u64>,
     /// Who wrote every written position (from prefill's audit trail).
     pub writers: Vec<WriterRun>,

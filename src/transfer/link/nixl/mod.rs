@@ -3,7 +3,7 @@
 //! straight from the held pages of the prefill end's pool into the
 //! destination pages of the decode end's pool, with no staging copy; plans,
 //! receipts, credits and NIXL's own metadata go over the authenticated TCP
-//! link ([`crate::transfer::tcp`]), sealed.
+//! link ([`crate::transfer::link::tcp`]), sealed.
 //!
 //! Why the decode end READs rather than the prefill end WRITEs: every byte
 //! that lands in the decode end's pool is then one it asked for, for a
@@ -66,7 +66,7 @@ pub use runtime::LIB_ENV;
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::LinkError;
 use crate::transfer::link::Transfer;
-use crate::transfer::tcp::{
+use crate::transfer::link::tcp::{
     PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill, join_in_process, keyed,
 };
 

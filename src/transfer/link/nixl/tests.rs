@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::plane::Sender;
 use super::{Nixl, NixlConfig, bind_loopback, runtime};
 use crate::kv::{Held, KvSeq};
-use crate::transfer::tcp::frame::Staged;
-use crate::transfer::tcp::{CreditMark, PlaneSender, TcpPrefill};
+use crate::transfer::link::tcp::frame::Staged;
+use crate::transfer::link::tcp::{CreditMark, PlaneSender, TcpPrefill};
 use crate::transfer::{
     DecodeSide, LinkError, PrefillSide, TransferConfig, TransferError, WireError, WriteBatch,
     synthetic,

@@ -4,6 +4,18 @@
 //! transport (CUDA device copies, NCCL) adds a `Transfer` implementation and
 //! changes no protocol type.
 
+pub mod auth;
+pub(crate) mod credits;
+mod inproc;
+pub(crate) mod landing;
+#[cfg(feature = "nixl")]
+pub mod nixl;
+pub mod tcp;
+
+pub use credits::InFlightStats;
+pub use inproc::{InProcess, InProcessDecode, InProcessPrefill};
+pub use landing::LandingZone;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +23,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use crate::kv::{Held, KvSeq};
 use crate::transfer::config::TransferConfig;
-use crate::transfer::credits::InFlightStats;
 use crate::transfer::error::LinkError;
-use crate::transfer::landing::LandingZone;
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
 /// A way to connect a prefill worker with a decode worker.

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use crate::transfer::error::LinkError;
-use crate::transfer::tcp::CreditMark;
+use crate::transfer::link::tcp::CreditMark;
 
 /// The ring's bookkeeping.
 #[derive(Debug)]
@@ -97,7 +97,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::transfer::credits::Credits;
+    use crate::transfer::link::credits::Credits;
 
     /// Writes of varied sizes, credited back with a lag by a peer that
     /// lands them in order, never overlap a live part and always fit once

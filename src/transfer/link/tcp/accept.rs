@@ -6,9 +6,29 @@
 //! closed and recorded as a [`Refusal`], and never holds the link.
 //!
 //! One thread, non-blocking sockets: a connection in progress costs a
-//! socket and a few hundred bytes, at most [`MAX_PENDING`] of them at once
-//! (past that the oldest is closed: the real peer finishes its handshake in
-//! one round trip, a stranger has to outpace it).
+//! socket and a few hundred bytes. Under a flood:
+//!
+//! - Every connection has its own deadline (the auth timeout from its
+//!   accept); nothing a newer connection does shortens it.
+//! - A connection that has *begun* its handshake (with a link key: its
+//!   first message opened under the key, which no stranger can forge) is
+//!   never closed to make room: only its own deadline or its own bytes end
+//!   it.
+//! - Each source address has a budget of [`MAX_PENDING_PER_SOURCE`]
+//!   connections in progress, and all sources together [`MAX_PENDING`].
+//!   A newcomer past a budget displaces the oldest connection of the same
+//!   source (or, past the total, of the busiest source) that has not begun
+//!   its handshake, after one last read of what it sent; it is told
+//!   "busy" ([`crate::transfer::auth::AuthError::Busy`]: the real peer,
+//!   had it been that one, tries again) and recorded as
+//!   [`AuthError::Evicted`]. A flood from elsewhere never touches another
+//!   source's connections. When nothing can be displaced, the newcomer is
+//!   told busy instead.
+//! - New connections are taken a few at a time between passes over those
+//!   in progress, so a real peer's first message is read within a few
+//!   accepts of its arrival however long the queue of strangers behind it.
+//! - Running out of file descriptors pauses accepting; it never ends the
+//!   listener.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -17,17 +37,22 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::transfer::auth::{
-    AuthError, HS_HEADER_LEN, HS_MAGIC, Handshake, LinkKey, Session, TAG_LEN, hs_header,
-};
 use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::{LinkError, WireError};
-use crate::transfer::tcp::frame::{
+use crate::transfer::link::auth::{
+    AuthError, BUSY_MAGIC, HS_HEADER_LEN, HS_MAGIC, HS_VERSION, Handshake, LinkKey, Session,
+    TAG_LEN, hs_header,
+};
+use crate::transfer::link::tcp::frame::{
     self, FLAG_SEALED, Frame, HEADER_LEN, Kind, MAGIC, Role, decode_header_flagged,
 };
 
-/// Connections authenticating at once, at most.
+/// Connections authenticating at once, at most, from all sources.
 pub const MAX_PENDING: usize = 64;
+/// Connections authenticating at once, at most, from one source address.
+pub const MAX_PENDING_PER_SOURCE: usize = 16;
+/// New connections taken per pass over the ones in progress.
+const ACCEPT_BURST: usize = 8;
 /// Refusals remembered (the oldest are dropped; the count goes on).
 const LOG: usize = 64;
 
@@ -78,6 +103,8 @@ enum Stage {
     /// The peer's hello frame: header, then payload (and tag).
     HelloHeader(Option<Session>),
     HelloBody(Option<Session>, [u8; HEADER_LEN]),
+    /// Proved itself while being admitted: handed out on the next pass.
+    Proven(Option<Session>),
     Done,
 }
 
@@ -110,6 +137,35 @@ impl Pending {
             got: 0,
             stage,
         })
+    }
+
+    /// True once the peer has begun its handshake: with a link key, its
+    /// first message opened under the key; without, its hello's header
+    /// was valid.
+    fn begun(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::HelloHeader(Some(_)) | Stage::HelloBody(..) | Stage::Proven(_)
+        )
+    }
+
+    /// Reads what has arrived, without handing the connection out: one
+    /// that proves itself here is kept as proven for the accept loop.
+    fn poke(&mut self) -> Result<(), LinkError> {
+        if let Progress::Authenticated(session) = self.advance()? {
+            self.stage = Stage::Proven(session);
+        }
+        Ok(())
+    }
+
+    /// Closes the connection unread, telling the peer to try again.
+    fn turn_away(mut self) {
+        let mut busy = [0u8; HS_HEADER_LEN];
+        busy[..4].copy_from_slice(&BUSY_MAGIC);
+        busy[4..6].copy_from_slice(&HS_VERSION.to_le_bytes());
+        // Eight bytes into an empty socket buffer; if they do not fit, the
+        // peer sees a plain close.
+        let _ = self.stream.write(&busy);
     }
 
     fn expect(&mut self, need: usize) {
@@ -197,6 +253,7 @@ impl Pending {
                     }
                     return Ok(Progress::Authenticated(session));
                 }
+                Stage::Proven(session) => return Ok(Progress::Authenticated(session)),
                 Stage::Done => return Err(LinkError::Disconnected),
             }
         }
@@ -219,7 +276,7 @@ pub(crate) fn accept_loop(
     let give_up = limit.map(|l| deadline(start, l));
     loop {
         let mut busy = false;
-        loop {
+        for _ in 0..ACCEPT_BURST {
             match listener.accept() {
                 Ok((stream, peer)) => {
                     busy = true;
@@ -232,23 +289,12 @@ pub(crate) fn accept_loop(
                         );
                         continue;
                     }
-                    if pending.len() >= MAX_PENDING
-                        && let Some(old) = pending.pop_front()
-                    {
-                        refusals.push(
-                            old.peer,
-                            AuthError::Evicted {
-                                pending: MAX_PENDING,
-                            }
-                            .into(),
-                        );
-                    }
                     let started = stream
                         .set_nonblocking(true)
                         .map_err(LinkError::from)
                         .and_then(|()| Pending::new(stream, peer, key));
                     match started {
-                        Ok(p) => pending.push_back(p),
+                        Ok(p) => admit(pending, p, refusals),
                         Err(e) => refusals.push(peer, e),
                     }
                 }
@@ -260,6 +306,10 @@ pub(crate) fn accept_loop(
                             | ErrorKind::ConnectionAborted
                             | ErrorKind::ConnectionReset
                     ) => {}
+                // Out of file descriptors (EMFILE, ENFILE): the connections
+                // in progress end at their deadlines and free some; the
+                // queue waits in the kernel meanwhile.
+                Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => break,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -299,4 +349,69 @@ pub(crate) fn accept_loop(
             std::thread::sleep(Duration::from_millis(nap));
         }
     }
+}
+
+/// Adds `p` to the connections in progress within the budgets: past its
+/// source's budget, or the total, the oldest connection that has not begun
+/// its handshake (of `p`'s source, or of the busiest source) makes room,
+/// after a last read of what it sent; when none can, `p` is turned away.
+/// A connection that has begun its handshake is never displaced.
+fn admit(pending: &mut VecDeque<Pending>, mut p: Pending, refusals: &Refusals) {
+    // What the newcomer already sent (the real peer's first message is
+    // usually there by now).
+    if let Err(e) = p.poke() {
+        return refusals.push(p.peer, e);
+    }
+    loop {
+        let source = p.peer.ip();
+        let from_source = pending.iter().filter(|q| q.peer.ip() == source).count();
+        let over = if from_source >= MAX_PENDING_PER_SOURCE {
+            Some(source)
+        } else if pending.len() >= MAX_PENDING {
+            busiest(pending)
+        } else {
+            None
+        };
+        let Some(victims) = over else {
+            pending.push_back(p);
+            return;
+        };
+        let evicted = || -> LinkError {
+            AuthError::Evicted {
+                pending: MAX_PENDING_PER_SOURCE,
+            }
+            .into()
+        };
+        let Some(at) = pending
+            .iter()
+            .position(|q| q.peer.ip() == victims && !q.begun())
+        else {
+            refusals.push(p.peer, evicted());
+            return p.turn_away();
+        };
+        let Some(mut old) = pending.remove(at) else {
+            return p.turn_away();
+        };
+        // One last read: a handshake that began meanwhile keeps its place.
+        match old.poke() {
+            Ok(()) if old.begun() => pending.insert(at, old),
+            Ok(()) => {
+                refusals.push(old.peer, evicted());
+                old.turn_away();
+            }
+            Err(e) => refusals.push(old.peer, e),
+        }
+    }
+}
+
+/// The source with the most connections in progress.
+fn busiest(pending: &VecDeque<Pending>) -> Option<std::net::IpAddr> {
+    let mut counts: Vec<(std::net::IpAddr, usize)> = Vec::new();
+    for q in pending {
+        match counts.iter_mut().find(|(ip, _)| *ip == q.peer.ip()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((q.peer.ip(), 1)),
+        }
+    }
+    counts.into_iter().max_by_key(|&(_, n)| n).map(|(ip, _)| ip)
 }

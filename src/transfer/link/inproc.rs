@@ -15,12 +15,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select};
 
 use crate::kv::{Held, KvSeq};
 use crate::transfer::config::TransferConfig;
-use crate::transfer::credits::{Credits, InFlightStats};
 use crate::transfer::error::LinkError;
-use crate::transfer::gate::{Gate, Step, WriteMsg, receiver_delay};
-use crate::transfer::landing::LandingZone;
+use crate::transfer::link::credits::{Credits, InFlightStats};
+use crate::transfer::link::landing::LandingZone;
 use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
+use crate::transfer::testing::gate::{Gate, Step, WriteMsg, receiver_delay};
 
 /// The in-process transport.
 #[derive(Clone, Copy, Debug, Default)]

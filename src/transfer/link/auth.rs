@@ -19,12 +19,20 @@
 //!   -> Hello           the first frame, sealed under the session key: the
 //!                      proof that this initiator took part in *this*
 //!                      exchange (a replayed msg 1 cannot produce it)
+//!   <- Hello           decode's first frame, sealed: the acceptance. The
+//!                      decode end sends it only once its accept loop hands
+//!                      this connection out as its link
 //! ```
 //!
-//! Only after that Hello opens does the decode end hand out the link; only
-//! after msg 2 verifies does the prefill end. Every frame after the handshake
-//! is sealed with AEGIS-128X4 (the `aegis` crate: CFRG's AEGIS AEAD, built
-//! on the AES round) under a per-direction key from the handshake's split,
+//! Only after the prefill end's Hello opens does the decode end hand out
+//! the link; only after the decode end's Hello opens, within the handshake
+//! deadline, does the prefill end's `connect` return: a decode end that
+//! completed the exchange but never took the link (its link already taken,
+//! its owner no longer accepting) is [`AuthError::NotAccepted`], not a link
+//! that silently never carries a plan.
+//!
+//! Every frame after the handshake is sealed with AEGIS-128X4 (the `aegis`
+//! crate: CFRG's AEGIS AEAD, built on the AES round) under a per-direction key from the handshake's split,
 //! with the frame counter as nonce and the frame header as associated data:
 //! plans, KV bytes, receipts (and so the per-page checksums they carry),
 //! aborts and credits are encrypted and bound to this session and to their
@@ -73,6 +81,11 @@ const PROLOGUE: &[u8] = b"handoff transfer link, frames v3 (AEGIS-128X4)";
 pub(crate) const HS_MAGIC: [u8; 4] = *b"HNDA";
 /// Bytes of a handshake message's header: magic, version, length.
 pub(crate) const HS_HEADER_LEN: usize = 8;
+/// What a decode end sends, in place of its handshake message, to a
+/// connection it closes unread to make room ("HNDB": handoff, busy). Not
+/// authenticated: anyone could send it, and all it does is make the prefill
+/// end try again within its own deadline.
+pub(crate) const BUSY_MAGIC: [u8; 4] = *b"HNDB";
 /// Version of the handshake framing.
 pub(crate) const HS_VERSION: u16 = 1;
 /// The longest handshake message accepted (NNpsk0's are 48 bytes).
@@ -170,10 +183,20 @@ pub enum AuthError {
     #[error("the peer did not authenticate within {waited_ms} ms: closed")]
     Deadline { waited_ms: u128 },
     #[error(
-        "{pending} connections were authenticating at once: the oldest was closed to keep the \
-         port open for the real peer (a flood?)"
+        "{pending} connections from one source were waiting to authenticate, none of them having \
+         sent a valid first handshake message: the oldest silent one was closed (a flood?)"
     )]
     Evicted { pending: usize },
+    #[error(
+        "the decode end was full of connections that had not authenticated and closed this one \
+         before reading it: retried until the handshake deadline (a flood at the decode end?)"
+    )]
+    Busy,
+    #[error(
+        "the decode end completed the handshake but did not accept the link within {waited_ms} \
+         ms: is it accepting (its link may be taken by another prefill worker)?"
+    )]
+    NotAccepted { waited_ms: u128 },
     #[error(
         "the decode end closed the connection during the handshake: it refused this peer (check \
          that both ends hold the same link key)"
@@ -277,8 +300,11 @@ impl Handshake {
 /// Checks a handshake message's header; `Ok(len)` is its body's length.
 pub(crate) fn hs_header(h: &[u8; HS_HEADER_LEN]) -> Result<usize, AuthError> {
     let magic = [h[0], h[1], h[2], h[3]];
-    if magic == crate::transfer::tcp::frame::MAGIC {
+    if magic == crate::transfer::link::tcp::frame::MAGIC {
         return Err(AuthError::PeerUnauthenticated);
+    }
+    if magic == BUSY_MAGIC {
+        return Err(AuthError::Busy);
     }
     if magic != HS_MAGIC {
         return Err(AuthError::NotHandoff { got: magic });

@@ -14,8 +14,8 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ids::RequestId;
 use crate::kv::{Held, KvError, KvPool, KvSeq, Received};
-use crate::transfer::checksum::LandedHashes;
 use crate::transfer::error::WriteRefusal;
+use crate::transfer::protocol::checksum::LandedHashes;
 use crate::transfer::protocol::{Nonce, WriteBatch};
 
 /// A registered destination.

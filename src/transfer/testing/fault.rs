@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use crate::ids::RequestId;
 use crate::transfer::protocol::Receipt;
 
-pub use crate::transfer::gate::Step;
+pub use crate::transfer::testing::gate::Step;
 
 /// What to do to the message at a step.
 #[derive(Clone)]

@@ -10,14 +10,14 @@ use crate::ids::RequestId;
 use crate::kv::{Filling, Held, KvError, KvPool, KvSeq, PrefixCache, PrefixKeys, reserve_prompt};
 use crate::sampling::TokenLogprobs;
 use crate::sched::AdmissionLimits;
-use crate::transfer::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::{LinkError, TransferError, Wait};
-use crate::transfer::gate::{PoolHog, Step, WorkerFault, at_release, worker_fault};
 use crate::transfer::link::PrefillLink;
+use crate::transfer::protocol::checksum::{RegionHasher, RegionHashes, region_hash};
 use crate::transfer::protocol::{
     Abort, AbortReason, Answer, Nonce, Plan, Receipt, ToDecode, ToPrefill, WriteBatch, WriterRun,
 };
+use crate::transfer::testing::gate::{PoolHog, Step, WorkerFault, at_release, worker_fault};
 
 /// Messages handled in one receive: bounded work per call.
 const DRAIN: usize = 1024;

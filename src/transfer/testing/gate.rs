@@ -141,7 +141,7 @@ pub(crate) struct Emit<M> {
 /// The fault hook of one direction of one link.
 pub(crate) struct Gate<M> {
     #[cfg(any(test, feature = "fault-injection"))]
-    plan: Option<std::sync::Arc<crate::transfer::fault::FaultPlan>>,
+    plan: Option<std::sync::Arc<crate::transfer::testing::fault::FaultPlan>>,
     #[cfg(any(test, feature = "fault-injection"))]
     stash: Option<M>,
     _m: std::marker::PhantomData<M>,
@@ -171,7 +171,7 @@ impl<M: Faultable> Gate<M> {
     /// Passes `msg` through the faults planned for `step`.
     #[cfg(any(test, feature = "fault-injection"))]
     pub(crate) fn pass(&mut self, step: Step, mut msg: M) -> Emit<M> {
-        use crate::transfer::fault::Fault;
+        use crate::transfer::testing::fault::Fault;
         let fault = self.plan.as_ref().and_then(|p| p.take(step, msg.request()));
         let mut msgs = Vec::with_capacity(2);
         let mut disconnect = false;
@@ -220,7 +220,7 @@ impl<M: Faultable> Gate<M> {
 /// whether the link must be disconnected now.
 #[cfg(any(test, feature = "fault-injection"))]
 pub(crate) fn at_release(cfg: &TransferConfig, request: RequestId) -> bool {
-    use crate::transfer::fault::Fault;
+    use crate::transfer::testing::fault::Fault;
     match cfg.faults().and_then(|p| p.take(Step::Release, request)) {
         Some(Fault::Delay(d)) => {
             std::thread::sleep(d);
@@ -268,7 +268,7 @@ pub(crate) fn worker_fault(
     step: Step,
     request: RequestId,
 ) -> Option<WorkerFault> {
-    use crate::transfer::fault::Fault;
+    use crate::transfer::testing::fault::Fault;
     let plan = cfg.faults()?;
     match plan.take_worker(step, request)? {
         Fault::Kill => Some(WorkerFault::Kill),

@@ -1,4 +1,4 @@
-//! The two ends of the NIXL data plane (see [`crate::transfer::tcp`]'s
+//! The two ends of the NIXL data plane (see [`crate::transfer::link::tcp`]'s
 //! data-plane hooks). The prefill end registers its pools' page arenas (and
 //! a send buffer) and hands its agent's metadata to the decode end over the
 //! sealed link; for each write batch it announces where the batch's rows
@@ -16,11 +16,11 @@ use super::runtime::{agent, agent_name, failed};
 use super::send_ring::SendRing;
 use crate::kv::{Held, KvPool, KvSeq};
 use crate::transfer::error::LinkError;
-use crate::transfer::landing::{Direct, LandingZone};
 use crate::transfer::link::copy_rows;
+use crate::transfer::link::landing::{Direct, LandingZone};
+use crate::transfer::link::tcp::frame::Staged;
+use crate::transfer::link::tcp::{CreditMark, PlaneReceiver, PlaneSender, land};
 use crate::transfer::protocol::WriteBatch;
-use crate::transfer::tcp::frame::Staged;
-use crate::transfer::tcp::{CreditMark, PlaneReceiver, PlaneSender, land};
 
 /// Version of the parameters' layout.
 const PARAMS_VERSION: u8 = 2;

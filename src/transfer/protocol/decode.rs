@@ -1,5 +1,6 @@
 //! The decode side of a transfer: admission, destination pages, plans, and
-//! the verifier, the only code that turns received KV into KV decode reads.
+//! the verdicts of the verifier (`super::verify`), the only code that turns received KV
+//! into KV decode reads.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -9,18 +10,18 @@ use crate::kv::{KvPool, KvSeq, Ready};
 use crate::request::Request;
 use crate::sampling::TokenLogprobs;
 use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
-use crate::transfer::checksum::{RegionHashes, region_hash};
 use crate::transfer::config::{TransferConfig, deadline};
-use crate::transfer::ended::{EndedNonces, REMEMBERED};
-use crate::transfer::error::{IntegrityError, LinkError, TransferError, Wait};
-use crate::transfer::gate::{
-    PoolHog, Step, WorkerFault, at_release, requested_cancels, worker_fault,
-};
-use crate::transfer::landing::{Destination, LandingZone};
+use crate::transfer::error::{LinkError, TransferError, Wait};
 use crate::transfer::link::DecodeLink;
+use crate::transfer::link::landing::{Destination, LandingZone};
+use crate::transfer::protocol::ended::{EndedNonces, REMEMBERED};
+use crate::transfer::protocol::verify::{Expected, verify};
 use crate::transfer::protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
     Verdict,
+};
+use crate::transfer::testing::gate::{
+    PoolHog, Step, WorkerFault, at_release, requested_cancels, worker_fault,
 };
 
 /// KV that passed verification for its request: the only way to obtain a
@@ -474,7 +475,13 @@ impl<L: DecodeLink> DecodeSide<L> {
         // Fence first: from here no write can land in these pages.
         let dest = self.link.landing().take(live.nonce);
         let tenant = live.request.tenant;
-        let verdict = verify(&self.pool, &live, &r, dest);
+        let expected = Expected {
+            request: id,
+            nonce: live.nonce,
+            tokens: live.tokens,
+            pages: &live.pages,
+        };
+        let verdict = verify(&self.pool, expected, &r, dest);
         self.sched.finish(id);
         let result = match verdict {
             Ok(seq) => match self.worker_step(Step::AckSent, id) {
@@ -667,198 +674,4 @@ impl<L: DecodeLink> Drop for DecodeSide<L> {
             drop(self.link.landing().take(live.nonce));
         }
     }
-}
-
-type Refused = Box<(IntegrityError, Option<Destination>)>;
-
-/// Checks a receipt against the plan and the bytes that landed, in order;
-/// the first broken rule fails the transfer.
-fn verify(
-    pool: &KvPool,
-    live: &Live,
-    r: &Receipt,
-    dest: Option<Destination>,
-) -> Result<KvSeq<Ready>, Refused> {
-    let request = live.request.id;
-    let fail = |e: IntegrityError, dest: Option<Destination>| Err(Box::new((e, dest)));
-    if r.nonce != live.nonce {
-        return fail(
-            IntegrityError::NonceMismatch {
-                request,
-                planned: live.nonce,
-                got: r.nonce,
-            },
-            dest,
-        );
-    }
-    if r.request != request {
-        return fail(
-            IntegrityError::RequestMismatch {
-                planned: request,
-                got: r.request,
-                nonce: live.nonce,
-            },
-            dest,
-        );
-    }
-    let n_layers = pool.config().geometry().n_layers;
-    if r.layer_tokens.len() != n_layers {
-        return fail(
-            IntegrityError::LayerCountLen {
-                request,
-                planned: n_layers,
-                got: r.layer_tokens.len(),
-            },
-            dest,
-        );
-    }
-    if let Some((layer, &claimed)) = r
-        .layer_tokens
-        .iter()
-        .enumerate()
-        .find(|&(_, &t)| t != live.tokens)
-    {
-        return fail(
-            IntegrityError::LayerTokens {
-                request,
-                layer,
-                claimed,
-                planned: live.tokens,
-            },
-            dest,
-        );
-    }
-    let n = live.pages.len().max(r.pages.len());
-    if let Some(position) = (0..n).find(|&i| live.pages.get(i) != r.pages.get(i)) {
-        return fail(
-            IntegrityError::PageMismatch {
-                request,
-                position,
-                planned: live.pages.get(position).copied(),
-                got: r.pages.get(position).copied(),
-            },
-            dest,
-        );
-    }
-    let Some(dest) = dest else {
-        return fail(
-            IntegrityError::Destination {
-                request,
-                error: crate::kv::KvError::Shape {
-                    what: "registered destination (missing)",
-                    expected: 1,
-                    got: 0,
-                },
-            },
-            None,
-        );
-    };
-    if let Some(reason) = dest.refused.clone() {
-        return fail(IntegrityError::WriteRefused { request, reason }, Some(dest));
-    }
-    let planned = live.tokens as usize;
-    if let Some((layer, &landed)) = dest
-        .seq
-        .written_per_layer()
-        .iter()
-        .enumerate()
-        .find(|&(_, &w)| w != planned)
-    {
-        return fail(
-            IntegrityError::Incomplete {
-                request,
-                layer,
-                landed,
-                planned,
-            },
-            Some(dest),
-        );
-    }
-    if r.page_checksums.len() != live.pages.len() {
-        return fail(
-            IntegrityError::ChecksumCount {
-                request,
-                planned: live.pages.len(),
-                got: r.page_checksums.len(),
-            },
-            Some(dest),
-        );
-    }
-    // The checksums recomputed over the bytes that landed: on the device in
-    // one pass where the pool's device hashes in place, otherwise region by
-    // region as each was completed in the destination pages (LandedHashes).
-    let n_pages = live.pages.len();
-    let actual = match dest.seq.device_region_xxh3(n_pages) {
-        Ok(Some(regions)) => RegionHashes::from_hashes(n_layers, regions)
-            .finish()
-            .into_iter()
-            .map(Some)
-            .collect(),
-        Ok(None) => dest.landed.finish(),
-        Err(error) => return fail(IntegrityError::Destination { request, error }, Some(dest)),
-    };
-    if let Some(position) =
-        (0..n_pages).find(|&i| actual.get(i).copied().flatten() != r.page_checksums.get(i).copied())
-    {
-        return fail(
-            IntegrityError::ChecksumMismatch {
-                request,
-                position,
-                claimed: r.page_checksums.get(position).copied().unwrap_or_default(),
-                actual: actual.get(position).copied().flatten().unwrap_or_default(),
-            },
-            Some(dest),
-        );
-    }
-    // With the audit trail on (debug builds, tests, audited pools), read
-    // every landed byte back once more: the pages must still hold what was
-    // hashed as it landed.
-    if pool.config().audit_enabled() {
-        let again = RegionHashes::from_hashes(
-            n_layers,
-            dest.seq.received_region_hashes(n_pages, region_hash),
-        )
-        .finish();
-        if let Some(position) =
-            (0..n_pages).find(|&i| actual.get(i).copied().flatten() != again.get(i).copied())
-        {
-            return fail(
-                IntegrityError::ChecksumMismatch {
-                    request,
-                    position,
-                    claimed: r.page_checksums.get(position).copied().unwrap_or_default(),
-                    actual: again.get(position).copied().unwrap_or_default(),
-                },
-                Some(dest),
-            );
-        }
-    }
-    if !writers_cover(r, request, n_layers, live.tokens) {
-        return fail(IntegrityError::WriterMismatch { request }, Some(dest));
-    }
-    for &p in dest.seq.pages() {
-        if let Err(error) = pool.check_page(p, false) {
-            return fail(IntegrityError::Destination { request, error }, Some(dest));
-        }
-    }
-    Ok(dest.seq.into_verified())
-}
-
-/// True when the receipt's writer runs say that `request`, and nobody else,
-/// wrote positions `0..tokens` of every layer.
-fn writers_cover(r: &Receipt, request: RequestId, n_layers: usize, tokens: u32) -> bool {
-    let mut next = vec![0u32; n_layers];
-    for w in &r.writers {
-        let Some(n) = next.get_mut(w.layer as usize) else {
-            return false;
-        };
-        if w.writer != request || w.start != *n {
-            return false;
-        }
-        let Some(end) = n.checked_add(w.len) else {
-            return false;
-        };
-        *n = end;
-    }
-    next.iter().all(|&n| n == tokens)
 }

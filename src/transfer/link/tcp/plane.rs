@@ -15,11 +15,11 @@
 use std::time::Duration;
 
 use crate::kv::{Held, KvSeq};
-use crate::transfer::credits::Credits;
 use crate::transfer::error::LinkError;
-use crate::transfer::landing::LandingZone;
+use crate::transfer::link::credits::Credits;
+use crate::transfer::link::landing::LandingZone;
+use crate::transfer::link::tcp::frame::Staged;
 use crate::transfer::protocol::WriteBatch;
-use crate::transfer::tcp::frame::Staged;
 
 /// Where a write stands in its link's credit: the peer has credited it
 /// back once `credits` reaches `until` bytes in all (writes are credited in
