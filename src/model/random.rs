@@ -86,6 +86,10 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
         .map(|_| {
             let bias =
                 |n: usize, id: u64| cfg.attention_bias.then(|| tensor(n, seed, id, 0.0, 0.1));
+            let gains = |id: u64| {
+                cfg.qk_norm
+                    .then(|| tensor(cfg.head_dim, seed, id, 1.0, 0.05))
+            };
             LayerWeights {
                 attn_norm: tensor(d, seed, next(), 1.0, 0.05),
                 wq: tensor(qd * d, seed, next(), 0.0, std.into_dim),
@@ -95,6 +99,8 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
                 bq: bias(qd, next()),
                 bk: bias(kvd, next()),
                 bv: bias(kvd, next()),
+                q_norm: gains(next()),
+                k_norm: gains(next()),
                 ffn_norm: tensor(d, seed, next(), 1.0, 0.05),
                 w1: tensor(h * d, seed, next(), 0.0, std.into_dim),
                 w2: tensor(d * h, seed, next(), 0.0, std.from_hidden),
@@ -132,6 +138,7 @@ impl ModelConfig {
             norm_eps: 1e-5,
             tied_embeddings: false,
             attention_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -160,6 +167,7 @@ impl ModelConfig {
             norm_eps: 1e-5,
             tied_embeddings: true,
             attention_bias: false,
+            qk_norm: false,
         }
     }
 }
