@@ -536,6 +536,29 @@ mod tests {
         assert!(!m.model.attention_bias);
     }
 
+    #[test]
+    fn qwen3_has_q_k_norms_no_biases_and_transformers_head_dim_default() {
+        let q = parse(&with("Qwen3ForCausalLM", "")).unwrap();
+        assert_eq!(q.arch, Arch::Qwen3);
+        let m = &q.model;
+        assert!(m.qk_norm && !m.attention_bias);
+        // Qwen3Config's default head_dim, not hidden_size / heads (16).
+        assert_eq!(m.head_dim, 128);
+        assert_eq!((m.max_seq_len, m.rope_style), (32768, RopeStyle::Half));
+        let by_type = parse(
+            r#"{"model_type": "qwen3", "hidden_size": 64,
+            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 100, "head_dim": 32}"#,
+        )
+        .unwrap();
+        assert_eq!((by_type.arch, by_type.model.head_dim), (Arch::Qwen3, 32));
+        for arch in ["LlamaForCausalLM", "Qwen2ForCausalLM"] {
+            assert!(!parse(&with(arch, "")).unwrap().model.qk_norm, "{arch}");
+        }
+        // Its attention_bias would add an o_proj bias: refused.
+        assert!(parse(&with("Qwen3ForCausalLM", r#", "attention_bias": true"#)).is_err());
+    }
+
     /// A Mistral config.json written without `sliding_window` gets
     /// transformers' default window of 4096, which caps the context; an
     /// explicit null is the only way to turn the window off.
