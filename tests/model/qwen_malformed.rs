@@ -194,9 +194,12 @@ fn hf_refused(
             edit(&n, t.shape().to_vec(), t.data().to_vec()).map(|(s, d)| (n.clone(), s, d))
         })
         .collect();
-    let views = kept
-        .iter()
-        .map(|(n, s, d)| (n.as_str(), TensorView::new(Dtype::F32, s.clone(), d).unwrap()));
+    let views = kept.iter().map(|(n, s, d)| {
+        (
+            n.as_str(),
+            TensorView::new(Dtype::F32, s.clone(), d).unwrap(),
+        )
+    });
     let bytes = safetensors::serialize(views, None).unwrap();
     load_hf_bytes(&cfg, &[("model.safetensors", &bytes)]).expect_err("the damaged folder loaded")
 }
