@@ -117,6 +117,7 @@ fn model_config() -> ModelConfig {
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,
+        qk_norm: false,
     }
 }
 

@@ -206,6 +206,13 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Refuses per-head q/k RMS norms (Qwen3: [`Backend::rms_norm`] over
+    /// rows of `head_dim`) where this backend has not been checked to run
+    /// them, when a model is placed. Default: they run.
+    fn supports_qk_norm(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Places a weight tensor (row-major `[rows, cols]`).
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Mat, BackendError>;
 

@@ -29,7 +29,7 @@ impl ModelWeights {
 
 impl LayerWeights {
     /// Checks that layer `i`'s tensors have the lengths `c` needs (and its
-    /// biases are present exactly when `c` has attention biases).
+    /// biases and q/k norms are present exactly when `c` has them).
     pub(crate) fn check(&self, i: usize, c: &ModelConfig) -> Result<(), ModelError> {
         let (d, h) = (c.dim, c.hidden_dim);
         let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
@@ -48,19 +48,31 @@ impl LayerWeights {
             ("bk", &self.bk, kvd),
             ("bv", &self.bv, kvd),
         ] {
-            match (b, c.attention_bias) {
-                (Some(b), true) => check(n(t), b, vec![len])?,
-                (None, false) => {}
-                (None, true) => return Err(ModelError::MissingTensor { tensor: n(t) }),
-                (Some(_), false) => {
-                    return Err(ModelError::InvalidConfig(format!(
-                        "{} is present but attention_bias is off",
-                        n(t)
-                    )));
-                }
-            }
+            present(n(t), b.as_deref(), len, c.attention_bias, "attention_bias")?;
+        }
+        for (t, g) in [("q_norm", &self.q_norm), ("k_norm", &self.k_norm)] {
+            present(n(t), g.as_deref(), c.head_dim, c.qk_norm, "qk_norm")?;
         }
         Ok(())
+    }
+}
+
+/// An optional vector `name` of `len` elements: present exactly when the
+/// config's `flag` is on.
+fn present(
+    name: String,
+    v: Option<&[f32]>,
+    len: usize,
+    on: bool,
+    flag: &str,
+) -> Result<(), ModelError> {
+    match (v, on) {
+        (Some(v), true) => check(name, v, vec![len]),
+        (None, false) => Ok(()),
+        (None, true) => Err(ModelError::MissingTensor { tensor: name }),
+        (Some(_), false) => Err(ModelError::InvalidConfig(format!(
+            "{name} is present but {flag} is off"
+        ))),
     }
 }
 

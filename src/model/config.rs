@@ -28,6 +28,9 @@ pub struct ModelConfig {
     pub tied_embeddings: bool,
     /// Q/K/V projections have biases (Qwen2).
     pub attention_bias: bool,
+    /// Each query and key head is RMS-normed (gains of `head_dim`, the
+    /// model's `norm_eps`) after its projection and before RoPE (Qwen3).
+    pub qk_norm: bool,
 }
 
 impl ModelConfig {

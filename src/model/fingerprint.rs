@@ -47,6 +47,10 @@ impl Fingerprinter {
         for b in [&l.bq, &l.bk, &l.bv] {
             optional(h, b.as_deref());
         }
+        // As the config's flag: hashed only when present.
+        for g in [&l.q_norm, &l.k_norm].into_iter().flatten() {
+            tensor(h, g);
+        }
         for t in [&l.ffn_norm, &l.w1, &l.w2, &l.w3] {
             tensor(h, t);
         }
@@ -95,6 +99,7 @@ fn config(h: &mut XxHash3_64, c: &ModelConfig) {
         norm_eps,
         tied_embeddings,
         attention_bias,
+        qk_norm,
     } = *c;
     for v in [
         dim,
@@ -135,6 +140,10 @@ fn config(h: &mut XxHash3_64, c: &ModelConfig) {
     h.write_u32(norm_eps.to_bits());
     h.write_u8(u8::from(tied_embeddings));
     h.write_u8(u8::from(attention_bias));
+    // Only when on, so every fingerprint from before q/k norms stays.
+    if qk_norm {
+        h.write_u8(b'n');
+    }
 }
 
 #[cfg(test)]

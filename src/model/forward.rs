@@ -130,6 +130,9 @@ pub(crate) struct Layer<B: Backend> {
     pub(crate) bq: Option<B::Mat>,
     pub(crate) bk: Option<B::Mat>,
     pub(crate) bv: Option<B::Mat>,
+    /// Per-head RMS gains `[head_dim]` of q and k (Qwen3).
+    pub(crate) q_norm: Option<B::Mat>,
+    pub(crate) k_norm: Option<B::Mat>,
     pub(crate) ffn_norm: B::Mat,
     pub(crate) w1: B::Mat,
     pub(crate) w2: B::Mat,
@@ -387,7 +390,11 @@ impl<B: Backend> Model<B> {
                 &l.w2,
                 &l.w3,
             ]);
-            mats.extend([&l.bq, &l.bk, &l.bv].into_iter().flatten());
+            mats.extend(
+                [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm]
+                    .into_iter()
+                    .flatten(),
+            );
         }
         mats.into_iter().map(|m| b.mat_bytes(m)).sum()
     }
@@ -745,6 +752,16 @@ impl<B: Backend> Model<B> {
             }
             if let Some(bv) = &layer.bv {
                 b.add_bias(&mut s.v, bv)?;
+            }
+            // Per-head norms: the rows of q and k read as `[_, head_dim]`,
+            // each normed by the head's gains (the same for every head).
+            if let Some(g) = &layer.q_norm {
+                b.rms_norm(&s.q, g, eps, &mut s.tmp)?;
+                std::mem::swap(&mut s.q, &mut s.tmp);
+            }
+            if let Some(g) = &layer.k_norm {
+                b.rms_norm(&s.k, g, eps, &mut s.tmp)?;
+                std::mem::swap(&mut s.k, &mut s.tmp);
             }
             b.rope_qk_append_each(
                 &mut s.q,

@@ -83,7 +83,7 @@ fn assemble<S: WeightSink>(
     // The work below is bounded by the file, not by config.json: a config
     // naming more tensors than the checkpoint holds is refused before
     // anything proportional to it is built, naming the first layer missing.
-    let per_layer = 9 + if c.attention_bias { 3 } else { 0 };
+    let per_layer = 9 + if c.attention_bias { 3 } else { 0 } + if c.qk_norm { 2 } else { 0 };
     let needed = c.n_layers.checked_mul(per_layer);
     if needed.is_none_or(|n| n > t.len()) {
         // Complete layers are at most len / 9: the search is that short.
@@ -92,6 +92,7 @@ fn assemble<S: WeightSink>(
                 layer_tensors(c, l)
                     .into_iter()
                     .chain(layer_biases(c, l).into_iter().flatten())
+                    .chain(layer_qk_norms(c, l).into_iter().flatten())
             })
             .find(|(name, _)| !t.has(name))
             .unwrap_or_else(|| ("model.norm.weight".to_string(), vec![dim]));
@@ -119,6 +120,10 @@ fn assemble<S: WeightSink>(
             ),
             None => (None, None, None),
         };
+        let (q_norm, k_norm) = match layer_qk_norms(c, l) {
+            Some([q, k]) => (Some(t.take(&q.0, &q.1)?), Some(t.take(&k.0, &k.1)?)),
+            None => (None, None),
+        };
         let mut take = |(name, shape): (String, Vec<usize>)| t.take(&name, &shape);
         let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3] = layer_tensors(c, l);
         sink.layer(LayerWeights {
@@ -130,6 +135,8 @@ fn assemble<S: WeightSink>(
             bq,
             bk,
             bv,
+            q_norm,
+            k_norm,
             ffn_norm: take(ffn_norm)?,
             w1: take(w1)?,
             w2: take(w2)?,
@@ -184,6 +191,17 @@ fn layer_biases(c: &ModelConfig, l: usize) -> Option<[(String, Vec<usize>); 3]> 
     })
 }
 
+/// Layer `l`'s per-head q and k RMS gains, when the model has them.
+fn layer_qk_norms(c: &ModelConfig, l: usize) -> Option<[(String, Vec<usize>); 2]> {
+    let n = |t: &str| format!("model.layers.{l}.self_attn.{t}.weight");
+    c.qk_norm.then(|| {
+        [
+            (n("q_norm"), vec![c.head_dim]),
+            (n("k_norm"), vec![c.head_dim]),
+        ]
+    })
+}
+
 /// Every tensor name `assemble` reads for a model of `c`.
 fn expected_names(c: &ModelConfig) -> std::collections::HashSet<String> {
     let mut names: std::collections::HashSet<String> =
@@ -196,6 +214,7 @@ fn expected_names(c: &ModelConfig) -> std::collections::HashSet<String> {
     for l in 0..c.n_layers {
         names.extend(layer_tensors(c, l).into_iter().map(|(n, _)| n));
         names.extend(layer_biases(c, l).into_iter().flatten().map(|(n, _)| n));
+        names.extend(layer_qk_norms(c, l).into_iter().flatten().map(|(n, _)| n));
     }
     names
 }

@@ -97,6 +97,8 @@ pub fn parse_llama2c(bytes: &[u8]) -> Result<ModelWeights, ModelError> {
             bq: None,
             bk: None,
             bv: None,
+            q_norm: None,
+            k_norm: None,
             ffn_norm: rms_ffn.part(i, d),
             w1: w1.part(i, h * d),
             w2: w2.part(i, d * h),
@@ -268,6 +270,7 @@ fn parse_header(bytes: &[u8]) -> Result<ModelConfig, ModelError> {
         norm_eps: 1e-5,
         tied_embeddings: v[5] > 0,
         attention_bias: false,
+        qk_norm: false,
     };
     config
         .validate()

@@ -85,6 +85,13 @@ impl<B: Backend> Placer<B> {
                 n_kv_heads: config.n_kv_heads,
                 head_dim: config.head_dim,
             })
+            .and_then(|()| {
+                if config.qk_norm {
+                    backend.supports_qk_norm()
+                } else {
+                    Ok(())
+                }
+            })
             .map_err(|source| ModelError::Unsupported {
                 backend: backend.name(),
                 source,
@@ -165,6 +172,8 @@ impl<B: Backend> Placer<B> {
             bq: l.bq.map(|b| self.vec("bq", b)).transpose()?,
             bk: l.bk.map(|b| self.vec("bk", b)).transpose()?,
             bv: l.bv.map(|b| self.vec("bv", b)).transpose()?,
+            q_norm: l.q_norm.map(|g| self.vec("q_norm", g)).transpose()?,
+            k_norm: l.k_norm.map(|g| self.vec("k_norm", g)).transpose()?,
             ffn_norm: self.vec("ffn_norm", l.ffn_norm)?,
             w1: self.up_t("w1", l.w1, h, d)?,
             w2: self.up_t("w2", l.w2, d, h)?,
@@ -272,6 +281,8 @@ pub(crate) struct LayerTensors {
     pub(crate) bq: Option<Vec<f32>>,
     pub(crate) bk: Option<Vec<f32>>,
     pub(crate) bv: Option<Vec<f32>>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
     pub(crate) w1: Tensor,
     pub(crate) w2: Tensor,
@@ -290,6 +301,8 @@ impl From<LayerWeights> for LayerTensors {
             bq: l.bq,
             bk: l.bk,
             bv: l.bv,
+            q_norm: l.q_norm,
+            k_norm: l.k_norm,
             ffn_norm: l.ffn_norm,
             w1: Tensor::F32(l.w1),
             w2: Tensor::F32(l.w2),
@@ -310,6 +323,8 @@ impl LayerTensors {
             bq: self.bq.clone(),
             bk: self.bk.clone(),
             bv: self.bv.clone(),
+            q_norm: self.q_norm.clone(),
+            k_norm: self.k_norm.clone(),
             ffn_norm: self.ffn_norm.clone(),
             w1: self.w1.to_f32(),
             w2: self.w2.to_f32(),

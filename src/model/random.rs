@@ -86,7 +86,7 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
         .map(|_| {
             let bias =
                 |n: usize, id: u64| cfg.attention_bias.then(|| tensor(n, seed, id, 0.0, 0.1));
-            LayerWeights {
+            let mut l = LayerWeights {
                 attn_norm: tensor(d, seed, next(), 1.0, 0.05),
                 wq: tensor(qd * d, seed, next(), 0.0, std.into_dim),
                 wk: tensor(kvd * d, seed, next(), 0.0, std.into_dim),
@@ -95,11 +95,19 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
                 bq: bias(qd, next()),
                 bk: bias(kvd, next()),
                 bv: bias(kvd, next()),
+                q_norm: None,
+                k_norm: None,
                 ffn_norm: tensor(d, seed, next(), 1.0, 0.05),
                 w1: tensor(h * d, seed, next(), 0.0, std.into_dim),
                 w2: tensor(d * h, seed, next(), 0.0, std.from_hidden),
                 w3: tensor(h * d, seed, next(), 0.0, std.into_dim),
+            };
+            // Drawn last, so configs without them keep every other draw.
+            if cfg.qk_norm {
+                l.q_norm = Some(tensor(cfg.head_dim, seed, next(), 1.0, 0.05));
+                l.k_norm = Some(tensor(cfg.head_dim, seed, next(), 1.0, 0.05));
             }
+            l
         })
         .collect();
     let final_norm = tensor(d, seed, next(), 1.0, 0.05);
@@ -132,6 +140,7 @@ impl ModelConfig {
             norm_eps: 1e-5,
             tied_embeddings: false,
             attention_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -160,6 +169,7 @@ impl ModelConfig {
             norm_eps: 1e-5,
             tied_embeddings: true,
             attention_bias: false,
+            qk_norm: false,
         }
     }
 }

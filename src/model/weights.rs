@@ -20,6 +20,11 @@ pub struct LayerWeights {
     pub bk: Option<Vec<f32>>,
     /// `[n_kv_heads * head_dim]`, when `attention_bias`
     pub bv: Option<Vec<f32>>,
+    /// `[head_dim]`, one gain per element of every query head, when
+    /// `qk_norm`
+    pub q_norm: Option<Vec<f32>>,
+    /// `[head_dim]`, for every key head, when `qk_norm`
+    pub k_norm: Option<Vec<f32>>,
     /// `[dim]`
     pub ffn_norm: Vec<f32>,
     /// gate: `[hidden_dim, dim]`

@@ -386,6 +386,7 @@ fn gqa_llama3(head_dim: usize) -> handoff::model::ModelConfig {
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,
+        qk_norm: false,
     }
 }
 
@@ -849,6 +850,7 @@ fn half_weights_match_the_cpu(
         norm_eps: 1e-5,
         tied_embeddings: true,
         attention_bias: false,
+        qk_norm: false,
     };
     let mut w = handoff::model::random_weights(&cfg, 21);
     round(&mut w);

@@ -85,6 +85,7 @@ impl Setup {
             norm_eps: 1e-5,
             tied_embeddings: self.tied,
             attention_bias: self.bias,
+            qk_norm: false,
         }
     }
 

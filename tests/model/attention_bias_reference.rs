@@ -24,6 +24,7 @@ const TOL: f64 = 1e-4;
 fn weights() -> ModelWeights {
     let cfg = ModelConfig {
         attention_bias: true,
+        qk_norm: false,
         rope_style: RopeStyle::Half,
         rope_scaling: Default::default(),
         rope_theta: 1_000_000.0,

@@ -27,6 +27,7 @@ fn config() -> ModelConfig {
         norm_eps: 1e-5,
         tied_embeddings: true,
         attention_bias: false,
+        qk_norm: false,
     }
 }
 

@@ -23,4 +23,6 @@ mod hf_malformed;
 mod llama2c_malformed;
 mod llama2c_reference;
 mod load_placed_as_read;
+mod qwen_malformed;
+mod qwen_reference;
 mod stories260k_generates;

@@ -38,6 +38,7 @@ pub fn tiny_model() -> ModelConfig {
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,
+        qk_norm: false,
     }
 }
 

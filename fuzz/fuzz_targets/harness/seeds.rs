@@ -31,6 +31,7 @@ fn tiny(dim: usize, n_heads: usize, n_kv_heads: usize, n_layers: usize) -> Model
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,
+        qk_norm: false,
     }
 }
 
@@ -235,6 +236,7 @@ pub fn hf(fixture_dir: &Path) -> Vec<Seed> {
         norm_eps: 1e-5,
         tied_embeddings: false,
         attention_bias: false,
+        qk_norm: false,
     };
     let mut out = Vec::new();
     let w = random_weights(&llama, 1);
@@ -250,6 +252,7 @@ pub fn hf(fixture_dir: &Path) -> Vec<Seed> {
 
     let qwen = ModelConfig {
         attention_bias: true,
+        qk_norm: false,
         tied_embeddings: true,
         ..tiny(4, 2, 1, 2)
     };

@@ -716,6 +716,15 @@ impl Backend for CudaBackend {
         KvPool::with_device_pages(cfg, Box::new(pages))
     }
 
+    fn supports_qk_norm(&self) -> Result<(), BackendError> {
+        // The RMSNorm kernel takes any row length, but no GPU story has
+        // checked it over head rows yet: refuse rather than serve unchecked.
+        Err(BackendError::Unsupported {
+            what: "per-head q/k RMS norm",
+            detail: "(Qwen3) on the CUDA backend".into(),
+        })
+    }
+
     fn supports(&self, s: AttnShape) -> Result<(), BackendError> {
         s.check()?;
         let unsupported = |what, detail| Err(BackendError::Unsupported { what, detail });

@@ -111,7 +111,7 @@ pub enum GgufError {
     #[error("tensor {tensor} holds a non-finite value at element {index}: the weights are corrupt")]
     NonFinite { tensor: String, index: usize },
     #[error(
-        "unsupported architecture {0}: handoff serves Llama-family GGUF models (llama, mistral, qwen2)"
+        "unsupported architecture {0}: handoff serves Llama-family GGUF models (llama, mistral, qwen2, qwen3)"
     )]
     UnknownArchitecture(String),
     #[error(

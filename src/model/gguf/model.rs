@@ -6,7 +6,7 @@
 //! projections so that its RoPE rotates adjacent pairs; those files are
 //! served with [`RopeStyle::Interleaved`], which rotates the same pairs, so
 //! no rows are moved and the attention scores equal the Hugging Face
-//! model's. Qwen2 files are not permuted and keep rotate-half.
+//! model's. Qwen2 and Qwen3 files are not permuted and keep rotate-half.
 
 use std::collections::HashSet;
 
@@ -14,21 +14,40 @@ use crate::model::gguf::{GgmlType, GgufError, GgufFile, QuantMatrix, TensorInfo}
 use crate::model::place::{LayerTensors, Tensor, TensorSink};
 use crate::model::{ModelConfig, ModelError, RopeScaling, RopeStyle};
 
-/// The architectures served, with their RoPE pairing and attention biases.
-fn arch(name: &str) -> Option<(RopeStyle, bool)> {
-    match name {
-        "llama" | "mistral" => Some((RopeStyle::Interleaved, false)),
-        "qwen2" => Some((RopeStyle::Half, true)),
-        _ => None,
-    }
+/// What an architecture adds to the Llama block.
+#[derive(Clone, Copy)]
+struct Arch {
+    rope_style: RopeStyle,
+    /// q, k and v biases (`blk.N.attn_{q,k,v}.bias`).
+    attention_bias: bool,
+    /// Per-head q and k RMS gains (`blk.N.attn_{q,k}_norm.weight`).
+    qk_norm: bool,
+}
+
+/// The architectures served.
+fn arch(name: &str) -> Option<Arch> {
+    let (rope_style, attention_bias, qk_norm) = match name {
+        "llama" | "mistral" => (RopeStyle::Interleaved, false, false),
+        "qwen2" => (RopeStyle::Half, true, false),
+        "qwen3" => (RopeStyle::Half, false, true),
+        _ => return None,
+    };
+    Some(Arch {
+        rope_style,
+        attention_bias,
+        qk_norm,
+    })
 }
 
 /// The model configuration a GGUF file's metadata describes, checked
 /// against its tensor directory before anything is sized by it.
 pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
     let a = f.architecture()?;
-    let (rope_style, attention_bias) =
-        arch(a).ok_or_else(|| GgufError::UnknownArchitecture(a.to_string()))?;
+    let Arch {
+        rope_style,
+        attention_bias,
+        qk_norm,
+    } = arch(a).ok_or_else(|| GgufError::UnknownArchitecture(a.to_string()))?;
     let key = |k: &str| format!("{a}.{k}");
     let size = |k: &str| -> Result<usize, GgufError> {
         let v = f.u64(&key(k))?;
@@ -86,7 +105,7 @@ pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
 
     // The file must hold every tensor the config names, so nothing is
     // built for layers that are not there.
-    let per_layer = 9 + if attention_bias { 3 } else { 0 };
+    let per_layer = 9 + if attention_bias { 3 } else { 0 } + if qk_norm { 2 } else { 0 };
     if n_layers
         .checked_mul(per_layer)
         .is_none_or(|n| n > f.tensors().len())
@@ -125,6 +144,7 @@ pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
         norm_eps,
         tied_embeddings: f.tensor("output.weight").is_none(),
         attention_bias,
+        qk_norm,
     };
     config
         .validate()
@@ -169,8 +189,9 @@ fn expected(c: &ModelConfig) -> Vec<(String, Vec<u64>)> {
 }
 
 /// Layer `l`'s tensors in [`LayerTensors`] order (attn_norm, q, k, v, o,
-/// ffn_norm, gate, down, up), then its biases when the model has them.
-fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 12] {
+/// ffn_norm, gate, down, up), then its biases and q/k norms when the model
+/// has them.
+fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 14] {
     let (d, h) = (c.dim as u64, c.hidden_dim as u64);
     let (qd, kvd) = (
         (c.n_heads * c.head_dim) as u64,
@@ -180,6 +201,10 @@ fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 12] {
     let b = |t: &str, len: u64| {
         c.attention_bias
             .then(|| (format!("blk.{l}.{t}.bias"), vec![len]))
+    };
+    let g = |t: &str| {
+        c.qk_norm
+            .then(|| (format!("blk.{l}.{t}.weight"), vec![c.head_dim as u64]))
     };
     [
         n("attn_norm.weight", vec![d]),
@@ -194,6 +219,8 @@ fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 12] {
         b("attn_q", qd),
         b("attn_k", kvd),
         b("attn_v", kvd),
+        g("attn_q_norm"),
+        g("attn_k_norm"),
     ]
 }
 
@@ -235,7 +262,7 @@ pub(crate) fn assemble<S: TensorSink>(
     };
     sink.embedding_t(matrix(f, get("token_embd.weight")?)?)?;
     for l in 0..c.n_layers {
-        let [an, q, k, v, o, fnn, g, dn, up, bq, bk, bv] =
+        let [an, q, k, v, o, fnn, g, dn, up, bq, bk, bv, qn, kn] =
             layer_names(c, l).map(|e| e.map(|(n, _)| n));
         let m = |n: Option<String>| -> Result<Tensor, ModelError> {
             matrix(f, get(n.as_deref().unwrap_or_default())?)
@@ -255,6 +282,8 @@ pub(crate) fn assemble<S: TensorSink>(
             bq: vector(bq)?,
             bk: vector(bk)?,
             bv: vector(bv)?,
+            q_norm: vector(qn)?,
+            k_norm: vector(kn)?,
             ffn_norm: need(vector(fnn)?, "ffn_norm")?,
             w1: m(g)?,
             w2: m(dn)?,

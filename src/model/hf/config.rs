@@ -15,6 +15,8 @@ pub(super) enum Arch {
     Llama,
     Mistral,
     Qwen2,
+    /// Qwen2's shape without attention biases, with per-head q/k norms.
+    Qwen3,
 }
 
 impl Arch {
@@ -23,6 +25,7 @@ impl Arch {
             "LlamaForCausalLM" => Some(Self::Llama),
             "MistralForCausalLM" => Some(Self::Mistral),
             "Qwen2ForCausalLM" => Some(Self::Qwen2),
+            "Qwen3ForCausalLM" => Some(Self::Qwen3),
             _ => None,
         }
     }
@@ -32,6 +35,7 @@ impl Arch {
             "llama" => Some(Self::Llama),
             "mistral" => Some(Self::Mistral),
             "qwen2" => Some(Self::Qwen2),
+            "qwen3" => Some(Self::Qwen3),
             _ => None,
         }
     }
@@ -41,6 +45,7 @@ impl Arch {
             Self::Llama => "LlamaForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
         }
     }
 
@@ -49,7 +54,7 @@ impl Arch {
         match self {
             Self::Llama => 2048,
             Self::Mistral => 4096 * 32,
-            Self::Qwen2 => 32768,
+            Self::Qwen2 | Self::Qwen3 => 32768,
         }
     }
 }
@@ -305,8 +310,9 @@ impl HfConfig {
         if opt_bool(obj, "mlp_bias")? == Some(true) {
             return Err(invalid("mlp_bias = true: MLP biases are not supported"));
         }
-        // Llama's attention_bias adds an o_proj bias the forward pass lacks;
-        // Qwen2 always has q/k/v biases and never an o_proj bias.
+        // Llama's (and Qwen3's) attention_bias adds an o_proj bias the
+        // forward pass lacks; Qwen2 always has q/k/v biases and never an
+        // o_proj bias.
         if arch != Arch::Qwen2 && opt_bool(obj, "attention_bias")? == Some(true) {
             return Err(invalid(
                 "attention_bias = true (with an o_proj bias) is not supported",
@@ -324,6 +330,8 @@ impl HfConfig {
         let n_kv_heads = opt_usize(obj, "num_key_value_heads")?.unwrap_or(n_heads);
         let head_dim = match opt_usize(obj, "head_dim")? {
             Some(h) => h,
+            // Qwen3Config's default, not hidden_size / heads.
+            None if arch == Arch::Qwen3 => 128,
             None if dim.is_multiple_of(n_heads) => dim / n_heads,
             None => {
                 return Err(invalid(format!(
@@ -341,10 +349,10 @@ impl HfConfig {
             // Qwen2 uses its window only when asked (on the layers past
             // `max_window_layers`; within the window every layer attends
             // fully, so capping the context is exact for all of them).
-            Arch::Qwen2 if opt_bool(obj, "use_sliding_window")? == Some(true) => {
+            Arch::Qwen2 | Arch::Qwen3 if opt_bool(obj, "use_sliding_window")? == Some(true) => {
                 sliding_window(obj)?
             }
-            Arch::Qwen2 => None,
+            Arch::Qwen2 | Arch::Qwen3 => None,
         };
         if let Some(w) = sliding {
             max_seq_len = max_seq_len.min(w);
@@ -369,6 +377,7 @@ impl HfConfig {
             norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
             tied_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
             attention_bias: arch == Arch::Qwen2,
+            qk_norm: arch == Arch::Qwen3,
         };
         model.validate()?;
         for (what, a, b) in [
@@ -525,6 +534,29 @@ mod tests {
         .unwrap();
         assert_eq!(m.model.max_seq_len, 4096);
         assert!(!m.model.attention_bias);
+    }
+
+    #[test]
+    fn qwen3_has_q_k_norms_no_biases_and_transformers_head_dim_default() {
+        let q = parse(&with("Qwen3ForCausalLM", "")).unwrap();
+        assert_eq!(q.arch, Arch::Qwen3);
+        let m = &q.model;
+        assert!(m.qk_norm && !m.attention_bias);
+        // Qwen3Config's default head_dim, not hidden_size / heads (16).
+        assert_eq!(m.head_dim, 128);
+        assert_eq!((m.max_seq_len, m.rope_style), (32768, RopeStyle::Half));
+        let by_type = parse(
+            r#"{"model_type": "qwen3", "hidden_size": 64,
+            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 100, "head_dim": 32}"#,
+        )
+        .unwrap();
+        assert_eq!((by_type.arch, by_type.model.head_dim), (Arch::Qwen3, 32));
+        for arch in ["LlamaForCausalLM", "Qwen2ForCausalLM"] {
+            assert!(!parse(&with(arch, "")).unwrap().model.qk_norm, "{arch}");
+        }
+        // Its attention_bias would add an o_proj bias: refused.
+        assert!(parse(&with("Qwen3ForCausalLM", r#", "attention_bias": true"#)).is_err());
     }
 
     /// A Mistral config.json written without `sliding_window` gets
