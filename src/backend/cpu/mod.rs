@@ -15,13 +15,15 @@ mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
 mod x86_blocks;
 #[cfg(target_arch = "x86_64")]
-mod x86_blocks512;
+mod x86_drive;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;
-#[cfg(target_arch = "x86_64")]
-mod x86_quant512;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
