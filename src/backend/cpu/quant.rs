@@ -12,7 +12,7 @@
 //! of their own, so that a kernel widens a row's scales eight at a time
 //! instead of one block at a time. For up to eight activation rows
 //! (decode), their blocks are dequantized in registers and multiplied at
-//! once (`x86_quant::matmul_cols_split`), by the same operations in the
+//! once (`x86_drive`), by the same operations in the
 //! same order: the same bits again. The other types a GGUF holds (Q4_K,
 //! Q5_K, Q6_K, Q4_0, Q5_0, Q5_1) stay in their blocks; with AVX2 each 256
 //! values of a row are decoded onto the stack and multiplied from there for
@@ -146,7 +146,9 @@ impl SplitQuant {
         if isa.avx2() {
             // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2, FMA and F16C (`Isa::detect`).
-            if unsafe { crate::backend::cpu::x86_quant::dequantize_row(self.q8(), qs, sc, out) } {
+            if unsafe {
+                crate::backend::cpu::x86_avx2::dequantize_split_row(self.q8(), qs, sc, out)
+            } {
                 return;
             }
         }
@@ -191,7 +193,7 @@ pub(crate) fn matmul_cols_split(
 ) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && (1..=FUSED_ROWS).contains(&m) {
-        use crate::backend::cpu::x86_quant512::matmul_cols_split as fused;
+        use crate::backend::cpu::x86_avx512::matmul_cols_split as fused;
         let (q8, row) = (w.q8(), |r: usize| w.row(r));
         let c = cols.clone();
         // SAFETY: a CpuBackend holds `Isa::Avx512` only after the CPU
@@ -211,7 +213,7 @@ pub(crate) fn matmul_cols_split(
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() && (1..=FUSED_ROWS).contains(&m) {
-        use crate::backend::cpu::x86_quant::matmul_cols_split as fused;
+        use crate::backend::cpu::x86_avx2::matmul_cols_split as fused;
         let (q8, row) = (w.q8(), |r: usize| w.row(r));
         let c = cols.clone();
         // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
@@ -267,7 +269,7 @@ pub(crate) fn matmul_cols_quant(
         // beat the AVX2 kernel (1.2-1.35x at eight); below that they lose
         // to it (0.85-0.9x at one and four rows, a matrix in L2/L3).
         if isa == Isa::Avx512 && (5..=FUSED_ROWS).contains(&m) {
-            use crate::backend::cpu::x86_blocks512::matmul_cols as fused;
+            use crate::backend::cpu::x86_avx512::matmul_cols as fused;
             let (row, c) = (|r: usize| w.row(r), cols.clone());
             // SAFETY: a CpuBackend holds `Isa::Avx512` only after the CPU
             // reported AVX2, FMA, F16C and AVX-512 F, BW, DQ and VL.
@@ -283,7 +285,7 @@ pub(crate) fn matmul_cols_quant(
             }
         }
         if (1..=FUSED_ROWS).contains(&m) {
-            use crate::backend::cpu::x86_blocks::matmul_cols as fused;
+            use crate::backend::cpu::x86_avx2::matmul_cols as fused;
             let (row, c) = (|r: usize| w.row(r), cols.clone());
             // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the CPU
             // reported AVX2, FMA and F16C (`Isa::detect`).
@@ -303,8 +305,7 @@ pub(crate) fn matmul_cols_quant(
         }
         let row = |r: usize, o: &mut [f32]| {
             // SAFETY: as above.
-            let done =
-                unsafe { crate::backend::cpu::x86_blocks::dequantize_row(code, w.row(r), o) };
+            let done = unsafe { crate::backend::cpu::x86_avx2::dequantize_row(code, w.row(r), o) };
             if !done {
                 w.dequantize_row(r, o);
             }

@@ -1,8 +1,8 @@
-//! AVX2 + FMA kernels over ggml block rows that are not split
-//! (`quant::SplitQuant` takes Q8_0 and Q4_1): the K-quants Q4_K, Q5_K and
-//! Q6_K (the blocks of llama.cpp's Q4_K_M and Q5_K_M files) and the 32-value
-//! Q4_0, Q5_0 and Q5_1 (which those files use where a row is not whole
-//! super-blocks). Entered only when the CPU has AVX2, FMA and F16C.
+//! The ggml block rows that are not split (`quant::SplitQuant` takes Q8_0
+//! and Q4_1), decoded for the quantized kernels with AVX2, FMA and F16C:
+//! the K-quants Q4_K, Q5_K and Q6_K (the blocks of llama.cpp's Q4_K_M and
+//! Q5_K_M files) and the 32-value Q4_0, Q5_0 and Q5_1 (which those files
+//! use where a row is not whole super-blocks).
 //!
 //! A leaf, as `x86_quant`: rows come in as byte slices of whole blocks,
 //! never as the matrix type. A row is taken 256 values at a time (one
@@ -11,20 +11,16 @@
 //! in value order, and its scales widened ([`params`]: `d * sc` and
 //! `dmin * m` per 32 values for Q4_K/Q5_K, `d * sc` per 16 for Q6_K, each the
 //! scalar definition's f32 product; `d` and `m` per block for the others).
-//! Then [`chunk`] turns each 8 of them into f32 lanes by the definition's
+//! Then `x86_drive` turns each 8 of them into f32 lanes by the definition's
 //! operations in its order (`q * d1 - m1` as a multiply then a subtract;
 //! `(d * sc) * q`; `q * d`; `q * d + m` fused for Q5_1), each rounded once.
 //! So the dequantized rows and the fused matmul use the same bits as a
 //! matrix dequantized up front (`backend::quant`), and the fused matmul's
-//! chain is the f32 tile's. Widening from memory, not from registers, keeps
-//! the shuffle port free: at one activation row a Q4_K matrix in L2 runs at
-//! Q4_1's speed (BENCHMARKS.md, CPU round 12).
+//! chain is the f32 tile's.
 
 use std::arch::x86_64::*;
 
 use crate::backend::GgmlType;
-use crate::backend::cpu::kernel::LANES;
-use crate::backend::cpu::x86_quant::{PREFETCH, lane_sums, put_sums};
 
 /// Values per group: a K-quant super-block, or eight 32-value blocks.
 pub(crate) const QK: usize = 256;
@@ -52,7 +48,7 @@ pub(crate) fn code(ty: GgmlType) -> Option<u8> {
 
 /// `$body` with `$t` a const item holding the const parameter of type code
 /// `$code` (from [`code`]): the one dispatch from a matrix's type to the
-/// kernels' instantiations, here and in `x86_blocks512`.
+/// kernels' instantiations, for every instruction set (`x86_drive::entry_points`).
 macro_rules! with_type {
     ($code:expr, $t:ident => $body:expr) => {{
         use $crate::backend::cpu::x86_blocks as blocks;
@@ -331,36 +327,6 @@ unsafe fn decode_small<const T: u8>(b: *const u8, blocks: usize, out: &mut Decod
     }
 }
 
-/// Values `8 * c..8 * c + 8` of `d` (c < 32), as the definition computes
-/// them: `d * sc * q - dmin * m` as a multiply then a subtract (Q4_K,
-/// Q5_K), `(d * sc) * q` (Q6_K), `q * d` (Q4_0, Q5_0), `q * d + m` fused
-/// (Q5_1).
-///
-/// # Safety
-/// AVX2, FMA and F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk<const T: u8>(d: &Decoded, c: usize) -> __m256 {
-    // SAFETY (whole body): the 8-byte load lies inside `d.q` (c < 32), the
-    // broadcasts read inside `d.p`.
-    unsafe {
-        let bytes = _mm_loadl_epi64(d.q.as_ptr().add(8 * c).cast::<__m128i>());
-        let q = _mm256_cvtepi32_ps(if signed(T) {
-            _mm256_cvtepi8_epi32(bytes)
-        } else {
-            _mm256_cvtepu8_epi32(bytes)
-        });
-        let i = scale_at(T, c);
-        let s = _mm256_broadcast_ss(&d.p[i]);
-        match T {
-            Q6K => _mm256_mul_ps(s, q),
-            Q4K | Q5K => _mm256_sub_ps(_mm256_mul_ps(s, q), _mm256_broadcast_ss(&d.p[8 + i])),
-            Q5_1 => _mm256_fmadd_ps(q, s, _mm256_broadcast_ss(&d.p[8 + i])),
-            _ => _mm256_mul_ps(q, s),
-        }
-    }
-}
-
 /// The group of `k`-value rows at value `at` (a multiple of 256): its
 /// byte offset in a row, its blocks (1 for a K-quant; up to 8) and its
 /// values.
@@ -369,103 +335,6 @@ pub(crate) fn group(t: u8, k: usize, at: usize) -> (usize, usize, usize) {
     let values = QK.min(k - at);
     let blocks = values / block_values(t);
     (at / block_values(t) * block_bytes(t), blocks, values)
-}
-
-/// One row of whole blocks of type `code` as f32 into `out`. Returns
-/// false, leaving `out` alone, when `out` is not whole blocks or `row` does
-/// not hold them.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dequantize_row(code: u8, row: &[u8], out: &mut [f32]) -> bool {
-    with_type!(code, T => dequantize_row_as::<T>(row, out))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dequantize_row_as<const T: u8>(row: &[u8], out: &mut [f32]) -> bool {
-    let (k, bv) = (out.len(), block_values(T));
-    if !k.is_multiple_of(bv) || row.len() < k / bv * block_bytes(T) {
-        return false;
-    }
-    let mut d = Decoded::new();
-    for at in (0..k).step_by(QK) {
-        let (byte, blocks, values) = group(T, k, at);
-        // SAFETY: AVX2, FMA and F16C are enabled on this function; the
-        // group's blocks lie inside `row` (checked above); each store
-        // writes 8 floats at out[at + 8 * c..], inside the group's values.
-        unsafe {
-            decode::<T>(row.as_ptr().add(byte), blocks, &mut d);
-            for c in 0..values / LANES {
-                _mm256_storeu_ps(out.as_mut_ptr().add(at + 8 * c), chunk::<T>(&d, c));
-            }
-        }
-    }
-    true
-}
-
-/// Dot products of `M` (1 to 8) activation rows (`x: [m, k]`) with every
-/// weight row `j` in `cols` (`row(j)`: its blocks of type `code`), `R`
-/// weight rows at a time: each group [`decode`]d, each 8 of its values
-/// made by [`chunk`] and multiplied into one accumulator per pair in order,
-/// then the lane tree of `x86::tree`: the chain `Avx2::tile` runs over the
-/// dequantized rows, so the same bits.
-/// `out[(j - cols.start) * col_stride + i * row_stride]`. Returns false
-/// (nothing written) for `k` not a whole number of blocks, or arguments too
-/// short for it.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_cols<'w, const M: usize, const R: usize>(
-    code: u8,
-    x: &[f32],
-    k: usize,
-    row: impl Fn(usize) -> &'w [u8],
-    cols: std::ops::Range<usize>,
-    out: &mut [f32],
-    row_stride: usize,
-    col_stride: usize,
-) -> bool {
-    with_type!(code, T => matmul_cols_as::<M, R, T>(x, k, row, cols, out, row_stride, col_stride))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn matmul_cols_as<'w, const M: usize, const R: usize, const T: u8>(
-    x: &[f32],
-    k: usize,
-    row: impl Fn(usize) -> &'w [u8],
-    cols: std::ops::Range<usize>,
-    out: &mut [f32],
-    row_stride: usize,
-    col_stride: usize,
-) -> bool {
-    let strides = (row_stride, col_stride);
-    if !fits::<T>(x.len(), M, k, &row, &cols, out.len(), strides) {
-        return false;
-    }
-    let mut j = cols.start;
-    while j + R <= cols.end {
-        let rows: [&[u8]; R] = std::array::from_fn(|r| row(j + r));
-        // SAFETY: AVX2, FMA and F16C are enabled on this function; `fits`
-        // checked that k is whole blocks, that every row holds them and
-        // that x holds M rows of k.
-        put_sums(
-            out,
-            &cols,
-            j,
-            &unsafe { rows_as::<M, R, T>(x, k, rows) },
-            strides,
-        );
-        j += R;
-    }
-    for j in j..cols.end {
-        // SAFETY: as above.
-        put_sums(
-            out,
-            &cols,
-            j,
-            &unsafe { rows_as::<M, 1, T>(x, k, [row(j)]) },
-            strides,
-        );
-    }
-    true
 }
 
 /// Whether a matmul's arguments hold what its kernels read (`x` of `x_len`
@@ -491,53 +360,12 @@ pub(crate) fn fits<'w, const T: u8>(
     out_len > last && !cols.clone().any(|j| row(j).len() < row_bytes)
 }
 
-/// The `M x R` dot products of [`matmul_cols`] for `R` weight rows.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `k` is whole blocks of type `T` and every row in
-/// `w` holds them; `x` holds `M` rows of `k` floats.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn rows_as<const M: usize, const R: usize, const T: u8>(
-    x: &[f32],
-    k: usize,
-    w: [&[u8]; R],
-) -> [[f32; M]; R] {
-    // SAFETY (whole body): the caller guarantees the features, that each
-    // group's blocks lie inside each row, and that x holds M rows of k
-    // floats (loads read 8 at `i * k + at + 8 * c`, `8 * c` below the
-    // group's values).
-    unsafe {
-        let mut acc = [[_mm256_setzero_ps(); M]; R];
-        let mut dec = [const { Decoded::new() }; R];
-        for at in (0..k).step_by(QK) {
-            let (byte, blocks, values) = group(T, k, at);
-            for (r, d) in dec.iter_mut().enumerate() {
-                let b = w[r].as_ptr().add(byte);
-                // A hint: never faults, so it may point past the row.
-                for line in 0..3 {
-                    let ahead = b.wrapping_add(PREFETCH + 64 * line);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>());
-                }
-                decode::<T>(b, blocks, d);
-            }
-            for c in 0..values / LANES {
-                for (a, d) in acc.iter_mut().zip(&dec) {
-                    let wc = chunk::<T>(d, c);
-                    for (i, ai) in a.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_ps(x.as_ptr().add(i * k + at + 8 * c));
-                        *ai = _mm256_fmadd_ps(xv, wc, *ai);
-                    }
-                }
-            }
-        }
-        lane_sums(&acc)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::QuantMatrix;
+    use crate::backend::cpu::x86_avx2::{self, dequantize_row};
+    use crate::backend::cpu::x86_avx512;
     use crate::backend::quant::scale_fields;
 
     #[test]
@@ -595,35 +423,54 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{ty} row {r}");
             }
-            let mut out = vec![0f32; m * n];
             let whole = |j: usize| q.row(j);
-            fn matmul<'w>(
-                t: u8,
-                x: &[f32],
-                n: usize,
-                out: &mut [f32],
-                k: usize,
-                row: &dyn Fn(usize) -> &'w [u8],
-            ) -> bool {
-                // SAFETY: the callers detected the features.
-                unsafe { matmul_cols::<3, 2>(t, x, k, row, 0..n, out, n, 1) }
-            }
-            assert!(matmul(t, &x, n, &mut out, k, &whole), "{ty}: whole blocks");
-            assert!(out.iter().all(|v| v.is_finite() && *v != 0.0), "{ty}");
             let short = |j: usize| &q.row(j)[..q.row_bytes() - 1];
-            assert!(
-                !matmul(t, &x, n, &mut out, k, &short),
-                "{ty}: a row one byte short"
-            );
-            assert!(
-                !matmul(t, &x, n, &mut out, k - 1, &whole),
-                "{ty}: k not whole blocks"
-            );
-            let mut small = vec![0f32; m * n - 1];
-            assert!(
-                !matmul(t, &x, n, &mut small, k, &whole),
-                "{ty}: out too short"
-            );
+            let avx512 = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vl");
+            let mut first: Option<Vec<f32>> = None;
+            for wide in [false, true].into_iter().filter(|&w| !w || avx512) {
+                // Five rows: two pairs of AVX-512 lanes and a row left over.
+                fn matmul<'w>(
+                    (t, wide, n): (u8, bool, usize),
+                    x: &[f32],
+                    out: &mut [f32],
+                    k: usize,
+                    row: &dyn Fn(usize) -> &'w [u8],
+                ) -> bool {
+                    // SAFETY: the callers detected the features.
+                    unsafe {
+                        if wide {
+                            x86_avx512::matmul_cols::<3, 2>(t, x, k, row, 0..n, out, n, 1)
+                        } else {
+                            x86_avx2::matmul_cols::<3, 2>(t, x, k, row, 0..n, out, n, 1)
+                        }
+                    }
+                }
+                let at = (t, wide, n);
+                let mut out = vec![0f32; m * n];
+                assert!(matmul(at, &x, &mut out, k, &whole), "{ty}: whole blocks");
+                assert!(out.iter().all(|v| v.is_finite() && *v != 0.0), "{ty}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                match &first {
+                    Some(narrow) => assert_eq!(bits(&out), bits(narrow), "{ty}: AVX-512 bits"),
+                    None => first = Some(out.clone()),
+                }
+                assert!(
+                    !matmul(at, &x, &mut out, k, &short),
+                    "{ty}: a row one byte short"
+                );
+                assert!(
+                    !matmul(at, &x, &mut out, k - 1, &whole),
+                    "{ty}: k not whole blocks"
+                );
+                let mut small = vec![0f32; m * n - 1];
+                assert!(
+                    !matmul(at, &x, &mut small, k, &whole),
+                    "{ty}: out too short"
+                );
+            }
             // SAFETY: as above.
             let dq =
                 unsafe { dequantize_row(t, &q.row(0)[..q.row_bytes() - 1], &mut vec![0.0; k]) };
