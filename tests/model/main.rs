@@ -23,4 +23,5 @@ mod hf_malformed;
 mod llama2c_malformed;
 mod llama2c_reference;
 mod load_placed_as_read;
+mod long_attention;
 mod stories260k_generates;

@@ -7,6 +7,7 @@
 mod attend;
 mod attention;
 mod fastmath;
+mod flash;
 mod kernel;
 pub(crate) use kernel::{Bf16, F16};
 pub(crate) mod matmul;
@@ -893,31 +894,7 @@ impl Backend for CpuBackend {
             .map(|s| s.rows * s.end_pos())
             .sum::<usize>()
             .saturating_mul(2 * qd);
-        let row = |r: usize, o: &mut [f32]| {
-            // Spans are contiguous and sorted by first_row.
-            let s = spans.partition_point(|sp| sp.first_row + sp.rows <= r);
-            let sp = spans[s];
-            let pos = sp.first_pos + (r - sp.first_row);
-            attention::attend_row(
-                self.isa,
-                &q[r * qd..(r + 1) * qd],
-                &kv[s],
-                pos + 1,
-                shape,
-                o,
-            );
-        };
-        match self.par_pool(work) {
-            Some(pool) => pool.install(|| {
-                out.par_chunks_mut(qd)
-                    .enumerate()
-                    .for_each(|(r, o)| row(r, o))
-            }),
-            None => out
-                .chunks_exact_mut(qd)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o)),
-        }
+        flash::prefill(self.isa, self.par_pool(work), q, kv, spans, shape, out);
         Ok(())
     }
 
@@ -949,27 +926,7 @@ impl Backend for CpuBackend {
             .map(|v| v.len())
             .sum::<usize>()
             .saturating_mul(2 * qd);
-        let row = |r: usize, o: &mut [f32]| {
-            attention::attend_row(
-                self.isa,
-                &q[r * qd..(r + 1) * qd],
-                &kv[r],
-                kv[r].len(),
-                shape,
-                o,
-            );
-        };
-        match self.par_pool(work) {
-            Some(pool) => pool.install(|| {
-                out.par_chunks_mut(qd)
-                    .enumerate()
-                    .for_each(|(r, o)| row(r, o))
-            }),
-            None => out
-                .chunks_exact_mut(qd)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o)),
-        }
+        flash::decode(self.isa, self.par_pool(work), q, kv, shape, out);
         Ok(())
     }
 }

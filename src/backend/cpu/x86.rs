@@ -17,10 +17,9 @@ use std::arch::x86_64::{
 };
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{self as attention, Scratch, as_f32};
+use crate::backend::cpu::attend::{self as attention, Seg};
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::kernel::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
-use crate::kv::LayerView;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
 /// and the lane tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` for every dot
@@ -617,20 +616,37 @@ pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
     crate::backend::cpu::ops::swiglu(&mut gate[done..n], &up[done..n]);
 }
 
-/// See `attention::attend_row`.
+/// See `attention::tile`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn attend_row(
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile(
+    qs: &[f32],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
     shape: AttnShape,
-    out: &mut [f32],
-    s: &mut Scratch,
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
-    attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s)
+    attention::tile_with::<Avx2>(qs, koff, segs, n, shape, part, scores)
 }
 
-/// Whether [`attend_row_hd8`] has a kernel for this head layout.
+/// See `attention::tile_rows`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_rows(
+    qs: [&[f32]; attention::ROWS],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
+    shape: AttnShape,
+    parts: [&mut [f32]; attention::ROWS],
+    scores: &mut Vec<f32>,
+) {
+    attention::tile_rows_with::<Avx2>(qs, koff, segs, n, shape, parts, scores)
+}
+
+/// Whether [`tile_hd8`] has a kernel for this head layout.
 pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
     shape.head_dim == LANES
         && matches!(
@@ -639,31 +655,33 @@ pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
         )
 }
 
-/// `attention::attend_row` for head_dim 8 and the head layouts of
+/// `attend::tile_with` for head_dim 8 and the head layouts of
 /// [`has_hd8_kernel`]: the same arithmetic as the generic kernel, in the
 /// same order (so the same bits), with the layout known at compile time.
 /// (Each kernel is inlined here, where AVX2 is enabled: a function pointer
 /// to one would be compiled without it.)
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn attend_row_hd8(
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_hd8(
+    qs: &[f32],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
     shape: AttnShape,
-    out: &mut [f32],
-    s: &mut Scratch,
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
     match (shape.n_heads, shape.n_kv_heads) {
-        (8, 1) => hd8::<8, 1>(q, kv, n_keys, out, s),
-        (8, 2) => hd8::<8, 2>(q, kv, n_keys, out, s),
-        (8, 4) => hd8::<8, 4>(q, kv, n_keys, out, s),
-        (8, 8) => hd8::<8, 8>(q, kv, n_keys, out, s),
-        (16, 1) => hd8::<16, 1>(q, kv, n_keys, out, s),
-        (16, 2) => hd8::<16, 2>(q, kv, n_keys, out, s),
-        (16, 4) => hd8::<16, 4>(q, kv, n_keys, out, s),
-        (16, 8) => hd8::<16, 8>(q, kv, n_keys, out, s),
-        (16, 16) => hd8::<16, 16>(q, kv, n_keys, out, s),
-        _ => attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s),
+        (8, 1) => hd8::<8, 1>(qs, segs, n, part, scores),
+        (8, 2) => hd8::<8, 2>(qs, segs, n, part, scores),
+        (8, 4) => hd8::<8, 4>(qs, segs, n, part, scores),
+        (8, 8) => hd8::<8, 8>(qs, segs, n, part, scores),
+        (16, 1) => hd8::<16, 1>(qs, segs, n, part, scores),
+        (16, 2) => hd8::<16, 2>(qs, segs, n, part, scores),
+        (16, 4) => hd8::<16, 4>(qs, segs, n, part, scores),
+        (16, 8) => hd8::<16, 8>(qs, segs, n, part, scores),
+        (16, 16) => hd8::<16, 16>(qs, segs, n, part, scores),
+        _ => attention::tile_with::<Avx2>(qs, koff, segs, n, shape, part, scores),
     }
 }
 
@@ -698,64 +716,56 @@ fn exp8(x: __m256) -> __m256 {
     }
 }
 
-/// One attention row for `NH` query heads over `NKV` KV heads of 8: scores
-/// `[n_keys][NH]` (each position's heads reduced together by [`reduce8`],
-/// every K slice loaded once for its group), the softmax eight heads per
-/// register with positions in order, then the weighted sum of V with one
-/// accumulator per head kept in registers across all pages.
+/// One tile's partial result for `NH` query heads over `NKV` KV heads of
+/// 8: scores `[n][NH]` (each position's heads reduced together by
+/// [`reduce8`], every K slice loaded once for its group) with each head's
+/// running max, `exp(score - max)` eight heads per register, then each
+/// head's sum of weights and weighted sum of V, with one accumulator per
+/// head kept in registers across the tile, positions in order.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // registers indexed by head, in step
 fn hd8<const NH: usize, const NKV: usize>(
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
-    out: &mut [f32],
-    s: &mut Scratch,
+    qs: &[f32],
+    segs: &[Seg<'_>],
+    n: usize,
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
     const HD: usize = LANES;
     let kvd = NKV * HD;
     let group = NH / NKV;
     let hb = NH / LANES;
-    let n = n_keys.min(kv.len());
-    if n == 0 || kv.kv_dim() != kvd || q.len() < NH * HD || out.len() < NH * HD {
+    let have: usize = segs.iter().map(|s| s.n).sum();
+    let fits = segs
+        .iter()
+        .all(|s| s.keys.len() >= s.n * kvd && s.vals.len() >= s.n * kvd);
+    if n == 0 || n > have || !fits || qs.len() < NH * HD || part.len() < NH * (HD + 2) {
         // Not reachable from the backend (shapes and lengths are checked).
-        out.fill(0.0);
+        part.fill(f32::NAN);
         return;
     }
-    let ps = kv.page_size().max(1);
-    let n_pages = n.div_ceil(ps);
-    let Scratch { scores, conv, .. } = s;
     // Grow only, no clearing: every score read below is written first.
     if scores.len() < n * NH {
         scores.resize(n * NH, 0.0);
     }
-    let scale = 1.0 / (HD as f32).sqrt();
-    // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. q holds
-    // NH heads of 8 and out NH heads of 8 (checked above); `scores` holds
-    // n rows of NH; a page's rows are `kvd` wide and `tn` of them are
-    // read, where `tn * kvd <= rows.len()` is checked per page; each head
-    // reads its KV head's 8 floats at `(h / group) * 8 < kvd`.
+    // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. qs holds
+    // NH heads of 8 and part NH * 10 floats (checked above); `scores` holds
+    // n rows of NH; a segment's rows are `kvd` wide and at most `s.n` of
+    // them are read (checked above); each head reads its KV head's 8 floats
+    // at `(h / group) * 8 < kvd`.
     unsafe {
         let mut qv = [_mm256_setzero_ps(); NH];
         for h in 0..NH {
-            // The generic kernel's pre-scaled query (same rounding).
-            qv[h] = _mm256_mul_ps(
-                _mm256_loadu_ps(q.as_ptr().add(h * HD)),
-                _mm256_set1_ps(scale),
-            );
+            qv[h] = _mm256_loadu_ps(qs.as_ptr().add(h * HD));
         }
         // Scores, and each head's running max (`if x > m { x } else { m }`
         // per lane, as the generic kernel: max_ps returns its second
         // operand unless the first is greater).
         let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); NH];
-        for p in 0..n_pages {
-            let t0 = p * ps;
-            let tn = (n - t0).min(ps);
-            let keys = as_f32(kv.keys(p), conv);
-            if keys.len() < tn * kvd {
-                return out.fill(0.0);
-            }
-            let kp = keys.as_ptr();
+        let mut t0 = 0;
+        for s in segs {
+            let tn = s.n.min(n - t0);
+            let kp = s.keys.as_ptr();
             let sp = scores.as_mut_ptr().add(t0 * NH);
             for t in 0..tn {
                 let row = kp.add(t * kvd);
@@ -770,6 +780,7 @@ fn hd8<const NH: usize, const NKV: usize>(
                     _mm256_storeu_ps(sp.add(t * NH + b * 8), x);
                 }
             }
+            t0 += tn;
         }
         // exp(score - max): no dependency from one position to the next.
         let sp = scores.as_mut_ptr();
@@ -783,14 +794,10 @@ fn hd8<const NH: usize, const NKV: usize>(
         // order.
         let mut acc = [_mm256_setzero_ps(); NH];
         let mut sum = [_mm256_setzero_ps(); NH];
-        for p in 0..n_pages {
-            let t0 = p * ps;
-            let tn = (n - t0).min(ps);
-            let vals = as_f32(kv.values(p), conv);
-            if vals.len() < tn * kvd {
-                return out.fill(0.0);
-            }
-            let vp = vals.as_ptr();
+        let mut t0 = 0;
+        for s in segs {
+            let tn = s.n.min(n - t0);
+            let vp = s.vals.as_ptr();
             let wp = scores.as_ptr().add(t0 * NH);
             for t in 0..tn {
                 let row = vp.add(t * kvd);
@@ -803,18 +810,15 @@ fn hd8<const NH: usize, const NKV: usize>(
                     acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, acc[h]);
                 }
             }
+            t0 += tn;
         }
-        let mut inv = [_mm256_setzero_ps(); NH];
+        let p = part.as_mut_ptr();
         for b in 0..hb {
-            inv[b] = _mm256_div_ps(_mm256_set1_ps(1.0), sum[b]);
-        }
-        let mut invs = [0f32; NH];
-        for b in 0..hb {
-            _mm256_storeu_ps(invs.as_mut_ptr().add(b * 8), inv[b]);
+            _mm256_storeu_ps(p.add(b * 8), m[b]);
+            _mm256_storeu_ps(p.add(NH + b * 8), sum[b]);
         }
         for h in 0..NH {
-            let r = _mm256_mul_ps(acc[h], _mm256_set1_ps(invs[h]));
-            _mm256_storeu_ps(out.as_mut_ptr().add(h * HD), r);
+            _mm256_storeu_ps(p.add(2 * NH + h * HD), acc[h]);
         }
     }
 }
@@ -822,7 +826,7 @@ fn hd8<const NH: usize, const NKV: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::attend::Scratch;
+    use crate::backend::cpu::attend::{TILE, TileBuf, tile_segs};
     use crate::ids::RequestId;
     use crate::kv::{KvDtype, KvGeometry};
     use crate::kv::{KvPool, PoolConfig};
@@ -917,8 +921,9 @@ mod tests {
     }
 
     /// The head_dim-8 kernel against the generic AVX2 kernel on random
-    /// data: ragged lengths, every query length up to the written one
-    /// (prefill rows), page sizes 1, 16 and 64, f32/f16/bf16 KV, and every
+    /// data: ragged lengths, every tile of each and every query length up
+    /// to the tile's written one (prefill rows), page sizes 1, 16 and 64,
+    /// f32/f16/bf16/fp8 KV, and every
     /// head layout it has a kernel for. Same arithmetic in the same order:
     /// the same bits.
     #[test]
@@ -961,23 +966,33 @@ mod tests {
                     let reader = pool.reader();
                     for (i, seq) in seqs.iter().enumerate() {
                         let view = reader.seq(seq).unwrap().layer(0).unwrap();
-                        let q = data(shape.q_dim(), 7 + i as u32);
-                        for n_keys in 1..=lens[i] {
-                            let (mut a, mut b) = (vec![0f32; nh * 8], vec![1f32; nh * 8]);
-                            let (mut sa, mut sb) = (Scratch::default(), Scratch::default());
-                            // SAFETY: AVX2 and FMA were detected above.
-                            unsafe {
-                                attend_row(&q, &view, n_keys, shape, &mut a, &mut sa);
-                                attend_row_hd8(&q, &view, n_keys, shape, &mut b, &mut sb);
+                        // A pre-scaled query and its heads' KV offsets.
+                        let qs = data(shape.q_dim(), 7 + i as u32);
+                        let koff: Vec<usize> = (0..nh).map(|h| h / (nh / nkv) * 8).collect();
+                        for t0 in (0..lens[i]).step_by(TILE) {
+                            let mut buf = TileBuf::default();
+                            let mut segs = Vec::new();
+                            tile_segs(&view, t0, t0 + TILE, &mut buf, &mut segs);
+                            let have: usize = segs.iter().map(|s| s.n).sum();
+                            assert_eq!(have, (lens[i] - t0).min(TILE));
+                            for n in 1..=have {
+                                let len = nh * 10;
+                                let (mut a, mut b) = (vec![0f32; len], vec![1f32; len]);
+                                let (mut sa, mut sb) = (Vec::new(), Vec::new());
+                                // SAFETY: AVX2 and FMA were detected above.
+                                unsafe {
+                                    tile(&qs, &koff, &segs, n, shape, &mut a, &mut sa);
+                                    tile_hd8(&qs, &koff, &segs, n, shape, &mut b, &mut sb);
+                                }
+                                assert_eq!(
+                                    bits(&a),
+                                    bits(&b),
+                                    "{nh}/{nkv} heads, {dtype:?}, page {page}, {n} keys from {t0} of {}",
+                                    lens[i]
+                                );
+                                assert!(b.iter().all(|x| x.is_finite()));
+                                checked += 1;
                             }
-                            assert_eq!(
-                                bits(&a),
-                                bits(&b),
-                                "{nh}/{nkv} heads, {dtype:?}, page {page}, {n_keys} of {} keys",
-                                lens[i]
-                            );
-                            assert!(b.iter().all(|x| x.is_finite()));
-                            checked += 1;
                         }
                     }
                     drop(seqs);
