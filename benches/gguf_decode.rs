@@ -33,6 +33,10 @@ use handoff::model::Model;
 use handoff::sampling::argmax;
 use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 
+#[path = "support/llama_cpp.rs"]
+mod llama_cpp;
+use llama_cpp::{median, ratio};
+
 const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,8 +115,8 @@ struct Llama {
     batch8: Option<f64>,
 }
 
-/// llama-bench's (tg tok/s, pp tok/s) for a `p`-token prompt and `n`
-/// generated tokens, `r` repetitions averaged (0 skips that test).
+/// llama-bench's (tg tok/s, pp tok/s) on this model (see
+/// `llama_cpp::tg_pp`).
 fn llama_bench(
     bin: &Path,
     threads: usize,
@@ -120,40 +124,7 @@ fn llama_bench(
     n: usize,
     r: usize,
 ) -> (Option<f64>, Option<f64>) {
-    let (t, p, n, r) = (
-        threads.to_string(),
-        p.to_string(),
-        n.to_string(),
-        r.to_string(),
-    );
-    let bench = Command::new(bin.join("llama-bench"))
-        .args([
-            "-m", MODEL, "-t", &t, "-p", &p, "-n", &n, "-r", &r, "-o", "csv",
-        ])
-        .output();
-    let (mut tg, mut pp) = (None, None);
-    if let Ok(out) = &bench {
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut lines = text.lines();
-        if let Some(header) = lines.next() {
-            let cols: Vec<&str> = header.split(',').map(|c| c.trim_matches('"')).collect();
-            let at = |name: &str| cols.iter().position(|c| *c == name);
-            for line in lines {
-                let f: Vec<&str> = line.split(',').map(|c| c.trim_matches('"')).collect();
-                let get = |name: &str| {
-                    at(name)
-                        .and_then(|i| f.get(i))
-                        .and_then(|v| v.parse::<f64>().ok())
-                };
-                match (get("n_prompt"), get("n_gen"), get("avg_ts")) {
-                    (Some(p), Some(g), Some(ts)) if p > 0.0 && g == 0.0 => pp = Some(ts),
-                    (Some(p), Some(g), Some(ts)) if p == 0.0 && g > 0.0 => tg = Some(ts),
-                    _ => {}
-                }
-            }
-        }
-    }
-    (tg, pp)
+    llama_cpp::tg_pp(bin, MODEL, threads, p, n, r)
 }
 
 fn llama_cpp(bin: &Path, threads: usize) -> Llama {
@@ -180,15 +151,6 @@ fn llama_cpp(bin: &Path, threads: usize) -> Llama {
         })
     });
     Llama { tg, pp, batch8 }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn ratio(a: f64, b: Option<f64>) -> String {
-    b.map_or_else(|| "-".to_string(), |b| format!("{:.2}x", a / b))
 }
 
 fn main() {

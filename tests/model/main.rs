@@ -23,6 +23,7 @@ mod hf_malformed;
 mod llama2c_malformed;
 mod llama2c_reference;
 mod load_placed_as_read;
+mod long_attention;
 mod qwen_malformed;
 mod qwen_reference;
 mod stories260k_generates;

@@ -1,47 +1,73 @@
-//! Paged attention on the CPU: one query row against the written positions
-//! of one sequence, streamed page by page through its [`LayerView`].
+//! Paged attention on the CPU, one position tile of one query row at a
+//! time: the instruction set's kernel for a tile's partial result (see
+//! `attend::tile_with`). `flash` runs the tiles and merges them.
 //!
-//! Scores, softmax and the weighted sum run over positions in order, so the
-//! result does not depend on the page size, on the batch, or on whether the
-//! query came from a prefill or a decode step.
+//! Within a tile, scores, softmax and the weighted sum run over positions
+//! in order, and tiles are fixed ranges of positions, so the result does
+//! not depend on the page size, on the batch, on the threads, or on
+//! whether the query came from a prefill or a decode step.
 
-use rayon::prelude::*;
-
-use crate::backend::cpu::attend::{SCRATCH, attend_row_with};
+use crate::backend::cpu::attend::{ROWS, Seg, tile_rows_with, tile_with};
 use crate::backend::cpu::kernel::Portable;
-use crate::backend::cpu::{CpuBackend, Isa, resize};
+use crate::backend::cpu::{CpuBackend, Isa, flash, resize};
 use crate::backend::{AttnShape, BackendError, SeqSpan, check_view, rows_of, shape_err};
 use crate::kv::LayerView;
 
-/// `out[h] = softmax(q[h] · K[0..n_keys]ᵀ / sqrt(d)) · V[0..n_keys]` for
-/// every query head `h`, with K/V of the head's group.
-pub(crate) fn attend_row(
+/// One query row's partial result over the first `n` positions of a
+/// tile's segments (`qs` pre-scaled, `koff` each head's KV offset; see
+/// `attend::prepare`), into `part` (`attend::partial_len` floats).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile(
     isa: Isa,
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
+    qs: &[f32],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
     shape: AttnShape,
-    out: &mut [f32],
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma | Isa::Avx512 if crate::backend::cpu::x86_hd8::has_hd8_kernel(shape) => {
-                // SAFETY: as below (AVX2 and FMA were detected).
-                unsafe {
-                    crate::backend::cpu::x86_hd8::attend_row_hd8(q, kv, n_keys, shape, out, &mut s)
-                }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma | Isa::Avx512 if crate::backend::cpu::x86_hd8::has_hd8_kernel(shape) => {
+            // SAFETY: as below (AVX2 and FMA were detected).
+            unsafe {
+                crate::backend::cpu::x86_hd8::tile_hd8(qs, koff, segs, n, shape, part, scores)
             }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma | Isa::Avx512 => {
-                // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the
-                // CPU reported AVX2 and FMA (see `Isa::detect`).
-                unsafe { crate::backend::cpu::x86::attend_row(q, kv, n_keys, shape, out, &mut s) }
-            }
-            _ => attend_row_with::<Portable>(q, kv, n_keys, shape, out, &mut s),
         }
-    })
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma | Isa::Avx512 => {
+            // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the
+            // CPU reported AVX2 and FMA (see `Isa::detect`).
+            unsafe { crate::backend::cpu::x86::tile(qs, koff, segs, n, shape, part, scores) }
+        }
+        _ => tile_with::<Portable>(qs, koff, segs, n, shape, part, scores),
+    }
+}
+
+/// [`tile`] for [`ROWS`] query rows that all see the first `n` positions
+/// of the tile: the bits `tile` gives each of them alone (see
+/// `attend::tile_rows_with`). `head_dim` must be a multiple of 8.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_rows(
+    isa: Isa,
+    qs: [&[f32]; ROWS],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
+    shape: AttnShape,
+    parts: [&mut [f32]; ROWS],
+    scores: &mut Vec<f32>,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma | Isa::Avx512 => {
+            // SAFETY: a CpuBackend holds an AVX2 `Isa` only after the
+            // CPU reported AVX2 and FMA (see `Isa::detect`).
+            unsafe { crate::backend::cpu::x86::tile_rows(qs, koff, segs, n, shape, parts, scores) }
+        }
+        _ => tile_rows_with::<Portable>(qs, koff, segs, n, shape, parts, scores),
+    }
 }
 
 impl CpuBackend {
@@ -93,31 +119,7 @@ impl CpuBackend {
             .map(|s| s.rows * s.end_pos())
             .sum::<usize>()
             .saturating_mul(2 * qd);
-        let row = |r: usize, o: &mut [f32]| {
-            // Spans are contiguous and sorted by first_row.
-            let s = spans.partition_point(|sp| sp.first_row + sp.rows <= r);
-            let sp = spans[s];
-            let pos = sp.first_pos + (r - sp.first_row);
-            attend_row(
-                self.isa,
-                &q[r * qd..(r + 1) * qd],
-                &kv[s],
-                pos + 1,
-                shape,
-                o,
-            );
-        };
-        match self.par_pool(work) {
-            Some(pool) => pool.install(|| {
-                out.par_chunks_mut(qd)
-                    .enumerate()
-                    .for_each(|(r, o)| row(r, o))
-            }),
-            None => out
-                .chunks_exact_mut(qd)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o)),
-        }
+        flash::prefill(self.isa, self.par_pool(work), q, kv, spans, shape, out);
         Ok(())
     }
 
@@ -150,27 +152,7 @@ impl CpuBackend {
             .map(|v| v.len())
             .sum::<usize>()
             .saturating_mul(2 * qd);
-        let row = |r: usize, o: &mut [f32]| {
-            attend_row(
-                self.isa,
-                &q[r * qd..(r + 1) * qd],
-                &kv[r],
-                kv[r].len(),
-                shape,
-                o,
-            );
-        };
-        match self.par_pool(work) {
-            Some(pool) => pool.install(|| {
-                out.par_chunks_mut(qd)
-                    .enumerate()
-                    .for_each(|(r, o)| row(r, o))
-            }),
-            None => out
-                .chunks_exact_mut(qd)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o)),
-        }
+        flash::decode(self.isa, self.par_pool(work), q, kv, shape, out);
         Ok(())
     }
 }

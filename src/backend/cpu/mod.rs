@@ -7,6 +7,7 @@
 mod attend;
 mod attention;
 mod fastmath;
+mod flash;
 mod isa;
 mod kernel;
 mod mat;

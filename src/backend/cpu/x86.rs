@@ -17,16 +17,15 @@ use std::arch::x86_64::{
 };
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{self as attention, Scratch};
+use crate::backend::cpu::attend::{self as attention, Seg};
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::kernel::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
-use crate::kv::LayerView;
 
 /// AVX2 + FMA arithmetic: eight lanes per register, fused multiply-add,
 /// and the lane tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` for every dot
 /// product, whether reduced alone ([`tree`]) or eight at a time
 /// ([`reduce8`]).
-struct Avx2;
+pub(crate) struct Avx2;
 
 /// The lane tree of one accumulator, in scalar code.
 #[inline(always)]
@@ -617,17 +616,34 @@ pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
     crate::backend::cpu::ops::swiglu(&mut gate[done..n], &up[done..n]);
 }
 
-/// See `attention::attend_row`.
+/// See `attention::tile`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn attend_row(
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile(
+    qs: &[f32],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
     shape: AttnShape,
-    out: &mut [f32],
-    s: &mut Scratch,
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
-    attention::attend_row_with::<Avx2>(q, kv, n_keys, shape, out, s)
+    attention::tile_with::<Avx2>(qs, koff, segs, n, shape, part, scores)
+}
+
+/// See `attention::tile_rows`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_rows(
+    qs: [&[f32]; attention::ROWS],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
+    shape: AttnShape,
+    parts: [&mut [f32]; attention::ROWS],
+    scores: &mut Vec<f32>,
+) {
+    attention::tile_rows_with::<Avx2>(qs, koff, segs, n, shape, parts, scores)
 }
 
 /// `e^x` on eight lanes: `fastmath::exp`'s operations in its order, so
@@ -664,8 +680,8 @@ pub(crate) fn exp8(x: __m256) -> __m256 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::attend::Scratch;
-    use crate::backend::cpu::x86_hd8::{attend_row_hd8, has_hd8_kernel};
+    use crate::backend::cpu::attend::{TILE, TileBuf, tile_segs};
+    use crate::backend::cpu::x86_hd8::{has_hd8_kernel, tile_hd8};
     use crate::ids::RequestId;
     use crate::kv::{KvDtype, KvGeometry};
     use crate::kv::{KvPool, PoolConfig};
@@ -760,8 +776,9 @@ mod tests {
     }
 
     /// The head_dim-8 kernel against the generic AVX2 kernel on random
-    /// data: ragged lengths, every query length up to the written one
-    /// (prefill rows), page sizes 1, 16 and 64, f32/f16/bf16 KV, and every
+    /// data: ragged lengths, every tile of each and every query length up
+    /// to the tile's written one (prefill rows), page sizes 1, 16 and 64,
+    /// f32/f16/bf16/fp8 KV, and every
     /// head layout it has a kernel for. Same arithmetic in the same order:
     /// the same bits.
     #[test]
@@ -804,23 +821,33 @@ mod tests {
                     let reader = pool.reader();
                     for (i, seq) in seqs.iter().enumerate() {
                         let view = reader.seq(seq).unwrap().layer(0).unwrap();
-                        let q = data(shape.q_dim(), 7 + i as u32);
-                        for n_keys in 1..=lens[i] {
-                            let (mut a, mut b) = (vec![0f32; nh * 8], vec![1f32; nh * 8]);
-                            let (mut sa, mut sb) = (Scratch::default(), Scratch::default());
-                            // SAFETY: AVX2 and FMA were detected above.
-                            unsafe {
-                                attend_row(&q, &view, n_keys, shape, &mut a, &mut sa);
-                                attend_row_hd8(&q, &view, n_keys, shape, &mut b, &mut sb);
+                        // A pre-scaled query and its heads' KV offsets.
+                        let qs = data(shape.q_dim(), 7 + i as u32);
+                        let koff: Vec<usize> = (0..nh).map(|h| h / (nh / nkv) * 8).collect();
+                        for t0 in (0..lens[i]).step_by(TILE) {
+                            let mut buf = TileBuf::default();
+                            let mut segs = Vec::new();
+                            tile_segs(&view, t0, t0 + TILE, &mut buf, &mut segs);
+                            let have: usize = segs.iter().map(|s| s.n).sum();
+                            assert_eq!(have, (lens[i] - t0).min(TILE));
+                            for n in 1..=have {
+                                let len = nh * 10;
+                                let (mut a, mut b) = (vec![0f32; len], vec![1f32; len]);
+                                let (mut sa, mut sb) = (Vec::new(), Vec::new());
+                                // SAFETY: AVX2 and FMA were detected above.
+                                unsafe {
+                                    tile(&qs, &koff, &segs, n, shape, &mut a, &mut sa);
+                                    tile_hd8(&qs, &koff, &segs, n, shape, &mut b, &mut sb);
+                                }
+                                assert_eq!(
+                                    bits(&a),
+                                    bits(&b),
+                                    "{nh}/{nkv} heads, {dtype:?}, page {page}, {n} keys from {t0} of {}",
+                                    lens[i]
+                                );
+                                assert!(b.iter().all(|x| x.is_finite()));
+                                checked += 1;
                             }
-                            assert_eq!(
-                                bits(&a),
-                                bits(&b),
-                                "{nh}/{nkv} heads, {dtype:?}, page {page}, {n_keys} of {} keys",
-                                lens[i]
-                            );
-                            assert!(b.iter().all(|x| x.is_finite()));
-                            checked += 1;
                         }
                     }
                     drop(seqs);

@@ -1,16 +1,15 @@
-//! Attention rows for head_dim 8 on AVX2 + FMA, the head layout known at
-//! compile time: the arithmetic of the generic kernel (`x86::attend_row`)
+//! Attention tiles for head_dim 8 on AVX2 + FMA, the head layout known at
+//! compile time: the arithmetic of the generic tile kernel (`x86::tile`)
 //! in the same order, so the same bits.
 
 use std::arch::x86_64::*;
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{Scratch, as_f32};
+use crate::backend::cpu::attend::{self as attention, Seg};
 use crate::backend::cpu::kernel::LANES;
-use crate::backend::cpu::x86::{attend_row, exp8, reduce8};
-use crate::kv::LayerView;
+use crate::backend::cpu::x86::{Avx2, exp8, reduce8};
 
-/// Whether [`attend_row_hd8`] has a kernel for this head layout.
+/// Whether [`tile_hd8`] has a kernel for this head layout.
 pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
     shape.head_dim == LANES
         && matches!(
@@ -19,92 +18,86 @@ pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
         )
 }
 
-/// `attention::attend_row` for head_dim 8 and the head layouts of
+/// `attend::tile_with` for head_dim 8 and the head layouts of
 /// [`has_hd8_kernel`]: the same arithmetic as the generic kernel, in the
 /// same order (so the same bits), with the layout known at compile time.
 /// (Each kernel is inlined here, where AVX2 is enabled: a function pointer
 /// to one would be compiled without it.)
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn attend_row_hd8(
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_hd8(
+    qs: &[f32],
+    koff: &[usize],
+    segs: &[Seg<'_>],
+    n: usize,
     shape: AttnShape,
-    out: &mut [f32],
-    s: &mut Scratch,
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
     match (shape.n_heads, shape.n_kv_heads) {
-        (8, 1) => hd8::<8, 1>(q, kv, n_keys, out, s),
-        (8, 2) => hd8::<8, 2>(q, kv, n_keys, out, s),
-        (8, 4) => hd8::<8, 4>(q, kv, n_keys, out, s),
-        (8, 8) => hd8::<8, 8>(q, kv, n_keys, out, s),
-        (16, 1) => hd8::<16, 1>(q, kv, n_keys, out, s),
-        (16, 2) => hd8::<16, 2>(q, kv, n_keys, out, s),
-        (16, 4) => hd8::<16, 4>(q, kv, n_keys, out, s),
-        (16, 8) => hd8::<16, 8>(q, kv, n_keys, out, s),
-        (16, 16) => hd8::<16, 16>(q, kv, n_keys, out, s),
-        _ => attend_row(q, kv, n_keys, shape, out, s),
+        (8, 1) => hd8::<8, 1>(qs, segs, n, part, scores),
+        (8, 2) => hd8::<8, 2>(qs, segs, n, part, scores),
+        (8, 4) => hd8::<8, 4>(qs, segs, n, part, scores),
+        (8, 8) => hd8::<8, 8>(qs, segs, n, part, scores),
+        (16, 1) => hd8::<16, 1>(qs, segs, n, part, scores),
+        (16, 2) => hd8::<16, 2>(qs, segs, n, part, scores),
+        (16, 4) => hd8::<16, 4>(qs, segs, n, part, scores),
+        (16, 8) => hd8::<16, 8>(qs, segs, n, part, scores),
+        (16, 16) => hd8::<16, 16>(qs, segs, n, part, scores),
+        _ => attention::tile_with::<Avx2>(qs, koff, segs, n, shape, part, scores),
     }
 }
 
-/// One attention row for `NH` query heads over `NKV` KV heads of 8: scores
-/// `[n_keys][NH]` (each position's heads reduced together by [`reduce8`],
-/// every K slice loaded once for its group), the softmax eight heads per
-/// register with positions in order, then the weighted sum of V with one
-/// accumulator per head kept in registers across all pages.
+/// One tile's partial result for `NH` query heads over `NKV` KV heads of
+/// 8: scores `[n][NH]` (each position's heads reduced together by
+/// [`reduce8`], every K slice loaded once for its group) with each head's
+/// running max, `exp(score - max)` eight heads per register, then each
+/// head's sum of weights and weighted sum of V, with one accumulator per
+/// head kept in registers across the tile, positions in order.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // registers indexed by head, in step
 fn hd8<const NH: usize, const NKV: usize>(
-    q: &[f32],
-    kv: &LayerView<'_>,
-    n_keys: usize,
-    out: &mut [f32],
-    s: &mut Scratch,
+    qs: &[f32],
+    segs: &[Seg<'_>],
+    n: usize,
+    part: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
     const HD: usize = LANES;
     let kvd = NKV * HD;
     let group = NH / NKV;
     let hb = NH / LANES;
-    let n = n_keys.min(kv.len());
-    if n == 0 || kv.kv_dim() != kvd || q.len() < NH * HD || out.len() < NH * HD {
+    let have: usize = segs.iter().map(|s| s.n).sum();
+    let fits = segs
+        .iter()
+        .all(|s| s.keys.len() >= s.n * kvd && s.vals.len() >= s.n * kvd);
+    if n == 0 || n > have || !fits || qs.len() < NH * HD || part.len() < NH * (HD + 2) {
         // Not reachable from the backend (shapes and lengths are checked).
-        out.fill(0.0);
+        part.fill(f32::NAN);
         return;
     }
-    let ps = kv.page_size().max(1);
-    let n_pages = n.div_ceil(ps);
-    let Scratch { scores, conv, .. } = s;
     // Grow only, no clearing: every score read below is written first.
     if scores.len() < n * NH {
         scores.resize(n * NH, 0.0);
     }
-    let scale = 1.0 / (HD as f32).sqrt();
-    // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. q holds
-    // NH heads of 8 and out NH heads of 8 (checked above); `scores` holds
-    // n rows of NH; a page's rows are `kvd` wide and `tn` of them are
-    // read, where `tn * kvd <= rows.len()` is checked per page; each head
-    // reads its KV head's 8 floats at `(h / group) * 8 < kvd`.
+    // SAFETY (every block below): AVX2 + FMA as for `Avx2::tile`. qs holds
+    // NH heads of 8 and part NH * 10 floats (checked above); `scores` holds
+    // n rows of NH; a segment's rows are `kvd` wide and at most `s.n` of
+    // them are read (checked above); each head reads its KV head's 8 floats
+    // at `(h / group) * 8 < kvd`.
     unsafe {
         let mut qv = [_mm256_setzero_ps(); NH];
         for h in 0..NH {
-            // The generic kernel's pre-scaled query (same rounding).
-            qv[h] = _mm256_mul_ps(
-                _mm256_loadu_ps(q.as_ptr().add(h * HD)),
-                _mm256_set1_ps(scale),
-            );
+            qv[h] = _mm256_loadu_ps(qs.as_ptr().add(h * HD));
         }
         // Scores, and each head's running max (`if x > m { x } else { m }`
         // per lane, as the generic kernel: max_ps returns its second
         // operand unless the first is greater).
         let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); NH];
-        for p in 0..n_pages {
-            let t0 = p * ps;
-            let tn = (n - t0).min(ps);
-            let keys = as_f32(kv.keys(p), conv);
-            if keys.len() < tn * kvd {
-                return out.fill(0.0);
-            }
-            let kp = keys.as_ptr();
+        let mut t0 = 0;
+        for s in segs {
+            let tn = s.n.min(n - t0);
+            let kp = s.keys.as_ptr();
             let sp = scores.as_mut_ptr().add(t0 * NH);
             for t in 0..tn {
                 let row = kp.add(t * kvd);
@@ -119,6 +112,7 @@ fn hd8<const NH: usize, const NKV: usize>(
                     _mm256_storeu_ps(sp.add(t * NH + b * 8), x);
                 }
             }
+            t0 += tn;
         }
         // exp(score - max): no dependency from one position to the next.
         let sp = scores.as_mut_ptr();
@@ -132,14 +126,10 @@ fn hd8<const NH: usize, const NKV: usize>(
         // order.
         let mut acc = [_mm256_setzero_ps(); NH];
         let mut sum = [_mm256_setzero_ps(); NH];
-        for p in 0..n_pages {
-            let t0 = p * ps;
-            let tn = (n - t0).min(ps);
-            let vals = as_f32(kv.values(p), conv);
-            if vals.len() < tn * kvd {
-                return out.fill(0.0);
-            }
-            let vp = vals.as_ptr();
+        let mut t0 = 0;
+        for s in segs {
+            let tn = s.n.min(n - t0);
+            let vp = s.vals.as_ptr();
             let wp = scores.as_ptr().add(t0 * NH);
             for t in 0..tn {
                 let row = vp.add(t * kvd);
@@ -152,18 +142,15 @@ fn hd8<const NH: usize, const NKV: usize>(
                     acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, acc[h]);
                 }
             }
+            t0 += tn;
         }
-        let mut inv = [_mm256_setzero_ps(); NH];
+        let p = part.as_mut_ptr();
         for b in 0..hb {
-            inv[b] = _mm256_div_ps(_mm256_set1_ps(1.0), sum[b]);
-        }
-        let mut invs = [0f32; NH];
-        for b in 0..hb {
-            _mm256_storeu_ps(invs.as_mut_ptr().add(b * 8), inv[b]);
+            _mm256_storeu_ps(p.add(b * 8), m[b]);
+            _mm256_storeu_ps(p.add(NH + b * 8), sum[b]);
         }
         for h in 0..NH {
-            let r = _mm256_mul_ps(acc[h], _mm256_set1_ps(invs[h]));
-            _mm256_storeu_ps(out.as_mut_ptr().add(h * HD), r);
+            _mm256_storeu_ps(p.add(2 * NH + h * HD), acc[h]);
         }
     }
 }
