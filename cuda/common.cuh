@@ -178,7 +178,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // Programmatic dependent launch (sm_90 and newer; no-ops on older code and
 // on the host emulator, which runs launches one after another). A kernel
-// the host queues with programmatic stream serialization (launch.rs,
+// the host queues with programmatic stream serialization (ops/queue.rs,
 // `launch_with` with `overlap`) may have its blocks scheduled before the
 // launch ahead of it ends: it must call pdl_wait() before its first global
 // read, which returns once that launch has completed and its writes are

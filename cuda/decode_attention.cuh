@@ -44,7 +44,7 @@ struct DecodeCfg {
 };
 
 // The KV head of this block and its slice of that head's query heads (grid.y
-// = KV heads x ceil(group / GROUP) slices, as plan.rs launches both decode
+// = KV heads x ceil(group / GROUP) slices, as plan/mod.rs launches both decode
 // kernels): heads kvh * group + h0 + g for g < here.
 template <int GROUP>
 __device__ __forceinline__ void decode_heads(const DecodeParams& p, uint32_t& kvh, uint32_t& h0,

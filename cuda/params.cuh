@@ -1,7 +1,8 @@
 // Kernel parameter structs. Each one is mirrored, field for field, by a
-// #[repr(C)] struct in src/backend/cuda/params.rs, and both are described
-// once, field by field, in the kernel table (src/backend/cuda/table.rs).
-// build.rs generates from that description static_asserts of every field's
+// #[repr(C)] struct that build.rs generates (included by
+// src/backend/cuda/params.rs) from the kernel table, where both are
+// described once, field by field (src/backend/cuda/table/params.rs).
+// build.rs also generates from that description static_asserts of every field's
 // offset and kind and every struct's size on both sides (params_layout.cuh,
 // included with each .cu's entry points, and params_layout.rs), so that a
 // drifted field fails the build, not a launch.

@@ -12,7 +12,7 @@ use cudarc::nvrtc::Ptx;
 use super::CudaError;
 use super::graph::{Graphs, Recorder};
 use super::kernels::KernelId;
-use super::launch;
+use super::ops;
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
@@ -100,7 +100,7 @@ impl CudaDevice {
     /// where the ordinal does not exist, and [`CudaError::MissingKernel`]
     /// where the fatbin lacks a kernel of the kernel table.
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
-        if !launch::driver_present() {
+        if !ops::driver_present() {
             return Err(CudaError::NoDriver);
         }
         cudarc::driver::result::init().map_err(CudaError::driver("initialising the driver"))?;

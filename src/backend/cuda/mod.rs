@@ -4,13 +4,17 @@
 //! - [`CudaBackend`]: the [`crate::backend::Backend`] trait on the GPU, with
 //!   KV pages mirrored from the host pool (see `backend.rs`).
 //! - [`CudaDevice`]: context, stream and loaded kernels; the kernel
-//!   operations are its methods (see `launch.rs`, the one module with
-//!   `unsafe` launches, all through one `launch` helper).
-//! - The kernel table (`table.rs`): every instantiation and params layout,
-//!   from which build.rs generates the C++ entry points, the layout checks
-//!   of both sides and the typed `KernelId` lookups (`kernels.rs`).
-//! - Launch policy (`plan.rs`): kernel choice, split-KV chunking, workspace
-//!   and grid sizes, planned from sizes alone before a launch.
+//!   operations are its methods, one file per op family under `ops/` (the
+//!   one module with `unsafe` launches, all through one `launch` in
+//!   `ops/queue.rs`).
+//! - The kernel table (`table/`): every instantiation and params layout,
+//!   from which build.rs generates the C++ entry points, the Rust params
+//!   structs (`params.rs`), the layout checks of both sides and the typed
+//!   `KernelId` lookups (`kernels.rs`).
+//! - Launch policy (`plan/`): kernel choice, split-KV chunking, workspace,
+//!   matmul tiles and grid sizes, planned from sizes alone before a launch.
+//! - [`HalfWeights`] / [`QuantWeights`]: weights kept in 16 bits or in ggml
+//!   blocks (`weights.rs`).
 //! - CUDA graphs (`graph.rs`, [`CudaDevice::set_graphs`]): a pass's launches
 //!   recorded and replayed as one graph when an equal list was captured.
 //! - [`DeviceKvArena`]: KV pages in device memory, the host arena's layout.
@@ -41,28 +45,30 @@ mod device;
 mod error;
 mod graph;
 mod kernels;
-mod launch;
 mod memo;
+mod ops;
 mod pages;
 mod params;
 mod plan;
 // Shared with build.rs, which reads the instantiation list and the params
 // layouts; the crate uses the axes and tile sizes.
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod table;
+mod weights;
 
 pub use arena::{DeviceKvArena, PageTables, SeqPages, SlotMap};
 pub use backend::{CudaBackend, CudaBuf, CudaMat};
 pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use launch::{DecodeWorkspace, HalfWeights, PageChecksums, QuantWeights};
+pub use ops::{DecodeWorkspace, PageChecksums};
 pub use pages::CudaPages;
 pub use plan::{DecodeKernel, PREFILL_MAX_GROUP, PrefillKernel, Split};
 pub use table::{
     DECODE_GROUPS, DECODE_MMA_GROUPS, DECODE_MMA_HEAD_DIMS, HEAD_DIMS, LGEMM_BM, LIN_ROWS_FEW,
     LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PREFILL_MMA_HEAD_DIMS,
 };
+pub use weights::{HalfWeights, QuantWeights};
 
 /// Opens device 0 for a test or benchmark, or says why not.
 ///
