@@ -170,7 +170,10 @@ impl CudaDevice {
 
     /// Queues a flushed list: as the graph captured from an equal list, or
     /// launch by launch (then captured when it was seen before).
-    pub(in crate::backend::cuda) fn run_recorded(&self, ops: Vec<graph::Op>) -> Result<(), CudaError> {
+    pub(in crate::backend::cuda) fn run_recorded(
+        &self,
+        ops: Vec<graph::Op>,
+    ) -> Result<(), CudaError> {
         use std::sync::atomic::Ordering::Relaxed;
         if ops.is_empty() {
             return Ok(());
