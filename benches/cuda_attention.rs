@@ -60,7 +60,7 @@ mod gpu {
     use handoff::backend::cuda::{
         CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena,
         HalfWeights, LGEMM_BM, LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PageTables,
-        PrefillKernel, QuantWeights, SeqPages, Split, device_for_test,
+        PrefillKernel, QuantWeights, SeqPages, Split, Write, device_for_test,
     };
     use handoff::{KvDtype, KvGeometry};
 
@@ -258,7 +258,9 @@ mod gpu {
                     .collect();
                 let x = dev.upload(&x_host)?;
                 let mut out = dev.zeros::<f32>(m * n)?;
-                let ms = time_ms(dev, 10, || dev.linear_bf16(&x, &w, n, &mut out))?;
+                let ms = time_ms(dev, 10, || {
+                    dev.linear_half(HalfWeights::Bf16, &x, &w, n, &mut out, Write::Store)
+                })?;
                 let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
                 let gbps = (n * k * 2) as f64 / (ms * 1e-3) / 1e9;
                 // As CudaDevice::linear_bf16 picks it.
@@ -278,7 +280,7 @@ mod gpu {
                 lines.push(format!("linear_tflops_m{m}_n{n}_k{k}={tflops:.3}"));
                 if m == 1 || m == 4096 {
                     let f16_ms = time_ms(dev, 10, || {
-                        dev.linear_half(HalfWeights::F16, &x, &w_f16, n, &mut out)
+                        dev.linear_half(HalfWeights::F16, &x, &w_f16, n, &mut out, Write::Store)
                     })?;
                     lines.push(format!(
                         "linear_f16_time_vs_bf16_m{m}_n{n}_k{k}={:.3} ({f16_ms:.4} ms, bf16 {ms:.4} ms)",
@@ -336,14 +338,16 @@ mod gpu {
                 let mut out = dev.zeros::<f32>(m * n)?;
                 if m == 1 || m == 8 {
                     for (q, d, bytes) in &blocks {
-                        let qms = time_ms(dev, 10, || dev.linear_quant(*q, &x, d, n, k, &mut out))?;
+                        let qms = time_ms(dev, 10, || {
+                            dev.linear_quant(*q, &x, d, n, k, &mut out, Write::Store)
+                        })?;
                         let share = *bytes as f64 / (qms * 1e-3) / 1e9 / copy;
                         lines.push(format!(
                             "linear_{q:?}_weight_share_m{m}_n{n}_k{k}={share:.3} ({qms:.4} ms)"
                         ));
                     }
                 }
-                let ms = time_ms(dev, 10, || dev.linear(&x, &w, n, &mut out))?;
+                let ms = time_ms(dev, 10, || dev.linear(&x, &w, n, &mut out, Write::Store))?;
                 let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
                 let gbps = (n * k * 4) as f64 / (ms * 1e-3) / 1e9;
                 // As CudaDevice::linear picks it.

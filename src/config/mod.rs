@@ -472,17 +472,10 @@ pub enum ConfigError {
     HeadroomBelowOne { factor: f64 },
     #[error("{what} overflows: the configuration is too large for this machine")]
     Overflow { what: &'static str },
-    #[error(
-        "the KV pool's {bytes} bytes could not be allocated: build a smaller pool or free memory"
-    )]
-    OutOfMemory { bytes: usize },
-    #[error(
-        "the device memory given for the KV pool holds {have} bytes, the pool needs {need}: \
-         give it more or build a smaller pool"
-    )]
-    DeviceTooSmall { have: usize, need: usize },
-    #[error("the KV pool's device memory could not be scrubbed: {0}")]
-    Device(crate::kv::DeviceError),
+    /// The pool itself could not be made (its memory, its device): the
+    /// kv layer's error, whose message says what to do.
+    #[error(transparent)]
+    Pool(PoolError),
     #[error("model geometry is inconsistent: {0}")]
     Geometry(String),
 }
@@ -497,9 +490,9 @@ impl From<PoolError> for ConfigError {
                 ConfigError::PageSizeNotPowerOfTwo { page_size }
             }
             PoolError::Overflow { what } => ConfigError::Overflow { what },
-            PoolError::OutOfMemory { bytes } => ConfigError::OutOfMemory { bytes },
-            PoolError::DeviceTooSmall { have, need } => ConfigError::DeviceTooSmall { have, need },
-            PoolError::Device(e) => ConfigError::Device(e),
+            e @ (PoolError::OutOfMemory { .. }
+            | PoolError::DeviceTooSmall { .. }
+            | PoolError::Device(_)) => ConfigError::Pool(e),
         }
     }
 }
@@ -508,7 +501,7 @@ impl HttpStatus for ConfigError {
     fn http_status(&self) -> u16 {
         match self {
             // The machine lacks the memory now: another may have it.
-            ConfigError::OutOfMemory { .. } | ConfigError::Device(_) => 503,
+            ConfigError::Pool(e) => e.http_status(),
             // A refused deployment is the operator's error, a server fault,
             // as are the engine's and the link's own refusals of a setup.
             _ => 500,

@@ -60,12 +60,7 @@ impl<'t> StreamDecoder<'t> {
             });
         }
         self.ids.push(id);
-        let before = self
-            .tokenizer
-            .decode(&self.ids[self.prefix..self.read], self.skip_special)?;
-        let now = self
-            .tokenizer
-            .decode(&self.ids[self.prefix..], self.skip_special)?;
+        let (before, now) = self.window_texts()?;
         // A trailing U+FFFD is an incomplete UTF-8 sequence: wait for its
         // remaining bytes. So is a window whose text does not yet extend the
         // text already emitted.
@@ -83,6 +78,16 @@ impl<'t> StreamDecoder<'t> {
         Ok(Some(new))
     }
 
+    /// The text of the held ids before the unread ones, and of all the
+    /// held ids: what is new is what the second adds to the first.
+    fn window_texts(&self) -> Result<(String, String), TextError> {
+        let decode = |ids: &[u32]| self.tokenizer.decode(ids, self.skip_special);
+        Ok((
+            decode(&self.ids[self.prefix..self.read])?,
+            decode(&self.ids[self.prefix..])?,
+        ))
+    }
+
     /// Ends the stream: the text still held, as a full decode shows it (an
     /// incomplete character the model left at the end reads as U+FFFD, as
     /// [`Tokenizer::decode`] shows it). Empty when nothing is held.
@@ -90,12 +95,7 @@ impl<'t> StreamDecoder<'t> {
         if self.read == self.ids.len() {
             return Ok(String::new());
         }
-        let before = self
-            .tokenizer
-            .decode(&self.ids[self.prefix..self.read], self.skip_special)?;
-        let now = self
-            .tokenizer
-            .decode(&self.ids[self.prefix..], self.skip_special)?;
+        let (before, now) = self.window_texts()?;
         Ok(match now.strip_prefix(before.as_str()) {
             Some(rest) => rest.to_string(),
             None => now,

@@ -22,10 +22,11 @@
 
 use half::{bf16, f16};
 use handoff::backend::Rope;
+use handoff::backend::cuda::HalfWeights::Bf16;
 use handoff::backend::cuda::{
     CudaDevice, CudaError, CudaSlice, DECODE_MMA_HEAD_DIMS, DecodeKernel, DecodeWorkspace,
     DeviceKvArena, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap,
-    Split, device_for_test,
+    Split, Write, device_for_test,
 };
 use handoff::kv::F8E4M3;
 use handoff::model::{RopeScaling, RopeStyle};
@@ -790,7 +791,18 @@ fn decode_refuses_what_it_cannot_do_before_launching() {
                layer: usize,
                out: &mut CudaSlice<f32>,
                ws: &mut DecodeWorkspace| {
-        dev.decode_attention(arena, layer, &tables, n_heads, &q, out, ws, Split::Auto)
+        dev.decode_attention_with(
+            arena,
+            layer,
+            &tables,
+            n_heads,
+            &q,
+            out,
+            ws,
+            Split::Auto,
+            DecodeKernel::Auto,
+        )
+        .map(|(splits, _)| splits)
     };
     assert_eq!(
         run(&other, 4, 0, &mut out, &mut ws).unwrap_err(),
@@ -1122,7 +1134,7 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
     let q = dev.zeros::<f32>(3 * 65 * 64).unwrap();
     let mut out = dev.zeros::<f32>(3 * 65 * 64).unwrap();
     assert!(matches!(
-        dev.prefill_attention(&arena, 0, &tables, 65, &q, &mut out),
+        dev.prefill_attention_with(&arena, 0, &tables, 65, &q, &mut out, PrefillKernel::Auto),
         Err(CudaError::Unsupported { .. })
     ));
     let wide = PrefillKernel::TensorCoreWide;
@@ -1510,14 +1522,15 @@ fn embedding_gathers_rows_and_refuses_tokens_outside_the_vocabulary() {
     let table_dev = dev.upload(&table).unwrap();
     let tokens = [3u32, 0, 49, 3];
     let mut out = dev.zeros::<f32>(tokens.len() * dim).unwrap();
-    dev.embedding(&table_dev, dim, &tokens, &mut out).unwrap();
+    dev.embedding(KvDtype::F32, &table_dev, dim, &tokens, &mut out)
+        .unwrap();
     let want: Vec<f32> = tokens
         .iter()
         .flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].to_vec())
         .collect();
     assert_eq!(dev.download(&out).unwrap(), want);
     assert_eq!(
-        dev.embedding(&table_dev, dim, &[1, 50], &mut out),
+        dev.embedding(KvDtype::F32, &table_dev, dim, &[1, 50], &mut out),
         Err(CudaError::TokenOutOfRange {
             token: 50,
             vocab: 50
@@ -1612,13 +1625,15 @@ fn ggml_block_weights_give_the_bits_of_their_widened_values() {
             let x = dev.upload(&rng.vec(m * k, 2.0)).unwrap();
             let res = rng.vec(m * n, 1.0);
             let (mut want, mut got) = (dev.upload(&res).unwrap(), dev.upload(&res).unwrap());
-            dev.linear(&x, &w_f, n, &mut want).unwrap();
-            dev.linear_quant(q, &x, &w_q, n, k, &mut got).unwrap();
+            dev.linear(&x, &w_f, n, &mut want, Write::Store).unwrap();
+            dev.linear_quant(q, &x, &w_q, n, k, &mut got, Write::Store)
+                .unwrap();
             let (want, got) = (dev.download(&want).unwrap(), dev.download(&got).unwrap());
             assert_eq!(bits(&got), bits(&want), "{ty:?} at {m} rows");
             let (mut want, mut got) = (dev.upload(&res).unwrap(), dev.upload(&res).unwrap());
-            dev.linear_add(&x, &w_f, n, &mut want).unwrap();
-            dev.linear_quant_add(q, &x, &w_q, n, k, &mut got).unwrap();
+            dev.linear(&x, &w_f, n, &mut want, Write::Add).unwrap();
+            dev.linear_quant(q, &x, &w_q, n, k, &mut got, Write::Add)
+                .unwrap();
             let (want, got) = (dev.download(&want).unwrap(), dev.download(&got).unwrap());
             assert_eq!(bits(&got), bits(&want), "{ty:?} at {m} rows, accumulating");
         }
@@ -1642,7 +1657,7 @@ fn ggml_block_weights_give_the_bits_of_their_widened_values() {
         let x = dev.upload(&rng.vec(k, 1.0)).unwrap();
         let mut out = dev.zeros::<f32>(n).unwrap();
         assert!(matches!(
-            dev.linear_quant(q, &x, &w_q, n, k + 32, &mut out),
+            dev.linear_quant(q, &x, &w_q, n, k + 32, &mut out, Write::Store),
             Err(CudaError::Shape { .. })
         ));
     }
@@ -1662,8 +1677,14 @@ fn matmul_and_adds_match_reference_whatever_the_batch() {
         let mut first_row: Option<Vec<f32>> = None;
         for m in [1, 3, 5, 40] {
             let mut out = dev.zeros::<f32>(m * n).unwrap();
-            dev.linear(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
-                .unwrap();
+            dev.linear(
+                &dev.upload(&x[..m * k]).unwrap(),
+                &w_dev,
+                n,
+                &mut out,
+                Write::Store,
+            )
+            .unwrap();
             let got = dev.download(&out).unwrap();
             let want: Vec<f64> = (0..m * n)
                 .map(|e| {
@@ -1717,8 +1738,15 @@ fn bf16_matmul_gives_a_row_the_same_bits_alone_or_in_any_batch_on_any_tile() {
         let x = rng.vec(ROWS * k, 2.0);
         let run = |m: usize| {
             let mut out = dev.zeros::<f32>(m * n).unwrap();
-            dev.linear_bf16(&dev.upload(&x[..m * k]).unwrap(), &w_dev, n, &mut out)
-                .unwrap();
+            dev.linear_half(
+                Bf16,
+                &dev.upload(&x[..m * k]).unwrap(),
+                &w_dev,
+                n,
+                &mut out,
+                Write::Store,
+            )
+            .unwrap();
             dev.download(&out).unwrap()
         };
         let all = run(ROWS);
@@ -1776,11 +1804,13 @@ fn a_projection_added_in_its_matmul_has_the_bits_of_matmul_then_add() {
             let mut want = dev.upload(&residual).unwrap();
             let mut got = dev.upload(&residual).unwrap();
             if bf16_weights {
-                dev.linear_bf16(&a, &w_bf16, n, &mut proj).unwrap();
-                dev.linear_bf16_add(&a, &w_bf16, n, &mut got).unwrap();
+                dev.linear_half(Bf16, &a, &w_bf16, n, &mut proj, Write::Store)
+                    .unwrap();
+                dev.linear_half(Bf16, &a, &w_bf16, n, &mut got, Write::Add)
+                    .unwrap();
             } else {
-                dev.linear(&a, &w_f32, n, &mut proj).unwrap();
-                dev.linear_add(&a, &w_f32, n, &mut got).unwrap();
+                dev.linear(&a, &w_f32, n, &mut proj, Write::Store).unwrap();
+                dev.linear(&a, &w_f32, n, &mut got, Write::Add).unwrap();
             }
             dev.add_assign(&mut want, &proj).unwrap();
             assert_eq!(
@@ -1812,11 +1842,12 @@ fn q_k_and_v_in_one_launch_have_the_bits_of_three_launches() {
                 .map(|&n| dev.zeros::<f32>(m * n).unwrap())
                 .collect();
             let refs: Vec<_> = ws[..count].iter().collect();
-            dev.linear_bf16_many(&x, &refs, &ns[..count], &mut outs)
+            dev.linear_half_many(Bf16, &x, &refs, &ns[..count], &mut outs)
                 .unwrap();
             for i in 0..count {
                 let mut alone = dev.zeros::<f32>(m * ns[i]).unwrap();
-                dev.linear_bf16(&x, &ws[i], ns[i], &mut alone).unwrap();
+                dev.linear_half(Bf16, &x, &ws[i], ns[i], &mut alone, Write::Store)
+                    .unwrap();
                 assert_eq!(
                     bits(&dev.download(&outs[i]).unwrap()),
                     bits(&dev.download(&alone).unwrap()),
@@ -1835,7 +1866,7 @@ fn q_k_and_v_in_one_launch_have_the_bits_of_three_launches() {
         dev.zeros::<f32>(2 * 8).unwrap(),
     ];
     assert!(matches!(
-        dev.linear_bf16_many(&x, &[&ws[0], &short], &[128, 8], &mut outs),
+        dev.linear_half_many(Bf16, &x, &[&ws[0], &short], &[128, 8], &mut outs),
         Err(CudaError::Shape {
             expected: 256,
             got: 128,
@@ -1868,7 +1899,8 @@ fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches(
         dev.rms_norm(&x, &norm, &mut xn, eps).unwrap();
         let apart = |w: &CudaSlice<u16>, n: usize| {
             let mut out = dev.zeros::<f32>(m * n).unwrap();
-            dev.linear_bf16(&xn, w, n, &mut out).unwrap();
+            dev.linear_half(Bf16, &xn, w, n, &mut out, Write::Store)
+                .unwrap();
             out
         };
         // q, k and v of the normed x.
@@ -1876,7 +1908,7 @@ fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches(
             .iter()
             .map(|&n| dev.zeros::<f32>(m * n).unwrap())
             .collect();
-        let carried = dev.linear_bf16_many_normed(&x, &norm, eps, &refs, &ns, &mut outs);
+        let carried = dev.linear_half_many_normed(Bf16, &x, &norm, eps, &refs, &ns, &mut outs);
         if m < 32 {
             carried.unwrap();
             for i in 0..3 {
@@ -1897,7 +1929,8 @@ fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches(
         dev.swiglu(&mut want, &apart(&w_up, ns[0])).unwrap();
         let want = bits(&dev.download(&want).unwrap());
         let mut pair = dev.zeros::<f32>(m * ns[0]).unwrap();
-        dev.linear_bf16_swiglu(
+        dev.linear_half_swiglu(
+            Bf16,
             &xn,
             None::<(&CudaSlice<f32>, f32)>,
             &ws[0],
@@ -1908,8 +1941,15 @@ fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches(
         .unwrap();
         assert_eq!(bits(&dev.download(&pair).unwrap()), want, "{m} rows, pair");
         let mut both = dev.zeros::<f32>(m * ns[0]).unwrap();
-        let carried =
-            dev.linear_bf16_swiglu(&x, Some((&norm, eps)), &ws[0], &w_up, ns[0], &mut both);
+        let carried = dev.linear_half_swiglu(
+            Bf16,
+            &x,
+            Some((&norm, eps)),
+            &ws[0],
+            &w_up,
+            ns[0],
+            &mut both,
+        );
         if m < 32 {
             carried.unwrap();
             assert_eq!(
@@ -1929,7 +1969,8 @@ fn rmsnorm_and_swiglu_carried_in_the_matmul_have_the_bits_of_their_own_launches(
     let x = dev.upload(&rng.vec(m * k, 3.0)).unwrap();
     let mut out = dev.zeros::<f32>(m * ns[0]).unwrap();
     assert!(matches!(
-        dev.linear_bf16_swiglu(
+        dev.linear_half_swiglu(
+            Bf16,
             &x,
             None::<(&CudaSlice<f32>, f32)>,
             &ws[0],

@@ -21,7 +21,7 @@ pub enum HalfWeights {
 
 impl HalfWeights {
     /// The element type the kernel table lists it under.
-    pub(super) fn dtype(self) -> KvDtype {
+    pub fn dtype(self) -> KvDtype {
         match self {
             HalfWeights::Bf16 => KvDtype::BF16,
             HalfWeights::F16 => KvDtype::F16,

@@ -2,18 +2,19 @@
 
 use std::ops::Range;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use crate::backend::cuda::table::{LGEMM_BM, LMMA_GROUPS, NORM_CARRY_ROWS};
 use crate::backend::cuda::{
-    CudaPages, DECODE_GROUPS, HEAD_DIMS, PREFILL_MAX_GROUP, QuantWeights, Split,
+    CudaDevice, CudaError, CudaPages, DECODE_GROUPS, HEAD_DIMS, PREFILL_MAX_GROUP, PrefillKernel,
+    QuantWeights, Split, Write,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Norm, QuantMatrix, Rope, SeqSpan, check_rope_rows,
     check_view, rows_of, shape_err,
 };
 use crate::kv::{
-    DeviceError, KvPool, KvSeq, LayerView, PoolConfig, PoolError, Residence, Writable,
+    DeviceError, KvDtype, KvPool, KvSeq, LayerView, PoolConfig, PoolError, Residence, Writable,
 };
 
 use super::buffers::{MatData, exact_half, half_of_one_depth};
@@ -200,8 +201,8 @@ impl Backend for CudaBackend {
         out.ensure(&self.dev, tokens.len() * table.cols)?;
         let out = &mut out.view_mut()?;
         match &table.data {
-            MatData::F32(t) => self.dev.embedding(t, table.cols, tokens, out),
-            MatData::Half(h, t) => self.dev.embedding_half(*h, t, table.cols, tokens, out),
+            MatData::F32(t) => self.dev.embedding(KvDtype::F32, t, table.cols, tokens, out),
+            MatData::Half(h, t) => self.dev.embedding(h.dtype(), t, table.cols, tokens, out),
             MatData::Quant(q, t) => self.dev.embedding_quant(*q, t, table.cols, tokens, out),
         }
         .map_err(dev_err)?;
@@ -232,13 +233,7 @@ impl Backend for CudaBackend {
     fn matmul(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf) -> Result<(), BackendError> {
         let m = rows_of("matmul", x.len, w.cols)?;
         out.ensure(&self.dev, m * w.rows)?;
-        let (x, out) = (&x.view()?, &mut out.view_mut()?);
-        match &w.data {
-            MatData::F32(d) => self.dev.linear(x, d, w.rows, out),
-            MatData::Half(h, d) => self.dev.linear_half(*h, x, d, w.rows, out),
-            MatData::Quant(q, d) => self.dev.linear_quant(*q, x, d, w.rows, w.cols, out),
-        }
-        .map_err(dev_err)
+        self.linear(&x.view()?, w, &mut out.view_mut()?, Write::Store)
     }
 
     fn matmul_many<const N: usize>(
@@ -345,13 +340,7 @@ impl Backend for CudaBackend {
                 x.len,
             ));
         }
-        let (a, x) = (&a.view()?, &mut x.view_mut()?);
-        match &w.data {
-            MatData::F32(d) => self.dev.linear_add(a, d, w.rows, x),
-            MatData::Half(h, d) => self.dev.linear_half_add(*h, a, d, w.rows, x),
-            MatData::Quant(q, d) => self.dev.linear_quant_add(*q, a, d, w.rows, w.cols, x),
-        }
-        .map_err(dev_err)
+        self.linear(&a.view()?, w, &mut x.view_mut()?, Write::Add)
     }
 
     fn add_bias(&self, x: &mut CudaBuf, bias: &CudaMat) -> Result<(), BackendError> {
@@ -362,12 +351,7 @@ impl Backend for CudaBackend {
     }
 
     fn add_assign(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<(), BackendError> {
-        if x.len != y.len {
-            return Err(shape_err("add_assign", "lengths", x.len, y.len));
-        }
-        self.dev
-            .add_assign(&mut x.view_mut()?, &y.view()?)
-            .map_err(dev_err)
+        self.elementwise("add_assign", x, y, |d, x, y| d.add_assign(x, y))
     }
 
     fn rope(&self, x: &mut CudaBuf, positions: &[usize], rope: Rope) -> Result<(), BackendError> {
@@ -395,12 +379,7 @@ impl Backend for CudaBackend {
     }
 
     fn swiglu(&self, gate: &mut CudaBuf, up: &CudaBuf) -> Result<(), BackendError> {
-        if gate.len != up.len {
-            return Err(shape_err("swiglu", "lengths", gate.len, up.len));
-        }
-        self.dev
-            .swiglu(&mut gate.view_mut()?, &up.view()?)
-            .map_err(dev_err)
+        self.elementwise("swiglu", gate, up, |d, g, u| d.swiglu(g, u))
     }
 
     fn gather_rows(
@@ -425,7 +404,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.dev
-            .embedding(&x.view()?, cols, &ids, &mut out.view_mut()?)
+            .embedding(KvDtype::F32, &x.view()?, cols, &ids, &mut out.view_mut()?)
             .map_err(dev_err)
     }
 
@@ -577,14 +556,16 @@ impl Backend for CudaBackend {
         out.ensure(&self.dev, q.len)?;
         self.with_arena(kv, &lens, shape, |arena, tables| {
             self.dev
-                .prefill_attention(
+                .prefill_attention_with(
                     arena,
                     kv[0].layer_index(),
                     tables,
                     shape.n_heads,
                     &q.view()?,
                     &mut out.view_mut()?,
+                    PrefillKernel::Auto,
                 )
+                .map(drop)
                 .map_err(dev_err)
         })
     }
@@ -640,5 +621,44 @@ impl Backend for CudaBackend {
                 .map(drop)
                 .map_err(dev_err)
         })
+    }
+}
+
+impl CudaBackend {
+    /// `op(x, y)` in place on `x`, for two buffers of one length (`what`
+    /// names the op in the error otherwise).
+    fn elementwise(
+        &self,
+        what: &'static str,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        op: impl FnOnce(
+            &CudaDevice,
+            &mut CudaViewMut<'_, f32>,
+            &CudaView<'_, f32>,
+        ) -> Result<(), CudaError>,
+    ) -> Result<(), BackendError> {
+        if x.len != y.len {
+            return Err(shape_err(what, "lengths", x.len, y.len));
+        }
+        op(&self.dev, &mut x.view_mut()?, &y.view()?).map_err(dev_err)
+    }
+
+    /// `out = x · wᵀ` or `out += x · wᵀ` (as `write` says) by the kernel
+    /// of `w`'s storage.
+    fn linear(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaMat,
+        out: &mut CudaViewMut<'_, f32>,
+        write: Write,
+    ) -> Result<(), BackendError> {
+        let (n, k) = (w.rows, w.cols);
+        match &w.data {
+            MatData::F32(d) => self.dev.linear(x, d, n, out, write),
+            MatData::Half(h, d) => self.dev.linear_half(*h, x, d, n, out, write),
+            MatData::Quant(q, d) => self.dev.linear_quant(*q, x, d, n, k, out, write),
+        }
+        .map_err(dev_err)
     }
 }

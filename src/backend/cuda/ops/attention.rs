@@ -95,41 +95,13 @@ impl CudaDevice {
         )
     }
 
-    /// Paged decode attention for layer `layer`: one query per sequence.
+    /// Paged decode attention for layer `layer`: one query per sequence,
+    /// by the kernel `kernel` chooses ([`DecodeKernel::Auto`]: the plan's).
     ///
     /// `q` is `[batch, n_heads, head_dim]`, `out` the same; every sequence of
     /// `tables` must have `q_len == 1`. Returns the number of KV chunks
     /// launched per sequence, an upper bound on what each one used (1: no
-    /// merge pass).
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode_attention(
-        &self,
-        arena: &DeviceKvArena,
-        layer: usize,
-        tables: &PageTables,
-        n_heads: usize,
-        q: &impl DevicePtr<f32>,
-        out: &mut impl DevicePtrMut<f32>,
-        ws: &mut DecodeWorkspace,
-        split: Split,
-    ) -> Result<usize, CudaError> {
-        let (splits, _) = self.decode_attention_with(
-            arena,
-            layer,
-            tables,
-            n_heads,
-            q,
-            out,
-            ws,
-            split,
-            DecodeKernel::Auto,
-        )?;
-        Ok(splits)
-    }
-
-    /// [`CudaDevice::decode_attention`] with the kernel chosen by `kernel`;
-    /// returns the KV chunks launched per sequence and the kernel that ran
-    /// (never [`DecodeKernel::Auto`]).
+    /// merge pass), and the kernel that ran (never [`DecodeKernel::Auto`]).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention_with(
         &self,
@@ -207,27 +179,13 @@ impl CudaDevice {
     }
 
     /// Paged causal prefill attention for layer `layer`, on tensor cores
-    /// where compiled (see [`PrefillKernel::Auto`]).
+    /// where compiled (see [`PrefillKernel::Auto`]) or by the kernel
+    /// `kernel` names; returns the one that ran (never
+    /// [`PrefillKernel::Auto`]).
     ///
     /// `q` and `out` are `[total_q, n_heads, head_dim]`, the rows of each
     /// sequence's `q_len` new positions in batch order; their K/V must
     /// already be appended (they are the last `q_len` of `kv_len`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn prefill_attention(
-        &self,
-        arena: &DeviceKvArena,
-        layer: usize,
-        tables: &PageTables,
-        n_heads: usize,
-        q: &impl DevicePtr<f32>,
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.prefill_attention_with(arena, layer, tables, n_heads, q, out, PrefillKernel::Auto)
-            .map(drop)
-    }
-
-    /// [`CudaDevice::prefill_attention`] with the kernel chosen by `kernel`;
-    /// returns the one that ran (never [`PrefillKernel::Auto`]).
     #[allow(clippy::too_many_arguments)]
     pub fn prefill_attention_with(
         &self,

@@ -1,52 +1,17 @@
 //! The embedding gathers: from an f32, 16-bit or ggml-block table.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::backend::cuda::kernels;
 use crate::backend::cuda::params::{EmbeddingParams, EmbeddingQParams};
 use crate::backend::cuda::plan::{grid_stride, shape, to_u32};
-use crate::backend::cuda::{CudaDevice, CudaError, HalfWeights, QuantWeights};
+use crate::backend::cuda::{CudaDevice, CudaError, QuantWeights};
 use crate::kv::KvDtype;
 
 impl CudaDevice {
-    /// Gathers rows of `table` `[vocab, dim]` for `tokens` into `out`
-    /// `[tokens.len(), dim]`. Tokens outside the vocabulary are refused.
-    pub fn embedding(
-        &self,
-        table: &impl DevicePtr<f32>,
-        dim: usize,
-        tokens: &[u32],
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.embedding_of(KvDtype::F32, table, dim, tokens, out)
-    }
-
-    /// [`CudaDevice::embedding`] from a bf16 table (raw bits).
-    pub fn embedding_bf16(
-        &self,
-        table: &impl DevicePtr<u16>,
-        dim: usize,
-        tokens: &[u32],
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.embedding_half(HalfWeights::Bf16, table, dim, tokens, out)
-    }
-
-    /// [`CudaDevice::embedding`] from a 16-bit table (raw bits of `h`).
-    pub fn embedding_half(
-        &self,
-        h: HalfWeights,
-        table: &impl DevicePtr<u16>,
-        dim: usize,
-        tokens: &[u32],
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.embedding_of(h.dtype(), table, dim, tokens, out)
-    }
-
     /// [`CudaDevice::embedding`] from a table `[vocab, dim]` kept in ggml
-    /// blocks of `q` (raw bytes, `dim` a multiple of a block's values): each value widened
-    /// as [`CudaDevice::linear_quant`] widens it.
+    /// blocks of `q` (raw bytes, `dim` a multiple of a block's values):
+    /// each value widened as [`CudaDevice::linear_quant`] widens it.
     pub fn embedding_quant(
         &self,
         q: QuantWeights,
@@ -58,38 +23,32 @@ impl CudaDevice {
         let row_bytes = (dim / q.block_values()) * q.block_bytes();
         let vocab = table.len().checked_div(row_bytes).unwrap_or(0);
         q.check("embedding table bytes", table.len(), vocab, dim)?;
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(CudaError::TokenOutOfRange { token, vocab });
-        }
-        if tokens.is_empty() {
+        let Some((n_tokens, dim, vocab)) = gather_dims(tokens, vocab, dim, out.len())? else {
             return Ok(());
-        }
-        shape("embedding output elements", tokens.len() * dim, out.len())?;
-        let (n_tokens, dim) = (to_u32("tokens", tokens.len())?, to_u32("dim", dim)?);
-        let vocab = to_u32("vocab", vocab)?;
-        let ids = self.upload(tokens)?;
-        let list = &ids;
+        };
         // Launch contract: table holds vocab rows of dim / 32 blocks of the
         // format (checked, and vocab is what they hold), every token is
         // below vocab (checked, and the kernel also bounds it), out holds
         // n_tokens*dim f32; a grid-stride loop covers them.
         let grid = grid_stride(out.len());
-        self.launch_bound(kernels::embedding_q(), grid, move |a| EmbeddingQParams {
-            table: a.read(table),
-            tokens: a.read(list),
-            out: a.write(out),
-            n_tokens,
-            dim,
-            vocab,
-            format: q.code(),
-        })?;
-        // As in `embedding_of`: a recorded launch may replay after this
-        // returns, so the token list lives until the queue is done with it.
-        self.retire(ids);
-        Ok(())
+        self.with_token_list(tokens, |list| {
+            self.launch_bound(kernels::embedding_q(), grid, move |a| EmbeddingQParams {
+                table: a.read(table),
+                tokens: a.read(list),
+                out: a.write(out),
+                n_tokens,
+                dim,
+                vocab,
+                format: q.code(),
+            })
+        })
     }
 
-    fn embedding_of<T>(
+    /// Gathers rows of `table` `[vocab, dim]`, elements of `dtype` (f32, or
+    /// the raw bits of f16 or bf16), for `tokens` into `out`
+    /// `[tokens.len(), dim]`. Tokens outside the vocabulary are refused, as
+    /// is a `dtype` whose size is not `T`'s or that has no gather kernel.
+    pub fn embedding<T>(
         &self,
         dtype: KvDtype,
         table: &impl DevicePtr<T>,
@@ -97,6 +56,15 @@ impl CudaDevice {
         tokens: &[u32],
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
+        if dtype.size_bytes() != std::mem::size_of::<T>() {
+            return Err(CudaError::Unsupported {
+                what: "embedding table element",
+                detail: format!(
+                    "{dtype:?} elements in a buffer of {}-byte elements",
+                    std::mem::size_of::<T>()
+                ),
+            });
+        }
         if dim == 0 || !table.len().is_multiple_of(dim) {
             return Err(CudaError::Shape {
                 what: "embedding table (a multiple of dim)",
@@ -105,35 +73,65 @@ impl CudaDevice {
             });
         }
         let vocab = table.len() / dim;
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(CudaError::TokenOutOfRange { token, vocab });
-        }
-        if tokens.is_empty() {
-            return Ok(());
-        }
-        shape("embedding output elements", tokens.len() * dim, out.len())?;
         let kernel = kernels::embedding(dtype).ok_or_else(|| CudaError::MissingKernel {
             name: format!("embedding for a {dtype:?} table"),
         })?;
-        let (n_tokens, dim) = (to_u32("tokens", tokens.len())?, to_u32("dim", dim)?);
-        let vocab = to_u32("vocab", vocab)?;
-        let ids = self.upload(tokens)?;
-        let list = &ids;
+        let Some((n_tokens, dim, vocab)) = gather_dims(tokens, vocab, dim, out.len())? else {
+            return Ok(());
+        };
         // Launch contract: table holds vocab*dim elements of the kernel's
         // type (the table's, `dtype`), every token is below vocab (checked,
         // and the kernel also bounds it), out holds n_tokens*dim f32
         // (checked).
         let grid = grid_stride(out.len());
-        self.launch_bound(kernel, grid, move |a| EmbeddingParams {
-            table: a.read(table),
-            tokens: a.read(list),
-            out: a.write(out),
-            n_tokens,
-            dim,
-            vocab,
-            pad0: 0,
-        })?;
-        self.retire(ids);
-        Ok(())
+        self.with_token_list(tokens, |list| {
+            self.launch_bound(kernel, grid, move |a| EmbeddingParams {
+                table: a.read(table),
+                tokens: a.read(list),
+                out: a.write(out),
+                n_tokens,
+                dim,
+                vocab,
+                pad0: 0,
+            })
+        })
     }
+
+    /// Uploads `tokens` for `launch` to read, and retires the list after it
+    /// whatever it returned: a recorded launch may replay after this
+    /// returns, so the list lives until the queue is done with it.
+    fn with_token_list(
+        &self,
+        tokens: &[u32],
+        launch: impl FnOnce(&CudaSlice<u32>) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let ids = self.upload(tokens)?;
+        let launched = launch(&ids);
+        self.retire(ids);
+        launched
+    }
+}
+
+/// Checks a gather of `tokens` from a table of `vocab` rows of `dim` values
+/// into `out_len` values: every token inside the vocabulary, the output's
+/// size. None when there are no tokens; else `(tokens, dim, vocab)` as the
+/// kernels take them.
+fn gather_dims(
+    tokens: &[u32],
+    vocab: usize,
+    dim: usize,
+    out_len: usize,
+) -> Result<Option<(u32, u32, u32)>, CudaError> {
+    if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(CudaError::TokenOutOfRange { token, vocab });
+    }
+    if tokens.is_empty() {
+        return Ok(None);
+    }
+    shape("embedding output elements", tokens.len() * dim, out_len)?;
+    Ok(Some((
+        to_u32("tokens", tokens.len())?,
+        to_u32("dim", dim)?,
+        to_u32("vocab", vocab)?,
+    )))
 }

@@ -5,6 +5,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
+use super::Write;
 use crate::backend::cuda::params::{LinearMmaGroupParams, LinearMmaParams};
 use crate::backend::cuda::plan::{Bf16Tile, dims, grid, matmul_shape, shape, to_u32};
 use crate::backend::cuda::table::LMMA_GROUPS;
@@ -25,39 +26,14 @@ fn check_norm<N: DevicePtr<f32>>(
 }
 
 impl CudaDevice {
-    /// `out = x · wᵀ` with bf16 weights `w` `[n, k]` (raw bits) on tensor
-    /// cores: [`CudaDevice::linear_half`] with [`HalfWeights::Bf16`].
-    pub fn linear_bf16(
-        &self,
-        x: &impl DevicePtr<f32>,
-        w: &impl DevicePtr<u16>,
-        n: usize,
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.linear_half_into(HalfWeights::Bf16, x, w, n, out, false)
-    }
-
-    /// `out += x · wᵀ` with bf16 weights: the bits of
-    /// [`CudaDevice::linear_bf16`] into a buffer then
-    /// [`CudaDevice::add_assign`], in one launch.
-    pub fn linear_bf16_add(
-        &self,
-        x: &impl DevicePtr<f32>,
-        w: &impl DevicePtr<u16>,
-        n: usize,
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.linear_half_into(HalfWeights::Bf16, x, w, n, out, true)
-    }
-
-    /// `out = x · wᵀ` with 16-bit weights `w` `[n, k]` (raw bits of `h`)
-    /// on tensor cores (cuda/linear_mma.cuh): about 16 bits of each
-    /// activation meet the weights (all of an f16 weight's bits, split in
-    /// registers), summed in f32 in k order (batch-invariant). From 32
-    /// rows of x on, the wide tile (32 x 32) runs, and from 128 the
-    /// prefill tile (128 x 64, operands staged in shared memory by a
-    /// cp.async pipeline): the same sums in the same order, so the same
-    /// bits, with less traffic per product.
+    /// `out = x · wᵀ` (or `+=`, as `write` says) with 16-bit weights `w`
+    /// `[n, k]` (raw bits of `h`) on tensor cores (cuda/linear_mma.cuh):
+    /// about 16 bits of each activation meet the weights (all of an f16
+    /// weight's bits, split in registers), summed in f32 in k order
+    /// (batch-invariant). From 32 rows of x on, the wide tile (32 x 32)
+    /// runs, and from 128 the prefill tile (128 x 64, operands staged in
+    /// shared memory by a cp.async pipeline): the same sums in the same
+    /// order, so the same bits, with less traffic per product.
     pub fn linear_half(
         &self,
         h: HalfWeights,
@@ -65,43 +41,10 @@ impl CudaDevice {
         w: &impl DevicePtr<u16>,
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
+        write: Write,
     ) -> Result<(), CudaError> {
-        self.linear_half_into(h, x, w, n, out, false)
-    }
-
-    /// `out += x · wᵀ` with 16-bit weights: the bits of
-    /// [`CudaDevice::linear_half`] into a buffer then
-    /// [`CudaDevice::add_assign`], in one launch.
-    pub fn linear_half_add(
-        &self,
-        h: HalfWeights,
-        x: &impl DevicePtr<f32>,
-        w: &impl DevicePtr<u16>,
-        n: usize,
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.linear_half_into(h, x, w, n, out, true)
-    }
-
-    fn linear_half_into(
-        &self,
-        h: HalfWeights,
-        x: &impl DevicePtr<f32>,
-        w: &impl DevicePtr<u16>,
-        n: usize,
-        out: &mut impl DevicePtrMut<f32>,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
-        self.linear_half_tile(
-            h,
-            x,
-            w,
-            n,
-            out,
-            accumulate,
-            None::<(&CudaSlice<f32>, f32)>,
-            None::<&CudaSlice<u16>>,
-        )
+        let (norm, up) = (None::<(&CudaSlice<f32>, f32)>, None::<&CudaSlice<u16>>);
+        self.linear_half_tile(h, x, w, n, out, write, norm, up)
     }
 
     /// The one launch of a single 16-bit product, on the tile its rows pick,
@@ -116,7 +59,7 @@ impl CudaDevice {
         w: &impl DevicePtr<u16>,
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
-        accumulate: bool,
+        write: Write,
         norm: Option<(&N, f32)>,
         w_up: Option<&U>,
     ) -> Result<(), CudaError> {
@@ -160,7 +103,7 @@ impl CudaDevice {
                 m,
                 n,
                 k,
-                accumulate: u32::from(accumulate),
+                accumulate: write.accumulate(),
                 ..Default::default()
             };
             if let Some(up) = w_up {
@@ -173,23 +116,11 @@ impl CudaDevice {
         })
     }
 
-    /// `outs[i] = x · ws[i]ᵀ`, `ws[i]` bf16 `[ns[i], k]`, for up to three
-    /// (`LMMA_GROUPS`) products of one input (q, k and v; gate and up) in
-    /// one launch: each block computes a tile of one product with the code
-    /// of [`CudaDevice::linear_bf16`] on the tile its row count picks, so
-    /// each product has the bits of its own launch.
-    pub fn linear_bf16_many<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
-        &self,
-        x: &impl DevicePtr<f32>,
-        ws: &[&W],
-        ns: &[usize],
-        outs: &mut [O],
-    ) -> Result<(), CudaError> {
-        self.linear_half_many(HalfWeights::Bf16, x, ws, ns, outs)
-    }
-
-    /// [`CudaDevice::linear_bf16_many`] for weights of either 16-bit type
-    /// (all of `h`).
+    /// `outs[i] = x · ws[i]ᵀ`, `ws[i]` 16-bit (all of `h`) `[ns[i], k]`,
+    /// for up to three (`LMMA_GROUPS`) products of one input (q, k and v;
+    /// gate and up) in one launch: each block computes a tile of one
+    /// product with the code of [`CudaDevice::linear_half`] on the tile its
+    /// row count picks, so each product has the bits of its own launch.
     pub fn linear_half_many<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
         &self,
         h: HalfWeights,
@@ -202,26 +133,12 @@ impl CudaDevice {
     }
 
     /// [`CudaDevice::rms_norm`] of `x` with `norm_w` and `eps`, then
-    /// [`CudaDevice::linear_bf16_many`] of its output, in one launch: each
+    /// [`CudaDevice::linear_half_many`] of its output, in one launch: each
     /// block sums its rows' squares in rms_norm's order and normalises x as
     /// it loads it, so the outputs have the bits of the two launches.
     /// Decode-sized batches only (fewer than `LMMA_WIDE_BM` rows: the
     /// decode tile), where a block re-reading its rows costs less than a
     /// launch; more rows are a typed `Unsupported`.
-    pub fn linear_bf16_many_normed<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
-        &self,
-        x: &impl DevicePtr<f32>,
-        norm_w: &impl DevicePtr<f32>,
-        eps: f32,
-        ws: &[&W],
-        ns: &[usize],
-        outs: &mut [O],
-    ) -> Result<(), CudaError> {
-        self.linear_half_many_normed(HalfWeights::Bf16, x, norm_w, eps, ws, ns, outs)
-    }
-
-    /// [`CudaDevice::linear_bf16_many_normed`] for weights of either 16-bit
-    /// type (all of `h`).
     #[allow(clippy::too_many_arguments)]
     pub fn linear_half_many_normed<W: DevicePtr<u16>, O: DevicePtrMut<f32>>(
         &self,
@@ -328,28 +245,14 @@ impl CudaDevice {
         })
     }
 
-    /// `out = SwiGLU(x' · w_gateᵀ, x' · w_upᵀ)`, both weights bf16 `[n, k]`,
-    /// with `x' = RMSNorm(x)` (`norm`: its weight and epsilon) or `x`, in
-    /// one launch: a block computes the same columns of both products (the
-    /// code of [`CudaDevice::linear_bf16`], so the same sums) and stores
+    /// `out = SwiGLU(x' · w_gateᵀ, x' · w_upᵀ)`, both weights 16-bit (of
+    /// `h`) `[n, k]`, with `x' = RMSNorm(x)` (`norm`: its weight and
+    /// epsilon) or `x`, in one launch: a block computes the same columns of both products (the
+    /// code of [`CudaDevice::linear_half`], so the same sums) and stores
     /// SwiGLU of each pair as [`CudaDevice::swiglu`] computes it: the bits
     /// of rms_norm, the two matmuls and swiglu. Fewer than `LGEMM_BM` rows
     /// (the decode and wide tiles), and with `norm` fewer than
     /// `LMMA_WIDE_BM` (the decode tile); more are a typed `Unsupported`.
-    pub fn linear_bf16_swiglu(
-        &self,
-        x: &impl DevicePtr<f32>,
-        norm: Option<(&impl DevicePtr<f32>, f32)>,
-        w_gate: &impl DevicePtr<u16>,
-        w_up: &impl DevicePtr<u16>,
-        n: usize,
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        self.linear_half_swiglu(HalfWeights::Bf16, x, norm, w_gate, w_up, n, out)
-    }
-
-    /// [`CudaDevice::linear_bf16_swiglu`] for weights of either 16-bit type
-    /// (both of `h`).
     #[allow(clippy::too_many_arguments)]
     pub fn linear_half_swiglu(
         &self,
@@ -361,6 +264,6 @@ impl CudaDevice {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        self.linear_half_tile(h, x, w_gate, n, out, false, norm, Some(w_up))
+        self.linear_half_tile(h, x, w_gate, n, out, Write::Store, norm, Some(w_up))
     }
 }

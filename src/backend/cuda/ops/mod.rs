@@ -37,6 +37,25 @@ mod sampling;
 pub use attention::DecodeWorkspace;
 pub use checksum::PageChecksums;
 
+/// What a matmul does with its output buffer: store the product, or add it
+/// to what the buffer holds (a projection added to the residual stream:
+/// the bits of storing into a buffer then
+/// [`CudaDevice::add_assign`], in one launch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// `out = x · wᵀ`.
+    Store,
+    /// `out += x · wᵀ`.
+    Add,
+}
+
+impl Write {
+    /// The params structs' `accumulate` flag.
+    fn accumulate(self) -> u32 {
+        u32::from(self == Write::Add)
+    }
+}
+
 /// True when libcuda can be loaded (checked before any driver call, since
 /// cudarc's context creation panics without it).
 pub(in crate::backend::cuda) fn driver_present() -> bool {

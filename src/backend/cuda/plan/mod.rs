@@ -272,6 +272,26 @@ pub(crate) struct Workspace {
     pub part_lse: usize,
 }
 
+/// A paged-attention params struct `$ty` with the fields every attention
+/// kernel shares (the arena's layout from `$a`, the batch from `$b`) and
+/// the kernel's own fields as given; the rest zero.
+macro_rules! attention_params {
+    ($ty:ident, $a:expr, $b:expr, { $($field:ident: $value:expr),* $(,)? }) => {
+        $ty {
+            page_stride: $a.page_stride,
+            batch: to_u32("batch", $b.batch)?,
+            n_heads: to_u32("n_heads", $a.n_heads)?,
+            n_kv_heads: to_u32("n_kv_heads", $a.n_kv_heads)?,
+            group: to_u32("group", $a.group)?,
+            layer: to_u32("layer", $a.layer)?,
+            page_size_log2: $a.page_size_log2,
+            sm_scale_log2: $a.sm_scale_log2(),
+            $($field: $value,)*
+            ..Default::default()
+        }
+    };
+}
+
 /// Plans decode attention (one query per sequence) for `b` with buffers
 /// `q` and `out` of `q_len` and `out_len` elements, on the kernel `choice`
 /// asks for; answers the kernel chosen (never [`DecodeKernel::Auto`]) with
@@ -383,20 +403,11 @@ pub(crate) fn decode(
     let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
         name: format!("{family} for {:?}, d{}, g{kgroup}", a.dtype, a.head_dim),
     })?;
-    let params = DecodeParams {
-        page_stride: a.page_stride,
-        batch: to_u32("batch", b.batch)?,
-        n_heads: to_u32("n_heads", a.n_heads)?,
-        n_kv_heads: to_u32("n_kv_heads", a.n_kv_heads)?,
-        group: to_u32("group", a.group)?,
-        layer: to_u32("layer", a.layer)?,
-        page_size_log2: a.page_size_log2,
+    let params = attention_params!(DecodeParams, a, b, {
         num_splits: to_u32("num_splits", num_splits)?,
         chunk_tokens: to_u32("chunk", chunk)?,
         auto_max_splits: to_u32("auto splits", auto_max_splits)?,
-        sm_scale_log2: a.sm_scale_log2(),
-        ..Default::default()
-    };
+    });
     let Some(attn_grid) = grid(
         "decode grid",
         num_splits,
@@ -519,17 +530,7 @@ pub(crate) fn prefill(
     let kernel = kernel.ok_or_else(|| CudaError::MissingKernel {
         name: format!("prefill_attention for {:?}, d{}", a.dtype, a.head_dim),
     })?;
-    let params = PrefillParams {
-        page_stride: a.page_stride,
-        batch: to_u32("batch", b.batch)?,
-        n_heads: to_u32("n_heads", a.n_heads)?,
-        n_kv_heads: to_u32("n_kv_heads", a.n_kv_heads)?,
-        group: to_u32("group", a.group)?,
-        layer: to_u32("layer", a.layer)?,
-        page_size_log2: a.page_size_log2,
-        sm_scale_log2: a.sm_scale_log2(),
-        ..Default::default()
-    };
+    let params = attention_params!(PrefillParams, a, b, {});
     Ok(PrefillPlan {
         chosen,
         step: Some(Step {

@@ -1,7 +1,17 @@
 //! Every kernel parameter struct of the table (see `mod.rs`).
 
 use super::Field::{F32, F64, Ptr, U32, U64};
-use super::Params;
+use super::{Field, Params};
+
+/// The fields of a pass over rows of logits with one draw per row (device
+/// sampling and log-probabilities).
+const ROWS_OF_LOGITS: &[(&str, Field)] = &[
+    ("logits", Ptr),
+    ("draws", Ptr),
+    ("out", Ptr),
+    ("n_rows", U32),
+    ("vocab", U32),
+];
 
 /// Every kernel parameter struct, field for field as in params.cuh (read
 /// it for what each field means); build.rs generates the Rust structs.
@@ -178,24 +188,12 @@ pub const PARAMS: &[Params] = &[
     Params {
         name: "SampleParams",
         doc: "Device sampling.",
-        fields: &[
-            ("logits", Ptr),
-            ("draws", Ptr),
-            ("out", Ptr),
-            ("n_rows", U32),
-            ("vocab", U32),
-        ],
+        fields: ROWS_OF_LOGITS,
     },
     Params {
         name: "LogprobParams",
         doc: "Device log-probabilities.",
-        fields: &[
-            ("logits", Ptr),
-            ("draws", Ptr),
-            ("out", Ptr),
-            ("n_rows", U32),
-            ("vocab", U32),
-        ],
+        fields: ROWS_OF_LOGITS,
     },
     Params {
         name: "LinearParams",
