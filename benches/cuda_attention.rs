@@ -58,7 +58,7 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use handoff::backend::cuda::{
-        CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena,
+        AttnKv, CudaDevice, CudaError, CudaSlice, DecodeKernel, DecodeWorkspace, DeviceKvArena,
         HalfWeights, LGEMM_BM, LIN_ROWS_FEW, LIN_ROWS_MANY, LIN_ROWS_ONE, LMMA_WIDE_BM, PageTables,
         PrefillKernel, QuantWeights, SeqPages, Split, Write, device_for_test,
     };
@@ -158,11 +158,13 @@ mod gpu {
             split: Split,
             kernel: DecodeKernel,
         ) -> Result<usize, CudaError> {
-            dev.decode_attention_with(
-                &self.arena,
-                0,
-                &self.tables,
-                self.n_heads,
+            dev.decode_attention(
+                AttnKv {
+                    arena: &self.arena,
+                    tables: &self.tables,
+                    layer: 0,
+                    n_heads: self.n_heads,
+                },
                 &self.q,
                 &mut self.out,
                 &mut self.ws,
@@ -791,8 +793,18 @@ mod gpu {
                 PrefillKernel::Scalar,
             ] {
                 let ms = time_ms(&dev, 3, || {
-                    dev.prefill_attention_with(&arena, 0, &pt, n_heads, &q, &mut out, kernel)
-                        .map(drop)
+                    dev.prefill_attention(
+                        AttnKv {
+                            arena: &arena,
+                            tables: &pt,
+                            layer: 0,
+                            n_heads,
+                        },
+                        &q,
+                        &mut out,
+                        kernel,
+                    )
+                    .map(drop)
                 })?;
                 // QK^T and PV over the causal triangle: 2 * 2 * heads * hd * L(L+1)/2.
                 let flops = 4.0 * n_heads as f64 * hd as f64 * (len * (len + 1) / 2) as f64;
@@ -833,11 +845,13 @@ mod gpu {
             let q = dev.upload(&vec![0.25f32; len * n_heads * hd])?;
             let mut out = dev.zeros::<f32>(len * n_heads * hd)?;
             let ms = time_ms(&dev, 3, || {
-                dev.prefill_attention_with(
-                    &arena,
-                    0,
-                    &pt,
-                    n_heads,
+                dev.prefill_attention(
+                    AttnKv {
+                        arena: &arena,
+                        tables: &pt,
+                        layer: 0,
+                        n_heads,
+                    },
                     &q,
                     &mut out,
                     PrefillKernel::TensorCore,

@@ -24,7 +24,7 @@ use half::{bf16, f16};
 use handoff::backend::Rope;
 use handoff::backend::cuda::HalfWeights::Bf16;
 use handoff::backend::cuda::{
-    CudaDevice, CudaError, CudaSlice, DECODE_MMA_HEAD_DIMS, DecodeKernel, DecodeWorkspace,
+    AttnKv, CudaDevice, CudaError, CudaSlice, DECODE_MMA_HEAD_DIMS, DecodeKernel, DecodeWorkspace,
     DeviceKvArena, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap,
     Split, Write, device_for_test,
 };
@@ -397,8 +397,18 @@ fn check_decode(
     let mut splits = 0;
     for layer in 0..g.n_layers {
         let (n, chosen) = dev
-            .decode_attention_with(
-                &arena, layer, &tables, n_heads, &q_dev, &mut out, &mut ws, split, kernel,
+            .decode_attention(
+                AttnKv {
+                    arena: &arena,
+                    tables: &tables,
+                    layer,
+                    n_heads,
+                },
+                &q_dev,
+                &mut out,
+                &mut ws,
+                split,
+                kernel,
             )
             .unwrap();
         assert_eq!(chosen, kernel, "{what}");
@@ -509,8 +519,18 @@ fn decode_members(
     let mut out = dev.upload(&vec![f32::NAN; qb.len()]).unwrap();
     let mut ws = DecodeWorkspace::default();
     let (_, chosen) = dev
-        .decode_attention_with(
-            arena, 1, &tables, n_heads, &q_dev, &mut out, &mut ws, split, kernel,
+        .decode_attention(
+            AttnKv {
+                arena,
+                tables: &tables,
+                layer: 1,
+                n_heads,
+            },
+            &q_dev,
+            &mut out,
+            &mut ws,
+            split,
+            kernel,
         )
         .unwrap();
     assert_eq!(chosen, kernel);
@@ -728,11 +748,13 @@ fn decode_runs_on_tensor_cores_exactly_where_compiled() {
             let mut out = dev.upload(&vec![f32::NAN; 2 * n_heads * hd]).unwrap();
             let mut ws = DecodeWorkspace::default();
             let mut run = |out: &mut CudaSlice<f32>, kernel| {
-                dev.decode_attention_with(
-                    &arena,
-                    0,
-                    &tables,
-                    n_heads,
+                dev.decode_attention(
+                    AttnKv {
+                        arena: &arena,
+                        tables: &tables,
+                        layer: 0,
+                        n_heads,
+                    },
                     &q,
                     out,
                     &mut ws,
@@ -791,11 +813,13 @@ fn decode_refuses_what_it_cannot_do_before_launching() {
                layer: usize,
                out: &mut CudaSlice<f32>,
                ws: &mut DecodeWorkspace| {
-        dev.decode_attention_with(
-            arena,
-            layer,
-            &tables,
-            n_heads,
+        dev.decode_attention(
+            AttnKv {
+                arena,
+                tables: &tables,
+                layer,
+                n_heads,
+            },
             &q,
             out,
             ws,
@@ -902,7 +926,17 @@ fn check_prefill_with(
     let mut out = dev.upload(&vec![f32::NAN; q.len()]).unwrap();
     for layer in 0..g.n_layers {
         let ran = dev
-            .prefill_attention_with(&arena, layer, &tables, n_heads, &q_dev, &mut out, kernel)
+            .prefill_attention(
+                AttnKv {
+                    arena: &arena,
+                    tables: &tables,
+                    layer,
+                    n_heads,
+                },
+                &q_dev,
+                &mut out,
+                kernel,
+            )
             .unwrap();
         assert_eq!(ran, kernel, "{what}: the kernel asked for ran");
         let got = dev.download(&out).unwrap();
@@ -1073,7 +1107,17 @@ fn wide_tensor_core_prefill_has_the_bits_of_the_64_row_kernel() {
                 let run = |kernel| {
                     let mut out = dev.upload(&vec![f32::NAN; total_q * n_heads * hd]).unwrap();
                     let ran = dev
-                        .prefill_attention_with(&arena, 1, &tables, n_heads, &q, &mut out, kernel)
+                        .prefill_attention(
+                            AttnKv {
+                                arena: &arena,
+                                tables: &tables,
+                                layer: 1,
+                                n_heads,
+                            },
+                            &q,
+                            &mut out,
+                            kernel,
+                        )
                         .unwrap();
                     assert_eq!(ran, kernel);
                     dev.download(&out).unwrap()
@@ -1107,7 +1151,17 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
                 let q = dev.zeros::<f32>(5 * group * hd).unwrap();
                 let mut out = dev.zeros::<f32>(5 * group * hd).unwrap();
                 let run = |out: &mut CudaSlice<f32>, k| {
-                    dev.prefill_attention_with(&arena, 0, &tables, group, &q, out, k)
+                    dev.prefill_attention(
+                        AttnKv {
+                            arena: &arena,
+                            tables: &tables,
+                            layer: 0,
+                            n_heads: group,
+                        },
+                        &q,
+                        out,
+                        k,
+                    )
                 };
                 let auto = run(&mut out, PrefillKernel::Auto);
                 let forced = run(&mut out, PrefillKernel::TensorCore);
@@ -1134,11 +1188,31 @@ fn prefill_runs_on_tensor_cores_exactly_where_compiled() {
     let q = dev.zeros::<f32>(3 * 65 * 64).unwrap();
     let mut out = dev.zeros::<f32>(3 * 65 * 64).unwrap();
     assert!(matches!(
-        dev.prefill_attention_with(&arena, 0, &tables, 65, &q, &mut out, PrefillKernel::Auto),
+        dev.prefill_attention(
+            AttnKv {
+                arena: &arena,
+                tables: &tables,
+                layer: 0,
+                n_heads: 65
+            },
+            &q,
+            &mut out,
+            PrefillKernel::Auto
+        ),
         Err(CudaError::Unsupported { .. })
     ));
     let wide = PrefillKernel::TensorCoreWide;
-    let ran = dev.prefill_attention_with(&arena, 0, &tables, 65, &q, &mut out, wide);
+    let ran = dev.prefill_attention(
+        AttnKv {
+            arena: &arena,
+            tables: &tables,
+            layer: 0,
+            n_heads: 65,
+        },
+        &q,
+        &mut out,
+        wide,
+    );
     assert_eq!(ran.unwrap(), wide);
 }
 

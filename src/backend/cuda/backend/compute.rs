@@ -554,17 +554,9 @@ impl Backend for CudaBackend {
             ));
         }
         out.ensure(&self.dev, q.len)?;
-        self.with_arena(kv, &lens, shape, |arena, tables| {
+        self.with_arena(kv, &lens, shape, |at| {
             self.dev
-                .prefill_attention_with(
-                    arena,
-                    kv[0].layer_index(),
-                    tables,
-                    shape.n_heads,
-                    &q.view()?,
-                    &mut out.view_mut()?,
-                    PrefillKernel::Auto,
-                )
+                .prefill_attention(at, &q.view()?, &mut out.view_mut()?, PrefillKernel::Auto)
                 .map(drop)
                 .map_err(dev_err)
         })
@@ -605,13 +597,10 @@ impl Backend for CudaBackend {
             .lock()
             .map_err(|_| BackendError::Device("decode workspace lock poisoned".into()))?;
         let kernel = self.decode_kernel();
-        self.with_arena(kv, &lens, shape, |arena, tables| {
+        self.with_arena(kv, &lens, shape, |at| {
             self.dev
-                .decode_attention_with(
-                    arena,
-                    kv[0].layer_index(),
-                    tables,
-                    shape.n_heads,
+                .decode_attention(
+                    at,
                     &q.view()?,
                     &mut out.view_mut()?,
                     &mut ws,

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::cuda::{
-    CudaDevice, CudaError, CudaPages, DeviceKvArena, PageTables, SeqPages, SlotMap,
+    AttnKv, CudaDevice, CudaError, CudaPages, DeviceKvArena, PageTables, SeqPages, SlotMap,
 };
 use crate::backend::{AttnShape, BackendError, SeqSpan, rows_of, shape_err};
 use crate::kv::{
@@ -121,27 +121,42 @@ impl CudaBackend {
         self.page_tables(&mirror.arena, kv, lens, shape)
     }
 
-    /// Runs `f` on the arena the views' pages are in, with validated page
-    /// tables: a device-resident pool's own arena, or the mirror (synced
-    /// first) of a pool in host memory.
+    /// Runs `f` on the KV of the views' layer: the arena their pages are
+    /// in, with validated page tables (a device-resident pool's own arena,
+    /// or the mirror, synced first, of a pool in host memory), for
+    /// `shape`'s query heads.
     pub(super) fn with_arena<R>(
         &self,
         kv: &[LayerView<'_>],
         lens: &[(usize, usize)],
         shape: AttnShape,
-        f: impl FnOnce(&DeviceKvArena, &PageTables) -> Result<R, BackendError>,
+        f: impl FnOnce(AttnKv<'_>) -> Result<R, BackendError>,
     ) -> Result<R, BackendError> {
+        let layer = kv.first().map_or(0, LayerView::layer_index);
+        let n_heads = shape.n_heads;
         if let Some(cuda) = self.views_pages(kv)? {
             let arena = cuda.arena();
             let tables = self.page_tables(&arena, kv, lens, shape)?;
-            return f(&arena, &tables);
+            let (arena, tables) = (&*arena, &tables);
+            return f(AttnKv {
+                arena,
+                tables,
+                layer,
+                n_heads,
+            });
         }
         let mut guard = self.mirror()?;
         let mirror = guard.as_mut().ok_or_else(|| {
             BackendError::Device("attention before any KV append on this backend".into())
         })?;
         let tables = self.tables(mirror, kv, lens, shape)?;
-        f(&mirror.arena, &tables)
+        let (arena, tables) = (&mirror.arena, &tables);
+        f(AttnKv {
+            arena,
+            tables,
+            layer,
+            n_heads,
+        })
     }
 
     /// The pool's own pages, when they are [`CudaPages`] on this device.

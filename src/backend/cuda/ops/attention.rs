@@ -10,6 +10,17 @@ use crate::backend::cuda::plan::{
 };
 use crate::backend::cuda::{CudaDevice, CudaError, DeviceKvArena, PageTables};
 
+/// The KV one attention launch reads: layer `layer` of `arena`, through
+/// `tables` (built for this arena: checked at the launch), for `n_heads`
+/// query heads.
+#[derive(Clone, Copy)]
+pub struct AttnKv<'a> {
+    pub arena: &'a DeviceKvArena,
+    pub tables: &'a PageTables,
+    pub layer: usize,
+    pub n_heads: usize,
+}
+
 /// Scratch buffers of split-KV decode, grown on demand and reused.
 #[derive(Default)]
 pub struct DecodeWorkspace {
@@ -74,48 +85,38 @@ fn bind_decode<'a>(
 }
 
 impl CudaDevice {
-    /// The attention shape of `n_heads` query heads over layer `layer` of
-    /// `arena`, with `tables` built for that arena.
-    fn attn(
-        &self,
-        arena: &DeviceKvArena,
-        tables: &PageTables,
-        layer: usize,
-        n_heads: usize,
-    ) -> Result<Attn, CudaError> {
-        if tables.arena_id != arena.id {
+    /// The attention shape of `kv`, whose tables must be built for its
+    /// arena.
+    fn attn(&self, kv: AttnKv<'_>) -> Result<Attn, CudaError> {
+        if kv.tables.arena_id != kv.arena.id {
             return Err(CudaError::ForeignArena);
         }
         Attn::new(
-            &arena.geometry(),
-            arena.page_size(),
-            arena.page_elems(),
-            layer,
-            n_heads,
+            &kv.arena.geometry(),
+            kv.arena.page_size(),
+            kv.arena.page_elems(),
+            kv.layer,
+            kv.n_heads,
         )
     }
 
-    /// Paged decode attention for layer `layer`: one query per sequence,
+    /// Paged decode attention over `kv`: one query per sequence,
     /// by the kernel `kernel` chooses ([`DecodeKernel::Auto`]: the plan's).
     ///
     /// `q` is `[batch, n_heads, head_dim]`, `out` the same; every sequence of
     /// `tables` must have `q_len == 1`. Returns the number of KV chunks
     /// launched per sequence, an upper bound on what each one used (1: no
     /// merge pass), and the kernel that ran (never [`DecodeKernel::Auto`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode_attention_with(
+    pub fn decode_attention(
         &self,
-        arena: &DeviceKvArena,
-        layer: usize,
-        tables: &PageTables,
-        n_heads: usize,
+        kv: AttnKv<'_>,
         q: &impl DevicePtr<f32>,
         out: &mut impl DevicePtrMut<f32>,
         ws: &mut DecodeWorkspace,
         split: Split,
         kernel: DecodeKernel,
     ) -> Result<(usize, DecodeKernel), CudaError> {
-        let a = self.attn(arena, tables, layer, n_heads)?;
+        let (a, arena, tables) = (self.attn(kv)?, kv.arena, kv.tables);
         let (chosen, plan) =
             plan::decode(&a, &batch_of(tables), q.len(), out.len(), split, kernel)?;
         let splits = plan.splits();
@@ -178,7 +179,7 @@ impl CudaDevice {
         Ok((splits, chosen))
     }
 
-    /// Paged causal prefill attention for layer `layer`, on tensor cores
+    /// Paged causal prefill attention over `kv`, on tensor cores
     /// where compiled (see [`PrefillKernel::Auto`]) or by the kernel
     /// `kernel` names; returns the one that ran (never
     /// [`PrefillKernel::Auto`]).
@@ -186,18 +187,14 @@ impl CudaDevice {
     /// `q` and `out` are `[total_q, n_heads, head_dim]`, the rows of each
     /// sequence's `q_len` new positions in batch order; their K/V must
     /// already be appended (they are the last `q_len` of `kv_len`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn prefill_attention_with(
+    pub fn prefill_attention(
         &self,
-        arena: &DeviceKvArena,
-        layer: usize,
-        tables: &PageTables,
-        n_heads: usize,
+        kv: AttnKv<'_>,
         q: &impl DevicePtr<f32>,
         out: &mut impl DevicePtrMut<f32>,
         kernel: PrefillKernel,
     ) -> Result<PrefillKernel, CudaError> {
-        let a = self.attn(arena, tables, layer, n_heads)?;
+        let (a, arena, tables) = (self.attn(kv)?, kv.arena, kv.tables);
         let plan = plan::prefill(&a, &batch_of(tables), q.len(), out.len(), kernel)?;
         let Some(Step {
             kernel,

@@ -34,7 +34,7 @@ mod norm_rope;
 mod queue;
 mod sampling;
 
-pub use attention::DecodeWorkspace;
+pub use attention::{AttnKv, DecodeWorkspace};
 pub use checksum::PageChecksums;
 
 /// What a matmul does with its output buffer: store the product, or add it
