@@ -25,8 +25,8 @@ use handoff::backend::Rope;
 use handoff::backend::cuda::HalfWeights::Bf16;
 use handoff::backend::cuda::{
     AttnKv, CudaDevice, CudaError, CudaSlice, DECODE_MMA_HEAD_DIMS, DecodeKernel, DecodeWorkspace,
-    DeviceKvArena, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, SeqPages, SlotMap,
-    Split, Write, device_for_test,
+    DeviceKvArena, HEAD_DIMS, PREFILL_MMA_HEAD_DIMS, PageTables, PrefillKernel, Rows, SeqPages,
+    SlotMap, Split, Write, device_for_test,
 };
 use handoff::kv::F8E4M3;
 use handoff::model::{RopeScaling, RopeStyle};
@@ -1596,15 +1596,27 @@ fn embedding_gathers_rows_and_refuses_tokens_outside_the_vocabulary() {
     let table_dev = dev.upload(&table).unwrap();
     let tokens = [3u32, 0, 49, 3];
     let mut out = dev.zeros::<f32>(tokens.len() * dim).unwrap();
-    dev.embedding(KvDtype::F32, &table_dev, dim, &tokens, &mut out)
-        .unwrap();
+    dev.embedding(
+        Rows::Elems(KvDtype::F32),
+        &table_dev,
+        dim,
+        &tokens,
+        &mut out,
+    )
+    .unwrap();
     let want: Vec<f32> = tokens
         .iter()
         .flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].to_vec())
         .collect();
     assert_eq!(dev.download(&out).unwrap(), want);
     assert_eq!(
-        dev.embedding(KvDtype::F32, &table_dev, dim, &[1, 50], &mut out),
+        dev.embedding(
+            Rows::Elems(KvDtype::F32),
+            &table_dev,
+            dim,
+            &[1, 50],
+            &mut out
+        ),
         Err(CudaError::TokenOutOfRange {
             token: 50,
             vocab: 50
@@ -1713,7 +1725,8 @@ fn ggml_block_weights_give_the_bits_of_their_widened_values() {
         }
         let tokens: Vec<u32> = (0..n as u32).rev().collect();
         let mut rows = dev.zeros::<f32>(n * k).unwrap();
-        dev.embedding_quant(q, &w_q, k, &tokens, &mut rows).unwrap();
+        dev.embedding(Rows::Blocks(q), &w_q, k, &tokens, &mut rows)
+            .unwrap();
         let want: Vec<f32> = tokens
             .iter()
             .flat_map(|&t| widened[t as usize * k..(t as usize + 1) * k].to_vec())
@@ -1725,7 +1738,7 @@ fn ggml_block_weights_give_the_bits_of_their_widened_values() {
         );
         // A token past the table and a depth off the blocks are typed errors.
         assert!(matches!(
-            dev.embedding_quant(q, &w_q, k, &[n as u32], &mut rows),
+            dev.embedding(Rows::Blocks(q), &w_q, k, &[n as u32], &mut rows),
             Err(CudaError::TokenOutOfRange { .. })
         ));
         let x = dev.upload(&rng.vec(k, 1.0)).unwrap();

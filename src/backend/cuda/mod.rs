@@ -61,7 +61,7 @@ pub use backend::{CudaBackend, CudaBuf, CudaMat};
 pub use cudarc::driver::CudaSlice;
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use ops::{AttnKv, DecodeWorkspace, PageChecksums, Write};
+pub use ops::{AttnKv, DecodeWorkspace, PageChecksums, Rows, Write};
 pub use pages::CudaPages;
 pub use plan::{DecodeKernel, PREFILL_MAX_GROUP, PrefillKernel, Split};
 pub use table::{

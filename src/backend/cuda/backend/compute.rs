@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use crate::backend::cuda::table::{LGEMM_BM, LMMA_GROUPS, NORM_CARRY_ROWS};
 use crate::backend::cuda::{
     CudaDevice, CudaError, CudaPages, DECODE_GROUPS, HEAD_DIMS, PREFILL_MAX_GROUP, PrefillKernel,
-    QuantWeights, Split, Write,
+    QuantWeights, Rows, Split, Write,
 };
 use crate::backend::{
     AttnShape, Backend, BackendError, Norm, QuantMatrix, Rope, SeqSpan, check_rope_rows,
@@ -201,9 +201,18 @@ impl Backend for CudaBackend {
         out.ensure(&self.dev, tokens.len() * table.cols)?;
         let out = &mut out.view_mut()?;
         match &table.data {
-            MatData::F32(t) => self.dev.embedding(KvDtype::F32, t, table.cols, tokens, out),
-            MatData::Half(h, t) => self.dev.embedding(h.dtype(), t, table.cols, tokens, out),
-            MatData::Quant(q, t) => self.dev.embedding_quant(*q, t, table.cols, tokens, out),
+            MatData::F32(t) => {
+                self.dev
+                    .embedding(Rows::Elems(KvDtype::F32), t, table.cols, tokens, out)
+            }
+            MatData::Half(h, t) => {
+                self.dev
+                    .embedding(Rows::Elems(h.dtype()), t, table.cols, tokens, out)
+            }
+            MatData::Quant(q, t) => {
+                self.dev
+                    .embedding(Rows::Blocks(*q), t, table.cols, tokens, out)
+            }
         }
         .map_err(dev_err)?;
         // Queued now: its token ids are new every step, and the rest of the
@@ -404,7 +413,13 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.dev
-            .embedding(KvDtype::F32, &x.view()?, cols, &ids, &mut out.view_mut()?)
+            .embedding(
+                Rows::Elems(KvDtype::F32),
+                &x.view()?,
+                cols,
+                &ids,
+                &mut out.view_mut()?,
+            )
             .map_err(dev_err)
     }
 

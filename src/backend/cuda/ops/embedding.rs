@@ -8,92 +8,97 @@ use crate::backend::cuda::plan::{grid_stride, shape, to_u32};
 use crate::backend::cuda::{CudaDevice, CudaError, QuantWeights};
 use crate::kv::KvDtype;
 
-impl CudaDevice {
-    /// [`CudaDevice::embedding`] from a table `[vocab, dim]` kept in ggml
-    /// blocks of `q` (raw bytes, `dim` a multiple of a block's values):
-    /// each value widened as [`CudaDevice::linear_quant`] widens it.
-    pub fn embedding_quant(
-        &self,
-        q: QuantWeights,
-        table: &impl DevicePtr<u8>,
-        dim: usize,
-        tokens: &[u32],
-        out: &mut impl DevicePtrMut<f32>,
-    ) -> Result<(), CudaError> {
-        let row_bytes = (dim / q.block_values()) * q.block_bytes();
-        let vocab = table.len().checked_div(row_bytes).unwrap_or(0);
-        q.check("embedding table bytes", table.len(), vocab, dim)?;
-        let Some((n_tokens, dim, vocab)) = gather_dims(tokens, vocab, dim, out.len())? else {
-            return Ok(());
-        };
-        // Launch contract: table holds vocab rows of dim / 32 blocks of the
-        // format (checked, and vocab is what they hold), every token is
-        // below vocab (checked, and the kernel also bounds it), out holds
-        // n_tokens*dim f32; a grid-stride loop covers them.
-        let grid = grid_stride(out.len());
-        self.with_token_list(tokens, |list| {
-            self.launch_bound(kernels::embedding_q(), grid, move |a| EmbeddingQParams {
-                table: a.read(table),
-                tokens: a.read(list),
-                out: a.write(out),
-                n_tokens,
-                dim,
-                vocab,
-                format: q.code(),
-            })
-        })
-    }
+/// What the rows of an embedding table hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// Elements of this type: f32, or the raw bits of f16 or bf16.
+    Elems(KvDtype),
+    /// ggml blocks of this format (raw bytes; the row length a multiple of
+    /// a block's values), each value widened as
+    /// [`CudaDevice::linear_quant`] widens it.
+    Blocks(QuantWeights),
+}
 
-    /// Gathers rows of `table` `[vocab, dim]`, elements of `dtype` (f32, or
-    /// the raw bits of f16 or bf16), for `tokens` into `out`
-    /// `[tokens.len(), dim]`. Tokens outside the vocabulary are refused, as
-    /// is a `dtype` whose size is not `T`'s or that has no gather kernel.
+impl CudaDevice {
+    /// Gathers rows of `table` `[vocab, dim]`, each held as `rows` says,
+    /// for `tokens` into `out` `[tokens.len(), dim]` (f32). Tokens outside
+    /// the vocabulary are refused, as is a table whose element size is not
+    /// `T`'s or whose element type has no gather kernel.
     pub fn embedding<T>(
         &self,
-        dtype: KvDtype,
+        rows: Rows,
         table: &impl DevicePtr<T>,
         dim: usize,
         tokens: &[u32],
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
-        if dtype.size_bytes() != std::mem::size_of::<T>() {
+        let elem = match rows {
+            Rows::Elems(dtype) => dtype.size_bytes(),
+            Rows::Blocks(_) => 1,
+        };
+        if elem != std::mem::size_of::<T>() {
             return Err(CudaError::Unsupported {
                 what: "embedding table element",
                 detail: format!(
-                    "{dtype:?} elements in a buffer of {}-byte elements",
+                    "{rows:?} in a buffer of {}-byte elements",
                     std::mem::size_of::<T>()
                 ),
             });
         }
-        if dim == 0 || !table.len().is_multiple_of(dim) {
-            return Err(CudaError::Shape {
-                what: "embedding table (a multiple of dim)",
-                expected: dim,
-                got: table.len(),
-            });
-        }
-        let vocab = table.len() / dim;
-        let kernel = kernels::embedding(dtype).ok_or_else(|| CudaError::MissingKernel {
-            name: format!("embedding for a {dtype:?} table"),
-        })?;
+        let vocab = match rows {
+            Rows::Elems(_) => {
+                if dim == 0 || !table.len().is_multiple_of(dim) {
+                    return Err(CudaError::Shape {
+                        what: "embedding table (a multiple of dim)",
+                        expected: dim,
+                        got: table.len(),
+                    });
+                }
+                table.len() / dim
+            }
+            Rows::Blocks(q) => {
+                let row_bytes = (dim / q.block_values()) * q.block_bytes();
+                let vocab = table.len().checked_div(row_bytes).unwrap_or(0);
+                q.check("embedding table bytes", table.len(), vocab, dim)?;
+                vocab
+            }
+        };
         let Some((n_tokens, dim, vocab)) = gather_dims(tokens, vocab, dim, out.len())? else {
             return Ok(());
         };
-        // Launch contract: table holds vocab*dim elements of the kernel's
-        // type (the table's, `dtype`), every token is below vocab (checked,
-        // and the kernel also bounds it), out holds n_tokens*dim f32
-        // (checked).
+        // Launch contract: table holds vocab rows of dim elements of the
+        // kernel's type (`Elems`: the table's, checked against T) or of dim
+        // / 32 blocks of the format (`Blocks`; checked, and vocab is what
+        // they hold); every token is below vocab (checked, and the kernel
+        // also bounds it); out holds n_tokens*dim f32 (checked); a
+        // grid-stride loop covers them.
         let grid = grid_stride(out.len());
-        self.with_token_list(tokens, |list| {
-            self.launch_bound(kernel, grid, move |a| EmbeddingParams {
-                table: a.read(table),
-                tokens: a.read(list),
-                out: a.write(out),
-                n_tokens,
-                dim,
-                vocab,
-                pad0: 0,
-            })
+        self.with_token_list(tokens, |list| match rows {
+            Rows::Blocks(q) => {
+                self.launch_bound(kernels::embedding_q(), grid, move |a| EmbeddingQParams {
+                    table: a.read(table),
+                    tokens: a.read(list),
+                    out: a.write(out),
+                    n_tokens,
+                    dim,
+                    vocab,
+                    format: q.code(),
+                })
+            }
+            Rows::Elems(dtype) => {
+                let kernel = kernels::embedding(dtype).ok_or_else(|| CudaError::MissingKernel {
+                    name: format!("embedding for a {dtype:?} table"),
+                })?;
+                self.launch_bound(kernel, grid, move |a| EmbeddingParams {
+                    table: a.read(table),
+                    tokens: a.read(list),
+                    out: a.write(out),
+                    n_tokens,
+                    dim,
+                    vocab,
+                    pad0: 0,
+                })
+            }
         })
     }
 

@@ -36,6 +36,7 @@ mod sampling;
 
 pub use attention::{AttnKv, DecodeWorkspace};
 pub use checksum::PageChecksums;
+pub use embedding::Rows;
 
 /// What a matmul does with its output buffer: store the product, or add it
 /// to what the buffer holds (a projection added to the residual stream:
