@@ -105,6 +105,17 @@ pub(crate) fn tile_segs<'a>(
     }
 }
 
+/// What one attention tile reads for its query rows: the first `n`
+/// positions of the segments `segs`, each query head's offset in a KV row
+/// (`koff`), in `shape`.
+#[derive(Clone, Copy)]
+pub(crate) struct TileKv<'a> {
+    pub koff: &'a [usize],
+    pub segs: &'a [Seg<'a>],
+    pub n: usize,
+    pub shape: AttnShape,
+}
+
 /// Floats in one tile's partial result: per head its max, its sum of
 /// weights, and its `head_dim` weighted values.
 pub(crate) fn partial_len(shape: AttnShape) -> usize {
@@ -118,13 +129,16 @@ pub(crate) fn partial_len(shape: AttnShape) -> usize {
 #[inline(always)]
 pub(crate) fn tile_with<K: Kernel>(
     qs: &[f32],
-    koff: &[usize],
-    segs: &[Seg<'_>],
-    n: usize,
-    shape: AttnShape,
+    kv: &TileKv<'_>,
     part: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
+    let TileKv {
+        koff,
+        segs,
+        n,
+        shape,
+    } = *kv;
     let nh = shape.n_heads;
     let hd = shape.head_dim;
     let kvd = shape.kv_dim();
@@ -219,16 +233,18 @@ pub(crate) const ROWS: usize = 4;
 /// multiply-adds in position order), while each K and V row is loaded
 /// once for all the rows. `head_dim` must be a multiple of 8.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn tile_rows_with<K: Kernel>(
     qs: [&[f32]; ROWS],
-    koff: &[usize],
-    segs: &[Seg<'_>],
-    n: usize,
-    shape: AttnShape,
+    kv: &TileKv<'_>,
     parts: [&mut [f32]; ROWS],
     scores: &mut Vec<f32>,
 ) {
+    let TileKv {
+        koff,
+        segs,
+        n,
+        shape,
+    } = *kv;
     const L: usize = crate::backend::cpu::kernel::LANES;
     let nh = shape.n_heads;
     let hd = shape.head_dim;

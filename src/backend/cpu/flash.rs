@@ -26,7 +26,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::backend::cpu::attend::{ROWS, Seg, TILE, TileBuf, partial_len, tile_segs};
+use crate::backend::cpu::attend::{ROWS, Seg, TILE, TileBuf, TileKv, partial_len, tile_segs};
 use crate::backend::cpu::{Isa, attention, fastmath};
 use crate::backend::{AttnShape, SeqSpan};
 use crate::kv::LayerView;
@@ -155,7 +155,13 @@ pub(crate) fn decode(
             let mut segs = Vec::new();
             tile_segs(&kv[r], t0, t0 + TILE, buf, &mut segs);
             let n = seg_len(&segs);
-            attention::tile(isa, qs, koff, &segs, n, shape, part, scores);
+            let kv = TileKv {
+                koff,
+                segs: &segs,
+                n,
+                shape,
+            };
+            attention::tile(isa, qs, &kv, part, scores);
         });
     };
     let row = |r: usize, o: &mut [f32], parts: &[f32]| {
@@ -288,7 +294,13 @@ fn prefill_block(
                     let mut it = part.chunks_exact_mut(pl);
                     let parts: [&mut [f32]; ROWS] =
                         std::array::from_fn(|_| it.next().unwrap_or_default());
-                    attention::tile_rows(isa, q, koff, &segs, full, shape, parts, scores);
+                    let kv = TileKv {
+                        koff,
+                        segs: &segs,
+                        n: full,
+                        shape,
+                    };
+                    attention::tile_rows(isa, q, &kv, parts, scores);
                     for (j, p) in part.chunks_exact(pl).enumerate() {
                         let st = &mut state[(i + j) * pl..(i + j + 1) * pl];
                         merge(st, p, shape, k == 0);
@@ -304,16 +316,13 @@ fn prefill_block(
                 // Positions t0..=pos of this tile (none missing: the
                 // backend checked the view holds them).
                 let n = (pos + 1).min(t1) - t0;
-                attention::tile(
-                    isa,
-                    &qs[i * qd..(i + 1) * qd],
+                let kv = TileKv {
                     koff,
-                    &segs,
-                    n.min(have),
+                    segs: &segs,
+                    n: n.min(have),
                     shape,
-                    &mut part[..pl],
-                    scores,
-                );
+                };
+                attention::tile(isa, &qs[i * qd..(i + 1) * qd], &kv, &mut part[..pl], scores);
                 merge(&mut state[i * pl..(i + 1) * pl], &part[..pl], shape, k == 0);
             }
         }

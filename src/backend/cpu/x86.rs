@@ -16,8 +16,7 @@ use std::arch::x86_64::{
     _mm256_sub_ps,
 };
 
-use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{self as attention, Seg};
+use crate::backend::cpu::attend::{self as attention, TileKv};
 use crate::backend::cpu::fastmath;
 use crate::backend::cpu::kernel::{Elem, ElemKind, Kernel, LANES, PANEL, matmul_cols_k};
 
@@ -618,32 +617,19 @@ pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
 
 /// See `attention::tile`.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn tile(
-    qs: &[f32],
-    koff: &[usize],
-    segs: &[Seg<'_>],
-    n: usize,
-    shape: AttnShape,
-    part: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    attention::tile_with::<Avx2>(qs, koff, segs, n, shape, part, scores)
+pub(crate) fn tile(qs: &[f32], kv: &TileKv<'_>, part: &mut [f32], scores: &mut Vec<f32>) {
+    attention::tile_with::<Avx2>(qs, kv, part, scores)
 }
 
 /// See `attention::tile_rows`.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn tile_rows(
     qs: [&[f32]; attention::ROWS],
-    koff: &[usize],
-    segs: &[Seg<'_>],
-    n: usize,
-    shape: AttnShape,
+    kv: &TileKv<'_>,
     parts: [&mut [f32]; attention::ROWS],
     scores: &mut Vec<f32>,
 ) {
-    attention::tile_rows_with::<Avx2>(qs, koff, segs, n, shape, parts, scores)
+    attention::tile_rows_with::<Avx2>(qs, kv, parts, scores)
 }
 
 /// `e^x` on eight lanes: `fastmath::exp`'s operations in its order, so
@@ -680,6 +666,7 @@ pub(crate) fn exp8(x: __m256) -> __m256 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::AttnShape;
     use crate::backend::cpu::attend::{TILE, TileBuf, tile_segs};
     use crate::backend::cpu::x86_hd8::{has_hd8_kernel, tile_hd8};
     use crate::ids::RequestId;
@@ -836,8 +823,14 @@ mod tests {
                                 let (mut sa, mut sb) = (Vec::new(), Vec::new());
                                 // SAFETY: AVX2 and FMA were detected above.
                                 unsafe {
-                                    tile(&qs, &koff, &segs, n, shape, &mut a, &mut sa);
-                                    tile_hd8(&qs, &koff, &segs, n, shape, &mut b, &mut sb);
+                                    let kv = TileKv {
+                                        koff: &koff,
+                                        segs: &segs,
+                                        n,
+                                        shape,
+                                    };
+                                    tile(&qs, &kv, &mut a, &mut sa);
+                                    tile_hd8(&qs, &kv, &mut b, &mut sb);
                                 }
                                 assert_eq!(
                                     bits(&a),

@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{self as attention, Seg};
+use crate::backend::cpu::attend::{self as attention, Seg, TileKv};
 use crate::backend::cpu::kernel::LANES;
 use crate::backend::cpu::x86::{Avx2, exp8, reduce8};
 
@@ -24,16 +24,8 @@ pub(crate) fn has_hd8_kernel(shape: AttnShape) -> bool {
 /// (Each kernel is inlined here, where AVX2 is enabled: a function pointer
 /// to one would be compiled without it.)
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn tile_hd8(
-    qs: &[f32],
-    koff: &[usize],
-    segs: &[Seg<'_>],
-    n: usize,
-    shape: AttnShape,
-    part: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
+pub(crate) fn tile_hd8(qs: &[f32], kv: &TileKv<'_>, part: &mut [f32], scores: &mut Vec<f32>) {
+    let TileKv { segs, n, shape, .. } = *kv;
     match (shape.n_heads, shape.n_kv_heads) {
         (8, 1) => hd8::<8, 1>(qs, segs, n, part, scores),
         (8, 2) => hd8::<8, 2>(qs, segs, n, part, scores),
@@ -44,7 +36,7 @@ pub(crate) fn tile_hd8(
         (16, 4) => hd8::<16, 4>(qs, segs, n, part, scores),
         (16, 8) => hd8::<16, 8>(qs, segs, n, part, scores),
         (16, 16) => hd8::<16, 16>(qs, segs, n, part, scores),
-        _ => attention::tile_with::<Avx2>(qs, koff, segs, n, shape, part, scores),
+        _ => attention::tile_with::<Avx2>(qs, kv, part, scores),
     }
 }
 
