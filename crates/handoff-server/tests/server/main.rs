@@ -33,3 +33,4 @@ mod openai_server_shutdown;
 mod openai_server_smollm2;
 mod ready_while_loading;
 mod role_forging;
+mod split_special_tokens;
