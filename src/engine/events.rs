@@ -9,10 +9,19 @@
 //! A request that asked for log-probabilities gets each token's right after
 //! it ([`Event::Logprobs`]), from a second queue that stays empty (and
 //! costs nothing) for every other request.
+//!
+//! An async host reads with [`Events::recv_async`] (or [`Events::poll_recv`]
+//! inside its own future): the reader's waker waits in the queue, under the
+//! same lock, and the engine wakes it with the next event or the stream's
+//! end. No runtime is assumed, nothing polls, and no thread waits per
+//! stream.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 pub use crossbeam_channel::{RecvError, RecvTimeoutError, TryRecvError};
@@ -59,6 +68,9 @@ struct Queue {
     closed: bool,
     /// The client's end was dropped: nobody reads any more.
     abandoned: bool,
+    /// An async reader waiting for the next event (the latest to poll):
+    /// taken and woken by whatever makes the stream readable.
+    waker: Option<Waker>,
 }
 
 impl Queue {
@@ -82,6 +94,23 @@ impl Queue {
     /// arrived reads the event instead).
     fn waiting(&self) -> bool {
         self.tokens.is_empty() && !self.logprobs_next && self.done.is_none() && !self.closed
+    }
+}
+
+/// Wakes the async reader a send made ready, after the lock is released (a
+/// waker may run code of its own).
+pub(crate) fn wake(waker: Option<Waker>) {
+    if let Some(w) = waker {
+        w.wake();
+    }
+}
+
+/// Leaves `cx`'s waker in `slot` for the next wake, unless the one there
+/// already wakes the same task.
+pub(crate) fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        slot => *slot = Some(cx.waker().clone()),
     }
 }
 
@@ -138,9 +167,11 @@ impl EventSender {
         if let Some(lp) = logprobs {
             q.logprobs.push_back(lp);
         }
+        let waker = q.waker.take();
         drop(q);
         // Cheap without a waiter (one atomic load).
         self.shared.arrived.notify_one();
+        wake(waker);
         Ok(())
     }
     /// Sends the final outcome (the engine sends it once, last).
@@ -150,15 +181,21 @@ impl EventSender {
             return;
         }
         q.done = Some(outcome);
+        let waker = q.waker.take();
         drop(q);
         self.shared.arrived.notify_one();
+        wake(waker);
     }
 }
 
 impl Drop for EventSender {
     fn drop(&mut self) {
-        self.shared.queue.lock().closed = true;
+        let mut q = self.shared.queue.lock();
+        q.closed = true;
+        let waker = q.waker.take();
+        drop(q);
         self.shared.arrived.notify_all();
+        wake(waker);
     }
 }
 
@@ -221,6 +258,34 @@ impl Events {
         }
     }
 
+    /// The next event, as a future: ready with it, or with `Err` once the
+    /// stream has ended and everything in it was read. Pending, it leaves
+    /// its task's waker with the stream, and the engine wakes it when the
+    /// next event (or the end) arrives: no runtime, no polling, no thread.
+    /// An event is taken only when the future completes, so dropping a
+    /// pending one (a `select!` that went the other way, a cancelled task)
+    /// loses nothing. One reader at a time: of two futures pending at once,
+    /// only the latest polled is woken.
+    pub fn recv_async(&self) -> Recv<'_> {
+        Recv { events: self }
+    }
+
+    /// The poll behind [`Events::recv_async`], for a host's own futures or
+    /// streams: `Ready(Ok(event))`, `Ready(Err(_))` once the stream has
+    /// ended and was read to the end, or `Pending` with `cx`'s waker
+    /// registered for the next event.
+    pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<Event, RecvError>> {
+        let mut q = self.shared.queue.lock();
+        if let Some(ev) = q.pop() {
+            return Poll::Ready(Ok(ev));
+        }
+        if q.closed {
+            return Poll::Ready(Err(RecvError));
+        }
+        register(&mut q.waker, cx);
+        Poll::Pending
+    }
+
     /// The events that have arrived, read one at a time as the iterator
     /// advances (as a channel's `try_iter`: an event that arrives while it
     /// is being iterated, the outcome of a cancel made in the loop body
@@ -257,6 +322,28 @@ impl Events {
     }
 }
 
+/// The future of [`Events::recv_async`].
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct Recv<'a> {
+    events: &'a Events,
+}
+
+impl Future for Recv<'_> {
+    type Output = Result<Event, RecvError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.events.poll_recv(cx)
+    }
+}
+
+impl Drop for Recv<'_> {
+    fn drop(&mut self) {
+        // A pending future given up: its task is not to be woken for it.
+        // (A later `recv_async` registers again when polled.)
+        self.events.shared.queue.lock().waker = None;
+    }
+}
+
 impl Drop for Events {
     fn drop(&mut self) {
         let mut q = self.shared.queue.lock();
@@ -266,6 +353,7 @@ impl Drop for Events {
         q.tokens = VecDeque::new();
         q.logprobs = VecDeque::new();
         q.done = None;
+        q.waker = None;
     }
 }
 
@@ -372,6 +460,142 @@ mod tests {
         tx.token(1, None).unwrap();
         drop(rx);
         assert!(tx.token(2, None).is_err());
+    }
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Counter(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Counter {
+        fn wakes(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Polls `fut` once with `waker`.
+    fn poll_once<F: Future + Unpin>(fut: &mut F, waker: &Waker) -> Poll<F::Output> {
+        Pin::new(fut).poll(&mut Context::from_waker(waker))
+    }
+
+    #[test]
+    fn a_pending_async_receive_is_woken_by_the_next_token() {
+        let (tx, rx) = stream();
+        let counter = Arc::new(Counter::default());
+        let waker = Waker::from(counter.clone());
+        let mut fut = rx.recv_async();
+        assert_eq!(poll_once(&mut fut, &waker), Poll::Pending);
+        // Polled again with the same waker: still one registration.
+        assert_eq!(poll_once(&mut fut, &waker), Poll::Pending);
+        assert_eq!(counter.wakes(), 0);
+        tx.token(3, None).unwrap();
+        assert_eq!(counter.wakes(), 1);
+        assert_eq!(
+            poll_once(&mut fut, &waker),
+            Poll::Ready(Ok(Event::Token(3)))
+        );
+        // A token nobody waits for wakes nobody.
+        tx.token(4, None).unwrap();
+        assert_eq!(counter.wakes(), 1);
+        assert_eq!(
+            poll_once(&mut rx.recv_async(), &waker),
+            Poll::Ready(Ok(Event::Token(4)))
+        );
+    }
+
+    #[test]
+    fn a_pending_async_receive_is_woken_by_the_outcome_and_by_the_end() {
+        let (tx, rx) = stream();
+        let counter = Arc::new(Counter::default());
+        let waker = Waker::from(counter.clone());
+        let mut fut = rx.recv_async();
+        assert!(poll_once(&mut fut, &waker).is_pending());
+        tx.done(Outcome::Cancelled);
+        assert_eq!(counter.wakes(), 1);
+        assert_eq!(
+            poll_once(&mut fut, &waker),
+            Poll::Ready(Ok(Event::Done(Outcome::Cancelled)))
+        );
+        // The engine's end goes away: the next wait ends with an error.
+        let mut fut = rx.recv_async();
+        assert!(poll_once(&mut fut, &waker).is_pending());
+        drop(tx);
+        assert_eq!(counter.wakes(), 2);
+        assert_eq!(poll_once(&mut fut, &waker), Poll::Ready(Err(RecvError)));
+    }
+
+    #[test]
+    fn a_dropped_pending_receive_loses_no_event_and_is_not_woken() {
+        let (tx, rx) = stream();
+        let first = Arc::new(Counter::default());
+        let mut fut = rx.recv_async();
+        assert!(poll_once(&mut fut, &Waker::from(first.clone())).is_pending());
+        drop(fut);
+        tx.token(9, None).unwrap();
+        tx.done(Outcome::Finished(FinishReason::Length));
+        assert_eq!(first.wakes(), 0, "a given-up future's task is not woken");
+        let second = Waker::from(Arc::new(Counter::default()));
+        assert_eq!(
+            poll_once(&mut rx.recv_async(), &second),
+            Poll::Ready(Ok(Event::Token(9)))
+        );
+        assert_eq!(
+            poll_once(&mut rx.recv_async(), &second),
+            Poll::Ready(Ok(Event::Done(Outcome::Finished(FinishReason::Length))))
+        );
+    }
+
+    /// Runs `fut` to completion on this thread, parking between polls.
+    fn block_on<F: Future>(fut: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+                return v;
+            }
+            std::thread::park();
+        }
+    }
+
+    #[test]
+    fn an_async_reader_gets_every_event_another_thread_sends_in_order() {
+        let (tx, rx) = stream();
+        let engine = std::thread::spawn(move || {
+            for t in 0..2_000 {
+                tx.token(t, None).unwrap();
+                if t % 97 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            tx.done(Outcome::Finished(FinishReason::Length));
+        });
+        let read = block_on(async {
+            let mut read = Vec::new();
+            while let Ok(ev) = rx.recv_async().await {
+                read.push(ev);
+            }
+            read
+        });
+        engine.join().unwrap();
+        assert_eq!(read.len(), 2_001);
+        for (i, ev) in read[..2_000].iter().enumerate() {
+            assert_eq!(*ev, Event::Token(i as u32));
+        }
+        assert_eq!(
+            read[2_000],
+            Event::Done(Outcome::Finished(FinishReason::Length))
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@
 //! `recv_timeout`, `try_iter`, with a channel receiver's names and errors)
 //! for each [`Event::Token`] and the one [`Event::Done`] that ends it.
 //! [`Events`] is not `Clone` and does not take part in a channel `select!`.
+//! An async host awaits [`Events::recv_async`] instead: the engine wakes
+//! the waiting task, with no runtime of its own and no thread per stream.
 //!
 //! # Prefix cache and chunked prefill
 //!
@@ -54,7 +56,7 @@
 mod colocated;
 mod decode_worker;
 mod error;
-mod events;
+pub(crate) mod events;
 mod filling;
 mod generate;
 mod prefill_worker;
@@ -65,7 +67,7 @@ mod tally;
 pub use colocated::{Engine, EngineOptions};
 pub use decode_worker::DecodeWorker;
 pub use error::EngineError;
-pub use events::{Event, Events, RecvError, RecvTimeoutError, TryRecvError};
+pub use events::{Event, Events, Recv, RecvError, RecvTimeoutError, TryRecvError};
 pub use prefill_worker::PrefillWorker;
 pub use stream::{Canceller, FinishReason, Outcome, RequestHandle};
 pub use tally::Tally;

@@ -11,7 +11,9 @@
 //! - [`Submitter::submit`] answers as the server's own `submit` does: a
 //!   [`RequestHandle`] or a typed [`Rejection`] (nothing allocated). The
 //!   thread takes submissions between steps, so the answer comes within one
-//!   step.
+//!   step. [`Submitter::submit_async`] never blocks: it queues the request
+//!   and returns an [`Answer`] to await (or to [`Answer::wait`] for), so an
+//!   async host admits without a blocking thread.
 //! - Idle, the thread sleeps on its channel: no spinning. An engine's
 //!   thread polls nothing; a decode worker's reads its link every 50 ms
 //!   (late receipts are taken and counted rather than left to fill the
@@ -49,6 +51,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod answer;
 mod error;
 mod serve;
 
@@ -60,6 +63,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
+pub use answer::Answer;
 pub use error::ServiceError;
 pub use serve::Serve;
 
@@ -75,7 +79,7 @@ const STEP_WAIT: Duration = Duration::from_millis(5);
 const IDLE_POLL: Duration = Duration::from_millis(50);
 
 enum Command {
-    Submit(Request, Sender<Result<RequestHandle, Rejection>>),
+    Submit(Request, answer::Replier),
     Shutdown { grace: Duration },
 }
 
@@ -103,14 +107,22 @@ impl Submitter {
     /// one step. Once the service is shutting down or gone, every request is
     /// turned away with [`Rejection::ShuttingDown`] (503: retry elsewhere).
     pub fn submit(&self, req: Request) -> Result<RequestHandle, Rejection> {
-        let id = req.id;
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        if self.tx.send(Command::Submit(req, reply)).is_err() {
-            return Err(Rejection::ShuttingDown { id });
-        }
-        // The thread answers every submission it takes; one it never takes
-        // (it stopped first) drops the reply sender, which ends this wait.
-        answer.recv().unwrap_or(Err(Rejection::ShuttingDown { id }))
+        self.submit_async(req).wait()
+    }
+
+    /// Queues `req` for the service thread and returns at once (the queue
+    /// is unbounded: the engine's own admission limits answer with a
+    /// [`Rejection`]). Await the [`Answer`] in a task, or block on
+    /// [`Answer::wait`]: the same answer [`Submitter::submit`] gives, within
+    /// one step. Dropping the answer unread cancels an admitted request.
+    pub fn submit_async(&self, req: Request) -> Answer {
+        let (reply, answer) = answer::answer(req.id);
+        // A thread that stopped drops the command, and the replier in it:
+        // the answer is then ShuttingDown. The thread answers every
+        // submission it takes; one it never takes (it stopped first) drops
+        // its replier too.
+        let _ = self.tx.send(Command::Submit(req, reply));
+        answer
     }
 
     /// The server's counters and queue length as of its latest step.
@@ -224,7 +236,7 @@ impl<S: Serve> Turn<S> {
                 };
                 // A submitter that stopped waiting drops the handle, which
                 // cancels the request.
-                let _ = reply.send(answer);
+                reply.send(answer);
             }
             Command::Shutdown { grace } => {
                 self.draining = Some(Instant::now().checked_add(grace));
@@ -310,7 +322,7 @@ fn serve<S: Serve>(server: S, rx: Receiver<Command>, stats: &Mutex<ServiceStats>
     // find the channel closed when this thread's receiver drops.
     while let Ok(cmd) = rx.try_recv() {
         if let Command::Submit(req, reply) = cmd {
-            let _ = reply.send(Err(Rejection::ShuttingDown { id: req.id }));
+            reply.send(Err(Rejection::ShuttingDown { id: req.id }));
         }
     }
     server

@@ -12,6 +12,45 @@ const STAND_IN: u32 = 0xF_0000;
 /// How many distinct special-token texts one conversation can have stand-ins for.
 const STAND_INS: u32 = 0xFFFE;
 
+/// The private-use character that stands in for `forged[k]`.
+fn stand_in(k: usize) -> char {
+    char::from_u32(STAND_IN + k as u32).unwrap_or('\u{FFFD}')
+}
+
+/// `field` with each of `forged` (longest first) replaced by its stand-in.
+fn stand_ins(field: &str, forged: &[String]) -> String {
+    let mut c = field.to_string();
+    for (k, special) in forged.iter().enumerate() {
+        if c.contains(special.as_str()) {
+            c = c.replace(special.as_str(), &stand_in(k).to_string());
+        }
+    }
+    c
+}
+
+/// The longest piece (two characters or more, short of the whole) of
+/// `special` that `field` ends with as its start, and the longest it begins
+/// with as its end, whitespace aside: what a neighbour could complete.
+fn edge_pieces<'a>(field: &str, special: &'a str) -> impl Iterator<Item = &'a str> {
+    let (head, tail) = (field.trim_end(), field.trim_start());
+    let cuts: Vec<usize> = special
+        .char_indices()
+        .map(|(i, _)| i)
+        .filter(|&i| i > 0)
+        .collect();
+    let min = |piece: &str| piece.chars().count() >= 2;
+    let start = cuts
+        .iter()
+        .rev()
+        .map(|&i| &special[..i])
+        .find(|p| min(p) && head.ends_with(*p));
+    let end = cuts
+        .iter()
+        .map(|&i| &special[i..])
+        .find(|p| min(p) && tail.starts_with(*p));
+    start.into_iter().chain(end)
+}
+
 /// How a chat's message content is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ContentTokens {
@@ -172,10 +211,12 @@ impl TextModel {
     /// `content` says.
     ///
     /// With [`ContentTokens::Text`], each special-token text found in a
-    /// message is replaced, while the template renders, by a private-use
-    /// character standing in for it; the rendered prompt is then encoded
+    /// message (its content or its role), and each piece of one that a
+    /// content or role begins or ends with (which a neighbour in the
+    /// rendered prompt could complete), is replaced, while the template
+    /// renders, by a private-use character standing in for it; the rendered prompt is then encoded
     /// piece by piece: the template's text with special tokens parsed, each
-    /// stand-in as its special token's text with none parsed. The returned
+    /// stand-in as its text with no special token parsed. The returned
     /// text is the prompt as the template rendered the real messages.
     pub fn render_chat_with(
         &self,
@@ -192,16 +233,9 @@ impl TextModel {
             let ids = self.tokenizer.encode_plain(&text)?;
             return Ok((text, ids));
         }
-        let stand_in = |k: usize| char::from_u32(STAND_IN + k as u32).unwrap_or('\u{FFFD}');
         let masked: Vec<Message> = messages
             .iter()
-            .map(|m| {
-                let mut c = m.content.clone();
-                for (k, special) in forged.iter().enumerate() {
-                    c = c.replace(special.as_str(), &stand_in(k).to_string());
-                }
-                Message::new(m.role.clone(), c)
-            })
+            .map(|m| Message::new(stand_ins(&m.role, &forged), stand_ins(&m.content, &forged)))
             .collect();
         let rendered = template.render(&masked, true)?;
         let mut text = String::with_capacity(rendered.len());
@@ -225,17 +259,35 @@ impl TextModel {
         Ok((text, ids))
     }
 
-    /// The special-token texts that occur in any message's content, longest
-    /// first (so a token whose text holds another's is replaced whole).
+    /// The special-token texts that occur in any message's content or role,
+    /// and the pieces of special-token text a content or role begins or ends
+    /// with (`<|im_` at the end of one message and `end|>` at the start of
+    /// the next would make `<|im_end|>` wherever the template puts them side
+    /// by side); longest first, so a token whose text holds another's is
+    /// replaced whole.
     fn specials_in(&self, messages: &[Message]) -> Vec<String> {
-        let mut found: Vec<String> = self
+        let specials: Vec<String> = self
             .tokenizer
             .special_tokens()
             .into_iter()
             .map(|(_, t)| t)
-            .filter(|t| !t.is_empty() && messages.iter().any(|m| m.content.contains(t.as_str())))
+            .filter(|t| !t.is_empty())
             .collect();
-        found.sort_by_key(|t| std::cmp::Reverse(t.len()));
+        let fields = || {
+            messages
+                .iter()
+                .flat_map(|m| [m.role.as_str(), m.content.as_str()])
+        };
+        let mut found: Vec<String> = Vec::new();
+        for t in &specials {
+            for field in fields() {
+                if field.contains(t.as_str()) {
+                    found.push(t.clone());
+                }
+                found.extend(edge_pieces(field, t).map(str::to_string));
+            }
+        }
+        found.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         found.dedup();
         found.truncate(STAND_INS as usize);
         found

@@ -157,3 +157,20 @@ pub fn run_example(name: &str, args: &[&str], stdin: &str) -> Option<std::proces
     let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
     Some(child.wait_with_output().unwrap())
 }
+
+/// A [`byte_level`] model (no merges) with `template` as its chat template.
+pub fn byte_level_chat(template: &str) -> TextModel {
+    let meta = TokenizerMetadata {
+        chat_template: Some(template.into()),
+        ..byte_level(&[])
+    };
+    TextModel::from_metadata(&meta).unwrap()
+}
+
+/// The control tokens among `ids`, in order.
+pub fn specials(m: &TextModel, ids: &[u32]) -> Vec<u32> {
+    ids.iter()
+        .copied()
+        .filter(|&id| m.tokenizer().is_special(id))
+        .collect()
+}

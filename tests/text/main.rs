@@ -11,6 +11,7 @@ mod text_example_chat;
 mod text_example_tokenize;
 mod text_hostile_templates;
 mod text_role_forging;
+mod text_split_forging;
 mod text_stop_strings;
 mod text_streaming;
 mod text_tokenizer;

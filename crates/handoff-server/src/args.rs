@@ -105,6 +105,14 @@ pub struct Args {
     /// the template's own text produces control tokens.
     #[arg(long)]
     pub allow_special_tokens_in_messages: bool,
+    /// `/metrics` answers only requests with `Authorization: Bearer KEY`
+    /// (401 otherwise); without it `/metrics` is open.
+    #[arg(long, value_name = "KEY")]
+    pub metrics_key: Option<String>,
+    /// Test aid: the model loads this much slower, so `/ready`'s 503 while
+    /// loading can be observed.
+    #[arg(long = "load-delay-ms", value_name = "MS", hide = true)]
+    pub load_delay_ms: Option<u64>,
     /// Test aid: the prefill worker corrupts this request's receipt (the
     /// decode worker's verifier must fail it with a 500).
     #[arg(long = "corrupt-receipt-of-request", value_name = "ID", hide = true)]
@@ -158,6 +166,13 @@ impl Args {
         }
         if self.corrupt_receipt_of.is_some() && !self.disaggregated {
             return Err("--corrupt-receipt-of-request needs --disaggregated".into());
+        }
+        if self
+            .metrics_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+        {
+            return Err("--metrics-key must not be empty".into());
         }
         if self.max_connections == 0 {
             return Err("--max-connections must be at least 1".into());

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -17,7 +18,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use handoff::TenantId;
 
+use crate::access::Answered;
 use crate::errors::ApiError;
+use crate::metrics::endpoint_label;
 use crate::routes::AppState;
 
 /// How requests are mapped to tenants.
@@ -70,19 +73,37 @@ impl Auth {
                         "no API key: send `Authorization: Bearer KEY`",
                     ));
                 };
-                let key = value
-                    .strip_prefix("Bearer ")
-                    .or_else(|| value.strip_prefix("bearer "))
-                    .map(str::trim)
-                    .ok_or_else(|| {
-                        ApiError::unauthorized("the Authorization header is not `Bearer KEY`")
-                    })?;
+                let key = bearer(value).ok_or_else(|| {
+                    ApiError::unauthorized("the Authorization header is not `Bearer KEY`")
+                })?;
                 keys.get(key)
                     .copied()
                     .ok_or_else(|| ApiError::unauthorized("unknown API key"))
             }
         }
     }
+}
+
+/// The key of an `Authorization: Bearer KEY` value.
+fn bearer(value: &str) -> Option<&str> {
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
+/// Whether an `Authorization` header value carries `key` (`--metrics-key`):
+/// compared in time that does not depend on where they differ.
+pub fn carries_key(authorization: Option<&str>, key: &str) -> bool {
+    let Some(given) = authorization.and_then(bearer) else {
+        return false;
+    };
+    given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 /// Middleware: puts the request's [`TenantId`] in its extensions, or
@@ -102,7 +123,16 @@ pub async fn require_tenant(
             next.run(req).await
         }
         Err(e) => {
-            state.metrics.http_error(req.uri().path(), &e);
+            Answered {
+                tenant: None,
+                endpoint: endpoint_label(req.uri().path()),
+                outcome: e.outcome,
+                status: e.status,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                elapsed: Duration::ZERO,
+            }
+            .record(&state.metrics);
             e.into_response()
         }
     }

@@ -91,6 +91,16 @@ impl ApiError {
         }
     }
 
+    /// The model is still loading (503): retry shortly.
+    pub fn loading() -> Self {
+        ApiError {
+            code: Some("service_unavailable"),
+            outcome: "rejected",
+            retry_after: Some(RETRY_AFTER_SECS),
+            ..ApiError::new(503, "the model is loading: retry shortly")
+        }
+    }
+
     /// Admission turned the request away: the crate's status, with the
     /// code OpenAI clients know where there is one. A prompt over the
     /// context window keeps the crate's status (413 when the prompt alone

@@ -1,36 +1,36 @@
-//! One admitted request, seen from the async side: its engine events as an
-//! async stream, its latencies in the metrics, and cancellation when the
-//! client goes away.
+//! One admitted request, seen from the async side: its engine events
+//! awaited in the handler's own task, its latencies in the metrics, and
+//! cancellation when the client goes away.
 //!
-//! The engine's [`RequestHandle`] is read on a blocking thread (its stream
-//! is a crossbeam channel) and forwarded to the handler. When the handler
-//! is dropped before it answered (hyper drops it when the client
-//! disconnects), [`Generation`]'s `Drop` asks the engine to cancel through
-//! the handle's [`Canceller`]: the engine (or decode worker) releases the
-//! pages at its next step, once no write can land; a transfer in flight is
-//! fenced by the decode worker, never aborted mid-write. The forwarding
-//! thread then reads the engine's confirmation and counts it.
+//! No thread waits for a request. Admission is
+//! [`Submitter::submit_async`](handoff::service::Submitter::submit_async),
+//! which queues the request and is awaited; the engine's events are
+//! awaited with [`handoff::Events::recv_async`], whose waker the engine
+//! wakes as it streams. When the handler is dropped before it answered
+//! (hyper drops it when the client disconnects), [`Generation`]'s `Drop`
+//! asks the engine to cancel through the request's [`handoff::Canceller`]:
+//! the engine (or decode worker) releases the pages at its next step, once
+//! no write can land; a transfer in flight is fenced by the decode worker,
+//! never aborted mid-write. A small task then awaits the engine's
+//! confirmation and counts it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use handoff::transfer::TransferError;
-use handoff::{Canceller, EngineError, Event, Outcome, Request, RequestHandle};
-use tokio::sync::mpsc;
+use handoff::{EngineError, Event, Outcome, Request, RequestHandle, TenantId};
 use tracing::{Instrument, Span, info, info_span};
 
+use crate::access::Answered;
 use crate::errors::ApiError;
 use crate::routes::AppState;
-
-/// How often the forwarding thread checks that the client is still there
-/// while the engine is quiet.
-const POLL: Duration = Duration::from_millis(50);
 
 /// A request the engine admitted. See the module documentation.
 pub struct Generation {
     state: Arc<AppState>,
-    rx: mpsc::UnboundedReceiver<Event>,
-    canceller: Canceller,
+    /// `None` only once `Drop` has handed it to the confirming task.
+    handle: Option<RequestHandle>,
+    tenant: TenantId,
     endpoint: &'static str,
     span: Span,
     /// Waiting for the first token: queue and prefill (and, disaggregated,
@@ -48,8 +48,8 @@ pub struct Generation {
     answered: bool,
 }
 
-/// Submits `req` (admission runs on a blocking thread: it waits for the
-/// engine's next turn) and starts forwarding its events.
+/// Submits `req` (queued at once; the admission is awaited, never blocked
+/// on) and returns the generation to read.
 pub async fn start(
     state: &Arc<AppState>,
     req: Request,
@@ -57,12 +57,13 @@ pub async fn start(
     prompt_param: &'static str,
 ) -> Result<Generation, ApiError> {
     let prompt_tokens = req.prompt.len();
-    let submitter = state.submitter.clone();
+    let tenant = req.tenant;
     let submitted = Instant::now();
-    let handle = tokio::task::spawn_blocking(move || submitter.submit(req))
+    let handle = state
+        .submitter
+        .submit_async(req)
         .instrument(info_span!("admission"))
-        .await
-        .map_err(|e| ApiError::new(500, format!("the admission task failed: {e}")))?;
+        .await;
     let handle = match handle {
         Ok(h) => h,
         Err(r) => {
@@ -72,14 +73,10 @@ pub async fn start(
         }
     };
     state.metrics.admitted(prompt_tokens);
-    let canceller = handle.canceller();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let st = state.clone();
-    tokio::task::spawn_blocking(move || forward(handle, tx, &st));
     Ok(Generation {
         state: state.clone(),
-        rx,
-        canceller,
+        handle: Some(handle),
+        tenant,
         endpoint,
         span: Span::current(),
         first_span: if state.disaggregated {
@@ -97,37 +94,24 @@ pub async fn start(
     })
 }
 
-/// The forwarding thread: the engine's events to the async side until the
-/// final one. A client that stopped listening gets its request cancelled.
-fn forward(handle: RequestHandle, tx: mpsc::UnboundedSender<Event>, state: &AppState) {
-    let mut gone = false;
+/// The next event of `handle`'s stream, `Done` when it ended without one
+/// (the engine went away: shut down).
+async fn next_event(handle: &RequestHandle) -> Event {
+    handle
+        .events()
+        .recv_async()
+        .await
+        .unwrap_or(Event::Done(Outcome::Failed(EngineError::Shutdown)))
+}
+
+/// After a disconnect: reads the cancelled request's stream to its end and
+/// counts the engine's confirmation.
+async fn confirm_cancel(handle: RequestHandle, state: Arc<AppState>) {
     loop {
-        match handle.events().recv_timeout(POLL) {
-            Ok(ev) => {
-                let done = matches!(ev, Event::Done(_));
-                if matches!(ev, Event::Done(Outcome::Cancelled)) {
-                    state.metrics.cancel_confirmed();
-                }
-                if tx.send(ev).is_err() && !gone {
-                    gone = true;
-                    handle.cancel();
-                }
-                if done {
-                    return;
-                }
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                if !gone && tx.is_closed() {
-                    gone = true;
-                    handle.cancel();
-                }
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                // The engine dropped the request without an outcome: only
-                // when it is gone (shut down).
-                let _ = tx.send(Event::Done(Outcome::Failed(EngineError::Shutdown)));
-                return;
-            }
+        match next_event(&handle).await {
+            Event::Done(Outcome::Cancelled) => return state.metrics.cancel_confirmed(),
+            Event::Done(_) => return,
+            Event::Token(_) | Event::Logprobs(_) => {}
         }
     }
 }
@@ -140,12 +124,10 @@ impl Generation {
         } else {
             self.decode_span.clone()
         };
-        let ev = self
-            .rx
-            .recv()
-            .instrument(phase)
-            .await
-            .unwrap_or(Event::Done(Outcome::Failed(EngineError::Shutdown)));
+        let ev = match &self.handle {
+            Some(h) => next_event(h).instrument(phase).await,
+            None => Event::Done(Outcome::Failed(EngineError::Shutdown)),
+        };
         let now = Instant::now();
         let m = &self.state.metrics;
         match &ev {
@@ -191,21 +173,27 @@ impl Generation {
         }
         self.answered = true;
         if !self.ended {
-            self.canceller.cancel();
+            if let Some(h) = &self.handle {
+                h.cancel();
+            }
             self.ended = true;
             self.state.metrics.ended(self.last_token.is_some());
         }
-        self.state.metrics.answered(self.endpoint, outcome, status);
-        self.span.in_scope(|| {
-            info!(
-                outcome,
-                status,
-                prompt_tokens = self.prompt_tokens,
-                completion_tokens = self.tokens,
-                elapsed_ms = self.submitted.elapsed().as_secs_f64() * 1e3,
-                "answered"
-            )
-        });
+        self.record(outcome, status);
+    }
+
+    /// The request's access-log line and its answer in the metrics.
+    fn record(&self, outcome: &'static str, status: u16) {
+        let answered = Answered {
+            tenant: Some(self.tenant),
+            endpoint: self.endpoint,
+            outcome,
+            status,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.tokens,
+            elapsed: self.submitted.elapsed(),
+        };
+        self.span.in_scope(|| answered.record(&self.state.metrics));
     }
 }
 
@@ -215,19 +203,23 @@ impl Drop for Generation {
             return;
         }
         // The client went away before its answer was complete.
-        self.canceller.cancel();
+        if let Some(h) = self.handle.take() {
+            h.cancel();
+            // The engine's confirmation comes within a step: a task (not a
+            // thread) awaits it. Outside a runtime the handle is dropped,
+            // which cancels as well, uncounted.
+            if !self.ended
+                && let Ok(rt) = tokio::runtime::Handle::try_current()
+            {
+                rt.spawn(confirm_cancel(h, self.state.clone()));
+            }
+        }
         let m = &self.state.metrics;
         m.disconnected();
         if !self.ended {
             self.ended = true;
             m.ended(self.last_token.is_some());
         }
-        m.answered(self.endpoint, "cancelled", 499);
-        self.span.in_scope(|| {
-            info!(
-                completion_tokens = self.tokens,
-                "client disconnected: request cancelled"
-            )
-        });
+        self.record("cancelled", 499);
     }
 }

@@ -14,7 +14,10 @@
 //! Routes: `GET /v1/models`, `POST /v1/completions`,
 //! `POST /v1/chat/completions` (`stream: true` gives server-sent events in
 //! OpenAI's chunk format ending with `data: [DONE]`), `GET /metrics`
-//! (Prometheus text) and `GET /health`. Request fields: `max_tokens`
+//! (Prometheus text; `--metrics-key KEY` puts it behind
+//! `Authorization: Bearer KEY`), `GET /health` (200 while the process is
+//! up) and `GET /ready` (503 while the model loads or the server drains,
+//! 200 while it serves). Request fields: `max_tokens`
 //! (`max_completion_tokens`), `temperature` (default 1, 0 is greedy),
 //! `top_p`, `seed`, `stop` (up to 4 strings), `n` (1 only),
 //! `stream_options.include_usage`, log-probabilities (chat: `logprobs:
@@ -48,8 +51,9 @@
 //! Tenants: `--api-keys FILE` (`KEY TENANT_ID` per line) maps
 //! `Authorization: Bearer KEY` to a `TenantId` on the server; without it
 //! the server is open, binds loopback only, says so at startup, and every
-//! request is tenant 0. `/metrics` and `/health` need no key (a scraper's
-//! view: counts and pool pages, no tenant's data). A client that disconnects has its request
+//! request is tenant 0. `/metrics`, `/health` and `/ready` need no tenant
+//! key (a scraper's view: counts and pool pages, no tenant's data;
+//! `--metrics-key` guards `/metrics` with a key of its own). A client that disconnects has its request
 //! cancelled (pages released once no write can land; a transfer in flight
 //! is fenced by the decode worker, not aborted mid-write), counted in
 //! `/metrics`. SIGTERM or Ctrl-C: the listener closes, new requests get
@@ -70,18 +74,28 @@
 //! Connections: hyper's header-read timeout, tower-http's request-body
 //! idle timeout and a connection cap (`listen.rs`). Logs (`tracing`, one span per request with phases `admission`,
 //! `prefill` or `prefill_transfer`, and `decode`) go to stderr; `RUST_LOG`
-//! filters them. Stdout gets one line, `listening on http://ADDR`, once the
-//! port is bound, and the pool report at exit.
+//! filters them. Each API request also gets one line under the target
+//! `access` when it is answered (tenant, endpoint, outcome, status, prompt
+//! and completion tokens, duration; never text: `access.rs`). The port is
+//! bound before the model loads (`bound: loading the model` on stderr,
+//! `/ready` 503 meanwhile); stdout gets one line, `listening on
+//! http://ADDR`, once the model is loaded and served, and the pool report at
+//! exit. At start the descriptors' soft limit is raised to the hard one
+//! (`nofile.rs`), so thousands of streams are not refused for sockets.
 
+mod access;
 mod args;
 mod auth;
 mod codec;
 mod errors;
+mod gate;
 mod generation;
 mod gpu;
 mod listen;
 mod logprobs;
 mod metrics;
+#[cfg(unix)]
+mod nofile;
 mod reply;
 mod routes;
 mod sse;
@@ -199,6 +213,41 @@ async fn run(args: args::Args) -> Result<bool, String> {
         Some(path) => Auth::from_file(path)?,
         None => Auth::Open(TenantId(0)),
     };
+    #[cfg(unix)]
+    match nofile::raise() {
+        Ok(n) => info!(limit = n, "descriptors: soft limit raised to the hard one"),
+        Err(e) => warn!(error = %e, "descriptors: the soft limit could not be raised"),
+    }
+    // Signals first: one that comes while loading is not the default (kill)
+    // action, and shuts the server down once it has loaded.
+    let signals = Signals::register()?;
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        signals.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    // The port is bound and served before the model loads: `/health`
+    // answers 200 and `/ready` 503 until it has (see gate.rs).
+    let addr = SocketAddr::new(args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let gate = gate::Gate::default();
+    let mut graceful = stop_rx.clone();
+    let limits = listen::ConnLimits {
+        header_timeout: args.header_timeout,
+        body_idle_timeout: args.body_idle_timeout,
+        max_connections: args.max_connections,
+    };
+    let server = tokio::spawn(listen::serve(listener, gate.router(), limits, async move {
+        let _ = graceful.wait_for(|s| *s).await;
+    }));
+    info!(addr = %bound, "bound: loading the model (/ready answers 503 until it has)");
+    if let Some(ms) = args.load_delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
     let stack = Stack::start(&args)?;
     let content = if args.allow_special_tokens_in_messages {
         ContentTokens::Special
@@ -250,13 +299,9 @@ async fn run(args: args::Args) -> Result<bool, String> {
         seed_base: now.as_nanos() as u64,
         draining: AtomicBool::new(false),
         disaggregated: stack.disaggregated(),
+        metrics_key: args.metrics_key.clone(),
     });
-
-    let addr = SocketAddr::new(args.host, args.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    gate.open(routes::router(state.clone()));
     info!(
         model = %model_name,
         window = stack.window,
@@ -275,28 +320,7 @@ async fn run(args: args::Args) -> Result<bool, String> {
             "API keys loaded: requests need a Bearer key"
         ),
     }
-    let signals = Signals::register()?;
     say(&format!("listening on http://{bound}"));
-
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        signals.recv().await;
-        let _ = stop_tx.send(true);
-    });
-    let mut graceful = stop_rx.clone();
-    let limits = listen::ConnLimits {
-        header_timeout: args.header_timeout,
-        body_idle_timeout: args.body_idle_timeout,
-        max_connections: args.max_connections,
-    };
-    let server = tokio::spawn(listen::serve(
-        listener,
-        routes::router(state.clone()),
-        limits,
-        async move {
-            let _ = graceful.wait_for(|s| *s).await;
-        },
-    ));
 
     // Until a signal: serve. Then drain.
     let _ = stop_rx.wait_for(|s| *s).await;

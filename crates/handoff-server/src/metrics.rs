@@ -37,7 +37,7 @@ use handoff::{KvPool, Rejection};
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::errors::{ApiError, rejection_reason};
+use crate::errors::rejection_reason;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
@@ -152,11 +152,6 @@ impl Metrics {
         .increment(1);
     }
 
-    /// An error answer (the route's path as its endpoint label).
-    pub fn http_error(&self, path: &str, e: &ApiError) {
-        self.answered(endpoint_label(path), e.outcome, e.status);
-    }
-
     pub fn rejected(&self, r: &Rejection) {
         counter!("handoff_rejections_total", "reason" => rejection_reason(r)).increment(1);
     }
@@ -206,7 +201,8 @@ impl Metrics {
     }
 }
 
-fn endpoint_label(path: &str) -> &'static str {
+/// A route's path as the metrics' and the access log's endpoint label.
+pub fn endpoint_label(path: &str) -> &'static str {
     match path {
         "/v1/completions" => "completions",
         "/v1/chat/completions" => "chat",

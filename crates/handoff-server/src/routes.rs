@@ -1,14 +1,16 @@
 //! The HTTP routes: `/v1/models`, `/v1/completions`,
-//! `/v1/chat/completions` (behind the API-key check), `/metrics` and
-//! `/health` (open).
+//! `/v1/chat/completions` (behind the API-key check), `/metrics` (open, or
+//! behind `--metrics-key`), `/health` (the process is up) and `/ready` (the
+//! model is loaded and the server takes requests).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router, middleware};
@@ -18,6 +20,7 @@ use handoff::{Event, FinishReason, Outcome, Request, RequestId, TenantId};
 use serde_json::{Value, json};
 use tracing::{Instrument, info_span};
 
+use crate::access::Answered;
 use crate::auth::{self, Auth};
 use crate::codec::TextCodec;
 use crate::errors::ApiError;
@@ -43,6 +46,8 @@ pub struct AppState {
     /// Set at SIGTERM/Ctrl-C: new requests get 503.
     pub draining: AtomicBool,
     pub disaggregated: bool,
+    /// `--metrics-key`: `/metrics` then needs `Authorization: Bearer KEY`.
+    pub metrics_key: Option<String>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -58,12 +63,25 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(api)
         .route("/metrics", get(metrics))
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .fallback(not_found)
         .with_state(state)
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Response {
-    st.metrics.answered("models", "finished", 200);
+async fn models(
+    State(st): State<Arc<AppState>>,
+    Extension(tenant): Extension<TenantId>,
+) -> Response {
+    Answered {
+        tenant: Some(tenant),
+        endpoint: "models",
+        outcome: "finished",
+        status: 200,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        elapsed: Duration::ZERO,
+    }
+    .record(&st.metrics);
     Json(json!({
         "object": "list",
         "data": [{
@@ -77,7 +95,16 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Some(key) = &st.metrics_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !auth::carries_key(given, key) {
+            return ApiError::unauthorized("/metrics needs `Authorization: Bearer METRICS_KEY`")
+                .into_response();
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.metrics.render(),
@@ -90,6 +117,16 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         ApiError::shutting_down().into_response()
     } else {
         "ok\n".into_response()
+    }
+}
+
+/// Serving: the model is loaded (the loading gate answers 503 before) and
+/// the server is not draining.
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    if st.draining.load(Ordering::Acquire) {
+        ApiError::shutting_down().into_response()
+    } else {
+        "ready\n".into_response()
     }
 }
 
@@ -126,12 +163,22 @@ async fn handle(
 ) -> Response {
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let span = info_span!("request", id, tenant = tenant.0, endpoint = api.label());
+    let started = Instant::now();
     async move {
         match run(&st, tenant, api, id, body).await {
             Ok(r) => r,
             // Refused before admission (or at it): nothing was generated.
             Err(e) => {
-                st.metrics.answered(api.label(), e.outcome, e.status);
+                Answered {
+                    tenant: Some(tenant),
+                    endpoint: api.label(),
+                    outcome: e.outcome,
+                    status: e.status,
+                    prompt_tokens: 0,
+                    completion_tokens: 0,
+                    elapsed: started.elapsed(),
+                }
+                .record(&st.metrics);
                 e.into_response()
             }
         }

@@ -10,11 +10,15 @@ mod support;
 
 mod hostile_templates;
 
+mod access_log;
+
 mod header_flood;
 mod hostile_template_doubling;
 mod hostile_template_loop;
 mod hostile_template_sleeper;
+mod many_streams;
 mod mass_disconnect;
+mod metrics_key;
 
 mod openai_server_auth;
 mod openai_server_backpressure;
@@ -27,4 +31,6 @@ mod openai_server_logprobs;
 mod openai_server_python;
 mod openai_server_shutdown;
 mod openai_server_smollm2;
+mod ready_while_loading;
 mod role_forging;
+mod split_special_tokens;

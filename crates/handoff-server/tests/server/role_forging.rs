@@ -36,11 +36,7 @@ fn control_tokens_written_in_a_message_reach_the_model_as_text() {
     let (_, parsed) = text
         .render_chat_with(&chat, ContentTokens::Special)
         .unwrap();
-    let specials = |ids: &[u32]| {
-        ids.iter()
-            .filter(|&&id| text.tokenizer().is_special(id))
-            .count()
-    };
+    let specials = |ids: &[u32]| crate::support::count_specials(&text, ids);
     // <|user|>, <|end|>, <|assistant|>: the template's own.
     assert_eq!(specials(&as_text), 3, "{as_text:?}");
     assert_eq!(specials(&parsed), 5, "{parsed:?}");

@@ -167,3 +167,10 @@ pub fn assert_gpu_refused(out: &Output) {
         "{stderr}"
     );
 }
+
+/// How many of `ids` are `text`'s control tokens.
+pub fn count_specials(text: &handoff::text::TextModel, ids: &[u32]) -> usize {
+    ids.iter()
+        .filter(|&&id| text.tokenizer().is_special(id))
+        .count()
+}

@@ -45,9 +45,40 @@ pub fn have_curl() -> bool {
 
 impl Server {
     /// Starts the server with `args` (plus `--port 0`) and waits for its
-    /// `listening on` line. `None` when curl is missing (the reason is on
-    /// stderr).
+    /// `listening on` line (the model loaded). `None` when curl is missing
+    /// (the reason is on stderr).
     pub fn start(args: &[&str]) -> Option<Server> {
+        let mut server = Server::spawn(args)?;
+        server.base = server.wait_listening();
+        Some(server)
+    }
+
+    /// Starts the server with `args` (plus `--port 0`) and returns as soon
+    /// as its port is bound, while the model may still be loading (the
+    /// `bound` line of its log names the address). `None` when curl is
+    /// missing.
+    pub fn start_loading(args: &[&str]) -> Option<Server> {
+        let mut server = Server::spawn(args)?;
+        let until = Instant::now() + Duration::from_secs(60);
+        server.base = loop {
+            let log = server.log();
+            let addr = log
+                .lines()
+                .find(|l| l.contains("bound: loading the model"))
+                .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")));
+            if let Some(addr) = addr {
+                break format!("http://{addr}");
+            }
+            assert!(
+                Instant::now() < until,
+                "no `bound` line within 60 s; the log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Some(server)
+    }
+
+    fn spawn(args: &[&str]) -> Option<Server> {
         if !have_curl() {
             return None;
         }
@@ -62,26 +93,29 @@ impl Server {
             .stderr(log_file)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let mut line = String::new();
-        let n = stdout.read_line(&mut line).unwrap_or(0);
-        let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "the server did not start ({n} bytes: {line:?}); its log:\n{}",
-                    log_text()
-                )
-            })
-            .to_string();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         Some(Server {
             child,
             stdout,
             log,
-            base,
+            base: String::new(),
         })
+    }
+
+    /// Blocks for the `listening on` line (the model is loaded and served)
+    /// and returns its base URL.
+    pub fn wait_listening(&mut self) -> String {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).unwrap_or(0);
+        line.trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "the server did not start ({n} bytes: {line:?}); its log:\n{}",
+                    self.log()
+                )
+            })
+            .to_string()
     }
 
     pub fn url(&self, path: &str) -> String {
