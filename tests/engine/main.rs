@@ -17,4 +17,8 @@ mod example_generate;
 mod example_serve;
 mod handle_outcome_is_final;
 mod service_threads;
+mod spec_cancel;
+mod spec_greedy_matches;
+mod spec_rollback;
+mod spec_sampled;
 mod threaded_passes;
