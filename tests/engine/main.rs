@@ -18,6 +18,7 @@ mod example_serve;
 mod handle_outcome_is_final;
 mod service_threads;
 mod spec_cancel;
+mod spec_disaggregated;
 mod spec_greedy_matches;
 mod spec_rollback;
 mod spec_sampled;
