@@ -59,14 +59,23 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-/// One greedy generation: its tokens, seconds, and (drafted, accepted).
+/// One greedy generation.
+struct Run {
+    tokens: Vec<u32>,
+    /// Seconds per decoded token (the first token's prefill apart).
+    secs: f64,
+    drafted: u64,
+    accepted: u64,
+}
+
+/// One greedy generation of `prompt`, drafting with `spec` if given.
 fn once(
     model: Model,
     prompt: &[u32],
     stops: &[u32],
     a: &Args,
     spec: Option<SpecConfig>,
-) -> Result<(Vec<u32>, f64, (u64, u64)), String> {
+) -> Result<Run, String> {
     let cfg = EngineConfig::colocated(model.kv_geometry(KvDtype::F32))
         .max_context(prompt.len() + a.max_new + 16)
         .page_size(16)
@@ -95,7 +104,12 @@ fn once(
     let tokens = h.try_collect().0;
     let t = e.tally();
     let n = (tokens.len() - before) as f64;
-    Ok((tokens, secs / n.max(1.0), (t.drafted, t.accepted)))
+    Ok(Run {
+        tokens,
+        secs: secs / n.max(1.0),
+        drafted: t.drafted,
+        accepted: t.accepted,
+    })
 }
 
 fn run() -> Result<(), String> {
@@ -116,27 +130,31 @@ fn run() -> Result<(), String> {
     spec.validate()?;
     let mut ratios = Vec::new();
     for round in 0..a.rounds {
-        let (plain, t_plain, _) = once(load()?, &prompt, text.stop_ids(), &a, None)?;
-        let (drafted, t_spec, (d, acc)) = once(load()?, &prompt, text.stop_ids(), &a, Some(spec))?;
-        if plain != drafted {
+        let plain = once(load()?, &prompt, text.stop_ids(), &a, None)?;
+        let spec_run = once(load()?, &prompt, text.stop_ids(), &a, Some(spec))?;
+        if plain.tokens != spec_run.tokens {
             return Err(format!(
                 "round {round}: drafted output differs from plain output"
             ));
         }
-        let ratio = t_plain / t_spec;
+        let ratio = plain.secs / spec_run.secs;
         ratios.push(ratio);
         println!(
             "round {round}: {} tokens; plain {:.1} tok/s, prompt lookup {:.1} tok/s ({ratio:.2}x); \
-             {d} drafted, {acc} accepted ({:.1}%)",
-            plain.len(),
-            1.0 / t_plain,
-            1.0 / t_spec,
-            100.0 * acc as f64 / (d as f64).max(1.0)
+             {} drafted, {} accepted ({:.1}%)",
+            plain.tokens.len(),
+            1.0 / plain.secs,
+            1.0 / spec_run.secs,
+            spec_run.drafted,
+            spec_run.accepted,
+            100.0 * spec_run.accepted as f64 / (spec_run.drafted as f64).max(1.0)
         );
         if round == 0 {
             eprintln!(
                 "{}",
-                text.tokenizer().decode(&plain, true).unwrap_or_default()
+                text.tokenizer()
+                    .decode(&plain.tokens, true)
+                    .unwrap_or_default()
             );
         }
     }

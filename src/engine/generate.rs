@@ -384,17 +384,9 @@ impl<B: Backend> Generator<B> {
         self.tokens.extend(self.running.iter().map(|r| r.next));
         self.draws.clear();
         for r in &self.running {
-            // A greedy request draws nothing: no need to visit its client.
-            if r.req.sampling.is_greedy() {
-                self.draws.push(Draw::greedy_for(&r.req.sampling));
-                continue;
-            }
-            let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
-            self.draws.push(
-                client
-                    .filter(|c| c.id == r.req.id)
-                    .map_or(Draw::greedy(), |c| c.sampler.next_draw()),
-            );
+            let greedy = greedy_draw(&r.req);
+            self.draws
+                .push(next_draw(&mut self.clients, (r.slot, r.req.id, greedy)));
         }
         let result = {
             let mut refs: Vec<&mut KvSeq<Ready>> =
@@ -404,10 +396,7 @@ impl<B: Backend> Generator<B> {
         };
         let sampled = match result {
             Ok(l) => l,
-            Err(error) => {
-                let reqs = self.stop_all_running();
-                return Err(PassFailed { error, reqs });
-            }
+            Err(error) => return Err(self.pass_failed(error)),
         };
         self.step.decoded += self.running.len() as u64;
         let mut ended = Vec::new();
@@ -479,27 +468,10 @@ impl<B: Backend> Generator<B> {
         let who: Vec<(usize, RequestId, Option<Draw>)> = self
             .running
             .iter()
-            .map(|r| {
-                let greedy = r
-                    .req
-                    .sampling
-                    .is_greedy()
-                    .then(|| Draw::greedy_for(&r.req.sampling));
-                (r.slot, r.req.id, greedy)
-            })
+            .map(|r| (r.slot, r.req.id, greedy_draw(&r.req)))
             .collect();
         let clients = &mut self.clients;
-        let draw = |i: usize| {
-            let (slot, id, greedy) = who[i];
-            if let Some(d) = greedy {
-                return d;
-            }
-            clients
-                .get_mut(slot)
-                .and_then(Option::as_mut)
-                .filter(|c| c.id == id)
-                .map_or(Draw::greedy(), |c| c.sampler.next_draw())
-        };
+        let draw = |i: usize| next_draw(clients, who[i]);
         let result = {
             let mut props: Vec<Proposal<'_>> = self
                 .running
@@ -515,10 +487,7 @@ impl<B: Backend> Generator<B> {
         };
         let verdicts = match result {
             Ok(v) => v,
-            Err(error) => {
-                let reqs = self.stop_all_running();
-                return Err(PassFailed { error, reqs });
-            }
+            Err(error) => return Err(self.pass_failed(error)),
         };
         self.step.decoded += self.running.len() as u64;
         let mut ended = Vec::new();
@@ -540,6 +509,12 @@ impl<B: Backend> Generator<B> {
             }
         }
         Ok(self.end_each(ended))
+    }
+
+    /// A failed pass: every running sequence released, their requests back.
+    fn pass_failed(&mut self, error: ForwardError) -> PassFailed {
+        let reqs = self.stop_all_running();
+        PassFailed { error, reqs }
     }
 
     /// Sends `id`'s final outcome, counts it, and forgets the client.
@@ -570,6 +545,29 @@ impl<B: Backend> Generator<B> {
         }
         ids
     }
+}
+
+/// A greedy request's draw (it spends nothing), `None` for one that samples.
+fn greedy_draw(req: &Request) -> Option<Draw> {
+    req.sampling
+        .is_greedy()
+        .then(|| Draw::greedy_for(&req.sampling))
+}
+
+/// The next draw of the request at `slot` with `id`: `greedy` when it is
+/// greedy (no need to visit its client), else its sampler's next.
+fn next_draw(
+    clients: &mut [Option<Client>],
+    (slot, id, greedy): (usize, RequestId, Option<Draw>),
+) -> Draw {
+    if let Some(d) = greedy {
+        return d;
+    }
+    clients
+        .get_mut(slot)
+        .and_then(Option::as_mut)
+        .filter(|c| c.id == id)
+        .map_or(Draw::greedy(), |c| c.sampler.next_draw())
 }
 
 /// Streams `c`'s sampled token (with its log-probabilities when the
