@@ -119,3 +119,81 @@ impl KvSeq<Ready> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvDtype, KvGeometry, KvPool, PoolConfig};
+
+    fn pool() -> KvPool {
+        let g = KvGeometry {
+            n_layers: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            dtype: KvDtype::F32,
+        };
+        KvPool::new(PoolConfig::new(g, 2, 16).audit(true)).unwrap()
+    }
+
+    /// A sealed sequence of `len` tokens owned by `id`.
+    fn ready(pool: &KvPool, id: u64, len: usize) -> KvSeq<Ready> {
+        let mut s = pool.reserve(RequestId(id), len).unwrap();
+        let rows = vec![1.0; len * 2];
+        for layer in 0..2 {
+            s.append(layer, &rows, &rows).unwrap();
+        }
+        s.seal(len).unwrap()
+    }
+
+    fn write(seq: &mut KvSeq<Ready>, n: usize) {
+        let len = seq.complete_len().unwrap();
+        seq.ensure_capacity(len + n).unwrap();
+        let rows = vec![2.0; n * 2];
+        for layer in 0..2 {
+            seq.append(layer, &rows, &rows).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_draft_settles_to_its_kept_rows_and_frees_the_pages_it_grew_into() {
+        let pool = pool();
+        let mut seq = ready(&pool, 1, 3);
+        let mark = seq.begin_draft().unwrap();
+        write(&mut seq, 5); // positions 3..8: pages 2 to 3 are new
+        assert_eq!(seq.pages().len(), 4);
+        let s = seq.settle_draft(mark, 2).unwrap();
+        assert_eq!((s.kept, s.rolled_back, s.pages_returned), (2, 3, 1));
+        assert_eq!(seq.complete_len(), Some(5));
+        assert_eq!(seq.pages().len(), 3);
+        assert_eq!(pool.stats().in_use, 3);
+        // A later write lands where the rolled-back rows were, and reads
+        // pass their audit.
+        write(&mut seq, 1);
+        let reader = pool.reader();
+        let view = reader.seq(&seq).unwrap();
+        assert_eq!(view.layer(1).unwrap().len(), 6);
+        assert_eq!(pool.stats().isolation_violations, 0);
+    }
+
+    #[test]
+    fn another_sequences_mark_or_rows_never_written_are_refused_and_change_nothing() {
+        let pool = pool();
+        let mut a = ready(&pool, 1, 2);
+        let b = ready(&pool, 2, 2);
+        let foreign = b.begin_draft().unwrap();
+        write(&mut a, 2);
+        assert!(a.settle_draft(foreign, 0).is_err());
+        assert_eq!(a.complete_len(), Some(4));
+        let mark = DraftMark {
+            owner: a.owner(),
+            len: 2,
+            pages: 1,
+        };
+        assert!(matches!(
+            a.settle_draft(mark, 3),
+            Err(KvError::Incomplete { .. })
+        ));
+        assert_eq!(a.complete_len(), Some(4));
+        assert_eq!(a.pages().len(), 2);
+    }
+}
