@@ -26,7 +26,9 @@
 //! Other flags: `--stop-ids 1,2`, `--top-k K`, `--top-p P`, `--seed S`
 //! (request i uses S + i), `--page-size N` (16; a power of two, lowered to
 //! fit the context window), `--kv-dtype f32|f16|bf16|fp8` (f32), `--threads N`
-//! (all cores), `--backend cpu|cuda` (cpu). `--backend cuda` runs the model
+//! (all cores), `--speculative ngram|off` (off: prompt-lookup drafts verified
+//! in one pass; greedy output unchanged, the acceptance rate on stderr),
+//! `--backend cpu|cuda` (cpu). `--backend cuda` runs the model
 //! on GPU 0 with its KV pages in device memory and sampling on the device
 //! (a build with `--features cuda`; without one, or without a usable GPU,
 //! it exits 2 and says why).
@@ -43,9 +45,11 @@ use std::time::{Duration, Instant};
 
 use handoff::backend::{Backend, CpuBackend};
 use handoff::model::Model;
+use handoff::request::SpecConfig;
 use handoff::text::{Message, StopMatcher, StreamDecoder, TextModel, Tokenizer};
 use handoff::{
-    Engine, EngineConfig, Event, KvDtype, Outcome, Request, RequestId, SamplingParams, TenantId,
+    Engine, EngineConfig, EngineOptions, Event, KvDtype, Outcome, Request, RequestId,
+    SamplingParams, TenantId,
 };
 
 #[path = "support/on_gpu.rs"]
@@ -77,12 +81,14 @@ struct Args {
     kv_dtype: KvDtype,
     threads: Option<usize>,
     cuda: bool,
+    /// `--speculative ngram`: every request drafts by prompt lookup.
+    speculative: Option<SpecConfig>,
 }
 
 const USAGE: &str = "usage: generate --model PATH (--prompt-ids 1,2,3 [--prompt-ids ...] | \
 --prompt TEXT [--prompt ...] | --chat TEXT) --max-new-tokens N [--temperature T] [--top-k K] \
 [--top-p P] [--seed S] [--stop-ids a,b] [--stop STRING ...] [--page-size N] \
-[--kv-dtype f32|f16|bf16|fp8] [--threads N] [--backend cpu|cuda]";
+[--kv-dtype f32|f16|bf16|fp8] [--threads N] [--backend cpu|cuda] [--speculative ngram|off]";
 
 fn ids(s: &str) -> Result<Vec<u32>, String> {
     s.split(',')
@@ -117,6 +123,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         kv_dtype: KvDtype::F32,
         threads: None,
         cuda: false,
+        speculative: None,
     };
     let mut have_model = false;
     let mut texts = Vec::new();
@@ -153,6 +160,13 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     KvDtype::parse(&v).ok_or(format!("--kv-dtype {v:?}: f32, f16, bf16 or fp8"))?
             }
             "--threads" => a.threads = Some(num(&flag, &v)?),
+            "--speculative" => {
+                a.speculative = match v.as_str() {
+                    "ngram" => Some(SpecConfig::ngram()),
+                    "off" => None,
+                    _ => return Err(format!("--speculative {v:?}: ngram or off")),
+                }
+            }
             "--backend" => {
                 a.cuda = match v.as_str() {
                     "cpu" => false,
@@ -326,7 +340,11 @@ fn generate<B: Backend>(backend: B, on: String, args: Args) -> Result<ExitCode, 
         .pool_tokens(pool_tokens)
         .build()
         .map_err(|e| e.to_string())?;
-    let mut engine = Engine::new(model, cfg).map_err(|e| e.to_string())?;
+    let opts = EngineOptions {
+        speculative: args.speculative,
+        ..EngineOptions::default()
+    };
+    let mut engine = Engine::with_options(model, cfg, opts).map_err(|e| e.to_string())?;
 
     let t0 = Instant::now();
     let mut handles = Vec::new();
@@ -432,6 +450,16 @@ fn generate<B: Backend>(backend: B, on: String, args: Args) -> Result<ExitCode, 
         }
     }
     let generated: usize = tokens.iter().map(Vec::len).sum();
+    if args.speculative.is_some() {
+        let t = engine.tally();
+        let _ = writeln!(
+            err,
+            "speculative: {} drafted, {} accepted ({:.1}% acceptance)",
+            t.drafted,
+            t.accepted,
+            100.0 * t.accepted as f64 / (t.drafted as f64).max(1.0)
+        );
+    }
     let ttfts: Vec<Duration> = first.iter().flatten().copied().collect();
     let _ = writeln!(
         err,

@@ -253,6 +253,7 @@ fn mixed(weights: &handoff::model::ModelWeights, a: &Args, chunked: bool) -> Res
         },
         prefix_cache: false,
         chunked_prefill: chunked,
+        speculative: None,
     };
     let mut e = engine(weights, window, pool_tokens.max(window), opts)?;
     // The running decodes, each past its own short prompt.

@@ -3,6 +3,7 @@
 use crate::ids::{RequestId, TenantId};
 // Defined with the sampler that follows it; re-exported for `request::SamplingParams`.
 pub use crate::sampling::SamplingParams;
+pub use crate::sampling::spec::SpecConfig;
 
 /// Scheduling priority: higher is served first; FIFO within one priority.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,6 +23,12 @@ pub struct Request {
     /// May this request reuse (and add to) its tenant's cached prompt KV?
     /// True by default; a server without a prefix cache ignores it.
     pub prefix_cache: bool,
+    /// Draft tokens and verify them in one pass
+    /// ([`crate::sampling::spec`]): `None` (the default) takes the
+    /// server's default, which is off unless its options set one. Greedy
+    /// output is the same token for token; sampled output has the same
+    /// distribution, and a seed still fixes it.
+    pub speculative: Option<SpecConfig>,
 }
 
 impl Request {
@@ -35,6 +42,7 @@ impl Request {
             sampling: SamplingParams::greedy(),
             priority: Priority::default(),
             prefix_cache: true,
+            speculative: None,
         }
     }
 
@@ -57,6 +65,14 @@ impl Request {
     #[must_use]
     pub fn with_prefix_cache(mut self, on: bool) -> Self {
         self.prefix_cache = on;
+        self
+    }
+
+    /// Opts this request into speculative decoding with `spec` (checked
+    /// at admission).
+    #[must_use]
+    pub fn with_speculative(mut self, spec: SpecConfig) -> Self {
+        self.speculative = Some(spec);
         self
     }
 

@@ -11,7 +11,7 @@ use crate::engine::{EngineError, Outcome, RequestHandle, Tally, setup};
 use crate::ids::RequestId;
 use crate::kv::{CacheSecret, KvPool, KvSeq, PoolStats, PrefixCache, pages_for, reserve_prompt};
 use crate::model::Model;
-use crate::request::Request;
+use crate::request::{Request, SpecConfig};
 use crate::sched::{
     AdmissionLimits, BatchLimits, ChunkBudget, Rejection, RunningSeq, Scheduler, StartCost,
 };
@@ -33,6 +33,9 @@ pub struct EngineOptions {
     /// decodes for its whole prefill. Off: each admitted prompt is computed
     /// whole in the step that admits it. On by default.
     pub chunked_prefill: bool,
+    /// Speculative decoding for requests that do not choose
+    /// ([`Request::speculative`] is `None`). Off by default.
+    pub speculative: Option<SpecConfig>,
 }
 
 impl Default for EngineOptions {
@@ -41,6 +44,7 @@ impl Default for EngineOptions {
             limits: BatchLimits::default(),
             prefix_cache: true,
             chunked_prefill: true,
+            speculative: None,
         }
     }
 }
@@ -113,6 +117,9 @@ impl<B: Backend> Engine<B> {
         if opts.limits.max_running == 0 || opts.limits.max_prefill_tokens == 0 {
             return Err(EngineError::Limits);
         }
+        if let Some(spec) = &opts.speculative {
+            spec.validate().map_err(EngineError::Speculative)?;
+        }
         let pool = model.backend().new_pool(cfg.pool_config())?;
         if !model.backend().accepts_kv(pool.residence()) {
             return Err(EngineError::PoolResidence {
@@ -122,8 +129,10 @@ impl<B: Backend> Engine<B> {
         let sched =
             Scheduler::new(AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size));
         let cache = secret.map(|s| PrefixCache::new(&pool, model.fingerprint().to_u64(), s));
+        let mut core = Generator::new(model);
+        core.set_speculative(opts.speculative);
         Ok(Engine {
-            core: Generator::new(model),
+            core,
             pool,
             sched,
             limits: opts.limits,

@@ -12,7 +12,7 @@ use crate::engine::{EngineError, Outcome, RequestHandle, Tally, setup};
 use crate::ids::RequestId;
 use crate::kv::KvPool;
 use crate::model::Model;
-use crate::request::Request;
+use crate::request::{Request, SpecConfig};
 use crate::sampling::TokenLogprobs;
 use crate::sched::{AdmissionLimits, Rejection};
 use crate::transfer::{
@@ -125,6 +125,17 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
     pub fn with_idle_wait(mut self, wait: Duration) -> Self {
         self.idle_wait = wait;
         self
+    }
+
+    /// Decodes speculatively with `spec` the requests that do not choose
+    /// ([`crate::Request::speculative`] is `None`); prefill is unchanged.
+    /// Refused, typed, for sizes out of range.
+    pub fn with_speculative(mut self, spec: Option<SpecConfig>) -> Result<Self, EngineError> {
+        if let Some(s) = &spec {
+            s.validate().map_err(EngineError::Speculative)?;
+        }
+        self.core.set_speculative(spec);
+        Ok(self)
     }
 
     /// The protocol side (counters, landing zone).

@@ -34,6 +34,8 @@ pub enum EngineError {
     },
     #[error("batch limits must allow at least one running sequence and one prefill token")]
     Limits,
+    #[error("speculative decoding default: {0}")]
+    Speculative(&'static str),
     /// A worker was given a pool that its configuration does not describe.
     #[error(
         "the pool given is not the configuration's (geometry, page size, pages, audit, scrub): \
@@ -79,6 +81,7 @@ impl HttpStatus for EngineError {
             EngineError::Geometry { .. }
             | EngineError::ContextBeyondModel { .. }
             | EngineError::Limits
+            | EngineError::Speculative(_)
             | EngineError::PoolMismatch
             | EngineError::PoolResidence { .. }
             | EngineError::PoolInUse { .. }

@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::engine::events::{self, EventSender};
+use crate::engine::verify::{Proposal, verify};
 use crate::engine::{Canceller, EngineError, FinishReason, Outcome, RequestHandle, Tally};
 use crate::ids::RequestId;
 use crate::kv::{Filling, KvSeq, Ready};
 use crate::model::{ForwardError, Model, Scratch};
-use crate::request::Request;
+use crate::request::{Request, SpecConfig};
+use crate::sampling::spec::Drafter;
 use crate::sampling::{Draw, Sampler, SamplingError, TokenLogprobs};
 use crate::sched::{Rejection, sampler_for};
 
@@ -50,6 +52,9 @@ pub(crate) struct Running {
     /// Its client record's place in [`Generator::clients`]: a decode step
     /// streams to it without a lookup by id.
     slot: usize,
+    /// Its drafter and the most tokens it drafts a step, when it decodes
+    /// speculatively.
+    drafter: Option<(Box<dyn Drafter>, usize)>,
 }
 
 /// What streaming one token did to its request.
@@ -88,6 +93,10 @@ pub(crate) struct Generator<B: Backend> {
     step: Tally,
     /// Every finished step's counts.
     total: Tally,
+    /// Speculative decoding for requests that do not choose.
+    spec_default: Option<SpecConfig>,
+    /// A request's history (prompt, then output), for its drafter.
+    history: Vec<u32>,
 }
 
 impl<B: Backend> Generator<B> {
@@ -103,7 +112,14 @@ impl<B: Backend> Generator<B> {
             draws: Vec::new(),
             step: Tally::default(),
             total: Tally::default(),
+            spec_default: None,
+            history: Vec::new(),
         }
+    }
+
+    /// Sets the speculative decoding of requests that do not choose.
+    pub(crate) fn set_speculative(&mut self, spec: Option<SpecConfig>) {
+        self.spec_default = spec;
     }
 
     /// True when no request is live.
@@ -238,11 +254,17 @@ impl<B: Backend> Generator<B> {
             s.seq.release();
             return;
         };
+        let drafter = s
+            .req
+            .speculative
+            .or(self.spec_default)
+            .map(|c| (c.drafter(), c.k));
         self.running.push(Running {
             req: s.req,
             seq: s.seq,
             next: s.next,
             slot,
+            drafter,
         });
     }
     /// Takes `id` out of the running set, pages released; its request back.
@@ -354,21 +376,17 @@ impl<B: Backend> Generator<B> {
         if self.running.is_empty() {
             return Ok(Vec::new());
         }
+        let drafts = self.draft_all();
+        if drafts.iter().any(|d| !d.is_empty()) {
+            return self.decode_speculative(drafts);
+        }
         self.tokens.clear();
         self.tokens.extend(self.running.iter().map(|r| r.next));
         self.draws.clear();
         for r in &self.running {
-            // A greedy request draws nothing: no need to visit its client.
-            if r.req.sampling.is_greedy() {
-                self.draws.push(Draw::greedy_for(&r.req.sampling));
-                continue;
-            }
-            let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
-            self.draws.push(
-                client
-                    .filter(|c| c.id == r.req.id)
-                    .map_or(Draw::greedy(), |c| c.sampler.next_draw()),
-            );
+            let greedy = greedy_draw(&r.req);
+            self.draws
+                .push(next_draw(&mut self.clients, (r.slot, r.req.id, greedy)));
         }
         let result = {
             let mut refs: Vec<&mut KvSeq<Ready>> =
@@ -378,10 +396,7 @@ impl<B: Backend> Generator<B> {
         };
         let sampled = match result {
             Ok(l) => l,
-            Err(error) => {
-                let reqs = self.stop_all_running();
-                return Err(PassFailed { error, reqs });
-            }
+            Err(error) => return Err(self.pass_failed(error)),
         };
         self.step.decoded += self.running.len() as u64;
         let mut ended = Vec::new();
@@ -395,6 +410,12 @@ impl<B: Backend> Generator<B> {
                 Delivery::End(outcome) => ended.push((r.req.id, outcome)),
             }
         }
+        Ok(self.end_each(ended))
+    }
+
+    /// Takes the requests in `ended` out of the running set (pages
+    /// released) and ends each with its outcome; returns their ids.
+    fn end_each(&mut self, ended: Vec<(RequestId, Outcome)>) -> Vec<RequestId> {
         if !ended.is_empty() {
             self.stop_running_each(&ended.iter().map(|&(id, _)| id).collect());
         }
@@ -403,7 +424,97 @@ impl<B: Backend> Generator<B> {
             self.end(id, outcome);
             ids.push(id);
         }
-        Ok(ids)
+        ids
+    }
+
+    /// Each running sequence's drafts for this step (empty for one that
+    /// does not draft, has no guess, or has one token left to generate).
+    fn draft_all(&mut self) -> Vec<Vec<u32>> {
+        let (clients, history) = (&self.clients, &mut self.history);
+        self.running
+            .iter_mut()
+            .map(|r| {
+                let mut out = Vec::new();
+                let Some((drafter, k)) = r.drafter.as_mut() else {
+                    return out;
+                };
+                let Some(c) = clients
+                    .get(r.slot)
+                    .and_then(Option::as_ref)
+                    .filter(|c| c.id == r.req.id)
+                else {
+                    return out;
+                };
+                // The last token emitted is generated too: never draft
+                // past the request's last token.
+                let k = (*k).min(c.max_new.saturating_sub(c.generated.len() + 1));
+                if k == 0 {
+                    return out;
+                }
+                history.clear();
+                history.extend_from_slice(&r.req.prompt);
+                history.extend_from_slice(&c.generated);
+                drafter.draft(history, k, &mut out);
+                out.truncate(k);
+                out
+            })
+            .collect()
+    }
+
+    /// [`Generator::decode`] with drafts: every running sequence (those
+    /// without drafts too) in one verify pass; each streams the tokens the
+    /// acceptance rule emits, one draw spent per token.
+    fn decode_speculative(&mut self, drafts: Vec<Vec<u32>>) -> Result<Vec<RequestId>, PassFailed> {
+        let who: Vec<(usize, RequestId, Option<Draw>)> = self
+            .running
+            .iter()
+            .map(|r| (r.slot, r.req.id, greedy_draw(&r.req)))
+            .collect();
+        let clients = &mut self.clients;
+        let draw = |i: usize| next_draw(clients, who[i]);
+        let result = {
+            let mut props: Vec<Proposal<'_>> = self
+                .running
+                .iter_mut()
+                .zip(drafts)
+                .map(|(r, drafts)| Proposal {
+                    seq: &mut r.seq,
+                    next: r.next,
+                    drafts,
+                })
+                .collect();
+            verify(&self.model, &mut self.scratch, &mut props, draw)
+        };
+        let verdicts = match result {
+            Ok(v) => v,
+            Err(error) => return Err(self.pass_failed(error)),
+        };
+        self.step.decoded += self.running.len() as u64;
+        let mut ended = Vec::new();
+        for (r, v) in self.running.iter_mut().zip(verdicts) {
+            self.step.drafted += v.drafted as u64;
+            self.step.accepted += v.accepted() as u64;
+            let client = self.clients.get_mut(r.slot).and_then(Option::as_mut);
+            let Some(c) = client.filter(|c| c.id == r.req.id) else {
+                continue;
+            };
+            for (token, logprobs) in v.tokens.into_iter().zip(v.logprobs) {
+                match deliver(c, token, logprobs.as_ref()) {
+                    Delivery::Continue(next) => r.next = next,
+                    Delivery::End(outcome) => {
+                        ended.push((r.req.id, outcome));
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(self.end_each(ended))
+    }
+
+    /// A failed pass: every running sequence released, their requests back.
+    fn pass_failed(&mut self, error: ForwardError) -> PassFailed {
+        let reqs = self.stop_all_running();
+        PassFailed { error, reqs }
     }
 
     /// Sends `id`'s final outcome, counts it, and forgets the client.
@@ -434,6 +545,29 @@ impl<B: Backend> Generator<B> {
         }
         ids
     }
+}
+
+/// A greedy request's draw (it spends nothing), `None` for one that samples.
+fn greedy_draw(req: &Request) -> Option<Draw> {
+    req.sampling
+        .is_greedy()
+        .then(|| Draw::greedy_for(&req.sampling))
+}
+
+/// The next draw of the request at `slot` with `id`: `greedy` when it is
+/// greedy (no need to visit its client), else its sampler's next.
+fn next_draw(
+    clients: &mut [Option<Client>],
+    (slot, id, greedy): (usize, RequestId, Option<Draw>),
+) -> Draw {
+    if let Some(d) = greedy {
+        return d;
+    }
+    clients
+        .get_mut(slot)
+        .and_then(Option::as_mut)
+        .filter(|c| c.id == id)
+        .map_or(Draw::greedy(), |c| c.sampler.next_draw())
 }
 
 /// Streams `c`'s sampled token (with its log-probabilities when the

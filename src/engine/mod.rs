@@ -63,6 +63,7 @@ mod prefill_worker;
 pub(crate) mod setup;
 mod stream;
 mod tally;
+pub mod verify;
 
 pub use colocated::{Engine, EngineOptions};
 pub use decode_worker::DecodeWorker;

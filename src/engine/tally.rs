@@ -19,6 +19,11 @@ pub struct Tally {
     pub landed: u64,
     /// Sequences that decoded one token (summed over steps).
     pub decoded: u64,
+    /// Tokens drafted and scored by a speculative verify pass.
+    pub drafted: u64,
+    /// Drafted tokens the target kept (each one a token gained over one
+    /// token per step).
+    pub accepted: u64,
     /// Sequences preempted (pages released, request requeued to recompute).
     pub preempted: u64,
     /// Requests that ended `Finished`.
@@ -55,6 +60,8 @@ impl Tally {
             reused_tokens,
             landed,
             decoded,
+            drafted,
+            accepted,
             preempted,
             finished,
             rejected,
@@ -66,6 +73,8 @@ impl Tally {
         self.reused_tokens += reused_tokens;
         self.landed += landed;
         self.decoded += decoded;
+        self.drafted += drafted;
+        self.accepted += accepted;
         self.preempted += preempted;
         self.finished += finished;
         self.rejected += rejected;

@@ -68,7 +68,8 @@ pub use prefix::PrefixCache;
 pub(crate) use prefix::reserve_prompt;
 pub use prefix_key::{CacheSecret, PageKey, PrefixKeys};
 pub use seq::{
-    DeviceAppend, Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Writable,
+    DeviceAppend, Filling, Held, KvSeq, Readable, Ready, Received, SealError, SeqState, Settled,
+    Writable,
 };
 pub use storage::{KvElem, KvSlice};
 pub use view::{KvReader, LayerView, SeqView};

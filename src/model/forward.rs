@@ -494,6 +494,31 @@ impl<B: Backend> Model<B> {
         Ok(Sampled::of(scratch))
     }
 
+    /// A speculative verify step: appends `inputs[i]` (the last accepted
+    /// token, then the drafts after it) to `seqs[i]` in one batched pass,
+    /// causal within each input as a prefill chunk is, and returns the
+    /// logits of every input position, sequence after sequence (row `j`
+    /// of sequence `i`'s rows follows its first `j + 1` inputs). A
+    /// sequence with one input is a decode step: every row's numbers are
+    /// those of a decode of the same tokens.
+    pub fn verify<'s>(
+        &self,
+        scratch: &'s mut Scratch<B>,
+        seqs: &mut [&mut KvSeq<Ready>],
+        inputs: &[&[u32]],
+    ) -> Result<Logits<'s>, ForwardError> {
+        same_batch(seqs.len(), &[inputs.len()])?;
+        self.pass(
+            scratch,
+            seqs,
+            |i| inputs[i],
+            Want::Every,
+            false,
+            Out::Logits,
+        )?;
+        Ok(scratch.logits_view(self.config.vocab_size))
+    }
+
     /// Logits at every position of `tokens`, computed on a private pool
     /// (for conformance tests and scoring).
     pub fn logits_for_prompt(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ForwardError> {

@@ -13,6 +13,7 @@ mod logprobs;
 mod params;
 mod row;
 mod simd;
+pub mod spec;
 
 pub use logprobs::{
     MAX_TOP_LOGPROBS, TokenLogprobs, log_normaliser, logprob_of, token_logprobs, top_ids,
@@ -21,7 +22,7 @@ pub use logprobs::{
 pub use params::SamplingParams;
 pub use row::{
     MAX_VOCAB, RowScratch, WEIGHT_BITS, draw_point, key, key_id, log2e_over, nucleus_need,
-    sample_row, weight,
+    sample_row, sample_row_after, weight,
 };
 
 use crate::http::HttpStatus;

@@ -177,6 +177,60 @@ pub fn sample_row(
     d: &Draw,
     scratch: &mut RowScratch,
 ) -> Result<u32, SamplingError> {
+    sample_row_with(logits, d, None, scratch)
+}
+
+/// The token `d` chooses from `logits` at a position where a drafter
+/// proposed `draft`: the speculative rejection rule for a drafter that
+/// proposes one token for sure (its distribution a point mass). The draft
+/// is kept with probability `p(draft)` (its kept weight over the kept
+/// total); otherwise the token comes from `p` with the draft removed and
+/// the rest renormalised (`max(0, p - q)`, normalised). One draw decides
+/// both: the draw point `u` ([`draw_point`]) falls in the draft's weight
+/// first, then walks the other kept tokens in id order. So the token has
+/// exactly [`sample_row`]'s distribution (a permutation of the same
+/// weights over the same draw point), and the same draw gives the same
+/// token. Greedy keeps the draft only when it is the argmax.
+pub fn sample_row_after(
+    logits: &[f32],
+    d: &Draw,
+    draft: u32,
+    scratch: &mut RowScratch,
+) -> Result<u32, SamplingError> {
+    sample_row_with(logits, d, Some(draft), scratch)
+}
+
+/// The token whose running weight first exceeds `u` among `kept` (id,
+/// weight) pairs in id order, with `draft` (id, weight) walked first.
+fn walk(
+    mut u: u64,
+    draft: Option<(u32, u64)>,
+    kept: impl Iterator<Item = (u32, u64)>,
+) -> Option<u32> {
+    let skip = match draft {
+        Some((id, w)) if u < w => return Some(id),
+        Some((id, w)) => {
+            u -= w;
+            Some(id)
+        }
+        None => None,
+    };
+    let mut acc = 0u64;
+    for (id, w) in kept.filter(|&(id, _)| Some(id) != skip) {
+        acc += w;
+        if acc > u {
+            return Some(id);
+        }
+    }
+    None
+}
+
+fn sample_row_with(
+    logits: &[f32],
+    d: &Draw,
+    draft: Option<u32>,
+    scratch: &mut RowScratch,
+) -> Result<u32, SamplingError> {
     if d.is_greedy() {
         return argmax(logits);
     }
@@ -208,15 +262,21 @@ pub fn sample_row(
             };
             let u = draw_point(d.random(), kept);
             keys.sort_unstable_by_key(|&k| key_id(k));
-            let mut acc = 0u64;
-            for &k in keys.iter().filter(|&&k| k >= floor) {
-                acc += w(k);
-                if acc > u {
-                    return Ok(key_id(k) as u32);
-                }
-            }
-            // Unreachable: the kept weights sum to `kept > u`.
-            Ok(key_id(top) as u32)
+            let kept_weight = |id: u32| {
+                let k = key(*logits.get(id as usize)?, id as usize);
+                (k >= floor
+                    && keys
+                        .binary_search_by_key(&(id as usize), |&k| key_id(k))
+                        .is_ok())
+                .then(|| (id, w(k)))
+            };
+            let draft = draft.map(|x| kept_weight(x).unwrap_or((x, 0)));
+            let kept = keys
+                .iter()
+                .filter(|&&k| k >= floor)
+                .map(|&k| (key_id(k) as u32, w(k)));
+            // Unreachable fallback: the kept weights sum to `kept > u`.
+            Ok(walk(u, draft, kept).unwrap_or(key_id(top) as u32))
         }
         // Every token weighs: one pass over the row computes them all.
         _ => {
@@ -230,17 +290,21 @@ pub fn sample_row(
                 (0, total)
             };
             let u = draw_point(d.random(), kept);
-            let mut acc = 0u64;
-            for (i, (&l, &w)) in logits.iter().zip(weights.iter()).enumerate() {
-                if key(l, i) >= floor {
-                    acc += w;
-                    if acc > u {
-                        return Ok(i as u32);
-                    }
+            let draft = draft.map(|x| {
+                let i = x as usize;
+                match (logits.get(i), weights.get(i)) {
+                    (Some(&l), Some(&w)) if key(l, i) >= floor => (x, w),
+                    _ => (x, 0),
                 }
-            }
-            // Unreachable: the kept weights sum to `kept > u`.
-            Ok(top)
+            });
+            let kept = logits
+                .iter()
+                .zip(weights.iter())
+                .enumerate()
+                .filter(|&(i, (&l, _))| key(l, i) >= floor)
+                .map(|(i, (_, &w))| (i as u32, w));
+            // Unreachable fallback: the kept weights sum to `kept > u`.
+            Ok(walk(u, draft, kept).unwrap_or(top))
         }
     }
 }

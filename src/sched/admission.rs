@@ -140,6 +140,10 @@ impl AdmissionLimits {
 /// the same check as [`AdmissionLimits::check`], so a request that passed
 /// admission always gets its sampler.
 pub fn sampler_for(req: &Request) -> Result<Sampler, Rejection> {
+    if let Some(spec) = &req.speculative {
+        spec.validate()
+            .map_err(|reason| Rejection::InvalidSampling { id: req.id, reason })?;
+    }
     Sampler::new(&req.sampling).map_err(|e| Rejection::InvalidSampling {
         id: req.id,
         reason: match e {

@@ -586,3 +586,47 @@ fn text_needs_a_tokenizer_and_one_way_of_giving_prompts() {
         );
     }
 }
+
+/// `--speculative ngram`: prompt-lookup drafts verified in one pass give
+/// transformers' greedy tokens all the same, and stderr reports the drafts
+/// and the acceptance rate.
+#[test]
+fn prompt_lookup_drafting_prints_the_same_greedy_tokens_and_its_acceptance() {
+    let cases = transformers_cases();
+    let n = cases[0].1.len().to_string();
+    let prompts: Vec<String> = cases.iter().map(|(p, _)| csv(p)).collect();
+    let mut args = vec!["--model", FIXTURE, "--speculative", "ngram"];
+    for p in &prompts {
+        args.extend(["--prompt-ids", p.as_str()]);
+    }
+    args.extend(["--max-new-tokens", n.as_str(), "--temperature", "0"]);
+    let Some(out) = run(&args) else {
+        return;
+    };
+    assert_success(&out);
+    let expected: Vec<String> = cases.iter().map(|(_, g)| line_of(g)).collect();
+    assert_eq!(
+        String::from_utf8(out.stdout.clone()).unwrap(),
+        format!("{}\n", expected.join("\n"))
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("speculative: ") && stderr.contains("% acceptance"),
+        "{stderr}"
+    );
+    // An unknown drafter is refused like any bad argument.
+    let Some(bad) = run(&[
+        "--model",
+        FIXTURE,
+        "--speculative",
+        "eagle",
+        "--prompt-ids",
+        "1",
+        "--max-new-tokens",
+        "2",
+    ]) else {
+        return;
+    };
+    assert!(!bad.status.success());
+    assert!(bad.stdout.is_empty());
+}

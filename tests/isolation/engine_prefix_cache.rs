@@ -43,6 +43,7 @@ fn engine(prefix_cache: bool, chunked_prefill: bool, step_tokens: usize) -> Engi
         },
         prefix_cache,
         chunked_prefill,
+        speculative: None,
     };
     Engine::with_options(m, c, opts).unwrap()
 }

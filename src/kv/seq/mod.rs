@@ -27,9 +27,11 @@ use crate::kv::pages_for;
 use crate::kv::prefix::SharedPrefix;
 use crate::kv::storage::{RowRun, prefetch};
 
+mod draft;
 mod received;
 
 use crate::kv::{KvError, KvPool, PageId};
+pub use draft::Settled;
 pub(crate) use received::Tamper;
 
 mod sealed {

@@ -55,6 +55,16 @@ impl Storage {
         }
     }
 
+    /// Clears the writer of `n` consecutive slots of one page and layer.
+    pub(crate) fn clear_writer_rows(&self, page: u32, layer: usize, slot: usize, n: usize) {
+        let i = self.writer_index(page, layer, slot);
+        if let Some(w) = self.writers.as_ref().and_then(|w| w.get(i..i + n)) {
+            for x in w {
+                x.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
     pub(super) fn clear_writers(&self, page: u32) {
         let n = self.geometry.n_layers * self.page_size;
         let s = page as usize * n;

@@ -65,11 +65,19 @@ impl<S: SeqState> KvSeq<S> {
     /// exclusive borrow of the owning handle excludes every other access).
     pub(crate) fn pages_write(&mut self) -> PagesWrite<'_> {
         let shared = self.shared_pages();
+        self.pages_write_from(shared)
+    }
+
+    /// Write access to this sequence's private pages from its `from`-th
+    /// page on (at least past the leased prefix): the pages a draft's
+    /// rollback scrubs before it frees them.
+    pub(crate) fn pages_write_from(&mut self, from: usize) -> PagesWrite<'_> {
+        let from = from.max(self.shared_pages());
         PagesWrite {
             read: PagesRead {
                 st: &self.pool().shared.storage,
-                pages: self.pages().get(shared..).unwrap_or(&[]),
-                offset: shared,
+                pages: self.pages().get(from..).unwrap_or(&[]),
+                offset: from,
             },
         }
     }
@@ -434,6 +442,15 @@ impl PagesWrite<'_> {
         }
         st.record_writers(page, layer, slot, n, writer);
         Ok(())
+    }
+
+    /// Clears the audit trail's writer of rows `[slot, slot + n)` of
+    /// `layer` in the `i`-th page (a private page only): rows rolled back,
+    /// which no one may read as anyone's.
+    pub(crate) fn clear_writers_rows(&self, i: usize, layer: usize, slot: usize, n: usize) {
+        if let Some(p) = self.read.page(i) {
+            self.read.st.clear_writer_rows(p, layer, slot, n);
+        }
     }
 
     /// Records `writer` in the audit trail for rows `[slot, slot + n)` of
