@@ -45,7 +45,7 @@ fn member(name: &str, role: Role, free: u64) -> Member {
 
 /// Prompt `j` of tenant `t`, `len` tokens, from a seeded generator.
 fn prompt(t: u32, j: u32, len: usize) -> Vec<u32> {
-    let mut s = u64::from(t) << 32 | u64::from(j) | 1;
+    let mut s = (u64::from(t) << 32 | u64::from(j)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
         .map(|_| {
             s ^= s << 13;

@@ -403,50 +403,34 @@ mod tests {
                 ..
             }
         ));
-        let garbage = WatchEvent::Put {
-            key: b"/prod/workers/g".to_vec(),
+        let raw = |key: &str, lease: i64, revision: i64| WatchEvent::Put {
+            key: key.as_bytes().to_vec(),
             value: b"{}".to_vec(),
-            lease: 5,
-            revision: 4,
+            lease,
+            revision,
         };
-        assert!(matches!(
-            m.apply(garbage),
-            Change::Refused {
-                why: Refusal::Malformed,
-                ..
-            }
-        ));
-        let bad_name = WatchEvent::Put {
-            key: b"/prod/workers/a/b".to_vec(),
-            value: b"{}".to_vec(),
-            lease: 5,
-            revision: 5,
-        };
-        assert!(matches!(
-            m.apply(bad_name),
-            Change::Refused {
-                why: Refusal::Malformed,
-                ..
-            }
-        ));
-        // A record that names a lease other than its own.
         let mut liar = put("l", &record(Role::Prefill, 1, 30), 6);
         if let WatchEvent::Put { lease, .. } = &mut liar {
-            *lease = 31;
+            *lease = 31; // a record that names a lease other than its own
         }
-        assert!(matches!(
-            m.apply(liar),
-            Change::Refused {
-                why: Refusal::Malformed,
-                ..
-            }
-        ));
-        let outside = WatchEvent::Put {
-            key: b"/other/workers/x".to_vec(),
-            value: b"{}".to_vec(),
-            lease: 5,
-            revision: 7,
-        };
+        for bad in [
+            raw("/prod/workers/g", 5, 4),
+            raw("/prod/workers/a/b", 5, 5),
+            liar,
+        ] {
+            let refused = m.apply(bad);
+            assert!(
+                matches!(
+                    refused,
+                    Change::Refused {
+                        why: Refusal::Malformed,
+                        ..
+                    }
+                ),
+                "{refused:?}"
+            );
+        }
+        let outside = raw("/other/workers/x", 5, 7);
         assert_eq!(m.apply(outside), Change::Nothing);
         assert!(live_ids(&m).is_empty());
         let c = m.counters();
