@@ -22,6 +22,16 @@ fn valid_segment(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
 }
 
+/// `s` as one etcd key segment, if it is a valid one.
+fn segment(s: &str) -> Option<String> {
+    valid_segment(s).then(|| s.to_string())
+}
+
+/// At most 80 characters of `s`, for an error message.
+fn clipped(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
 /// A deployment: the etcd prefix its workers register under.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Deployment(String);
@@ -29,13 +39,11 @@ pub struct Deployment(String);
 impl Deployment {
     /// A deployment named `name` (1 to 64 of `[A-Za-z0-9._-]`).
     pub fn new(name: &str) -> Result<Self, ClusterError> {
-        if valid_segment(name) {
-            Ok(Deployment(name.to_string()))
-        } else {
-            Err(ClusterError::BadDeployment {
-                name: name.chars().take(80).collect(),
+        segment(name)
+            .map(Deployment)
+            .ok_or_else(|| ClusterError::BadDeployment {
+                name: clipped(name),
             })
-        }
     }
 
     /// The prefix every worker key of this deployment starts with.
@@ -56,13 +64,9 @@ pub struct WorkerId(String);
 impl WorkerId {
     /// Validates `id`.
     pub fn new(id: &str) -> Result<Self, ClusterError> {
-        if valid_segment(id) {
-            Ok(WorkerId(id.to_string()))
-        } else {
-            Err(ClusterError::BadWorkerId {
-                id: id.chars().take(80).collect(),
-            })
-        }
+        segment(id)
+            .map(WorkerId)
+            .ok_or_else(|| ClusterError::BadWorkerId { id: clipped(id) })
     }
 
     /// The id as written in etcd.
