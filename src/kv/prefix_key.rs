@@ -54,6 +54,23 @@ impl CacheSecret {
         Ok(CacheSecret(b))
     }
 
+    /// The keys of `prompt`'s full pages for `tenant`, exactly as a
+    /// [`PrefixCache`](crate::kv::PrefixCache) under this secret, for a model
+    /// of fingerprint `model_fingerprint` and pages of `page_size` tokens,
+    /// derives them, but without a pool: what a router that holds the
+    /// deployment's secret indexes the workers' cached pages by. Each key is
+    /// salted with the tenant's salt, so one tenant's keys never name another
+    /// tenant's pages. Only [`PrefixKeys`] (from a cache) can lease pages.
+    pub fn page_keys(
+        &self,
+        tenant: TenantId,
+        model_fingerprint: u64,
+        page_size: usize,
+        prompt: &[u32],
+    ) -> Vec<PageKey> {
+        chain_keys(&self.salt(tenant), model_fingerprint, page_size, prompt)
+    }
+
     /// The tenant's salt: a keyed hash of its id under this secret.
     pub(crate) fn salt(&self, tenant: TenantId) -> TenantSalt {
         let mut h = blake3::Hasher::new_keyed(&self.0);
@@ -112,30 +129,12 @@ impl PrefixKeys {
         page_size: usize,
         prompt: &[u32],
     ) -> Self {
-        let mut root = blake3::Hasher::new_keyed(&salt.0);
-        root.update(b"handoff prefix-cache chain v1");
-        root.update(&model_fingerprint.to_le_bytes());
-        root.update(&(page_size as u64).to_le_bytes());
-        let mut prev = *root.finalize().as_bytes();
-        let page_size = page_size.max(1);
-        let keys = prompt
-            .chunks_exact(page_size)
-            .map(|page| {
-                let mut h = blake3::Hasher::new_keyed(&salt.0);
-                h.update(&prev);
-                for t in page {
-                    h.update(&t.to_le_bytes());
-                }
-                prev = *h.finalize().as_bytes();
-                PageKey(prev)
-            })
-            .collect();
         PrefixKeys {
             pool,
             tenant,
             prompt_len: prompt.len(),
-            keys,
-            page_size,
+            keys: chain_keys(salt, model_fingerprint, page_size, prompt),
+            page_size: page_size.max(1),
         }
     }
 
@@ -160,6 +159,36 @@ impl PrefixKeys {
     pub fn keys(&self) -> &[PageKey] {
         &self.keys
     }
+}
+
+/// The chain itself: key `i` hashes key `i - 1` and page `i`'s tokens under
+/// the tenant's salt, from a root naming the model and the page size.
+fn chain_keys(
+    salt: &TenantSalt,
+    model_fingerprint: u64,
+    page_size: usize,
+    prompt: &[u32],
+) -> Vec<PageKey> {
+    let mut root = blake3::Hasher::new_keyed(&salt.0);
+    root.update(b"handoff prefix-cache chain v1");
+    root.update(&model_fingerprint.to_le_bytes());
+    root.update(&(page_size as u64).to_le_bytes());
+    let mut prev = *root.finalize().as_bytes();
+    // Each page's tokens go in as one slice: the same bytes, so the same
+    // keys, as one update per token, without a call per token.
+    let mut bytes = Vec::with_capacity(page_size.max(1) * 4);
+    prompt
+        .chunks_exact(page_size.max(1))
+        .map(|page| {
+            bytes.clear();
+            bytes.extend(page.iter().flat_map(|t| t.to_le_bytes()));
+            let mut h = blake3::Hasher::new_keyed(&salt.0);
+            h.update(&prev);
+            h.update(&bytes);
+            prev = *h.finalize().as_bytes();
+            PageKey(prev)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -210,6 +239,14 @@ mod tests {
         assert_eq!(keys(1, 1, 9, &[1; 9]).reusable_pages(), 2);
         assert_eq!(keys(1, 1, 9, &[1; 3]).reusable_pages(), 0);
         assert_eq!(keys(1, 1, 9, &[1; 8]).full_pages(), 2);
+    }
+
+    #[test]
+    fn page_keys_are_the_caches_keys_without_a_pool() {
+        let p: Vec<u32> = (0..13).collect();
+        let s = CacheSecret::from_bytes([1; 32]);
+        assert_eq!(s.page_keys(TenantId(1), 9, 4, &p), keys(1, 1, 9, &p).keys);
+        assert_ne!(s.page_keys(TenantId(2), 9, 4, &p), keys(1, 1, 9, &p).keys);
     }
 
     #[test]
