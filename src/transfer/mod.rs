@@ -87,6 +87,7 @@ pub mod protocol;
 pub mod testing;
 
 pub use link::auth;
+pub use link::identity;
 #[cfg(feature = "nixl")]
 pub use link::nixl;
 pub use link::tcp;
@@ -95,11 +96,12 @@ pub use protocol::checksum;
 pub use testing::fault;
 pub use testing::synthetic;
 
-pub use auth::{AuthError, LinkKey};
+pub use auth::AuthError;
 pub use config::TransferConfig;
 pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::{Fault, FaultPlan, FaultRule};
+pub use link::identity::{Allowlist, Identity, IdentityError, PeerId, WorkerKey};
 pub use link::{
     DecodeLink, InFlightStats, InProcess, InProcessDecode, InProcessPrefill, LandingZone,
     PrefillLink, Transfer,

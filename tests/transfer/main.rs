@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cross_peer_receipt;
 mod decode_lands_a_burst;
 mod decode_worker_shutdown;
 mod device_fails_mid_transfer;
