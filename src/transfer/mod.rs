@@ -16,7 +16,7 @@
 //!   pure verifier (`protocol::verify`) and the checksums it compares.
 //! - [`link`]: how the bytes move. The [`Transfer`] transports —
 //!   [`InProcess`] (threads, one memory copy), [`Tcp`] (framed, bounded;
-//!   loopback without a link key, any address with one: [`auth`]
+//!   loopback without worker identities, any address with them: [`auth`]
 //!   authenticates both ends and seals every frame), and with the `nixl`
 //!   feature `Nixl` (the decode end READs the KV bytes by NIXL straight
 //!   from the prefill end's held pages into its own, from inside the landing

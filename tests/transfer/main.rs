@@ -30,5 +30,6 @@ mod transfer_prefill_refusals;
 mod transfer_protocol;
 mod transfer_retries;
 mod transfer_transports;
+mod transfer_two_by_two;
 mod transfer_unbounded_waits;
 mod transfer_wire;
