@@ -16,8 +16,11 @@
 //!   pure verifier (`protocol::verify`) and the checksums it compares.
 //! - [`link`]: how the bytes move. The [`Transfer`] transports —
 //!   [`InProcess`] (threads, one memory copy), [`Tcp`] (framed, bounded;
-//!   loopback without worker identities, any address with them: [`auth`]
-//!   authenticates both ends and seals every frame), and with the `nixl`
+//!   loopback without worker identities, any address with them: each
+//!   worker has its own key ([`identity`]: `WorkerKey`, `PeerId`, the
+//!   operator's `Allowlist`), [`auth`] authenticates both ends against
+//!   their allowlists and seals every frame, and a plan's receipt counts
+//!   only from the peer it was addressed to), and with the `nixl`
 //!   feature `Nixl` (the decode end READs the KV bytes by NIXL straight
 //!   from the prefill end's held pages into its own, from inside the landing
 //!   zone's fence; everything else on authenticated TCP; see `nixl`), each
