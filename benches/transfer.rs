@@ -7,8 +7,8 @@
 //! - TCP transfer on loopback vs a plain socket copy of the same bytes: 1 MiB
 //!   writes from a source buffer, one reader thread reading straight into a
 //!   destination buffer (both touched beforehand, like the pools' pages);
-//! - authenticated TCP (`TcpAuth`: Noise NNpsk0 handshake, every frame
-//!   sealed with AEGIS-128X4) vs the same TCP transport without a key, both
+//! - authenticated TCP (`TcpAuth`: Noise IK handshake with worker keys, every frame
+//!   sealed with AEGIS-128X4) vs the same TCP transport without identities, both
 //!   in the same reps: `auth +%` is the time authentication adds to a
 //!   transfer, per rep (goal: <= 10% at 8k tokens); `seal` is AEGIS-128X4
 //!   alone (the `aegis` crate, as the link uses it) sealing then opening the same bytes

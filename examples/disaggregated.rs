@@ -31,9 +31,11 @@
 //!
 //! Flags: `--transport inproc|tcp|nixl` (threads in one process, the
 //! default, or a second process of this example on 127.0.0.1; the TCP link
-//! authenticates both processes with a fresh link key, handed to the prefill
-//! process in its environment, and seals every frame; `--no-auth` runs it
-//! unauthenticated, as loopback without a key allows; `nixl` moves the KV
+//! authenticates both processes with their own fresh worker keys, each
+//! trusting only the other (the prefill worker's key goes to it in a file
+//! only this user reads, named in its environment with the decode worker's
+//! id), and seals every frame; `--no-auth` runs it unauthenticated, as
+//! loopback without identities allows; `nixl` moves the KV
 //! bytes by NIXL READ between the processes, beside the same TCP link, and
 //! needs the `nixl` feature and `$HANDOFF_NIXL_LIB`), `--model PATH` (a
 //! llama2.c `.bin` file or a Hugging Face folder; default: an embedded model
@@ -57,8 +59,8 @@ use std::time::{Duration, Instant};
 use handoff::backend::{Backend, CpuBackend};
 use handoff::model::{Model, ModelConfig, ModelWeights, load_hf, load_llama2c, random_weights};
 use handoff::transfer::{
-    DecodeLink, InProcess, LinkError, LinkKey, PrefillLink, TcpDecodeListener, TcpPrefill,
-    Transfer, TransferConfig,
+    Allowlist, DecodeLink, Identity, InProcess, LinkError, PeerId, PrefillLink, TcpDecodeListener,
+    TcpPrefill, Transfer, TransferConfig, WorkerKey,
 };
 use handoff::{
     Engine, EngineConfig, HttpStatus, KvDtype, Outcome, PoolStats, Rejection, Request,
@@ -74,9 +76,28 @@ use staged_link::{StagedLink, Staging};
 const CANCELLED: RequestId = RequestId(8);
 const CORRUPTED: RequestId = RequestId(9);
 const MAX_NEW: usize = 16;
-/// The environment variable that hands the link key to the prefill process
-/// (readable by this user only, unlike the command line).
-const KEY_ENV: &str = "HANDOFF_LINK_KEY";
+/// The environment variable that names the prefill worker's key file (a
+/// file only this user reads).
+const KEY_ENV: &str = "HANDOFF_WORKER_KEY_FILE";
+/// The environment variable that hands the decode worker's id (its public
+/// key) to the prefill process: the one peer it trusts and dials.
+const DECODE_ID_ENV: &str = "HANDOFF_DECODE_ID";
+
+/// The prefill worker's key file, written by the decode process, and the
+/// decode worker's id; the file is removed when this is dropped.
+struct KeyFile {
+    path: std::path::PathBuf,
+    decode_id: PeerId,
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
 
 /// Where the models compute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +137,7 @@ enum Link {
 struct Args {
     link: Link,
     backend: BackendKind,
-    /// `--no-auth`: the TCP link without a link key (loopback only).
+    /// `--no-auth`: the TCP link without worker identities (loopback only).
     no_auth: bool,
     model: Option<PathBuf>,
     corrupt: bool,
@@ -173,7 +194,7 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => {
                 return Err(
                     "usage: disaggregated [--transport inproc|tcp|nixl] [--backend cpu|cuda] \
-                            [--no-auth (tcp or nixl without a link key)] [--model PATH] \
+                            [--no-auth (tcp or nixl without worker keys)] [--model PATH] \
                             [--kv-dtype f32|f16|bf16|fp8] \
                             [--inject-corrupt-receipt] [--prefill-stall-ms N (tcp: the prefill \
                             process waits N ms after connecting; a test aid)]"
@@ -265,13 +286,20 @@ fn prefill_process<P: Place>(addr: SocketAddr, args: &Args, on: &P) -> Result<()
     let w = weights(args.model.as_deref())?;
     let cfg = config::<Prefill>(&w, args.kv_dtype)?;
     let mut tcfg = TransferConfig::default();
-    // The decode process hands over the deployment's link key, if any.
-    if let Ok(hex) = std::env::var(KEY_ENV) {
-        tcfg = tcfg.with_link_key(LinkKey::from_hex(&hex).map_err(|e| e.to_string())?);
+    // The decode process hands over this worker's key and its own id, if
+    // the link authenticates.
+    let mut decode_id = None;
+    if let Ok(path) = std::env::var(KEY_ENV) {
+        let key = WorkerKey::load(&path).map_err(|e| e.to_string())?;
+        let hex = std::env::var(DECODE_ID_ENV).map_err(|e| format!("{DECODE_ID_ENV}: {e}"))?;
+        let id = PeerId::from_hex(&hex).map_err(|e| e.to_string())?;
+        tcfg = tcfg.with_identity(Identity::new(key, Allowlist::of([id])));
+        decode_id = Some(id);
     }
-    let link = match args.link {
-        Link::Nixl => nixl::connect(addr, &tcfg)?,
-        _ => TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?,
+    let link = match (args.link, decode_id) {
+        (Link::Nixl, _) => nixl::connect(addr, decode_id.as_ref(), &tcfg)?,
+        (_, Some(id)) => TcpPrefill::connect_to(addr, &id, &tcfg).map_err(|e| e.to_string())?,
+        (_, None) => TcpPrefill::connect(addr, &tcfg).map_err(|e| e.to_string())?,
     };
     let link = StagedLink::new(link, staging(args.corrupt));
     std::thread::sleep(Duration::from_millis(args.prefill_stall_ms));
@@ -463,10 +491,23 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
     let dcfg = config::<Decode>(&w, args.kv_dtype)?;
     let mut tcfg = TransferConfig::default();
     let two_processes = args.link != Link::Threads;
+    // Each process its own worker key, each trusting only the other; the
+    // prefill worker's goes to it in a file only this user reads.
     let key = if two_processes && !args.no_auth {
-        let key = LinkKey::generate().map_err(|e| e.to_string())?;
-        tcfg = tcfg.with_link_key(key.clone());
-        Some(key)
+        let err = |e: handoff::transfer::IdentityError| e.to_string();
+        let (dkey, pkey) = (
+            WorkerKey::generate().map_err(err)?,
+            WorkerKey::generate().map_err(err)?,
+        );
+        let dir =
+            std::env::temp_dir().join(format!("handoff-disaggregated-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let path = dir.join("prefill.key");
+        let _ = std::fs::remove_file(&path);
+        pkey.save(&path).map_err(err)?;
+        let decode_id = dkey.peer_id();
+        tcfg = tcfg.with_identity(Identity::new(dkey, Allowlist::of([pkey.peer_id()])));
+        Some(KeyFile { path, decode_id })
     } else {
         None
     };
@@ -476,7 +517,7 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
         on.describe(),
         match (args.link, &key) {
             (Link::Tcp, Some(_)) =>
-                "tcp (two processes, authenticated: Noise NNpsk0, sealed frames)",
+                "tcp (two processes, authenticated: Noise IK with worker keys, sealed frames)",
             (Link::Tcp, None) => "tcp (two processes, unauthenticated loopback)",
             (Link::Nixl, Some(_)) =>
                 "nixl (two processes: KV by NIXL READ over UCX; plans and receipts on \
@@ -507,8 +548,10 @@ fn run<P: Place>(args: &Args, on: &P) -> Result<bool, String> {
         }
         cmd.arg("--kv-dtype").arg(args.kv_dtype.name());
         match &key {
-            Some(k) => cmd.env(KEY_ENV, k.to_hex()),
-            None => cmd.env_remove(KEY_ENV),
+            Some(k) => cmd
+                .env(KEY_ENV, &k.path)
+                .env(DECODE_ID_ENV, k.decode_id.to_string()),
+            None => cmd.env_remove(KEY_ENV).env_remove(DECODE_ID_ENV),
         };
         if let Some(m) = &args.model {
             cmd.arg("--model").arg(m);
@@ -850,7 +893,8 @@ fn main() -> ExitCode {
 #[cfg(feature = "nixl")]
 mod nixl {
     use handoff::transfer::{
-        LinkError, Nixl, NixlConfig, TcpDecode, TcpDecodeListener, TcpPrefill, TransferConfig,
+        LinkError, Nixl, NixlConfig, PeerId, TcpDecode, TcpDecodeListener, TcpPrefill,
+        TransferConfig,
     };
     use std::net::SocketAddr;
     use std::time::Duration;
@@ -874,8 +918,12 @@ mod nixl {
         Nixl::accept_within(l, cfg, &config(), limit)
     }
 
-    pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<TcpPrefill, String> {
-        Nixl::connect(addr, cfg, &config()).map_err(|e| e.to_string())
+    pub fn connect(
+        addr: SocketAddr,
+        decode: Option<&PeerId>,
+        cfg: &TransferConfig,
+    ) -> Result<TcpPrefill, String> {
+        Nixl::connect(addr, decode, cfg, &config()).map_err(|e| e.to_string())
     }
 }
 
@@ -901,7 +949,11 @@ mod nixl {
         Err(LinkError::Config { what: WHY })
     }
 
-    pub fn connect(_: SocketAddr, _: &TransferConfig) -> Result<TcpPrefill, String> {
+    pub fn connect(
+        _: SocketAddr,
+        _: Option<&handoff::transfer::PeerId>,
+        _: &TransferConfig,
+    ) -> Result<TcpPrefill, String> {
         Err(WHY.into())
     }
 }

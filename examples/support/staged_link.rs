@@ -41,6 +41,10 @@ impl<L: PrefillLink> StagedLink<L> {
 }
 
 impl<L: PrefillLink> PrefillLink for StagedLink<L> {
+    fn peer(&self) -> Option<handoff::transfer::PeerId> {
+        self.inner.peer()
+    }
+
     fn recv(
         &mut self,
         timeout: Duration,

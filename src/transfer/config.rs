@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use crate::fingerprint::ModelFingerprint;
 use crate::transfer::error::LinkError;
-use crate::transfer::link::auth::LinkKey;
+use std::sync::Arc;
+
+use crate::transfer::link::identity::{Identity, PeerId};
 
 /// Timeouts on every wait and the bound on KV bytes in flight. Obtained
 /// from [`TransferConfig::default`] and adjusted with the `with_*` methods;
@@ -20,7 +22,7 @@ pub struct TransferConfig {
     max_batch_bytes: usize,
     max_frame_bytes: usize,
     model: Option<ModelFingerprint>,
-    link_key: Option<LinkKey>,
+    identity: Option<Arc<Identity>>,
     auth_timeout: Duration,
     #[cfg(any(test, feature = "fault-injection"))]
     faults: Option<std::sync::Arc<crate::transfer::testing::fault::FaultPlan>>,
@@ -37,7 +39,7 @@ impl Default for TransferConfig {
             max_batch_bytes: 1 << 20,
             max_frame_bytes: 16 << 20,
             model: None,
-            link_key: None,
+            identity: None,
             auth_timeout: Duration::from_secs(5),
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
@@ -103,18 +105,19 @@ impl TransferConfig {
         self.model = Some(model);
         self
     }
-    /// The deployment's link key: TCP links then authenticate both ends
-    /// before any frame (see [`crate::transfer::link::auth`]) and seal every frame,
-    /// and may use non-loopback addresses. Both ends need the same key.
-    /// Without one, TCP serves loopback only, unauthenticated (tests, demos,
-    /// single-user hosts: any local process can connect as the peer).
+    /// This worker's identity: its own key and the peers it trusts. TCP
+    /// links then authenticate both ends before any frame (see
+    /// [`crate::transfer::link::auth`]), refuse a peer off the allowlist,
+    /// seal every frame, and may use non-loopback addresses. Without one,
+    /// TCP serves loopback only, unauthenticated (tests, demos, single-user
+    /// hosts: any local process can connect as the peer).
     #[must_use]
-    pub fn with_link_key(mut self, key: LinkKey) -> Self {
-        self.link_key = Some(key);
+    pub fn with_identity(mut self, identity: impl Into<Arc<Identity>>) -> Self {
+        self.identity = Some(identity.into());
         self
     }
-    /// How long a connection may take to authenticate (or, without a link
-    /// key, to send its hello) before the listener closes it; meanwhile the
+    /// How long a connection may take to authenticate (or, without an
+    /// identity, to send its hello) before the listener closes it; meanwhile the
     /// listener keeps accepting others, so a silent or slow stranger does
     /// not hold the port. Also bounds the prefill end's handshake.
     #[must_use]
@@ -158,9 +161,13 @@ impl TransferConfig {
     pub fn model(&self) -> Option<ModelFingerprint> {
         self.model
     }
-    /// The link key, if links authenticate.
-    pub fn link_key(&self) -> Option<&LinkKey> {
-        self.link_key.as_ref()
+    /// This worker's identity, if links authenticate.
+    pub fn identity(&self) -> Option<&Arc<Identity>> {
+        self.identity.as_ref()
+    }
+    /// This worker's id, if links authenticate.
+    pub fn peer_id(&self) -> Option<PeerId> {
+        self.identity.as_ref().map(|i| i.peer_id())
     }
     pub fn auth_timeout(&self) -> Duration {
         self.auth_timeout

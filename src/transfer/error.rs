@@ -5,6 +5,7 @@ use crate::http::HttpStatus;
 use crate::ids::RequestId;
 use crate::kv::KvError;
 use crate::transfer::link::auth::AuthError;
+use crate::transfer::link::identity::{IdentityError, PeerId};
 use crate::transfer::protocol::{AbortReason, Nonce, PlannedPage};
 
 /// What a side was waiting for when its timeout expired.
@@ -88,12 +89,14 @@ pub enum LinkError {
         waited_ms: u128,
     },
     #[error(
-        "{addr} is not a loopback address: without a link key the TCP transport serves loopback \
-         only; configure the same TransferConfig::with_link_key on both ends, or use 127.0.0.1"
+        "{addr} is not a loopback address: without worker identities the TCP transport serves \
+         loopback only; configure TransferConfig::with_identity on both ends, or use 127.0.0.1"
     )]
     NotLoopback { addr: String },
     #[error("link authentication: {0}")]
     Auth(#[from] AuthError),
+    #[error("worker identity: {0}")]
+    Identity(#[from] IdentityError),
     #[error("invalid transfer configuration: {what}")]
     Config { what: &'static str },
     #[error(
@@ -138,6 +141,19 @@ impl From<std::io::Error> for LinkError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IntegrityError {
+    #[error(
+        "{request}: receipt for its transfer ({nonce}) came from {got}, the plan was addressed to \
+         {planned}: refused; another worker holds this transfer's nonce (check the workers and \
+         the router)",
+        planned = peer_name(planned),
+        got = peer_name(got)
+    )]
+    WrongPeer {
+        request: RequestId,
+        nonce: Nonce,
+        planned: Option<PeerId>,
+        got: Option<PeerId>,
+    },
     #[error("{request}: receipt carries {got}, the plan was {planned}; {fix}", fix = INTEGRITY_FIX)]
     NonceMismatch {
         request: RequestId,
@@ -214,6 +230,14 @@ pub enum IntegrityError {
 }
 
 /// What to do about any integrity failure.
+/// A link's peer as an error message names it.
+fn peer_name(p: &Option<PeerId>) -> String {
+    match p {
+        Some(id) => format!("peer {id}"),
+        None => "an unauthenticated peer".into(),
+    }
+}
+
 const INTEGRITY_FIX: &str =
     "retry the request; if it recurs, check the prefill worker and the link";
 
@@ -309,6 +333,7 @@ impl HttpStatus for LinkError {
             LinkError::BackpressureTimeout { .. } => 503,
             // This host's own settings, not the peer: a server fault.
             LinkError::Config { .. }
+            | LinkError::Identity(_)
             | LinkError::NotLoopback { .. }
             | LinkError::NixlUnavailable { .. } => 500,
             LinkError::Disconnected

@@ -16,8 +16,11 @@
 //!   pure verifier (`protocol::verify`) and the checksums it compares.
 //! - [`link`]: how the bytes move. The [`Transfer`] transports —
 //!   [`InProcess`] (threads, one memory copy), [`Tcp`] (framed, bounded;
-//!   loopback without a link key, any address with one: [`auth`]
-//!   authenticates both ends and seals every frame), and with the `nixl`
+//!   loopback without worker identities, any address with them: each
+//!   worker has its own key ([`identity`]: `WorkerKey`, `PeerId`, the
+//!   operator's `Allowlist`), [`auth`] authenticates both ends against
+//!   their allowlists and seals every frame, and a plan's receipt counts
+//!   only from the peer it was addressed to), and with the `nixl`
 //!   feature `Nixl` (the decode end READs the KV bytes by NIXL straight
 //!   from the prefill end's held pages into its own, from inside the landing
 //!   zone's fence; everything else on authenticated TCP; see `nixl`), each
@@ -87,6 +90,7 @@ pub mod protocol;
 pub mod testing;
 
 pub use link::auth;
+pub use link::identity;
 #[cfg(feature = "nixl")]
 pub use link::nixl;
 pub use link::tcp;
@@ -95,11 +99,12 @@ pub use protocol::checksum;
 pub use testing::fault;
 pub use testing::synthetic;
 
-pub use auth::{AuthError, LinkKey};
+pub use auth::AuthError;
 pub use config::TransferConfig;
 pub use error::{IntegrityError, LinkError, TransferError, Wait, WireError, WriteRefusal};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::{Fault, FaultPlan, FaultRule};
+pub use link::identity::{Allowlist, Identity, IdentityError, PeerId, WorkerKey};
 pub use link::{
     DecodeLink, InFlightStats, InProcess, InProcessDecode, InProcessPrefill, LandingZone,
     PrefillLink, Transfer,

@@ -224,6 +224,26 @@ impl<T: Transfer> Rig<T> {
 /// loaded 2-core machine never trips it, short enough that a hang fails.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// Workers of one deployment: `n` worker keys, each trusting all of them.
+/// Returns each worker's configuration (`base` with its identity) and id.
+pub fn deployment(
+    base: &TransferConfig,
+    n: usize,
+) -> Vec<(TransferConfig, handoff::transfer::PeerId)> {
+    use handoff::transfer::{Allowlist, Identity, WorkerKey};
+    let keys: Vec<WorkerKey> = (0..n).map(|_| WorkerKey::generate().unwrap()).collect();
+    let trusted = Allowlist::of(keys.iter().map(|k| k.peer_id()));
+    keys.into_iter()
+        .map(|k| {
+            let id = k.peer_id();
+            let cfg = base
+                .clone()
+                .with_identity(Identity::new(k, trusted.clone()));
+            (cfg, id)
+        })
+        .collect()
+}
+
 /// Calls `poll` until it reports that what the test waits for holds, or
 /// panics naming `what` once [`DEADLINE`] has passed. `poll` makes one step
 /// of progress (or sleeps briefly) and then observes.

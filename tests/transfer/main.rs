@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cross_peer_receipt;
 mod decode_lands_a_burst;
 mod decode_worker_shutdown;
 mod device_fails_mid_transfer;
@@ -29,5 +30,6 @@ mod transfer_prefill_refusals;
 mod transfer_protocol;
 mod transfer_retries;
 mod transfer_transports;
+mod transfer_two_by_two;
 mod transfer_unbounded_waits;
 mod transfer_wire;

@@ -1,11 +1,12 @@
 //! Story: only the deployment's own prefill worker gets the link.
 //!
-//! A decode worker listens with the deployment's link key. Before its real
-//! prefill peer arrives, the port sees a stranger holding another key, a
-//! connection that never says a word, a flood of connections, a prefill
-//! process without any credential that would compute perfectly valid KV
-//! and checksums, a replay of a recorded authenticated session, and a
-//! handshake dripped a byte at a time. Each is closed and recorded with a
+//! A decode worker listens with its own worker key, trusting the
+//! deployment's allowlist. Before its real prefill peer arrives, the port
+//! sees a stranger holding a worker key of its own that is not on the
+//! allowlist, a connection that never says a word, a flood of connections,
+//! a prefill process without any credential that would compute perfectly
+//! valid KV and checksums, a replay of a recorded authenticated session,
+//! and a handshake dripped a byte at a time. Each is closed and recorded with a
 //! typed reason, none of them ever sees a plan, the real peer is served
 //! with KV that verifies, and both pools end full. On a link without a key,
 //! a frame dripped byte by byte is cut off at the frame deadline, counted
@@ -23,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use handoff::transfer::tcp::frame::{self, Frame, HEADER_LEN, Kind, Role, encode_frame};
 use handoff::transfer::{
-    AuthError, DecodeSide, IntegrityError, LinkError, LinkKey, Nonce, PrefillLink, PrefillSide,
-    Receipt, Refusal, Tcp, TcpAuth, TcpDecode, TcpDecodeListener, TcpPrefill, ToDecode, Transfer,
-    TransferConfig, TransferError, WireError,
+    Allowlist, AuthError, DecodeSide, Identity, IntegrityError, LinkError, Nonce, PeerId,
+    PrefillLink, PrefillSide, Receipt, Refusal, Tcp, TcpAuth, TcpDecode, TcpDecodeListener,
+    TcpPrefill, ToDecode, Transfer, TransferConfig, TransferError, WireError, WorkerKey,
 };
 use handoff::{AdmissionLimits, HttpStatus, KvPool, PoolConfig, RequestId};
 use support::{Rig, geometry, request};
@@ -34,10 +35,43 @@ fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-fn config(key: &LinkKey) -> TransferConfig {
-    TransferConfig::default()
-        .with_link_key(key.clone())
-        .with_auth_timeout(Duration::from_millis(500))
+/// A deployment's prefill and decode worker: each with its own key, both
+/// on the allowlist both trust.
+struct Workers {
+    prefill: TransferConfig,
+    decode: TransferConfig,
+    decode_id: PeerId,
+    decode_identity: Arc<Identity>,
+}
+
+impl Workers {
+    fn new() -> Self {
+        let (p, d) = (
+            WorkerKey::generate().unwrap(),
+            WorkerKey::generate().unwrap(),
+        );
+        let decode_id = d.peer_id();
+        let trusted = Allowlist::of([p.peer_id(), decode_id]);
+        let decode_identity = Arc::new(Identity::new(d, trusted.clone()));
+        let base = TransferConfig::default().with_auth_timeout(Duration::from_millis(500));
+        Workers {
+            prefill: base.clone().with_identity(Identity::new(p, trusted)),
+            decode: base.with_identity(decode_identity.clone()),
+            decode_id,
+            decode_identity,
+        }
+    }
+
+    fn with_auth_timeout(mut self, d: Duration) -> Self {
+        self.prefill = self.prefill.with_auth_timeout(d);
+        self.decode = self.decode.with_auth_timeout(d);
+        self
+    }
+
+    /// The real prefill worker dials the decode worker at `addr`.
+    fn connect(&self, addr: SocketAddr) -> Result<TcpPrefill, LinkError> {
+        TcpPrefill::connect_to(addr, &self.decode_id, &self.prefill)
+    }
 }
 
 /// The decode end waiting for its peer on a thread: the link it accepted
@@ -59,7 +93,13 @@ fn listen(
 }
 
 /// A rig over two accepted ends: prefill computes synthetic KV.
-fn rig(prefill: TcpPrefill, decode: TcpDecode, cfg: &TransferConfig) -> Rig<Tcp> {
+/// `pcfg` and `dcfg` are each side's own configuration (its identity).
+fn rig(
+    prefill: TcpPrefill,
+    decode: TcpDecode,
+    pcfg: &TransferConfig,
+    dcfg: &TransferConfig,
+) -> Rig<Tcp> {
     let g = geometry(handoff::KvDtype::BF16);
     let prefill_pool = KvPool::new(PoolConfig::new(g, 16, 32)).unwrap();
     let decode_pool = KvPool::new(PoolConfig::new(g, 16, 32)).unwrap();
@@ -68,13 +108,13 @@ fn rig(prefill: TcpPrefill, decode: TcpDecode, cfg: &TransferConfig) -> Rig<Tcp>
             prefill,
             prefill_pool.clone(),
             AdmissionLimits::new(256, 32, 16),
-            cfg.clone(),
+            pcfg.clone(),
         ),
         decode: DecodeSide::new(
             decode,
             decode_pool.clone(),
             AdmissionLimits::new(256, 32, 16),
-            cfg.clone(),
+            dcfg.clone(),
         ),
         prefill_pool,
         decode_pool,
@@ -137,34 +177,82 @@ fn closed_on(s: &mut TcpStream) -> bool {
 
 #[test]
 fn a_stranger_with_another_key_that_connects_first_is_refused() {
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key);
+    let w = Workers::new();
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
 
-    let stranger = config(&LinkKey::generate().unwrap());
-    let e = TcpPrefill::connect(addr, &stranger)
+    // A worker key of its own, not on the decode worker's allowlist (the
+    // stranger itself trusts the decode worker, so it dials).
+    let key = WorkerKey::generate().unwrap();
+    let stranger_id = key.peer_id();
+    let stranger =
+        TransferConfig::default().with_identity(Identity::new(key, Allowlist::of([w.decode_id])));
+    let e = TcpPrefill::connect_to(addr, &w.decode_id, &stranger)
         .err()
-        .expect("decode does not complete a handshake with another key");
+        .expect("decode does not complete a handshake with a worker off its allowlist");
     assert_eq!(e, LinkError::Auth(AuthError::Closed));
     assert_eq!(e.http_status(), 502);
 
-    let prefill = TcpPrefill::connect(addr, &cfg).unwrap();
+    let prefill = w.connect(addr).unwrap();
     let (link, refusals, _) = decode.join().unwrap();
     let link = link.unwrap();
     assert!(link.is_authenticated());
+    assert_eq!(
+        auth_errors(&refusals),
+        vec![AuthError::UnknownPeer { peer: stranger_id }]
+    );
+    assert_eq!(w.decode_identity.refused_peers(), 1, "counted");
+    assert_eq!(prefill.peer_id(), Some(w.decode_id));
+    real_peer_is_served(rig(prefill, link, &w.prefill, &w.decode));
+}
+
+#[test]
+fn a_prefill_worker_refuses_to_dial_a_decode_worker_off_its_allowlist() {
+    let w = Workers::new();
+    let listener = TcpDecodeListener::bind(loopback()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // A decode worker whose key the prefill worker does not trust (it
+    // trusts the prefill worker, and would accept it).
+    let rogue_key = WorkerKey::generate().unwrap();
+    let rogue_id = rogue_key.peer_id();
+    let prefill_id = w.prefill.peer_id().unwrap();
+    let rogue = w
+        .decode
+        .clone()
+        .with_identity(Identity::new(rogue_key, Allowlist::of([prefill_id])));
+    let decode = std::thread::spawn(move || {
+        let mut listener = listener;
+        let link = listener.accept_within(&rogue, Duration::from_secs(2));
+        (link.map(|l| l.is_authenticated()), listener.refusals())
+    });
+    let e = TcpPrefill::connect_to(addr, &rogue_id, &w.prefill)
+        .err()
+        .expect("no handshake with a decode worker off the allowlist");
+    assert_eq!(
+        e,
+        LinkError::Auth(AuthError::UnknownPeer { peer: rogue_id })
+    );
+    let identity = w.prefill.identity().unwrap();
+    assert_eq!(identity.refused_peers(), 1, "counted");
+    // And one that answers at the trusted decode worker's address without
+    // its secret key cannot complete the handshake.
+    let e = w.connect(addr).err().expect("an impostor decode end");
+    assert!(matches!(e, LinkError::Auth(AuthError::Closed)), "{e}");
+    let (link, refusals) = decode.join().unwrap();
+    assert!(
+        matches!(link, Err(LinkError::AcceptTimeout { .. })),
+        "{link:?}"
+    );
     assert_eq!(auth_errors(&refusals), vec![AuthError::BadCredential]);
-    real_peer_is_served(rig(prefill, link, &cfg));
 }
 
 #[test]
 fn a_silent_connection_is_closed_at_its_deadline_and_does_not_take_the_link() {
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key).with_auth_timeout(Duration::from_millis(200));
+    let w = Workers::new().with_auth_timeout(Duration::from_millis(200));
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
 
     let mut silent = TcpStream::connect(addr).unwrap();
     let t0 = Instant::now();
@@ -175,22 +263,21 @@ fn a_silent_connection_is_closed_at_its_deadline_and_does_not_take_the_link() {
         "closed after {waited:?}, the deadline is 200 ms"
     );
 
-    let prefill = TcpPrefill::connect(addr, &cfg).unwrap();
+    let prefill = w.connect(addr).unwrap();
     let (link, refusals, _) = decode.join().unwrap();
     assert!(matches!(
         auth_errors(&refusals)[..],
         [AuthError::Deadline { waited_ms }] if waited_ms >= 200
     ));
-    real_peer_is_served(rig(prefill, link.unwrap(), &cfg));
+    real_peer_is_served(rig(prefill, link.unwrap(), &w.prefill, &w.decode));
 }
 
 #[test]
 fn a_flood_of_connections_does_not_keep_the_real_peer_out() {
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key).with_auth_timeout(Duration::from_secs(5));
+    let w = Workers::new().with_auth_timeout(Duration::from_secs(5));
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
 
     // More silent connections than the listener keeps authenticating at
     // once, and more arriving while the real peer connects.
@@ -218,7 +305,7 @@ fn a_flood_of_connections_does_not_keep_the_real_peer_out() {
     });
 
     let t0 = Instant::now();
-    let prefill = TcpPrefill::connect(addr, &cfg).expect("the real peer gets through");
+    let prefill = w.connect(addr).expect("the real peer gets through");
     let (link, refusals, listener) = decode.join().unwrap();
     let link = link.unwrap();
     assert!(
@@ -235,19 +322,18 @@ fn a_flood_of_connections_does_not_keep_the_real_peer_out() {
         "the oldest strangers were closed to make room"
     );
     assert!(listener.refused_total() >= flood as u64 - handoff::transfer::tcp::MAX_PENDING as u64);
-    real_peer_is_served(rig(prefill, link, &cfg));
+    real_peer_is_served(rig(prefill, link, &w.prefill, &w.decode));
 }
 
 #[test]
 fn a_prefill_without_the_credential_never_sees_a_plan_however_valid_its_kv() {
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key);
+    let w = Workers::new();
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
 
     // A complete prefill side, speaking the protocol faithfully and ready
-    // to compute KV with correct checksums, but holding no link key.
+    // to compute KV with correct checksums, but holding no worker key.
     let plain = TransferConfig::default();
     let impostor_link = TcpPrefill::connect(addr, &plain).unwrap();
     let impostor_pool =
@@ -260,17 +346,17 @@ fn a_prefill_without_the_credential_never_sees_a_plan_however_valid_its_kv() {
     );
     let e = impostor
         .next_job_within(Duration::from_secs(10))
-        .expect_err("no plan reaches a peer without the key");
+        .expect_err("no plan reaches a peer without a worker key");
     assert!(
         matches!(e, TransferError::Link(LinkError::Disconnected)),
         "{e}"
     );
     assert!(impostor_pool.stats().is_full());
 
-    let prefill = TcpPrefill::connect(addr, &cfg).unwrap();
+    let prefill = w.connect(addr).unwrap();
     let (link, refusals, _) = decode.join().unwrap();
     assert_eq!(auth_errors(&refusals), vec![AuthError::PeerUnauthenticated]);
-    real_peer_is_served(rig(prefill, link.unwrap(), &cfg));
+    real_peer_is_served(rig(prefill, link.unwrap(), &w.prefill, &w.decode));
 }
 
 /// Forwards one connection both ways, recording what the client sent.
@@ -307,45 +393,43 @@ fn recording_proxy(target: SocketAddr) -> (SocketAddr, JoinHandle<Vec<u8>>) {
 
 #[test]
 fn a_replayed_authenticated_session_is_refused() {
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key);
+    let w = Workers::new();
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let addr = listener.local_addr().unwrap();
 
     // A genuine session, recorded on the way: handshake, sealed hello, KV,
     // receipt.
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
     let (proxy, recording) = recording_proxy(addr);
-    let prefill = TcpPrefill::connect(proxy, &cfg).unwrap();
+    let prefill = w.connect(proxy).unwrap();
     let (link, _, listener) = decode.join().unwrap();
-    real_peer_is_served(rig(prefill, link.unwrap(), &cfg));
+    real_peer_is_served(rig(prefill, link.unwrap(), &w.prefill, &w.decode));
     let recorded = recording.join().unwrap();
     // 40 tokens x 3 layers x (K + V) x 2 heads x 8 dims x 2 bytes.
     assert!(recorded.len() > 7680, "the recording holds the KV");
 
     // The same bytes, played to the same decode worker.
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
     let mut replay = TcpStream::connect(addr).unwrap();
     let _ = replay.write_all(&recorded);
     assert!(closed_on(&mut replay), "the replay is cut off");
 
-    let prefill = TcpPrefill::connect(addr, &cfg).unwrap();
+    let prefill = w.connect(addr).unwrap();
     let (link, refusals, _) = decode.join().unwrap();
     assert_eq!(auth_errors(&refusals), vec![AuthError::NotConfirmed]);
-    real_peer_is_served(rig(prefill, link.unwrap(), &cfg));
+    real_peer_is_served(rig(prefill, link.unwrap(), &w.prefill, &w.decode));
 }
 
 #[test]
 fn a_handshake_dripped_a_byte_at_a_time_is_closed_at_its_deadline() {
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key).with_auth_timeout(Duration::from_millis(400));
+    let w = Workers::new().with_auth_timeout(Duration::from_millis(400));
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let decode = listen(listener, &cfg);
+    let decode = listen(listener, &w.decode);
 
     let mut drip = TcpStream::connect(addr).unwrap();
     let t0 = Instant::now();
-    for b in b"HNDA\x01\x00\x30\x00".iter().chain([0u8; 48].iter()) {
+    for b in b"HNDA\x02\x00\x60\x00".iter().chain([0u8; 96].iter()) {
         if drip.write_all(&[*b]).is_err() {
             break;
         }
@@ -361,13 +445,13 @@ fn a_handshake_dripped_a_byte_at_a_time_is_closed_at_its_deadline() {
         t0.elapsed()
     );
 
-    let prefill = TcpPrefill::connect(addr, &cfg).unwrap();
+    let prefill = w.connect(addr).unwrap();
     let (link, refusals, _) = decode.join().unwrap();
     assert!(matches!(
         auth_errors(&refusals)[..],
         [AuthError::Deadline { .. }]
     ));
-    real_peer_is_served(rig(prefill, link.unwrap(), &cfg));
+    real_peer_is_served(rig(prefill, link.unwrap(), &w.prefill, &w.decode));
 }
 
 #[test]
@@ -466,7 +550,7 @@ fn wrong_nonce_then_real_receipt<T: Transfer<Prefill = TcpPrefill, Decode = TcpD
             first_logprobs: None,
         }))
         .unwrap();
-    let mut rig = rig(prefill, decode, &cfg);
+    let mut rig = rig(prefill, decode, &cfg, &cfg);
     let _ = rig.decode.submit(request(1, 7, 40)).unwrap();
     rig.serve_one().unwrap();
     let mut outcomes = rig.outcomes(1);
@@ -502,16 +586,15 @@ fn a_wrong_nonce_from_the_authenticated_peer_fails_its_request() {
 }
 
 #[test]
-fn non_loopback_addresses_need_a_link_key() {
+fn non_loopback_addresses_need_a_worker_identity() {
     let any = SocketAddr::from(([0, 0, 0, 0], 0));
     let e = TcpDecodeListener::bind_with(any, &TransferConfig::default())
         .err()
-        .expect("no key, no wildcard address");
+        .expect("no identity, no wildcard address");
     assert!(matches!(e, LinkError::NotLoopback { .. }));
     assert_eq!(e.http_status(), 500);
-    let key = LinkKey::generate().unwrap();
-    let listener = TcpDecodeListener::bind_with(any, &config(&key)).unwrap();
-    // The same listener refuses to serve a configuration without the key.
+    let listener = TcpDecodeListener::bind_with(any, &Workers::new().decode).unwrap();
+    // The same listener refuses to serve a configuration without one.
     let e = listener
         .accept(&TransferConfig::default())
         .err()
@@ -529,8 +612,7 @@ fn a_handshake_spanning_several_bounded_accepts_is_not_dropped() {
     // A host that waits in short slices (checking on its prefill process
     // between them) must not close a peer whose handshake is still going
     // when a slice ends.
-    let key = LinkKey::generate().unwrap();
-    let cfg = config(&key);
+    let w = Workers::new();
     // A handshake usually spans several 1 ns slices; on a loaded machine
     // one slice can last long enough for the peer to finish within it,
     // which is not the case this story is about: try again then.
@@ -538,8 +620,8 @@ fn a_handshake_spanning_several_bounded_accepts_is_not_dropped() {
         let mut listener = TcpDecodeListener::bind(loopback()).unwrap();
         let addr = listener.local_addr().unwrap();
         let peer = {
-            let cfg = cfg.clone();
-            std::thread::spawn(move || TcpPrefill::connect(addr, &cfg))
+            let (cfg, decode_id) = (w.prefill.clone(), w.decode_id);
+            std::thread::spawn(move || TcpPrefill::connect_to(addr, &decode_id, &cfg))
         };
         // The peer has connected and sent its first message.
         std::thread::sleep(Duration::from_millis(50));
@@ -549,7 +631,7 @@ fn a_handshake_spanning_several_bounded_accepts_is_not_dropped() {
             slices += 1;
             // Slices too short for a handshake: each ends right after the
             // listener's first pass over its connections.
-            match listener.accept_within(&cfg, Duration::from_nanos(1)) {
+            match listener.accept_within(&w.decode, Duration::from_nanos(1)) {
                 Ok(link) => break link,
                 Err(LinkError::AcceptTimeout { .. }) if Instant::now() < until => {}
                 Err(e) => panic!("{e}"),
@@ -561,7 +643,7 @@ fn a_handshake_spanning_several_bounded_accepts_is_not_dropped() {
             .expect("the peer's handshake completed");
         assert!(listener.refusals().is_empty(), "{:?}", listener.refusals());
         if slices > 1 {
-            real_peer_is_served(rig(prefill, link, &cfg));
+            real_peer_is_served(rig(prefill, link, &w.prefill, &w.decode));
             return;
         }
     }

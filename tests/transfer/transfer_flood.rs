@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use handoff::transfer::testing::peers::NeverAccepts;
 use handoff::transfer::{
-    AuthError, DecodeSide, LinkError, LinkKey, PrefillSide, Tcp, TcpDecodeListener, TcpPrefill,
+    AuthError, DecodeSide, LinkError, PrefillSide, Tcp, TcpDecodeListener, TcpPrefill,
     TransferConfig,
 };
 use handoff::{AdmissionLimits, HttpStatus, KvPool, PoolConfig, RequestId};
@@ -102,7 +102,8 @@ impl Flood {
 fn rig(
     prefill: TcpPrefill,
     decode: handoff::transfer::TcpDecode,
-    cfg: &TransferConfig,
+    pcfg: &TransferConfig,
+    dcfg: &TransferConfig,
 ) -> Rig<Tcp> {
     let g = geometry(handoff::KvDtype::BF16);
     let prefill_pool = KvPool::new(PoolConfig::new(g, 16, 8)).unwrap();
@@ -112,13 +113,13 @@ fn rig(
             prefill,
             prefill_pool.clone(),
             AdmissionLimits::new(64, 8, 16),
-            cfg.clone(),
+            pcfg.clone(),
         ),
         decode: DecodeSide::new(
             decode,
             decode_pool.clone(),
             AdmissionLimits::new(64, 8, 16),
-            cfg.clone(),
+            dcfg.clone(),
         ),
         prefill_pool,
         decode_pool,
@@ -130,10 +131,9 @@ fn the_real_peer_gets_in_through_a_flood_of_strangers_every_time() {
     let budget = handoff::transfer::tcp::MAX_PENDING_PER_SOURCE;
     let mut displaced = 0;
     for round in 0..20 {
-        let key = LinkKey::generate().unwrap();
-        let cfg = TransferConfig::default()
-            .with_link_key(key)
-            .with_auth_timeout(Duration::from_secs(3));
+        let base = TransferConfig::default().with_auth_timeout(Duration::from_secs(3));
+        let workers = support::deployment(&base, 2);
+        let (pcfg, (cfg, decode_id)) = (workers[0].0.clone(), workers[1].clone());
         let mut listener = TcpDecodeListener::bind(loopback()).unwrap();
         let addr = listener.local_addr().unwrap();
         let decode = {
@@ -150,7 +150,7 @@ fn the_real_peer_gets_in_through_a_flood_of_strangers_every_time() {
         });
 
         let t0 = Instant::now();
-        let prefill = TcpPrefill::connect(addr, &cfg);
+        let prefill = TcpPrefill::connect_to(addr, &decode_id, &pcfg);
         let waited = t0.elapsed();
         let (link, listener) = decode.join().unwrap();
         flood.stop();
@@ -176,7 +176,7 @@ fn the_real_peer_gets_in_through_a_flood_of_strangers_every_time() {
             .count();
 
         // The link is the peer's: a transfer over it verifies.
-        let mut rig = rig(prefill, link, &cfg);
+        let mut rig = rig(prefill, link, &pcfg, &cfg);
         let id = RequestId(round + 1);
         let _ = rig.decode.submit(request(id.0, 7, 24)).unwrap();
         rig.serve_one().unwrap();
@@ -196,17 +196,16 @@ fn the_real_peer_gets_in_through_a_flood_of_strangers_every_time() {
 
 #[test]
 fn a_connect_that_the_decode_end_never_accepts_fails_typed_within_its_deadline() {
-    let key = LinkKey::generate().unwrap();
     let limit = Duration::from_millis(400);
-    let cfg = TransferConfig::default()
-        .with_link_key(key.clone())
-        .with_auth_timeout(limit);
+    let workers = support::deployment(&TransferConfig::default().with_auth_timeout(limit), 2);
+    let (cfg, (dcfg, decode_id)) = (workers[0].0.clone(), workers[1].clone());
+    let connect = |addr, cfg: &TransferConfig| TcpPrefill::connect_to(addr, &decode_id, cfg);
 
     // The decode end completes the key exchange and opens the prefill
     // end's hello, then never hands the connection out as its link.
-    let never = NeverAccepts::start(&key).unwrap();
+    let never = NeverAccepts::start(dcfg.identity().unwrap()).unwrap();
     let t0 = Instant::now();
-    let e = TcpPrefill::connect(never.local_addr(), &cfg)
+    let e = connect(never.local_addr(), &cfg)
         .err()
         .expect("no link without the decode end's acceptance");
     let waited = t0.elapsed();
@@ -225,7 +224,7 @@ fn a_connect_that_the_decode_end_never_accepts_fails_typed_within_its_deadline()
     // waits in its queue, and the key exchange never completes.
     let listener = TcpDecodeListener::bind(loopback()).unwrap();
     let t0 = Instant::now();
-    let e = TcpPrefill::connect(listener.local_addr().unwrap(), &cfg)
+    let e = connect(listener.local_addr().unwrap(), &cfg)
         .err()
         .expect("no link from a listener that never accepts");
     let waited = t0.elapsed();
@@ -243,13 +242,13 @@ fn a_connect_that_the_decode_end_never_accepts_fails_typed_within_its_deadline()
     let addr = listener.local_addr().unwrap();
     let first = std::thread::spawn({
         let cfg = cfg.clone();
-        move || TcpPrefill::connect(addr, &cfg)
+        move || TcpPrefill::connect_to(addr, &decode_id, &cfg)
     });
     let taken = listener
-        .accept_within(&cfg, Duration::from_secs(10))
+        .accept_within(&dcfg, Duration::from_secs(10))
         .unwrap();
     let first = first.join().unwrap().unwrap();
-    let second = TcpPrefill::connect(addr, &cfg).err();
+    let second = connect(addr, &cfg).err();
     assert!(
         matches!(second, Some(LinkError::Auth(AuthError::Deadline { .. }))),
         "{second:?}"

@@ -36,7 +36,9 @@ fn a_nixl_prefill_end_refuses_a_decode_end_without_a_data_plane() {
         let nixl = NixlConfig {
             ucx_devices: Some("lo".into()),
         };
-        let err = Nixl::connect(addr, &cfg(), &nixl).map(|_| ()).unwrap_err();
+        let err = Nixl::connect(addr, None, &cfg(), &nixl)
+            .map(|_| ())
+            .unwrap_err();
         assert!(
             matches!(err, LinkError::DataPlane { .. }),
             "expected a data-plane error, got {err:?}"

@@ -64,6 +64,7 @@ fn valid_plan(request: RequestId, tenant: u32, len: usize) -> Plan {
         pages: pages(len.div_ceil(PAGE)),
         sampling: SamplingParams::default(),
         model: Some(PREFILL_MODEL),
+        peer: None,
         prefix_cache: true,
     }
 }

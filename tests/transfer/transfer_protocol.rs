@@ -77,7 +77,7 @@ fn break_with<T: Transfer>(t: T, cfg: TransferConfig, rule: FaultRule) -> (Integ
 
 fn wrong_nonce<T: Transfer>(t: T) {
     if t.name() == "tcp" {
-        // An unauthenticated peer (TCP without a link key) cannot end a
+        // An unauthenticated peer (TCP without identities) cannot end a
         // transfer with a nonce decode never issued: the receipt is ignored
         // and counted, never applied, and the target, whose only receipt it
         // was, times out (both ways: tests/transfer_auth.rs).

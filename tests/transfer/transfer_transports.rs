@@ -1,7 +1,7 @@
 //! Story: every transport keeps the same promises.
 //!
 //! One generic conformance suite runs against the in-process transport, TCP
-//! on loopback without a key, and TCP authenticated with a link key (every
+//! on loopback without a key, and TCP authenticated with worker keys (every
 //! frame sealed): KV arrives intact across page sizes and dtypes; memory in
 //! flight stays under the cap with a slow receiver; a cancel at any step
 //! frees nothing a write may still target; every wait ends in a typed

@@ -263,6 +263,7 @@ fn held_plan() -> Plan {
             .collect(),
         sampling: handoff::SamplingParams::default(),
         model: None,
+        peer: None,
         prefix_cache: false,
     }
 }
@@ -617,6 +618,7 @@ fn sample_frames() -> Vec<Frame<'static>> {
             model: Some(handoff::model::ModelFingerprint::from_u64(
                 0xabcd_ef01_2345_6789,
             )),
+            peer: Some(handoff::transfer::PeerId::from_bytes([0x5a; 32])),
             prefix_cache: true,
         })),
         Frame::ToPrefill(ToPrefill::Answer(Answer {

@@ -14,7 +14,7 @@ pub enum LinkKind {
     /// Channels in this process (the default).
     #[value(name = "inproc")]
     InProcess,
-    /// Loopback TCP, authenticated under a fresh link key (Noise NNpsk0,
+    /// Loopback TCP, authenticated with fresh worker keys (Noise IK,
     /// every frame sealed): the wire path of two machines.
     Tcp,
 }

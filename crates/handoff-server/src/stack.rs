@@ -1,8 +1,8 @@
 //! The engine behind the HTTP server: colocated (one [`Engine`] behind a
 //! [`Service`]) or disaggregated (a decode worker behind a [`Service`] and
 //! a prefill worker on its own thread, joined in-process or, with
-//! `--transport tcp`, over an authenticated loopback TCP link under a fresh
-//! link key). The routes see only a [`Submitter`] either way.
+//! `--transport tcp`, over an authenticated loopback TCP link, each worker
+//! with a fresh key of its own). The routes see only a [`Submitter`] either way.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -183,7 +183,8 @@ impl Stack {
         let window = dcfg.max_context();
         let (pair, pools) = match args.transport {
             LinkKind::InProcess => start_pair(&InProcess, args, pm, pcfg, m, dcfg)?,
-            // A fresh link key, so only this process's two workers can join.
+            // Fresh worker keys, each trusting only the other, so only this
+            // process's two workers can join.
             LinkKind::Tcp => start_pair(&TcpAuth, args, pm, pcfg, m, dcfg)?,
         };
         Ok(Stack {

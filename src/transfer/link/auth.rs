@@ -1,21 +1,27 @@
-//! Authenticated links: the deployment's link key, the handshake that proves
-//! both ends hold it, and the session keys that seal every frame after it.
+//! Authenticated links: the handshake that proves each end is the worker
+//! it claims to be, and one its peer trusts, and the session keys that seal
+//! every frame after it.
 //!
 //! # Design
 //!
-//! A deployment shares one 32-byte [`LinkKey`] between its prefill and decode
-//! workers (as it shares model weights). A TCP link configured with it
-//! ([`TransferConfig::with_link_key`](crate::transfer::TransferConfig::with_link_key))
-//! runs the Noise handshake `Noise_NNpsk0_25519_AESGCM_SHA256` (through the
-//! `snow` crate) before any frame:
+//! Every worker has its own long-term X25519 key pair
+//! ([`WorkerKey`](crate::transfer::link::identity::WorkerKey)); its public
+//! half is its [`PeerId`]. The operator pins the ids of the deployment's
+//! workers in an [`Allowlist`](crate::transfer::link::identity::Allowlist).
+//! A TCP link configured with an identity
+//! ([`TransferConfig::with_identity`](crate::transfer::TransferConfig::with_identity))
+//! runs the Noise handshake `Noise_IK_25519_AESGCM_SHA256` (through the
+//! `snow` crate) before any frame. The prefill end dials one decode worker
+//! by address *and* id (from the operator or the registry):
 //!
 //! ```text
-//! prefill (initiator)                       decode (responder)
-//!   -> psk, e          msg 1: sealed under a key derived from the link key
-//!                      (a stranger's msg 1 does not decrypt: refused)
-//!   <- e, ee           msg 2: sealed under the link key and the fresh
-//!                      ephemeral-ephemeral secret (prefill refuses a decode
-//!                      end without the key)
+//! prefill (initiator, knows decode's id)        decode (responder)
+//!   -> e, es, s, ss    msg 1: prefill's static key, sealed to decode's; its
+//!                      tag needs prefill's secret key. Decode opens it,
+//!                      learns prefill's id and refuses it unless it is on
+//!                      decode's allowlist (UnknownPeer), before answering
+//!   <- e, ee, se       msg 2: opens at prefill only if the answering end
+//!                      holds the secret of the id prefill dialled
 //!   -> Hello           the first frame, sealed under the session key: the
 //!                      proof that this initiator took part in *this*
 //!                      exchange (a replayed msg 1 cannot produce it)
@@ -24,30 +30,50 @@
 //!                      this connection out as its link
 //! ```
 //!
+//! The prefill end refuses to dial an id that is not on its own allowlist.
+//! Each refusal of an unknown peer is an [`AuthError::UnknownPeer`] and is
+//! counted on the worker's identity
+//! ([`Identity::refused_peers`](crate::transfer::link::identity::Identity::refused_peers)).
 //! Only after the prefill end's Hello opens does the decode end hand out
 //! the link; only after the decode end's Hello opens, within the handshake
 //! deadline, does the prefill end's `connect` return: a decode end that
-//! completed the exchange but never took the link (its link already taken,
-//! its owner no longer accepting) is [`AuthError::NotAccepted`], not a link
-//! that silently never carries a plan.
+//! completed the exchange but never took the link is
+//! [`AuthError::NotAccepted`], not a link that silently never carries a
+//! plan. Both ends then know the link's authenticated peer, and the decode
+//! side binds every plan, receipt and write to it.
+//!
+//! Why IK, and not XX or KK: the decode end must tell a trusted worker from
+//! a stranger at the *first* message, because its accept loop protects a
+//! connection that has begun a valid handshake from eviction by a flood; in
+//! IK the first message already names the initiator's key and proves it
+//! holds the secret, so a stranger's is refused at once (XX reveals the
+//! initiator only in its third message, so any stranger could begin one).
+//! KK would need the decode end to know which worker is dialling before
+//! the first byte, which an accept loop serving many prefill workers does
+//! not. IK's cost is that the prefill end must know the decode worker's id
+//! in advance, which it does: it picks the decode worker by id. No shared
+//! secret remains: with per-worker keys and the allowlist, a worker's key
+//! lets nobody pose as another worker, and removing a worker from the
+//! allowlist revokes it without touching the others, which a deployment-
+//! wide pre-shared key could not do (so none is kept).
 //!
 //! Every frame after the handshake is sealed with AEGIS-128X4 (the `aegis`
-//! crate: CFRG's AEGIS AEAD, built on the AES round) under a per-direction key from the handshake's split,
-//! with the frame counter as nonce and the frame header as associated data:
-//! plans, KV bytes, receipts (and so the per-page checksums they carry),
-//! aborts and credits are encrypted and bound to this session and to their
-//! place in it. A frame altered, replayed, reordered or written by anyone
-//! without the session key fails to open and closes the link
-//! ([`AuthError::Forged`]). The ephemerals give forward secrecy: a recorded
-//! session stays sealed if the link key leaks later.
+//! crate: CFRG's AEGIS AEAD, built on the AES round) under a per-direction
+//! key from the handshake's split, with the frame counter as nonce and the
+//! frame header as associated data: plans, KV bytes, receipts (and so the
+//! per-page checksums they carry), aborts and credits are encrypted and
+//! bound to this session and to their place in it. A frame altered,
+//! replayed, reordered or written by anyone without the session key fails
+//! to open and closes the link ([`AuthError::Forged`]). The ephemerals give
+//! forward secrecy: a recorded session stays sealed if a worker key leaks
+//! later.
 //!
-//! Why this and not mutual TLS: the deployment already distributes a secret
-//! (no CA, certificates or rotation to run for a two-process link), Noise
-//! NNpsk0 is a published, analysed pattern with a maintained implementation,
-//! and a whole 1 MiB KV frame is sealed in place with one tag, where TLS
-//! would split it into 16 KiB records. The handshake itself names AES-GCM
-//! (it seals the two 48-byte handshake messages); only the split's keys
-//! reach the frame cipher, and nothing else uses them.
+//! Why this and not mutual TLS: Noise IK with pinned public keys needs no
+//! CA or certificates, is a published, analysed pattern with a maintained
+//! implementation, and a whole 1 MiB KV frame is sealed in place with one
+//! tag, where TLS would split it into 16 KiB records. The handshake itself
+//! names AES-GCM (it seals the two handshake messages); only the split's
+//! keys reach the frame cipher, and nothing else uses them.
 //!
 //! Why AEGIS-128X4 for frames: on a link that moves gigabytes of KV the
 //! cipher's speed is the cost of authentication. AEGIS-128X4 runs four AES
@@ -61,22 +87,22 @@
 //! are in `BENCHMARKS.md`. Everything is encrypted and authenticated, KV
 //! included.
 //!
-//! Without a link key the TCP transport stays available on loopback only,
+//! Without an identity the TCP transport stays available on loopback only,
 //! unauthenticated and unencrypted: for tests, demos and single-user hosts.
 //! Any local process can then connect as the peer.
 
-use std::fmt;
+use std::sync::Arc;
 
 use aegis::aegis128x4::Aegis128X4;
 
 use crate::http::HttpStatus;
-use crate::transfer::error::LinkError;
+use crate::transfer::link::identity::{Identity, PeerId};
 
 /// The Noise pattern and primitives of every authenticated link.
-pub(crate) const NOISE_PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
+pub(crate) const NOISE_PATTERN: &str = "Noise_IK_25519_AESGCM_SHA256";
 /// Bound into the handshake: a peer of another protocol or version derives
 /// other keys.
-const PROLOGUE: &[u8] = b"handoff transfer link, frames v3 (AEGIS-128X4)";
+const PROLOGUE: &[u8] = b"handoff transfer link, worker keys (Noise IK), frames v4 (AEGIS-128X4)";
 /// First bytes of each handshake message ("HNDA": handoff, authenticated).
 pub(crate) const HS_MAGIC: [u8; 4] = *b"HNDA";
 /// Bytes of a handshake message's header: magic, version, length.
@@ -86,70 +112,12 @@ pub(crate) const HS_HEADER_LEN: usize = 8;
 /// authenticated: anyone could send it, and all it does is make the prefill
 /// end try again within its own deadline.
 pub(crate) const BUSY_MAGIC: [u8; 4] = *b"HNDB";
-/// Version of the handshake framing.
-pub(crate) const HS_VERSION: u16 = 1;
-/// The longest handshake message accepted (NNpsk0's are 48 bytes).
+/// Version of the handshake framing (2: Noise IK with worker keys).
+pub(crate) const HS_VERSION: u16 = 2;
+/// The longest handshake message accepted (IK's are 96 and 48 bytes).
 pub(crate) const HS_MAX: usize = 128;
 /// Bytes of the tag that ends every sealed frame.
 pub const TAG_LEN: usize = 16;
-
-/// The deployment's shared secret for its transfer links: 32 random bytes,
-/// the same at every prefill and decode worker of the deployment. Keep it
-/// as you keep other credentials (a secret store, a file only the service
-/// user reads); it never crosses the link. `Debug` does not print it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct LinkKey([u8; 32]);
-
-impl LinkKey {
-    /// A key from its 32 bytes.
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        LinkKey(bytes)
-    }
-
-    /// A fresh random key from the operating system's generator.
-    pub fn generate() -> Result<Self, LinkError> {
-        use ring::rand::SecureRandom;
-        let mut k = [0u8; 32];
-        ring::rand::SystemRandom::new()
-            .fill(&mut k)
-            .map_err(|_| AuthError::Crypto {
-                what: "the system random generator failed",
-            })?;
-        Ok(LinkKey(k))
-    }
-
-    /// A key from 64 hex digits (as [`LinkKey::to_hex`] writes it).
-    pub fn from_hex(s: &str) -> Result<Self, LinkError> {
-        let bad = LinkError::Config {
-            what: "a link key is 64 hex digits (32 bytes)",
-        };
-        let s = s.trim();
-        if s.len() != 64 || !s.is_ascii() {
-            return Err(bad);
-        }
-        let mut k = [0u8; 32];
-        for (i, b) in k.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad.clone())?;
-        }
-        Ok(LinkKey(k))
-    }
-
-    /// The key as 64 hex digits, to hand to another process of the
-    /// deployment.
-    pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for LinkKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("LinkKey(<redacted>)")
-    }
-}
 
 /// Why a connection was not authenticated, or an authenticated link ended.
 /// The connection is closed; nothing it sent was applied.
@@ -157,10 +125,10 @@ impl fmt::Debug for LinkKey {
 #[non_exhaustive]
 pub enum AuthError {
     #[error(
-        "the peer speaks the unauthenticated protocol: configure the same link key on both ends"
+        "the peer speaks the unauthenticated protocol: configure a worker identity on both ends"
     )]
     PeerUnauthenticated,
-    #[error("the peer expects an authenticated link: configure the same link key on both ends")]
+    #[error("the peer expects an authenticated link: configure a worker identity on both ends")]
     PeerAuthenticated,
     #[error("the peer sent {got:02x?}, not a handoff handshake: check the address")]
     NotHandoff { got: [u8; 4] },
@@ -171,10 +139,15 @@ pub enum AuthError {
     #[error("handshake message of {len} bytes exceeds {max}: the peer is not handoff or broken")]
     Oversized { len: usize, max: usize },
     #[error(
-        "the peer's handshake does not open under this deployment's link key: it holds another \
-         key or none; refused"
+        "the peer's handshake does not open: it does not hold the secret key of the worker it \
+         claims to be (or, at the prefill end, of the decode worker it dialled); refused"
     )]
     BadCredential,
+    #[error(
+        "peer {peer} is not on this worker's allowlist: refused (add its id to the allowlist if \
+         it belongs to the deployment)"
+    )]
+    UnknownPeer { peer: PeerId },
     #[error(
         "the peer finished the key exchange but could not prove the session key: a replayed or \
          forged handshake; refused"
@@ -199,7 +172,7 @@ pub enum AuthError {
     NotAccepted { waited_ms: u128 },
     #[error(
         "the decode end closed the connection during the handshake: it refused this peer (check \
-         that both ends hold the same link key)"
+         that each end's id is on the other's allowlist)"
     )]
     Closed,
     #[error(
@@ -224,19 +197,30 @@ impl HttpStatus for AuthError {
 }
 
 /// One side of a handshake in progress.
-pub(crate) struct Handshake(snow::HandshakeState);
+pub(crate) struct Handshake {
+    state: snow::HandshakeState,
+    identity: Arc<Identity>,
+}
 
 impl Handshake {
-    /// The prefill end's handshake (it connects).
-    pub(crate) fn initiator(key: &LinkKey) -> Result<Self, AuthError> {
-        Self::build(key, true)
+    /// The prefill end's handshake (it connects) to the decode worker
+    /// `responder`, which must be on this worker's allowlist.
+    pub(crate) fn initiator(
+        identity: &Arc<Identity>,
+        responder: &PeerId,
+    ) -> Result<Self, AuthError> {
+        if !identity.trusted().contains(responder) {
+            identity.refused_one();
+            return Err(AuthError::UnknownPeer { peer: *responder });
+        }
+        Self::build(identity, Some(responder))
     }
     /// The decode end's handshake (it listens).
-    pub(crate) fn responder(key: &LinkKey) -> Result<Self, AuthError> {
-        Self::build(key, false)
+    pub(crate) fn responder(identity: &Arc<Identity>) -> Result<Self, AuthError> {
+        Self::build(identity, None)
     }
 
-    fn build(key: &LinkKey, initiator: bool) -> Result<Self, AuthError> {
+    fn build(identity: &Arc<Identity>, remote: Option<&PeerId>) -> Result<Self, AuthError> {
         let crypto = |_| AuthError::Crypto {
             what: "the Noise handshake could not be set up",
         };
@@ -244,21 +228,26 @@ impl Handshake {
         let b = snow::Builder::new(params)
             .prologue(PROLOGUE)
             .map_err(crypto)?
-            .psk(0, key.bytes())
+            .local_private_key(identity.key().secret())
             .map_err(crypto)?;
-        let hs = if initiator {
-            b.build_initiator()
-        } else {
-            b.build_responder()
+        let state = match remote {
+            Some(peer) => b
+                .remote_public_key(peer.as_bytes())
+                .map_err(crypto)?
+                .build_initiator(),
+            None => b.build_responder(),
         };
-        Ok(Handshake(hs.map_err(crypto)?))
+        Ok(Handshake {
+            state: state.map_err(crypto)?,
+            identity: identity.clone(),
+        })
     }
 
     /// This side's next handshake message, framed (magic, version, length).
     pub(crate) fn write(&mut self) -> Result<Vec<u8>, AuthError> {
         let mut msg = [0u8; HS_MAX];
         let n = self
-            .0
+            .state
             .write_message(&[], &mut msg)
             .map_err(|_| AuthError::Crypto {
                 what: "a handshake message could not be written",
@@ -272,27 +261,49 @@ impl Handshake {
     }
 
     /// Reads the peer's handshake message (its body, after the header).
+    /// At the decode end this is the prefill end's first message, which
+    /// names its worker key and proves it holds the secret half: a worker
+    /// not on the allowlist is refused here, before any answer.
     pub(crate) fn read(&mut self, body: &[u8]) -> Result<(), AuthError> {
         let mut payload = [0u8; HS_MAX];
-        self.0
+        self.state
             .read_message(body, &mut payload)
-            .map(|_| ())
-            .map_err(|_| AuthError::BadCredential)
+            .map_err(|_| AuthError::BadCredential)?;
+        let peer = self.peer()?;
+        if !self.identity.trusted().contains(&peer) {
+            self.identity.refused_one();
+            return Err(AuthError::UnknownPeer { peer });
+        }
+        Ok(())
+    }
+
+    /// The peer's worker key, once its handshake message named it (the
+    /// decode end) or from the start (the prefill end, which dials one).
+    fn peer(&self) -> Result<PeerId, AuthError> {
+        self.state
+            .get_remote_static()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .map(PeerId::from_bytes)
+            .ok_or(AuthError::Crypto {
+                what: "the handshake has no remote static key",
+            })
     }
 
     /// The session's keys, once the exchange is complete.
     pub(crate) fn split(mut self) -> Result<Session, AuthError> {
-        if !self.0.is_handshake_finished() {
+        if !self.state.is_handshake_finished() {
             return Err(AuthError::Crypto {
                 what: "session keys asked for before the handshake finished",
             });
         }
-        let initiator = self.0.is_initiator();
-        let (i2r, r2i) = self.0.dangerously_get_raw_split();
+        let peer = self.peer()?;
+        let initiator = self.state.is_initiator();
+        let (i2r, r2i) = self.state.dangerously_get_raw_split();
         let (send, recv) = if initiator { (i2r, r2i) } else { (r2i, i2r) };
         Ok(Session {
             sealer: Sealer::new(&send),
             opener: Opener::new(&recv),
+            peer,
         })
     }
 }
@@ -327,6 +338,8 @@ pub(crate) fn hs_header(h: &[u8; HS_HEADER_LEN]) -> Result<usize, AuthError> {
 pub(crate) struct Session {
     pub(crate) sealer: Sealer,
     pub(crate) opener: Opener,
+    /// The peer's worker key, proved by the handshake.
+    pub(crate) peer: PeerId,
 }
 
 /// The frame cipher's key: the first 16 bytes of a direction's 32-byte
@@ -412,10 +425,24 @@ impl Opener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::link::identity::{Allowlist, WorkerKey};
 
-    fn pair(a: &LinkKey, b: &LinkKey) -> Result<(Session, Session), AuthError> {
-        let mut i = Handshake::initiator(a)?;
-        let mut r = Handshake::responder(b)?;
+    fn identity(trusted: &[PeerId]) -> (Arc<Identity>, PeerId) {
+        let key = WorkerKey::generate().unwrap();
+        let id = key.peer_id();
+        (
+            Arc::new(Identity::new(key, Allowlist::of(trusted.iter().copied()))),
+            id,
+        )
+    }
+
+    fn pair(
+        p: &Arc<Identity>,
+        d: &Arc<Identity>,
+        dialled: &PeerId,
+    ) -> Result<(Session, Session), AuthError> {
+        let mut i = Handshake::initiator(p, dialled)?;
+        let mut r = Handshake::responder(d)?;
         let m1 = i.write()?;
         r.read(&m1[HS_HEADER_LEN..])?;
         let m2 = r.write()?;
@@ -424,33 +451,71 @@ mod tests {
     }
 
     #[test]
-    fn both_ends_with_the_key_share_a_session_and_strangers_do_not() {
-        let key = LinkKey::generate().unwrap();
-        let (mut p, mut d) = pair(&key, &key).unwrap();
+    fn two_trusted_workers_share_a_session_and_each_learns_the_other() {
+        let (pk, dk) = (
+            WorkerKey::generate().unwrap(),
+            WorkerKey::generate().unwrap(),
+        );
+        let (pid, did) = (pk.peer_id(), dk.peer_id());
+        let both = Allowlist::of([pid, did]);
+        let p = Arc::new(Identity::new(pk, both.clone()));
+        let d = Arc::new(Identity::new(dk, both));
+        let (mut ps, mut ds) = pair(&p, &d, &did).unwrap();
+        assert_eq!((ps.peer, ds.peer), (did, pid));
         let header = [7u8; 16];
         let mut body = b"plan: tenant 7, prompt 1 2 3".to_vec();
-        let tag = p.sealer.seal(&header, &mut body).unwrap();
+        let tag = ps.sealer.seal(&header, &mut body).unwrap();
         assert_ne!(&body[..], b"plan: tenant 7, prompt 1 2 3", "encrypted");
         body.extend_from_slice(&tag);
         let mut replay = body.clone();
-        d.opener.open(&header, &mut body).unwrap();
+        ds.opener.open(&header, &mut body).unwrap();
         assert_eq!(&body[..], b"plan: tenant 7, prompt 1 2 3");
         // The same bytes again (a replay) are refused: the counter moved.
         assert_eq!(
-            d.opener.open(&header, &mut replay),
+            ds.opener.open(&header, &mut replay),
             Err(AuthError::Forged { seq: 1 })
         );
-
-        let other = LinkKey::generate().unwrap();
-        assert_eq!(pair(&other, &key).err(), Some(AuthError::BadCredential));
     }
 
     #[test]
-    fn a_key_survives_hex_and_debug_hides_it() {
-        let key = LinkKey::generate().unwrap();
-        assert_eq!(LinkKey::from_hex(&key.to_hex()).unwrap(), key);
-        assert!(!format!("{key:?}").contains(&key.to_hex()[..8]));
-        assert!(LinkKey::from_hex("12").is_err());
-        assert!(LinkKey::from_hex(&"zz".repeat(32)).is_err());
+    fn each_end_refuses_a_worker_off_its_allowlist_and_counts_it() {
+        let (stranger, sid) = identity(&[]);
+        let (d, did) = identity(&[]);
+        // The decode end does not trust the stranger (who trusts it).
+        let s2 = Arc::new(Identity::new(
+            WorkerKey::from_secret(*stranger.key().secret()).unwrap(),
+            Allowlist::of([did]),
+        ));
+        assert_eq!(
+            pair(&s2, &d, &did).err(),
+            Some(AuthError::UnknownPeer { peer: sid })
+        );
+        assert_eq!(d.refused_peers(), 1);
+        // The prefill end refuses to dial a decode worker it does not trust.
+        assert_eq!(
+            pair(&stranger, &d, &did).err(),
+            Some(AuthError::UnknownPeer { peer: did })
+        );
+        assert_eq!(stranger.refused_peers(), 1);
+    }
+
+    #[test]
+    fn a_decode_end_without_the_dialled_key_cannot_answer() {
+        let (pk, dk, ek) = (
+            WorkerKey::generate().unwrap(),
+            WorkerKey::generate().unwrap(),
+            WorkerKey::generate().unwrap(),
+        );
+        let (pid, did, eid) = (pk.peer_id(), dk.peer_id(), ek.peer_id());
+        let all = Allowlist::of([pid, did, eid]);
+        let p = Arc::new(Identity::new(pk, all.clone()));
+        // An impostor at the decode worker's address holds another
+        // (trusted) key: the prefill end's message, sealed to the dialled
+        // key, does not open there.
+        let impostor = Arc::new(Identity::new(ek, all));
+        assert_eq!(
+            pair(&p, &impostor, &did).err(),
+            Some(AuthError::BadCredential)
+        );
     }
 }

@@ -17,6 +17,7 @@ use crate::kv::{Held, KvSeq};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::LinkError;
 use crate::transfer::link::credits::{Credits, InFlightStats};
+use crate::transfer::link::identity::PeerId;
 use crate::transfer::link::landing::LandingZone;
 use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
@@ -39,6 +40,9 @@ pub struct InProcessPrefill {
     writes: Gate<WriteMsg>,
     control: Gate<ToDecode>,
     cfg: TransferConfig,
+    /// A label naming the decode end (nothing to authenticate in one
+    /// process).
+    peer: PeerId,
 }
 
 /// Decode end of an in-process link.
@@ -49,6 +53,8 @@ pub struct InProcessDecode {
     gate: Gate<ToPrefill>,
     stop: Option<Sender<()>>,
     lander: Option<JoinHandle<()>>,
+    /// A label naming the prefill end.
+    peer: PeerId,
 }
 
 impl Transfer for InProcess {
@@ -64,6 +70,13 @@ impl Transfer for InProcess {
         cfg: &TransferConfig,
     ) -> Result<(InProcessPrefill, InProcessDecode), LinkError> {
         cfg.validate()?;
+        // Labels naming the two ends (a worker's own id when it has one,
+        // so plans addressed to it pass its check).
+        let prefill_label = match cfg.peer_id() {
+            Some(id) => id,
+            None => PeerId::random_label()?,
+        };
+        let decode_label = PeerId::random_label()?;
         let (item_tx, item_rx) = crossbeam_channel::unbounded();
         let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
         let (ev_tx, ev_rx) = crossbeam_channel::unbounded();
@@ -87,6 +100,7 @@ impl Transfer for InProcess {
                 writes: Gate::new(cfg),
                 control: Gate::new(cfg),
                 cfg: cfg.clone(),
+                peer: decode_label,
             },
             InProcessDecode {
                 to_prefill: Some(ctl_tx),
@@ -95,6 +109,7 @@ impl Transfer for InProcess {
                 gate: Gate::new(cfg),
                 stop: Some(stop_tx),
                 lander: Some(lander),
+                peer: prefill_label,
             },
         ))
     }
@@ -219,6 +234,10 @@ impl PrefillLink for InProcessPrefill {
         self.credits.stats()
     }
 
+    fn peer(&self) -> Option<PeerId> {
+        Some(self.peer)
+    }
+
     fn close(&mut self) {
         self.to_decode = None;
         self.credits.close();
@@ -228,6 +247,10 @@ impl PrefillLink for InProcessPrefill {
 impl DecodeLink for InProcessDecode {
     fn landing(&self) -> &Arc<LandingZone> {
         &self.landing
+    }
+
+    fn peer(&self) -> Option<PeerId> {
+        Some(self.peer)
     }
 
     fn send(&mut self, msg: ToPrefill) -> Result<(), LinkError> {

@@ -1,11 +1,12 @@
 //! The transport abstraction: one link joins one prefill worker and one
-//! decode worker. Transports move messages and KV bytes; the protocol (what
+//! decode worker; a worker holds as many links as it has peers. Transports move messages and KV bytes; the protocol (what
 //! is sent when, and what is verified) lives in the sides, so a new
 //! transport (CUDA device copies, NCCL) adds a `Transfer` implementation and
 //! changes no protocol type.
 
 pub mod auth;
 pub(crate) mod credits;
+pub mod identity;
 mod inproc;
 pub(crate) mod landing;
 #[cfg(feature = "nixl")]
@@ -24,6 +25,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use crate::kv::{Held, KvSeq};
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::LinkError;
+use crate::transfer::link::identity::PeerId;
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
 
 /// A way to connect a prefill worker with a decode worker.
@@ -52,6 +54,10 @@ pub trait PrefillLink: Send {
     fn send(&mut self, msg: ToDecode) -> Result<(), LinkError>;
     /// The link's in-flight accounting.
     fn in_flight(&self) -> InFlightStats;
+    /// The decode worker at the other end: the id it proved in the
+    /// handshake, or for a link inside this process a label naming that
+    /// end; `None` for a peer that proved nothing.
+    fn peer(&self) -> Option<PeerId>;
     /// Closes the link; the peer sees a disconnect. Idempotent.
     fn close(&mut self);
 }
@@ -62,14 +68,19 @@ pub trait PrefillLink: Send {
 pub trait DecodeLink: Send {
     /// Where this link lands KV writes.
     fn landing(&self) -> &Arc<LandingZone>;
+    /// The prefill worker at the other end: the id it proved in the
+    /// handshake (a worker on this end's allowlist), or for a link inside
+    /// this process a label naming that end; `None` for a peer that proved
+    /// nothing (TCP on loopback without identities). Plans sent on this
+    /// link are addressed to it, and only its receipts can complete them
+    /// (see [`crate::transfer::DecodeSide`]).
+    fn peer(&self) -> Option<PeerId>;
     /// True when every message on this link comes from a peer that proved
-    /// it holds the deployment's link key, or from this process (the
-    /// default: in-process links). A transport that can carry an
-    /// unauthenticated peer answers false for such a link. Decides what a
-    /// receipt naming a live request with a nonce this side never issued
-    /// does (see [`crate::transfer::DecodeSide`]).
+    /// who it is, or from this process. Decides what a receipt naming a
+    /// live request with a nonce this side never issued does (see
+    /// [`crate::transfer::DecodeSide`]).
     fn peer_authenticated(&self) -> bool {
-        true
+        self.peer().is_some()
     }
     /// Sends a plan or an answer.
     fn send(&mut self, msg: ToPrefill) -> Result<(), LinkError>;

@@ -1,6 +1,7 @@
-//! The decode side of a transfer: admission, destination pages, plans, and
-//! the verdicts of the verifier (`super::verify`), the only code that turns received KV
-//! into KV decode reads.
+//! The decode side of a transfer: admission, destination pages, plans
+//! addressed to one of its links' peers, and the verdicts of the verifier
+//! (`super::verify`), the only code that turns received KV into KV decode
+//! reads.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -11,8 +12,9 @@ use crate::request::Request;
 use crate::sampling::TokenLogprobs;
 use crate::sched::{AdmissionLimits, Rejection, Scheduler, Ticket};
 use crate::transfer::config::{TransferConfig, deadline};
-use crate::transfer::error::{LinkError, TransferError, Wait};
+use crate::transfer::error::{IntegrityError, LinkError, TransferError, Wait};
 use crate::transfer::link::DecodeLink;
+use crate::transfer::link::identity::PeerId;
 use crate::transfer::link::landing::{Destination, LandingZone};
 use crate::transfer::protocol::ended::{EndedNonces, REMEMBERED};
 use crate::transfer::protocol::verify::{Expected, verify};
@@ -106,6 +108,13 @@ pub struct DecodeStats {
     pub ignored_aborts: u64,
     /// Requests this side turned away after admitting them (draining).
     pub refused: u64,
+    /// Receipts for a live transfer that arrived over a link whose
+    /// authenticated peer is not the one its plan was addressed to: the
+    /// transfer failed ([`IntegrityError::WrongPeer`]), nothing landed
+    /// became readable.
+    ///
+    /// [`IntegrityError::WrongPeer`]: crate::transfer::IntegrityError::WrongPeer
+    pub cross_peer_receipts_refused: u64,
 }
 
 #[derive(Debug)]
@@ -115,21 +124,39 @@ struct Live {
     tokens: u32,
     pages: Vec<PlannedPage>,
     deadline: Instant,
+    /// The link (index into the side's links) the plan went out on: its
+    /// peer is the one the plan is addressed to.
+    link: usize,
+}
+
+/// One link of a decode side, with its peer and, once it ended, why.
+struct Slot<L> {
+    link: L,
+    peer: Option<PeerId>,
+    error: Option<LinkError>,
 }
 
 /// Messages a [`DecodeSide::poll`] handles past its timeout, from those
-/// already waiting on the link. A decode worker that is generating polls
+/// already waiting on the links. A decode worker that is generating polls
 /// with a zero timeout; receipts that arrived during its step land at the
 /// next, up to this many (each verified over its landed bytes).
 pub const POLL_BURST: usize = 64;
 
-/// The decode worker's half of the protocol over one link.
+/// How long a poll over several links waits on one of them before it looks
+/// at the others again.
+const SLICE: Duration = Duration::from_millis(1);
+
+/// The decode worker's half of the protocol, over one link or several (one
+/// per prefill worker, each keyed by its peer's [`PeerId`]).
 ///
 /// Drive it from one thread: [`DecodeSide::submit`] admits (a typed
 /// [`Rejection`] if the request can never fit this pool; otherwise it waits
-/// until pages are free), reserves destination pages and sends the plan;
-/// [`DecodeSide::poll`] lands receipts and aborts and reports each
-/// transfer's [`DecodeOutcome`]; [`DecodeSide::cancel`] stops one.
+/// until pages are free), reserves destination pages and sends the plan,
+/// addressed to one link's peer ([`DecodeSide::submit_to`] names it;
+/// [`DecodeSide::submit`] takes the live links in turn);
+/// [`DecodeSide::poll`] lands receipts and aborts from every link and
+/// reports each transfer's [`DecodeOutcome`]; [`DecodeSide::cancel`] stops
+/// one.
 ///
 /// A transfer is named by its nonce, not its request id: a late message of
 /// a transfer that has ended is ignored and counted, even when the client
@@ -137,9 +164,22 @@ pub const POLL_BURST: usize = 64;
 /// transfer has ended; a host that goes on generating for the request must
 /// keep its ids unique while it does (the engine layer's `DecodeWorker`
 /// refuses a live id with [`Rejection::DuplicateId`]).
+///
+/// A transfer is bound to the peer its plan was addressed to: its
+/// destination is registered in that link's landing zone only (a write for
+/// its nonce from any other link finds no destination there and never
+/// lands), and a receipt for its nonce that arrives over another link, even
+/// from an authenticated worker, fails the transfer
+/// ([`IntegrityError::WrongPeer`](crate::transfer::IntegrityError::WrongPeer),
+/// counted in [`DecodeStats::cross_peer_receipts_refused`]).
 pub struct DecodeSide<L: DecodeLink> {
-    link: L,
-    link_error: Option<LinkError>,
+    links: Vec<Slot<L>>,
+    /// The link `submit` addresses next.
+    turn: usize,
+    /// Where a poll over several links looks first.
+    listen_from: usize,
+    /// Requests `submit_to` addressed to a link, until their plan is sent.
+    addressed: HashMap<RequestId, usize>,
     pool: KvPool,
     sched: Scheduler,
     cfg: TransferConfig,
@@ -156,19 +196,27 @@ pub struct DecodeSide<L: DecodeLink> {
 }
 
 impl<L: DecodeLink> DecodeSide<L> {
-    /// A decode side admitting against `limits` (which should require the
-    /// pool to hold prompt plus max new tokens of every request it accepts,
-    /// as [`AdmissionLimits::from_config`] of a decode config does), bounded
-    /// by `pool` itself: a request the pool can never hold is rejected,
-    /// whatever pool the limits were written for. Plans name the model of
-    /// [`TransferConfig::with_model`] (a host running its own model should
-    /// set its [`ModelFingerprint`](crate::fingerprint::ModelFingerprint)
-    /// there, as `Model::fingerprint` gives it).
+    /// A decode side over `link`, admitting against `limits` (which should
+    /// require the pool to hold prompt plus max new tokens of every request
+    /// it accepts, as [`AdmissionLimits::from_config`] of a decode config
+    /// does), bounded by `pool` itself: a request the pool can never hold is
+    /// rejected, whatever pool the limits were written for. Plans name the
+    /// model of [`TransferConfig::with_model`] (a host running its own model
+    /// should set its [`ModelFingerprint`](crate::fingerprint::ModelFingerprint)
+    /// there, as `Model::fingerprint` gives it). More links join with
+    /// [`DecodeSide::add_link`].
     pub fn new(link: L, pool: KvPool, limits: AdmissionLimits, cfg: TransferConfig) -> Self {
         let limits = limits.within_pool(pool.capacity(), pool.page_size());
+        let peer = link.peer();
         DecodeSide {
-            link,
-            link_error: None,
+            links: vec![Slot {
+                link,
+                peer,
+                error: None,
+            }],
+            turn: 0,
+            listen_from: 0,
+            addressed: HashMap::new(),
             pool,
             sched: Scheduler::new(limits),
             cfg,
@@ -182,6 +230,56 @@ impl<L: DecodeLink> DecodeSide<L> {
         }
     }
 
+    /// Adds a link to another prefill worker; returns its peer's id, by
+    /// which [`DecodeSide::submit_to`] addresses plans to it. Every link of
+    /// a side with several must name its peer (an authenticated link, or
+    /// one inside this process), and no two the same peer
+    /// ([`LinkError::Config`] otherwise; the link is closed).
+    pub fn add_link(&mut self, mut link: L) -> Result<PeerId, LinkError> {
+        let refuse = |link: &mut L, what| {
+            link.close();
+            Err(LinkError::Config { what })
+        };
+        let Some(peer) = link.peer() else {
+            return refuse(
+                &mut link,
+                "a decode side with several links needs each link's peer identified: \
+                 authenticate the link (TransferConfig::with_identity)",
+            );
+        };
+        if self.links.iter().any(|s| s.peer.is_none()) {
+            return refuse(
+                &mut link,
+                "this decode side's first link has an unidentified peer: it takes no other link",
+            );
+        }
+        if self
+            .links
+            .iter()
+            .any(|s| s.peer == Some(peer) && s.error.is_none())
+        {
+            return refuse(
+                &mut link,
+                "this decode side already holds a live link to that peer",
+            );
+        }
+        self.links.push(Slot {
+            link,
+            peer: Some(peer),
+            error: None,
+        });
+        Ok(peer)
+    }
+
+    /// The peers of the links that are still up.
+    pub fn peers(&self) -> Vec<PeerId> {
+        self.links
+            .iter()
+            .filter(|s| s.error.is_none())
+            .filter_map(|s| s.peer)
+            .collect()
+    }
+
     /// The destination pool.
     pub fn pool(&self) -> &KvPool {
         &self.pool
@@ -190,26 +288,48 @@ impl<L: DecodeLink> DecodeSide<L> {
     pub fn stats(&self) -> DecodeStats {
         self.stats
     }
-    /// The link's landing zone (stray and refused write counters).
+    /// The first link's landing zone (stray and refused write counters).
     pub fn landing(&self) -> &LandingZone {
-        self.link.landing()
+        self.links[0].link.landing()
+    }
+    /// The landing zone of the link to `peer`, if this side holds one.
+    pub fn landing_of(&self, peer: &PeerId) -> Option<&LandingZone> {
+        let i = self.index_of(peer)?;
+        Some(self.links[i].link.landing())
     }
     /// Transfers in flight (planned, not yet ended).
     pub fn in_flight(&self) -> usize {
         self.live.len()
     }
-    /// Receipts and aborts that have arrived on the link and wait for the
+    /// Receipts and aborts that have arrived on the links and wait for the
     /// next [`DecodeSide::poll`] (the backlog the next step lands).
     pub fn arrived(&self) -> usize {
-        self.link.arrived()
+        self.links.iter().map(|s| s.link.arrived()).sum()
     }
     /// Requests waiting for destination pages.
     pub fn waiting(&self) -> usize {
         self.sched.waiting()
     }
-    /// The error that ended the link, if it has ended.
+    /// The error that ended this side's links, once every one has ended
+    /// (the first link's): the side serves nothing more.
     pub fn link_error(&self) -> Option<&LinkError> {
-        self.link_error.as_ref()
+        if self.links.iter().all(|s| s.error.is_some()) {
+            self.links[0].error.as_ref()
+        } else {
+            None
+        }
+    }
+
+    /// True once every link has ended.
+    fn ended_all(&self) -> bool {
+        self.links.iter().all(|s| s.error.is_some())
+    }
+
+    /// The live link to `peer`.
+    fn index_of(&self, peer: &PeerId) -> Option<usize> {
+        self.links
+            .iter()
+            .position(|s| s.peer.as_ref() == Some(peer) && s.error.is_none())
     }
 
     /// Requests whose client an injected fault cancelled (fault injection
@@ -219,9 +339,25 @@ impl<L: DecodeLink> DecodeSide<L> {
     }
 
     /// Admits `req` (or rejects it at once, allocating nothing) and starts
-    /// its transfer as soon as its pages are free.
+    /// its transfer as soon as its pages are free, addressed to the next
+    /// live link's peer in turn.
     pub fn submit(&mut self, req: Request) -> Result<Ticket, Rejection> {
         let ticket = self.sched.submit(req)?;
+        self.pump();
+        Ok(ticket)
+    }
+
+    /// [`DecodeSide::submit`], addressed to the prefill worker `peer`. A
+    /// peer this side holds no live link to is refused with
+    /// [`Rejection::ShuttingDown`] (503: route the request to another
+    /// worker).
+    pub fn submit_to(&mut self, req: Request, peer: &PeerId) -> Result<Ticket, Rejection> {
+        let id = req.id;
+        let Some(link) = self.index_of(peer) else {
+            return Err(Rejection::ShuttingDown { id });
+        };
+        let ticket = self.sched.submit(req)?;
+        self.addressed.insert(id, link);
         self.pump();
         Ok(ticket)
     }
@@ -231,6 +367,7 @@ impl<L: DecodeLink> DecodeSide<L> {
     pub fn cancel(&mut self, id: RequestId) -> CancelOutcome {
         if self.sched.remove_waiting(id).is_some() {
             self.sched.finish(id);
+            self.addressed.remove(&id);
             self.stats.cancelled += 1;
             return CancelOutcome::Dequeued;
         }
@@ -246,7 +383,7 @@ impl<L: DecodeLink> DecodeSide<L> {
 
     /// Waits up to `timeout` for transfers to end; returns those that did
     /// (verified, failed, aborted, timed out). Returns early once something
-    /// ended, after handling every message already waiting on the link (at
+    /// ended, after handling every message already waiting on the links (at
     /// most [`POLL_BURST`] past the timeout): a decode worker that is
     /// generating polls with a zero timeout once a step, and lands every
     /// receipt that has arrived, not one a step.
@@ -257,7 +394,7 @@ impl<L: DecodeLink> DecodeSide<L> {
         loop {
             self.expire();
             self.pump();
-            if self.link_error.is_some() {
+            if self.ended_all() {
                 break;
             }
             let now = Instant::now();
@@ -273,9 +410,9 @@ impl<L: DecodeLink> DecodeSide<L> {
             } else {
                 Duration::ZERO
             };
-            match self.link.recv(wait) {
-                Ok(Some(msg)) => {
-                    self.handle(msg);
+            match self.next_message(wait) {
+                Some((from, Ok(msg))) => {
+                    self.handle(from, msg);
                     // Past the timeout only messages already waiting are
                     // handled (the wait above is then zero), and at most
                     // POLL_BURST of them: a peer that never stops sending
@@ -287,28 +424,69 @@ impl<L: DecodeLink> DecodeSide<L> {
                         }
                     }
                 }
-                Ok(None) => {
+                None => {
                     if !self.outcomes.is_empty() || Instant::now() >= until {
                         break;
                     }
                 }
-                Err(e) => self.link_lost(e),
+                Some((from, Err(e))) => self.link_lost(from, e),
             }
         }
         self.expire();
         std::mem::take(&mut self.outcomes)
     }
 
-    /// Fails every transfer and waiting request, and closes the link.
+    /// The next receipt or abort from any live link, and the link it came
+    /// on, waiting at most `wait`; `None` when nothing came in time. With
+    /// one live link this is that link's own wait; with several, each is
+    /// looked at in turn, and the wait is spent in slices of [`SLICE`] on
+    /// one link after another.
+    fn next_message(&mut self, wait: Duration) -> Option<(usize, Result<ToDecode, LinkError>)> {
+        let live: Vec<usize> = (0..self.links.len())
+            .filter(|&i| self.links[i].error.is_none())
+            .collect();
+        let from = |i: usize, r: Result<Option<ToDecode>, LinkError>| match r {
+            Ok(Some(m)) => Some((i, Ok(m))),
+            Ok(None) => None,
+            Err(e) => Some((i, Err(e))),
+        };
+        if let [i] = live[..] {
+            return from(i, self.links[i].link.recv(wait));
+        }
+        let until = deadline(Instant::now(), wait);
+        let mut next = self.listen_from;
+        loop {
+            for k in 0..live.len() {
+                let i = live[(next + k) % live.len()];
+                if let Some(got) = from(i, self.links[i].link.recv(Duration::ZERO)) {
+                    // The next look starts after this link: a busy peer
+                    // does not starve the others.
+                    self.listen_from = (next + k + 1) % live.len();
+                    return Some(got);
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || live.is_empty() {
+                return None;
+            }
+            let i = live[next % live.len()];
+            next = next.wrapping_add(1);
+            if let Some(got) = from(i, self.links[i].link.recv(left.min(SLICE))) {
+                return Some(got);
+            }
+        }
+    }
+
+    /// Fails every transfer and waiting request, and closes every link.
     #[must_use = "each outcome is a request that ended with the link: report it to its client"]
     pub fn shutdown(&mut self) -> Vec<DecodeOutcome> {
-        self.link_lost(LinkError::Disconnected);
+        self.lose_all(LinkError::Disconnected);
         std::mem::take(&mut self.outcomes)
     }
 
     /// Starts the transfers of waiting requests whose pages are free now.
     fn pump(&mut self) {
-        while self.link_error.is_none() {
+        while !self.ended_all() {
             let free = self.pool.stats().free;
             let pool = &self.pool;
             let Some(req) = self
@@ -321,8 +499,33 @@ impl<L: DecodeLink> DecodeSide<L> {
         }
     }
 
+    /// The link a request's plan goes out on: the one `submit_to` named, or
+    /// the next live one in turn. `None` when the named link has ended.
+    fn pick_link(&mut self, id: RequestId) -> Option<usize> {
+        if let Some(i) = self.addressed.remove(&id) {
+            return self.links[i].error.is_none().then_some(i);
+        }
+        let n = self.links.len();
+        let i = (0..n)
+            .map(|k| (self.turn + k) % n)
+            .find(|&i| self.links[i].error.is_none())?;
+        self.turn = (i + 1) % n;
+        Some(i)
+    }
+
     fn start(&mut self, req: Request) {
         let id = req.id;
+        let Some(link) = self.pick_link(id) else {
+            let e = self.links.iter().find_map(|s| s.error.clone());
+            self.sched.finish(id);
+            self.stats.link_failures += 1;
+            self.outcomes.push(DecodeOutcome {
+                request: id,
+                tenant: req.tenant,
+                result: Err(TransferError::Link(e.unwrap_or(LinkError::Disconnected))),
+            });
+            return;
+        };
         // Pages for prompt and every token it may generate: decode never
         // runs out mid-generation.
         let seq = match self.pool.reserve_for_receive(id, req.max_total_tokens()) {
@@ -353,9 +556,12 @@ impl<L: DecodeLink> DecodeSide<L> {
             pages: pages.clone(),
             sampling: req.sampling.clone(),
             model: self.cfg.model(),
+            peer: self.links[link].peer,
             prefix_cache: req.prefix_cache,
         };
-        self.link
+        // The destination waits in the addressed link's landing zone only.
+        self.links[link]
+            .link
             .landing()
             .register(nonce, Destination::new(id, tokens, seq));
         let live = Live {
@@ -364,20 +570,21 @@ impl<L: DecodeLink> DecodeSide<L> {
             nonce,
             pages,
             deadline: deadline(Instant::now(), self.cfg.receipt_timeout()),
+            link,
         };
         self.stats.planned += 1;
         let fault = self.worker_step(Step::PlanSent, id);
         if fault == Some(WorkerFault::Kill) {
             self.by_nonce.insert(nonce, id);
             self.live.insert(id, live);
-            self.link_lost(LinkError::Killed);
+            self.lose_all(LinkError::Killed);
             return;
         }
         if fault == Some(WorkerFault::Reject) || std::mem::take(&mut self.reject_next) {
             self.refuse(&live, None);
             return;
         }
-        match self.link.send(ToPrefill::Plan(plan)) {
+        match self.links[link].link.send(ToPrefill::Plan(plan)) {
             Ok(()) => {
                 self.by_nonce.insert(nonce, id);
                 self.live.insert(id, live);
@@ -391,37 +598,42 @@ impl<L: DecodeLink> DecodeSide<L> {
                     tenant: live.request.tenant,
                     result: Err(TransferError::Link(e.clone())),
                 });
-                self.link_lost(e);
+                self.link_lost(link, e);
             }
         }
     }
 
-    fn handle(&mut self, msg: ToDecode) {
+    fn handle(&mut self, from: usize, msg: ToDecode) {
         match msg {
-            ToDecode::Receipt(r) => self.on_receipt(r),
-            ToDecode::Abort(a) => self.on_abort(a),
+            ToDecode::Receipt(r) => self.on_receipt(from, r),
+            ToDecode::Abort(a) => self.on_abort(from, a),
         }
     }
 
-    /// Finds the transfer a message belongs to: by nonce; not at all for
-    /// the nonce of a transfer that has ended (a late message, even if a
-    /// new transfer for the same request id is live); else (a nonce this
-    /// side never issued, naming a live request) by the request it names
-    /// only when the peer is authenticated (or in this process): a peer
-    /// that proved it holds the link key and still sends a wrong nonce is
-    /// broken or lying, and the request fails closed
-    /// ([`IntegrityError::NonceMismatch`]). From an unauthenticated peer
-    /// (TCP on loopback without a link key) such a message is ignored and
-    /// counted, so a peer that proved nothing cannot end a transfer it
+    /// Finds the transfer a message that came on link `from` belongs to:
+    /// by nonce; not at all for the nonce of a transfer that has ended (a
+    /// late message, even if a new transfer for the same request id is
+    /// live); else (a nonce this side never issued, naming a live request)
+    /// by the request it names only when the peer is authenticated (or in
+    /// this process) and the request's plan went to that same peer: a peer
+    /// that proved who it is and still sends a wrong nonce for its own
+    /// transfer is broken or lying, and the request fails closed
+    /// ([`IntegrityError::NonceMismatch`](crate::transfer::IntegrityError::NonceMismatch)).
+    /// From an unauthenticated peer (TCP on loopback without identities), or
+    /// naming another peer's transfer (request ids are guessable), such a
+    /// message is ignored and counted, so a peer cannot end a transfer it
     /// cannot name; the transfer goes on to its real receipt or its timeout.
-    fn route(&self, nonce: Nonce, request: RequestId) -> Option<RequestId> {
+    fn route(&self, from: usize, nonce: Nonce, request: RequestId) -> Option<RequestId> {
         if let Some(&id) = self.by_nonce.get(&nonce) {
             return Some(id);
         }
-        if self.ended.contains(&nonce) || !self.link.peer_authenticated() {
+        if self.ended.contains(&nonce) || !self.links[from].link.peer_authenticated() {
             return None;
         }
-        self.live.contains_key(&request).then_some(request)
+        self.live
+            .get(&request)
+            .is_some_and(|l| l.link == from)
+            .then_some(request)
     }
 
     /// The transfer with `nonce` has ended: messages for it are ignored.
@@ -430,8 +642,8 @@ impl<L: DecodeLink> DecodeSide<L> {
         self.ended.insert(nonce);
     }
 
-    fn on_abort(&mut self, a: Abort) {
-        let Some(id) = self.route(a.nonce, a.request) else {
+    fn on_abort(&mut self, from: usize, a: Abort) {
+        let Some(id) = self.route(from, a.nonce, a.request) else {
             self.stats.ignored_aborts += 1;
             return;
         };
@@ -439,8 +651,9 @@ impl<L: DecodeLink> DecodeSide<L> {
             self.stats.ignored_aborts += 1;
             return;
         };
-        if live.nonce != a.nonce || live.request.id != a.request {
-            // A garbled abort does not end someone else's transfer.
+        if live.nonce != a.nonce || live.request.id != a.request || live.link != from {
+            // A garbled abort, or one from another peer, does not end
+            // someone else's transfer.
             self.stats.ignored_aborts += 1;
             return;
         }
@@ -462,8 +675,8 @@ impl<L: DecodeLink> DecodeSide<L> {
         });
     }
 
-    fn on_receipt(&mut self, r: Receipt) {
-        let Some(id) = self.route(r.nonce, r.request) else {
+    fn on_receipt(&mut self, from: usize, r: Receipt) {
+        let Some(id) = self.route(from, r.nonce, r.request) else {
             self.stats.ignored_receipts += 1;
             return;
         };
@@ -473,15 +686,16 @@ impl<L: DecodeLink> DecodeSide<L> {
         };
         self.forget(live.nonce);
         // Fence first: from here no write can land in these pages.
-        let dest = self.link.landing().take(live.nonce);
+        let dest = self.links[live.link].link.landing().take(live.nonce);
         let tenant = live.request.tenant;
         let expected = Expected {
             request: id,
             nonce: live.nonce,
+            peer: self.links[live.link].peer,
             tokens: live.tokens,
             pages: &live.pages,
         };
-        let verdict = verify(&self.pool, expected, &r, dest);
+        let verdict = verify(&self.pool, expected, self.links[from].peer, &r, dest);
         self.sched.finish(id);
         let result = match verdict {
             Ok(seq) => match self.worker_step(Step::AckSent, id) {
@@ -494,7 +708,7 @@ impl<L: DecodeLink> DecodeSide<L> {
                         tenant,
                         result: Err(TransferError::Link(LinkError::Killed)),
                     });
-                    self.link_lost(LinkError::Killed);
+                    self.lose_all(LinkError::Killed);
                     return;
                 }
                 Some(WorkerFault::Reject) => {
@@ -515,8 +729,12 @@ impl<L: DecodeLink> DecodeSide<L> {
             },
             Err(refused) => {
                 let (e, dest) = *refused;
-                self.release_dest(id, dest);
+                if matches!(e, IntegrityError::WrongPeer { .. }) {
+                    self.stats.cross_peer_receipts_refused += 1;
+                }
+                self.release_dest(live.link, id, dest);
                 self.stats.integrity_failures += 1;
+                // The peer the plan was addressed to releases its source.
                 self.answer(&live, Verdict::Fail(FailReason::Integrity));
                 Err(TransferError::Integrity(e))
             }
@@ -530,28 +748,31 @@ impl<L: DecodeLink> DecodeSide<L> {
 
     fn answer(&mut self, live: &Live, verdict: Verdict) {
         // A lost answer only delays prefill's release until its ack timeout.
-        let _ = self.link.send(ToPrefill::Answer(Answer {
-            request: live.request.id,
-            nonce: live.nonce,
-            verdict,
-        }));
+        let slot = &mut self.links[live.link];
+        if slot.error.is_none() {
+            let _ = slot.link.send(ToPrefill::Answer(Answer {
+                request: live.request.id,
+                nonce: live.nonce,
+                verdict,
+            }));
+        }
     }
 
     /// Fences the transfer, scrubs and frees its destination pages.
     fn fence_and_release(&mut self, live: &Live) {
-        let dest = self.link.landing().take(live.nonce);
-        self.release_dest(live.request.id, dest);
+        let dest = self.links[live.link].link.landing().take(live.nonce);
+        self.release_dest(live.link, live.request.id, dest);
     }
 
-    /// Scrubs and frees a fenced destination.
-    fn release_dest(&mut self, id: RequestId, dest: Option<Destination>) {
+    /// Scrubs and frees a fenced destination of a transfer on `link`.
+    fn release_dest(&mut self, link: usize, id: RequestId, dest: Option<Destination>) {
         if at_release(&self.cfg, id) {
-            self.link.close();
+            self.links[link].link.close();
         }
         drop(dest);
-        if self.link_error.is_none() {
+        if !self.ended_all() {
             match self.worker_step(Step::Release, id) {
-                Some(WorkerFault::Kill) => self.link_lost(LinkError::Killed),
+                Some(WorkerFault::Kill) => self.lose_all(LinkError::Killed),
                 Some(WorkerFault::Reject) => self.reject_next = true,
                 _ => {}
             }
@@ -561,12 +782,12 @@ impl<L: DecodeLink> DecodeSide<L> {
     fn end_failed(&mut self, live: &Live, why: FailReason) {
         self.fence_and_release(live);
         self.sched.finish(live.request.id);
-        if self.link_error.is_none()
+        if !self.ended_all()
             && self.worker_step(Step::AckSent, live.request.id) == Some(WorkerFault::Kill)
         {
             // The worker dies before telling prefill: prefill's ack timeout
             // or the closed link releases the source pages.
-            self.link_lost(LinkError::Killed);
+            self.lose_all(LinkError::Killed);
             return;
         }
         self.answer(live, Verdict::Fail(why));
@@ -634,15 +855,31 @@ impl<L: DecodeLink> DecodeSide<L> {
         }
     }
 
-    fn link_lost(&mut self, e: LinkError) {
-        if self.link_error.is_none() {
-            self.link_error = Some(e.clone());
+    /// The whole worker is gone (killed, shut down): every link ends.
+    fn lose_all(&mut self, e: LinkError) {
+        for i in 0..self.links.len() {
+            self.link_lost(i, e.clone());
         }
-        // A side whose link has ended serves nothing more: pages taken by
-        // an injected exhausted-pool fault go back now.
-        self.hog = PoolHog::default();
-        self.sched.close();
-        for (id, live) in std::mem::take(&mut self.live) {
+    }
+
+    /// Link `i` ended with `e`: its transfers in flight, and requests
+    /// addressed to it, fail with `e`; once every link has ended, so does
+    /// every waiting request, and the side takes no more.
+    fn link_lost(&mut self, i: usize, e: LinkError) {
+        if self.links[i].error.is_none() {
+            self.links[i].error = Some(e.clone());
+        }
+        let lost: Vec<RequestId> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.link == i)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in lost {
+            let Some(live) = self.live.remove(&id) else {
+                continue;
+            };
+            self.by_nonce.remove(&live.nonce);
             self.fence_and_release(&live);
             self.sched.finish(id);
             self.stats.link_failures += 1;
@@ -652,6 +889,32 @@ impl<L: DecodeLink> DecodeSide<L> {
                 result: Err(TransferError::Link(e.clone())),
             });
         }
+        let addressed: Vec<RequestId> = self
+            .addressed
+            .iter()
+            .filter(|&(_, &l)| l == i)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in addressed {
+            self.addressed.remove(&id);
+            if let Some(req) = self.sched.remove_waiting(id) {
+                self.sched.finish(id);
+                self.stats.link_failures += 1;
+                self.outcomes.push(DecodeOutcome {
+                    request: id,
+                    tenant: req.tenant,
+                    result: Err(TransferError::Link(e.clone())),
+                });
+            }
+        }
+        self.links[i].link.close();
+        if !self.ended_all() {
+            return;
+        }
+        // A side whose links have all ended serves nothing more: pages
+        // taken by an injected exhausted-pool fault go back now.
+        self.hog = PoolHog::default();
+        self.sched.close();
         self.by_nonce.clear();
         while let Some(req) = self.sched.pop_if(|_| true) {
             self.sched.finish(req.id);
@@ -662,16 +925,17 @@ impl<L: DecodeLink> DecodeSide<L> {
                 result: Err(TransferError::Link(e.clone())),
             });
         }
-        self.link.close();
     }
 }
 
 impl<L: DecodeLink> Drop for DecodeSide<L> {
     fn drop(&mut self) {
         // Fence every transfer before its pages go back to the pool.
-        self.link.close();
+        for s in &mut self.links {
+            s.link.close();
+        }
         for live in std::mem::take(&mut self.live).into_values() {
-            drop(self.link.landing().take(live.nonce));
+            drop(self.links[live.link].link.landing().take(live.nonce));
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::kv::KvGeometry;
 use crate::kv::PageId;
 use crate::sampling::SamplingParams;
 use crate::sampling::TokenLogprobs;
+use crate::transfer::link::identity::PeerId;
 
 /// A fresh random value per plan: a receipt is matched to the plan that
 /// asked for it, not just to a request id that could be reused.
@@ -95,6 +96,11 @@ pub struct Plan {
     ///
     /// [`TransferConfig::with_model`]: crate::transfer::TransferConfig::with_model
     pub model: Option<ModelFingerprint>,
+    /// The prefill worker the plan is addressed to: the authenticated peer
+    /// of the link it is sent on (`None` on a link whose peer proved
+    /// nothing). Only a receipt from that peer, on that link, can complete
+    /// it; a prefill worker refuses a plan addressed to another.
+    pub peer: Option<PeerId>,
     /// Whether prefill may start from (and add to) its prefix cache for
     /// this request ([`crate::Request::with_prefix_cache`]).
     pub prefix_cache: bool,

@@ -585,6 +585,13 @@ impl<L: PrefillLink> PrefillSide<L> {
 
     /// Prefill's own admission: before any allocation.
     fn check(&self, plan: &Plan) -> Result<(), AbortReason> {
+        // A plan addressed to another worker is not this worker's to serve
+        // (a decode end that mixed up its links, or a replay elsewhere).
+        if let (Some(me), Some(to)) = (self.cfg.peer_id(), plan.peer)
+            && me != to
+        {
+            return Err(AbortReason::MalformedPlan);
+        }
         if plan.model != self.cfg.model() {
             return Err(AbortReason::ModelMismatch {
                 planned: plan.model,

@@ -11,6 +11,7 @@
 use crate::ids::RequestId;
 use crate::kv::{KvPool, KvSeq, Ready};
 use crate::transfer::error::IntegrityError;
+use crate::transfer::link::identity::PeerId;
 use crate::transfer::link::landing::Destination;
 use crate::transfer::protocol::checksum::{RegionHashes, region_hash};
 use crate::transfer::protocol::{Nonce, PlannedPage, Receipt};
@@ -24,25 +25,41 @@ pub(crate) type Refused = Box<(IntegrityError, Option<Destination>)>;
 pub(crate) struct Expected<'a> {
     pub(crate) request: RequestId,
     pub(crate) nonce: Nonce,
+    /// The peer the plan was addressed to (its link's authenticated peer).
+    pub(crate) peer: Option<PeerId>,
     /// Tokens every layer must have received.
     pub(crate) tokens: u32,
     /// The destination pages, in position order, at their generations.
     pub(crate) pages: &'a [PlannedPage],
 }
 
-/// Checks a receipt against the plan (`live`) and the bytes that landed in
-/// its destination (`dest`, taken out of the landing zone: fenced), in
-/// order; the first broken rule fails the transfer. The only code that
+/// Checks a receipt that arrived from the peer `from` (its link's
+/// authenticated peer) against the plan (`live`) and the bytes that landed
+/// in its destination (`dest`, taken out of the landing zone: fenced), in
+/// order; the first broken rule fails the transfer. The first rule: the
+/// receipt comes from the peer the plan was addressed to. The only code that
 /// turns received KV into KV decode reads. Pure: it changes nothing but the
 /// destination it consumes.
 pub(crate) fn verify(
     pool: &KvPool,
     live: Expected<'_>,
+    from: Option<PeerId>,
     r: &Receipt,
     dest: Option<Destination>,
 ) -> Result<KvSeq<Ready>, Refused> {
     let request = live.request;
     let fail = |e: IntegrityError, dest: Option<Destination>| Err(Box::new((e, dest)));
+    if from != live.peer {
+        return fail(
+            IntegrityError::WrongPeer {
+                request,
+                nonce: live.nonce,
+                planned: live.peer,
+                got: from,
+            },
+            dest,
+        );
+    }
     if r.nonce != live.nonce {
         return fail(
             IntegrityError::NonceMismatch {
@@ -237,6 +254,10 @@ mod tests {
     const LAYERS: u32 = 2;
     const ID: RequestId = RequestId(7);
     const NONCE: Nonce = Nonce(42);
+    /// The prefill worker the plan was addressed to.
+    const PEER_A: PeerId = PeerId::from_bytes([0xa; 32]);
+    /// Another authenticated prefill worker of the same decode worker.
+    const PEER_B: PeerId = PeerId::from_bytes([0xb; 32]);
 
     /// A plan for `TOKENS` tokens of `ID`, and its destination with
     /// `landed` tokens of every layer written (each row a function of its
@@ -308,13 +329,24 @@ mod tests {
     }
 
     fn run(c: Case, r: &Receipt) -> Result<KvSeq<Ready>, IntegrityError> {
+        run_from(c, Some(PEER_A), r)
+    }
+
+    /// Verifies `r` as a receipt that arrived from `from`, for a plan
+    /// addressed to `PEER_A`.
+    fn run_from(
+        c: Case,
+        from: Option<PeerId>,
+        r: &Receipt,
+    ) -> Result<KvSeq<Ready>, IntegrityError> {
         let expected = Expected {
             request: ID,
             nonce: NONCE,
+            peer: Some(PEER_A),
             tokens: TOKENS,
             pages: &c.pages,
         };
-        verify(&c.pool, expected, r, c.dest).map_err(|b| {
+        verify(&c.pool, expected, from, r, c.dest).map_err(|b| {
             let (e, dest) = *b;
             drop(dest);
             e
@@ -407,6 +439,32 @@ mod tests {
                 "case {i}: the destination is released"
             );
         }
+    }
+
+    #[test]
+    fn a_perfect_receipt_from_a_peer_the_plan_was_not_addressed_to_is_refused() {
+        // Every byte landed and the receipt is exactly what an honest
+        // prefill worker sends: only its sender is wrong.
+        for from in [Some(PEER_B), None] {
+            let c = case(TOKENS);
+            let pool = c.pool.clone();
+            let r = honest(&c);
+            let e = run_from(c, from, &r).err();
+            assert_eq!(
+                e,
+                Some(IntegrityError::WrongPeer {
+                    request: ID,
+                    nonce: NONCE,
+                    planned: Some(PEER_A),
+                    got: from,
+                })
+            );
+            assert!(pool.stats().is_full(), "the destination is released");
+        }
+        // The same receipt from the addressed peer verifies.
+        let c = case(TOKENS);
+        let r = honest(&c);
+        assert!(run_from(c, Some(PEER_A), &r).is_ok());
     }
 
     #[test]

@@ -11,10 +11,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::transfer::error::LinkError;
-use crate::transfer::link::auth::{HS_HEADER_LEN, Handshake, LinkKey, hs_header};
+use crate::transfer::link::auth::{HS_HEADER_LEN, Handshake, hs_header};
+use crate::transfer::link::identity::Identity;
 use crate::transfer::link::tcp::frame::{self, FLAG_SEALED, Frame, HEADER_LEN, Kind, Role};
 
-/// A decode end that holds the deployment's link key, completes the
+/// A decode end with a worker identity that completes the
 /// handshake with every prefill end that connects (key exchange and the
 /// prefill end's sealed hello, opened), and then never accepts: it keeps
 /// the connection open and sends nothing, until dropped. What a decode
@@ -28,15 +29,15 @@ pub struct NeverAccepts {
 }
 
 impl NeverAccepts {
-    /// Listens on a loopback port with `key`.
-    pub fn start(key: &LinkKey) -> Result<Self, LinkError> {
+    /// Listens on a loopback port as the worker `identity`.
+    pub fn start(identity: &Arc<Identity>) -> Result<Self, LinkError> {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let handshakes = Arc::new(AtomicUsize::new(0));
         let thread = {
-            let (stop, handshakes, key) = (stop.clone(), handshakes.clone(), key.clone());
+            let (stop, handshakes, key) = (stop.clone(), handshakes.clone(), identity.clone());
             std::thread::Builder::new()
                 .name("handoff-never-accepts".into())
                 .spawn(move || {
@@ -84,7 +85,7 @@ impl Drop for NeverAccepts {
 
 /// The decode end's half of the handshake on `s`, up to and including the
 /// prefill end's sealed hello.
-fn handshake(s: &TcpStream, key: &LinkKey) -> Result<(), LinkError> {
+fn handshake(s: &TcpStream, key: &Arc<Identity>) -> Result<(), LinkError> {
     let mut s = s;
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;

@@ -16,7 +16,8 @@
 //! the process. The prefill end's pool arena is what a peer may read, and
 //! only the authenticated peer gets its metadata (inside the sealed link).
 //!
-//! The trust boundary is the link key, not the registration. A
+//! The trust boundary is the link's authenticated peer (a worker on the
+//! allowlist), not the registration. A
 //! registration bounds what the peer's NIXL agrees to name (a READ outside
 //! it fails before it is posted), not what the prefill end serves: over
 //! UCX's TCP and shared-memory transports a peer holding metadata from
@@ -24,8 +25,8 @@
 //! nixl-cu12 1.5.1), and with UCX's registration cache an RDMA NIC may keep
 //! serving it too. So registering only each transfer's pages, for its
 //! duration, would bound an honest decode end, which already reads only
-//! what each write announces, and not a hostile one; a decode end that
-//! holds the link key is trusted with the prefill end's whole pool.
+//! what each write announces, and not a hostile one; a decode worker on the
+//! prefill end's allowlist is trusted with the prefill end's whole pool.
 //! A READ that races the prefill end letting go of its pages (an ack
 //! timeout, a dropped link) can only fetch other bytes into a destination
 //! whose receipt is then refused by its checksums: the same outcome as any
@@ -37,16 +38,22 @@
 //! [`LinkError::NixlUnavailable`] when it cannot, never aborting.
 //!
 //! ```no_run
-//! use handoff::transfer::{Nixl, NixlConfig, TcpDecodeListener, TransferConfig, LinkKey};
-//! # fn main() -> Result<(), handoff::transfer::LinkError> {
-//! let cfg = TransferConfig::default().with_link_key(LinkKey::generate()?);
+//! use handoff::transfer::{Allowlist, Identity, Nixl, NixlConfig, TcpDecodeListener, TransferConfig, WorkerKey};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Each worker loads its own key; both trust the deployment's allowlist.
+//! let (pkey, dkey) = (WorkerKey::generate()?, WorkerKey::generate()?);
+//! let decode_id = dkey.peer_id();
+//! let trusted = Allowlist::of([pkey.peer_id(), decode_id]);
+//! let dcfg = TransferConfig::default().with_identity(Identity::new(dkey, trusted.clone()));
+//! let pcfg = TransferConfig::default().with_identity(Identity::new(pkey, trusted));
 //! // Decode process:
-//! let listener = TcpDecodeListener::bind_with("127.0.0.1:24000".parse().unwrap(), &cfg)?;
-//! # let decode = std::thread::spawn({ let cfg = cfg.clone(); move || {
-//! let decode_link = Nixl::accept(&listener, &cfg, &NixlConfig::default())?;
-//! # Ok::<_, handoff::transfer::LinkError>(decode_link) }});
-//! // Prefill process:
-//! let prefill_link = Nixl::connect("127.0.0.1:24000".parse().unwrap(), &cfg, &NixlConfig::default())?;
+//! let listener = TcpDecodeListener::bind_with("127.0.0.1:24000".parse().unwrap(), &dcfg)?;
+//! # let decode = std::thread::spawn(move || {
+//! let decode_link = Nixl::accept(&listener, &dcfg, &NixlConfig::default())?;
+//! # Ok::<_, handoff::transfer::LinkError>(decode_link) });
+//! // Prefill process, dialling the decode worker by address and id:
+//! let addr = "127.0.0.1:24000".parse()?;
+//! let prefill_link = Nixl::connect(addr, Some(&decode_id), &pcfg, &NixlConfig::default())?;
 //! # Ok(()) }
 //! ```
 
@@ -66,8 +73,10 @@ pub use runtime::LIB_ENV;
 use crate::transfer::config::TransferConfig;
 use crate::transfer::error::LinkError;
 use crate::transfer::link::Transfer;
+use crate::transfer::link::identity::PeerId;
 use crate::transfer::link::tcp::{
-    PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill, join_in_process, keyed,
+    PlaneReceiver, PlaneSender, TcpDecode, TcpDecodeListener, TcpPrefill, authenticated_pair,
+    join_in_process,
 };
 
 /// Loads `libnixl_capi.so` from `path` for this process (its dependencies,
@@ -93,8 +102,8 @@ pub struct NixlConfig {
 }
 
 /// NIXL between two ends in this process, over loopback: the control link
-/// is authenticated TCP (with the configuration's link key, or a fresh
-/// random one), UCX restricted to the loopback device. For two processes
+/// is authenticated TCP (with the configuration's identity, or two fresh
+/// worker keys, one per end), UCX restricted to the loopback device. For two processes
 /// use [`Nixl::accept`] and [`Nixl::connect`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Nixl;
@@ -137,11 +146,14 @@ impl Nixl {
         })
     }
 
-    /// Connects to a decode end at `addr` that serves NIXL
-    /// ([`Nixl::accept`]), as [`TcpPrefill::connect`], then sets up the
-    /// NIXL data plane from the parameters it sends.
+    /// Connects to the decode worker `decode` at `addr` that serves NIXL
+    /// ([`Nixl::accept`]), as [`TcpPrefill::connect_to`] (or, with neither
+    /// an identity in `cfg` nor `decode`, unauthenticated on loopback, as
+    /// [`TcpPrefill::connect`]), then sets up the NIXL data plane from the
+    /// parameters it sends.
     pub fn connect(
         addr: SocketAddr,
+        decode: Option<&PeerId>,
         cfg: &TransferConfig,
         nixl: &NixlConfig,
     ) -> Result<TcpPrefill, LinkError> {
@@ -152,7 +164,7 @@ impl Nixl {
             let s = plane::Sender::new(params, cap, devices.as_deref())?;
             Ok(Box::new(s) as Box<dyn PlaneSender>)
         };
-        TcpPrefill::connect_with(addr, cfg, Some(&make))
+        TcpPrefill::connect_with(addr, decode, cfg, Some(&make))
     }
 }
 
@@ -166,15 +178,18 @@ impl Transfer for Nixl {
 
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
         runtime::ready()?;
-        let cfg = keyed(cfg)?;
+        let (cfg, dcfg) = authenticated_pair(cfg)?;
+        let decode_id = dcfg.peer_id().ok_or(LinkError::Config {
+            what: "an authenticated pair has identities",
+        })?;
         let nixl = NixlConfig {
             ucx_devices: Some("lo".into()),
         };
-        let (dcfg, dnixl) = (cfg.clone(), nixl.clone());
+        let dnixl = nixl.clone();
         join_in_process(
             bind_loopback()?,
             move |l| Nixl::accept(l, &dcfg, &dnixl),
-            |addr| Nixl::connect(addr, &cfg, &nixl),
+            |addr| Nixl::connect(addr, Some(&decode_id), &cfg, &nixl),
         )
     }
 }

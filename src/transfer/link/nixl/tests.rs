@@ -112,7 +112,7 @@ fn transfer_with(lie: Lie) -> Result<(), TransferError> {
             stranger: None,
         }) as Box<dyn PlaneSender>)
     };
-    let pl = TcpPrefill::connect_with(addr, &cfg, Some(&make)).unwrap();
+    let pl = TcpPrefill::connect_with(addr, None, &cfg, Some(&make)).unwrap();
     let dl = accept.join().unwrap().unwrap();
     let g = KvGeometry {
         n_layers: 2,

@@ -1,5 +1,5 @@
-//! The decode end's accept loop: every connection must prove itself (with a
-//! link key: the handshake of [`crate::transfer::auth`] and a sealed hello;
+//! The decode end's accept loop: every connection must prove itself (with an
+//! identity: the handshake of [`crate::transfer::auth`] and a sealed hello;
 //! without: a valid hello frame) within the auth timeout, while the loop
 //! keeps accepting others. The first connection that does becomes the link;
 //! a stranger that connects first, stays silent, or floods the port is
@@ -10,10 +10,12 @@
 //!
 //! - Every connection has its own deadline (the auth timeout from its
 //!   accept); nothing a newer connection does shortens it.
-//! - A connection that has *begun* its handshake (with a link key: its
-//!   first message opened under the key, which no stranger can forge) is
-//!   never closed to make room: only its own deadline or its own bytes end
-//!   it.
+//! - A connection that has *begun* its handshake (with an identity: its
+//!   first message opened, naming a worker key on the allowlist and proving
+//!   it holds that key's secret, which no stranger can forge) is never
+//!   closed to make room: only its own deadline or its own bytes end it. A
+//!   stranger's first message, or one from a worker off the allowlist, is
+//!   refused when it is read.
 //! - Each source address has a budget of [`MAX_PENDING_PER_SOURCE`]
 //!   connections in progress, and all sources together [`MAX_PENDING`].
 //!   A newcomer past a budget displaces the oldest connection of the same
@@ -40,9 +42,10 @@ use parking_lot::Mutex;
 use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::{LinkError, WireError};
 use crate::transfer::link::auth::{
-    AuthError, BUSY_MAGIC, HS_HEADER_LEN, HS_MAGIC, HS_VERSION, Handshake, LinkKey, Session,
-    TAG_LEN, hs_header,
+    AuthError, BUSY_MAGIC, HS_HEADER_LEN, HS_MAGIC, HS_VERSION, Handshake, Session, TAG_LEN,
+    hs_header,
 };
+use crate::transfer::link::identity::Identity;
 use crate::transfer::link::tcp::frame::{
     self, FLAG_SEALED, Frame, HEADER_LEN, Kind, MAGIC, Role, decode_header_flagged,
 };
@@ -124,8 +127,12 @@ enum Progress {
 }
 
 impl Pending {
-    fn new(stream: TcpStream, peer: SocketAddr, key: Option<&LinkKey>) -> Result<Self, LinkError> {
-        let (stage, need) = match key {
+    fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        identity: Option<&std::sync::Arc<Identity>>,
+    ) -> Result<Self, LinkError> {
+        let (stage, need) = match identity {
             Some(k) => (Stage::Msg1Header(Handshake::responder(k)?), HS_HEADER_LEN),
             None => (Stage::HelloHeader(None), HEADER_LEN),
         };
@@ -139,9 +146,9 @@ impl Pending {
         })
     }
 
-    /// True once the peer has begun its handshake: with a link key, its
-    /// first message opened under the key; without, its hello's header
-    /// was valid.
+    /// True once the peer has begun its handshake: with an identity, its
+    /// first message opened and named a trusted worker; without, its
+    /// hello's header was valid.
     fn begun(&self) -> bool {
         matches!(
             self.stage,
@@ -271,7 +278,7 @@ pub(crate) fn accept_loop(
     pending: &mut VecDeque<Pending>,
     refusals: &Refusals,
 ) -> Result<Accepted, LinkError> {
-    let key = cfg.link_key();
+    let key = cfg.identity();
     let start = Instant::now();
     let give_up = limit.map(|l| deadline(start, l));
     loop {

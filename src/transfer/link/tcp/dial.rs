@@ -1,4 +1,4 @@
-//! The prefill end's dial: connect, run the handshake with a link key, and
+//! The prefill end's dial: connect, run the handshake with a worker identity, and
 //! dial again (backing off) while the decode end turns connections away as
 //! busy, all within the handshake's deadline.
 
@@ -8,29 +8,36 @@ use std::time::{Duration, Instant};
 
 use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::LinkError;
-use crate::transfer::link::auth::{
-    AuthError, HS_HEADER_LEN, Handshake, LinkKey, Session, hs_header,
-};
+use crate::transfer::link::auth::{AuthError, HS_HEADER_LEN, Handshake, Session, hs_header};
+use crate::transfer::link::identity::{Identity, PeerId};
 
-/// Connects to `addr` and, with a link key, runs the handshake; returns the
+/// Connects to `addr` and, with an identity, runs the handshake with the
+/// decode worker `peer` (which the caller must name then); returns the
 /// connection, its session, and the handshake's deadline (which also bounds
 /// the wait for the decode end's acceptance). A decode end that turns the
 /// connection away unread ([`AuthError::Busy`]: full of strangers) is
 /// dialled again, backing off, until that deadline.
 pub(super) fn dial(
     addr: SocketAddr,
+    peer: Option<&PeerId>,
     cfg: &TransferConfig,
 ) -> Result<(TcpStream, Option<Session>, Instant), LinkError> {
     let limit = cfg.auth_timeout();
     let until = deadline(Instant::now(), limit);
-    let Some(key) = cfg.link_key() else {
+    let Some(identity) = cfg.identity() else {
         let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
         return Ok((stream, None, until));
+    };
+    let Some(peer) = peer else {
+        return Err(LinkError::Config {
+            what: "an authenticated link names the decode worker it dials: use \
+                   TcpPrefill::connect_to(addr, decode_id, cfg)",
+        });
     };
     let mut backoff = Duration::from_millis(1);
     loop {
         let stream = TcpStream::connect_timeout(&addr, cfg.plan_timeout())?;
-        match initiate(&stream, key, until, limit) {
+        match initiate(&stream, identity, peer, until, limit) {
             Err(LinkError::Auth(AuthError::Busy)) if Instant::now() + backoff < until => {
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(50));
@@ -41,17 +48,18 @@ pub(super) fn dial(
 }
 
 /// The prefill end's handshake on a fresh connection: sends its message,
-/// checks decode's answer (proof that decode holds `key`) by `until`, and
+/// checks decode's answer (proof that decode holds `peer`'s secret key) by `until`, and
 /// returns the session. The peer then gets this end's sealed hello as its
 /// proof.
 fn initiate(
     stream: &TcpStream,
-    key: &LinkKey,
+    identity: &std::sync::Arc<Identity>,
+    peer: &PeerId,
     until: Instant,
     limit: Duration,
 ) -> Result<Session, LinkError> {
     let mut s = stream;
-    let mut hs = Handshake::initiator(key)?;
+    let mut hs = Handshake::initiator(identity, peer)?;
     stream.set_write_timeout(Some(limit))?;
     s.write_all(&hs.write()?)?;
     let mut h = [0u8; HS_HEADER_LEN];

@@ -22,6 +22,7 @@ use crate::kv::{KvDtype, KvGeometry};
 use crate::sampling::SamplingParams;
 use crate::sampling::{MAX_TOP_LOGPROBS, TokenLogprobs};
 use crate::transfer::error::WireError;
+use crate::transfer::link::identity::PeerId;
 use crate::transfer::protocol::{
     Abort, AbortReason, Answer, FailReason, Nonce, Plan, PlannedPage, Receipt, ToDecode, ToPrefill,
     Verdict, WriteBatch, WriterRun,
@@ -32,8 +33,8 @@ pub const MAGIC: [u8; 4] = *b"HNDF";
 /// The protocol version this build speaks (2: plans name their model,
 /// aborts can say the models differ; 3: plans carry `logprobs`, receipts
 /// the first token's log-probabilities, staged writes the spans the decode
-/// end READs).
-pub const VERSION: u16 = 3;
+/// end READs; 4: plans name the worker they are addressed to).
+pub const VERSION: u16 = 4;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
 /// Header flag of every frame on an authenticated link: the payload is
@@ -328,6 +329,11 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
     let pages = read_pages(r)?;
     let sampling = read_sampling(r)?;
     let model = read_model(r)?;
+    let peer = match r.u8("peer")? {
+        0 => None,
+        1 => Some(PeerId::from_bytes(r.take::<32>("peer")?)),
+        _ => return Err(WireError::Invalid { what: "peer" }),
+    };
     let prefix_cache = match r.u8("prefix cache flag")? {
         0 => false,
         1 => true,
@@ -348,6 +354,7 @@ fn read_plan(r: &mut Rd<'_>) -> Result<Plan, WireError> {
         pages,
         sampling,
         model,
+        peer,
         prefix_cache,
     })
 }
@@ -621,6 +628,13 @@ fn write_plan(w: &mut Wr<'_>, p: &Plan) {
         }
     }
     write_model(w, p.model);
+    match p.peer {
+        None => w.u8(0),
+        Some(id) => {
+            w.u8(1);
+            w.0.extend_from_slice(id.as_bytes());
+        }
+    }
     w.u8(u8::from(p.prefix_cache));
 }
 

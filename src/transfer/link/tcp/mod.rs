@@ -1,9 +1,11 @@
 //! TCP transport: length-prefixed binary frames (see [`frame`]), one
 //! connection per worker pair, a reader thread per end.
 //!
-//! With a link key ([`TransferConfig::with_link_key`]) both ends prove they
-//! hold it before any frame, and every frame is sealed under the session's
-//! keys (see [`crate::transfer::link::auth`]); such a link may use any address.
+//! With a worker identity ([`TransferConfig::with_identity`]) both ends
+//! prove, before any frame, that they are the workers they claim to be and
+//! that each is on the other's allowlist, and every frame is sealed under
+//! the session's keys (see [`crate::transfer::link::auth`]); such a link
+//! may use any address, and each end knows its peer's [`PeerId`].
 //! Without one the link is unauthenticated and unencrypted, and binds and
 //! connects to loopback addresses only: for tests, demos and single-user
 //! hosts, where any local process could connect as the peer.
@@ -41,8 +43,9 @@ use parking_lot::Mutex;
 use crate::kv::{Held, KvSeq};
 use crate::transfer::config::{TransferConfig, deadline};
 use crate::transfer::error::{LinkError, WireError};
-use crate::transfer::link::auth::{AuthError, LinkKey, Opener, Sealer, Session, TAG_LEN};
+use crate::transfer::link::auth::{AuthError, Opener, Sealer, Session, TAG_LEN};
 use crate::transfer::link::credits::{Credits, InFlightStats};
+use crate::transfer::link::identity::{Allowlist, Identity, PeerId, WorkerKey};
 use crate::transfer::link::landing::LandingZone;
 use crate::transfer::link::{DecodeLink, PrefillLink, Transfer, recv_within};
 use crate::transfer::protocol::{ToDecode, ToPrefill, WriteBatch};
@@ -50,16 +53,19 @@ use crate::transfer::testing::gate::{Gate, Step, WriteMsg, receiver_delay};
 use dial::{dial, read_until};
 use frame::{FLAG_SEALED, Frame, HEADER_LEN, Kind, Role};
 
-/// TCP on 127.0.0.1, authenticated when the configuration carries a link
-/// key. As a [`Transfer`], connects both ends in this process (threads);
-/// for two processes use [`TcpDecodeListener`] and [`TcpPrefill::connect`].
+/// TCP on 127.0.0.1, authenticated when the configuration carries an
+/// identity (both ends in this process are then that one worker, which
+/// must trust itself). As a [`Transfer`], connects both ends in this
+/// process (threads); for two processes use [`TcpDecodeListener`] and
+/// [`TcpPrefill::connect_to`] (or, unauthenticated, [`TcpPrefill::connect`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Tcp;
 
-/// TCP on 127.0.0.1, always authenticated: with the configuration's link
-/// key, or a fresh random one shared by the two ends it connects (they are
-/// in this process). The same transport as [`Tcp`] with a key, as a
-/// [`Transfer`] of its own for suites that run every transport.
+/// TCP on 127.0.0.1, always authenticated: with the configuration's
+/// identity, or with two fresh worker keys, one per end, each trusting the
+/// other (they are in this process). The same transport as [`Tcp`] with
+/// identities, as a [`Transfer`] of its own for suites that run every
+/// transport.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TcpAuth;
 
@@ -72,7 +78,8 @@ impl Transfer for TcpAuth {
     }
 
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
-        Tcp.connect(&keyed(cfg)?)
+        let (pcfg, dcfg) = authenticated_pair(cfg)?;
+        connect_pair(&pcfg, &dcfg)
     }
 }
 
@@ -85,14 +92,24 @@ impl Transfer for Tcp {
     }
 
     fn connect(&self, cfg: &TransferConfig) -> Result<(TcpPrefill, TcpDecode), LinkError> {
-        let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
-        let dcfg = cfg.clone();
-        join_in_process(
-            listener,
-            move |l| l.accept(&dcfg),
-            |addr| TcpPrefill::connect(addr, cfg),
-        )
+        connect_pair(cfg, cfg)
     }
+}
+
+/// Connects a prefill end configured with `pcfg` to a decode end
+/// configured with `dcfg`, in this process, on loopback.
+fn connect_pair(
+    pcfg: &TransferConfig,
+    dcfg: &TransferConfig,
+) -> Result<(TcpPrefill, TcpDecode), LinkError> {
+    let listener = TcpDecodeListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let decode_id = dcfg.peer_id();
+    let dcfg = dcfg.clone();
+    join_in_process(
+        listener,
+        move |l| l.accept(&dcfg),
+        |addr| TcpPrefill::connect_with(addr, decode_id.as_ref(), pcfg, None),
+    )
 }
 
 /// Joins two ends in this process: `accept` on `listener` on a thread of
@@ -109,18 +126,27 @@ pub(crate) fn join_in_process(
     Ok((prefill?, decode?))
 }
 
-/// `cfg` with its link key, or with a fresh random one: for transports
-/// that connect both ends in this process, always authenticated.
-pub(crate) fn keyed(cfg: &TransferConfig) -> Result<TransferConfig, LinkError> {
-    Ok(match cfg.link_key() {
-        Some(_) => cfg.clone(),
-        None => cfg.clone().with_link_key(LinkKey::generate()?),
-    })
+/// The prefill end's and the decode end's configurations for transports
+/// that connect both ends in this process, always authenticated: `cfg`
+/// for both when it has an identity, else `cfg` with two fresh worker
+/// keys, one per end, each trusting the other.
+pub(crate) fn authenticated_pair(
+    cfg: &TransferConfig,
+) -> Result<(TransferConfig, TransferConfig), LinkError> {
+    if cfg.identity().is_some() {
+        return Ok((cfg.clone(), cfg.clone()));
+    }
+    let (p, d) = (WorkerKey::generate()?, WorkerKey::generate()?);
+    let both = Allowlist::of([p.peer_id(), d.peer_id()]);
+    Ok((
+        cfg.clone().with_identity(Identity::new(p, both.clone())),
+        cfg.clone().with_identity(Identity::new(d, both)),
+    ))
 }
 
 /// Refuses a non-loopback address unless links authenticate.
 fn check_address(addr: SocketAddr, cfg: Option<&TransferConfig>) -> Result<(), LinkError> {
-    if addr.ip().is_loopback() || cfg.is_some_and(|c| c.link_key().is_some()) {
+    if addr.ip().is_loopback() || cfg.is_some_and(|c| c.identity().is_some()) {
         Ok(())
     } else {
         Err(LinkError::NotLoopback {
@@ -350,7 +376,7 @@ fn stream_pair(
 }
 
 /// A listening decode end. Loopback only, unless the configuration it
-/// accepts with carries a link key ([`TcpDecodeListener::bind_with`]).
+/// accepts with carries an identity ([`TcpDecodeListener::bind_with`]).
 pub struct TcpDecodeListener {
     listener: TcpListener,
     /// Connections still proving themselves, kept between accepts.
@@ -364,7 +390,7 @@ impl TcpDecodeListener {
         Self::bind_as(addr, None)
     }
 
-    /// Binds `addr`, which may be any address if `cfg` carries a link key
+    /// Binds `addr`, which may be any address if `cfg` carries an identity
     /// (links then authenticate), else must be a loopback address.
     pub fn bind_with(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
         cfg.validate()?;
@@ -392,10 +418,11 @@ impl TcpDecodeListener {
     /// Accepts one prefill peer, waiting as long as it takes (a server's
     /// accept loop); see [`TcpDecodeListener::accept_within`] for a bound.
     /// Connections that do not prove themselves within
-    /// [`TransferConfig::auth_timeout`] (with a link key: the handshake;
-    /// without: a valid hello) are closed and recorded
-    /// ([`TcpDecodeListener::refusals`]) while the wait goes on. A listener
-    /// bound to a non-loopback address refuses to accept without a link key.
+    /// [`TransferConfig::auth_timeout`] (with an identity: the handshake,
+    /// from a worker on the allowlist; without: a valid hello) are closed
+    /// and recorded ([`TcpDecodeListener::refusals`]) while the wait goes
+    /// on. A listener bound to a non-loopback address refuses to accept
+    /// without an identity.
     pub fn accept(&self, cfg: &TransferConfig) -> Result<TcpDecode, LinkError> {
         self.accept_until(cfg, None, None)
     }
@@ -460,7 +487,8 @@ pub struct TcpDecode {
     gate: Gate<ToPrefill>,
     reader: Option<JoinHandle<()>>,
     closed: bool,
-    authenticated: bool,
+    /// The prefill worker's id, proved by the handshake.
+    peer: Option<PeerId>,
 }
 
 impl TcpDecode {
@@ -474,7 +502,7 @@ impl TcpDecode {
         plane: Option<Box<dyn PlaneReceiver>>,
     ) -> Result<Self, LinkError> {
         let (w, r) = stream_pair(&stream, cfg)?;
-        let authenticated = session.is_some();
+        let peer = session.as_ref().map(|s| s.peer);
         let (sealer, opener) = match session {
             Some(s) => (Some(s.sealer), Some(s.opener)),
             None => (None, None),
@@ -508,13 +536,13 @@ impl TcpDecode {
             gate: Gate::new(cfg),
             reader: Some(handle),
             closed: false,
-            authenticated,
+            peer,
         })
     }
 
-    /// True when the peer proved it holds the deployment's link key.
+    /// True when the peer proved it is a worker on this end's allowlist.
     pub fn is_authenticated(&self) -> bool {
-        self.authenticated
+        self.peer.is_some()
     }
 }
 
@@ -615,8 +643,8 @@ impl DecodeLink for TcpDecode {
         &self.landing
     }
 
-    fn peer_authenticated(&self) -> bool {
-        self.authenticated
+    fn peer(&self) -> Option<PeerId> {
+        self.peer
     }
 
     fn send(&mut self, msg: ToPrefill) -> Result<(), LinkError> {
@@ -682,33 +710,57 @@ pub struct TcpPrefill {
     /// Bytes of the writes sent by the data plane so far (the credit total
     /// at which the last one is back: writes are credited in order).
     staged_bytes: u64,
+    /// The decode worker's id, proved by the handshake.
+    peer: Option<PeerId>,
 }
 
 impl TcpPrefill {
-    /// Connects to a decode end at `addr`: a loopback address, or any
-    /// address when `cfg` carries a link key, in which case the decode end
-    /// must prove it holds the same key and accept this connection as its
-    /// link (within [`TransferConfig::auth_timeout`]) before this returns:
-    /// a decode end that never does is a typed [`AuthError`]
+    /// Connects to a decode end at `addr`, a loopback address, without
+    /// authentication (`cfg` without an identity; with one this is a
+    /// [`LinkError::Config`]: name the decode worker with
+    /// [`TcpPrefill::connect_to`]).
+    pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
+        Self::connect_with(addr, None, cfg, None)
+    }
+
+    /// Connects to the decode worker `decode` at `addr` (any address) with
+    /// `cfg`'s identity: `decode` must be on this worker's allowlist, the
+    /// end at `addr` must prove it holds `decode`'s secret key, find this
+    /// worker on its own allowlist, and accept this connection as its link
+    /// (within [`TransferConfig::auth_timeout`]) before this returns: a
+    /// decode end that never does is a typed [`AuthError`]
     /// ([`AuthError::Deadline`] before the key exchange completed,
     /// [`AuthError::NotAccepted`] after it). One that turns the connection
     /// away unread while strangers flood it ([`AuthError::Busy`]) is
     /// dialled again within the same deadline.
-    pub fn connect(addr: SocketAddr, cfg: &TransferConfig) -> Result<Self, LinkError> {
-        Self::connect_with(addr, cfg, None)
+    pub fn connect_to(
+        addr: SocketAddr,
+        decode: &PeerId,
+        cfg: &TransferConfig,
+    ) -> Result<Self, LinkError> {
+        Self::connect_with(addr, Some(decode), cfg, None)
     }
 
-    /// [`TcpPrefill::connect`]; with `plane`, the decode end must offer a
-    /// data plane (its parameters, right after its hello, within the auth
-    /// timeout), from which `plane` makes this end's.
+    /// The decode worker's id, proved by the handshake (`None` on an
+    /// unauthenticated link).
+    pub fn peer_id(&self) -> Option<PeerId> {
+        self.peer
+    }
+
+    /// [`TcpPrefill::connect_to`] (or, with neither an identity nor
+    /// `decode`, [`TcpPrefill::connect`]); with `plane`, the decode end must
+    /// offer a data plane (its parameters, right after its hello, within
+    /// the auth timeout), from which `plane` makes this end's.
     pub(crate) fn connect_with(
         addr: SocketAddr,
+        decode: Option<&PeerId>,
         cfg: &TransferConfig,
         plane: Option<SenderFactory<'_>>,
     ) -> Result<Self, LinkError> {
         cfg.validate()?;
         check_address(addr, Some(cfg))?;
-        let (stream, session, until) = dial(addr, cfg)?;
+        let (stream, session, until) = dial(addr, decode, cfg)?;
+        let peer = session.as_ref().map(|s| s.peer);
         let (sealer, opener) = match session {
             Some(s) => (Some(s.sealer), Some(s.opener)),
             None => (None, None),
@@ -751,6 +803,7 @@ impl TcpPrefill {
             closed: false,
             plane: None,
             staged_bytes: 0,
+            peer,
         };
         if let Some(make) = plane {
             let params = match params_rx.recv_timeout(cfg.auth_timeout()) {
@@ -870,6 +923,10 @@ fn prefill_reader(
 }
 
 impl PrefillLink for TcpPrefill {
+    fn peer(&self) -> Option<PeerId> {
+        self.peer
+    }
+
     fn recv(&mut self, timeout: Duration) -> Result<Option<ToPrefill>, LinkError> {
         match recv_within(&self.incoming, timeout) {
             Ok(Ok(m)) => Ok(Some(m)),
