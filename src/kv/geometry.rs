@@ -61,6 +61,18 @@ pub struct KvGeometry {
 }
 
 impl KvGeometry {
+    /// An f32 geometry of `n_layers` layers and one KV head of `head_dim`
+    /// elements: the unit tests' small pools.
+    #[cfg(test)]
+    pub(crate) const fn tiny(n_layers: usize, head_dim: usize) -> Self {
+        KvGeometry {
+            n_layers,
+            n_kv_heads: 1,
+            head_dim,
+            dtype: KvDtype::F32,
+        }
+    }
+
     /// Elements of K (or of V) for one token in one layer.
     pub const fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim

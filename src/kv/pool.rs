@@ -585,16 +585,9 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvDtype;
 
     fn pool() -> KvPool {
-        let g = KvGeometry {
-            n_layers: 1,
-            n_kv_heads: 1,
-            head_dim: 2,
-            dtype: KvDtype::F32,
-        };
-        KvPool::new(PoolConfig::new(g, 2, 4)).unwrap()
+        KvPool::new(PoolConfig::new(KvGeometry::tiny(1, 2), 2, 4)).unwrap()
     }
 
     #[test]

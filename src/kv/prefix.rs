@@ -365,15 +365,10 @@ impl KvPool {
 mod tests {
     use super::*;
     use crate::kv::PoolConfig;
-    use crate::kv::{KvDtype, KvGeometry};
+    use crate::kv::KvGeometry;
 
     fn cache() -> PrefixCache {
-        let g = KvGeometry {
-            n_layers: 1,
-            n_kv_heads: 1,
-            head_dim: 1,
-            dtype: KvDtype::F32,
-        };
+        let g = KvGeometry::tiny(1, 1);
         let pool = KvPool::new(PoolConfig::new(g, 2, 8).audit(true)).unwrap(); // the stories below read the audit trail, in release too
         PrefixCache::new(&pool, 1, CacheSecret::from_bytes([5; 32]))
     }

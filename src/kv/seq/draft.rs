@@ -123,15 +123,10 @@ impl KvSeq<Ready> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{KvDtype, KvGeometry, KvPool, PoolConfig};
+    use crate::kv::{KvGeometry, KvPool, PoolConfig};
 
     fn pool() -> KvPool {
-        let g = KvGeometry {
-            n_layers: 2,
-            n_kv_heads: 1,
-            head_dim: 2,
-            dtype: KvDtype::F32,
-        };
+        let g = KvGeometry::tiny(2, 2);
         KvPool::new(PoolConfig::new(g, 2, 16).audit(true)).unwrap()
     }
 
