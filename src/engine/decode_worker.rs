@@ -57,8 +57,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         cfg: EngineConfig<Decode>,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        setup::check(&model, &cfg)?;
-        let pool = model.backend().new_pool(cfg.pool_config())?;
+        let pool = setup::new_pool(&model, &cfg)?;
         Self::with_pool(link, model, cfg, pool, transfer)
     }
 
@@ -77,9 +76,7 @@ impl<L: DecodeLink, B: Backend> DecodeWorker<L, B> {
         pool: KvPool,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        setup::check(&model, &cfg)?;
-        setup::check_pool(&cfg, &pool, |r| model.backend().accepts_kv(r))?;
-        let limits = AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size);
+        let limits = setup::worker_limits(&model, &cfg, &pool)?;
         Ok(Self::build(link, model, pool, limits, transfer))
     }
 

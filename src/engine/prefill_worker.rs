@@ -49,19 +49,14 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         cfg: EngineConfig<Prefill>,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        setup::check(&model, &cfg)?;
-        let pool = model.backend().new_pool(cfg.pool_config())?;
+        let pool = setup::new_pool(&model, &cfg)?;
         Self::with_pool(link, model, cfg, pool, transfer)
     }
 
     /// [`PrefillWorker::new`] over a pool the host built from the same
-    /// configuration (to keep a handle for its stats):
-    /// `KvPool::new(cfg.pool_config())`. Any other
-    /// pool, one whose pages something holds, or one another worker took is
-    /// refused ([`EngineError::PoolMismatch`], [`EngineError::PoolInUse`],
-    /// [`EngineError::PoolClaimed`]). The host's own handle is for stats:
-    /// reserving pages on it is outside this contract (the worker admits
-    /// against the pages it sees free).
+    /// configuration (to keep a handle for its stats), refused and taken as
+    /// [`DecodeWorker::with_pool`](crate::engine::DecodeWorker::with_pool)
+    /// refuses and takes one.
     pub fn with_pool(
         link: L,
         model: Model<B>,
@@ -69,9 +64,7 @@ impl<L: PrefillLink, B: Backend> PrefillWorker<L, B> {
         pool: KvPool,
         transfer: TransferConfig,
     ) -> Result<Self, EngineError> {
-        setup::check(&model, &cfg)?;
-        setup::check_pool(&cfg, &pool, |r| model.backend().accepts_kv(r))?;
-        let limits = AdmissionLimits::from_config(&cfg).vocab(model.config().vocab_size);
+        let limits = setup::worker_limits(&model, &cfg, &pool)?;
         let worker = Self::build(link, model, pool, limits, transfer, cfg.max_context());
         Ok(worker.with_cache_secret(CacheSecret::random()?))
     }

@@ -7,6 +7,7 @@ use crate::config::{EngineConfig, RoleKind};
 use crate::engine::EngineError;
 use crate::kv::{KvPool, Residence};
 use crate::model::Model;
+use crate::sched::AdmissionLimits;
 
 /// Refuses a configuration whose KV geometry or context window does not
 /// fit the model. (Its role is its type: a server takes only its own.)
@@ -42,6 +43,30 @@ pub(crate) fn check_model<B: Backend>(
         });
     }
     Ok(())
+}
+
+/// A new pool as `cfg` describes it, on `model`'s backend, once `cfg` fits
+/// the model ([`check`]).
+pub(crate) fn new_pool<B: Backend, R: RoleKind>(
+    model: &Model<B>,
+    cfg: &EngineConfig<R>,
+) -> Result<KvPool, EngineError> {
+    check(model, cfg)?;
+    Ok(model.backend().new_pool(cfg.pool_config())?)
+}
+
+/// The admission limits of a worker for `model` under `cfg` over the
+/// host-built `pool`, once `cfg` fits the model ([`check`]) and the pool is
+/// the one `cfg` describes, free and unclaimed ([`check_pool`]); the pool
+/// is then this worker's.
+pub(crate) fn worker_limits<B: Backend, R: RoleKind>(
+    model: &Model<B>,
+    cfg: &EngineConfig<R>,
+    pool: &KvPool,
+) -> Result<AdmissionLimits, EngineError> {
+    check(model, cfg)?;
+    check_pool(cfg, pool, |r| model.backend().accepts_kv(r))?;
+    Ok(AdmissionLimits::from_config(cfg).vocab(model.config().vocab_size))
 }
 
 /// Refuses a host-built `pool` that is not the pool `cfg` describes (scrub

@@ -364,8 +364,8 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::PoolConfig;
     use crate::kv::KvGeometry;
+    use crate::kv::PoolConfig;
 
     fn cache() -> PrefixCache {
         let g = KvGeometry::tiny(1, 1);
