@@ -54,7 +54,7 @@ thread_local! {
 }
 
 /// `q` scaled by 1/sqrt(head_dim) into `out`.
-fn scale_query(q: &[f32], shape: AttnShape, out: &mut [f32]) {
+pub(super) fn scale_query(q: &[f32], shape: AttnShape, out: &mut [f32]) {
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     for (o, &x) in out.iter_mut().zip(q) {
         *o = x * scale;
@@ -62,7 +62,7 @@ fn scale_query(q: &[f32], shape: AttnShape, out: &mut [f32]) {
 }
 
 /// Per query head, the offset of its KV head in a K/V row.
-fn head_offsets(shape: AttnShape, koff: &mut Vec<usize>) {
+pub(super) fn head_offsets(shape: AttnShape, koff: &mut Vec<usize>) {
     let group = (shape.n_heads / shape.n_kv_heads.max(1)).max(1);
     koff.clear();
     koff.extend((0..shape.n_heads).map(|h| (h / group) * shape.head_dim));
@@ -71,7 +71,7 @@ fn head_offsets(shape: AttnShape, koff: &mut Vec<usize>) {
 /// Merges a tile's partial into a row's running state (both
 /// `[max; nh] [sum; nh] [acc; nh * hd]`); `first`: the state is empty and
 /// becomes the partial as is.
-fn merge(state: &mut [f32], part: &[f32], shape: AttnShape, first: bool) {
+pub(super) fn merge(state: &mut [f32], part: &[f32], shape: AttnShape, first: bool) {
     if first {
         state.copy_from_slice(part);
         return;
@@ -97,7 +97,7 @@ fn merge(state: &mut [f32], part: &[f32], shape: AttnShape, first: bool) {
 }
 
 /// A row's output from its merged state: each head's sum times `1 / L`.
-fn finish(state: &[f32], shape: AttnShape, out: &mut [f32]) {
+pub(super) fn finish(state: &[f32], shape: AttnShape, out: &mut [f32]) {
     let (nh, hd) = (shape.n_heads, shape.head_dim);
     let (l, acc) = state[nh..].split_at(nh);
     for h in 0..nh {
@@ -112,7 +112,7 @@ fn finish(state: &[f32], shape: AttnShape, out: &mut [f32]) {
 }
 
 /// Positions in the tile's segments.
-fn seg_len(segs: &[Seg<'_>]) -> usize {
+pub(super) fn seg_len(segs: &[Seg<'_>]) -> usize {
     segs.iter().map(|s| s.n).sum()
 }
 
