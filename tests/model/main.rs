@@ -12,6 +12,7 @@ mod fingerprint_across_builds;
 mod forward_misuse;
 mod fp8_kv_cache;
 mod fuzz_regressions;
+mod gemma3_270m_generates;
 mod gemma_cpu_ops;
 mod gemma_malformed;
 mod gemma_reference;
