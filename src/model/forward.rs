@@ -232,6 +232,35 @@ impl<'s> IntoIterator for Sampled<'s> {
 }
 
 impl<B: Backend> Scratch<B> {
+    /// `x += a · Wᵀ` for `a` the attention output (the gated feed-forward
+    /// input when `mlp`), the projection RMS-normed by `post` first when
+    /// given (Gemma's post-attention and post-feed-forward norms).
+    fn add_projection(
+        &mut self,
+        b: &B,
+        mlp: bool,
+        w: &B::Mat,
+        post: Option<Norm<'_, B::Mat>>,
+    ) -> Result<(), BackendError> {
+        let Scratch {
+            x,
+            att,
+            gate,
+            proj,
+            tmp,
+            ..
+        } = self;
+        let a = if mlp { &*gate } else { &*att };
+        match post {
+            None => b.matmul_add(a, w, proj, x),
+            Some(n) => {
+                b.matmul(a, w, proj)?;
+                b.rms_norm(proj, n.weight, n.eps, tmp)?;
+                b.add_assign(x, tmp)
+            }
+        }
+    }
+
     /// The last pass's logits.
     fn logits_view(&self, vocab: usize) -> Logits<'_> {
         Logits {
@@ -831,18 +860,8 @@ impl<B: Backend> Model<B> {
                     }
                 }
             }
-            let post = layer
-                .post_attn_norm
-                .as_ref()
-                .map(|weight| Norm { weight, eps });
-            residual(
-                b,
-                &s.att,
-                &layer.wo,
-                post,
-                [&mut s.proj, &mut s.tmp],
-                &mut s.x,
-            )?;
+            let post = layer.post_attn_norm.as_ref().map(norm);
+            s.add_projection(b, false, &layer.wo, post)?;
             if c.gemma.is_some() {
                 b.norm_matmul_many(
                     &s.x,
@@ -861,18 +880,8 @@ impl<B: Backend> Model<B> {
                     [&mut s.gate, &mut s.up],
                 )?;
             }
-            let post = layer
-                .post_ffn_norm
-                .as_ref()
-                .map(|weight| Norm { weight, eps });
-            residual(
-                b,
-                &s.gate,
-                &layer.w2,
-                post,
-                [&mut s.proj, &mut s.tmp],
-                &mut s.x,
-            )?;
+            let post = layer.post_ffn_norm.as_ref().map(norm);
+            s.add_projection(b, true, &layer.w2, post)?;
         }
         s.out_rows.clear();
         match want {
@@ -906,27 +915,6 @@ impl<B: Backend> Model<B> {
             )?,
         }
         Ok(())
-    }
-}
-
-/// `x += a · Wᵀ`, the projection RMS-normed by `post` first when given
-/// (Gemma's post-attention and post-feed-forward norms).
-/// `proj` and `normed` are scratch.
-fn residual<B: Backend>(
-    b: &B,
-    a: &B::Buf,
-    w: &B::Mat,
-    post: Option<Norm<'_, B::Mat>>,
-    [proj, normed]: [&mut B::Buf; 2],
-    x: &mut B::Buf,
-) -> Result<(), BackendError> {
-    match post {
-        None => b.matmul_add(a, w, proj, x),
-        Some(n) => {
-            b.matmul(a, w, proj)?;
-            b.rms_norm(proj, n.weight, n.eps, normed)?;
-            b.add_assign(x, normed)
-        }
     }
 }
 

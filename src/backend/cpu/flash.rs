@@ -36,19 +36,19 @@ use crate::kv::LayerView;
 pub(crate) const BLOCK: usize = 32;
 
 /// One thread's buffers, reused across calls (no allocation per token
-/// once grown).
+/// once grown); `window` uses them too.
 #[derive(Default)]
-struct Work {
-    buf: TileBuf,
-    scores: Vec<f32>,
-    qs: Vec<f32>,
-    koff: Vec<usize>,
-    part: Vec<f32>,
-    state: Vec<f32>,
+pub(super) struct Work {
+    pub(super) buf: TileBuf,
+    pub(super) scores: Vec<f32>,
+    pub(super) qs: Vec<f32>,
+    pub(super) koff: Vec<usize>,
+    pub(super) part: Vec<f32>,
+    pub(super) state: Vec<f32>,
 }
 
 thread_local! {
-    static WORK: RefCell<Work> = RefCell::new(Work::default());
+    pub(super) static WORK: RefCell<Work> = RefCell::new(Work::default());
     /// The calling thread's partials of a decode step.
     static PARTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }

@@ -7,30 +7,13 @@
 //! positions it attends to, so a prefill and a decode step, any batch and
 //! any split over threads give the same result.
 
-use std::cell::RefCell;
-
 use rayon::prelude::*;
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{TILE, TileBuf, partial_len, tile_segs};
-use crate::backend::cpu::flash::{finish, head_offsets, merge, scale_query, seg_len};
+use crate::backend::cpu::attend::{TILE, partial_len, tile_segs};
+use crate::backend::cpu::flash::{WORK, Work, finish, head_offsets, merge, scale_query, seg_len};
 use crate::backend::cpu::{Isa, attention};
 use crate::kv::LayerView;
-
-/// One thread's buffers, reused across calls.
-#[derive(Default)]
-struct Work {
-    buf: TileBuf,
-    scores: Vec<f32>,
-    qs: Vec<f32>,
-    koff: Vec<usize>,
-    part: Vec<f32>,
-    state: Vec<f32>,
-}
-
-thread_local! {
-    static WORK: RefCell<Work> = RefCell::new(Work::default());
-}
 
 /// Query row `r` of `q` (`rows.len() × q_dim`) reads view `rows[r].0` at
 /// position `rows[r].1` over the last `window` positions (`window >= 1`;

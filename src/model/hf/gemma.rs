@@ -128,3 +128,65 @@ fn global_every(obj: &Map<String, Value>, n_layers: usize) -> Result<usize, Mode
     }
     Ok(every)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::hf::config::HfConfig;
+    use crate::model::{RopeScaling, RopeStyle};
+
+    const BASE: &str = r#""hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 12,
+        "num_attention_heads": 4, "vocab_size": 100"#;
+
+    #[test]
+    fn gemma3_text_config_defaults_are_transformers_defaults() {
+        let c = HfConfig::parse(format!(r#"{{"model_type": "gemma3_text", {BASE}}}"#).as_bytes())
+            .unwrap()
+            .model;
+        let g = c.gemma.unwrap();
+        assert_eq!(
+            (c.head_dim, c.max_seq_len, c.rope_theta),
+            (256, 131_072, 1e6)
+        );
+        assert_eq!(
+            (c.rope_style, c.rope_scaling),
+            (RopeStyle::Half, RopeScaling::None)
+        );
+        assert!(c.tied_embeddings && c.qk_norm && !c.attention_bias);
+        assert_eq!((g.sliding_window, g.global_every), (4096, 6));
+        assert_eq!((g.local_rope_theta, g.query_pre_attn_scalar), (1e4, 256.0));
+        assert_eq!(g.final_logit_softcap, None);
+        let global: Vec<usize> = (0..12).filter(|&i| g.is_global(i)).collect();
+        assert_eq!(global, [5, 11]);
+        assert_eq!((g.window(4), g.window(5)), (Some(4096), None));
+    }
+
+    #[test]
+    fn rope_scaling_is_the_global_layers_and_the_pattern_comes_from_either_key() {
+        let c = HfConfig::parse(
+            format!(
+                r#"{{"architectures": ["Gemma3ForCausalLM"], {BASE}, "rope_theta": 1e6,
+                "rope_scaling": {{"rope_type": "linear", "factor": 8.0}},
+                "rope_local_base_freq": 5e3, "sliding_window_pattern": 4,
+                "sliding_window": 512, "final_logit_softcapping": 30.0}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+        .model;
+        let g = c.gemma.unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!((g.local_rope_theta, g.global_every), (5e3, 4));
+        assert_eq!((g.sliding_window, g.final_logit_softcap), (512, Some(30.0)));
+        // layer_types with every layer local: no global layer.
+        let types = ["\"sliding_attention\""; 12].join(",");
+        let all_local = HfConfig::parse(
+            format!(r#"{{"model_type": "gemma3_text", {BASE}, "layer_types": [{types}]}}"#)
+                .as_bytes(),
+        )
+        .unwrap()
+        .model
+        .gemma
+        .unwrap();
+        assert!((0..12).all(|i| !all_local.is_global(i)));
+    }
+}
