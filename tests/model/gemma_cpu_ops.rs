@@ -215,3 +215,127 @@ fn gelu_gating_soft_capping_and_scaling_match_their_definitions() {
     b.scale(&mut x, 0.5).unwrap();
     assert!(x.iter().zip(&g0).all(|(a, b)| *a == b * 0.5));
 }
+
+/// A backend that has not said it runs Gemma: the CPU backend's required
+/// ops, none of Gemma's.
+struct PlainBackend(CpuBackend);
+
+impl Backend for PlainBackend {
+    type Buf = Vec<f32>;
+    type Mat = handoff::backend::cpu::CpuMat;
+    fn name(&self) -> &'static str {
+        "plain"
+    }
+    fn upload(&self, d: Vec<f32>, r: usize, c: usize) -> Result<Self::Mat, BackendError> {
+        self.0.upload(d, r, c)
+    }
+    fn shape(&self, m: &Self::Mat) -> (usize, usize) {
+        self.0.shape(m)
+    }
+    fn len(&self, b: &Vec<f32>) -> usize {
+        b.len()
+    }
+    fn to_host(&self, b: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        self.0.to_host(b, out)
+    }
+    fn embed(&self, t: &Self::Mat, tok: &[u32], out: &mut Vec<f32>) -> Result<(), BackendError> {
+        self.0.embed(t, tok, out)
+    }
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &Self::Mat,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.0.rms_norm(x, w, eps, out)
+    }
+    fn matmul(&self, x: &Vec<f32>, w: &Self::Mat, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        self.0.matmul(x, w, out)
+    }
+    fn add_bias(&self, x: &mut Vec<f32>, b: &Self::Mat) -> Result<(), BackendError> {
+        self.0.add_bias(x, b)
+    }
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), BackendError> {
+        self.0.add_assign(x, y)
+    }
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        p: &[usize],
+        r: handoff::backend::Rope,
+    ) -> Result<(), BackendError> {
+        self.0.rope(x, p, r)
+    }
+    fn swiglu(&self, g: &mut Vec<f32>, u: &Vec<f32>) -> Result<(), BackendError> {
+        self.0.swiglu(g, u)
+    }
+    fn gather_rows(
+        &self,
+        x: &Vec<f32>,
+        cols: usize,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.0.gather_rows(x, cols, rows, out)
+    }
+    fn kv_append<S: handoff::kv::Writable>(
+        &self,
+        seq: &mut KvSeq<S>,
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        rows: std::ops::Range<usize>,
+    ) -> Result<(), BackendError> {
+        self.0.kv_append(seq, layer, k, v, rows)
+    }
+    fn attention_prefill(
+        &self,
+        q: &Vec<f32>,
+        kv: &[handoff::kv::LayerView<'_>],
+        spans: &[SeqSpan],
+        shape: AttnShape,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.0.attention_prefill(q, kv, spans, shape, out)
+    }
+    fn attention_decode(
+        &self,
+        q: &Vec<f32>,
+        kv: &[handoff::kv::LayerView<'_>],
+        shape: AttnShape,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.0.attention_decode(q, kv, shape, out)
+    }
+}
+
+#[test]
+fn a_backend_that_has_not_said_it_runs_gemma_refuses_it_at_load() {
+    // As the CUDA backend does: Gemma's ops default to a refusal, and the
+    // model is refused when placed, before any request is admitted.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny_gemma3");
+    let gemma = std::path::Path::new(dir).join("model.gguf");
+    match handoff::model::Model::load(PlainBackend(CpuBackend::with_threads(1)), &gemma) {
+        Err(handoff::model::ModelError::Unsupported { backend, source }) => {
+            assert_eq!(backend, "plain");
+            assert!(source.to_string().contains("Gemma 3"), "{source}");
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    // The same backend serves a Qwen3 file: only Gemma is refused.
+    let qwen = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/tiny_qwen3/model.gguf"
+    );
+    handoff::model::Model::load(
+        PlainBackend(CpuBackend::with_threads(1)),
+        std::path::Path::new(qwen),
+    )
+    .unwrap();
+    let mut x = vec![1.0f32];
+    assert!(matches!(
+        PlainBackend(CpuBackend::with_threads(1)).scale(&mut x, 2.0),
+        Err(BackendError::Unsupported { .. })
+    ));
+}
