@@ -862,23 +862,13 @@ impl<B: Backend> Model<B> {
             }
             let post = layer.post_attn_norm.as_ref().map(norm);
             s.add_projection(b, false, &layer.wo, post)?;
+            // Gemma's feed-forward is GELU-gated, Llama's SwiGLU.
+            let (n, ffn) = (norm(&layer.ffn_norm), [&layer.w1, &layer.w3]);
             if c.gemma.is_some() {
-                b.norm_matmul_many(
-                    &s.x,
-                    norm(&layer.ffn_norm),
-                    &mut s.xn,
-                    [&layer.w1, &layer.w3],
-                    [&mut s.gate, &mut s.up],
-                )?;
+                b.norm_matmul_many(&s.x, n, &mut s.xn, ffn, [&mut s.gate, &mut s.up])?;
                 b.gelu_glu(&mut s.gate, &s.up)?;
             } else {
-                b.norm_swiglu(
-                    &s.x,
-                    norm(&layer.ffn_norm),
-                    &mut s.xn,
-                    [&layer.w1, &layer.w3],
-                    [&mut s.gate, &mut s.up],
-                )?;
+                b.norm_swiglu(&s.x, n, &mut s.xn, ffn, [&mut s.gate, &mut s.up])?;
             }
             let post = layer.post_ffn_norm.as_ref().map(norm);
             s.add_projection(b, true, &layer.w2, post)?;

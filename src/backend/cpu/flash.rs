@@ -48,13 +48,34 @@ pub(super) struct Work {
 }
 
 thread_local! {
-    pub(super) static WORK: RefCell<Work> = RefCell::new(Work::default());
+    static WORK: RefCell<Work> = RefCell::new(Work::default());
     /// The calling thread's partials of a decode step.
     static PARTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Runs `f` with this thread's buffers, `qs` holding `q` pre-scaled,
+/// `koff` the head offsets, room for `parts` partials and `rows` states.
+pub(super) fn with_work<R>(
+    q: &[f32],
+    shape: AttnShape,
+    parts: usize,
+    rows: usize,
+    f: impl FnOnce(&mut Work) -> R,
+) -> R {
+    WORK.with(|w| {
+        let w = &mut *w.borrow_mut();
+        let pl = partial_len(shape);
+        w.qs.resize(q.len(), 0.0);
+        scale_query(q, shape, &mut w.qs);
+        head_offsets(shape, &mut w.koff);
+        w.part.resize(parts * pl, 0.0);
+        w.state.resize(rows * pl, 0.0);
+        f(w)
+    })
+}
+
 /// `q` scaled by 1/sqrt(head_dim) into `out`.
-pub(super) fn scale_query(q: &[f32], shape: AttnShape, out: &mut [f32]) {
+fn scale_query(q: &[f32], shape: AttnShape, out: &mut [f32]) {
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     for (o, &x) in out.iter_mut().zip(q) {
         *o = x * scale;
@@ -62,7 +83,7 @@ pub(super) fn scale_query(q: &[f32], shape: AttnShape, out: &mut [f32]) {
 }
 
 /// Per query head, the offset of its KV head in a K/V row.
-pub(super) fn head_offsets(shape: AttnShape, koff: &mut Vec<usize>) {
+fn head_offsets(shape: AttnShape, koff: &mut Vec<usize>) {
     let group = (shape.n_heads / shape.n_kv_heads.max(1)).max(1);
     koff.clear();
     koff.extend((0..shape.n_heads).map(|h| (h / group) * shape.head_dim));
@@ -256,7 +277,7 @@ fn prefill_block(
         return;
     }
     let end = first_pos + rows;
-    WORK.with(|w| {
+    with_work(q, shape, ROWS, rows, |w| {
         let Work {
             buf,
             scores,
@@ -264,12 +285,7 @@ fn prefill_block(
             koff,
             part,
             state,
-        } = &mut *w.borrow_mut();
-        qs.resize(rows * qd, 0.0);
-        scale_query(q, shape, qs);
-        head_offsets(shape, koff);
-        part.resize(ROWS * pl, 0.0);
-        state.resize(rows * pl, 0.0);
+        } = w;
         for (k, t0) in (0..end).step_by(TILE).enumerate() {
             let t1 = (t0 + TILE).min(end);
             let mut segs = Vec::new();

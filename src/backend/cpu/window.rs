@@ -10,8 +10,8 @@
 use rayon::prelude::*;
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{TILE, partial_len, tile_segs};
-use crate::backend::cpu::flash::{WORK, Work, finish, head_offsets, merge, scale_query, seg_len};
+use crate::backend::cpu::attend::{TILE, tile_segs};
+use crate::backend::cpu::flash::{Work, finish, merge, seg_len, with_work};
 use crate::backend::cpu::{Isa, attention};
 use crate::kv::LayerView;
 
@@ -51,33 +51,28 @@ fn row(
     shape: AttnShape,
     out: &mut [f32],
 ) {
-    let pl = partial_len(shape);
     let end = pos + 1;
     let lo = end.saturating_sub(window.max(1));
-    WORK.with(|w| {
-        let Work {
-            buf,
-            scores,
-            qs,
-            koff,
-            part,
-            state,
-        } = &mut *w.borrow_mut();
-        qs.resize(q.len(), 0.0);
-        scale_query(q, shape, qs);
-        head_offsets(shape, koff);
-        part.resize(pl, 0.0);
-        state.resize(pl, 0.0);
+    with_work(q, shape, 1, 1, |w: &mut Work| {
         let mut t = lo;
         while t < end {
             let t1 = ((t / TILE + 1) * TILE).min(end);
             let mut segs = Vec::new();
-            tile_segs(kv, t, t1, buf, &mut segs);
+            tile_segs(kv, t, t1, &mut w.buf, &mut segs);
             let n = seg_len(&segs);
-            attention::tile(isa, qs, koff, &segs, n, shape, part, scores);
-            merge(state, part, shape, t == lo);
+            attention::tile(
+                isa,
+                &w.qs,
+                &w.koff,
+                &segs,
+                n,
+                shape,
+                &mut w.part,
+                &mut w.scores,
+            );
+            merge(&mut w.state, &w.part, shape, t == lo);
             t = t1;
         }
-        finish(state, shape, out);
+        finish(&w.state, shape, out);
     });
 }
