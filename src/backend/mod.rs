@@ -213,10 +213,10 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Refuses Gemma 3's block ([`crate::model::Gemma`]: [`Backend::scale`],
-    /// [`Backend::gelu_glu`], [`Backend::softcap`] and windowed attention)
-    /// where this backend has not been checked to run it, when a model is
-    /// placed. Default: refused, as are those ops.
+    /// Refuses Gemma 3's block (the model layer's `Gemma`:
+    /// [`Backend::scale`], [`Backend::gelu_glu`], [`Backend::softcap`] and
+    /// windowed attention) where this backend has not been checked to run
+    /// it, when a model is placed. Default: refused, as are those ops.
     fn supports_gemma(&self) -> Result<(), BackendError> {
         Err(no_gemma(self.name()))
     }
