@@ -15,7 +15,8 @@
 //! Text needs the model's tokenizer (a Hugging Face folder's tokenizer.json,
 //! or a GGUF file's metadata). `--prompt TEXT` (repeatable) tokenizes the
 //! text as the model's tokenizer does (BOS only where it says) and prints,
-//! per prompt, in order, the generated text followed by a newline.
+//! per prompt, in order, the generated text followed by a newline. Text
+//! modes generate at most 64 new tokens unless `--max-new-tokens` says.
 //! `--chat TEXT` renders a one-turn conversation with the model's chat
 //! template and streams the answer to stdout as it is generated, then a
 //! newline. In both, the model's EOS and end-of-turn tokens end generation
@@ -85,8 +86,11 @@ struct Args {
     speculative: Option<SpecConfig>,
 }
 
+/// `--max-new-tokens` of `--prompt` and `--chat` when it is not given.
+const TEXT_MAX_NEW: usize = 64;
+
 const USAGE: &str = "usage: generate --model PATH (--prompt-ids 1,2,3 [--prompt-ids ...] | \
---prompt TEXT [--prompt ...] | --chat TEXT) --max-new-tokens N [--temperature T] [--top-k K] \
+--prompt TEXT [--prompt ...] | --chat TEXT) --max-new-tokens N (64 for text) [--temperature T] [--top-k K] \
 [--top-p P] [--seed S] [--stop-ids a,b] [--stop STRING ...] [--page-size N] \
 [--kv-dtype f32|f16|bf16|fp8] [--threads N] [--backend cpu|cuda] [--speculative ngram|off]";
 
@@ -126,6 +130,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         speculative: None,
     };
     let mut have_model = false;
+    let mut have_max_new = false;
     let mut texts = Vec::new();
     let mut chat = None;
     while let Some(flag) = it.next() {
@@ -148,7 +153,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 }
                 a.stops.push(v)
             }
-            "--max-new-tokens" => a.max_new = num(&flag, &v)?,
+            "--max-new-tokens" => {
+                a.max_new = num(&flag, &v)?;
+                have_max_new = true;
+            }
             "--temperature" => a.temperature = num(&flag, &v)?,
             "--top-k" => a.top_k = Some(num(&flag, &v)?),
             "--top-p" => a.top_p = Some(num(&flag, &v)?),
@@ -187,6 +195,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         a.mode = Mode::Text(texts);
     } else if let Some(c) = chat {
         a.mode = Mode::Chat(c);
+    }
+    // Text ends at the model's EOS; ids need a count.
+    if !have_max_new && a.mode != Mode::Ids {
+        a.max_new = TEXT_MAX_NEW;
     }
     if !have_model || modes == 0 || a.max_new == 0 {
         return Err(

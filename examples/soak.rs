@@ -118,6 +118,7 @@ fn model_config() -> ModelConfig {
         tied_embeddings: false,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     }
 }
 

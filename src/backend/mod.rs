@@ -213,6 +213,63 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Refuses Gemma 3's block (the model layer's `Gemma`:
+    /// [`Backend::scale`], [`Backend::gelu_glu`], [`Backend::softcap`] and
+    /// windowed attention) where this backend has not been checked to run
+    /// it, when a model is placed. Default: refused, as are those ops.
+    fn supports_gemma(&self) -> Result<(), BackendError> {
+        Err(no_gemma(self.name()))
+    }
+
+    /// `x *= by` (Gemma's embedding scale). Default: refused.
+    fn scale(&self, x: &mut Self::Buf, by: f32) -> Result<(), BackendError> {
+        let _ = (x, by);
+        Err(no_gemma(self.name()))
+    }
+
+    /// GELU-gated feed-forward input: `gate = gelu_tanh(gate) ⊙ up`
+    /// (Gemma's MLP). Default: refused.
+    fn gelu_glu(&self, gate: &mut Self::Buf, up: &Self::Buf) -> Result<(), BackendError> {
+        let _ = (gate, up);
+        Err(no_gemma(self.name()))
+    }
+
+    /// Logit soft-capping: `x = cap · tanh(x / cap)`. Default: refused.
+    fn softcap(&self, x: &mut Self::Buf, cap: f32) -> Result<(), BackendError> {
+        let _ = (x, cap);
+        Err(no_gemma(self.name()))
+    }
+
+    /// [`Backend::attention_prefill`] where each query at position `p`
+    /// attends only to positions `p + 1 - window ..= p` (a local layer's
+    /// sliding window). Default: refused.
+    fn attention_prefill_window(
+        &self,
+        q: &Self::Buf,
+        kv: &[LayerView<'_>],
+        spans: &[SeqSpan],
+        shape: AttnShape,
+        window: usize,
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (q, kv, spans, shape, window, out);
+        Err(no_gemma(self.name()))
+    }
+
+    /// [`Backend::attention_decode`] over the last `window` positions of
+    /// each view. Default: refused.
+    fn attention_decode_window(
+        &self,
+        q: &Self::Buf,
+        kv: &[LayerView<'_>],
+        shape: AttnShape,
+        window: usize,
+        out: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (q, kv, shape, window, out);
+        Err(no_gemma(self.name()))
+    }
+
     /// Places a weight tensor (row-major `[rows, cols]`).
     fn upload(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Mat, BackendError>;
 
@@ -592,6 +649,17 @@ fn host_logprobs(
                 .zip(tokens)
                 .map(one),
         );
+    }
+}
+
+/// The refusal of Gemma's ops by a backend that has not implemented them.
+fn no_gemma(backend: &'static str) -> BackendError {
+    BackendError::Unsupported {
+        what: "Gemma 3 models",
+        detail: format!(
+            "(the {backend} backend has no kernels for windowed attention, GELU gating, \
+             scaling and soft-capping; serve Gemma on the CPU backend)"
+        ),
     }
 }
 

@@ -29,7 +29,8 @@ impl ModelWeights {
 
 impl LayerWeights {
     /// Checks that layer `i`'s tensors have the lengths `c` needs (and its
-    /// biases and q/k norms are present exactly when `c` has them).
+    /// biases, q/k norms and Gemma's post norms are present exactly when
+    /// `c` has them).
     pub(crate) fn check(&self, i: usize, c: &ModelConfig) -> Result<(), ModelError> {
         let (d, h) = (c.dim, c.hidden_dim);
         let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
@@ -52,6 +53,12 @@ impl LayerWeights {
         }
         for (t, g) in [("q_norm", &self.q_norm), ("k_norm", &self.k_norm)] {
             present(n(t), g.as_deref(), c.head_dim, c.qk_norm, "qk_norm")?;
+        }
+        for (t, g) in [
+            ("post_attn_norm", &self.post_attn_norm),
+            ("post_ffn_norm", &self.post_ffn_norm),
+        ] {
+            present(n(t), g.as_deref(), d, c.gemma.is_some(), "gemma")?;
         }
         Ok(())
     }

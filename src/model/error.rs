@@ -42,7 +42,7 @@ pub enum ModelError {
     )]
     NonFinite { tensor: String, index: usize },
     #[error(
-        "unsupported architecture {0}: handoff serves Llama-family models (Llama, Mistral, Qwen2, Qwen3)"
+        "unsupported architecture {0}: handoff serves Llama-family models (Llama, Mistral, Qwen2, Qwen3) and Gemma 3"
     )]
     UnsupportedArchitecture(String),
     #[error("invalid model config: {0}")]

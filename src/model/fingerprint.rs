@@ -54,6 +54,10 @@ impl Fingerprinter {
         for t in [&l.ffn_norm, &l.w1, &l.w2, &l.w3] {
             tensor(h, t);
         }
+        // As the config's Gemma block: hashed only when present.
+        for g in [&l.post_attn_norm, &l.post_ffn_norm].into_iter().flatten() {
+            tensor(h, g);
+        }
     }
 
     pub(crate) fn finish(
@@ -100,6 +104,7 @@ fn config(h: &mut XxHash3_64, c: &ModelConfig) {
         tied_embeddings,
         attention_bias,
         qk_norm,
+        gemma,
     } = *c;
     for v in [
         dim,
@@ -143,6 +148,15 @@ fn config(h: &mut XxHash3_64, c: &ModelConfig) {
     // Only when on, so every fingerprint from before q/k norms stays.
     if qk_norm {
         h.write_u8(b'n');
+    }
+    // Likewise Gemma's block.
+    if let Some(g) = gemma {
+        h.write_u8(b'g');
+        h.write_u64(g.sliding_window as u64);
+        h.write_u64(g.global_every as u64);
+        h.write_u32(g.local_rope_theta.to_bits());
+        h.write_u32(g.query_pre_attn_scalar.to_bits());
+        h.write_u32(g.final_logit_softcap.map_or(0, f32::to_bits));
     }
 }
 

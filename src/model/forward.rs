@@ -133,7 +133,10 @@ pub(crate) struct Layer<B: Backend> {
     /// Per-head RMS gains `[head_dim]` of q and k (Qwen3).
     pub(crate) q_norm: Option<B::Mat>,
     pub(crate) k_norm: Option<B::Mat>,
+    /// Gemma's norms of the attention and feed-forward outputs.
+    pub(crate) post_attn_norm: Option<B::Mat>,
     pub(crate) ffn_norm: B::Mat,
+    pub(crate) post_ffn_norm: Option<B::Mat>,
     pub(crate) w1: B::Mat,
     pub(crate) w2: B::Mat,
     pub(crate) w3: B::Mat,
@@ -229,6 +232,35 @@ impl<'s> IntoIterator for Sampled<'s> {
 }
 
 impl<B: Backend> Scratch<B> {
+    /// `x += a · Wᵀ` for `a` the attention output (the gated feed-forward
+    /// input when `mlp`), the projection RMS-normed by `post` first when
+    /// given (Gemma's post-attention and post-feed-forward norms).
+    fn add_projection(
+        &mut self,
+        b: &B,
+        mlp: bool,
+        w: &B::Mat,
+        post: Option<Norm<'_, B::Mat>>,
+    ) -> Result<(), BackendError> {
+        let Scratch {
+            x,
+            att,
+            gate,
+            proj,
+            tmp,
+            ..
+        } = self;
+        let a = if mlp { &*gate } else { &*att };
+        match post {
+            None => b.matmul_add(a, w, proj, x),
+            Some(n) => {
+                b.matmul(a, w, proj)?;
+                b.rms_norm(proj, n.weight, n.eps, tmp)?;
+                b.add_assign(x, tmp)
+            }
+        }
+    }
+
     /// The last pass's logits.
     fn logits_view(&self, vocab: usize) -> Logits<'_> {
         Logits {
@@ -391,9 +423,17 @@ impl<B: Backend> Model<B> {
                 &l.w3,
             ]);
             mats.extend(
-                [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm]
-                    .into_iter()
-                    .flatten(),
+                [
+                    &l.bq,
+                    &l.bk,
+                    &l.bv,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.post_attn_norm,
+                    &l.post_ffn_norm,
+                ]
+                .into_iter()
+                .flatten(),
             );
         }
         mats.into_iter().map(|m| b.mat_bytes(m)).sum()
@@ -734,13 +774,27 @@ impl<B: Backend> Model<B> {
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
         };
-        let rope = |n_heads| Rope {
+        // A Gemma local layer rotates by its own base, without scaling.
+        let rope = |n_heads, local: bool| Rope {
             n_heads,
             head_dim: c.head_dim,
-            theta: c.rope_theta,
+            theta: match c.gemma {
+                Some(g) if local => g.local_rope_theta,
+                _ => c.rope_theta,
+            },
             style: c.rope_style,
-            scaling: c.rope_scaling,
+            scaling: if local {
+                crate::backend::RopeScaling::None
+            } else {
+                c.rope_scaling
+            },
         };
+        // Gemma scales scores by 1/sqrt(query_pre_attn_scalar), the
+        // kernels by 1/sqrt(head_dim): q makes up the difference.
+        let q_scale = c
+            .gemma
+            .map(|g| (c.head_dim as f32 / g.query_pre_attn_scalar).sqrt())
+            .filter(|&f| f != 1.0);
         let s = &mut *scratch;
         let kv_err = |index: usize, owner: RequestId| {
             move |e: KvError| ForwardError::Kv {
@@ -750,6 +804,9 @@ impl<B: Backend> Model<B> {
             }
         };
         b.embed(&self.embedding, &s.tokens, &mut s.x)?;
+        if c.gemma.is_some() {
+            b.scale(&mut s.x, (c.dim as f32).sqrt())?;
+        }
         // Every page this pass can read (what is written and the rows it
         // appends) checked once, under one lock, not once a layer.
         let pool = seqs[0].pool().clone();
@@ -762,6 +819,7 @@ impl<B: Backend> Model<B> {
         };
         for (li, layer) in self.layers.iter().enumerate() {
             let norm = |weight| Norm { weight, eps };
+            let window = c.gemma.and_then(|g| g.window(li));
             b.norm_matmul_many(
                 &s.x,
                 norm(&layer.attn_norm),
@@ -793,7 +851,7 @@ impl<B: Backend> Model<B> {
                 &mut s.k,
                 &s.v,
                 &s.positions,
-                rope(c.n_heads),
+                rope(c.n_heads, window.is_some()),
                 c.n_kv_heads,
                 seqs,
                 li,
@@ -811,21 +869,34 @@ impl<B: Backend> Model<B> {
                 for (i, sv) in seq_views.iter().enumerate() {
                     views.push(sv.layer(li).map_err(kv_err(i, sv.owner()))?);
                 }
-                if decode {
-                    b.attention_decode(&s.q, &views, shape, &mut s.att)?;
-                } else {
-                    b.attention_prefill(&s.q, &views, &s.spans, shape, &mut s.att)?;
+                if let Some(f) = q_scale {
+                    b.scale(&mut s.q, f)?;
+                }
+                match (decode, window) {
+                    (true, None) => b.attention_decode(&s.q, &views, shape, &mut s.att)?,
+                    (true, Some(w)) => {
+                        b.attention_decode_window(&s.q, &views, shape, w, &mut s.att)?
+                    }
+                    (false, None) => {
+                        b.attention_prefill(&s.q, &views, &s.spans, shape, &mut s.att)?
+                    }
+                    (false, Some(w)) => {
+                        b.attention_prefill_window(&s.q, &views, &s.spans, shape, w, &mut s.att)?
+                    }
                 }
             }
-            b.matmul_add(&s.att, &layer.wo, &mut s.proj, &mut s.x)?;
-            b.norm_swiglu(
-                &s.x,
-                norm(&layer.ffn_norm),
-                &mut s.xn,
-                [&layer.w1, &layer.w3],
-                [&mut s.gate, &mut s.up],
-            )?;
-            b.matmul_add(&s.gate, &layer.w2, &mut s.proj, &mut s.x)?;
+            let post = layer.post_attn_norm.as_ref().map(norm);
+            s.add_projection(b, false, &layer.wo, post)?;
+            // Gemma's feed-forward is GELU-gated, Llama's SwiGLU.
+            let (n, ffn) = (norm(&layer.ffn_norm), [&layer.w1, &layer.w3]);
+            if c.gemma.is_some() {
+                b.norm_matmul_many(&s.x, n, &mut s.xn, ffn, [&mut s.gate, &mut s.up])?;
+                b.gelu_glu(&mut s.gate, &s.up)?;
+            } else {
+                b.norm_swiglu(&s.x, n, &mut s.xn, ffn, [&mut s.gate, &mut s.up])?;
+            }
+            let post = layer.post_ffn_norm.as_ref().map(norm);
+            s.add_projection(b, true, &layer.w2, post)?;
         }
         s.out_rows.clear();
         match want {
@@ -845,6 +916,9 @@ impl<B: Backend> Model<B> {
             &mut s.tmp2,
             &mut s.logits_dev,
         )?;
+        if let Some(cap) = c.gemma.and_then(|g| g.final_logit_softcap) {
+            b.softcap(&mut s.logits_dev, cap)?;
+        }
         match out {
             Out::Logits => b.to_host(&s.logits_dev, &mut s.logits)?,
             Out::Tokens(draws) => b.sample(

@@ -12,6 +12,7 @@
 
 mod config;
 mod folder;
+mod gemma;
 mod shard;
 mod tensors;
 
@@ -83,7 +84,10 @@ fn assemble<S: WeightSink>(
     // The work below is bounded by the file, not by config.json: a config
     // naming more tensors than the checkpoint holds is refused before
     // anything proportional to it is built, naming the first layer missing.
-    let per_layer = 9 + if c.attention_bias { 3 } else { 0 } + if c.qk_norm { 2 } else { 0 };
+    let per_layer = 9
+        + if c.attention_bias { 3 } else { 0 }
+        + if c.qk_norm { 2 } else { 0 }
+        + if c.gemma.is_some() { 2 } else { 0 };
     let needed = c.n_layers.checked_mul(per_layer);
     if needed.is_none_or(|n| n > t.len()) {
         // Complete layers are at most len / 9: the search is that short.
@@ -93,6 +97,7 @@ fn assemble<S: WeightSink>(
                     .into_iter()
                     .chain(layer_biases(c, l).into_iter().flatten())
                     .chain(layer_qk_norms(c, l).into_iter().flatten())
+                    .chain(layer_post_norms(c, l).into_iter().flatten())
             })
             .find(|(name, _)| !t.has(name))
             .unwrap_or_else(|| ("model.norm.weight".to_string(), vec![dim]));
@@ -110,6 +115,13 @@ fn assemble<S: WeightSink>(
         return Err(extra(name));
     }
 
+    // Gemma's checkpoints store each norm's gains as `w` in `x̂ · (1 + w)`.
+    let gain = |mut v: Vec<f32>| {
+        if c.gemma.is_some() {
+            v.iter_mut().for_each(|x| *x += 1.0);
+        }
+        v
+    };
     sink.embedding(t.take("model.embed_tokens.weight", &[c.vocab_size, dim])?)?;
     for l in 0..c.n_layers {
         let (bq, bk, bv) = match layer_biases(c, l) {
@@ -121,13 +133,23 @@ fn assemble<S: WeightSink>(
             None => (None, None, None),
         };
         let (q_norm, k_norm) = match layer_qk_norms(c, l) {
-            Some([q, k]) => (Some(t.take(&q.0, &q.1)?), Some(t.take(&k.0, &k.1)?)),
+            Some([q, k]) => (
+                Some(gain(t.take(&q.0, &q.1)?)),
+                Some(gain(t.take(&k.0, &k.1)?)),
+            ),
+            None => (None, None),
+        };
+        let (post_attn_norm, post_ffn_norm) = match layer_post_norms(c, l) {
+            Some([a, f]) => (
+                Some(gain(t.take(&a.0, &a.1)?)),
+                Some(gain(t.take(&f.0, &f.1)?)),
+            ),
             None => (None, None),
         };
         let mut take = |(name, shape): (String, Vec<usize>)| t.take(&name, &shape);
         let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3] = layer_tensors(c, l);
         sink.layer(LayerWeights {
-            attn_norm: take(attn_norm)?,
+            attn_norm: gain(take(attn_norm)?),
             wq: take(wq)?,
             wk: take(wk)?,
             wv: take(wv)?,
@@ -137,13 +159,15 @@ fn assemble<S: WeightSink>(
             bv,
             q_norm,
             k_norm,
-            ffn_norm: take(ffn_norm)?,
+            post_attn_norm,
+            ffn_norm: gain(take(ffn_norm)?),
+            post_ffn_norm,
             w1: take(w1)?,
             w2: take(w2)?,
             w3: take(w3)?,
         })?;
     }
-    let final_norm = t.take("model.norm.weight", &[dim])?;
+    let final_norm = gain(t.take("model.norm.weight", &[dim])?);
     // transformers ties by pointing lm_head at the embedding, so a stored
     // lm_head of a tied checkpoint is never used.
     let lm_head = if c.tied_embeddings {
@@ -165,13 +189,20 @@ fn layer_tensors(c: &ModelConfig, l: usize) -> [(String, Vec<usize>); 9] {
     let (d, h) = (c.dim, c.hidden_dim);
     let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
     let n = |t: &str| format!("model.layers.{l}.{t}");
+    // Gemma's post_attention_layernorm norms the attention output (see
+    // `layer_post_norms`); its feed-forward input has a norm of its own.
+    let ffn_norm = if c.gemma.is_some() {
+        "pre_feedforward_layernorm.weight"
+    } else {
+        "post_attention_layernorm.weight"
+    };
     [
         (n("input_layernorm.weight"), vec![d]),
         (n("self_attn.q_proj.weight"), vec![qd, d]),
         (n("self_attn.k_proj.weight"), vec![kvd, d]),
         (n("self_attn.v_proj.weight"), vec![kvd, d]),
         (n("self_attn.o_proj.weight"), vec![d, qd]),
-        (n("post_attention_layernorm.weight"), vec![d]),
+        (n(ffn_norm), vec![d]),
         (n("mlp.gate_proj.weight"), vec![h, d]),
         (n("mlp.down_proj.weight"), vec![d, h]),
         (n("mlp.up_proj.weight"), vec![h, d]),
@@ -202,6 +233,18 @@ fn layer_qk_norms(c: &ModelConfig, l: usize) -> Option<[(String, Vec<usize>); 2]
     })
 }
 
+/// Layer `l`'s norms of the attention and feed-forward outputs, when the
+/// model is a Gemma.
+fn layer_post_norms(c: &ModelConfig, l: usize) -> Option<[(String, Vec<usize>); 2]> {
+    let n = |t: &str| (format!("model.layers.{l}.{t}.weight"), vec![c.dim]);
+    c.gemma.is_some().then(|| {
+        [
+            n("post_attention_layernorm"),
+            n("post_feedforward_layernorm"),
+        ]
+    })
+}
+
 /// Every tensor name `assemble` reads for a model of `c`.
 fn expected_names(c: &ModelConfig) -> std::collections::HashSet<String> {
     let mut names: std::collections::HashSet<String> =
@@ -215,6 +258,7 @@ fn expected_names(c: &ModelConfig) -> std::collections::HashSet<String> {
         names.extend(layer_tensors(c, l).into_iter().map(|(n, _)| n));
         names.extend(layer_biases(c, l).into_iter().flatten().map(|(n, _)| n));
         names.extend(layer_qk_norms(c, l).into_iter().flatten().map(|(n, _)| n));
+        names.extend(layer_post_norms(c, l).into_iter().flatten().map(|(n, _)| n));
     }
     names
 }

@@ -99,7 +99,9 @@ pub fn parse_llama2c(bytes: &[u8]) -> Result<ModelWeights, ModelError> {
             bv: None,
             q_norm: None,
             k_norm: None,
+            post_attn_norm: None,
             ffn_norm: rms_ffn.part(i, d),
+            post_ffn_norm: None,
             w1: w1.part(i, h * d),
             w2: w2.part(i, d * h),
             w3: w3.part(i, h * d),
@@ -271,6 +273,7 @@ fn parse_header(bytes: &[u8]) -> Result<ModelConfig, ModelError> {
         tied_embeddings: v[5] > 0,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     };
     config
         .validate()

@@ -15,7 +15,7 @@ mod weights;
 
 pub use crate::backend::{RopeScaling, RopeStyle};
 pub use crate::fingerprint::ModelFingerprint;
-pub use config::ModelConfig;
+pub use config::{Gemma, ModelConfig};
 pub use error::ModelError;
 pub use forward::{ForwardError, Logits, Model, Sampled, Scratch};
 pub use hf::{load_hf, load_hf_bytes};

@@ -92,6 +92,10 @@ impl<B: Backend> Placer<B> {
                     Ok(())
                 }
             })
+            .and_then(|()| match config.gemma {
+                Some(_) => backend.supports_gemma(),
+                None => Ok(()),
+            })
             .map_err(|source| ModelError::Unsupported {
                 backend: backend.name(),
                 source,
@@ -174,7 +178,15 @@ impl<B: Backend> Placer<B> {
             bv: l.bv.map(|b| self.vec("bv", b)).transpose()?,
             q_norm: l.q_norm.map(|g| self.vec("q_norm", g)).transpose()?,
             k_norm: l.k_norm.map(|g| self.vec("k_norm", g)).transpose()?,
+            post_attn_norm: l
+                .post_attn_norm
+                .map(|g| self.vec("post_attn_norm", g))
+                .transpose()?,
             ffn_norm: self.vec("ffn_norm", l.ffn_norm)?,
+            post_ffn_norm: l
+                .post_ffn_norm
+                .map(|g| self.vec("post_ffn_norm", g))
+                .transpose()?,
             w1: self.up_t("w1", l.w1, h, d)?,
             w2: self.up_t("w2", l.w2, d, h)?,
             w3: self.up_t("w3", l.w3, h, d)?,
@@ -283,7 +295,9 @@ pub(crate) struct LayerTensors {
     pub(crate) bv: Option<Vec<f32>>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) post_attn_norm: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) post_ffn_norm: Option<Vec<f32>>,
     pub(crate) w1: Tensor,
     pub(crate) w2: Tensor,
     pub(crate) w3: Tensor,
@@ -303,7 +317,9 @@ impl From<LayerWeights> for LayerTensors {
             bv: l.bv,
             q_norm: l.q_norm,
             k_norm: l.k_norm,
+            post_attn_norm: l.post_attn_norm,
             ffn_norm: l.ffn_norm,
+            post_ffn_norm: l.post_ffn_norm,
             w1: Tensor::F32(l.w1),
             w2: Tensor::F32(l.w2),
             w3: Tensor::F32(l.w3),
@@ -325,7 +341,9 @@ impl LayerTensors {
             bv: self.bv.clone(),
             q_norm: self.q_norm.clone(),
             k_norm: self.k_norm.clone(),
+            post_attn_norm: self.post_attn_norm.clone(),
             ffn_norm: self.ffn_norm.clone(),
+            post_ffn_norm: self.post_ffn_norm.clone(),
             w1: self.w1.to_f32(),
             w2: self.w2.to_f32(),
             w3: self.w3.to_f32(),

@@ -97,7 +97,9 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
                 bv: bias(kvd, next()),
                 q_norm: None,
                 k_norm: None,
+                post_attn_norm: None,
                 ffn_norm: tensor(d, seed, next(), 1.0, 0.05),
+                post_ffn_norm: None,
                 w1: tensor(h * d, seed, next(), 0.0, std.into_dim),
                 w2: tensor(d * h, seed, next(), 0.0, std.from_hidden),
                 w3: tensor(h * d, seed, next(), 0.0, std.into_dim),
@@ -106,6 +108,10 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
             if cfg.qk_norm {
                 l.q_norm = Some(tensor(cfg.head_dim, seed, next(), 1.0, 0.05));
                 l.k_norm = Some(tensor(cfg.head_dim, seed, next(), 1.0, 0.05));
+            }
+            if cfg.gemma.is_some() {
+                l.post_attn_norm = Some(tensor(d, seed, next(), 1.0, 0.05));
+                l.post_ffn_norm = Some(tensor(d, seed, next(), 1.0, 0.05));
             }
             l
         })
@@ -141,6 +147,7 @@ impl ModelConfig {
             tied_embeddings: false,
             attention_bias: false,
             qk_norm: false,
+            gemma: None,
         }
     }
 
@@ -170,6 +177,7 @@ impl ModelConfig {
             tied_embeddings: true,
             attention_bias: false,
             qk_norm: false,
+            gemma: None,
         }
     }
 }

@@ -25,8 +25,14 @@ pub struct LayerWeights {
     pub q_norm: Option<Vec<f32>>,
     /// `[head_dim]`, for every key head, when `qk_norm`
     pub k_norm: Option<Vec<f32>>,
+    /// `[dim]`, Gemma's norm of the attention output before the residual
+    /// add, when `gemma`
+    pub post_attn_norm: Option<Vec<f32>>,
     /// `[dim]`
     pub ffn_norm: Vec<f32>,
+    /// `[dim]`, Gemma's norm of the feed-forward output before the
+    /// residual add, when `gemma`
+    pub post_ffn_norm: Option<Vec<f32>>,
     /// gate: `[hidden_dim, dim]`
     pub w1: Vec<f32>,
     /// down: `[dim, hidden_dim]`

@@ -387,6 +387,7 @@ fn gqa_llama3(head_dim: usize) -> handoff::model::ModelConfig {
         tied_embeddings: false,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     }
 }
 
@@ -851,6 +852,7 @@ fn half_weights_match_the_cpu(
         tied_embeddings: true,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     };
     let mut w = handoff::model::random_weights(&cfg, 21);
     round(&mut w);

@@ -86,6 +86,7 @@ impl Setup {
             tied_embeddings: self.tied,
             attention_bias: self.bias,
             qk_norm: false,
+            gemma: None,
         }
     }
 

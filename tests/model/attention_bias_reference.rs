@@ -25,6 +25,7 @@ fn weights() -> ModelWeights {
     let cfg = ModelConfig {
         attention_bias: true,
         qk_norm: false,
+        gemma: None,
         rope_style: RopeStyle::Half,
         rope_scaling: Default::default(),
         rope_theta: 1_000_000.0,

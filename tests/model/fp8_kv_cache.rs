@@ -28,6 +28,7 @@ fn config() -> ModelConfig {
         tied_embeddings: true,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     }
 }
 

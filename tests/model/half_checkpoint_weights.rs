@@ -29,6 +29,7 @@ fn config() -> ModelConfig {
         tied_embeddings: true,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     }
 }
 

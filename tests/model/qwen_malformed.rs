@@ -10,10 +10,10 @@
 
 use std::path::Path;
 
-use handoff::backend::CpuBackend;
-use handoff::model::gguf::{GgufError, GgufFile, GgufValue, GgufWriter, load_gguf_bytes};
-use handoff::model::{Model, ModelError, load_hf_bytes};
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use handoff::model::ModelError;
+use handoff::model::gguf::{GgufError, load_gguf_bytes};
+
+use crate::support::damaged::{hf_refused, refused, rewrite};
 
 const QWEN2: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -24,61 +24,6 @@ const QWEN3: &str = concat!(
     "/tests/fixtures/tiny_qwen3/model.gguf"
 );
 const QWEN3_HF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny_qwen3/hf");
-
-/// One tensor of a file being rewritten: name, GGUF dims, f32 values.
-type Entry = (String, Vec<u64>, Vec<f32>);
-
-/// The fixture at `path` rewritten: architecture `arch` (metadata keys
-/// renamed to its prefix), each tensor through `edit` (`None` drops it),
-/// then `extra` appended.
-fn rewrite(
-    path: &str,
-    arch: &str,
-    edit: impl Fn(Entry) -> Option<Entry>,
-    extra: Vec<Entry>,
-) -> Vec<u8> {
-    let f = GgufFile::open(Path::new(path)).unwrap();
-    let old = f.architecture().unwrap().to_string();
-    let mut w = GgufWriter::new();
-    for (k, v) in f.metadata_entries() {
-        let v = if k == "general.architecture" {
-            GgufValue::String(arch.into())
-        } else {
-            v.clone()
-        };
-        let k = match k.strip_prefix(&format!("{old}.")) {
-            Some(rest) => format!("{arch}.{rest}"),
-            None => k.to_string(),
-        };
-        w = w.kv(&k, v);
-    }
-    let entries = f.tensors().iter().map(|t| {
-        let values = f
-            .tensor_bytes(t)
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (t.name().to_string(), t.dims().to_vec(), values)
-    });
-    for (name, dims, values) in entries.filter_map(edit).chain(extra) {
-        w = w.f32_tensor(&name, &dims, &values);
-    }
-    w.finish()
-}
-
-/// Loads the bytes both ways a host can; they must refuse alike.
-fn refused(bytes: Vec<u8>) -> GgufError {
-    let whole = load_gguf_bytes(bytes.clone()).expect_err("the damaged file loaded");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.gguf");
-    std::fs::write(&path, &bytes).unwrap();
-    let placed = Model::load(CpuBackend::with_threads(1), &path).expect_err("placed");
-    assert_eq!(whole.to_string(), placed.to_string(), "placed as read");
-    match whole {
-        ModelError::Gguf(g) => g,
-        other => panic!("expected a GGUF error, got {other}"),
-    }
-}
 
 #[test]
 fn the_rewritten_fixtures_load_so_every_failure_below_is_the_damage() {
@@ -174,40 +119,11 @@ fn tensors_of_another_architecture_are_refused_not_ignored() {
     }
 }
 
-/// The HF fixture's config and weights, with `edit` applied to each
-/// tensor (`None` drops it) and `config` edited.
-fn hf_refused(
-    edit: impl Fn(&str, Vec<usize>, Vec<u8>) -> Option<(Vec<usize>, Vec<u8>)>,
-    config: impl Fn(&mut serde_json::Value),
-) -> ModelError {
-    let dir = Path::new(QWEN3_HF);
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    config(&mut cfg);
-    let cfg = serde_json::to_vec(&cfg).unwrap();
-    let raw = std::fs::read(dir.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&raw).unwrap();
-    let kept: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .filter_map(|(n, t)| {
-            edit(&n, t.shape().to_vec(), t.data().to_vec()).map(|(s, d)| (n.clone(), s, d))
-        })
-        .collect();
-    let views = kept.iter().map(|(n, s, d)| {
-        (
-            n.as_str(),
-            TensorView::new(Dtype::F32, s.clone(), d).unwrap(),
-        )
-    });
-    let bytes = safetensors::serialize(views, None).unwrap();
-    load_hf_bytes(&cfg, &[("model.safetensors", &bytes)]).expect_err("the damaged folder loaded")
-}
-
 #[test]
 fn a_hugging_face_qwen3_with_a_bad_or_missing_norm_is_refused_by_name() {
     let unchanged = |_: &mut serde_json::Value| {};
     let short = hf_refused(
+        QWEN3_HF,
         |n, s, d| {
             if n == "model.layers.1.self_attn.k_norm.weight" {
                 Some((vec![16], d[..64].to_vec()))
@@ -229,6 +145,7 @@ fn a_hugging_face_qwen3_with_a_bad_or_missing_norm_is_refused_by_name() {
         other => panic!("{other}"),
     }
     let missing = hf_refused(
+        QWEN3_HF,
         |n, s, d| (n != "model.layers.0.self_attn.q_norm.weight").then_some((s, d)),
         unchanged,
     );
@@ -244,6 +161,7 @@ fn a_hugging_face_qwen3_with_a_bad_or_missing_norm_is_refused_by_name() {
 fn a_hugging_face_qwen3_asking_for_attention_biases_is_refused() {
     // Qwen3's attention_bias adds an o_proj bias the pass does not have.
     let e = hf_refused(
+        QWEN3_HF,
         |_, s, d| Some((s, d)),
         |c| c["attention_bias"] = serde_json::Value::Bool(true),
     );
@@ -253,6 +171,7 @@ fn a_hugging_face_qwen3_asking_for_attention_biases_is_refused() {
     );
     // Relabelled Qwen2, the same weights lack Qwen2's biases.
     let e = hf_refused(
+        QWEN3_HF,
         |_, s, d| Some((s, d)),
         |c| c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]),
     );

@@ -12,14 +12,11 @@
 use std::path::{Path, PathBuf};
 
 use handoff::backend::CpuBackend;
-use handoff::kv::{KvSeq, Ready};
 use handoff::model::gguf::load_gguf;
 use handoff::model::{Model, ModelWeights, RopeStyle, load_hf};
-use handoff::sampling::argmax;
-use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 
-use crate::support::hf_fixture::{Case, expected_in};
-use crate::support::serving_path::handoff_greedy;
+use crate::support::hf_fixture::expected_in;
+use crate::support::serving_path::{assert_logits, batch_greedy, handoff_greedy};
 
 /// Logits may differ from the float64 reference by this much relative to
 /// the row's largest magnitude (float32 accumulation).
@@ -39,88 +36,12 @@ fn hf(dir: &str) -> PathBuf {
     Path::new(dir).join("hf")
 }
 
-/// Every position's logits within [`REL_TOL`] of the reference's.
-fn assert_logits(model: &Model, cases: &[Case], what: &str) {
-    for case in cases {
-        let ours = model.logits_for_prompt(&case.prompt).unwrap();
-        assert_eq!(ours.len(), case.logits.len(), "{what}: positions");
-        for (p, (row, want)) in ours.iter().zip(&case.logits).enumerate() {
-            let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
-            for (i, (&a, &b)) in row.iter().zip(want).enumerate() {
-                let d = (f64::from(a) - b).abs();
-                assert!(
-                    d <= REL_TOL * scale,
-                    "{what}, prompt {:?}: logit {i} at position {p} is {a}, the reference's \
-                     {b} (|diff| {d:e} > {REL_TOL} x {scale})",
-                    case.prompt
-                );
-            }
-        }
-    }
-}
-
-/// Greedy decoding of every case at once: one prefill batch of prompts of
-/// different lengths, then decode steps of the whole batch, in pages of
-/// `page_size` tokens. Every page comes back.
-fn batch_greedy(model: &Model, cases: &[Case], page_size: usize) -> Vec<Vec<u32>> {
-    let n = cases[0].greedy.len();
-    let pages: usize = cases
-        .iter()
-        .map(|c| (c.prompt.len() + n).div_ceil(page_size))
-        .sum();
-    let pool = KvPool::new(PoolConfig::new(
-        model.kv_geometry(KvDtype::F32),
-        page_size,
-        pages,
-    ))
-    .unwrap();
-    let mut scratch = model.scratch();
-    let mut filling: Vec<_> = cases
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            pool.reserve(RequestId(i as u64), c.prompt.len() + n)
-                .unwrap()
-        })
-        .collect();
-    let prompts: Vec<&[u32]> = cases.iter().map(|c| c.prompt.as_slice()).collect();
-    let logits = model
-        .prefill(
-            &mut scratch,
-            &mut filling.iter_mut().collect::<Vec<_>>(),
-            &prompts,
-        )
-        .unwrap();
-    let mut out: Vec<Vec<u32>> = logits.rows().map(|r| vec![argmax(r).unwrap()]).collect();
-    let mut seqs: Vec<KvSeq<Ready>> = filling
-        .into_iter()
-        .zip(cases)
-        .map(|(s, c)| s.seal(c.prompt.len()).unwrap())
-        .collect();
-    while out[0].len() < n {
-        let last: Vec<u32> = out.iter().map(|o| *o.last().unwrap()).collect();
-        let logits = model
-            .decode(
-                &mut scratch,
-                &mut seqs.iter_mut().collect::<Vec<_>>(),
-                &last,
-            )
-            .unwrap();
-        for (o, r) in out.iter_mut().zip(logits.rows()) {
-            o.push(argmax(r).unwrap());
-        }
-    }
-    drop(seqs);
-    assert!(pool.stats().is_full(), "pages back after generation");
-    out
-}
-
 /// The logits at every position, greedy one by one and greedy as one batch
 /// of mixed prompt lengths all equal the reference's.
 fn conforms(model: &Model, dir: &str, what: &str) {
     let cases = expected_in(dir);
     assert_eq!(cases.len(), 3);
-    assert_logits(model, &cases, what);
+    assert_logits(model, &cases, REL_TOL, what);
     for case in &cases {
         let ours = handoff_greedy(model, &case.prompt, case.greedy.len(), 4);
         assert_eq!(ours, case.greedy, "{what}: prompt {:?}", case.prompt);

@@ -46,6 +46,7 @@ macro_rules! on_nixl {
     }};
 }
 
+pub mod damaged;
 pub mod device_pages;
 pub mod example_bin;
 pub mod gguf_llama;

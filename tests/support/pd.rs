@@ -39,6 +39,7 @@ pub fn tiny_model() -> ModelConfig {
         tied_embeddings: false,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     }
 }
 

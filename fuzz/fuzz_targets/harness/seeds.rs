@@ -32,6 +32,7 @@ fn tiny(dim: usize, n_heads: usize, n_kv_heads: usize, n_layers: usize) -> Model
         tied_embeddings: false,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     }
 }
 
@@ -237,6 +238,7 @@ pub fn hf(fixture_dir: &Path) -> Vec<Seed> {
         tied_embeddings: false,
         attention_bias: false,
         qk_norm: false,
+        gemma: None,
     };
     let mut out = Vec::new();
     let w = random_weights(&llama, 1);
@@ -253,6 +255,7 @@ pub fn hf(fixture_dir: &Path) -> Vec<Seed> {
     let qwen = ModelConfig {
         attention_bias: true,
         qk_norm: false,
+        gemma: None,
         tied_embeddings: true,
         ..tiny(4, 2, 1, 2)
     };

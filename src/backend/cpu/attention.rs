@@ -9,7 +9,7 @@
 
 use crate::backend::cpu::attend::{ROWS, TileKv, tile_rows_with, tile_with};
 use crate::backend::cpu::kernel::Portable;
-use crate::backend::cpu::{CpuBackend, Isa, flash, resize};
+use crate::backend::cpu::{CpuBackend, Isa, flash, resize, window};
 use crate::backend::{AttnShape, BackendError, SeqSpan, check_view, rows_of, shape_err};
 use crate::kv::LayerView;
 
@@ -55,16 +55,19 @@ pub(crate) fn tile_rows(
 }
 
 impl CpuBackend {
-    /// `Backend::attention_prefill`.
+    /// `Backend::attention_prefill`, or with a sliding `window`
+    /// `Backend::attention_prefill_window`.
     pub(super) fn prefill_attention(
         &self,
         q: &[f32],
         kv: &[LayerView<'_>],
         spans: &[SeqSpan],
         shape: AttnShape,
+        window: Option<usize>,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         shape.check()?;
+        no_empty_window(window)?;
         let qd = shape.q_dim();
         let rows = rows_of("attention_prefill", q.len(), qd)?;
         if kv.len() != spans.len() {
@@ -103,19 +106,33 @@ impl CpuBackend {
             .map(|s| s.rows * s.end_pos())
             .sum::<usize>()
             .saturating_mul(2 * qd);
-        flash::prefill(self.isa, self.par_pool(work), q, kv, spans, shape, out);
+        match window {
+            None => flash::prefill(self.isa, self.par_pool(work), q, kv, spans, shape, out),
+            Some(w) => {
+                let rows = spans
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(s, sp)| (0..sp.rows).map(move |i| (s, sp.first_pos + i)));
+                let rows: Vec<(usize, usize)> = rows.collect();
+                let pool = self.par_pool(work.min(rows.len() * w * 2 * qd));
+                window::rows(self.isa, pool, q, kv, &rows, w, shape, out);
+            }
+        }
         Ok(())
     }
 
-    /// `Backend::attention_decode`.
+    /// `Backend::attention_decode`, or with a sliding `window`
+    /// `Backend::attention_decode_window`.
     pub(super) fn decode_attention(
         &self,
         q: &[f32],
         kv: &[LayerView<'_>],
         shape: AttnShape,
+        window: Option<usize>,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         shape.check()?;
+        no_empty_window(window)?;
         let qd = shape.q_dim();
         let rows = rows_of("attention_decode", q.len(), qd)?;
         if kv.len() != rows {
@@ -136,8 +153,28 @@ impl CpuBackend {
             .map(|v| v.len())
             .sum::<usize>()
             .saturating_mul(2 * qd);
-        flash::decode(self.isa, self.par_pool(work), q, kv, shape, out);
+        match window {
+            None => flash::decode(self.isa, self.par_pool(work), q, kv, shape, out),
+            Some(w) => {
+                // Each row's newest position, the one its query is for.
+                let rows: Vec<(usize, usize)> = kv
+                    .iter()
+                    .enumerate()
+                    .map(|(s, v)| (s, v.len().saturating_sub(1)))
+                    .collect();
+                let pool = self.par_pool(work.min(rows.len() * w * 2 * qd));
+                window::rows(self.isa, pool, q, kv, &rows, w, shape, out);
+            }
+        }
         Ok(())
+    }
+}
+
+/// A sliding window must hold at least the query's own position.
+fn no_empty_window(window: Option<usize>) -> Result<(), BackendError> {
+    match window {
+        Some(0) => Err(shape_err("attention", "window positions", 1, 0)),
+        _ => Ok(()),
     }
 }
 

@@ -36,21 +36,42 @@ use crate::kv::LayerView;
 pub(crate) const BLOCK: usize = 32;
 
 /// One thread's buffers, reused across calls (no allocation per token
-/// once grown).
+/// once grown); `window` uses them too.
 #[derive(Default)]
-struct Work {
-    buf: TileBuf,
-    scores: Vec<f32>,
-    qs: Vec<f32>,
-    koff: Vec<usize>,
-    part: Vec<f32>,
-    state: Vec<f32>,
+pub(super) struct Work {
+    pub(super) buf: TileBuf,
+    pub(super) scores: Vec<f32>,
+    pub(super) qs: Vec<f32>,
+    pub(super) koff: Vec<usize>,
+    pub(super) part: Vec<f32>,
+    pub(super) state: Vec<f32>,
 }
 
 thread_local! {
     static WORK: RefCell<Work> = RefCell::new(Work::default());
     /// The calling thread's partials of a decode step.
     static PARTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's buffers, `qs` holding `q` pre-scaled,
+/// `koff` the head offsets, room for `parts` partials and `rows` states.
+pub(super) fn with_work<R>(
+    q: &[f32],
+    shape: AttnShape,
+    parts: usize,
+    rows: usize,
+    f: impl FnOnce(&mut Work) -> R,
+) -> R {
+    WORK.with(|w| {
+        let w = &mut *w.borrow_mut();
+        let pl = partial_len(shape);
+        w.qs.resize(q.len(), 0.0);
+        scale_query(q, shape, &mut w.qs);
+        head_offsets(shape, &mut w.koff);
+        w.part.resize(parts * pl, 0.0);
+        w.state.resize(rows * pl, 0.0);
+        f(w)
+    })
 }
 
 /// `q` scaled by 1/sqrt(head_dim) into `out`.
@@ -71,7 +92,7 @@ fn head_offsets(shape: AttnShape, koff: &mut Vec<usize>) {
 /// Merges a tile's partial into a row's running state (both
 /// `[max; nh] [sum; nh] [acc; nh * hd]`); `first`: the state is empty and
 /// becomes the partial as is.
-fn merge(state: &mut [f32], part: &[f32], shape: AttnShape, first: bool) {
+pub(super) fn merge(state: &mut [f32], part: &[f32], shape: AttnShape, first: bool) {
     if first {
         state.copy_from_slice(part);
         return;
@@ -97,7 +118,7 @@ fn merge(state: &mut [f32], part: &[f32], shape: AttnShape, first: bool) {
 }
 
 /// A row's output from its merged state: each head's sum times `1 / L`.
-fn finish(state: &[f32], shape: AttnShape, out: &mut [f32]) {
+pub(super) fn finish(state: &[f32], shape: AttnShape, out: &mut [f32]) {
     let (nh, hd) = (shape.n_heads, shape.head_dim);
     let (l, acc) = state[nh..].split_at(nh);
     for h in 0..nh {
@@ -112,7 +133,7 @@ fn finish(state: &[f32], shape: AttnShape, out: &mut [f32]) {
 }
 
 /// Positions in the tile's segments.
-fn seg_len(segs: &[Seg<'_>]) -> usize {
+pub(super) fn seg_len(segs: &[Seg<'_>]) -> usize {
     segs.iter().map(|s| s.n).sum()
 }
 
@@ -262,7 +283,7 @@ fn prefill_block(
         return;
     }
     let end = first_pos + rows;
-    WORK.with(|w| {
+    with_work(q, shape, ROWS, rows, |w| {
         let Work {
             buf,
             scores,
@@ -270,12 +291,7 @@ fn prefill_block(
             koff,
             part,
             state,
-        } = &mut *w.borrow_mut();
-        qs.resize(rows * qd, 0.0);
-        scale_query(q, shape, qs);
-        head_offsets(shape, koff);
-        part.resize(ROWS * pl, 0.0);
-        state.resize(rows * pl, 0.0);
+        } = w;
         for (k, t0) in (0..end).step_by(TILE).enumerate() {
             let t1 = (t0 + TILE).min(end);
             let mut segs = Vec::new();

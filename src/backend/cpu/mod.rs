@@ -15,6 +15,7 @@ pub(crate) mod matmul;
 mod ops;
 mod pass;
 mod quant;
+mod window;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -420,7 +421,7 @@ impl Backend for CpuBackend {
         shape: AttnShape,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
-        self.prefill_attention(q, kv, spans, shape, out)
+        self.prefill_attention(q, kv, spans, shape, None, out)
     }
 
     fn attention_decode(
@@ -430,7 +431,52 @@ impl Backend for CpuBackend {
         shape: AttnShape,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
-        self.decode_attention(q, kv, shape, out)
+        self.decode_attention(q, kv, shape, None, out)
+    }
+
+    fn supports_gemma(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, by: f32) -> Result<(), BackendError> {
+        ops::scale(x, by);
+        Ok(())
+    }
+
+    fn gelu_glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<(), BackendError> {
+        if gate.len() != up.len() {
+            return Err(shape_err("gelu_glu", "lengths", gate.len(), up.len()));
+        }
+        ops::gelu_glu(gate, up);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, cap: f32) -> Result<(), BackendError> {
+        ops::softcap(x, cap);
+        Ok(())
+    }
+
+    fn attention_prefill_window(
+        &self,
+        q: &Vec<f32>,
+        kv: &[LayerView<'_>],
+        spans: &[SeqSpan],
+        shape: AttnShape,
+        window: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.prefill_attention(q, kv, spans, shape, Some(window), out)
+    }
+
+    fn attention_decode_window(
+        &self,
+        q: &Vec<f32>,
+        kv: &[LayerView<'_>],
+        shape: AttnShape,
+        window: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.decode_attention(q, kv, shape, Some(window), out)
     }
 }
 

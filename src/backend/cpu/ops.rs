@@ -99,3 +99,28 @@ pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
         *g = v / (1.0 + fastmath::exp(-v)) * u;
     }
 }
+
+/// `x *= by`.
+pub(crate) fn scale(x: &mut [f32], by: f32) {
+    for v in x {
+        *v *= by;
+    }
+}
+
+/// GELU (tanh approximation) gating: `gate = gelu(gate) ⊙ up`, with
+/// `gelu(g) = g/2 · (1 + tanh(sqrt(2/π) · (g + 0.044715 g³)))`.
+pub(crate) fn gelu_glu(gate: &mut [f32], up: &[f32]) {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let t = (C * (x + 0.044_715 * x * x * x)).tanh();
+        *g = 0.5 * x * (1.0 + t) * u;
+    }
+}
+
+/// `x = cap · tanh(x / cap)`.
+pub(crate) fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = cap * (*v / cap).tanh();
+    }
+}

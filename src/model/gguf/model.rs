@@ -6,13 +6,18 @@
 //! projections so that its RoPE rotates adjacent pairs; those files are
 //! served with [`RopeStyle::Interleaved`], which rotates the same pairs, so
 //! no rows are moved and the attention scores equal the Hugging Face
-//! model's. Qwen2 and Qwen3 files are not permuted and keep rotate-half.
+//! model's. Qwen2, Qwen3 and Gemma 3 files are not permuted and keep
+//! rotate-half.
+//!
+//! Gemma 3 (`gemma3`) files store every norm's gains as the multiplier
+//! (llama.cpp's converter adds Hugging Face's `1 +`), so they are read as
+//! they are.
 
 use std::collections::HashSet;
 
 use crate::model::gguf::{GgmlType, GgufError, GgufFile, QuantMatrix, TensorInfo};
 use crate::model::place::{LayerTensors, Tensor, TensorSink};
-use crate::model::{ModelConfig, ModelError, RopeScaling, RopeStyle};
+use crate::model::{Gemma, ModelConfig, ModelError, RopeScaling, RopeStyle};
 
 /// What an architecture adds to the Llama block.
 #[derive(Clone, Copy)]
@@ -22,20 +27,25 @@ struct Arch {
     attention_bias: bool,
     /// Per-head q and k RMS gains (`blk.N.attn_{q,k}_norm.weight`).
     qk_norm: bool,
+    /// Gemma 3's block: post-attention and post-feed-forward norms
+    /// (`blk.N.post_attention_norm.weight`, `blk.N.post_ffw_norm.weight`).
+    gemma: bool,
 }
 
 /// The architectures served.
 fn arch(name: &str) -> Option<Arch> {
-    let (rope_style, attention_bias, qk_norm) = match name {
-        "llama" | "mistral" => (RopeStyle::Interleaved, false, false),
-        "qwen2" => (RopeStyle::Half, true, false),
-        "qwen3" => (RopeStyle::Half, false, true),
+    let (rope_style, attention_bias, qk_norm, gemma) = match name {
+        "llama" | "mistral" => (RopeStyle::Interleaved, false, false, false),
+        "qwen2" => (RopeStyle::Half, true, false, false),
+        "qwen3" => (RopeStyle::Half, false, true, false),
+        "gemma3" => (RopeStyle::Half, false, true, true),
         _ => return None,
     };
     Some(Arch {
         rope_style,
         attention_bias,
         qk_norm,
+        gemma,
     })
 }
 
@@ -47,6 +57,7 @@ pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
         rope_style,
         attention_bias,
         qk_norm,
+        gemma,
     } = arch(a).ok_or_else(|| GgufError::UnknownArchitecture(a.to_string()))?;
     let key = |k: &str| format!("{a}.{k}");
     let size = |k: &str| -> Result<usize, GgufError> {
@@ -105,7 +116,10 @@ pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
 
     // The file must hold every tensor the config names, so nothing is
     // built for layers that are not there.
-    let per_layer = 9 + if attention_bias { 3 } else { 0 } + if qk_norm { 2 } else { 0 };
+    let per_layer = 9
+        + if attention_bias { 3 } else { 0 }
+        + if qk_norm { 2 } else { 0 }
+        + if gemma { 2 } else { 0 };
     if n_layers
         .checked_mul(per_layer)
         .is_none_or(|n| n > f.tensors().len())
@@ -145,6 +159,15 @@ pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
         tied_embeddings: f.tensor("output.weight").is_none(),
         attention_bias,
         qk_norm,
+        gemma: None,
+    };
+    let config = ModelConfig {
+        gemma: if gemma {
+            Some(gemma_config(f, &key, &config)?)
+        } else {
+            None
+        },
+        ..config
     };
     config
         .validate()
@@ -164,6 +187,53 @@ pub(crate) fn config(f: &GgufFile) -> Result<ModelConfig, GgufError> {
         }
     }
     Ok(config)
+}
+
+/// Gemma 3's block from a `gemma3` file's metadata. llama.cpp's own
+/// defaults stand where the file has no key: a local RoPE base of 10,000,
+/// a global layer every sixth, and scores scaled by `1 / sqrt(head_dim)`
+/// (except the 62-layer 27B, whose `query_pre_attn_scalar` is
+/// `dim / n_heads`).
+fn gemma_config(
+    f: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    c: &ModelConfig,
+) -> Result<Gemma, GgufError> {
+    let opt_f32 = |k: &str| -> Result<Option<f32>, GgufError> {
+        f.metadata(&key(k)).map(|_| f.f32(&key(k))).transpose()
+    };
+    let opt_u64 = |k: &str| -> Result<Option<u64>, GgufError> {
+        f.metadata(&key(k)).map(|_| f.u64(&key(k))).transpose()
+    };
+    if opt_f32("attn_logit_softcapping")?.is_some() {
+        return Err(GgufError::InvalidConfig(format!(
+            "{}: attention logit soft-capping is not supported",
+            key("attn_logit_softcapping")
+        )));
+    }
+    let usize_of = |k: &str, v: u64| {
+        usize::try_from(v).map_err(|_| GgufError::InvalidConfig(format!("{} is {v}", key(k))))
+    };
+    let sliding_window = usize_of(
+        "attention.sliding_window",
+        f.u64(&key("attention.sliding_window"))?,
+    )?;
+    let global_every = match opt_u64("attention.sliding_window_pattern")? {
+        Some(v) => usize_of("attention.sliding_window_pattern", v)?,
+        None => 6,
+    };
+    let query_pre_attn_scalar = if c.n_layers == 62 && c.n_heads > 0 {
+        (c.dim / c.n_heads) as f32
+    } else {
+        c.head_dim as f32
+    };
+    Ok(Gemma {
+        sliding_window,
+        global_every,
+        local_rope_theta: opt_f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
+        query_pre_attn_scalar,
+        final_logit_softcap: opt_f32("final_logit_softcapping")?,
+    })
 }
 
 /// Every tensor `c` reads, by name, with its GGUF dimensions.
@@ -190,8 +260,8 @@ fn expected(c: &ModelConfig) -> Vec<(String, Vec<u64>)> {
 
 /// Layer `l`'s tensors in [`LayerTensors`] order (attn_norm, q, k, v, o,
 /// ffn_norm, gate, down, up), then its biases and q/k norms when the model
-/// has them.
-fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 14] {
+/// has them, then Gemma's post norms.
+fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 16] {
     let (d, h) = (c.dim as u64, c.hidden_dim as u64);
     let (qd, kvd) = (
         (c.n_heads * c.head_dim) as u64,
@@ -205,6 +275,11 @@ fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 14] {
     let g = |t: &str| {
         c.qk_norm
             .then(|| (format!("blk.{l}.{t}.weight"), vec![c.head_dim as u64]))
+    };
+    let post = |t: &str| {
+        c.gemma
+            .is_some()
+            .then(|| (format!("blk.{l}.{t}.weight"), vec![d]))
     };
     [
         n("attn_norm.weight", vec![d]),
@@ -221,6 +296,8 @@ fn layer_names(c: &ModelConfig, l: usize) -> [Option<(String, Vec<u64>)>; 14] {
         b("attn_v", kvd),
         g("attn_q_norm"),
         g("attn_k_norm"),
+        post("post_attention_norm"),
+        post("post_ffw_norm"),
     ]
 }
 
@@ -262,7 +339,7 @@ pub(crate) fn assemble<S: TensorSink>(
     };
     sink.embedding_t(matrix(f, get("token_embd.weight")?)?)?;
     for l in 0..c.n_layers {
-        let [an, q, k, v, o, fnn, g, dn, up, bq, bk, bv, qn, kn] =
+        let [an, q, k, v, o, fnn, g, dn, up, bq, bk, bv, qn, kn, pa, pf] =
             layer_names(c, l).map(|e| e.map(|(n, _)| n));
         let m = |n: Option<String>| -> Result<Tensor, ModelError> {
             matrix(f, get(n.as_deref().unwrap_or_default())?)
@@ -284,7 +361,9 @@ pub(crate) fn assemble<S: TensorSink>(
             bv: vector(bv)?,
             q_norm: vector(qn)?,
             k_norm: vector(kn)?,
+            post_attn_norm: vector(pa)?,
             ffn_norm: need(vector(fnn)?, "ffn_norm")?,
+            post_ffn_norm: vector(pf)?,
             w1: m(g)?,
             w2: m(dn)?,
             w3: m(up)?,

@@ -7,6 +7,7 @@
 
 use serde_json::{Map, Value};
 
+use super::gemma;
 use crate::model::{ModelConfig, ModelError, RopeScaling, RopeStyle};
 
 /// Architectures whose checkpoints this loader maps onto the Llama forward pass.
@@ -17,6 +18,8 @@ pub(super) enum Arch {
     Qwen2,
     /// Qwen2's shape without attention biases, with per-head q/k norms.
     Qwen3,
+    /// Gemma 3's text model (see [`crate::model::Gemma`]).
+    Gemma3,
 }
 
 impl Arch {
@@ -26,6 +29,7 @@ impl Arch {
             "MistralForCausalLM" => Some(Self::Mistral),
             "Qwen2ForCausalLM" => Some(Self::Qwen2),
             "Qwen3ForCausalLM" => Some(Self::Qwen3),
+            "Gemma3ForCausalLM" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -36,6 +40,7 @@ impl Arch {
             "mistral" => Some(Self::Mistral),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "gemma3_text" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -46,6 +51,7 @@ impl Arch {
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -55,6 +61,7 @@ impl Arch {
             Self::Llama => 2048,
             Self::Mistral => 4096 * 32,
             Self::Qwen2 | Self::Qwen3 => 32768,
+            Self::Gemma3 => 131_072,
         }
     }
 }
@@ -79,17 +86,17 @@ pub(super) struct HfConfig {
     pub(super) model: ModelConfig,
 }
 
-fn invalid(msg: impl Into<String>) -> ModelError {
+pub(super) fn invalid(msg: impl Into<String>) -> ModelError {
     ModelError::InvalidConfig(format!("config.json: {}", msg.into()))
 }
 
 /// A field that is absent and a field that is `null` mean the same in
 /// transformers' configs.
-fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(super) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ModelError> {
+pub(super) fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ModelError> {
     let Some(v) = field(obj, key) else {
         return Ok(None);
     };
@@ -99,11 +106,11 @@ fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, Model
         .ok_or_else(|| invalid(format!("{key} = {v} is not a non-negative integer")))
 }
 
-fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize, ModelError> {
+pub(super) fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize, ModelError> {
     opt_usize(obj, key)?.ok_or_else(|| invalid(format!("{key} is missing")))
 }
 
-fn opt_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, ModelError> {
+pub(super) fn opt_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, ModelError> {
     let Some(v) = field(obj, key) else {
         return Ok(None);
     };
@@ -116,7 +123,7 @@ fn opt_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, ModelErro
     Ok(Some(x))
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ModelError> {
+pub(super) fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ModelError> {
     let Some(v) = field(obj, key) else {
         return Ok(None);
     };
@@ -125,7 +132,10 @@ fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ModelEr
         .ok_or_else(|| invalid(format!("{key} = {v} is not true/false")))
 }
 
-fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, ModelError> {
+pub(super) fn opt_str<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, ModelError> {
     let Some(v) = field(obj, key) else {
         return Ok(None);
     };
@@ -154,7 +164,7 @@ fn arch(obj: &Map<String, Value>) -> Result<Arch, ModelError> {
 }
 
 /// The object-valued field `key`, if present.
-fn opt_object<'a>(
+pub(super) fn opt_object<'a>(
     obj: &'a Map<String, Value>,
     key: &str,
 ) -> Result<Option<&'a Map<String, Value>>, ModelError> {
@@ -167,7 +177,7 @@ fn opt_object<'a>(
 }
 
 /// The RoPE type an object names (`rope_type`, or the older `type`).
-fn rope_type(p: &Map<String, Value>) -> Result<&str, ModelError> {
+pub(super) fn rope_type(p: &Map<String, Value>) -> Result<&str, ModelError> {
     Ok(match opt_str(p, "rope_type")? {
         Some(k) => k,
         None => opt_str(p, "type")?.unwrap_or("default"),
@@ -183,7 +193,10 @@ fn rope_type(p: &Map<String, Value>) -> Result<&str, ModelError> {
 /// sequence length or rescale attention: dynamic, yarn, longrope, ...) and a
 /// partial rotary dimension are refused: serving them as plain RoPE would
 /// silently change every position.
-fn rope(obj: &Map<String, Value>, max_positions: usize) -> Result<(f32, RopeScaling), ModelError> {
+pub(super) fn rope(
+    obj: &Map<String, Value>,
+    max_positions: usize,
+) -> Result<(f32, RopeScaling), ModelError> {
     let params = opt_object(obj, "rope_parameters")?;
     let legacy = opt_object(obj, "rope_scaling")?;
     // Both spellings at once are served only when they say the same (where
@@ -300,11 +313,17 @@ impl HfConfig {
             .ok_or_else(|| invalid("top level is not an object"))?;
         let arch = arch(obj)?;
 
-        if let Some(act) = opt_str(obj, "hidden_act")?
-            && act != "silu"
+        let act = if arch == Arch::Gemma3 {
+            gemma::check_activation(obj)?
+        } else {
+            "silu"
+        };
+        if let Some(got) = opt_str(obj, "hidden_act")?
+            && got != act
         {
             return Err(invalid(format!(
-                "hidden_act {act:?}: handoff's MLP is SwiGLU (silu)"
+                "hidden_act {got:?}: handoff's {} MLP is gated by {act}",
+                arch.class_name()
             )));
         }
         if opt_bool(obj, "mlp_bias")? == Some(true) {
@@ -330,8 +349,10 @@ impl HfConfig {
         let n_kv_heads = opt_usize(obj, "num_key_value_heads")?.unwrap_or(n_heads);
         let head_dim = match opt_usize(obj, "head_dim")? {
             Some(h) => h,
-            // Qwen3Config's default, not hidden_size / heads.
+            // Qwen3Config's and Gemma3TextConfig's defaults, not
+            // hidden_size / heads.
             None if arch == Arch::Qwen3 => 128,
+            None if arch == Arch::Gemma3 => 256,
             None if dim.is_multiple_of(n_heads) => dim / n_heads,
             None => {
                 return Err(invalid(format!(
@@ -353,15 +374,22 @@ impl HfConfig {
                 sliding_window(obj)?
             }
             Arch::Qwen2 | Arch::Qwen3 => None,
+            // Gemma's window is a mask on its local layers only.
+            Arch::Gemma3 => None,
         };
         if let Some(w) = sliding {
             max_seq_len = max_seq_len.min(w);
         }
 
-        let (rope_theta, rope_scaling) = rope(
-            obj,
-            opt_usize(obj, "max_position_embeddings")?.unwrap_or(arch.default_max_positions()),
-        )?;
+        let max_positions =
+            opt_usize(obj, "max_position_embeddings")?.unwrap_or(arch.default_max_positions());
+        let (rope_theta, rope_scaling, gemma) = if arch == Arch::Gemma3 {
+            let (theta, scaling, g) = gemma::parse(obj, n_layers, max_positions)?;
+            (theta, scaling, Some(g))
+        } else {
+            let (theta, scaling) = rope(obj, max_positions)?;
+            (theta, scaling, None)
+        };
         let model = ModelConfig {
             dim,
             hidden_dim,
@@ -375,9 +403,12 @@ impl HfConfig {
             rope_style: RopeStyle::Half,
             rope_scaling,
             norm_eps: opt_f32(obj, "rms_norm_eps")?.unwrap_or(1e-6),
-            tied_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+            // transformers ties by default; handoff's older classes read
+            // an absent key as untied, Gemma (always tied) as tied.
+            tied_embeddings: opt_bool(obj, "tie_word_embeddings")?.unwrap_or(arch == Arch::Gemma3),
             attention_bias: arch == Arch::Qwen2,
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            gemma,
         };
         model.validate()?;
         for (what, a, b) in [
