@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use crate::backend::AttnShape;
-use crate::backend::cpu::attend::{TILE, tile_segs};
+use crate::backend::cpu::attend::{TILE, TileKv, tile_segs};
 use crate::backend::cpu::flash::{Work, finish, merge, seg_len, with_work};
 use crate::backend::cpu::{Isa, attention};
 use crate::kv::LayerView;
@@ -60,16 +60,13 @@ fn row(
             let mut segs = Vec::new();
             tile_segs(kv, t, t1, &mut w.buf, &mut segs);
             let n = seg_len(&segs);
-            attention::tile(
-                isa,
-                &w.qs,
-                &w.koff,
-                &segs,
+            let tkv = TileKv {
+                koff: &w.koff,
+                segs: &segs,
                 n,
                 shape,
-                &mut w.part,
-                &mut w.scores,
-            );
+            };
+            attention::tile(isa, &w.qs, &tkv, &mut w.part, &mut w.scores);
             merge(&mut w.state, &w.part, shape, t == lo);
             t = t1;
         }
