@@ -16,7 +16,7 @@
 //! `HANDOFF_BENCH_PAIRS` (default 1) alternated pairs whose medians are
 //! shown, and the line
 //! `long_context: decode_ratio_8k=R1 prefill_ratio_8k=R2`: handoff with
-//! its default KV dtype (`HANDOFF_BENCH_DEFAULT_KV`, default f32, what
+//! its default KV dtype (`HANDOFF_BENCH_DEFAULT_KV`, default f16, what
 //! `generate` uses) over llama.cpp with its default (f16).
 //!
 //! Subsets, so that a run fits in minutes: `HANDOFF_BENCH_KV` (dtypes,
@@ -199,7 +199,7 @@ fn main() {
     let default_kv = std::env::var("HANDOFF_BENCH_DEFAULT_KV")
         .ok()
         .and_then(|s| KvDtype::parse(&s))
-        .unwrap_or(KvDtype::F32);
+        .unwrap_or(KvDtype::F16);
     let bin = std::env::var_os("LLAMA_CPP_BIN").map(PathBuf::from);
 
     let m = match Model::load(CpuBackend::with_threads(threads), &path) {

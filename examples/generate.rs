@@ -26,7 +26,8 @@
 //!
 //! Other flags: `--stop-ids 1,2`, `--top-k K`, `--top-p P`, `--seed S`
 //! (request i uses S + i), `--page-size N` (16; a power of two, lowered to
-//! fit the context window), `--kv-dtype f32|f16|bf16|fp8` (f32), `--threads N`
+//! fit the context window), `--kv-dtype f32|f16|bf16|fp8` (f16, as llama.cpp and vLLM
+//! default: half the bytes per attended position, so long contexts decode faster; f32 for exactness checks), `--threads N`
 //! (all cores), `--speculative ngram|off` (off: prompt-lookup drafts verified
 //! in one pass; greedy output unchanged, the acceptance rate on stderr),
 //! `--backend cpu|cuda` (cpu). `--backend cuda` runs the model
@@ -124,7 +125,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         seed: 0,
         stop_ids: Vec::new(),
         page_size: 16,
-        kv_dtype: KvDtype::F32,
+        kv_dtype: KvDtype::F16,
         threads: None,
         cuda: false,
         speculative: None,

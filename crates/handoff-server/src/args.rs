@@ -72,8 +72,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendKind,
     /// The KV pages' element type: f32, f16, bf16 or fp8 (bf16 or f16 run
-    /// the GPU's tensor-core attention).
-    #[arg(long, default_value = "f32", value_parser = kv_dtype)]
+    /// the GPU's tensor-core attention). f16 by default, as llama.cpp and
+    /// vLLM: half of f32's bytes per attended position, so long contexts
+    /// decode faster on the CPU too (BENCHMARKS.md, long context).
+    #[arg(long, default_value = "f16", value_parser = kv_dtype)]
     pub kv_dtype: handoff::KvDtype,
     /// Drop the audit trail (every KV read checked against its writer).
     #[arg(long)]

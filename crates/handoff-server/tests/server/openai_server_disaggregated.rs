@@ -88,8 +88,8 @@ fn verifies_every_transfer(transport: &str) {
     );
     assert_eq!(
         sample(&m, "handoff_transfer_kv_bytes_total", &[]),
-        2.0 * 30.0 * 3.0 * 2.0 * 2.0 * 16.0 * 4.0,
-        "two verified transfers of 30 tokens (3 layers, K and V, 2 heads of 16 f32)"
+        2.0 * 30.0 * 3.0 * 2.0 * 2.0 * 16.0 * 2.0,
+        "two verified transfers of 30 tokens (3 layers, K and V, 2 heads of 16 f16, the default)"
     );
     assert_eq!(
         sample(
