@@ -9,25 +9,14 @@
 //! the architecture). Skips, saying so, when the file is absent
 //! (scripts/fetch-models.sh fetches it; CI runs that script first).
 
-use std::path::{Path, PathBuf};
-
 use handoff::backend::CpuBackend;
 use handoff::model::{Model, RopeStyle};
 use handoff::text::TextModel;
 
 use crate::support::serving_path::handoff_greedy;
 
-fn path() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIP: {} is absent; run scripts/fetch-models.sh",
-            p.display()
-        );
-        None
-    }
+fn path() -> Option<std::path::PathBuf> {
+    crate::support::fetched_model("gemma-3-270m-q4_k_m.gguf")
 }
 
 /// The fixture's line `tag ...` as ids.

@@ -1,8 +1,6 @@
 //! A GGUF file's metadata and tensor directory read back as they were
 //! written, and the real SmolLM2 file's as llama.cpp's converter wrote them.
 
-use std::path::Path;
-
 use handoff::model::gguf::{GgmlType, GgufArray, GgufFile, GgufValue, GgufWriter};
 
 #[test]
@@ -58,16 +56,7 @@ fn a_written_file_reads_back_key_by_key_and_tensor_by_tensor() {
 }
 
 fn smollm2() -> Option<std::path::PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIP: {} is absent; run scripts/fetch-models.sh",
-            p.display()
-        );
-        None
-    }
+    crate::support::fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 #[test]

@@ -6,8 +6,6 @@
 //! float64 numpy forward pass). Skips, saying so, when the file is absent
 //! (scripts/fetch-models.sh fetches it).
 
-use std::path::{Path, PathBuf};
-
 use handoff::backend::CpuBackend;
 use handoff::kv::{KvSeq, Ready};
 use handoff::model::gguf::GgufFile;
@@ -15,17 +13,8 @@ use handoff::model::{Model, RopeStyle};
 use handoff::sampling::argmax;
 use handoff::{KvDtype, KvPool, PoolConfig, RequestId};
 
-fn path() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIP: {} is absent; run scripts/fetch-models.sh",
-            p.display()
-        );
-        None
-    }
+fn path() -> Option<std::path::PathBuf> {
+    crate::support::fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// Token ids of space-separated words, looked up in the file's vocabulary

@@ -104,3 +104,20 @@ pub fn prompt_requests(prompts: &[Vec<u32>], new: usize) -> Vec<handoff::Request
         })
         .collect()
 }
+
+/// The real model `file` that `scripts/fetch-models.sh` puts in `models/`,
+/// or `None` (with a printed SKIP saying how to get it) when it is absent.
+pub fn fetched_model(file: &str) -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(file);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "SKIP: {} is absent; run scripts/fetch-models.sh",
+            p.display()
+        );
+        None
+    }
+}
