@@ -20,6 +20,7 @@ mod service_threads;
 mod spec_cancel;
 mod spec_disaggregated;
 mod spec_greedy_matches;
+mod spec_prefix_cache;
 mod spec_rollback;
 mod spec_sampled;
 mod threaded_passes;
