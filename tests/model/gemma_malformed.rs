@@ -16,7 +16,9 @@ use handoff::model::ModelError;
 use handoff::model::gguf::{GgufError, GgufValue, load_gguf_bytes};
 use serde_json::json;
 
-use crate::support::damaged::{hf_refused, refused, rewrite, rewrite_kv};
+use crate::support::damaged::{
+    assert_norm_length_refused, hf_refused, refused, rewrite, rewrite_kv,
+};
 
 const GEMMA: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -102,31 +104,13 @@ fn a_window_larger_than_the_context_is_refused_before_anything_is_built() {
 
 #[test]
 fn a_post_norm_of_the_wrong_length_or_missing_is_refused_by_name() {
-    for len in [32u64, 63, 128] {
-        let bytes = rewrite(
-            GEMMA,
-            "gemma3",
-            |(n, d, v)| {
-                if n == "blk.2.post_ffw_norm.weight" {
-                    Some((n, vec![len], vec![1.0; len as usize]))
-                } else {
-                    Some((n, d, v))
-                }
-            },
-            vec![],
-        );
-        match refused(bytes) {
-            GgufError::Shape {
-                tensor,
-                expected,
-                got,
-            } => {
-                assert_eq!(tensor, "blk.2.post_ffw_norm.weight");
-                assert_eq!((expected, got), (vec![64], vec![len]));
-            }
-            other => panic!("{other}"),
-        }
-    }
+    assert_norm_length_refused(
+        GEMMA,
+        "gemma3",
+        "blk.2.post_ffw_norm.weight",
+        64,
+        &[32, 63, 128],
+    );
     let bytes = rewrite(
         GEMMA,
         "gemma3",

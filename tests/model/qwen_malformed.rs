@@ -13,7 +13,7 @@ use std::path::Path;
 use handoff::model::ModelError;
 use handoff::model::gguf::{GgufError, load_gguf_bytes};
 
-use crate::support::damaged::{hf_refused, refused, rewrite};
+use crate::support::damaged::{assert_norm_length_refused, hf_refused, refused, rewrite};
 
 const QWEN2: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -38,31 +38,13 @@ fn the_rewritten_fixtures_load_so_every_failure_below_is_the_damage() {
 fn a_qwen3_q_norm_of_the_wrong_length_is_refused_by_name() {
     // One gain per head element: 32. A converter that wrote one per q
     // element (128), or the stream width (64), is caught.
-    for len in [16u64, 64, 128] {
-        let bytes = rewrite(
-            QWEN3,
-            "qwen3",
-            |(n, d, v)| {
-                if n == "blk.1.attn_q_norm.weight" {
-                    Some((n, vec![len], vec![1.0; len as usize]))
-                } else {
-                    Some((n, d, v))
-                }
-            },
-            vec![],
-        );
-        match refused(bytes) {
-            GgufError::Shape {
-                tensor,
-                expected,
-                got,
-            } => {
-                assert_eq!(tensor, "blk.1.attn_q_norm.weight");
-                assert_eq!((expected, got), (vec![32], vec![len]));
-            }
-            other => panic!("{other}"),
-        }
-    }
+    assert_norm_length_refused(
+        QWEN3,
+        "qwen3",
+        "blk.1.attn_q_norm.weight",
+        32,
+        &[16, 64, 128],
+    );
 }
 
 #[test]

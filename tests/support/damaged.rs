@@ -108,3 +108,34 @@ pub fn hf_refused(
     let bytes = safetensors::serialize(views, None).unwrap();
     load_hf_bytes(&cfg, &[("model.safetensors", &bytes)]).expect_err("the damaged folder loaded")
 }
+
+/// The GGUF file at `path` (architecture `arch`) with tensor `tensor`
+/// rewritten to each of `lens` values is refused, naming that tensor and
+/// its expected `[want]` against what it got.
+pub fn assert_norm_length_refused(path: &str, arch: &str, tensor: &str, want: u64, lens: &[u64]) {
+    for &len in lens {
+        let bytes = rewrite(
+            path,
+            arch,
+            |(n, d, v)| {
+                if n == tensor {
+                    Some((n, vec![len], vec![1.0; len as usize]))
+                } else {
+                    Some((n, d, v))
+                }
+            },
+            vec![],
+        );
+        match refused(bytes) {
+            GgufError::Shape {
+                tensor: named,
+                expected,
+                got,
+            } => {
+                assert_eq!(named, tensor);
+                assert_eq!((expected, got), (vec![want], vec![len]));
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
